@@ -1,0 +1,706 @@
+//! The catalog: one pure function from a set of objects (the four Kortex kinds plus
+//! `v1/Secret`) to the validated configuration the server runs on, with each object's
+//! status (conditions, observedGeneration, ...) filled in.
+//!
+//! Both modes use it: standalone mode feeds it objects parsed from manifest files, cluster
+//! mode feeds it the watched objects. It does no I/O, so it is tested with plain calls.
+
+pub mod credentials;
+pub mod secrets;
+
+use crate::crd::conditions::{self, Desired, reasons, types};
+use crate::crd::{
+    ActionProposal, ChatPolicy, ChatPolicyStatus, KortexTool, KortexToolStatus, LLMProvider,
+    LLMProviderStatus, Locality, PolicyMode, ProviderType, SecretKeyRef,
+};
+pub use credentials::{Credential, CredentialKind, Credentials};
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
+pub use secrets::{SecretIndex, SecretValue};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+/// Names of the built-in tools; a `KortexTool` may not take one of them.
+pub const BUILTIN_TOOLS: &[&str] = &[
+    "get_logs",
+    "get_events",
+    "get_resource",
+    "list_resources",
+    "get_recent_deploys",
+    "get_metrics",
+    "compare_to_baseline",
+    "get_incident_history",
+    "get_admin_info",
+    "read_result_chunk",
+    "propose_action",
+];
+
+/// Default and ceiling of a plugin tool's timeout.
+pub const TOOL_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Hard ceiling of a plugin tool's timeout, whatever the spec says.
+pub const TOOL_TIMEOUT_CEILING: std::time::Duration = std::time::Duration::from_secs(300);
+/// Default result cap of a plugin tool.
+pub const TOOL_MAX_RESULT_BYTES: u32 = 65_536;
+/// Default output token limit of a provider.
+pub const PROVIDER_MAX_TOKENS: u32 = 4096;
+/// Default request timeout of a provider.
+pub const PROVIDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Namespace and name of an object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    /// Namespace (`default` when unset).
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjectKey {
+    /// Builds a key.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The key of a Kubernetes object.
+    pub fn of<K: kube::Resource>(obj: &K) -> Self {
+        Self::new(
+            obj.meta().namespace.as_deref().unwrap_or("default"),
+            obj.meta().name.as_deref().unwrap_or(""),
+        )
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Everything the catalog is compiled from.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectSet {
+    /// `LLMProvider` objects.
+    pub providers: Vec<LLMProvider>,
+    /// `KortexTool` objects.
+    pub tools: Vec<KortexTool>,
+    /// `ChatPolicy` objects.
+    pub policies: Vec<ChatPolicy>,
+    /// `ActionProposal` objects.
+    pub proposals: Vec<ActionProposal>,
+    /// Secrets (referenced ones and credential Secrets).
+    pub secrets: Vec<Secret>,
+}
+
+/// A provider as served: the object with its computed status, and its resolved secrets.
+#[derive(Clone, Debug)]
+pub struct ProviderEntry {
+    /// The object, `status` filled in.
+    pub object: LLMProvider,
+    /// Whether chat may use it (`Ready=True`).
+    pub available: bool,
+    /// Resolved values of the referenced Secret keys.
+    pub secrets: BTreeMap<SecretKeyRef, SecretValue>,
+}
+
+impl ProviderEntry {
+    /// The spec's type.
+    pub fn provider_type(&self) -> ProviderType {
+        self.object.spec.provider_type
+    }
+
+    /// `baseUrl`, or the type's default.
+    pub fn base_url(&self) -> Option<&str> {
+        self.object
+            .spec
+            .base_url
+            .as_deref()
+            .or(self.provider_type().default_base_url())
+    }
+
+    /// `locality`, or the type's default.
+    pub fn locality(&self) -> Locality {
+        self.object
+            .spec
+            .locality
+            .unwrap_or(self.provider_type().default_locality())
+    }
+
+    /// `defaultModel`, else the first catalog model.
+    pub fn default_model(&self) -> Option<&str> {
+        self.object.spec.default_model.as_deref().or(self
+            .object
+            .spec
+            .models
+            .first()
+            .map(|m| m.id.as_str()))
+    }
+
+    /// The API key, if one is configured and resolved.
+    pub fn api_key(&self) -> Option<&SecretValue> {
+        self.object
+            .spec
+            .api_key_secret_ref
+            .as_ref()
+            .and_then(|r| self.secrets.get(r))
+    }
+
+    /// Output token limit per call.
+    pub fn max_tokens(&self) -> u32 {
+        self.object.spec.max_tokens.unwrap_or(PROVIDER_MAX_TOKENS)
+    }
+
+    /// Request timeout.
+    pub fn timeout(&self) -> std::time::Duration {
+        positive(self.object.spec.timeout).unwrap_or(PROVIDER_TIMEOUT)
+    }
+}
+
+/// A plugin tool as served.
+#[derive(Clone, Debug)]
+pub struct ToolEntry {
+    /// The object, `status` filled in.
+    pub object: KortexTool,
+    /// The name the model sees (the prefix, for MCP servers).
+    pub tool_name: String,
+    /// Whether sessions may use it (`Ready=True`).
+    pub available: bool,
+    /// Resolved values of the referenced Secret keys.
+    pub secrets: BTreeMap<SecretKeyRef, SecretValue>,
+}
+
+impl ToolEntry {
+    /// Per-call timeout: the spec's, within the hard ceiling.
+    pub fn timeout(&self) -> std::time::Duration {
+        positive(self.object.spec.timeout)
+            .unwrap_or(TOOL_TIMEOUT_DEFAULT)
+            .min(TOOL_TIMEOUT_CEILING)
+    }
+
+    /// Result cap in bytes.
+    pub fn max_result_bytes(&self) -> u32 {
+        self.object
+            .spec
+            .max_result_bytes
+            .unwrap_or(TOOL_MAX_RESULT_BYTES)
+    }
+}
+
+/// A chat policy as served.
+#[derive(Clone, Debug)]
+pub struct PolicyEntry {
+    /// The object, `status` filled in.
+    pub object: ChatPolicy,
+    /// Whether sessions may run under it (`Ready=True`).
+    pub available: bool,
+}
+
+/// The validated configuration the server runs on. Cheap to share: publish it behind an
+/// `Arc` and swap the whole thing on every change.
+#[derive(Clone, Debug, Default)]
+pub struct Catalog {
+    /// Providers by namespace/name.
+    pub providers: BTreeMap<ObjectKey, ProviderEntry>,
+    /// Plugin tools by namespace/name.
+    pub tools: BTreeMap<ObjectKey, ToolEntry>,
+    /// Policies by namespace/name.
+    pub policies: BTreeMap<ObjectKey, PolicyEntry>,
+    /// Proposals by namespace/name, as given.
+    pub proposals: BTreeMap<ObjectKey, ActionProposal>,
+    /// API keys for the chat API and the gateway.
+    pub credentials: Credentials,
+    /// Every resolved secret value, longest first, for redaction.
+    pub secret_values: Arc<Vec<SecretValue>>,
+}
+
+impl Catalog {
+    /// The policy governing session `session` in `namespace`: the one whose `sessions` glob
+    /// matches most specifically (fewest wildcards, most literal characters), then the higher
+    /// `priority`, then the name. Policies that are not ready still match (the caller reports
+    /// why they cannot serve), so a broken policy never silently hands a session to another.
+    pub fn match_policy(&self, namespace: &str, session: &str) -> Option<&PolicyEntry> {
+        self.policies
+            .iter()
+            .filter(|(k, _)| k.namespace == namespace)
+            .filter_map(|(k, p)| {
+                let best = p
+                    .object
+                    .spec
+                    .sessions
+                    .iter()
+                    .filter(|g| crate::glob::matches(g, session))
+                    .map(|g| crate::glob::specificity(g))
+                    .max()?;
+                Some((
+                    (
+                        best,
+                        p.object.spec.priority,
+                        std::cmp::Reverse(k.name.clone()),
+                    ),
+                    p,
+                ))
+            })
+            .max_by(|a, b| a.0.cmp(&b.0))
+            .map(|(_, p)| p)
+    }
+
+    /// The provider `name` in `namespace`.
+    pub fn provider(&self, namespace: &str, name: &str) -> Option<&ProviderEntry> {
+        self.providers.get(&ObjectKey::new(namespace, name))
+    }
+}
+
+fn positive(d: Option<kube::core::Duration>) -> Option<std::time::Duration> {
+    d.filter(|d| !d.is_negative())
+        .map(std::time::Duration::from)
+        .filter(|d| !d.is_zero())
+}
+
+/// Compiles `objects` into the catalog. `now` stamps condition transitions; conditions
+/// already present on an object's status keep their `lastTransitionTime` unless their
+/// status changed.
+pub fn compile(objects: &ObjectSet, now: jiff::Timestamp) -> Catalog {
+    let secrets = SecretIndex::new(&objects.secrets);
+    let mut used_values: BTreeSet<Arc<str>> = BTreeSet::new();
+
+    let providers: BTreeMap<ObjectKey, ProviderEntry> = objects
+        .providers
+        .iter()
+        .map(|p| {
+            let entry = compile_provider(p, &secrets, now);
+            used_values.extend(entry.secrets.values().map(|v| Arc::from(v.expose())));
+            (ObjectKey::of(p), entry)
+        })
+        .collect();
+
+    let tools = compile_tools(&objects.tools, &secrets, now);
+    for t in tools.values() {
+        used_values.extend(t.secrets.values().map(|v| Arc::from(v.expose())));
+    }
+
+    let policies = objects
+        .policies
+        .iter()
+        .map(|p| (ObjectKey::of(p), compile_policy(p, &providers, now)))
+        .collect();
+
+    let credentials = Credentials::from_secrets(&objects.secrets);
+    let mut secret_values: Vec<SecretValue> =
+        used_values.into_iter().map(SecretValue::new).collect();
+    secret_values.sort_by_key(|v| std::cmp::Reverse(v.expose().len()));
+
+    Catalog {
+        providers,
+        tools,
+        policies,
+        proposals: objects
+            .proposals
+            .iter()
+            .map(|p| (ObjectKey::of(p), p.clone()))
+            .collect(),
+        credentials,
+        secret_values: Arc::new(secret_values),
+    }
+}
+
+/// Resolves `refs`; returns the values and the `SecretResolved` condition.
+fn resolve_all(
+    secrets: &SecretIndex<'_>,
+    namespace: &str,
+    refs: &[&SecretKeyRef],
+) -> (BTreeMap<SecretKeyRef, SecretValue>, Desired) {
+    let mut values = BTreeMap::new();
+    let mut problems = Vec::new();
+    for r in refs {
+        match secrets.resolve(namespace, r) {
+            Ok(v) => {
+                values.insert((*r).clone(), v);
+            }
+            Err(p) => problems.push(p),
+        }
+    }
+    let condition = match problems.first() {
+        None if refs.is_empty() => Desired::ok(
+            types::SECRET_RESOLVED,
+            reasons::NO_SECRETS,
+            "no Secrets referenced",
+        ),
+        None => Desired::ok(
+            types::SECRET_RESOLVED,
+            reasons::RESOLVED,
+            format!("{} Secret key(s) resolved", refs.len()),
+        ),
+        Some(first) => {
+            let message = problems
+                .iter()
+                .map(|p| p.message.as_str())
+                .collect::<Vec<_>>()
+                .join("; ");
+            Desired::fail(types::SECRET_RESOLVED, first.reason, message)
+        }
+    };
+    (values, condition)
+}
+
+fn compile_provider(
+    p: &LLMProvider,
+    secrets: &SecretIndex<'_>,
+    now: jiff::Timestamp,
+) -> ProviderEntry {
+    let ns = p.namespace().unwrap_or_else(|| "default".into());
+    let spec = &p.spec;
+    let refs = spec.secret_refs();
+    let (values, secret_cond) = resolve_all(secrets, &ns, &refs);
+
+    let mut spec_problems = Vec::new();
+    if spec.provider_type.requires_api_key() && spec.api_key_secret_ref.is_none() {
+        spec_problems.push(format!(
+            "spec.apiKeySecretRef is required for type {}",
+            spec.provider_type.as_str()
+        ));
+    }
+    if spec.base_url.is_none() && spec.provider_type.default_base_url().is_none() {
+        spec_problems.push(format!(
+            "spec.baseUrl is required for type {}",
+            spec.provider_type.as_str()
+        ));
+    }
+    if spec.timeout.is_some_and(|t| t.is_negative()) {
+        spec_problems.push("spec.timeout must not be negative".to_owned());
+    }
+    let mut seen = BTreeSet::new();
+    for m in &spec.models {
+        if !seen.insert(m.id.as_str()) {
+            spec_problems.push(format!("spec.models: model id {} is listed twice", m.id));
+        }
+    }
+    for (i, h) in spec.headers.iter().enumerate() {
+        if h.value.is_some() == h.value_from.is_some() {
+            spec_problems.push(format!(
+                "spec.headers[{i}]: exactly one of value or valueFrom must be set"
+            ));
+        }
+    }
+
+    let has_model = spec.default_model.is_some() || !spec.models.is_empty();
+    let ready = if !spec_problems.is_empty() {
+        Desired::fail(
+            types::READY,
+            reasons::INVALID_SPEC,
+            spec_problems.join("; "),
+        )
+    } else if !secret_cond.status {
+        Desired::fail(
+            types::READY,
+            reasons::SECRET_NOT_RESOLVED,
+            format!("unavailable: {}", secret_cond.message),
+        )
+    } else if !has_model && !spec.provider_type.discovers_models() {
+        Desired::fail(
+            types::READY,
+            reasons::NO_MODEL,
+            "set spec.defaultModel or list spec.models",
+        )
+    } else {
+        let model = spec
+            .default_model
+            .as_deref()
+            .or(spec.models.first().map(|m| m.id.as_str()));
+        let message = match model {
+            Some(m) => format!(
+                "{} provider available, default model {m}",
+                spec.provider_type.as_str()
+            ),
+            None => format!(
+                "{} provider available, models discovered from the endpoint",
+                spec.provider_type.as_str()
+            ),
+        };
+        Desired::ok(types::READY, reasons::AVAILABLE, message)
+    };
+    let available = ready.status;
+
+    let mut models: Vec<String> = spec.models.iter().map(|m| m.id.clone()).collect();
+    for extra in [&spec.default_model, &spec.fast_model]
+        .into_iter()
+        .flatten()
+    {
+        if !models.contains(extra) {
+            models.push(extra.clone());
+        }
+    }
+    let previous = p.status.as_ref();
+    // Discovered models (written by the provider probe) are kept.
+    for m in previous.map(|s| s.models.as_slice()).unwrap_or_default() {
+        if !models.contains(m) && spec.provider_type.discovers_models() {
+            models.push(m.clone());
+        }
+    }
+    let generation = p.metadata.generation;
+    let previous_conditions = previous
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    // `Reachable` comes from the provider probe, not from here: keep it as it is.
+    let mut conditions =
+        conditions::merge(previous_conditions, &[secret_cond, ready], generation, now);
+    conditions.extend(conditions::find(previous_conditions, types::REACHABLE).cloned());
+
+    let mut object = p.clone();
+    object.status = Some(LLMProviderStatus {
+        observed_generation: generation,
+        conditions,
+        models,
+        secret_hash: secrets.hash_of(&ns, &refs),
+    });
+    ProviderEntry {
+        object,
+        available,
+        secrets: values,
+    }
+}
+
+fn compile_tools(
+    tools: &[KortexTool],
+    secrets: &SecretIndex<'_>,
+    now: jiff::Timestamp,
+) -> BTreeMap<ObjectKey, ToolEntry> {
+    // The older resource keeps a contested name: order by creation, then namespace/name.
+    let mut ordered: Vec<&KortexTool> = tools.iter().collect();
+    ordered.sort_by(|a, b| {
+        let ca = a.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let cb = b.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        ca.cmp(&cb)
+            .then_with(|| ObjectKey::of(*a).cmp(&ObjectKey::of(*b)))
+    });
+    let mut taken: BTreeMap<(String, String), ObjectKey> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for t in ordered {
+        let key = ObjectKey::of(t);
+        let name = t.tool_name();
+        let spec = &t.spec;
+
+        let mut spec_problems = Vec::new();
+        match (&spec.http, &spec.mcp) {
+            (Some(_), Some(_)) | (None, None) => {
+                spec_problems.push("exactly one of spec.http or spec.mcp must be set".to_owned());
+            }
+            (Some(_), None) if spec.description.is_none() => {
+                spec_problems.push("spec.description is required for http tools".to_owned());
+            }
+            _ => {}
+        }
+        if name.is_empty() || name.contains("__") || !valid_tool_name(&name) {
+            spec_problems.push(format!(
+                "tool name {name:?} is invalid: use letters, digits, '_' and '-', starting with a letter, without '__'"
+            ));
+        }
+        if let Some(params) = &spec.parameters {
+            match params.get("type").and_then(|v| v.as_str()) {
+                Some("object") => {}
+                _ => spec_problems
+                    .push("spec.parameters must be a JSON Schema with type: object".to_owned()),
+            }
+        }
+        if spec.timeout.is_some_and(|d| d.is_negative()) {
+            spec_problems.push("spec.timeout must not be negative".to_owned());
+        }
+
+        let accepted = if !spec_problems.is_empty() {
+            Desired::fail(
+                types::ACCEPTED,
+                reasons::INVALID_SPEC,
+                spec_problems.join("; "),
+            )
+        } else if BUILTIN_TOOLS.contains(&name.as_str()) {
+            Desired::fail(
+                types::ACCEPTED,
+                reasons::NAME_CONFLICT,
+                format!("tool name {name} is a built-in tool"),
+            )
+        } else if let Some(owner) = taken.get(&(key.namespace.clone(), name.clone())) {
+            Desired::fail(
+                types::ACCEPTED,
+                reasons::NAME_CONFLICT,
+                format!("tool name {name} is already used by KortexTool {owner}"),
+            )
+        } else {
+            taken.insert((key.namespace.clone(), name.clone()), key.clone());
+            Desired::ok(
+                types::ACCEPTED,
+                reasons::ACCEPTED,
+                format!("tool name {name}"),
+            )
+        };
+
+        let refs = spec.secret_refs();
+        let (values, secret_cond) = resolve_all(secrets, &key.namespace, &refs);
+        let ready = if !accepted.status {
+            Desired::fail(types::READY, accepted.reason, accepted.message.clone())
+        } else if !secret_cond.status {
+            Desired::fail(
+                types::READY,
+                reasons::SECRET_NOT_RESOLVED,
+                format!("unavailable: {}", secret_cond.message),
+            )
+        } else {
+            Desired::ok(types::READY, reasons::AVAILABLE, "tool available")
+        };
+        let available = ready.status;
+        let previous = t.status.as_ref();
+        let exposed = if !accepted.status {
+            Vec::new()
+        } else if spec.http.is_some() {
+            vec![name.clone()]
+        } else {
+            // MCP tools are discovered by connecting to the server; keep what was found.
+            previous.map(|s| s.tools.clone()).unwrap_or_default()
+        };
+        let generation = t.metadata.generation;
+        let conditions = conditions::merge(
+            previous
+                .map(|s| s.conditions.as_slice())
+                .unwrap_or_default(),
+            &[accepted, secret_cond, ready],
+            generation,
+            now,
+        );
+        let mut object = t.clone();
+        object.status = Some(KortexToolStatus {
+            observed_generation: generation,
+            conditions,
+            tools: exposed,
+        });
+        out.insert(
+            key,
+            ToolEntry {
+                object,
+                tool_name: name,
+                available,
+                secrets: values,
+            },
+        );
+    }
+    out
+}
+
+fn valid_tool_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && name.len() <= 48
+}
+
+fn compile_policy(
+    p: &ChatPolicy,
+    providers: &BTreeMap<ObjectKey, ProviderEntry>,
+    now: jiff::Timestamp,
+) -> PolicyEntry {
+    let ns = p.namespace().unwrap_or_else(|| "default".into());
+    let spec = &p.spec;
+    let mut missing = Vec::new();
+    let mut not_local = Vec::new();
+    let mut unavailable = Vec::new();
+    let mut usable = Vec::new();
+
+    let mut named: Vec<&str> = vec![spec.provider.as_str()];
+    named.extend(spec.fallback_providers.iter().map(String::as_str));
+    for (_, model) in spec.models.iter() {
+        // `provider/model` pins a provider; a model id may itself contain '/', so only a
+        // prefix naming a provider of this namespace counts as a pin.
+        if let Some((provider, _)) = model.split_once('/')
+            && providers.contains_key(&ObjectKey::new(&ns, provider))
+        {
+            named.push(provider);
+        }
+    }
+    let mut seen = BTreeSet::new();
+    for name in named {
+        if !seen.insert(name) {
+            continue;
+        }
+        match providers.get(&ObjectKey::new(&ns, name)) {
+            None => missing.push(name.to_owned()),
+            Some(entry)
+                if spec.mode == PolicyMode::LocalOnly && entry.locality() != Locality::Local =>
+            {
+                not_local.push(name.to_owned())
+            }
+            Some(entry) if !entry.available => {
+                let why = entry
+                    .object
+                    .status
+                    .as_ref()
+                    .and_then(|s| conditions::find(&s.conditions, types::READY))
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default();
+                unavailable.push(format!("{name} ({why})"));
+            }
+            Some(_) => usable.push(name.to_owned()),
+        }
+    }
+
+    let ready = if !missing.is_empty() {
+        Desired::fail(
+            types::READY,
+            reasons::PROVIDER_NOT_FOUND,
+            format!(
+                "LLMProvider {} not found in namespace {ns}",
+                missing.join(", ")
+            ),
+        )
+    } else if !not_local.is_empty() {
+        Desired::fail(
+            types::READY,
+            reasons::PROVIDER_NOT_LOCAL,
+            format!(
+                "mode local-only, but LLMProvider {} has locality cloud",
+                not_local.join(", ")
+            ),
+        )
+    } else if usable.is_empty() {
+        Desired::fail(
+            types::READY,
+            reasons::PROVIDER_UNAVAILABLE,
+            format!("no usable provider: {}", unavailable.join("; ")),
+        )
+    } else if unavailable.is_empty() {
+        Desired::ok(
+            types::READY,
+            reasons::AVAILABLE,
+            format!("providers {} available", usable.join(", ")),
+        )
+    } else {
+        Desired::ok(
+            types::READY,
+            reasons::AVAILABLE,
+            format!(
+                "providers {} available; unavailable: {}",
+                usable.join(", "),
+                unavailable.join("; ")
+            ),
+        )
+    };
+    let available = ready.status;
+    let generation = p.metadata.generation;
+    let conditions = conditions::merge(
+        p.status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default(),
+        &[ready],
+        generation,
+        now,
+    );
+    let mut object = p.clone();
+    object.status = Some(ChatPolicyStatus {
+        observed_generation: generation,
+        conditions,
+    });
+    PolicyEntry { object, available }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,416 @@
+use super::*;
+use crate::crd::conditions::find;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+fn ts(secs: i64) -> jiff::Timestamp {
+    jiff::Timestamp::from_second(secs).unwrap_or_default()
+}
+
+fn obj<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    match serde_json::from_value(v) {
+        Ok(o) => o,
+        Err(e) => panic!("test object does not parse: {e}"),
+    }
+}
+
+fn provider(name: &str, spec: serde_json::Value) -> LLMProvider {
+    obj(serde_json::json!({
+        "apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
+        "metadata": {"name": name, "namespace": "default", "generation": 1},
+        "spec": spec
+    }))
+}
+
+fn tool(name: &str, created: i64, spec: serde_json::Value) -> KortexTool {
+    let mut t: KortexTool = obj(serde_json::json!({
+        "apiVersion": "kortex.dev/v1alpha1", "kind": "KortexTool",
+        "metadata": {"name": name, "namespace": "default", "generation": 1},
+        "spec": spec
+    }));
+    t.metadata.creation_timestamp = Some(Time(ts(created)));
+    t
+}
+
+fn policy(name: &str, spec: serde_json::Value) -> ChatPolicy {
+    obj(serde_json::json!({
+        "apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": name, "namespace": "default", "generation": 2},
+        "spec": spec
+    }))
+}
+
+fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
+    obj(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": name, "namespace": "default", "uid": "u1", "resourceVersion": "7"},
+        "stringData": data.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect::<serde_json::Map<_, _>>()
+    }))
+}
+
+fn cond<'a>(
+    conds: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    t: &str,
+) -> (&'a str, &'a str, &'a str) {
+    match find(conds, t) {
+        Some(c) => (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+        None => panic!("no {t} condition in {conds:?}"),
+    }
+}
+
+fn anthropic() -> LLMProvider {
+    provider(
+        "anthropic",
+        serde_json::json!({"type": "anthropic", "apiKeySecretRef": {"name": "llm-keys", "key": "anthropic"},
+            "defaultModel": "claude-opus-4-6"}),
+    )
+}
+
+#[test]
+fn provider_with_missing_secret_is_unavailable_with_the_reason() {
+    let set = ObjectSet {
+        providers: vec![anthropic()],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(10));
+    let p = &cat.providers[&ObjectKey::new("default", "anthropic")];
+    assert!(!p.available);
+    let status = p.object.status.clone().unwrap_or_default();
+    assert_eq!(
+        cond(&status.conditions, "SecretResolved"),
+        (
+            "False",
+            "SecretNotFound",
+            "secret llm-keys key anthropic: Secret llm-keys not found in namespace default"
+        )
+    );
+    let (s, r, m) = cond(&status.conditions, "Ready");
+    assert_eq!((s, r), ("False", "SecretNotResolved"));
+    assert!(m.contains("secret llm-keys key anthropic"), "{m}");
+    assert_eq!(status.observed_generation, Some(1));
+    assert!(
+        status
+            .conditions
+            .iter()
+            .all(|c| c.observed_generation == Some(1))
+    );
+    assert!(status.secret_hash.is_some());
+}
+
+#[test]
+fn provider_with_secret_is_ready_and_secret_never_in_status() {
+    let set = ObjectSet {
+        providers: vec![anthropic()],
+        secrets: vec![secret("llm-keys", &[("anthropic", "sk-ant-supersecret")])],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(10));
+    let p = &cat.providers[&ObjectKey::new("default", "anthropic")];
+    assert!(p.available);
+    assert_eq!(
+        p.api_key().map(SecretValue::expose),
+        Some("sk-ant-supersecret")
+    );
+    assert_eq!(p.base_url(), Some("https://api.anthropic.com"));
+    assert_eq!(p.locality(), Locality::Cloud);
+    let json = serde_json::to_string(&p.object).unwrap_or_default();
+    assert!(!json.contains("supersecret"), "{json}");
+    assert!(!format!("{p:?}").contains("supersecret"));
+    assert_eq!(
+        cat.secret_values
+            .iter()
+            .map(SecretValue::expose)
+            .collect::<Vec<_>>(),
+        vec!["sk-ant-supersecret"]
+    );
+    let status = p.object.status.clone().unwrap_or_default();
+    assert_eq!(cond(&status.conditions, "Ready").0, "True");
+    assert_eq!(status.models, vec!["claude-opus-4-6".to_owned()]);
+}
+
+#[test]
+fn provider_spec_problems_are_named() {
+    let set = ObjectSet {
+        providers: vec![
+            provider("vllm", serde_json::json!({"type": "openai-compatible"})),
+            provider(
+                "openai",
+                serde_json::json!({"type": "openai", "defaultModel": "gpt-5"}),
+            ),
+            provider(
+                "nomodel",
+                serde_json::json!({"type": "anthropic", "apiKeySecretRef": {"name": "k", "key": "a"}}),
+            ),
+            provider("ollama", serde_json::json!({"type": "ollama"})),
+        ],
+        secrets: vec![secret("k", &[("a", "x")])],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(1));
+    let ready = |n: &str| {
+        let s = cat.providers[&ObjectKey::new("default", n)]
+            .object
+            .status
+            .clone()
+            .unwrap_or_default();
+        let (st, r, m) = cond(&s.conditions, "Ready");
+        (st.to_owned(), r.to_owned(), m.to_owned())
+    };
+    assert_eq!(ready("vllm").1, "InvalidSpec");
+    assert!(
+        ready("vllm")
+            .2
+            .contains("spec.baseUrl is required for type openai-compatible")
+    );
+    assert!(
+        ready("openai")
+            .2
+            .contains("spec.apiKeySecretRef is required for type openai")
+    );
+    assert_eq!(ready("nomodel").1, "NoModel");
+    let o = &cat.providers[&ObjectKey::new("default", "ollama")];
+    assert!(o.available, "ollama needs no key and discovers models");
+    assert_eq!(o.locality(), Locality::Local);
+}
+
+#[test]
+fn transition_times_survive_recompiles() {
+    let set = ObjectSet {
+        providers: vec![anthropic()],
+        ..Default::default()
+    };
+    let first = compile(&set, ts(10));
+    // Feed the computed status back, as the cluster (or the manifest source) does.
+    let set2 = ObjectSet {
+        providers: vec![
+            first.providers[&ObjectKey::new("default", "anthropic")]
+                .object
+                .clone(),
+        ],
+        ..Default::default()
+    };
+    let second = compile(&set2, ts(20));
+    let s = second.providers[&ObjectKey::new("default", "anthropic")]
+        .object
+        .status
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        find(&s.conditions, "Ready").map(|c| c.last_transition_time.clone()),
+        Some(Time(ts(10)))
+    );
+    // The key appears: Ready flips, so its time moves.
+    let set3 = ObjectSet {
+        providers: set2.providers.clone(),
+        secrets: vec![secret("llm-keys", &[("anthropic", "k")])],
+        ..Default::default()
+    };
+    let third = compile(&set3, ts(30));
+    let s = third.providers[&ObjectKey::new("default", "anthropic")]
+        .object
+        .status
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        find(&s.conditions, "Ready").map(|c| c.last_transition_time.clone()),
+        Some(Time(ts(30)))
+    );
+}
+
+#[test]
+fn tool_name_conflicts_older_keeps_the_name() {
+    let http = |url: &str| serde_json::json!({"name": "jira_search", "description": "d", "http": {"url": url}});
+    let set = ObjectSet {
+        tools: vec![
+            tool("newer", 200, http("http://b.example/x")),
+            tool("older", 100, http("http://a.example/x")),
+            tool(
+                "logs",
+                50,
+                serde_json::json!({"name": "get_logs", "description": "d", "http": {"url": "http://c/x"}}),
+            ),
+            tool(
+                "both",
+                10,
+                serde_json::json!({"description": "d", "http": {"url": "http://c/x"}, "mcp": {"url": "http://m/mcp"}}),
+            ),
+            tool(
+                "grafana-mcp",
+                10,
+                serde_json::json!({"mcp": {"url": "http://m/mcp"}}),
+            ),
+        ],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(1));
+    let status = |n: &str| {
+        cat.tools[&ObjectKey::new("default", n)]
+            .object
+            .status
+            .clone()
+            .unwrap_or_default()
+    };
+    assert_eq!(cond(&status("older").conditions, "Accepted").0, "True");
+    assert_eq!(status("older").tools, vec!["jira_search".to_owned()]);
+    let newer = status("newer");
+    let (s, r, m) = cond(&newer.conditions, "Accepted");
+    assert_eq!((s, r), ("False", "NameConflict"));
+    assert_eq!(
+        m,
+        "tool name jira_search is already used by KortexTool default/older"
+    );
+    assert_eq!(cond(&status("newer").conditions, "Ready").1, "NameConflict");
+    assert!(status("newer").tools.is_empty());
+    assert_eq!(
+        cond(&status("logs").conditions, "Accepted").2,
+        "tool name get_logs is a built-in tool"
+    );
+    assert_eq!(
+        cond(&status("both").conditions, "Accepted").1,
+        "InvalidSpec"
+    );
+    let mcp = &cat.tools[&ObjectKey::new("default", "grafana-mcp")];
+    assert_eq!(
+        mcp.tool_name, "grafana_mcp",
+        "default name is metadata.name with - → _"
+    );
+    assert!(mcp.available);
+}
+
+#[test]
+fn tool_timeout_has_a_hard_ceiling() {
+    let set = ObjectSet {
+        tools: vec![
+            tool(
+                "slow",
+                1,
+                serde_json::json!({"description": "d", "http": {"url": "http://a/x"}, "timeout": "1h"}),
+            ),
+            tool(
+                "plain",
+                1,
+                serde_json::json!({"description": "d", "http": {"url": "http://a/x"}}),
+            ),
+        ],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(1));
+    assert_eq!(
+        cat.tools[&ObjectKey::new("default", "slow")].timeout(),
+        TOOL_TIMEOUT_CEILING
+    );
+    assert_eq!(
+        cat.tools[&ObjectKey::new("default", "plain")].timeout(),
+        TOOL_TIMEOUT_DEFAULT
+    );
+}
+
+#[test]
+fn policy_conditions_name_the_provider_problem() {
+    let ollama = provider("ollama", serde_json::json!({"type": "ollama"}));
+    let set = ObjectSet {
+        providers: vec![anthropic(), ollama],
+        policies: vec![
+            policy(
+                "missing",
+                serde_json::json!({"sessions": ["*"], "provider": "nope"}),
+            ),
+            policy(
+                "fallback",
+                serde_json::json!({"sessions": ["*"], "provider": "anthropic", "fallbackProviders": ["ollama"]}),
+            ),
+            policy(
+                "down",
+                serde_json::json!({"sessions": ["*"], "provider": "anthropic"}),
+            ),
+            policy(
+                "local",
+                serde_json::json!({"sessions": ["*"], "provider": "anthropic", "mode": "local-only"}),
+            ),
+            policy(
+                "pinned",
+                serde_json::json!({"sessions": ["*"], "provider": "ollama",
+                "models": {"default": "meta-llama/Llama-3", "summarize": "ollama/qwen3"}}),
+            ),
+        ],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(1));
+    let ready = |n: &str| {
+        let p = &cat.policies[&ObjectKey::new("default", n)];
+        let s = p.object.status.clone().unwrap_or_default();
+        let (st, r, m) = cond(&s.conditions, "Ready");
+        (p.available, st.to_owned(), r.to_owned(), m.to_owned())
+    };
+    let (ok, _, r, m) = ready("missing");
+    assert!(!ok);
+    assert_eq!(
+        (r.as_str(), m.as_str()),
+        (
+            "ProviderNotFound",
+            "LLMProvider nope not found in namespace default"
+        )
+    );
+    let (ok, _, _, m) = ready("fallback");
+    assert!(ok, "a usable fallback keeps the policy ready");
+    assert!(m.contains("unavailable: anthropic"), "{m}");
+    let (ok, _, r, m) = ready("down");
+    assert!(!ok);
+    assert_eq!(r, "ProviderUnavailable");
+    assert!(m.contains("secret llm-keys key anthropic"), "{m}");
+    assert_eq!(ready("local").2, "ProviderNotLocal");
+    assert!(
+        ready("pinned").0,
+        "a model id containing '/' is not a provider pin"
+    );
+    assert_eq!(
+        cat.policies[&ObjectKey::new("default", "down")]
+            .object
+            .status
+            .clone()
+            .unwrap_or_default()
+            .observed_generation,
+        Some(2)
+    );
+}
+
+#[test]
+fn policy_matching_is_most_specific_then_priority_then_name() {
+    let p = |name: &str, sessions: &[&str], priority: i32| {
+        policy(
+            name,
+            serde_json::json!({"sessions": sessions, "provider": "x", "priority": priority}),
+        )
+    };
+    let mut other_ns = p("elsewhere", &["incident-42"], 100);
+    other_ns.metadata.namespace = Some("other".into());
+    let set = ObjectSet {
+        policies: vec![
+            p("catch-all", &["*"], 0),
+            p("incidents", &["incident-*"], 0),
+            p("incidents-hi", &["incident-*"], 5),
+            p("exact", &["incident-42", "zzz"], -10),
+            p("short", &["inc*"], 50),
+            p("b-tie", &["tie-*"], 0),
+            p("a-tie", &["tie-*"], 0),
+            other_ns,
+        ],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(1));
+    let m = |s: &str| {
+        cat.match_policy("default", s)
+            .and_then(|p| p.object.metadata.name.clone())
+    };
+    assert_eq!(m("incident-42").as_deref(), Some("exact"));
+    assert_eq!(m("incident-7").as_deref(), Some("incidents-hi"));
+    assert_eq!(m("incxyz").as_deref(), Some("short"));
+    assert_eq!(m("random").as_deref(), Some("catch-all"));
+    assert_eq!(m("tie-1").as_deref(), Some("a-tie"));
+    assert!(cat.match_policy("nowhere", "incident-42").is_none());
+    assert_eq!(
+        cat.match_policy("other", "incident-42")
+            .and_then(|p| p.object.metadata.name.clone())
+            .as_deref(),
+        Some("elsewhere")
+    );
+}

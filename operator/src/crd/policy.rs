@@ -1,0 +1,275 @@
+//! `ChatPolicy`: which sessions get which provider, models, tools, budget, privacy and
+//! proposal rights.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use kube::core::Duration;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Rules for the chat sessions whose names match `sessions`.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kortex.dev",
+    version = "v1alpha1",
+    kind = "ChatPolicy",
+    plural = "chatpolicies",
+    singular = "chatpolicy",
+    namespaced,
+    doc = "Which provider, models, tools, budget and proposal rights chat sessions get.",
+    status = "ChatPolicyStatus",
+    shortname = "cpol",
+    category = "kortex",
+    printcolumn = r#"{"name":"Sessions","type":"string","jsonPath":".spec.sessions"}"#,
+    printcolumn = r#"{"name":"Provider","type":"string","jsonPath":".spec.provider"}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode"}"#,
+    printcolumn = r#"{"name":"Priority","type":"integer","priority":1,"jsonPath":".spec.priority"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatPolicySpec {
+    /// Globs (`*`, `?`) over session names. The most specific match governs a session.
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 253)))]
+    pub sessions: Vec<String>,
+    /// Tie-breaker between equally specific matches: higher wins.
+    #[serde(default)]
+    pub priority: i32,
+    /// Name of the `LLMProvider` (same namespace) that answers.
+    #[schemars(length(min = 1, max = 253))]
+    pub provider: String,
+    /// Providers tried, in order, when `provider` fails before any output reached the user.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8), inner(length(min = 1, max = 253)))]
+    pub fallback_providers: Vec<String>,
+    /// `normal`, `frugal` (fast model first) or `local-only` (only `locality: local`).
+    #[serde(default)]
+    pub mode: PolicyMode,
+    /// Models per role; each is a model id or `provider/model`.
+    #[serde(default, skip_serializing_if = "ModelRoles::is_empty")]
+    pub models: ModelRoles,
+    /// Provider round-trips allowed per run before the answer must be given.
+    #[serde(default = "default_max_tool_depth")]
+    #[schemars(range(min = 1, max = 64))]
+    pub max_tool_depth: u32,
+    /// Extra instructions appended to the system prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32768))]
+    pub system_prompt: Option<String>,
+    /// Which tools sessions may call.
+    #[serde(default)]
+    pub tools: ToolRules,
+    /// Spending and rate limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<Budget>,
+    /// Redaction of what is sent to providers and stored.
+    #[serde(default)]
+    pub privacy: Privacy,
+    /// Cluster mode: Kubernetes tools use the signed-in user's own token.
+    #[serde(default = "default_true")]
+    pub run_tools_as_user: bool,
+    /// What models may propose, and what happens on approval.
+    #[serde(default)]
+    pub proposals: ProposalRules,
+}
+
+fn default_max_tool_depth() -> u32 {
+    8
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// How the policy uses its providers.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyMode {
+    /// `provider` with the role's model, failing over to `fallbackProviders`.
+    #[default]
+    Normal,
+    /// Each provider's `fastModel` first, the full model when that falls short.
+    Frugal,
+    /// Only providers with `locality: local`.
+    LocalOnly,
+}
+
+impl PolicyMode {
+    /// The manifest spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "normal",
+            Self::Frugal => "frugal",
+            Self::LocalOnly => "local-only",
+        }
+    }
+}
+
+/// Model per role: a model id, or `provider/model` to pin a provider.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelRoles {
+    /// Answers the chat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub default: Option<String>,
+    /// Classifies, e.g. whether a question needs tools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub triage: Option<String>,
+    /// Writes session titles and incident summaries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub summarize: Option<String>,
+}
+
+impl ModelRoles {
+    /// True when no role is set.
+    pub fn is_empty(&self) -> bool {
+        self.default.is_none() && self.triage.is_none() && self.summarize.is_none()
+    }
+
+    /// `(role, value)` for every role that is set.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        [
+            ("default", &self.default),
+            ("triage", &self.triage),
+            ("summarize", &self.summarize),
+        ]
+        .into_iter()
+        .filter_map(|(role, v)| v.as_deref().map(|v| (role, v)))
+    }
+}
+
+/// Tool allow and deny lists; deny beats allow.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolRules {
+    /// Globs over tool names sessions may call.
+    #[serde(default = "allow_all")]
+    #[schemars(length(max = 128), inner(length(min = 1, max = 253)))]
+    pub allow: Vec<String>,
+    /// Globs over tool names sessions may not call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128), inner(length(min = 1, max = 253)))]
+    pub deny: Vec<String>,
+    /// Per-tool timeouts, within each tool's hard ceiling.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub timeouts: BTreeMap<String, Duration>,
+}
+
+impl Default for ToolRules {
+    fn default() -> Self {
+        Self {
+            allow: allow_all(),
+            deny: Vec::new(),
+            timeouts: BTreeMap::new(),
+        }
+    }
+}
+
+fn allow_all() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+
+/// Spending and rate limits; every limit is optional.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Budget {
+    /// USD per UTC day for all sessions and gateway keys of this policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0))]
+    pub daily_usd_limit: Option<f64>,
+    /// Runs and gateway calls per user per UTC hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub per_user_hourly_requests: Option<u32>,
+    /// Tokens (input + output) per session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub per_session_token_cap: Option<u64>,
+    /// A notice is sent when this share of a limit is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100))]
+    pub alert_at_percent: Option<u8>,
+}
+
+/// Redaction settings. Values of resolved Secrets are always redacted, whatever is set here.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Privacy {
+    /// Also detect other credentials by pattern (tokens, keys, passwords).
+    #[serde(default = "default_true")]
+    pub redact_secrets: bool,
+    /// Detect personal data (e-mail addresses, phone numbers, ...).
+    #[serde(default)]
+    pub redact_pii: bool,
+}
+
+impl Default for Privacy {
+    fn default() -> Self {
+        Self {
+            redact_secrets: true,
+            redact_pii: false,
+        }
+    }
+}
+
+/// What models may propose, and what Kortex does once a human approved.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProposalRules {
+    /// An undecided proposal expires after this long.
+    #[serde(default = "default_expire_after")]
+    pub expire_after: Duration,
+    /// Verbs models may propose; Kortex executes only `restart`, `scale` and `rollback`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 63)))]
+    pub allowed_actions: Vec<String>,
+    /// Globs over target namespaces.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub allowed_namespaces: Vec<String>,
+    /// `false`: approved proposals stop at `Approved` for other automation.
+    #[serde(default = "default_true")]
+    pub execute: bool,
+    /// The proposing session's user may not decide.
+    #[serde(default = "default_true")]
+    pub require_distinct_approver: bool,
+    /// If set, only members of these groups may decide.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 253)))]
+    pub approver_groups: Vec<String>,
+}
+
+fn default_expire_after() -> Duration {
+    Duration::from(std::time::Duration::from_secs(600))
+}
+
+impl Default for ProposalRules {
+    fn default() -> Self {
+        Self {
+            expire_after: default_expire_after(),
+            allowed_actions: Vec::new(),
+            allowed_namespaces: Vec::new(),
+            execute: true,
+            require_distinct_approver: true,
+            approver_groups: Vec::new(),
+        }
+    }
+}
+
+/// Observed state of a `ChatPolicy`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatPolicyStatus {
+    /// `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`, with e.g. reason `ProviderNotFound`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::conditions_schema")]
+    pub conditions: Vec<Condition>,
+}

@@ -1,0 +1,10 @@
+//! Kortex: a Kubernetes operator and in-cluster LLM chat server.
+//!
+//! Modules by capability: `crd` (the four kinds), `catalog` (objects → the validated
+//! configuration the server runs on; pure), `source` (manifest files), `store` (sqlx),
+//! `http` (axum routes), plus the CLI entry points in `cli`.
+
+pub mod catalog;
+pub mod cli;
+pub mod crd;
+pub mod glob;
