@@ -8,3 +8,4 @@ pub mod catalog;
 pub mod cli;
 pub mod crd;
 pub mod glob;
+pub mod source;
