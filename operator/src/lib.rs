@@ -9,3 +9,4 @@ pub mod cli;
 pub mod crd;
 pub mod glob;
 pub mod source;
+pub mod store;

@@ -1,0 +1,218 @@
+//! Storage: one schema for PostgreSQL and SQLite (sqlx's `Any` driver), the migrations in
+//! `migrations/` embedded in the binary, and a small repository per table.
+//!
+//! Portable SQL only: `$N` placeholders (SQLite accepts them too), integer Unix-millisecond
+//! timestamps, JSON as TEXT, `INSERT ... ON CONFLICT`, `UPDATE ... RETURNING`.
+
+mod models;
+mod repo;
+
+pub use models::*;
+
+use sqlx::AnyPool;
+use sqlx::any::AnyPoolOptions;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
+use sqlx::{Executor, SqlSafeStr};
+use std::borrow::Cow;
+use std::time::Duration;
+
+/// The migrations, in order: `(version, description, sql)`. A test checks this list
+/// against the files in `migrations/`.
+pub const MIGRATIONS: &[(i64, &str, &str)] =
+    &[(1, "init", include_str!("../../../migrations/0001_init.sql"))];
+
+/// Which database is behind the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// Embedded SQLite (standalone mode, single replica).
+    Sqlite,
+    /// PostgreSQL (production, any number of replicas).
+    Postgres,
+}
+
+/// What went wrong talking to the database.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The URL is not `sqlite:` or `postgres:`.
+    #[error("unsupported database URL {0}: use sqlite://FILE or postgres://USER@HOST/DB")]
+    UnsupportedUrl(String),
+    /// Connecting failed.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        /// The URL with any password removed.
+        url: String,
+        /// The driver's error.
+        source: sqlx::Error,
+    },
+    /// A migration failed.
+    #[error("database migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A query failed.
+    #[error("database query failed: {0}")]
+    Query(#[from] sqlx::Error),
+    /// A stored JSON column could not be read.
+    #[error("stored JSON in {column} is invalid: {source}")]
+    Json {
+        /// Which column.
+        column: &'static str,
+        /// Parser error.
+        source: serde_json::Error,
+    },
+    /// A conditional update lost a race or found the row in another state.
+    #[error("{0}")]
+    Conflict(String),
+}
+
+/// The database, shared by every part of the server.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+/// `url` with the password (if any) replaced, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((creds, host)) => {
+            let user = creds.split(':').next().unwrap_or_default();
+            if creds.contains(':') {
+                format!("{scheme}://{user}:***@{host}")
+            } else {
+                url.to_owned()
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+impl Store {
+    /// Connects to `url` (`sqlite://kortex.db`, created if missing, or `postgres://...`).
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let (backend, url) = if url.starts_with("sqlite:") {
+            let url = if url.contains("mode=") || url.contains(":memory:") {
+                url.to_owned()
+            } else if url.contains('?') {
+                format!("{url}&mode=rwc")
+            } else {
+                format!("{url}?mode=rwc")
+            };
+            (Backend::Sqlite, url)
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            (Backend::Postgres, url.to_owned())
+        } else {
+            return Err(StoreError::UnsupportedUrl(redact_url(url)));
+        };
+        let mut options = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(10));
+        options = match backend {
+            // One writer at a time anyway; a few connections let reads proceed under WAL.
+            Backend::Sqlite => options.max_connections(4).after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("PRAGMA journal_mode = WAL").await?;
+                    conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    conn.execute("PRAGMA foreign_keys = ON").await?;
+                    conn.execute("PRAGMA busy_timeout = 5000").await?;
+                    Ok(())
+                })
+            }),
+            Backend::Postgres => options.max_connections(16),
+        };
+        let pool = options
+            .connect(&url)
+            .await
+            .map_err(|source| StoreError::Connect {
+                url: redact_url(&url),
+                source,
+            })?;
+        Ok(Self { pool, backend })
+    }
+
+    /// Applies pending migrations (idempotent; safe to run from several replicas at once).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let migrations: Vec<Migration> = MIGRATIONS
+            .iter()
+            .map(|(version, description, sql)| {
+                Migration::new(
+                    *version,
+                    Cow::Borrowed(*description),
+                    MigrationType::Simple,
+                    sql.into_sql_str(),
+                    false,
+                )
+            })
+            .collect();
+        let migrator = Migrator {
+            migrations: Cow::Owned(migrations),
+            ..Migrator::DEFAULT
+        };
+        migrator.run(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> bool {
+        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+
+    /// Which database this is.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Closes the pool, waiting for connections to be returned.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}
+
+/// A new time-ordered id (UUID v7).
+pub fn new_id() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_migrations_match_the_folder() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".sql"))
+            .collect();
+        files.sort();
+        let embedded: Vec<String> = MIGRATIONS
+            .iter()
+            .map(|(v, d, _)| format!("{v:04}_{d}.sql"))
+            .collect();
+        assert_eq!(
+            files, embedded,
+            "add new files in migrations/ to store::MIGRATIONS"
+        );
+    }
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(
+            redact_url("postgres://kortex:hunter2@db:5432/kortex"),
+            "postgres://kortex:***@db:5432/kortex"
+        );
+        assert_eq!(
+            redact_url("postgres://kortex@db/kortex"),
+            "postgres://kortex@db/kortex"
+        );
+        assert_eq!(redact_url("sqlite://kortex.db"), "sqlite://kortex.db");
+    }
+}

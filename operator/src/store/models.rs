@@ -1,0 +1,287 @@
+//! Rows as the rest of Kortex sees them. JSON columns are `serde_json::Value` here and
+//! TEXT in the database.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// A chat session.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionRecord {
+    /// Id (UUID v7).
+    pub id: String,
+    /// Name chosen by the user; policies match on it.
+    pub name: String,
+    /// Namespace the session's policy, providers and tools resolve in.
+    pub namespace: String,
+    /// Owner.
+    pub user: String,
+    /// Governing ChatPolicy at the last run.
+    pub policy: Option<String>,
+    /// `idle`, `running`, `requires_action` or `failed`.
+    pub status: String,
+    /// Title written by the summarize model.
+    pub title: Option<String>,
+    /// Client-executed tools declared at creation.
+    pub dynamic_tools: Value,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub updated_at: i64,
+}
+
+/// What creating a session needs.
+#[derive(Clone, Debug)]
+pub struct NewSession {
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Owner.
+    pub user: String,
+    /// Governing policy.
+    pub policy: Option<String>,
+    /// Client-executed tools (a JSON array).
+    pub dynamic_tools: Value,
+}
+
+/// A chat message.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageRecord {
+    /// Id.
+    pub id: String,
+    /// Session.
+    pub session_id: String,
+    /// Order within the session.
+    pub seq: i64,
+    /// The run that produced it.
+    pub run_id: Option<String>,
+    /// `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Text.
+    pub content: String,
+    /// Tool calls of an assistant message (a JSON array).
+    pub tool_calls: Option<Value>,
+    /// The call a tool message answers.
+    pub tool_call_id: Option<String>,
+    /// Whether a tool result is an error.
+    pub is_error: bool,
+    /// Unix ms.
+    pub created_at: i64,
+}
+
+/// What appending a message needs.
+#[derive(Clone, Debug, Default)]
+pub struct NewMessage {
+    /// The run that produced it.
+    pub run_id: Option<String>,
+    /// `user`, `assistant` or `tool`.
+    pub role: String,
+    /// Text.
+    pub content: String,
+    /// Tool calls (JSON array).
+    pub tool_calls: Option<Value>,
+    /// The call a tool message answers.
+    pub tool_call_id: Option<String>,
+    /// Whether a tool result is an error.
+    pub is_error: bool,
+}
+
+/// One persisted SSE event.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventRecord {
+    /// Session.
+    pub session_id: String,
+    /// Per-session sequence number (the SSE `id`).
+    pub seq: i64,
+    /// Run.
+    pub run_id: Option<String>,
+    /// SSE `event` name, e.g. `text.delta`.
+    pub event_type: String,
+    /// SSE `data`.
+    pub data: Value,
+    /// Unix ms.
+    pub created_at: i64,
+}
+
+/// An audit row.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DecisionRecord {
+    /// Id.
+    pub id: String,
+    /// Unix ms.
+    pub at: i64,
+    /// `llm_call`, `tool_call`, `proposal`, `decision`, `failover`, ...
+    pub kind: String,
+    /// Namespace.
+    pub namespace: Option<String>,
+    /// Session.
+    pub session_id: Option<String>,
+    /// Run.
+    pub run_id: Option<String>,
+    /// Acting user.
+    pub user: Option<String>,
+    /// Governing policy.
+    pub policy: Option<String>,
+    /// What it was about (provider/model, tool name, proposal name).
+    pub subject: String,
+    /// `ok`, `error`, `denied`, ...
+    pub outcome: String,
+    /// Details (JSON object).
+    pub detail: Value,
+}
+
+/// What recording an audit row needs.
+#[derive(Clone, Debug, Default)]
+pub struct NewDecision {
+    /// Kind.
+    pub kind: String,
+    /// Namespace.
+    pub namespace: Option<String>,
+    /// Session.
+    pub session_id: Option<String>,
+    /// Run.
+    pub run_id: Option<String>,
+    /// Acting user.
+    pub user: Option<String>,
+    /// Governing policy.
+    pub policy: Option<String>,
+    /// Subject.
+    pub subject: String,
+    /// Outcome.
+    pub outcome: String,
+    /// Details.
+    pub detail: Value,
+}
+
+/// A page query over the audit log, newest first.
+#[derive(Clone, Debug, Default)]
+pub struct DecisionQuery {
+    /// Only rows at or after this Unix ms.
+    pub since: Option<i64>,
+    /// Only this session.
+    pub session_id: Option<String>,
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Continue after this `(at, id)` (from the previous page's last row).
+    pub before: Option<(i64, String)>,
+    /// Page size.
+    pub limit: i64,
+}
+
+/// One provider call's usage.
+#[derive(Clone, Debug, Default)]
+pub struct UsageEvent {
+    /// Unix ms.
+    pub at: i64,
+    /// `chat` or `gateway`.
+    pub source: String,
+    /// Governing policy.
+    pub policy: String,
+    /// Session.
+    pub session_id: Option<String>,
+    /// User or gateway team.
+    pub user: String,
+    /// Provider.
+    pub provider: String,
+    /// Model.
+    pub model: String,
+    /// Input tokens.
+    pub input_tokens: i64,
+    /// Output tokens.
+    pub output_tokens: i64,
+    /// Cost in USD.
+    pub cost_usd: f64,
+    /// Latency.
+    pub latency_ms: i64,
+    /// `ok` or an error kind.
+    pub outcome: String,
+}
+
+/// How to group usage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageGroup {
+    /// By provider.
+    Provider,
+    /// By model.
+    Model,
+    /// By user or team.
+    User,
+    /// By policy.
+    Policy,
+    /// By UTC day.
+    Day,
+}
+
+/// One group of usage.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageRow {
+    /// Group value (provider, model, user, policy or `YYYY-MM-DD`).
+    pub key: String,
+    /// Calls.
+    pub requests: i64,
+    /// Input tokens.
+    pub input_tokens: i64,
+    /// Output tokens.
+    pub output_tokens: i64,
+    /// USD.
+    pub cost_usd: f64,
+}
+
+/// A stored proposal.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProposalRecord {
+    /// Database id.
+    pub id: String,
+    /// Object name (`restart-api-x7k2p`).
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Proposing session.
+    pub session_id: Option<String>,
+    /// Its name.
+    pub session_name: String,
+    /// Its user.
+    pub user: String,
+    /// Governing policy.
+    pub policy: Option<String>,
+    /// Verb.
+    pub action: String,
+    /// Target object (JSON).
+    pub target: Option<Value>,
+    /// Parameters (JSON).
+    pub params: Option<Value>,
+    /// Why.
+    pub rationale: String,
+    /// What could be affected.
+    pub blast_radius: Option<String>,
+    /// Whether it can be undone.
+    pub reversible: Option<bool>,
+    /// Proposing provider.
+    pub provider: Option<String>,
+    /// Proposing model.
+    pub model: Option<String>,
+    /// Phase.
+    pub phase: String,
+    /// The decision (JSON `{verdict, by, reason}`).
+    pub decision: Option<Value>,
+    /// Phase detail.
+    pub message: Option<String>,
+    /// Dry-run preview (JSON).
+    pub preview: Option<Value>,
+    /// Undo information (JSON).
+    pub undo: Option<Value>,
+    /// Unix ms.
+    pub expires_at: i64,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub updated_at: i64,
+    /// Optimistic-concurrency version, bumped by every update.
+    pub version: i64,
+}

@@ -1,0 +1,677 @@
+//! The repositories: one block of methods per table, all on [`Store`].
+
+use super::models::*;
+use super::{Store, StoreError, new_id, now_ms};
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+fn json_text(v: &Value) -> String {
+    v.to_string()
+}
+
+fn opt_json_text(v: &Option<Value>) -> Option<String> {
+    v.as_ref().map(json_text)
+}
+
+fn json_col(row: &AnyRow, column: &'static str) -> Result<Value, StoreError> {
+    let text: String = row.try_get(column)?;
+    serde_json::from_str(&text).map_err(|source| StoreError::Json { column, source })
+}
+
+fn opt_json_col(row: &AnyRow, column: &'static str) -> Result<Option<Value>, StoreError> {
+    let text: Option<String> = row.try_get(column)?;
+    text.map(|t| serde_json::from_str(&t).map_err(|source| StoreError::Json { column, source }))
+        .transpose()
+}
+
+/// The UTC day (`YYYY-MM-DD`) of a Unix-ms timestamp.
+pub fn utc_day(at_ms: i64) -> String {
+    jiff::Timestamp::from_millisecond(at_ms)
+        .map(|t| t.to_zoned(jiff::tz::TimeZone::UTC).date().to_string())
+        .unwrap_or_else(|_| "1970-01-01".to_owned())
+}
+
+macro_rules! session_select {
+    () => {
+        "SELECT id, name, namespace, user_name, policy, status, title, dynamic_tools, created_at, updated_at FROM chat_sessions"
+    };
+}
+
+fn session_row(row: &AnyRow) -> Result<SessionRecord, StoreError> {
+    Ok(SessionRecord {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        namespace: row.try_get("namespace")?,
+        user: row.try_get("user_name")?,
+        policy: row.try_get("policy")?,
+        status: row.try_get("status")?,
+        title: row.try_get("title")?,
+        dynamic_tools: json_col(row, "dynamic_tools")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+/// Sessions.
+impl Store {
+    /// Creates a session in status `idle`.
+    pub async fn create_session(&self, new: &NewSession) -> Result<SessionRecord, StoreError> {
+        let record = SessionRecord {
+            id: new_id(),
+            name: new.name.clone(),
+            namespace: new.namespace.clone(),
+            user: new.user.clone(),
+            policy: new.policy.clone(),
+            status: "idle".to_owned(),
+            title: None,
+            dynamic_tools: new.dynamic_tools.clone(),
+            created_at: now_ms(),
+            updated_at: now_ms(),
+        };
+        sqlx::query(
+            "INSERT INTO chat_sessions (id, name, namespace, user_name, policy, status, dynamic_tools, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(&record.id)
+        .bind(&record.name)
+        .bind(&record.namespace)
+        .bind(&record.user)
+        .bind(&record.policy)
+        .bind(&record.status)
+        .bind(json_text(&record.dynamic_tools))
+        .bind(record.created_at)
+        .bind(record.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(record)
+    }
+
+    /// The session `id` if it belongs to `user` and was not deleted.
+    pub async fn get_session(
+        &self,
+        id: &str,
+        user: &str,
+    ) -> Result<Option<SessionRecord>, StoreError> {
+        let sql = concat!(
+            session_select!(),
+            " WHERE id = $1 AND user_name = $2 AND deleted_at IS NULL"
+        );
+        let row = sqlx::query(sql)
+            .bind(id)
+            .bind(user)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(session_row).transpose()
+    }
+
+    /// `user`'s sessions, most recently updated first.
+    pub async fn list_sessions(&self, user: &str) -> Result<Vec<SessionRecord>, StoreError> {
+        let rows = sqlx::query(concat!(
+            session_select!(),
+            " WHERE user_name = $1 AND deleted_at IS NULL ORDER BY updated_at DESC, id DESC"
+        ))
+        .bind(user)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(session_row).collect()
+    }
+
+    /// Moves session `id` to `status` only if it is currently in `from` (a compare-and-set,
+    /// so two replicas cannot both start a run). Returns whether it moved.
+    pub async fn transition_session(
+        &self,
+        id: &str,
+        from: &[&str],
+        status: &str,
+    ) -> Result<bool, StoreError> {
+        let mut moved = false;
+        for f in from {
+            let done = sqlx::query(
+                "UPDATE chat_sessions SET status = $1, updated_at = $2 WHERE id = $3 AND status = $4 AND deleted_at IS NULL",
+            )
+            .bind(status)
+            .bind(now_ms())
+            .bind(id)
+            .bind(*f)
+            .execute(&self.pool)
+            .await?;
+            if done.rows_affected() > 0 {
+                moved = true;
+                break;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// Removes session `id` from `user`'s view (audit rows stay). Returns whether it existed.
+    pub async fn delete_session(&self, id: &str, user: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE chat_sessions SET deleted_at = $1 WHERE id = $2 AND user_name = $3 AND deleted_at IS NULL")
+            .bind(now_ms())
+            .bind(id)
+            .bind(user)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+}
+
+fn message_row(row: &AnyRow) -> Result<MessageRecord, StoreError> {
+    Ok(MessageRecord {
+        id: row.try_get("id")?,
+        session_id: row.try_get("session_id")?,
+        seq: row.try_get("seq")?,
+        run_id: row.try_get("run_id")?,
+        role: row.try_get("role")?,
+        content: row.try_get("content")?,
+        tool_calls: opt_json_col(row, "tool_calls")?,
+        tool_call_id: row.try_get("tool_call_id")?,
+        is_error: row.try_get::<i64, _>("is_error")? != 0,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+/// Messages.
+impl Store {
+    /// Appends a message at the end of the session.
+    pub async fn append_message(
+        &self,
+        session_id: &str,
+        new: &NewMessage,
+    ) -> Result<MessageRecord, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let next: i64 = sqlx::query(
+            "SELECT COALESCE(MAX(seq), 0) + 1 AS next FROM chat_messages WHERE session_id = $1",
+        )
+        .bind(session_id)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("next")?;
+        let record = MessageRecord {
+            id: new_id(),
+            session_id: session_id.to_owned(),
+            seq: next,
+            run_id: new.run_id.clone(),
+            role: new.role.clone(),
+            content: new.content.clone(),
+            tool_calls: new.tool_calls.clone(),
+            tool_call_id: new.tool_call_id.clone(),
+            is_error: new.is_error,
+            created_at: now_ms(),
+        };
+        sqlx::query(
+            "INSERT INTO chat_messages (id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&record.id)
+        .bind(&record.session_id)
+        .bind(record.seq)
+        .bind(&record.run_id)
+        .bind(&record.role)
+        .bind(&record.content)
+        .bind(opt_json_text(&record.tool_calls))
+        .bind(&record.tool_call_id)
+        .bind(i64::from(record.is_error))
+        .bind(record.created_at)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE chat_sessions SET updated_at = $1 WHERE id = $2")
+            .bind(record.created_at)
+            .bind(session_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    /// Every message of a session, in order.
+    pub async fn list_messages(&self, session_id: &str) -> Result<Vec<MessageRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at \
+             FROM chat_messages WHERE session_id = $1 ORDER BY seq",
+        )
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(message_row).collect()
+    }
+}
+
+/// Run events (the SSE log).
+impl Store {
+    /// Persists an event with the session's next sequence number. The number comes from the
+    /// database (an atomic increment on the session row), so any replica may append.
+    pub async fn append_event(
+        &self,
+        session_id: &str,
+        run_id: Option<&str>,
+        event_type: &str,
+        data: &Value,
+    ) -> Result<EventRecord, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let seq: Option<i64> = sqlx::query(
+            "UPDATE chat_sessions SET last_event_seq = last_event_seq + 1 WHERE id = $1 RETURNING last_event_seq",
+        )
+        .bind(session_id)
+        .fetch_optional(&mut *tx)
+        .await?
+        .map(|r| r.try_get("last_event_seq"))
+        .transpose()?;
+        let Some(seq) = seq else {
+            return Err(StoreError::Conflict(format!(
+                "session {session_id} does not exist"
+            )));
+        };
+        let record = EventRecord {
+            session_id: session_id.to_owned(),
+            seq,
+            run_id: run_id.map(str::to_owned),
+            event_type: event_type.to_owned(),
+            data: data.clone(),
+            created_at: now_ms(),
+        };
+        sqlx::query(
+            "INSERT INTO run_events (session_id, seq, run_id, event_type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(&record.session_id)
+        .bind(record.seq)
+        .bind(&record.run_id)
+        .bind(&record.event_type)
+        .bind(json_text(&record.data))
+        .bind(record.created_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    /// Events with `seq > after`, oldest first, at most `limit`.
+    pub async fn events_after(
+        &self,
+        session_id: &str,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<EventRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT session_id, seq, run_id, event_type, data, created_at FROM run_events \
+             WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        )
+        .bind(session_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(EventRecord {
+                    session_id: row.try_get("session_id")?,
+                    seq: row.try_get("seq")?,
+                    run_id: row.try_get("run_id")?,
+                    event_type: row.try_get("event_type")?,
+                    data: json_col(row, "data")?,
+                    created_at: row.try_get("created_at")?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The audit log.
+impl Store {
+    /// Records one audit row.
+    pub async fn record_decision(&self, new: &NewDecision) -> Result<DecisionRecord, StoreError> {
+        let record = DecisionRecord {
+            id: new_id(),
+            at: now_ms(),
+            kind: new.kind.clone(),
+            namespace: new.namespace.clone(),
+            session_id: new.session_id.clone(),
+            run_id: new.run_id.clone(),
+            user: new.user.clone(),
+            policy: new.policy.clone(),
+            subject: new.subject.clone(),
+            outcome: new.outcome.clone(),
+            detail: if new.detail.is_null() {
+                Value::Object(Default::default())
+            } else {
+                new.detail.clone()
+            },
+        };
+        sqlx::query(
+            "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(&record.id)
+        .bind(record.at)
+        .bind(&record.kind)
+        .bind(&record.namespace)
+        .bind(&record.session_id)
+        .bind(&record.run_id)
+        .bind(&record.user)
+        .bind(&record.policy)
+        .bind(&record.subject)
+        .bind(&record.outcome)
+        .bind(json_text(&record.detail))
+        .execute(&self.pool)
+        .await?;
+        Ok(record)
+    }
+
+    /// A page of audit rows, newest first. Pass the last row's `(at, id)` as `before` for
+    /// the next page.
+    pub async fn list_decisions(
+        &self,
+        q: &DecisionQuery,
+    ) -> Result<Vec<DecisionRecord>, StoreError> {
+        let (before_at, before_id) = q.before.clone().unwrap_or((i64::MAX, String::new()));
+        let rows = sqlx::query(
+            "SELECT id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail FROM decisions \
+             WHERE at >= $1 AND ($2 = '' OR session_id = $2) AND ($3 = '' OR kind = $3) \
+               AND (at < $4 OR (at = $4 AND ($5 = '' OR id < $5))) \
+             ORDER BY at DESC, id DESC LIMIT $6",
+        )
+        .bind(q.since.unwrap_or(0))
+        .bind(q.session_id.clone().unwrap_or_default())
+        .bind(q.kind.clone().unwrap_or_default())
+        .bind(before_at)
+        .bind(before_id)
+        .bind(q.limit.clamp(1, 1000))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(DecisionRecord {
+                    id: row.try_get("id")?,
+                    at: row.try_get("at")?,
+                    kind: row.try_get("kind")?,
+                    namespace: row.try_get("namespace")?,
+                    session_id: row.try_get("session_id")?,
+                    run_id: row.try_get("run_id")?,
+                    user: row.try_get("user_name")?,
+                    policy: row.try_get("policy")?,
+                    subject: row.try_get("subject")?,
+                    outcome: row.try_get("outcome")?,
+                    detail: json_col(row, "detail")?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Usage and spend.
+impl Store {
+    /// Records one provider call and adds it to the day's roll-up in the same transaction,
+    /// so reports read `usage_daily` and never scan the events.
+    pub async fn record_usage(&self, u: &UsageEvent) -> Result<(), StoreError> {
+        let day = utc_day(u.at);
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO usage_events (id, at, day, source, policy, session_id, user_name, provider, model, \
+             input_tokens, output_tokens, cost_usd, latency_ms, outcome) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        )
+        .bind(new_id())
+        .bind(u.at)
+        .bind(&day)
+        .bind(&u.source)
+        .bind(&u.policy)
+        .bind(&u.session_id)
+        .bind(&u.user)
+        .bind(&u.provider)
+        .bind(&u.model)
+        .bind(u.input_tokens)
+        .bind(u.output_tokens)
+        .bind(u.cost_usd)
+        .bind(u.latency_ms)
+        .bind(&u.outcome)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, output_tokens, cost_usd) \
+             VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8) \
+             ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
+               requests = usage_daily.requests + 1, \
+               input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
+               output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
+               cost_usd = usage_daily.cost_usd + excluded.cost_usd",
+        )
+        .bind(&day)
+        .bind(&u.policy)
+        .bind(&u.provider)
+        .bind(&u.model)
+        .bind(&u.user)
+        .bind(u.input_tokens)
+        .bind(u.output_tokens)
+        .bind(u.cost_usd)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Usage since `since_day` (`YYYY-MM-DD`, inclusive), grouped, largest spend first.
+    pub async fn usage_summary(
+        &self,
+        since_day: &str,
+        group: UsageGroup,
+    ) -> Result<Vec<UsageRow>, StoreError> {
+        let sql = match group {
+            UsageGroup::Provider => USAGE_BY_PROVIDER,
+            UsageGroup::Model => USAGE_BY_MODEL,
+            UsageGroup::User => USAGE_BY_USER,
+            UsageGroup::Policy => USAGE_BY_POLICY,
+            UsageGroup::Day => USAGE_BY_DAY,
+        };
+        let rows = sqlx::query(sql)
+            .bind(since_day)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(UsageRow {
+                    key: row.try_get("k")?,
+                    requests: row.try_get("requests")?,
+                    input_tokens: row.try_get("input_tokens")?,
+                    output_tokens: row.try_get("output_tokens")?,
+                    cost_usd: row.try_get("cost_usd")?,
+                })
+            })
+            .collect()
+    }
+}
+
+macro_rules! usage_by {
+    ($col:literal) => {
+        concat!(
+            "SELECT ",
+            $col,
+            " AS k, CAST(SUM(requests) AS BIGINT) AS requests, CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, CAST(SUM(cost_usd) AS DOUBLE PRECISION) AS cost_usd \
+             FROM usage_daily WHERE day >= $1 GROUP BY ",
+            $col,
+            " ORDER BY cost_usd DESC, k"
+        )
+    };
+}
+const USAGE_BY_PROVIDER: &str = usage_by!("provider");
+const USAGE_BY_MODEL: &str = usage_by!("model");
+const USAGE_BY_USER: &str = usage_by!("user_name");
+const USAGE_BY_POLICY: &str = usage_by!("policy");
+const USAGE_BY_DAY: &str = usage_by!("day");
+
+macro_rules! proposal_select {
+    () => {
+        "SELECT id, name, namespace, session_id, session_name, user_name, policy, action, target, params, \
+         rationale, blast_radius, reversible, provider, model, phase, decision, message, preview, undo, expires_at, \
+         created_at, updated_at, version FROM proposals"
+    };
+}
+
+fn proposal_row(row: &AnyRow) -> Result<ProposalRecord, StoreError> {
+    Ok(ProposalRecord {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        namespace: row.try_get("namespace")?,
+        session_id: row.try_get("session_id")?,
+        session_name: row.try_get("session_name")?,
+        user: row.try_get("user_name")?,
+        policy: row.try_get("policy")?,
+        action: row.try_get("action")?,
+        target: opt_json_col(row, "target")?,
+        params: opt_json_col(row, "params")?,
+        rationale: row.try_get("rationale")?,
+        blast_radius: row.try_get("blast_radius")?,
+        reversible: row.try_get::<Option<i64>, _>("reversible")?.map(|v| v != 0),
+        provider: row.try_get("provider")?,
+        model: row.try_get("model")?,
+        phase: row.try_get("phase")?,
+        decision: opt_json_col(row, "decision")?,
+        message: row.try_get("message")?,
+        preview: opt_json_col(row, "preview")?,
+        undo: opt_json_col(row, "undo")?,
+        expires_at: row.try_get("expires_at")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        version: row.try_get("version")?,
+    })
+}
+
+/// Proposals.
+impl Store {
+    /// Stores a new proposal (its `version` is set to 1).
+    pub async fn insert_proposal(&self, p: &ProposalRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO proposals (id, name, namespace, session_id, session_name, user_name, policy, action, target, params, \
+             rationale, blast_radius, reversible, provider, model, phase, decision, message, preview, undo, expires_at, \
+             created_at, updated_at, version) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, 1)",
+        )
+        .bind(&p.id)
+        .bind(&p.name)
+        .bind(&p.namespace)
+        .bind(&p.session_id)
+        .bind(&p.session_name)
+        .bind(&p.user)
+        .bind(&p.policy)
+        .bind(&p.action)
+        .bind(opt_json_text(&p.target))
+        .bind(opt_json_text(&p.params))
+        .bind(&p.rationale)
+        .bind(&p.blast_radius)
+        .bind(p.reversible.map(i64::from))
+        .bind(&p.provider)
+        .bind(&p.model)
+        .bind(&p.phase)
+        .bind(opt_json_text(&p.decision))
+        .bind(&p.message)
+        .bind(opt_json_text(&p.preview))
+        .bind(opt_json_text(&p.undo))
+        .bind(p.expires_at)
+        .bind(p.created_at)
+        .bind(p.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The proposal with database id `id`.
+    pub async fn get_proposal(&self, id: &str) -> Result<Option<ProposalRecord>, StoreError> {
+        let row = sqlx::query(concat!(proposal_select!(), " WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(proposal_row).transpose()
+    }
+
+    /// Proposals, newest first, optionally only those in `phase`.
+    pub async fn list_proposals(
+        &self,
+        phase: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ProposalRecord>, StoreError> {
+        let rows = sqlx::query(concat!(
+            proposal_select!(),
+            " WHERE ($1 = '' OR phase = $1) ORDER BY created_at DESC, id DESC LIMIT $2"
+        ))
+        .bind(phase.unwrap_or(""))
+        .bind(limit.clamp(1, 1000))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(proposal_row).collect()
+    }
+
+    /// Writes the decision once: only while `phase` is `Pending`, no decision is recorded and
+    /// the row is still at `expected_version`. Returns the updated row.
+    pub async fn decide_proposal(
+        &self,
+        id: &str,
+        expected_version: i64,
+        decision: &Value,
+        phase: &str,
+        message: Option<&str>,
+    ) -> Result<ProposalRecord, StoreError> {
+        let done = sqlx::query(
+            "UPDATE proposals SET decision = $1, phase = $2, message = $3, updated_at = $4, version = version + 1 \
+             WHERE id = $5 AND version = $6 AND decision IS NULL AND phase = 'Pending'",
+        )
+        .bind(json_text(decision))
+        .bind(phase)
+        .bind(message)
+        .bind(now_ms())
+        .bind(id)
+        .bind(expected_version)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::Conflict(format!(
+                "proposal {id} was already decided, expired or changed; reload it and try again"
+            )));
+        }
+        self.get_proposal(id)
+            .await?
+            .ok_or_else(|| StoreError::Conflict(format!("proposal {id} disappeared")))
+    }
+
+    /// Moves a proposal to `phase` if it is still at `expected_version` (so two replicas can
+    /// never both execute it). `preview` and `undo` are replaced only when given.
+    pub async fn update_proposal_phase(
+        &self,
+        id: &str,
+        expected_version: i64,
+        phase: &str,
+        message: Option<&str>,
+        preview: Option<&Value>,
+        undo: Option<&Value>,
+    ) -> Result<ProposalRecord, StoreError> {
+        let done = sqlx::query(
+            "UPDATE proposals SET phase = $1, message = $2, preview = COALESCE($3, preview), undo = COALESCE($4, undo), \
+             updated_at = $5, version = version + 1 WHERE id = $6 AND version = $7",
+        )
+        .bind(phase)
+        .bind(message)
+        .bind(preview.map(json_text))
+        .bind(undo.map(json_text))
+        .bind(now_ms())
+        .bind(id)
+        .bind(expected_version)
+        .execute(&self.pool)
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::Conflict(format!(
+                "proposal {id} changed concurrently; reload it and try again"
+            )));
+        }
+        self.get_proposal(id)
+            .await?
+            .ok_or_else(|| StoreError::Conflict(format!("proposal {id} disappeared")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_days() {
+        assert_eq!(super::utc_day(0), "1970-01-01");
+        assert_eq!(super::utc_day(1_779_494_400_000 - 1), "2026-05-22");
+    }
+}

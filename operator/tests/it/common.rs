@@ -1,0 +1,70 @@
+//! Shared test helpers: databases (SQLite always, PostgreSQL when configured).
+
+use kortex::store::Store;
+
+/// Environment variable with an admin URL of a PostgreSQL server for tests; each test gets
+/// a fresh database on it.
+pub const PG_ENV: &str = "KORTEX_TEST_POSTGRES_URL";
+
+/// A database for one test, removed when dropped (PostgreSQL) or with its temp dir (SQLite).
+pub struct TestDb {
+    pub store: Store,
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+pub async fn sqlite() -> TestDb {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let url = format!("sqlite://{}", dir.path().join("kortex.db").display());
+    let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
+    store.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+    TestDb {
+        store,
+        url,
+        _dir: Some(dir),
+    }
+}
+
+/// A fresh PostgreSQL database, or `None` when no server is configured. With
+/// `KORTEX_REQUIRE_POSTGRES=1` (the test script sets it) a missing server fails the test
+/// instead of skipping it.
+pub async fn postgres() -> Option<TestDb> {
+    let Ok(admin) = std::env::var(PG_ENV) else {
+        assert!(
+            std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
+            "KORTEX_REQUIRE_POSTGRES is set but {PG_ENV} is not"
+        );
+        eprintln!("skipping PostgreSQL half: {PG_ENV} is not set");
+        return None;
+    };
+    let name = format!("kortex_test_{}", uuid_like());
+    sqlx::any::install_default_drivers();
+    let admin_pool = sqlx::AnyPool::connect(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("connect {PG_ENV}: {e}"));
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&admin_pool)
+        .await
+        .unwrap_or_else(|e| panic!("create database: {e}"));
+    admin_pool.close().await;
+    let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
+    let url = format!("{base}/{name}");
+    let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
+    store.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+    Some(TestDb {
+        store,
+        url,
+        _dir: None,
+    })
+}
+
+/// Both databases (PostgreSQL only when configured).
+pub async fn all_dbs() -> Vec<TestDb> {
+    let mut dbs = vec![sqlite().await];
+    dbs.extend(postgres().await);
+    dbs
+}
+
+fn uuid_like() -> String {
+    kortex::store::new_id().replace('-', "")
+}

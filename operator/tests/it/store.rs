@@ -1,0 +1,447 @@
+//! The repository layer against real SQLite and PostgreSQL databases.
+
+use crate::common::all_dbs;
+use kortex::store::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn sessions_are_private_and_soft_deleted() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let new = |user: &str, name: &str| NewSession {
+            name: name.into(),
+            namespace: "default".into(),
+            user: user.into(),
+            policy: Some("default".into()),
+            dynamic_tools: json!([{"name": "open_url"}]),
+        };
+        let a = s
+            .create_session(&new("alice", "incident-1"))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        let _b = s
+            .create_session(&new("bob", "incident-2"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a.status, "idle");
+        let got = s
+            .get_session(&a.id, "alice")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            got.as_ref().map(|g| &g.dynamic_tools),
+            Some(&json!([{"name": "open_url"}])),
+            "{}",
+            db.url
+        );
+        assert!(
+            s.get_session(&a.id, "bob")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .is_none(),
+            "other users see nothing"
+        );
+        let list = s
+            .list_sessions("alice")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            list.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+            vec!["incident-1"]
+        );
+
+        assert!(
+            s.transition_session(&a.id, &["idle", "failed"], "running")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            !s.transition_session(&a.id, &["idle"], "running")
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            "compare-and-set"
+        );
+
+        assert!(
+            !s.delete_session(&a.id, "bob")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            s.delete_session(&a.id, "alice")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            s.get_session(&a.id, "alice")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .is_none()
+        );
+        assert!(
+            s.list_sessions("alice")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .is_empty()
+        );
+    }
+}
+
+#[tokio::test]
+async fn messages_keep_order_tool_calls_and_error_flags() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let session = s
+            .create_session(&NewSession {
+                name: "x".into(),
+                namespace: "default".into(),
+                user: "u".into(),
+                policy: None,
+                dynamic_tools: json!([]),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let msgs = [
+            NewMessage {
+                role: "user".into(),
+                content: "why is api down?".into(),
+                ..Default::default()
+            },
+            NewMessage {
+                role: "assistant".into(),
+                content: "".into(),
+                tool_calls: Some(
+                    json!([{"id": "c1", "name": "get_logs", "input": {"namespace": "shop"}}]),
+                ),
+                run_id: Some("r1".into()),
+                ..Default::default()
+            },
+            NewMessage {
+                role: "tool".into(),
+                content: "forbidden".into(),
+                tool_call_id: Some("c1".into()),
+                is_error: true,
+                ..Default::default()
+            },
+        ];
+        for m in &msgs {
+            s.append_message(&session.id, m)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        }
+        let stored = s
+            .list_messages(&session.id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            stored.iter().map(|m| m.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3]
+        );
+        assert_eq!(
+            stored[1]
+                .tool_calls
+                .as_ref()
+                .and_then(|t| t[0]["name"].as_str()),
+            Some("get_logs")
+        );
+        assert!(stored[2].is_error && !stored[0].is_error, "{}", db.url);
+        assert_eq!(stored[2].tool_call_id.as_deref(), Some("c1"));
+    }
+}
+
+#[tokio::test]
+async fn event_sequence_numbers_are_gapless_under_concurrency() {
+    for db in all_dbs().await {
+        let s = db.store.clone();
+        let session = s
+            .create_session(&NewSession {
+                name: "x".into(),
+                namespace: "default".into(),
+                user: "u".into(),
+                policy: None,
+                dynamic_tools: json!([]),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut tasks = Vec::new();
+        for i in 0..20 {
+            let s = s.clone();
+            let id = session.id.clone();
+            tasks.push(tokio::spawn(async move {
+                s.append_event(&id, Some("r1"), "text.delta", &json!({"text": i}))
+                    .await
+                    .map(|e| e.seq)
+            }));
+        }
+        let mut seqs = Vec::new();
+        for t in tasks {
+            seqs.push(
+                t.await
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap_or_else(|e| panic!("{}: {e}", db.url)),
+            );
+        }
+        seqs.sort_unstable();
+        assert_eq!(seqs, (1..=20).collect::<Vec<i64>>(), "{}", db.url);
+        let replay = s
+            .events_after(&session.id, 15, 100)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            replay.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![16, 17, 18, 19, 20]
+        );
+        assert_eq!(replay[0].event_type, "text.delta");
+        assert!(
+            s.append_event("no-such-session", None, "x", &json!({}))
+                .await
+                .is_err()
+        );
+    }
+}
+
+#[tokio::test]
+async fn audit_rows_filter_and_page() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        for i in 0..5 {
+            s.record_decision(&NewDecision {
+                kind: if i % 2 == 0 {
+                    "llm_call".into()
+                } else {
+                    "tool_call".into()
+                },
+                session_id: Some("s1".into()),
+                subject: format!("call-{i}"),
+                outcome: "ok".into(),
+                detail: json!({"i": i}),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        }
+        let all = s
+            .list_decisions(&DecisionQuery {
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        assert_eq!(all.len(), 5);
+        let tools = s
+            .list_decisions(&DecisionQuery {
+                kind: Some("tool_call".into()),
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(tools.len(), 2);
+        // Paging with the last row's (at, id) returns the rest without overlap.
+        let page1 = s
+            .list_decisions(&DecisionQuery {
+                limit: 3,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let last = &page1[2];
+        let page2 = s
+            .list_decisions(&DecisionQuery {
+                limit: 3,
+                before: Some((last.at, last.id.clone())),
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut ids: Vec<String> = page1.iter().chain(&page2).map(|d| d.id.clone()).collect();
+        assert_eq!(ids.len(), 5);
+        ids.sort();
+        ids.dedup();
+        assert_eq!(ids.len(), 5, "pages overlap on {}", db.url);
+        let none = s
+            .list_decisions(&DecisionQuery {
+                session_id: Some("other".into()),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(none.is_empty());
+    }
+}
+
+#[tokio::test]
+async fn usage_rolls_up_per_day() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let day1 = 1_779_408_000_000; // 2026-05-22T00:00:00Z
+        let call = |at: i64, provider: &str, model: &str, cost: f64| UsageEvent {
+            at,
+            source: "chat".into(),
+            policy: "default".into(),
+            user: "alice".into(),
+            provider: provider.into(),
+            model: model.into(),
+            input_tokens: 1000,
+            output_tokens: 100,
+            cost_usd: cost,
+            latency_ms: 900,
+            outcome: "ok".into(),
+            ..Default::default()
+        };
+        for u in [
+            call(day1 + 10, "anthropic", "claude-opus-4-6", 0.5),
+            call(day1 + 20, "anthropic", "claude-haiku-4-6", 0.25),
+            call(day1 + 86_400_000, "openai", "gpt-5", 1.0),
+        ] {
+            s.record_usage(&u)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        }
+        let by_provider = s
+            .usage_summary("2026-05-22", UsageGroup::Provider)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        assert_eq!(by_provider.len(), 2);
+        assert_eq!(by_provider[0].key, "openai");
+        let anthropic = &by_provider[1];
+        assert_eq!(
+            (
+                anthropic.requests,
+                anthropic.input_tokens,
+                anthropic.output_tokens
+            ),
+            (2, 2000, 200)
+        );
+        assert!((anthropic.cost_usd - 0.75).abs() < 1e-9);
+        let by_day = s
+            .usage_summary("2026-05-23", UsageGroup::Day)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            by_day.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
+            vec!["2026-05-23"]
+        );
+    }
+}
+
+#[tokio::test]
+async fn proposals_are_decided_once_and_versioned() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let now = now_ms();
+        let p = ProposalRecord {
+            id: new_id(),
+            name: "restart-api-x7k2p".into(),
+            namespace: "shop".into(),
+            session_id: Some("s1".into()),
+            session_name: "incident-42".into(),
+            user: "alice".into(),
+            policy: Some("default".into()),
+            action: "restart".into(),
+            target: Some(
+                json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"}),
+            ),
+            params: None,
+            rationale: "pods stuck".into(),
+            blast_radius: Some("one service".into()),
+            reversible: Some(true),
+            provider: Some("anthropic".into()),
+            model: Some("claude-opus-4-6".into()),
+            phase: "Pending".into(),
+            decision: None,
+            message: None,
+            preview: Some(json!({"before": 1})),
+            undo: None,
+            expires_at: now + 600_000,
+            created_at: now,
+            updated_at: now,
+            version: 1,
+        };
+        s.insert_proposal(&p)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        let stored = s
+            .get_proposal(&p.id)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        assert_eq!(
+            stored.as_ref().map(|r| (r.reversible, r.version)),
+            Some((Some(true), 1))
+        );
+        let decision = json!({"verdict": "Approve", "by": "bob"});
+        let decided = s
+            .decide_proposal(&p.id, 1, &decision, "Approved", None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((decided.phase.as_str(), decided.version), ("Approved", 2));
+        // A second decision (even with the right version) is refused.
+        let again = s
+            .decide_proposal(
+                &p.id,
+                2,
+                &json!({"verdict": "Reject", "by": "carol"}),
+                "Rejected",
+                None,
+            )
+            .await;
+        assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
+        // Stale versions lose.
+        assert!(
+            s.update_proposal_phase(&p.id, 1, "Executing", None, None, None)
+                .await
+                .is_err()
+        );
+        let exec = s
+            .update_proposal_phase(
+                &p.id,
+                2,
+                "Succeeded",
+                Some("restarted"),
+                None,
+                Some(&json!({"revision": 3})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            exec.preview,
+            Some(json!({"before": 1})),
+            "preview kept when not given"
+        );
+        assert_eq!(exec.undo, Some(json!({"revision": 3})));
+        let pending = s
+            .list_proposals(Some("Pending"), 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(pending.is_empty());
+        assert_eq!(
+            s.list_proposals(None, 10)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .len(),
+            1
+        );
+    }
+}
+
+#[tokio::test]
+async fn migrations_are_idempotent_and_the_database_file_is_created() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("new.db");
+    let url = format!("sqlite://{}", path.display());
+    let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
+    store.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+    store
+        .migrate()
+        .await
+        .unwrap_or_else(|e| panic!("second run: {e}"));
+    assert!(path.exists());
+    assert!(store.ping().await);
+    let err = Store::connect("mysql://x")
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("unsupported database URL"), "{err}");
+}
