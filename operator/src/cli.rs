@@ -1,12 +1,27 @@
 //! The command line: `kortex serve | crds | migrate`.
 
-use clap::{Parser, Subcommand};
+use crate::http::auth::AuthMode;
+use crate::http::{self, AppState};
+use crate::live;
+use crate::metrics::Metrics;
+use crate::source::ManifestSource;
+use crate::store::{Store, redact_url};
+use crate::telemetry::{self, LogFormat};
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use tokio::sync::watch;
 
 /// Kortex: an in-cluster LLM chat server for platform teams, configured by custom resources.
 #[derive(Parser, Debug)]
 #[command(name = "kortex", version, about, long_about = None)]
 pub struct Cli {
+    /// Log line format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "KORTEX_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
@@ -14,22 +29,170 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Standalone mode: serve the API from manifest files, with an embedded SQLite database
+    /// by default. No cluster needed.
+    Serve(ServeArgs),
     /// Print every CustomResourceDefinition as YAML (what `crds/` holds).
     Crds,
+    /// Apply database migrations and exit (they are also applied at start-up).
+    Migrate(DatabaseArgs),
+}
+
+/// Database selection.
+#[derive(Args, Debug)]
+pub struct DatabaseArgs {
+    /// `sqlite://FILE` (created if missing) or `postgres://USER:PASSWORD@HOST/DB`.
+    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://kortex.db")]
+    pub database_url: String,
+}
+
+/// `kortex serve` options.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Manifest file or folder (its `.yaml`, `.yml` and `.json` files); repeatable. Files are
+    /// watched and re-loaded on change.
+    #[arg(long = "manifests", value_name = "PATH")]
+    pub manifests: Vec<PathBuf>,
+    /// Database.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Address to listen on. On a loopback address the API needs no credentials; anywhere
+    /// else every API call needs a chat key.
+    #[arg(long, env = "KORTEX_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
 }
 
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
+    telemetry::init(cli.log_format);
     match cli.command {
         Command::Crds => match crate::crd::crds_yaml() {
             Ok(yaml) => {
                 print!("{yaml}");
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("error: cannot render CRDs: {e}");
-                ExitCode::FAILURE
-            }
+            Err(e) => fail(format!("cannot render CRDs: {e}")),
         },
+        Command::Migrate(args) => block_on(async move {
+            let store = Store::connect(&args.database_url)
+                .await
+                .map_err(|e| e.to_string())?;
+            store.migrate().await.map_err(|e| e.to_string())?;
+            tracing::info!(database = %redact_url(&args.database_url), "migrations applied");
+            Ok(())
+        }),
+        Command::Serve(args) => block_on(serve(args)),
+    }
+}
+
+fn fail(message: String) -> ExitCode {
+    tracing::error!("{message}");
+    eprintln!("error: {message}");
+    ExitCode::FAILURE
+}
+
+fn block_on(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(format!("cannot start the async runtime: {e}")),
+    };
+    match runtime.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(message),
+    }
+}
+
+/// `kortex serve`.
+pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    // One TLS crypto provider for every client the process builds (see TOOLCHAIN.md).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let metrics = Arc::new(Metrics::new());
+
+    if args.manifests.is_empty() {
+        tracing::warn!("no --manifests given: serving no providers, tools or policies");
+    }
+    let env: crate::source::EnvLookup = Box::new(|name| std::env::var(name).ok());
+    let mut source = ManifestSource::new(args.manifests.clone(), env).map_err(|e| e.to_string())?;
+    let initial = live::load(&mut source, None, &metrics);
+    let (config_tx, config_rx) = watch::channel(Arc::new(initial));
+
+    let store = Store::connect(&args.database.database_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    store.migrate().await.map_err(|e| e.to_string())?;
+    tracing::info!(database = %redact_url(&args.database.database_url), "database ready");
+
+    let auth = if args.listen.ip().is_loopback() {
+        AuthMode::Loopback
+    } else {
+        let keys = config_rx
+            .borrow()
+            .catalog
+            .credentials
+            .count(crate::catalog::CredentialKind::Chat);
+        if keys == 0 {
+            tracing::warn!(
+                listen = %args.listen,
+                "listening beyond loopback without chat keys: every API call will be refused until a Secret labelled kortex.dev/credentials=chat is loaded"
+            );
+        }
+        AuthMode::Keys
+    };
+    let state = AppState {
+        config: config_rx,
+        store: store.clone(),
+        metrics: metrics.clone(),
+        auth,
+    };
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(address = %local, "listening on http://{local}");
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let watcher = (!args.manifests.is_empty()).then(|| {
+        tokio::spawn(live::watch_manifests(
+            source,
+            config_tx.clone(),
+            metrics,
+            stop_rx,
+        ))
+    });
+
+    let result = http::serve(listener, http::router(state), shutdown_signal()).await;
+    tracing::info!("shutting down");
+    let _ = stop_tx.send(true);
+    if let Some(w) = watcher {
+        let _ = w.await;
+    }
+    drop(config_tx);
+    store.close().await;
+    result.map_err(|e| format!("server error: {e}"))
+}
+
+/// Resolves on SIGTERM (Kubernetes) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => tracing::info!("received Ctrl-C"),
+        _ = term => tracing::info!("received SIGTERM"),
     }
 }

@@ -18,9 +18,6 @@ pub enum SourceError {
     /// The path does not exist.
     #[error("manifest path {0} does not exist")]
     Missing(PathBuf),
-    /// No path was given.
-    #[error("no manifest path given (use --manifests PATH)")]
-    NoPaths,
 }
 
 /// What one load produced.
@@ -68,9 +65,6 @@ pub struct ManifestSource {
 impl ManifestSource {
     /// A source over `paths`, which must exist. `env` resolves `${VAR}` in Secrets.
     pub fn new(paths: Vec<PathBuf>, env: EnvLookup) -> Result<Self, SourceError> {
-        if paths.is_empty() {
-            return Err(SourceError::NoPaths);
-        }
         if let Some(missing) = paths.iter().find(|p| !p.exists()) {
             return Err(SourceError::Missing(missing.clone()));
         }

@@ -2,6 +2,8 @@
 //! the last good version of objects whose documents broke, and re-loads on change.
 
 mod files;
+
+pub use files::EnvLookup;
 pub mod manifest;
 pub mod schema;
 

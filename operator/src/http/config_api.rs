@@ -1,0 +1,268 @@
+//! `GET /api/v1/llm/providers`, `/api/v1/tools`, `/api/v1/policies`: what the server
+//! currently serves, with each object's conditions and where it came from — and never a
+//! secret value (Secret references are shown by name and key only). Documents that failed
+//! to load are listed too, unavailable, with the error that names the file and field.
+//! `GET /api/v1/manifests` lists every load problem.
+
+use super::AppState;
+use super::error::ApiError;
+use crate::catalog::ObjectKey;
+use crate::crd::conditions::reasons;
+use crate::live::LiveConfig;
+use crate::source::manifest::{Identity, Kind, Severity};
+use axum::Json;
+use axum::extract::{Query, State};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+/// Query parameters of the listings.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only objects of this namespace.
+    namespace: Option<String>,
+}
+
+fn identity(kind: Kind, key: &ObjectKey) -> Identity {
+    Identity {
+        kind,
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+    }
+}
+
+/// `source` and `problems` of an object, from the manifest loader.
+fn source_fields(config: &LiveConfig, id: &Identity) -> (Value, Value, bool) {
+    let source = config
+        .origins
+        .get(id)
+        .map(|o| json!({"file": o.file.display().to_string(), "document": o.document, "line": o.line}))
+        .unwrap_or(Value::Null);
+    let problems: Vec<String> = config.problems_of(id).map(ToString::to_string).collect();
+    (source, json!(problems), config.stale.contains(id))
+}
+
+/// Objects of `kind` that failed to load and are not served in any version.
+fn broken(
+    config: &LiveConfig,
+    kind: Kind,
+    served: &BTreeSet<&ObjectKey>,
+    namespace: Option<&str>,
+) -> Vec<Value> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for p in config
+        .problems
+        .iter()
+        .filter(|p| p.severity == Severity::Error)
+    {
+        let Some(id) = &p.object else { continue };
+        let key = ObjectKey::new(&id.namespace, &id.name);
+        if id.kind != kind
+            || served.contains(&key)
+            || namespace.is_some_and(|ns| ns != id.namespace)
+        {
+            continue;
+        }
+        if !seen.insert(key) {
+            continue;
+        }
+        let problems: Vec<String> = config.problems_of(id).map(ToString::to_string).collect();
+        out.push(json!({
+            "namespace": id.namespace,
+            "name": id.name,
+            "available": false,
+            "conditions": [{
+                "type": "Ready",
+                "status": "False",
+                "reason": reasons::INVALID_MANIFEST,
+                "message": problems.join("; "),
+                "lastTransitionTime": config.loaded_at.to_string(),
+            }],
+            "source": {"file": p.origin.file.display().to_string(), "document": p.origin.document, "line": p.origin.line},
+            "problems": problems,
+        }));
+    }
+    out
+}
+
+fn in_namespace(key: &ObjectKey, q: &ListQuery) -> bool {
+    q.namespace.as_deref().is_none_or(|ns| ns == key.namespace)
+}
+
+/// `GET /api/v1/llm/providers`
+pub async fn providers(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let config = state.config.borrow().clone();
+    let mut items = Vec::new();
+    let mut served = BTreeSet::new();
+    for (key, p) in config
+        .catalog
+        .providers
+        .iter()
+        .filter(|(k, _)| in_namespace(k, &q))
+    {
+        served.insert(key);
+        let spec = &p.object.spec;
+        let status = p.object.status.clone().unwrap_or_default();
+        let (source, problems, stale) = source_fields(&config, &identity(Kind::LLMProvider, key));
+        items.push(json!({
+            "namespace": key.namespace,
+            "name": key.name,
+            "type": spec.provider_type.as_str(),
+            "baseUrl": p.base_url(),
+            "locality": p.locality(),
+            "toolMode": spec.tool_mode,
+            "defaultModel": p.default_model(),
+            "fastModel": spec.fast_model,
+            "models": spec.models,
+            "maxTokens": p.max_tokens(),
+            "timeoutSeconds": p.timeout().as_secs_f64(),
+            "apiKeySecretRef": spec.api_key_secret_ref,
+            "caBundleSecretRef": spec.ca_bundle_secret_ref,
+            "headers": spec.headers.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+            "available": p.available,
+            "generation": p.object.metadata.generation,
+            "observedGeneration": status.observed_generation,
+            "conditions": status.conditions,
+            "statusModels": status.models,
+            "secretHash": status.secret_hash,
+            "source": source,
+            "stale": stale,
+            "problems": problems,
+        }));
+    }
+    items.extend(broken(
+        &config,
+        Kind::LLMProvider,
+        &served,
+        q.namespace.as_deref(),
+    ));
+    Ok(Json(json!({"items": items})))
+}
+
+/// `GET /api/v1/tools`
+pub async fn tools(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let config = state.config.borrow().clone();
+    let mut items = Vec::new();
+    let mut served = BTreeSet::new();
+    for (key, t) in config
+        .catalog
+        .tools
+        .iter()
+        .filter(|(k, _)| in_namespace(k, &q))
+    {
+        served.insert(key);
+        let spec = &t.object.spec;
+        let status = t.object.status.clone().unwrap_or_default();
+        let (source, problems, stale) = source_fields(&config, &identity(Kind::KortexTool, key));
+        let backend = match (&spec.http, &spec.mcp) {
+            (Some(h), _) => {
+                json!({"type": "http", "method": h.method, "url": h.url, "auth": h.auth.as_ref().map(|a| a.auth_type)})
+            }
+            (None, Some(m)) => {
+                json!({"type": "mcp", "url": m.url, "include": m.include, "exclude": m.exclude,
+                "auth": m.auth.as_ref().map(|a| a.auth_type)})
+            }
+            (None, None) => Value::Null,
+        };
+        items.push(json!({
+            "namespace": key.namespace,
+            "name": key.name,
+            "toolName": t.tool_name,
+            "description": spec.description,
+            "backend": backend,
+            "parameters": spec.parameters,
+            "allowedSessions": spec.allowed_sessions,
+            "allowPrivateTargets": spec.allow_private_targets,
+            "timeoutSeconds": t.timeout().as_secs_f64(),
+            "maxResultBytes": t.max_result_bytes(),
+            "available": t.available,
+            "tools": status.tools,
+            "generation": t.object.metadata.generation,
+            "observedGeneration": status.observed_generation,
+            "conditions": status.conditions,
+            "source": source,
+            "stale": stale,
+            "problems": problems,
+        }));
+    }
+    items.extend(broken(
+        &config,
+        Kind::KortexTool,
+        &served,
+        q.namespace.as_deref(),
+    ));
+    Ok(Json(json!({"items": items})))
+}
+
+/// `GET /api/v1/policies`
+pub async fn policies(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let config = state.config.borrow().clone();
+    let mut items = Vec::new();
+    let mut served = BTreeSet::new();
+    for (key, p) in config
+        .catalog
+        .policies
+        .iter()
+        .filter(|(k, _)| in_namespace(k, &q))
+    {
+        served.insert(key);
+        let status = p.object.status.clone().unwrap_or_default();
+        let (source, problems, stale) = source_fields(&config, &identity(Kind::ChatPolicy, key));
+        items.push(json!({
+            "namespace": key.namespace,
+            "name": key.name,
+            "spec": p.object.spec,
+            "available": p.available,
+            "generation": p.object.metadata.generation,
+            "observedGeneration": status.observed_generation,
+            "conditions": status.conditions,
+            "source": source,
+            "stale": stale,
+            "problems": problems,
+        }));
+    }
+    items.extend(broken(
+        &config,
+        Kind::ChatPolicy,
+        &served,
+        q.namespace.as_deref(),
+    ));
+    Ok(Json(json!({"items": items})))
+}
+
+/// `GET /api/v1/manifests`: every problem of the last load, errors first.
+pub async fn manifests(State(state): State<AppState>) -> Json<Value> {
+    let config = state.config.borrow().clone();
+    let mut problems: Vec<&crate::source::manifest::Problem> = config.problems.iter().collect();
+    problems.sort_by_key(|p| p.severity != Severity::Error);
+    let items: Vec<Value> = problems
+        .iter()
+        .map(|p| {
+            let mut v = serde_json::to_value(p).unwrap_or(Value::Null);
+            if let Some(obj) = v.as_object_mut() {
+                obj.insert("text".into(), Value::String(p.to_string()));
+            }
+            v
+        })
+        .collect();
+    Json(json!({
+        "version": config.version,
+        "loadedAt": config.loaded_at.to_string(),
+        "errors": config.errors().count(),
+        "items": items,
+    }))
+}

@@ -1,0 +1,143 @@
+//! The HTTP server: health, readiness, metrics and the configuration API (more routes
+//! join as the chat engine lands).
+
+pub mod auth;
+mod config_api;
+pub mod error;
+
+use crate::live::LiveConfig;
+use crate::metrics::{HttpLabels, Metrics};
+use crate::store::Store;
+use auth::AuthMode;
+use axum::Router;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use error::ApiError;
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// The live configuration.
+    pub config: watch::Receiver<Arc<LiveConfig>>,
+    /// The database.
+    pub store: Store,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// How callers authenticate.
+    pub auth: AuthMode,
+}
+
+/// All routes.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/api/v1/llm/providers", get(config_api::providers))
+        .route("/api/v1/tools", get(config_api::tools))
+        .route("/api/v1/policies", get(config_api::policies))
+        .route("/api/v1/manifests", get(config_api::manifests))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .merge(api)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
+        .with_state(state)
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let database = state.store.ping().await;
+    let config = state.config.borrow().clone();
+    let body = serde_json::json!({
+        "ready": database,
+        "checks": {
+            "database": if database { "ok" } else { "unreachable" },
+            "manifests": {
+                "loaded": true,
+                "version": config.version,
+                "loadedAt": config.loaded_at.to_string(),
+                "errors": config.errors().count(),
+            },
+        }
+    });
+    let status = if database {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!(
+        "no route for {} {}",
+        req.method(),
+        req.uri().path()
+    ))
+}
+
+async fn method_not_allowed(req: Request) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}
+
+async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let method = req.method().to_string();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str)
+        .to_owned();
+    let response = next.run(req).await;
+    state
+        .metrics
+        .http_requests
+        .get_or_create(&HttpLabels {
+            method,
+            route,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then finishes in-flight requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
