@@ -68,3 +68,9 @@ pub async fn all_dbs() -> Vec<TestDb> {
 fn uuid_like() -> String {
     kortex::store::new_id().replace('-', "")
 }
+
+/// An HTTP client (with the one TLS crypto provider Kortex uses installed).
+pub fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}

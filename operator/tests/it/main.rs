@@ -1,4 +1,7 @@
 //! Integration tests: one binary (it links once), one module per area.
 
+mod binary;
 mod common;
+mod http;
+mod samples;
 mod store;

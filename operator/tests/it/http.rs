@@ -1,0 +1,296 @@
+//! The HTTP API in-process (axum `oneshot`), over a real manifest folder and SQLite.
+
+use crate::common::sqlite;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use http_body_util::BodyExt;
+use kortex::http::auth::AuthMode;
+use kortex::http::{AppState, router};
+use kortex::live;
+use kortex::metrics::Metrics;
+use kortex::source::ManifestSource;
+use serde_json::Value;
+use std::sync::Arc;
+use tower::ServiceExt;
+
+const MANIFESTS: &str = "apiVersion: v1
+kind: Secret
+metadata: {name: llm-keys}
+stringData:
+  anthropic: ${TEST_ANTHROPIC_KEY}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: alice-key
+  labels: {kortex.dev/credentials: chat}
+stringData: {user: alice, key: chat-key-alice}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {name: anthropic}
+spec:
+  type: anthropic
+  apiKeySecretRef: {name: llm-keys, key: anthropic}
+  defaultModel: claude-opus-4-6
+  headers:
+    - {name: X-Team, value: literal-header-value}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {name: openai}
+spec:
+  type: openai
+  apiKeySecretRef: {name: missing, key: openai}
+  defaultModel: gpt-5
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {name: broken}
+spec:
+  type: azure
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {name: default, namespace: team-a}
+spec: {sessions: ['*'], provider: nope}
+";
+
+struct Harness {
+    app: axum::Router,
+    _db: crate::common::TestDb,
+    _dir: tempfile::TempDir,
+}
+
+async fn harness(auth: AuthMode) -> Harness {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("all.yaml"), MANIFESTS).unwrap_or_else(|e| panic!("{e}"));
+    let env: kortex::source::EnvLookup =
+        Box::new(|name| (name == "TEST_ANTHROPIC_KEY").then(|| "sk-ant-TOPSECRET-123".to_owned()));
+    let mut source =
+        ManifestSource::new(vec![dir.path().to_path_buf()], env).unwrap_or_else(|e| panic!("{e}"));
+    let metrics = Arc::new(Metrics::new());
+    let config = live::load(&mut source, None, &metrics);
+    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));
+    std::mem::forget(_tx); // keep the channel open for the test's lifetime
+    let db = sqlite().await;
+    let app = router(AppState {
+        config: rx,
+        store: db.store.clone(),
+        metrics,
+        auth,
+    });
+    Harness {
+        app,
+        _db: db,
+        _dir: dir,
+    }
+}
+
+async fn call(
+    app: &axum::Router,
+    req: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, String) {
+    let resp = app
+        .clone()
+        .oneshot(req)
+        .await
+        .unwrap_or_else(|e| match e {});
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path)
+        .header(header::HOST, "127.0.0.1:8080")
+        .body(Body::empty())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
+}
+
+fn item<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+#[tokio::test]
+async fn providers_list_conditions_and_never_secrets() {
+    let h = harness(AuthMode::Loopback).await;
+    let (status, _, body) = call(&h.app, get("/api/v1/llm/providers")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(!body.contains("TOPSECRET"), "secret value leaked: {body}");
+    assert!(
+        !body.contains("literal-header-value"),
+        "header values are not listed: {body}"
+    );
+    let list = json(&body);
+    let anthropic = item(&list, "anthropic");
+    assert_eq!(anthropic["available"], true);
+    assert_eq!(anthropic["apiKeySecretRef"]["key"], "anthropic");
+    assert_eq!(anthropic["source"]["document"], 3);
+    let openai = item(&list, "openai");
+    assert_eq!(openai["available"], false);
+    let ready = openai["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "SecretResolved"))
+        .cloned();
+    assert_eq!(
+        ready.as_ref().map(|c| c["reason"].clone()),
+        Some(Value::from("SecretNotFound"))
+    );
+    assert_eq!(
+        ready.map(|c| c["message"].clone()),
+        Some(Value::from(
+            "secret missing key openai: Secret missing not found in namespace default"
+        ))
+    );
+    // The broken document is listed, unavailable, with file, document and field.
+    let broken = item(&list, "broken");
+    assert_eq!(broken["available"], false);
+    let message = broken["conditions"][0]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        message.contains("all.yaml:")
+            && message.contains("document 5")
+            && message.contains("spec.type: unknown variant `azure`"),
+        "{message}"
+    );
+
+    let (_, _, body) = call(&h.app, get("/api/v1/llm/providers?namespace=team-a")).await;
+    assert_eq!(json(&body)["items"], serde_json::json!([]));
+}
+
+#[tokio::test]
+async fn policies_tools_and_manifest_problems() {
+    let h = harness(AuthMode::Loopback).await;
+    let (status, _, body) = call(&h.app, get("/api/v1/policies")).await;
+    assert_eq!(status, StatusCode::OK);
+    let policy = item(&json(&body), "default").clone();
+    assert_eq!(policy["namespace"], "team-a");
+    assert_eq!(policy["conditions"][0]["reason"], "ProviderNotFound");
+    assert_eq!(
+        policy["conditions"][0]["message"],
+        "LLMProvider nope not found in namespace team-a"
+    );
+    let (_, _, body) = call(&h.app, get("/api/v1/tools")).await;
+    assert_eq!(json(&body)["items"], serde_json::json!([]));
+    let (_, _, body) = call(&h.app, get("/api/v1/manifests")).await;
+    let m = json(&body);
+    assert_eq!(m["errors"], 1);
+    assert_eq!(m["items"][0]["field"], "spec.type");
+    assert_eq!(m["items"][0]["severity"], "error");
+}
+
+#[tokio::test]
+async fn health_readiness_metrics_and_json_errors() {
+    let h = harness(AuthMode::Loopback).await;
+    let (status, _, body) = call(&h.app, get("/healthz")).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    let (status, _, body) = call(&h.app, get("/readyz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json(&body)["checks"]["database"], "ok");
+    let _ = call(&h.app, get("/api/v1/tools")).await;
+    let (status, headers, body) = call(&h.app, get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap_or_default()
+            .starts_with("application/openmetrics-text")
+    );
+    for needle in [
+        "kortex_build_info{version=\"",
+        "kortex_config_reloads_total{result=\"error\"} 1",
+        "kortex_config_errors 1",
+        "kortex_config_objects{kind=\"LLMProvider\",available=\"true\"} 1",
+        "kortex_http_requests_total{method=\"GET\",route=\"/api/v1/tools\",status=\"200\"} 1",
+    ] {
+        assert!(body.contains(needle), "missing {needle} in\n{body}");
+    }
+    let (status, _, body) = call(&h.app, get("/nope")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(json(&body)["error"]["code"], "not_found");
+    let post = Request::post("/api/v1/tools")
+        .header(header::HOST, "localhost")
+        .body(Body::empty())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (status, _, body) = call(&h.app, post).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(json(&body)["error"]["code"], "method_not_allowed");
+    let (status, _, body) = call(&h.app, get("/api/v1/policies?namspace=x")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json(&body)["error"]["code"], "invalid_request");
+    assert!(
+        json(&body)["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("namspace"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn loopback_mode_refuses_foreign_host_and_origin() {
+    let h = harness(AuthMode::Loopback).await;
+    let req = |host: &str, origin: Option<&str>| {
+        let mut b = Request::get("/api/v1/policies").header(header::HOST, host);
+        if let Some(o) = origin {
+            b = b.header(header::ORIGIN, o);
+        }
+        b.body(Body::empty()).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (status, _, body) = call(&h.app, req("attacker.example:8080", None)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "DNS rebinding: {body}");
+    assert_eq!(json(&body)["error"]["code"], "forbidden");
+    let (status, _, _) = call(
+        &h.app,
+        req("127.0.0.1:8080", Some("https://attacker.example")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _, _) = call(&h.app, req("localhost:8080", Some("http://localhost:8080"))).await;
+    assert_eq!(status, StatusCode::OK);
+    // Probes are not behind the check.
+    let (status, _, _) = call(
+        &h.app,
+        Request::get("/healthz")
+            .header(header::HOST, "10.0.0.7:8080")
+            .body(Body::empty())
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn key_mode_needs_a_chat_key() {
+    let h = harness(AuthMode::Keys).await;
+    let with_key = |key: Option<&str>| {
+        let mut b = Request::get("/api/v1/llm/providers").header(header::HOST, "kortex.example");
+        if let Some(k) = key {
+            b = b.header(header::AUTHORIZATION, format!("Bearer {k}"));
+        }
+        b.body(Body::empty()).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (status, headers, body) = call(&h.app, with_key(None)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+    assert_eq!(json(&body)["error"]["code"], "unauthorized");
+    let (status, _, _) = call(&h.app, with_key(Some("wrong"))).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, _) = call(&h.app, with_key(Some("chat-key-alice"))).await;
+    assert_eq!(status, StatusCode::OK);
+}
