@@ -1,1 +1,81 @@
-//! e2e helpers
+//! Helpers for the end-to-end suite, which runs against the cluster named by `KUBECONFIG`
+//! and is skipped when it is unset.
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use std::time::{Duration, Instant};
+
+/// Field manager of everything the suite applies.
+pub const MANAGER: &str = "kortex-e2e";
+
+/// A client for the cluster in `KUBECONFIG`, or `None` (and a note on stderr) to skip.
+pub async fn client() -> Option<Client> {
+    if std::env::var_os("KUBECONFIG").is_none() {
+        eprintln!("skipping: KUBECONFIG is not set");
+        return None;
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match Client::try_default().await {
+        Ok(c) => Some(c),
+        Err(e) => panic!("KUBECONFIG is set but no client could be built: {e}"),
+    }
+}
+
+/// Applies Kortex's CRDs (server-side apply) and waits until each is Established.
+pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in kortex::crd::all_crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&crd)).await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let current = api.get(&name).await?;
+            let established = current
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            anyhow::ensure!(Instant::now() < deadline, "CRD {name} not Established within 60s");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(())
+}
+
+/// A namespace for one test, deleted by [`TempNamespace::delete`].
+pub struct TempNamespace {
+    /// Its name.
+    pub name: String,
+    client: Client,
+}
+
+impl TempNamespace {
+    /// Creates `kortex-e2e-<suffix>`.
+    pub async fn create(client: &Client, suffix: &str) -> anyhow::Result<Self> {
+        let name = format!("kortex-e2e-{suffix}-{}", std::process::id());
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
+        Ok(Self { name, client: client.clone() })
+    }
+
+    /// Deletes the namespace (and everything in it).
+    pub async fn delete(self) -> anyhow::Result<()> {
+        Api::<Namespace>::all(self.client).delete(&self.name, &DeleteParams::default()).await?;
+        Ok(())
+    }
+}
+
+/// The API server's message for a rejected request, or a panic if it was accepted.
+pub fn rejection<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
+    match result {
+        Ok(v) => panic!("expected the API server to reject this, it accepted: {v:?}"),
+        Err(kube::Error::Api(status)) => status.message.clone(),
+        Err(e) => panic!("expected a validation error, got {e}"),
+    }
+}

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: prepares PostgreSQL (installs and starts it
+# when needed), then runs every test against SQLite and PostgreSQL. The e2e suite runs too
+# when KUBECONFIG names a cluster; otherwise it is only compiled.
+#
+#   ./scripts/test.sh                 # everything
+#   ./scripts/test.sh -E 'test(store)'  # extra arguments go to cargo nextest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_postgres() {
+  if [ "$(id -u)" = 0 ]; then su postgres -c "$1"; else sudo -u postgres sh -c "$1"; fi
+}
+
+start_postgres() {
+  if ! command -v pg_lsclusters >/dev/null 2>&1; then
+    echo "==> installing PostgreSQL (Debian package)"
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    else
+      sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+    fi
+  fi
+  local version port
+  version=$(pg_lsclusters -h | awk 'NR==1 {print $1}')
+  if [ -z "$version" ]; then
+    version=$(ls /usr/lib/postgresql | sort -V | tail -n 1)
+    if [ "$(id -u)" = 0 ]; then pg_createcluster "$version" main >/dev/null; else sudo pg_createcluster "$version" main >/dev/null; fi
+  fi
+  port=$(pg_lsclusters -h | awk -v v="$version" '$1==v && $2=="main" {print $3}')
+  if ! pg_lsclusters -h | awk -v v="$version" '$1==v && $2=="main" {print $4}' | grep -q online; then
+    echo "==> starting PostgreSQL $version on port $port"
+    if [ "$(id -u)" = 0 ]; then pg_ctlcluster "$version" main start; else sudo pg_ctlcluster "$version" main start; fi
+  fi
+  as_postgres "psql -p $port -tAc \"SELECT 1 FROM pg_roles WHERE rolname='kortex'\" | grep -q 1 || psql -p $port -qc \"CREATE ROLE kortex LOGIN SUPERUSER PASSWORD 'kortex'\""
+  export KORTEX_TEST_POSTGRES_URL="postgres://kortex:kortex@127.0.0.1:${port}/postgres"
+}
+
+if [ -z "${KORTEX_TEST_POSTGRES_URL:-}" ]; then
+  start_postgres
+fi
+export KORTEX_REQUIRE_POSTGRES=1
+echo "==> PostgreSQL for tests: ${KORTEX_TEST_POSTGRES_URL%%:*}://...@${KORTEX_TEST_POSTGRES_URL#*@}"
+
+runner=(cargo test)
+if cargo nextest --version >/dev/null 2>&1; then
+  runner=(cargo nextest run --no-fail-fast)
+fi
+
+if [ -n "${KUBECONFIG:-}" ]; then
+  echo "==> KUBECONFIG is set: the e2e suite runs against that cluster"
+  "${runner[@]}" --workspace "$@"
+else
+  echo "==> KUBECONFIG is not set: compiling the e2e suite without running it"
+  cargo test -p kortex-e2e --no-run --quiet
+  "${runner[@]}" -p kortex "$@"
+fi
