@@ -28,7 +28,12 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in kortex::crd::all_crds() {
         let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&crd)).await?;
+        api.patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&crd),
+        )
+        .await?;
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let current = api.get(&name).await?;
@@ -41,7 +46,10 @@ pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
             if established {
                 break;
             }
-            anyhow::ensure!(Instant::now() < deadline, "CRD {name} not Established within 60s");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "CRD {name} not Established within 60s"
+            );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
@@ -59,14 +67,22 @@ impl TempNamespace {
     /// Creates `kortex-e2e-<suffix>`.
     pub async fn create(client: &Client, suffix: &str) -> anyhow::Result<Self> {
         let name = format!("kortex-e2e-{suffix}-{}", std::process::id());
-        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
-        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await?;
-        Ok(Self { name, client: client.clone() })
+        let ns: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await?;
+        Ok(Self {
+            name,
+            client: client.clone(),
+        })
     }
 
     /// Deletes the namespace (and everything in it).
     pub async fn delete(self) -> anyhow::Result<()> {
-        Api::<Namespace>::all(self.client).delete(&self.name, &DeleteParams::default()).await?;
+        Api::<Namespace>::all(self.client)
+            .delete(&self.name, &DeleteParams::default())
+            .await?;
         Ok(())
     }
 }

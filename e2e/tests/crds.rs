@@ -9,7 +9,9 @@ use serde_json::json;
 
 #[tokio::test]
 async fn crds_install_and_enforce_their_rules() -> anyhow::Result<()> {
-    let Some(client) = client().await else { return Ok(()) };
+    let Some(client) = client().await else {
+        return Ok(());
+    };
     install_crds(&client).await?;
     let ns = TempNamespace::create(&client, "crds").await?;
     let result = run(&client, &ns.name).await;
@@ -24,7 +26,11 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         "spec": {"type": "anthropic", "apiKeySecretRef": {"name": "llm-keys", "key": "anthropic"}, "defaultModel": "claude-opus-4-6"}
     }))?;
     let created = providers.create(&PostParams::default(), &provider).await?;
-    assert_eq!(created.spec.tool_mode, kortex::crd::ToolMode::Native, "schema default applied");
+    assert_eq!(
+        created.spec.tool_mode,
+        kortex::crd::ToolMode::Native,
+        "schema default applied"
+    );
 
     let tools: Api<KortexTool> = Api::namespaced(client.clone(), ns);
     let both: KortexTool = serde_json::from_value(json!({
@@ -32,7 +38,10 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         "spec": {"description": "d", "http": {"url": "http://a/x"}, "mcp": {"url": "http://m/mcp"}}
     }))?;
     let message = rejection(tools.create(&PostParams::default(), &both).await);
-    assert!(message.contains("exactly one of spec.http or spec.mcp must be set"), "{message}");
+    assert!(
+        message.contains("exactly one of spec.http or spec.mcp must be set"),
+        "{message}"
+    );
 
     let proposals: Api<ActionProposal> = Api::namespaced(client.clone(), ns);
     let proposal: ActionProposal = serde_json::from_value(json!({
@@ -43,15 +52,31 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     proposals.create(&PostParams::default(), &proposal).await?;
     let merge = |v: serde_json::Value| Patch::Merge(v);
     let message = rejection(
-        proposals.patch("restart-api", &PatchParams::default(), &merge(json!({"spec": {"action": "scale"}}))).await,
-    );
-    assert!(message.contains("spec is immutable except spec.decision"), "{message}");
-    let message = rejection(
         proposals
-            .patch("restart-api", &PatchParams::default(), &merge(json!({"spec": {"params": {"replicas": 300}}})))
+            .patch(
+                "restart-api",
+                &PatchParams::default(),
+                &merge(json!({"spec": {"action": "scale"}})),
+            )
             .await,
     );
-    assert!(message.contains("spec is immutable except spec.decision"), "params too: {message}");
+    assert!(
+        message.contains("spec is immutable except spec.decision"),
+        "{message}"
+    );
+    let message = rejection(
+        proposals
+            .patch(
+                "restart-api",
+                &PatchParams::default(),
+                &merge(json!({"spec": {"params": {"replicas": 300}}})),
+            )
+            .await,
+    );
+    assert!(
+        message.contains("spec is immutable except spec.decision"),
+        "params too: {message}"
+    );
     proposals
         .patch(
             "restart-api",
@@ -68,6 +93,9 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
             )
             .await,
     );
-    assert!(message.contains("spec.decision is final once set"), "{message}");
+    assert!(
+        message.contains("spec.decision is final once set"),
+        "{message}"
+    );
     Ok(())
 }

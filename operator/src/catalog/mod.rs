@@ -377,13 +377,7 @@ fn compile_provider(
             spec_problems.push(format!("spec.models: model id {} is listed twice", m.id));
         }
     }
-    for (i, h) in spec.headers.iter().enumerate() {
-        if h.value.is_some() == h.value_from.is_some() {
-            spec_problems.push(format!(
-                "spec.headers[{i}]: exactly one of value or valueFrom must be set"
-            ));
-        }
-    }
+    spec_problems.extend(header_problems(&spec.headers, "spec.headers"));
 
     let has_model = spec.default_model.is_some() || !spec.models.is_empty();
     let ready = if !spec_problems.is_empty() {
@@ -507,6 +501,20 @@ fn compile_tools(
         if spec.timeout.is_some_and(|d| d.is_negative()) {
             spec_problems.push("spec.timeout must not be negative".to_owned());
         }
+        let backend = match (&spec.http, &spec.mcp) {
+            (Some(h), _) => Some(("spec.http", &h.headers, &h.auth)),
+            (None, Some(m)) => Some(("spec.mcp", &m.headers, &m.auth)),
+            (None, None) => None,
+        };
+        if let Some((path, headers, auth)) = backend {
+            spec_problems.extend(header_problems(headers, &format!("{path}.headers")));
+            if let Some(a) = auth
+                && a.auth_type == crate::crd::AuthType::ApiKey
+                && a.header.is_none()
+            {
+                spec_problems.push(format!("{path}.auth.header is required for type apiKey"));
+            }
+        }
 
         let accepted = if !spec_problems.is_empty() {
             Desired::fail(
@@ -584,6 +592,16 @@ fn compile_tools(
         );
     }
     out
+}
+
+/// The one-of rule of header specs (also a CEL rule of the CRD).
+fn header_problems(headers: &[crate::crd::HeaderSpec], path: &str) -> Vec<String> {
+    headers
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| h.value.is_some() == h.value_from.is_some())
+        .map(|(i, _)| format!("{path}[{i}]: exactly one of value or valueFrom must be set"))
+        .collect()
 }
 
 fn valid_tool_name(name: &str) -> bool {

@@ -238,6 +238,13 @@ fn tool_name_conflicts_older_keeps_the_name() {
                 10,
                 serde_json::json!({"mcp": {"url": "http://m/mcp"}}),
             ),
+            tool(
+                "keyed",
+                10,
+                serde_json::json!({"mcp": {"url": "http://m/mcp",
+                    "auth": {"type": "apiKey", "secretRef": {"name": "s", "key": "k"}},
+                    "headers": [{"name": "X-A"}]}}),
+            ),
         ],
         ..Default::default()
     };
@@ -267,6 +274,17 @@ fn tool_name_conflicts_older_keeps_the_name() {
     assert_eq!(
         cond(&status("both").conditions, "Accepted").1,
         "InvalidSpec"
+    );
+    let keyed = status("keyed");
+    let (_, r, m) = cond(&keyed.conditions, "Accepted");
+    assert_eq!(r, "InvalidSpec");
+    assert!(
+        m.contains("spec.mcp.headers[0]: exactly one of value or valueFrom must be set"),
+        "{m}"
+    );
+    assert!(
+        m.contains("spec.mcp.auth.header is required for type apiKey"),
+        "{m}"
     );
     let mcp = &cat.tools[&ObjectKey::new("default", "grafana-mcp")];
     assert_eq!(

@@ -137,23 +137,39 @@ mod tests {
     fn cel_rules_enforce_one_of_and_immutability() {
         use kube::core::cel::{validate_cel, validate_cel_update};
         let tool = |spec: serde_json::Value| -> KortexTool {
-            parse(serde_json::json!({"apiVersion": API_VERSION, "kind": "KortexTool", "metadata": {"name": "t"}, "spec": spec}))
+            parse(
+                serde_json::json!({"apiVersion": API_VERSION, "kind": "KortexTool", "metadata": {"name": "t"}, "spec": spec}),
+            )
         };
-        let both = tool(serde_json::json!({"http": {"url": "http://a/x"}, "mcp": {"url": "http://m/mcp"}}));
-        let err = validate_cel(&both).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("exactly one of spec.http or spec.mcp must be set"), "{err}");
-        assert!(validate_cel(&tool(serde_json::json!({}))).is_err());
-        assert!(validate_cel(&tool(serde_json::json!({"mcp": {"url": "http://m/mcp"}}))).is_ok());
-        let err = validate_cel(&tool(serde_json::json!({"name": "a__b", "mcp": {"url": "http://m/mcp"}})))
+        let both = tool(
+            serde_json::json!({"http": {"url": "http://a/x"}, "mcp": {"url": "http://m/mcp"}}),
+        );
+        let err = validate_cel(&both)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
+        assert!(
+            err.contains("exactly one of spec.http or spec.mcp must be set"),
+            "{err}"
+        );
+        assert!(validate_cel(&tool(serde_json::json!({}))).is_err());
+        assert!(validate_cel(&tool(serde_json::json!({"mcp": {"url": "http://m/mcp"}}))).is_ok());
+        let err = validate_cel(&tool(
+            serde_json::json!({"name": "a__b", "mcp": {"url": "http://m/mcp"}}),
+        ))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
         assert!(err.contains("may not contain '__'"), "{err}");
-        let api_key = tool(serde_json::json!({"http": {"url": "http://a/x", "auth": {"type": "apiKey", "secretRef": {"name": "s", "key": "k"}}}}));
+        let api_key = tool(
+            serde_json::json!({"http": {"url": "http://a/x", "auth": {"type": "apiKey", "secretRef": {"name": "s", "key": "k"}}}}),
+        );
         assert!(validate_cel(&api_key).is_err(), "apiKey needs a header");
 
         let proposal = |spec: serde_json::Value| -> ActionProposal {
-            parse(serde_json::json!({"apiVersion": API_VERSION, "kind": "ActionProposal", "metadata": {"name": "p"}, "spec": spec}))
+            parse(
+                serde_json::json!({"apiVersion": API_VERSION, "kind": "ActionProposal", "metadata": {"name": "p"}, "spec": spec}),
+            )
         };
         let base = serde_json::json!({"action": "scale", "rationale": "r", "params": {"replicas": 3},
             "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
@@ -162,23 +178,41 @@ mod tests {
         assert!(validate_cel(&old).is_ok());
         let mut changed = base.clone();
         changed["action"] = "restart".into();
-        let err = validate_cel_update(&proposal(changed), &old).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("spec is immutable except spec.decision"), "{err}");
+        let err = validate_cel_update(&proposal(changed), &old)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("spec is immutable except spec.decision"),
+            "{err}"
+        );
         let mut retarget = base.clone();
         retarget["target"]["name"] = "db".into();
         assert!(validate_cel_update(&proposal(retarget), &old).is_err());
         let mut rescale = base.clone();
         rescale["params"]["replicas"] = 300.into();
-        assert!(validate_cel_update(&proposal(rescale), &old).is_err(), "params are immutable too");
+        assert!(
+            validate_cel_update(&proposal(rescale), &old).is_err(),
+            "params are immutable too"
+        );
         let mut decided = base.clone();
         decided["decision"] = serde_json::json!({"verdict": "Approve", "by": "bob"});
         let decided = proposal(decided);
-        assert!(validate_cel_update(&decided, &old).is_ok(), "a first decision is allowed");
+        assert!(
+            validate_cel_update(&decided, &old).is_ok(),
+            "a first decision is allowed"
+        );
         let mut flipped = base.clone();
         flipped["decision"] = serde_json::json!({"verdict": "Reject", "by": "bob"});
-        let err = validate_cel_update(&proposal(flipped), &decided).err().map(|e| e.to_string()).unwrap_or_default();
+        let err = validate_cel_update(&proposal(flipped), &decided)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(err.contains("spec.decision is final once set"), "{err}");
-        assert!(validate_cel_update(&old, &decided).is_err(), "a decision cannot be removed");
+        assert!(
+            validate_cel_update(&old, &decided).is_err(),
+            "a decision cannot be removed"
+        );
     }
 
     /// `crds/` must be exactly what the types generate (CI fails on drift).
