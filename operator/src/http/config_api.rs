@@ -91,157 +91,159 @@ fn in_namespace(key: &ObjectKey, q: &ListQuery) -> bool {
     q.namespace.as_deref().is_none_or(|ns| ns == key.namespace)
 }
 
-/// `GET /api/v1/llm/providers`
-pub async fn providers(
-    State(state): State<AppState>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+/// What every listed object has, whatever its kind.
+struct Common {
+    available: bool,
+    generation: Option<i64>,
+    observed_generation: Option<i64>,
+    conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+type QueryResult = Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>;
+
+/// The listing of one kind: the common fields, the kind's own (`view`), then the objects of
+/// that kind that failed to load.
+fn listing<E>(
+    state: &AppState,
+    query: QueryResult,
+    kind: Kind,
+    entries: impl Fn(&LiveConfig) -> &std::collections::BTreeMap<ObjectKey, E>,
+    view: impl Fn(&E) -> (Common, Value),
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     let config = state.config.borrow().clone();
     let mut items = Vec::new();
     let mut served = BTreeSet::new();
-    for (key, p) in config
-        .catalog
-        .providers
-        .iter()
-        .filter(|(k, _)| in_namespace(k, &q))
-    {
+    for (key, entry) in entries(&config).iter().filter(|(k, _)| in_namespace(k, &q)) {
         served.insert(key);
-        let spec = &p.object.spec;
-        let status = p.object.status.clone().unwrap_or_default();
-        let (source, problems, stale) = source_fields(&config, &identity(Kind::LLMProvider, key));
-        items.push(json!({
+        let (common, own) = view(entry);
+        let (source, problems, stale) = source_fields(&config, &identity(kind, key));
+        let mut item = json!({
             "namespace": key.namespace,
             "name": key.name,
-            "type": spec.provider_type.as_str(),
-            "baseUrl": p.base_url(),
-            "locality": p.locality(),
-            "toolMode": spec.tool_mode,
-            "defaultModel": p.default_model(),
-            "fastModel": spec.fast_model,
-            "models": spec.models,
-            "maxTokens": p.max_tokens(),
-            "timeoutSeconds": p.timeout().as_secs_f64(),
-            "apiKeySecretRef": spec.api_key_secret_ref,
-            "caBundleSecretRef": spec.ca_bundle_secret_ref,
-            "headers": spec.headers.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
-            "available": p.available,
-            "generation": p.object.metadata.generation,
-            "observedGeneration": status.observed_generation,
-            "conditions": status.conditions,
-            "statusModels": status.models,
-            "secretHash": status.secret_hash,
+            "available": common.available,
+            "generation": common.generation,
+            "observedGeneration": common.observed_generation,
+            "conditions": common.conditions,
             "source": source,
             "stale": stale,
             "problems": problems,
-        }));
+        });
+        if let (Some(item), Value::Object(own)) = (item.as_object_mut(), own) {
+            item.extend(own);
+        }
+        items.push(item);
     }
-    items.extend(broken(
-        &config,
-        Kind::LLMProvider,
-        &served,
-        q.namespace.as_deref(),
-    ));
+    items.extend(broken(&config, kind, &served, q.namespace.as_deref()));
     Ok(Json(json!({"items": items})))
+}
+
+/// `GET /api/v1/llm/providers`
+pub async fn providers(
+    State(state): State<AppState>,
+    query: QueryResult,
+) -> Result<Json<Value>, ApiError> {
+    listing(
+        &state,
+        query,
+        Kind::LLMProvider,
+        |c| &c.catalog.providers,
+        |p| {
+            let spec = &p.object.spec;
+            let status = p.object.status.clone().unwrap_or_default();
+            let common = Common {
+                available: p.available,
+                generation: p.object.metadata.generation,
+                observed_generation: status.observed_generation,
+                conditions: status.conditions,
+            };
+            let own = json!({
+                "type": spec.provider_type.as_str(),
+                "baseUrl": p.base_url(),
+                "locality": p.locality(),
+                "toolMode": spec.tool_mode,
+                "defaultModel": p.default_model(),
+                "fastModel": spec.fast_model,
+                "models": spec.models,
+                "maxTokens": p.max_tokens(),
+                "timeoutSeconds": p.timeout().as_secs_f64(),
+                "apiKeySecretRef": spec.api_key_secret_ref,
+                "caBundleSecretRef": spec.ca_bundle_secret_ref,
+                "headers": spec.headers.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
+                "statusModels": status.models,
+                "secretHash": status.secret_hash,
+            });
+            (common, own)
+        },
+    )
 }
 
 /// `GET /api/v1/tools`
 pub async fn tools(
     State(state): State<AppState>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    query: QueryResult,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let config = state.config.borrow().clone();
-    let mut items = Vec::new();
-    let mut served = BTreeSet::new();
-    for (key, t) in config
-        .catalog
-        .tools
-        .iter()
-        .filter(|(k, _)| in_namespace(k, &q))
-    {
-        served.insert(key);
-        let spec = &t.object.spec;
-        let status = t.object.status.clone().unwrap_or_default();
-        let (source, problems, stale) = source_fields(&config, &identity(Kind::KortexTool, key));
-        let backend = match (&spec.http, &spec.mcp) {
-            (Some(h), _) => {
-                json!({"type": "http", "method": h.method, "url": h.url, "auth": h.auth.as_ref().map(|a| a.auth_type)})
-            }
-            (None, Some(m)) => {
-                json!({"type": "mcp", "url": m.url, "include": m.include, "exclude": m.exclude,
-                "auth": m.auth.as_ref().map(|a| a.auth_type)})
-            }
-            (None, None) => Value::Null,
-        };
-        items.push(json!({
-            "namespace": key.namespace,
-            "name": key.name,
-            "toolName": t.tool_name,
-            "description": spec.description,
-            "backend": backend,
-            "parameters": spec.parameters,
-            "allowedSessions": spec.allowed_sessions,
-            "allowPrivateTargets": spec.allow_private_targets,
-            "timeoutSeconds": t.timeout().as_secs_f64(),
-            "maxResultBytes": t.max_result_bytes(),
-            "available": t.available,
-            "tools": status.tools,
-            "generation": t.object.metadata.generation,
-            "observedGeneration": status.observed_generation,
-            "conditions": status.conditions,
-            "source": source,
-            "stale": stale,
-            "problems": problems,
-        }));
-    }
-    items.extend(broken(
-        &config,
+    listing(
+        &state,
+        query,
         Kind::KortexTool,
-        &served,
-        q.namespace.as_deref(),
-    ));
-    Ok(Json(json!({"items": items})))
+        |c| &c.catalog.tools,
+        |t| {
+            let spec = &t.object.spec;
+            let status = t.object.status.clone().unwrap_or_default();
+            let backend = match (&spec.http, &spec.mcp) {
+                (Some(h), _) => {
+                    json!({"type": "http", "method": h.method, "url": h.url, "auth": h.auth.as_ref().map(|a| a.auth_type)})
+                }
+                (None, Some(m)) => {
+                    json!({"type": "mcp", "url": m.url, "include": m.include, "exclude": m.exclude,
+                "auth": m.auth.as_ref().map(|a| a.auth_type)})
+                }
+                (None, None) => Value::Null,
+            };
+            let common = Common {
+                available: t.available,
+                generation: t.object.metadata.generation,
+                observed_generation: status.observed_generation,
+                conditions: status.conditions,
+            };
+            let own = json!({
+                "toolName": t.tool_name,
+                "description": spec.description,
+                "backend": backend,
+                "parameters": spec.parameters,
+                "allowedSessions": spec.allowed_sessions,
+                "allowPrivateTargets": spec.allow_private_targets,
+                "timeoutSeconds": t.timeout().as_secs_f64(),
+                "maxResultBytes": t.max_result_bytes(),
+                "tools": status.tools,
+            });
+            (common, own)
+        },
+    )
 }
 
 /// `GET /api/v1/policies`
 pub async fn policies(
     State(state): State<AppState>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    query: QueryResult,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    let config = state.config.borrow().clone();
-    let mut items = Vec::new();
-    let mut served = BTreeSet::new();
-    for (key, p) in config
-        .catalog
-        .policies
-        .iter()
-        .filter(|(k, _)| in_namespace(k, &q))
-    {
-        served.insert(key);
-        let status = p.object.status.clone().unwrap_or_default();
-        let (source, problems, stale) = source_fields(&config, &identity(Kind::ChatPolicy, key));
-        items.push(json!({
-            "namespace": key.namespace,
-            "name": key.name,
-            "spec": p.object.spec,
-            "available": p.available,
-            "generation": p.object.metadata.generation,
-            "observedGeneration": status.observed_generation,
-            "conditions": status.conditions,
-            "source": source,
-            "stale": stale,
-            "problems": problems,
-        }));
-    }
-    items.extend(broken(
-        &config,
+    listing(
+        &state,
+        query,
         Kind::ChatPolicy,
-        &served,
-        q.namespace.as_deref(),
-    ));
-    Ok(Json(json!({"items": items})))
+        |c| &c.catalog.policies,
+        |p| {
+            let status = p.object.status.clone().unwrap_or_default();
+            let common = Common {
+                available: p.available,
+                generation: p.object.metadata.generation,
+                observed_generation: status.observed_generation,
+                conditions: status.conditions,
+            };
+            (common, json!({"spec": p.object.spec}))
+        },
+    )
 }
 
 /// `GET /api/v1/manifests`: every problem of the last load, errors first.

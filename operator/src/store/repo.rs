@@ -538,6 +538,23 @@ fn proposal_row(row: &AnyRow) -> Result<ProposalRecord, StoreError> {
 
 /// Proposals.
 impl Store {
+    /// After a conditional update: the fresh row, or a conflict saying why nothing changed.
+    async fn updated_proposal(
+        &self,
+        id: &str,
+        affected: u64,
+        why: &str,
+    ) -> Result<ProposalRecord, StoreError> {
+        if affected == 0 {
+            return Err(StoreError::Conflict(format!(
+                "proposal {id} {why}; reload it and try again"
+            )));
+        }
+        self.get_proposal(id)
+            .await?
+            .ok_or_else(|| StoreError::Conflict(format!("proposal {id} disappeared")))
+    }
+
     /// Stores a new proposal (its `version` is set to 1).
     pub async fn insert_proposal(&self, p: &ProposalRecord) -> Result<(), StoreError> {
         sqlx::query(
@@ -622,14 +639,12 @@ impl Store {
         .bind(expected_version)
         .execute(&self.pool)
         .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::Conflict(format!(
-                "proposal {id} was already decided, expired or changed; reload it and try again"
-            )));
-        }
-        self.get_proposal(id)
-            .await?
-            .ok_or_else(|| StoreError::Conflict(format!("proposal {id} disappeared")))
+        self.updated_proposal(
+            id,
+            done.rows_affected(),
+            "was already decided, expired or changed",
+        )
+        .await
     }
 
     /// Moves a proposal to `phase` if it is still at `expected_version` (so two replicas can
@@ -656,14 +671,8 @@ impl Store {
         .bind(expected_version)
         .execute(&self.pool)
         .await?;
-        if done.rows_affected() == 0 {
-            return Err(StoreError::Conflict(format!(
-                "proposal {id} changed concurrently; reload it and try again"
-            )));
-        }
-        self.get_proposal(id)
-            .await?
-            .ok_or_else(|| StoreError::Conflict(format!("proposal {id} disappeared")))
+        self.updated_proposal(id, done.rows_affected(), "changed concurrently")
+            .await
     }
 }
 
