@@ -474,8 +474,18 @@ fn typed<T: DeserializeOwned + serde::Serialize>(
         Ok(v) => v,
         Err(e) => {
             let path = e.path().to_string();
+            // serde quotes offending values ("invalid type: integer `1234`"); inside a
+            // Secret's data that would put a secret into logs and API responses.
+            let message = if kind == Kind::Secret
+                && (path.starts_with("data") || path.starts_with("stringData"))
+            {
+                "invalid value (not shown, it is Secret data): stringData values must be strings, data values base64 strings"
+                    .to_owned()
+            } else {
+                e.into_inner().to_string()
+            };
             let field = (path != ".").then_some(path);
-            errors.push((field, e.into_inner().to_string()));
+            errors.push((field, message));
             return None;
         }
     };

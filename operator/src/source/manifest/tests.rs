@@ -168,3 +168,17 @@ fn lists_and_json_documents_load() {
     assert!(out.problems.is_empty(), "{:?}", messages(&out));
     assert_eq!(out.objects[0].1.to_string(), "LLMProvider team-a/o");
 }
+
+#[test]
+fn secret_values_never_appear_in_errors() {
+    let out =
+        parse("apiVersion: v1\nkind: Secret\nmetadata: {name: s}\nstringData:\n  pin: 987654321\n");
+    let msgs = messages(&out);
+    assert_eq!(msgs.len(), 1, "{msgs:?}");
+    assert!(
+        msgs[0].contains("stringData.pin: invalid value (not shown"),
+        "{}",
+        msgs[0]
+    );
+    assert!(!msgs[0].contains("987654321"), "{}", msgs[0]);
+}
