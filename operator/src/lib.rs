@@ -10,6 +10,7 @@ pub mod crd;
 pub mod glob;
 pub mod http;
 pub mod live;
+pub mod llm;
 pub mod metrics;
 pub mod source;
 pub mod store;

@@ -1,0 +1,548 @@
+//! Anthropic's Messages API: `POST /v1/messages` with `x-api-key` and `anthropic-version`,
+//! streamed as SSE (`message_start`, `content_block_start|delta|stop`, `message_delta`,
+//! `message_stop`, `ping`, `error`). Tool results travel as `tool_result` blocks in the
+//! next user turn, keyed by `tool_use_id`.
+
+use super::wire::{self, Decoder, Framing, SseEvent};
+use super::{
+    BoxFuture, Capabilities, ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError,
+    LlmProvider, Message, ProviderConfig, StopReason, StreamEvent, ToolCall, Usage,
+};
+use crate::crd::ToolMode;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// The API version header value Kortex speaks.
+pub const API_VERSION: &str = "2023-06-01";
+
+/// An Anthropic endpoint.
+pub struct Anthropic {
+    config: ProviderConfig,
+    client: reqwest::Client,
+}
+
+impl Anthropic {
+    /// An adapter over `client`.
+    pub fn new(config: ProviderConfig, client: reqwest::Client) -> Self {
+        Self { config, client }
+    }
+
+    fn request(&self, path: &str) -> reqwest::RequestBuilder {
+        let mut r = self
+            .client
+            .post(format!("{}{path}", self.config.base_url))
+            .header("anthropic-version", API_VERSION);
+        if let Some(key) = &self.config.api_key {
+            r = r.header("x-api-key", key.expose());
+        }
+        r
+    }
+
+    fn body(&self, request: &ChatRequest, stream: bool) -> Value {
+        let model = if request.model.is_empty() {
+            self.config.default_model.clone().unwrap_or_default()
+        } else {
+            request.model.clone()
+        };
+        let mut body = json!({
+            "model": model,
+            "max_tokens": request.max_tokens.unwrap_or(self.config.max_tokens),
+            "messages": messages(&request.messages),
+        });
+        if let Some(system) = request.system.as_deref().filter(|s| !s.is_empty()) {
+            body["system"] = json!(system);
+        }
+        if self.config.tool_mode != ToolMode::None && !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
+                .collect();
+        }
+        if let Some(t) = request.temperature {
+            body["temperature"] = json!(t);
+        }
+        if !request.stop.is_empty() {
+            body["stop_sequences"] = json!(request.stop);
+        }
+        if stream {
+            body["stream"] = json!(true);
+        }
+        body
+    }
+}
+
+/// The conversation in Anthropic's shape: content blocks, strictly alternating roles, tool
+/// results (and any text that follows them) merged into one user turn.
+fn messages(history: &[Message]) -> Vec<Value> {
+    let mut out: Vec<(String, Vec<Value>)> = Vec::new();
+    let mut push = |role: &str, block: Value| match out.last_mut() {
+        Some((r, blocks)) if r == role => blocks.push(block),
+        _ => out.push((role.to_owned(), vec![block])),
+    };
+    for m in history {
+        match m {
+            Message::User { content } => push("user", json!({"type": "text", "text": content})),
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => {
+                if !content.is_empty() {
+                    push("assistant", json!({"type": "text", "text": content}));
+                }
+                for c in tool_calls {
+                    push(
+                        "assistant",
+                        json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.input}),
+                    );
+                }
+            }
+            Message::Tool {
+                tool_call_id,
+                content,
+                is_error,
+            } => {
+                let mut block =
+                    json!({"type": "tool_result", "tool_use_id": tool_call_id, "content": content});
+                if *is_error {
+                    block["is_error"] = json!(true);
+                }
+                push("user", block);
+            }
+        }
+    }
+    out.into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect()
+}
+
+fn stop_reason(s: Option<&str>) -> StopReason {
+    match s {
+        Some("tool_use") => StopReason::ToolUse,
+        Some("max_tokens") | Some("model_context_window_exceeded") => StopReason::MaxTokens,
+        Some("stop_sequence") => StopReason::StopSequence,
+        Some("refusal") => StopReason::Error,
+        _ => StopReason::EndTurn,
+    }
+}
+
+/// Maps an in-body `error` object (`{"type": "overloaded_error", "message": ...}`).
+fn body_error(provider: &str, error: &Value) -> LlmError {
+    let kind = match error
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+    {
+        "authentication_error" | "permission_error" => ErrorKind::Auth,
+        "rate_limit_error" => ErrorKind::RateLimited,
+        "request_too_large" => ErrorKind::ContextTooLong,
+        "invalid_request_error" | "not_found_error" => ErrorKind::BadRequest,
+        _ => ErrorKind::Upstream,
+    };
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("error event without message");
+    let kind_name = error.get("type").and_then(Value::as_str).unwrap_or("error");
+    LlmError::new(kind, provider, format!("{kind_name}: {message}"))
+}
+
+fn usage(v: &Value, into: &mut Usage) {
+    if let Some(n) = v.get("input_tokens").and_then(Value::as_u64) {
+        let cached = ["cache_creation_input_tokens", "cache_read_input_tokens"]
+            .iter()
+            .filter_map(|k| v.get(*k).and_then(Value::as_u64))
+            .sum::<u64>();
+        into.input_tokens = n + cached;
+    }
+    if let Some(n) = v.get("output_tokens").and_then(Value::as_u64) {
+        into.output_tokens = n;
+    }
+}
+
+/// The SSE state machine.
+#[derive(Default)]
+pub struct StreamDecoder {
+    provider: String,
+    model: String,
+    usage: Usage,
+    stop: Option<StopReason>,
+    /// Open tool_use blocks by index: (id, name, partial JSON).
+    open_tools: BTreeMap<u64, (String, String, String)>,
+    done: bool,
+}
+
+impl StreamDecoder {
+    /// A decoder for `provider`.
+    pub fn new(provider: &str) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            ..Default::default()
+        }
+    }
+}
+
+impl Decoder for StreamDecoder {
+    type Item = SseEvent;
+
+    fn feed(&mut self, event: SseEvent) -> Result<Vec<StreamEvent>, LlmError> {
+        if event.data.is_empty() {
+            return Ok(Vec::new());
+        }
+        let v: Value = wire::parse_json(&self.provider, &event.data)?;
+        let kind = if event.event.is_empty() {
+            v.get("type")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        } else {
+            event.event.clone()
+        };
+        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
+        let mut out = Vec::new();
+        match kind.as_str() {
+            "message_start" => {
+                let m = v.get("message").cloned().unwrap_or_default();
+                self.model = m
+                    .get("model")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned();
+                if let Some(u) = m.get("usage") {
+                    usage(u, &mut self.usage);
+                }
+            }
+            "content_block_start" => {
+                let block = v.get("content_block").cloned().unwrap_or_default();
+                match block.get("type").and_then(Value::as_str) {
+                    Some("tool_use") => {
+                        let id = block
+                            .get("id")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned();
+                        let name = block
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default()
+                            .to_owned();
+                        self.open_tools.insert(index, (id, name, String::new()));
+                    }
+                    Some("text") => {
+                        if let Some(t) = block
+                            .get("text")
+                            .and_then(Value::as_str)
+                            .filter(|t| !t.is_empty())
+                        {
+                            out.push(StreamEvent::TextDelta(t.to_owned()));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let delta = v.get("delta").cloned().unwrap_or_default();
+                match delta.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => {
+                        if let Some(t) = delta.get("text").and_then(Value::as_str) {
+                            out.push(StreamEvent::TextDelta(t.to_owned()));
+                        }
+                    }
+                    Some("input_json_delta") => {
+                        let part = delta
+                            .get("partial_json")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default();
+                        match self.open_tools.get_mut(&index) {
+                            Some((_, _, json)) => json.push_str(part),
+                            None => {
+                                return Err(LlmError::new(
+                                    ErrorKind::Protocol,
+                                    &self.provider,
+                                    format!(
+                                        "input_json_delta for block {index}, which is not an open tool_use block"
+                                    ),
+                                ));
+                            }
+                        }
+                    }
+                    _ => {} // thinking and signature deltas are not surfaced
+                }
+            }
+            "content_block_stop" => {
+                if let Some((id, name, json)) = self.open_tools.remove(&index) {
+                    let input = wire::parse_arguments(&self.provider, &name, &json)?;
+                    out.push(StreamEvent::ToolCall(ToolCall { id, name, input }));
+                }
+            }
+            "message_delta" => {
+                if let Some(reason) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop = Some(stop_reason(Some(reason)));
+                }
+                if let Some(u) = v.get("usage") {
+                    usage(u, &mut self.usage);
+                }
+            }
+            "message_stop" => {
+                self.done = true;
+                out.push(StreamEvent::Done {
+                    stop_reason: self.stop.unwrap_or_default(),
+                    usage: self.usage,
+                    model: self.model.clone(),
+                });
+            }
+            "error" => return Err(body_error(&self.provider, v.get("error").unwrap_or(&v))),
+            _ => {} // ping and future event types
+        }
+        Ok(out)
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn finish(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
+        if self.done {
+            return Ok(Vec::new());
+        }
+        Err(LlmError::new(
+            ErrorKind::Protocol,
+            &self.provider,
+            "stream ended before message_stop",
+        ))
+    }
+}
+
+/// A non-streamed response body.
+pub fn parse_response(provider: &str, v: &Value) -> Result<ChatResponse, LlmError> {
+    if v.get("type").and_then(Value::as_str) == Some("error") {
+        return Err(body_error(provider, v.get("error").unwrap_or(v)));
+    }
+    let Some(content) = v.get("content").and_then(Value::as_array) else {
+        return Err(LlmError::new(
+            ErrorKind::Protocol,
+            provider,
+            "response has no content array",
+        ));
+    };
+    let mut response = ChatResponse {
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        stop_reason: stop_reason(v.get("stop_reason").and_then(Value::as_str)),
+        ..Default::default()
+    };
+    for block in content {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => response.text.push_str(
+                block
+                    .get("text")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default(),
+            ),
+            Some("tool_use") => response.tool_calls.push(ToolCall {
+                id: block
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                name: block
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                input: block.get("input").cloned().unwrap_or_else(|| json!({})),
+            }),
+            _ => {}
+        }
+    }
+    if let Some(u) = v.get("usage") {
+        usage(u, &mut response.usage);
+    }
+    Ok(response)
+}
+
+impl LlmProvider for Anthropic {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_tools: self.config.tool_mode == ToolMode::Native,
+            tools: self.config.tool_mode != ToolMode::None,
+            streaming: true,
+        }
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+        Box::pin(async move {
+            let body = self.body(request, true);
+            super::retry::stream_with_retry(self.config.retry, || async {
+                let response =
+                    wire::send(&self.config, self.request("/v1/messages").json(&body)).await?;
+                Ok(wire::decode(
+                    &self.config,
+                    response,
+                    Framing::Sse,
+                    wire::sse,
+                    StreamDecoder::new(&self.config.name),
+                ))
+            })
+            .await
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let body = self.body(request, false);
+            let mut response = super::retry::call_with_retry(self.config.retry, || async {
+                let response =
+                    wire::send(&self.config, self.request("/v1/messages").json(&body)).await?;
+                let v: Value = wire::json_body(&self.config, response).await?;
+                parse_response(&self.config.name, &v)
+            })
+            .await?;
+            response.latency_ms = started.elapsed().as_millis() as u64;
+            Ok(response)
+        })
+    }
+
+    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
+        Box::pin(async move {
+            let mut r = self
+                .client
+                .get(format!("{}/v1/models?limit=1000", self.config.base_url))
+                .header("anthropic-version", API_VERSION);
+            if let Some(key) = &self.config.api_key {
+                r = r.header("x-api-key", key.expose());
+            }
+            let response = wire::send(&self.config, r).await?;
+            let v: Value = wire::json_body(&self.config, response).await?;
+            Ok(v.get("data")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_results_merge_into_one_user_turn() {
+        let history = vec![
+            Message::User {
+                content: "why?".into(),
+            },
+            Message::Assistant {
+                content: "checking".into(),
+                tool_calls: vec![
+                    ToolCall {
+                        id: "t1".into(),
+                        name: "get_logs".into(),
+                        input: json!({"ns": "shop"}),
+                    },
+                    ToolCall {
+                        id: "t2".into(),
+                        name: "get_events".into(),
+                        input: json!({}),
+                    },
+                ],
+            },
+            Message::Tool {
+                tool_call_id: "t1".into(),
+                content: "oom".into(),
+                is_error: false,
+            },
+            Message::Tool {
+                tool_call_id: "t2".into(),
+                content: "forbidden".into(),
+                is_error: true,
+            },
+        ];
+        let m = messages(&history);
+        assert_eq!(m.len(), 3);
+        assert_eq!(
+            m[1]["content"][1],
+            json!({"type": "tool_use", "id": "t1", "name": "get_logs", "input": {"ns": "shop"}})
+        );
+        assert_eq!(m[2]["role"], "user");
+        assert_eq!(
+            m[2]["content"][0],
+            json!({"type": "tool_result", "tool_use_id": "t1", "content": "oom"})
+        );
+        assert_eq!(m[2]["content"][1]["is_error"], true);
+    }
+
+    #[test]
+    fn decoder_assembles_tool_input_and_usage() {
+        let mut d = StreamDecoder::new("anthropic");
+        let ev = |event: &str, data: Value| SseEvent {
+            event: event.into(),
+            data: data.to_string(),
+        };
+        let mut out = Vec::new();
+        for e in [
+            ev(
+                "message_start",
+                json!({"type": "message_start", "message": {"model": "claude-x", "usage": {"input_tokens": 12, "output_tokens": 1}}}),
+            ),
+            ev(
+                "content_block_start",
+                json!({"index": 0, "content_block": {"type": "tool_use", "id": "toolu_1", "name": "get_logs", "input": {}}}),
+            ),
+            ev(
+                "content_block_delta",
+                json!({"index": 0, "delta": {"type": "input_json_delta", "partial_json": "{\"name"}}),
+            ),
+            ev("ping", json!({"type": "ping"})),
+            ev(
+                "content_block_delta",
+                json!({"index": 0, "delta": {"type": "input_json_delta", "partial_json": "space\": \"shop\"}"}}),
+            ),
+            ev("content_block_stop", json!({"index": 0})),
+            ev(
+                "message_delta",
+                json!({"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 30}}),
+            ),
+            ev("message_stop", json!({})),
+        ] {
+            out.extend(d.feed(e).unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert_eq!(
+            out,
+            vec![
+                StreamEvent::ToolCall(ToolCall {
+                    id: "toolu_1".into(),
+                    name: "get_logs".into(),
+                    input: json!({"namespace": "shop"})
+                }),
+                StreamEvent::Done {
+                    stop_reason: StopReason::ToolUse,
+                    usage: Usage {
+                        input_tokens: 12,
+                        output_tokens: 30
+                    },
+                    model: "claude-x".into()
+                },
+            ]
+        );
+        assert!(d.is_done());
+    }
+}

@@ -1,0 +1,364 @@
+//! The LLM provider layer: provider-agnostic request, response and stream types, one trait,
+//! and one adapter per wire protocol (`anthropic`, `openai` — also for `openai-compatible`
+//! servers —, `ollama`), built from the catalog with their keys resolved.
+//!
+//! Every adapter speaks its vendor's documented wire format over reqwest; no vendor SDK.
+//! Errors are typed and never carry the key; retries happen only while nothing has been
+//! streamed; dropping a stream drops its HTTP request.
+
+mod anthropic;
+mod error;
+mod ollama;
+mod openai;
+mod prompt_tools;
+mod retry;
+mod wire;
+
+pub use error::{ErrorKind, LlmError};
+pub use retry::RetryPolicy;
+
+use crate::catalog::ProviderEntry;
+use crate::crd::{ModelCost, ProviderType, ToolMode};
+use futures_util::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A boxed future, for the dyn-compatible trait.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A stream of events of one call. It ends after `Done`, or with an error item.
+pub type ChatStream = BoxStream<'static, Result<StreamEvent, LlmError>>;
+
+/// One message of a conversation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Message {
+    /// What the user said.
+    User {
+        /// Text.
+        content: String,
+    },
+    /// What the model said, with the tools it called.
+    Assistant {
+        /// Text (may be empty when the model only called tools).
+        content: String,
+        /// Tool calls, in order.
+        #[serde(default, rename = "toolCalls", skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall>,
+    },
+    /// The result of one tool call.
+    Tool {
+        /// The call it answers.
+        #[serde(rename = "toolCallId")]
+        tool_call_id: String,
+        /// Result text (JSON or prose).
+        content: String,
+        /// Whether the tool failed.
+        #[serde(default, rename = "isError")]
+        is_error: bool,
+    },
+}
+
+/// A tool call with its arguments fully assembled.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Provider-assigned id (generated when the provider gives none).
+    pub id: String,
+    /// Tool name.
+    pub name: String,
+    /// Arguments as parsed JSON (an object).
+    #[serde(alias = "arguments")]
+    pub input: Value,
+}
+
+/// A tool offered to the model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Name.
+    pub name: String,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema (`type: object`) of the arguments.
+    #[serde(alias = "input_schema", alias = "inputSchema")]
+    pub parameters: Value,
+}
+
+/// Who is asking and why, for audit and accounting (not sent to providers).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestMetadata {
+    /// Session id.
+    pub session: Option<String>,
+    /// User.
+    pub user: Option<String>,
+    /// `chat`, `summarize`, `triage`, `gateway`, `cli`, ...
+    pub purpose: Option<String>,
+}
+
+/// A provider-agnostic chat request.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// Model id; empty means the provider's default model.
+    pub model: String,
+    /// System prompt.
+    pub system: Option<String>,
+    /// The conversation.
+    pub messages: Vec<Message>,
+    /// Tools the model may call.
+    pub tools: Vec<ToolSpec>,
+    /// Output token limit; the provider's `maxTokens` when unset.
+    pub max_tokens: Option<u32>,
+    /// Sampling temperature.
+    pub temperature: Option<f32>,
+    /// Stop sequences.
+    pub stop: Vec<String>,
+    /// Audit and accounting context.
+    pub metadata: RequestMetadata,
+}
+
+/// Why the model stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The answer is complete.
+    #[default]
+    EndTurn,
+    /// The model wants tool results.
+    ToolUse,
+    /// The output token limit was reached.
+    MaxTokens,
+    /// A stop sequence was produced.
+    StopSequence,
+    /// The provider reported an error or refusal.
+    Error,
+}
+
+/// Token usage of one call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens.
+    pub output_tokens: u64,
+}
+
+/// A complete answer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChatResponse {
+    /// Text of the answer.
+    pub text: String,
+    /// Tool calls, in order.
+    pub tool_calls: Vec<ToolCall>,
+    /// Why it stopped.
+    pub stop_reason: StopReason,
+    /// Tokens.
+    pub usage: Usage,
+    /// The model that answered (as the provider reports it).
+    pub model: String,
+    /// Wall time of the call.
+    pub latency_ms: u64,
+    /// Notes for the caller (e.g. prompt-mode tool parsing is best effort).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// One event of a streamed call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamEvent {
+    /// More answer text.
+    TextDelta(String),
+    /// A tool call, arguments complete.
+    ToolCall(ToolCall),
+    /// The end: why, tokens, model.
+    Done {
+        /// Why it stopped.
+        stop_reason: StopReason,
+        /// Tokens.
+        usage: Usage,
+        /// Model reported by the provider.
+        model: String,
+    },
+    /// A non-fatal note (e.g. prompt-mode tool parsing).
+    Warning(String),
+}
+
+/// What a provider can do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capabilities {
+    /// Tools are passed natively (not described in the prompt).
+    pub native_tools: bool,
+    /// Tools can be used at all.
+    pub tools: bool,
+    /// Responses can be streamed.
+    pub streaming: bool,
+}
+
+/// One LLM backend.
+pub trait LlmProvider: Send + Sync {
+    /// The `LLMProvider` name.
+    fn name(&self) -> &str;
+    /// What it can do.
+    fn capabilities(&self) -> Capabilities;
+    /// Streams one call. Errors before any output come back as `Err` here (the first event
+    /// is peeked), so callers can fail over; later errors are `Err` items of the stream.
+    fn stream<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatStream, LlmError>>;
+    /// One non-streamed call.
+    fn complete<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>>;
+    /// The model ids the endpoint lists (also the reachability probe).
+    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>>;
+}
+
+/// Settings shared by every adapter, from the `LLMProvider` spec.
+#[derive(Clone, Debug)]
+pub struct ProviderConfig {
+    /// `LLMProvider` name (used in errors).
+    pub name: String,
+    /// Endpoint root (conventions in SPEC §3).
+    pub base_url: String,
+    /// API key, if any.
+    pub api_key: Option<crate::catalog::SecretValue>,
+    /// Extra headers (values resolved).
+    pub headers: Vec<(String, crate::catalog::SecretValue)>,
+    /// Default model.
+    pub default_model: Option<String>,
+    /// Default output token limit.
+    pub max_tokens: u32,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// How tools are offered.
+    pub tool_mode: ToolMode,
+    /// Retries before any output.
+    pub retry: RetryPolicy,
+}
+
+/// Builds the adapter for a catalog entry (which must be available: its Secrets resolved).
+pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
+    let name = entry.object.metadata.name.clone().unwrap_or_default();
+    let spec = &entry.object.spec;
+    let config_error = |message: String| LlmError::new(ErrorKind::Config, &name, message);
+    if !entry.available {
+        return Err(config_error(
+            "the provider is unavailable (see its conditions)".into(),
+        ));
+    }
+    let base_url = entry
+        .base_url()
+        .ok_or_else(|| config_error("spec.baseUrl is required".into()))?;
+    let mut headers = Vec::new();
+    for h in &spec.headers {
+        let value = match (&h.value, &h.value_from) {
+            (Some(v), _) => crate::catalog::SecretValue::new(v.as_str()),
+            (None, Some(from)) => entry
+                .secrets
+                .get(&from.secret_key_ref)
+                .cloned()
+                .ok_or_else(|| config_error(format!("header {} has no resolved value", h.name)))?,
+            (None, None) => continue,
+        };
+        headers.push((h.name.clone(), value));
+    }
+    let ca_bundle = spec
+        .ca_bundle_secret_ref
+        .as_ref()
+        .and_then(|r| entry.secrets.get(r));
+    let config = ProviderConfig {
+        name: name.clone(),
+        base_url: base_url.trim_end_matches('/').to_owned(),
+        api_key: entry.api_key().cloned(),
+        headers,
+        default_model: entry.default_model().map(str::to_owned),
+        max_tokens: entry.max_tokens(),
+        timeout: entry.timeout(),
+        tool_mode: spec.tool_mode,
+        retry: RetryPolicy::default(),
+    };
+    let client = wire::client(&config, ca_bundle)?;
+    Ok(match spec.provider_type {
+        ProviderType::Anthropic => Arc::new(anthropic::Anthropic::new(config, client)),
+        ProviderType::OpenAi | ProviderType::OpenAiCompatible => {
+            Arc::new(openai::OpenAi::new(config, client))
+        }
+        ProviderType::Ollama => Arc::new(ollama::Ollama::new(config, client)),
+    })
+}
+
+/// Cost in USD of `usage` at `cost` (0 when the model has no price).
+pub fn cost_usd(cost: Option<&ModelCost>, usage: Usage) -> f64 {
+    cost.map_or(0.0, |c| {
+        (usage.input_tokens as f64 * c.input_usd_per_m_tok
+            + usage.output_tokens as f64 * c.output_usd_per_m_tok)
+            / 1e6
+    })
+}
+
+/// Collects a stream into one response (what `complete` returns for streamed calls).
+pub async fn collect(
+    mut stream: ChatStream,
+    started: std::time::Instant,
+) -> Result<ChatResponse, LlmError> {
+    use futures_util::StreamExt;
+    let mut response = ChatResponse::default();
+    while let Some(event) = stream.next().await {
+        match event? {
+            StreamEvent::TextDelta(t) => response.text.push_str(&t),
+            StreamEvent::ToolCall(c) => response.tool_calls.push(c),
+            StreamEvent::Warning(w) => response.warnings.push(w),
+            StreamEvent::Done {
+                stop_reason,
+                usage,
+                model,
+            } => {
+                response.stop_reason = stop_reason;
+                response.usage = usage;
+                response.model = model;
+            }
+        }
+    }
+    response.latency_ms = started.elapsed().as_millis() as u64;
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_is_usage_times_price() {
+        let price = ModelCost {
+            input_usd_per_m_tok: 15.0,
+            output_usd_per_m_tok: 75.0,
+        };
+        let usage = Usage {
+            input_tokens: 2_000,
+            output_tokens: 1_000,
+        };
+        assert!((cost_usd(Some(&price), usage) - 0.105).abs() < 1e-12);
+        assert_eq!(cost_usd(None, usage), 0.0);
+    }
+
+    #[test]
+    fn messages_serialize_with_roles() {
+        let m = Message::Tool {
+            tool_call_id: "c1".into(),
+            content: "x".into(),
+            is_error: true,
+        };
+        assert_eq!(
+            serde_json::to_value(&m).unwrap_or_default(),
+            serde_json::json!({"role": "tool", "toolCallId": "c1", "content": "x", "isError": true})
+        );
+    }
+}

@@ -1,0 +1,508 @@
+//! OpenAI Chat Completions (`POST {baseUrl}/chat/completions`, `Authorization: Bearer`),
+//! also used for `openai-compatible` servers (vLLM, LiteLLM, llama.cpp, gateways). Streams
+//! are SSE `chat.completion.chunk` deltas ending in `data: [DONE]`; tool calls arrive in
+//! pieces keyed by `index` and are assembled here; usage comes in the last chunk
+//! (`stream_options.include_usage`).
+
+use super::wire::{self, Decoder, Framing, SseEvent};
+use super::{
+    BoxFuture, Capabilities, ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError,
+    LlmProvider, Message, ProviderConfig, StopReason, StreamEvent, ToolCall, Usage,
+};
+use crate::crd::ToolMode;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// An OpenAI or OpenAI-compatible endpoint.
+pub struct OpenAi {
+    config: ProviderConfig,
+    client: reqwest::Client,
+}
+
+impl OpenAi {
+    /// An adapter over `client`.
+    pub fn new(config: ProviderConfig, client: reqwest::Client) -> Self {
+        Self { config, client }
+    }
+
+    fn authorized(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.config.api_key {
+            Some(key) => r.bearer_auth(key.expose()),
+            None => r,
+        }
+    }
+
+    fn body(&self, request: &ChatRequest, stream: bool) -> Value {
+        let model = if request.model.is_empty() {
+            self.config.default_model.clone().unwrap_or_default()
+        } else {
+            request.model.clone()
+        };
+        let mut body = json!({
+            "model": model,
+            "messages": messages(request.system.as_deref(), &request.messages),
+            "max_tokens": request.max_tokens.unwrap_or(self.config.max_tokens),
+        });
+        if self.config.tool_mode != ToolMode::None && !request.tools.is_empty() {
+            body["tools"] = request
+                .tools
+                .iter()
+                .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
+                .collect();
+        }
+        if let Some(t) = request.temperature {
+            body["temperature"] = json!(t);
+        }
+        if !request.stop.is_empty() {
+            body["stop"] = json!(request.stop);
+        }
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    }
+}
+
+/// The conversation in Chat Completions shape. Tool errors have no flag in this API, so the
+/// content says so.
+fn messages(system: Option<&str>, history: &[Message]) -> Vec<Value> {
+    let mut out = Vec::new();
+    if let Some(s) = system.filter(|s| !s.is_empty()) {
+        out.push(json!({"role": "system", "content": s}));
+    }
+    for m in history {
+        out.push(match m {
+            Message::User { content } => json!({"role": "user", "content": content}),
+            Message::Assistant { content, tool_calls } => {
+                let mut v = json!({"role": "assistant", "content": if content.is_empty() { Value::Null } else { json!(content) }});
+                if !tool_calls.is_empty() {
+                    v["tool_calls"] = tool_calls
+                        .iter()
+                        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input.to_string()}}))
+                        .collect();
+                }
+                v
+            }
+            Message::Tool { tool_call_id, content, is_error } => {
+                let content = if *is_error { format!("Error: {content}") } else { content.clone() };
+                json!({"role": "tool", "tool_call_id": tool_call_id, "content": content})
+            }
+        });
+    }
+    out
+}
+
+fn stop_reason(s: Option<&str>) -> StopReason {
+    match s {
+        Some("tool_calls") | Some("function_call") => StopReason::ToolUse,
+        Some("length") => StopReason::MaxTokens,
+        Some("content_filter") => StopReason::Error,
+        _ => StopReason::EndTurn,
+    }
+}
+
+fn usage(v: &Value) -> Option<Usage> {
+    let u = v.get("usage").filter(|u| u.is_object())?;
+    Some(Usage {
+        input_tokens: u.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0),
+        output_tokens: u
+            .get("completion_tokens")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+    })
+}
+
+fn body_error(provider: &str, error: &Value) -> LlmError {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| error.to_string());
+    let code = error.get("code").and_then(|c| {
+        c.as_u64()
+            .or_else(|| c.as_str().and_then(|s| s.parse().ok()))
+    });
+    match code {
+        Some(status @ 400..=599) => LlmError::from_status(provider, status as u16, message, None),
+        _ => LlmError::new(ErrorKind::Upstream, provider, message),
+    }
+}
+
+/// The SSE state machine.
+#[derive(Default)]
+pub struct StreamDecoder {
+    provider: String,
+    model: String,
+    usage: Usage,
+    finish: Option<StopReason>,
+    /// Tool calls by `index`: (id, name, arguments so far).
+    tools: BTreeMap<u64, (String, String, String)>,
+    done: bool,
+}
+
+impl StreamDecoder {
+    /// A decoder for `provider`.
+    pub fn new(provider: &str) -> Self {
+        Self {
+            provider: provider.to_owned(),
+            ..Default::default()
+        }
+    }
+
+    fn flush_tools(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
+        let mut out = Vec::new();
+        for (index, (id, name, args)) in std::mem::take(&mut self.tools) {
+            let input = wire::parse_arguments(&self.provider, &name, &args)?;
+            let id = if id.is_empty() {
+                format!("call_{index}")
+            } else {
+                id
+            };
+            out.push(StreamEvent::ToolCall(ToolCall { id, name, input }));
+        }
+        Ok(out)
+    }
+
+    fn done_event(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
+        let mut out = self.flush_tools()?;
+        self.done = true;
+        let mut stop = self.finish.unwrap_or_default();
+        if stop == StopReason::EndTurn && out.iter().any(|e| matches!(e, StreamEvent::ToolCall(_)))
+        {
+            stop = StopReason::ToolUse;
+        }
+        out.push(StreamEvent::Done {
+            stop_reason: stop,
+            usage: self.usage,
+            model: self.model.clone(),
+        });
+        Ok(out)
+    }
+}
+
+impl Decoder for StreamDecoder {
+    type Item = SseEvent;
+
+    fn feed(&mut self, event: SseEvent) -> Result<Vec<StreamEvent>, LlmError> {
+        let data = event.data.trim();
+        if data.is_empty() {
+            return Ok(Vec::new());
+        }
+        if data == "[DONE]" {
+            return self.done_event();
+        }
+        let v: Value = wire::parse_json(&self.provider, data)?;
+        if let Some(error) = v.get("error") {
+            return Err(body_error(&self.provider, error));
+        }
+        if let Some(m) = v.get("model").and_then(Value::as_str) {
+            self.model = m.to_owned();
+        }
+        if let Some(u) = usage(&v) {
+            self.usage = u;
+        }
+        let mut out = Vec::new();
+        for choice in v
+            .get("choices")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if choice.get("index").and_then(Value::as_u64).unwrap_or(0) != 0 {
+                continue; // only n=1 is requested
+            }
+            let delta = choice.get("delta").cloned().unwrap_or_default();
+            if let Some(text) = delta
+                .get("content")
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+            {
+                out.push(StreamEvent::TextDelta(text.to_owned()));
+            }
+            for call in delta
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let index = call
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(self.tools.len() as u64);
+                let entry = self.tools.entry(index).or_default();
+                if let Some(id) = call
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                {
+                    entry.0 = id.to_owned();
+                }
+                if let Some(name) = call
+                    .pointer("/function/name")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                {
+                    entry.1 = name.to_owned();
+                }
+                if let Some(args) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                    entry.2.push_str(args);
+                }
+            }
+            if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+                self.finish = Some(stop_reason(Some(reason)));
+            }
+        }
+        Ok(out)
+    }
+
+    fn is_done(&self) -> bool {
+        self.done
+    }
+
+    fn finish(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
+        if self.done {
+            return Ok(Vec::new());
+        }
+        // Some compatible servers end after the finish_reason without `[DONE]`.
+        if self.finish.is_some() {
+            return self.done_event();
+        }
+        Err(LlmError::new(
+            ErrorKind::Protocol,
+            &self.provider,
+            "stream ended before a finish_reason or [DONE]",
+        ))
+    }
+}
+
+/// A non-streamed response body.
+pub fn parse_response(provider: &str, v: &Value) -> Result<ChatResponse, LlmError> {
+    if let Some(error) = v.get("error") {
+        return Err(body_error(provider, error));
+    }
+    let Some(choice) = v.pointer("/choices/0") else {
+        return Err(LlmError::new(
+            ErrorKind::Protocol,
+            provider,
+            "response has no choices",
+        ));
+    };
+    let message = choice.get("message").cloned().unwrap_or_default();
+    let mut response = ChatResponse {
+        text: message
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        stop_reason: stop_reason(choice.get("finish_reason").and_then(Value::as_str)),
+        usage: usage(v).unwrap_or_default(),
+        model: v
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        ..Default::default()
+    };
+    for (i, call) in message
+        .get("tool_calls")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let name = call
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let raw = call.pointer("/function/arguments");
+        let input = match raw {
+            Some(Value::String(s)) => wire::parse_arguments(provider, &name, s)?,
+            Some(v @ Value::Object(_)) => v.clone(),
+            _ => json!({}),
+        };
+        let id = call
+            .get("id")
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("call_{i}"), str::to_owned);
+        response.tool_calls.push(ToolCall { id, name, input });
+    }
+    if !response.tool_calls.is_empty() && response.stop_reason == StopReason::EndTurn {
+        response.stop_reason = StopReason::ToolUse;
+    }
+    Ok(response)
+}
+
+impl LlmProvider for OpenAi {
+    fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            native_tools: self.config.tool_mode == ToolMode::Native,
+            tools: self.config.tool_mode != ToolMode::None,
+            streaming: true,
+        }
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+        Box::pin(async move {
+            let body = self.body(request, true);
+            let url = format!("{}/chat/completions", self.config.base_url);
+            super::retry::stream_with_retry(self.config.retry, || async {
+                let response = wire::send(
+                    &self.config,
+                    self.authorized(self.client.post(&url)).json(&body),
+                )
+                .await?;
+                Ok(wire::decode(
+                    &self.config,
+                    response,
+                    Framing::Sse,
+                    wire::sse,
+                    StreamDecoder::new(&self.config.name),
+                ))
+            })
+            .await
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        request: &'a ChatRequest,
+    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let body = self.body(request, false);
+            let url = format!("{}/chat/completions", self.config.base_url);
+            let mut response = super::retry::call_with_retry(self.config.retry, || async {
+                let response = wire::send(
+                    &self.config,
+                    self.authorized(self.client.post(&url)).json(&body),
+                )
+                .await?;
+                let v: Value = wire::json_body(&self.config, response).await?;
+                parse_response(&self.config.name, &v)
+            })
+            .await?;
+            response.latency_ms = started.elapsed().as_millis() as u64;
+            Ok(response)
+        })
+    }
+
+    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
+        Box::pin(async move {
+            let url = format!("{}/models", self.config.base_url);
+            let response = wire::send(&self.config, self.authorized(self.client.get(&url))).await?;
+            let v: Value = wire::json_body(&self.config, response).await?;
+            Ok(v.get("data")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(v: Value) -> SseEvent {
+        SseEvent {
+            event: String::new(),
+            data: v.to_string(),
+        }
+    }
+
+    #[test]
+    fn parallel_tool_calls_assemble_by_index() {
+        let mut d = StreamDecoder::new("openai");
+        let mut out = Vec::new();
+        let chunk = |delta: Value, finish: Value| {
+            data(
+                json!({"model": "gpt-x", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+            )
+        };
+        for e in [
+            chunk(
+                json!({"role": "assistant", "tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_logs", "arguments": ""}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function", "function": {"name": "get_events", "arguments": "{\"ns\""}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"pod\":"}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"api\"}"}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 1, "function": {"arguments": ":\"shop\"}"}}]}),
+                Value::Null,
+            ),
+            chunk(json!({}), json!("tool_calls")),
+            data(
+                json!({"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 20}}),
+            ),
+            SseEvent {
+                event: String::new(),
+                data: "[DONE]".into(),
+            },
+        ] {
+            out.extend(d.feed(e).unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert_eq!(
+            out,
+            vec![
+                StreamEvent::ToolCall(ToolCall {
+                    id: "call_a".into(),
+                    name: "get_logs".into(),
+                    input: json!({"pod": "api"})
+                }),
+                StreamEvent::ToolCall(ToolCall {
+                    id: "call_b".into(),
+                    name: "get_events".into(),
+                    input: json!({"ns": "shop"})
+                }),
+                StreamEvent::Done {
+                    stop_reason: StopReason::ToolUse,
+                    usage: Usage {
+                        input_tokens: 50,
+                        output_tokens: 20
+                    },
+                    model: "gpt-x".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn tool_errors_are_marked_in_content() {
+        let m = messages(
+            Some("sys"),
+            &[Message::Tool {
+                tool_call_id: "c".into(),
+                content: "denied".into(),
+                is_error: true,
+            }],
+        );
+        assert_eq!(m[0], json!({"role": "system", "content": "sys"}));
+        assert_eq!(
+            m[1],
+            json!({"role": "tool", "tool_call_id": "c", "content": "Error: denied"})
+        );
+    }
+}

@@ -1,0 +1,1 @@
+//! `toolMode: prompt` (placeholder module; filled in below).

@@ -1,0 +1,100 @@
+//! Retries with jittered exponential backoff, only while nothing has been streamed: the
+//! first event of a stream is peeked, so an error before any output is retried (honouring
+//! `Retry-After`) or returned as a plain error, never as a broken stream.
+
+use super::{ChatStream, LlmError};
+use futures_util::StreamExt;
+use std::time::Duration;
+
+/// How many attempts and how long between them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts in all (1 = no retry).
+    pub attempts: u32,
+    /// First backoff; doubles each time, with ±50 % jitter.
+    pub base: Duration,
+    /// Ceiling of any wait, `Retry-After` included.
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            base: Duration::from_millis(250),
+            max_delay: Duration::from_secs(20),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `attempt + 1`.
+    pub fn delay(&self, attempt: u32, error: &LlmError) -> Duration {
+        if let Some(after) = error.retry_after {
+            return after.min(self.max_delay);
+        }
+        let exp = self.base.saturating_mul(1u32 << attempt.min(16));
+        // Jitter without a random-number dependency: the clock's nanoseconds are noise enough
+        // to de-synchronise replicas.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let factor = 0.5 + f64::from(nanos % 1000) / 1000.0;
+        exp.mul_f64(factor).min(self.max_delay)
+    }
+}
+
+/// Runs `attempt` until it yields a stream whose first event is not a retryable error.
+pub async fn stream_with_retry<F, Fut>(
+    policy: RetryPolicy,
+    mut attempt: F,
+) -> Result<ChatStream, LlmError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<ChatStream, LlmError>>,
+{
+    let mut n = 0;
+    loop {
+        let error = match attempt().await {
+            Ok(mut stream) => match stream.next().await {
+                Some(Ok(first)) => {
+                    return Ok(futures_util::stream::once(async { Ok(first) })
+                        .chain(stream)
+                        .boxed());
+                }
+                Some(Err(e)) => e,
+                None => return Ok(stream),
+            },
+            Err(e) => e,
+        };
+        n += 1;
+        if !error.is_retryable() || n >= policy.attempts {
+            return Err(error);
+        }
+        let wait = policy.delay(n - 1, &error);
+        tracing::warn!(provider = %error.provider, error = %error, attempt = n, wait_ms = wait.as_millis() as u64, "retrying provider call");
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Runs a non-streamed call with the same retry rules.
+pub async fn call_with_retry<T, F, Fut>(policy: RetryPolicy, mut attempt: F) -> Result<T, LlmError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, LlmError>>,
+{
+    let mut n = 0;
+    loop {
+        let error = match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        n += 1;
+        if !error.is_retryable() || n >= policy.attempts {
+            return Err(error);
+        }
+        let wait = policy.delay(n - 1, &error);
+        tracing::warn!(provider = %error.provider, error = %error, attempt = n, wait_ms = wait.as_millis() as u64, "retrying provider call");
+        tokio::time::sleep(wait).await;
+    }
+}
