@@ -3,5 +3,6 @@
 mod binary;
 mod common;
 mod http;
+mod llm;
 mod samples;
 mod store;

@@ -1,0 +1,941 @@
+//! The provider adapters on the wire: a local HTTP server on 127.0.0.1 replays transcripts
+//! in each vendor's documented format, and one contract suite runs against every adapter
+//! (a new adapter is one more `Dialect`).
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use futures_util::StreamExt;
+use kortex::catalog::{ObjectSet, compile};
+use kortex::llm::{
+    self, ChatRequest, ErrorKind, LlmProvider, Message, StopReason, StreamEvent, ToolSpec,
+};
+use serde_json::{Value, json};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const KEY: &str = "sk-test-WIRE-KEY-0123456789";
+
+/// One scripted reply.
+#[derive(Clone, Default)]
+struct Reply {
+    status: u16,
+    headers: Vec<(&'static str, String)>,
+    content_type: &'static str,
+    chunks: Vec<String>,
+    /// Sleep this long after the chunks instead of ending (a stalled server).
+    stall: Option<Duration>,
+}
+
+#[derive(Clone, Debug)]
+struct Seen {
+    path: String,
+    headers: HeaderMap,
+    body: Value,
+}
+
+#[derive(Default)]
+struct Script {
+    replies: Mutex<VecDeque<Reply>>,
+    seen: Mutex<Vec<Seen>>,
+    /// When the body of the last streamed reply was dropped (the client went away).
+    dropped_at: Mutex<Option<Instant>>,
+}
+
+struct DropGuard(Arc<Script>);
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        if let Ok(mut d) = self.0.dropped_at.lock() {
+            *d = Some(Instant::now());
+        }
+    }
+}
+
+async fn handle(State(script): State<Arc<Script>>, req: axum::extract::Request) -> Response {
+    let path = req.uri().path().to_owned();
+    let headers = req.headers().clone();
+    let bytes = axum::body::to_bytes(req.into_body(), 1 << 20)
+        .await
+        .unwrap_or_default();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Seen {
+            path,
+            headers,
+            body,
+        });
+    let reply = script
+        .replies
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .pop_front()
+        .unwrap_or(Reply {
+            status: 500,
+            chunks: vec!["{\"error\":{\"message\":\"no scripted reply left\"}}".into()],
+            ..Default::default()
+        });
+    let guard = DropGuard(script.clone());
+    let chunks = reply.chunks.clone();
+    let stall = reply.stall;
+    let stream = futures_util::stream::unfold(
+        (chunks.into_iter(), guard, stall),
+        |(mut it, guard, stall)| async move {
+            match it.next() {
+                Some(c) => {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    Some((
+                        Ok::<_, std::io::Error>(bytes::Bytes::from(c)),
+                        (it, guard, stall),
+                    ))
+                }
+                None => {
+                    if let Some(d) = stall {
+                        tokio::time::sleep(d).await;
+                    }
+                    None
+                }
+            }
+        },
+    );
+    let mut builder =
+        Response::builder().status(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK));
+    builder = builder.header(
+        "content-type",
+        if reply.content_type.is_empty() {
+            "application/json"
+        } else {
+            reply.content_type
+        },
+    );
+    for (k, v) in &reply.headers {
+        builder = builder.header(*k, v);
+    }
+    builder.body(Body::from_stream(stream)).unwrap_or_default()
+}
+
+async fn mock() -> (String, Arc<Script>) {
+    let script = Arc::new(Script::default());
+    let app = axum::Router::new()
+        .fallback(handle)
+        .with_state(script.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), script)
+}
+
+/// A vendor's wire format, for the contract suite.
+struct Dialect {
+    name: &'static str,
+    provider_type: &'static str,
+    base_suffix: &'static str,
+    chat_path: &'static str,
+    stream_type: &'static str,
+    text_stream: fn(&[&str]) -> Vec<String>,
+    tools_stream: fn(&[(&str, &str, &str)]) -> Vec<String>,
+    error_mid_stream: fn() -> Vec<String>,
+    malformed_stream: fn() -> Vec<String>,
+    text_json: fn(&str) -> Value,
+    tools_json: fn(&[(&str, &str, &str)]) -> Value,
+    key_header: fn(&HeaderMap) -> Option<String>,
+    models_json: Value,
+}
+
+fn sse(event: Option<&str>, data: &Value) -> String {
+    match event {
+        Some(e) => format!("event: {e}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    }
+}
+
+/// Splits `s` into pieces of `n` characters (tool arguments across many small deltas).
+fn pieces(s: &str, n: usize) -> Vec<String> {
+    s.chars()
+        .collect::<Vec<_>>()
+        .chunks(n)
+        .map(|c| c.iter().collect())
+        .collect()
+}
+
+fn anthropic() -> Dialect {
+    Dialect {
+        name: "anthropic",
+        provider_type: "anthropic",
+        base_suffix: "",
+        chat_path: "/v1/messages",
+        stream_type: "text/event-stream",
+        text_stream: |parts| {
+            let mut out = vec![
+                sse(
+                    Some("message_start"),
+                    &json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test", "content": [], "stop_reason": null, "usage": {"input_tokens": 25, "output_tokens": 1}}}),
+                ),
+                sse(
+                    Some("content_block_start"),
+                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                sse(Some("ping"), &json!({"type": "ping"})),
+            ];
+            for p in parts {
+                out.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}})));
+            }
+            out.push(sse(
+                Some("content_block_stop"),
+                &json!({"type": "content_block_stop", "index": 0}),
+            ));
+            out.push(sse(Some("message_delta"), &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 15}})));
+            out.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
+            out
+        },
+        tools_stream: |calls| {
+            let mut out = vec![
+                sse(
+                    Some("message_start"),
+                    &json!({"type": "message_start", "message": {"id": "msg_2", "model": "claude-test", "content": [], "usage": {"input_tokens": 40, "output_tokens": 1}}}),
+                ),
+                sse(
+                    Some("content_block_start"),
+                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                sse(
+                    Some("content_block_delta"),
+                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Checking."}}),
+                ),
+                sse(
+                    Some("content_block_stop"),
+                    &json!({"type": "content_block_stop", "index": 0}),
+                ),
+            ];
+            for (i, (id, name, args)) in calls.iter().enumerate() {
+                let idx = i + 1;
+                out.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": idx, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
+                for p in pieces(args, 3) {
+                    out.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": idx, "delta": {"type": "input_json_delta", "partial_json": p}})));
+                }
+                out.push(sse(
+                    Some("content_block_stop"),
+                    &json!({"type": "content_block_stop", "index": idx}),
+                ));
+            }
+            out.push(sse(Some("message_delta"), &json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 60}})));
+            out.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
+            out
+        },
+        error_mid_stream: || {
+            vec![
+                sse(
+                    Some("message_start"),
+                    &json!({"type": "message_start", "message": {"model": "claude-test", "usage": {"input_tokens": 1, "output_tokens": 1}}}),
+                ),
+                sse(
+                    Some("content_block_start"),
+                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+                ),
+                sse(
+                    Some("content_block_delta"),
+                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "partial"}}),
+                ),
+                sse(
+                    Some("error"),
+                    &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+                ),
+            ]
+        },
+        malformed_stream: || {
+            vec![
+                sse(Some("message_start"), &json!({"type": "message_start", "message": {"model": "claude-test", "usage": {"input_tokens": 1}}})),
+                "event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\n\n".into(),
+            ]
+        },
+        text_json: |text| json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test", "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "usage": {"input_tokens": 25, "output_tokens": 15}}),
+        tools_json: |calls| {
+            let mut content = vec![json!({"type": "text", "text": "Checking."})];
+            for (id, name, args) in calls {
+                content.push(json!({"type": "tool_use", "id": id, "name": name, "input": serde_json::from_str::<Value>(args).unwrap_or_default()}));
+            }
+            json!({"id": "msg_2", "type": "message", "role": "assistant", "model": "claude-test", "content": content, "stop_reason": "tool_use", "usage": {"input_tokens": 40, "output_tokens": 60}})
+        },
+        key_header: |h| {
+            h.get("x-api-key")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        },
+        models_json: json!({"data": [{"id": "claude-test", "type": "model"}], "has_more": false}),
+    }
+}
+
+fn openai_chunk(delta: Value, finish: Value) -> String {
+    sse(
+        None,
+        &json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+    )
+}
+
+fn openai() -> Dialect {
+    Dialect {
+        name: "openai",
+        provider_type: "openai",
+        base_suffix: "/v1",
+        chat_path: "/v1/chat/completions",
+        stream_type: "text/event-stream",
+        text_stream: |parts| {
+            let mut out = vec![openai_chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+            )];
+            for p in parts {
+                out.push(openai_chunk(json!({"content": p}), Value::Null));
+            }
+            out.push(openai_chunk(json!({}), json!("stop")));
+            out.push(sse(None, &json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test", "choices": [], "usage": {"prompt_tokens": 25, "completion_tokens": 15, "total_tokens": 40}})));
+            out.push("data: [DONE]\n\n".into());
+            out
+        },
+        tools_stream: |calls| {
+            let mut out = vec![openai_chunk(
+                json!({"role": "assistant", "content": "Checking."}),
+                Value::Null,
+            )];
+            for (i, (id, name, _)) in calls.iter().enumerate() {
+                out.push(openai_chunk(json!({"tool_calls": [{"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}), Value::Null));
+            }
+            // Interleave the argument pieces of parallel calls.
+            let split: Vec<Vec<String>> = calls.iter().map(|(_, _, a)| pieces(a, 3)).collect();
+            let longest = split.iter().map(Vec::len).max().unwrap_or(0);
+            for step in 0..longest {
+                for (i, parts) in split.iter().enumerate() {
+                    if let Some(p) = parts.get(step) {
+                        out.push(openai_chunk(
+                            json!({"tool_calls": [{"index": i, "function": {"arguments": p}}]}),
+                            Value::Null,
+                        ));
+                    }
+                }
+            }
+            out.push(openai_chunk(json!({}), json!("tool_calls")));
+            out.push(sse(None, &json!({"id": "chatcmpl-1", "model": "gpt-test", "choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 60}})));
+            out.push("data: [DONE]\n\n".into());
+            out
+        },
+        error_mid_stream: || {
+            vec![
+                openai_chunk(
+                    json!({"role": "assistant", "content": "partial"}),
+                    Value::Null,
+                ),
+                sse(
+                    None,
+                    &json!({"error": {"message": "The server had an error while processing your request.", "type": "server_error", "code": 500}}),
+                ),
+            ]
+        },
+        malformed_stream: || {
+            vec![
+                openai_chunk(json!({"content": "ok"}), Value::Null),
+                "data: {\"choices\": [{\"delta\": \n\n".into(),
+            ]
+        },
+        text_json: |text| json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-test", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 25, "completion_tokens": 15}}),
+        tools_json: |calls| {
+            let tool_calls: Vec<Value> = calls.iter().map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})).collect();
+            json!({"id": "chatcmpl-2", "object": "chat.completion", "model": "gpt-test", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Checking.", "tool_calls": tool_calls}, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 40, "completion_tokens": 60}})
+        },
+        key_header: |h| {
+            h.get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_owned)
+        },
+        models_json: json!({"object": "list", "data": [{"id": "gpt-test", "object": "model"}]}),
+    }
+}
+
+fn ndjson(v: &Value) -> String {
+    format!("{v}\n")
+}
+
+fn ollama() -> Dialect {
+    Dialect {
+        name: "ollama",
+        provider_type: "ollama",
+        base_suffix: "",
+        chat_path: "/api/chat",
+        stream_type: "application/x-ndjson",
+        text_stream: |parts| {
+            let mut out: Vec<String> = parts
+                .iter()
+                .map(|p| ndjson(&json!({"model": "qwen-test", "created_at": "2026-11-22T08:00:00Z", "message": {"role": "assistant", "content": p}, "done": false})))
+                .collect();
+            out.push(ndjson(&json!({"model": "qwen-test", "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "stop", "prompt_eval_count": 25, "eval_count": 15})));
+            out
+        },
+        tools_stream: |calls| {
+            let tool_calls: Vec<Value> = calls
+                .iter()
+                .map(|(id, name, args)| json!({"id": id, "function": {"name": name, "arguments": serde_json::from_str::<Value>(args).unwrap_or_default()}}))
+                .collect();
+            let line = ndjson(
+                &json!({"model": "qwen-test", "message": {"role": "assistant", "content": "", "tool_calls": tool_calls}, "done": false}),
+            );
+            let mut out = vec![ndjson(
+                &json!({"model": "qwen-test", "message": {"role": "assistant", "content": "Checking."}, "done": false}),
+            )];
+            // The line itself arrives in small pieces.
+            out.extend(pieces(&line, 7));
+            out.push(ndjson(&json!({"model": "qwen-test", "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "stop", "prompt_eval_count": 40, "eval_count": 60})));
+            out
+        },
+        error_mid_stream: || {
+            vec![
+                ndjson(
+                    &json!({"model": "qwen-test", "message": {"role": "assistant", "content": "partial"}, "done": false}),
+                ),
+                ndjson(&json!({"error": "model runner has unexpectedly stopped"})),
+            ]
+        },
+        malformed_stream: || {
+            vec![
+                ndjson(&json!({"model": "qwen-test", "message": {"content": "ok"}, "done": false})),
+                "{\"message\": {\"content\": \n".into(),
+            ]
+        },
+        text_json: |text| json!({"model": "qwen-test", "message": {"role": "assistant", "content": text}, "done": true, "done_reason": "stop", "prompt_eval_count": 25, "eval_count": 15}),
+        tools_json: |calls| {
+            let tool_calls: Vec<Value> = calls
+                .iter()
+                .map(|(id, name, args)| json!({"id": id, "function": {"name": name, "arguments": serde_json::from_str::<Value>(args).unwrap_or_default()}}))
+                .collect();
+            json!({"model": "qwen-test", "message": {"role": "assistant", "content": "Checking.", "tool_calls": tool_calls}, "done": true, "done_reason": "stop", "prompt_eval_count": 40, "eval_count": 60})
+        },
+        key_header: |h| {
+            h.get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_owned)
+        },
+        models_json: json!({"models": [{"name": "qwen-test", "model": "qwen-test"}]}),
+    }
+}
+
+fn dialects() -> Vec<Dialect> {
+    vec![anthropic(), openai(), ollama()]
+}
+
+/// Builds the adapter the way the server does: manifests → catalog → `llm::build`.
+fn provider(d: &Dialect, base: &str, timeout: &str) -> Arc<dyn LlmProvider> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let objects: ObjectSet = ObjectSet {
+        providers: vec![serde_json::from_value(json!({
+            "apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
+            "metadata": {"name": d.name, "namespace": "default"},
+            "spec": {"type": d.provider_type, "baseUrl": format!("{base}{}", d.base_suffix), "defaultModel": "test-model",
+                     "apiKeySecretRef": {"name": "keys", "key": "k"}, "timeout": timeout,
+                     "headers": [{"name": "X-Kortex-Test", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "h"}}}]}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))],
+        secrets: vec![serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": "default"},
+            "stringData": {"k": KEY, "h": "header-from-secret"}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))],
+        ..Default::default()
+    };
+    let catalog = compile(&objects, jiff::Timestamp::now());
+    let entry = catalog
+        .providers
+        .values()
+        .next()
+        .unwrap_or_else(|| panic!("no provider"));
+    assert!(entry.available, "{:?}", entry.object.status);
+    llm::build(entry).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn push(script: &Script, reply: Reply) {
+    script
+        .replies
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push_back(reply);
+}
+
+fn streamed(d: &Dialect, chunks: Vec<String>) -> Reply {
+    Reply {
+        status: 200,
+        content_type: d.stream_type,
+        chunks,
+        ..Default::default()
+    }
+}
+
+fn json_reply(status: u16, v: &Value) -> Reply {
+    Reply {
+        status,
+        content_type: "application/json",
+        chunks: vec![v.to_string()],
+        ..Default::default()
+    }
+}
+
+fn request(tools: bool) -> ChatRequest {
+    ChatRequest {
+        system: Some("You are terse.".into()),
+        messages: vec![Message::User {
+            content: "why is api down?".into(),
+        }],
+        tools: if tools {
+            vec![ToolSpec {
+                name: "get_logs".into(),
+                description: "Pod logs".into(),
+                parameters: json!({"type": "object", "properties": {"namespace": {"type": "string"}}}),
+            }]
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    }
+}
+
+async fn events(p: &dyn LlmProvider, req: &ChatRequest) -> Result<Vec<StreamEvent>, llm::LlmError> {
+    let mut s = p.stream(req).await?;
+    let mut out = Vec::new();
+    while let Some(e) = s.next().await {
+        out.push(e?);
+    }
+    Ok(out)
+}
+
+const CALLS: &[(&str, &str, &str)] = &[
+    (
+        "call_1",
+        "get_logs",
+        r#"{"namespace": "shop", "selector": "app=api", "previous": true}"#,
+    ),
+    (
+        "call_2",
+        "get_events",
+        r#"{"namespace": "shop", "kind": "Deployment", "name": "api"}"#,
+    ),
+];
+
+#[tokio::test]
+async fn contract_streams_text_with_usage_and_sends_key_and_headers() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        push(
+            &script,
+            streamed(&d, (d.text_stream)(&["Hel", "lo, ", "wor", "ld"])),
+        );
+        let p = provider(&d, &base, "5s");
+        let out = events(&*p, &request(true))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let text: String = out
+            .iter()
+            .filter_map(|e| {
+                if let StreamEvent::TextDelta(t) = e {
+                    Some(t.as_str())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(text, "Hello, world", "{}", d.name);
+        match out.last() {
+            Some(StreamEvent::Done {
+                stop_reason, usage, ..
+            }) => {
+                assert_eq!(*stop_reason, StopReason::EndTurn, "{}", d.name);
+                assert_eq!(
+                    (usage.input_tokens, usage.output_tokens),
+                    (25, 15),
+                    "{}",
+                    d.name
+                );
+            }
+            other => panic!("{}: last event {other:?}", d.name),
+        }
+        let seen = script
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        assert_eq!(seen[0].path, d.chat_path, "{}", d.name);
+        assert_eq!(
+            (d.key_header)(&seen[0].headers).as_deref(),
+            Some(KEY),
+            "{}",
+            d.name
+        );
+        assert_eq!(
+            seen[0]
+                .headers
+                .get("x-kortex-test")
+                .and_then(|v| v.to_str().ok()),
+            Some("header-from-secret")
+        );
+        let body = &seen[0].body;
+        assert_eq!(body["model"], "test-model", "{}: default model", d.name);
+        assert!(
+            body.to_string().contains("get_logs"),
+            "{}: tools sent",
+            d.name
+        );
+        assert!(
+            body.to_string().contains("You are terse."),
+            "{}: system prompt sent",
+            d.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn contract_assembles_parallel_tool_calls_from_small_deltas() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        push(&script, streamed(&d, (d.tools_stream)(CALLS)));
+        let p = provider(&d, &base, "5s");
+        let out = events(&*p, &request(true))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let calls: Vec<_> = out
+            .iter()
+            .filter_map(|e| {
+                if let StreamEvent::ToolCall(c) = e {
+                    Some(c.clone())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(calls.len(), 2, "{}: {out:?}", d.name);
+        for (call, (id, name, args)) in calls.iter().zip(CALLS) {
+            assert_eq!(
+                (call.id.as_str(), call.name.as_str()),
+                (*id, *name),
+                "{}",
+                d.name
+            );
+            assert_eq!(
+                call.input,
+                serde_json::from_str::<Value>(args).unwrap_or_default(),
+                "{}",
+                d.name
+            );
+        }
+        assert!(
+            matches!(
+                out.last(),
+                Some(StreamEvent::Done {
+                    stop_reason: StopReason::ToolUse,
+                    ..
+                })
+            ),
+            "{}: {out:?}",
+            d.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn contract_complete_without_streaming() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        push(&script, json_reply(200, &(d.text_json)("Hello")));
+        push(&script, json_reply(200, &(d.tools_json)(CALLS)));
+        let p = provider(&d, &base, "5s");
+        let r = p
+            .complete(&request(false))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        assert_eq!(
+            (
+                r.text.as_str(),
+                r.stop_reason,
+                r.usage.input_tokens,
+                r.usage.output_tokens
+            ),
+            ("Hello", StopReason::EndTurn, 25, 15),
+            "{}",
+            d.name
+        );
+        let r = p
+            .complete(&request(true))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        assert_eq!(r.stop_reason, StopReason::ToolUse, "{}", d.name);
+        assert_eq!(
+            r.tool_calls
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>(),
+            vec!["get_logs", "get_events"],
+            "{}",
+            d.name
+        );
+        assert_eq!(r.tool_calls[0].input["previous"], true, "{}", d.name);
+        let seen = script
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        assert!(
+            seen[0].body.get("stream").is_none_or(|s| s == false),
+            "{}: {}",
+            d.name,
+            seen[0].body
+        );
+    }
+}
+
+#[tokio::test]
+async fn contract_errors_are_typed_and_never_carry_the_key() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        push(
+            &script,
+            json_reply(
+                401,
+                &json!({"type": "error", "error": {"type": "authentication_error", "message": format!("invalid key {KEY}")}}),
+            ),
+        );
+        push(
+            &script,
+            json_reply(
+                400,
+                &json!({"error": {"message": "This model's maximum context length is 8192 tokens"}}),
+            ),
+        );
+        let p = provider(&d, &base, "5s");
+        let e = p
+            .stream(&request(false))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{}: 401 accepted", d.name));
+        assert_eq!(
+            (e.kind, e.status),
+            (ErrorKind::Auth, Some(401)),
+            "{}",
+            d.name
+        );
+        assert!(
+            !e.to_string().contains(KEY),
+            "{}: key in error: {e}",
+            d.name
+        );
+        assert!(
+            e.to_string()
+                .starts_with(&format!("provider {}: auth: HTTP 401", d.name)),
+            "{e}"
+        );
+        let e = p
+            .complete(&request(false))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(e.kind, ErrorKind::ContextTooLong, "{}: {e}", d.name);
+        assert_eq!(
+            script.seen.lock().map(|s| s.len()).unwrap_or(0),
+            2,
+            "{}: no retries for 4xx",
+            d.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn contract_retries_429_with_retry_after_and_500_before_output() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        push(
+            &script,
+            Reply {
+                headers: vec![("retry-after", "1".into())],
+                ..json_reply(429, &json!({"error": {"message": "Rate limit reached"}}))
+            },
+        );
+        push(
+            &script,
+            json_reply(500, &json!({"error": {"message": "internal"}})),
+        );
+        push(&script, streamed(&d, (d.text_stream)(&["ok"])));
+        let p = provider(&d, &base, "5s");
+        let started = Instant::now();
+        let out = events(&*p, &request(false))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        assert!(
+            started.elapsed() >= Duration::from_millis(1000),
+            "{}: Retry-After honoured",
+            d.name
+        );
+        assert!(
+            matches!(out.first(), Some(StreamEvent::TextDelta(t)) if t == "ok"),
+            "{}: {out:?}",
+            d.name
+        );
+        assert_eq!(
+            script.seen.lock().map(|s| s.len()).unwrap_or(0),
+            3,
+            "{}",
+            d.name
+        );
+
+        // Three failures in a row: the last error comes back, with Retry-After.
+        for _ in 0..3 {
+            push(
+                &script,
+                Reply {
+                    headers: vec![("retry-after", "0".into())],
+                    ..json_reply(429, &json!({"error": {"message": "slow down"}}))
+                },
+            );
+        }
+        let e = p
+            .stream(&request(false))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("accepted"));
+        assert_eq!(e.kind, ErrorKind::RateLimited, "{}", d.name);
+        assert_eq!(e.retry_after, Some(Duration::ZERO));
+    }
+}
+
+#[tokio::test]
+async fn contract_mid_stream_error_and_malformed_chunk_are_stream_errors() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        push(&script, streamed(&d, (d.error_mid_stream)()));
+        push(&script, streamed(&d, (d.malformed_stream)()));
+        let p = provider(&d, &base, "5s");
+        let mut s = p
+            .stream(&request(false))
+            .await
+            .unwrap_or_else(|e| panic!("{}: error before output must not happen: {e}", d.name));
+        let first = s.next().await;
+        assert!(
+            matches!(first, Some(Ok(StreamEvent::TextDelta(ref t))) if t == "partial"),
+            "{}: {first:?}",
+            d.name
+        );
+        let second = s.next().await;
+        let e = match second {
+            Some(Err(e)) => e,
+            other => panic!("{}: expected an error item, got {other:?}", d.name),
+        };
+        assert_eq!(e.kind, ErrorKind::Upstream, "{}: {e}", d.name);
+        assert!(
+            s.next().await.is_none(),
+            "{}: stream ends after an error",
+            d.name
+        );
+        assert_eq!(
+            script.seen.lock().map(|s| s.len()).unwrap_or(0),
+            1,
+            "{}: no retry after output",
+            d.name
+        );
+
+        let out = events(&*p, &request(false)).await;
+        let e = out
+            .err()
+            .unwrap_or_else(|| panic!("{}: malformed chunk accepted", d.name));
+        assert_eq!(e.kind, ErrorKind::Protocol, "{}: {e}", d.name);
+        assert!(
+            e.message.contains("malformed stream chunk"),
+            "{}: {e}",
+            d.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn contract_stalled_server_times_out() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        let mut chunks = (d.text_stream)(&["slow"]);
+        chunks.pop();
+        // The final chunk never comes; the server keeps the connection open instead.
+        for _ in 0..3 {
+            push(
+                &script,
+                Reply {
+                    stall: Some(Duration::from_secs(30)),
+                    ..streamed(&d, chunks.clone())
+                },
+            );
+        }
+        let p = provider(&d, &base, "1s");
+        let started = Instant::now();
+        let result = events(&*p, &request(false)).await;
+        let e = result
+            .err()
+            .unwrap_or_else(|| panic!("{}: stalled stream accepted", d.name));
+        assert_eq!(e.kind, ErrorKind::Timeout, "{}: {e}", d.name);
+        assert!(started.elapsed() < Duration::from_secs(10), "{}", d.name);
+    }
+}
+
+#[tokio::test]
+async fn contract_dropping_a_stream_closes_the_request() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        let chunks = (d.text_stream)(&["one", "two"]);
+        push(
+            &script,
+            Reply {
+                stall: Some(Duration::from_secs(30)),
+                ..streamed(&d, chunks[..chunks.len() - 2].to_vec())
+            },
+        );
+        let p = provider(&d, &base, "30s");
+        let mut s = p
+            .stream(&request(false))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        let _ = s.next().await;
+        let dropped = Instant::now();
+        drop(s);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let closed_at = loop {
+            if let Some(t) = *script.dropped_at.lock().unwrap_or_else(|e| e.into_inner()) {
+                break t;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: the server never saw the client go",
+                d.name
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let after = closed_at.saturating_duration_since(dropped);
+        eprintln!(
+            "{}: request closed {after:?} after the stream was dropped",
+            d.name
+        );
+    }
+}
+
+#[tokio::test]
+async fn contract_lists_models() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        push(&script, json_reply(200, &d.models_json));
+        let p = provider(&d, &base, "5s");
+        let models = p
+            .list_models()
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        assert_eq!(models.len(), 1, "{}", d.name);
+        assert!(models[0].ends_with("-test"), "{}: {models:?}", d.name);
+    }
+}
