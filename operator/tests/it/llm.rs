@@ -134,6 +134,9 @@ async fn mock() -> (String, Arc<Script>) {
     (format!("http://{addr}"), script)
 }
 
+/// `(id, name, arguments JSON)` of scripted tool calls.
+type Call<'a> = (&'a str, &'a str, &'a str);
+
 /// A vendor's wire format, for the contract suite.
 struct Dialect {
     name: &'static str,
@@ -142,11 +145,11 @@ struct Dialect {
     chat_path: &'static str,
     stream_type: &'static str,
     text_stream: fn(&[&str]) -> Vec<String>,
-    tools_stream: fn(&[(&str, &str, &str)]) -> Vec<String>,
+    tools_stream: fn(&[Call]) -> Vec<String>,
     error_mid_stream: fn() -> Vec<String>,
     malformed_stream: fn() -> Vec<String>,
     text_json: fn(&str) -> Value,
-    tools_json: fn(&[(&str, &str, &str)]) -> Value,
+    tools_json: fn(&[Call]) -> Value,
     key_header: fn(&HeaderMap) -> Option<String>,
     models_json: Value,
 }
@@ -514,7 +517,7 @@ async fn events(p: &dyn LlmProvider, req: &ChatRequest) -> Result<Vec<StreamEven
     Ok(out)
 }
 
-const CALLS: &[(&str, &str, &str)] = &[
+const CALLS: &[Call] = &[
     (
         "call_1",
         "get_logs",
