@@ -942,3 +942,210 @@ async fn contract_lists_models() {
         assert!(models[0].ends_with("-test"), "{}: {models:?}", d.name);
     }
 }
+
+// --- `kortex ask` and `kortex providers check`, the real binary against the same servers ---
+
+fn write_manifests(dir: &std::path::Path, providers: &[(&str, &str, String, bool)]) {
+    let mut text = String::from(
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: keys}\nstringData: {k: \"${KORTEX_ASK_TEST_KEY}\"}\n",
+    );
+    for (name, kind, base, with_key) in providers {
+        let key = if *with_key {
+            "apiKeySecretRef: {name: keys, key: k}"
+        } else {
+            "apiKeySecretRef: {name: nokeys, key: k}"
+        };
+        text.push_str(&format!(
+            "---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: {name}}}\nspec:\n  type: {kind}\n  baseUrl: {base}\n  defaultModel: test-model\n  timeout: 5s\n  {key}\n  models:\n    - {{id: test-model, cost: {{inputUsdPerMTok: 10, outputUsdPerMTok: 20}}}}\n"
+        ));
+    }
+    std::fs::write(dir.join("providers.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+}
+
+async fn kortex(args: Vec<String>) -> std::process::Output {
+    tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(&args)
+            .env("KORTEX_ASK_TEST_KEY", KEY)
+            .env("RUST_LOG", "warn")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_streams_text_and_returns_tool_calls_for_every_format() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        write_manifests(
+            dir.path(),
+            &[(
+                d.name,
+                d.provider_type,
+                format!("{base}{}", d.base_suffix),
+                true,
+            )],
+        );
+        let manifests = dir.path().display().to_string();
+        let tools_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let tools = tools_dir.path().join("tools.json");
+        std::fs::write(&tools, r#"[{"name": "get_logs", "description": "Pod logs", "parameters": {"type": "object"}}]"#)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let tools = tools.display().to_string();
+        let base_args = |extra: &[&str]| -> Vec<String> {
+            let mut v: Vec<String> = vec![
+                "ask".into(),
+                "--manifests".into(),
+                manifests.clone(),
+                "--provider".into(),
+                d.name.into(),
+            ];
+            v.extend(extra.iter().map(|s| s.to_string()));
+            v
+        };
+
+        push(
+            &script,
+            streamed(&d, (d.text_stream)(&["Hel", "lo, ", "wor", "ld"])),
+        );
+        let out = kortex(base_args(&["why?"])).await;
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            d.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "Hello, world\n",
+            "{}",
+            d.name
+        );
+        assert!(!String::from_utf8_lossy(&out.stderr).contains(KEY));
+
+        push(&script, streamed(&d, (d.tools_stream)(CALLS)));
+        let out = kortex(base_args(&["--tool-file", &tools, "--json", "why?"])).await;
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            d.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{}: {e}: {}", d.name, String::from_utf8_lossy(&out.stdout))
+        });
+        assert_eq!(v["stopReason"], "tool_use", "{}: {v}", d.name);
+        assert_eq!(v["toolCalls"][1]["name"], "get_events", "{}", d.name);
+        assert_eq!(
+            v["toolCalls"][0]["input"]["selector"], "app=api",
+            "{}",
+            d.name
+        );
+        assert_eq!(
+            v["usage"],
+            json!({"inputTokens": 40, "outputTokens": 60}),
+            "{}",
+            d.name
+        );
+        assert_eq!(v["text"], "Checking.", "{}", d.name);
+        let cost = v["costUsd"].as_f64().unwrap_or_default();
+        assert!(
+            (cost - (40.0 * 10.0 + 60.0 * 20.0) / 1e6).abs() < 1e-12,
+            "{}: {cost}",
+            d.name
+        );
+
+        push(&script, json_reply(200, &(d.tools_json)(CALLS)));
+        let out = kortex(base_args(&["--no-stream", "--json", "why?"])).await;
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            d.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        assert_eq!(
+            v["toolCalls"].as_array().map(Vec::len),
+            Some(2),
+            "{}: {v}",
+            d.name
+        );
+        let seen = script
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        assert_eq!(seen.len(), 3, "{}", d.name);
+        assert!(
+            seen[1].body.to_string().contains("get_logs"),
+            "{}: the tool file is sent",
+            d.name
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_check_explains_every_provider_in_one_line() {
+    let (base, script) = mock().await;
+    push(
+        &script,
+        json_reply(
+            200,
+            &json!({"data": [{"id": "gpt-test"}, {"id": "test-model"}]}),
+        ),
+    );
+    push(
+        &script,
+        json_reply(
+            401,
+            &json!({"error": {"message": "Incorrect API key provided"}}),
+        ),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    write_manifests(
+        dir.path(),
+        &[
+            ("a-good", "openai", format!("{base}/v1"), true),
+            ("b-refused", "openai", format!("{base}/v1"), true),
+            ("c-nokey", "anthropic", base.clone(), false),
+            ("d-down", "ollama", "http://127.0.0.1:9".into(), true),
+        ],
+    );
+    let out = kortex(vec![
+        "providers".into(),
+        "check".into(),
+        "--manifests".into(),
+        dir.path().display().to_string(),
+    ])
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{stdout}");
+    assert!(
+        lines[0].starts_with("✓ a-good (openai, ")
+            && lines[0].contains("models: gpt-test, test-model"),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].contains("✗ b-refused") && lines[1].contains("reachable but the key was refused"),
+        "{}",
+        lines[1]
+    );
+    assert!(
+        lines[2].contains("✗ c-nokey")
+            && lines[2].contains("secret nokeys key k: Secret nokeys not found"),
+        "{}",
+        lines[2]
+    );
+    assert!(
+        lines[3].contains("✗ d-down") && lines[3].contains("unreachable: connection"),
+        "{}",
+        lines[3]
+    );
+    assert!(!out.status.success(), "a failing provider fails the check");
+    assert!(!stdout.contains(KEY));
+}

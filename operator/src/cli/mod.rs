@@ -1,4 +1,6 @@
-//! The command line: `kortex serve | crds | migrate`.
+//! The command line: `kortex serve | crds | migrate | providers check | ask`.
+
+mod llm;
 
 use crate::http::auth::AuthMode;
 use crate::http::{self, AppState};
@@ -36,6 +38,18 @@ pub enum Command {
     Crds,
     /// Apply database migrations and exit (they are also applied at start-up).
     Migrate(DatabaseArgs),
+    /// Inspect LLM providers.
+    #[command(subcommand)]
+    Providers(ProvidersCommand),
+    /// One streamed completion, for checking a provider by hand.
+    Ask(llm::AskArgs),
+}
+
+/// `kortex providers ...`
+#[derive(Subcommand, Debug)]
+pub enum ProvidersCommand {
+    /// Each provider: available? reachable? models, latency, and the reason when not.
+    Check(llm::CheckArgs),
 }
 
 /// Database selection.
@@ -65,6 +79,8 @@ pub struct ServeArgs {
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
     telemetry::init(cli.log_format);
+    // One TLS crypto provider for every client the process builds (see TOOLCHAIN.md).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.command {
         Command::Crds => match crate::crd::crds_yaml() {
             Ok(yaml) => {
@@ -82,6 +98,19 @@ pub fn run(cli: Cli) -> ExitCode {
             Ok(())
         }),
         Command::Serve(args) => block_on(serve(args)),
+        Command::Providers(ProvidersCommand::Check(args)) => {
+            let mut all_ok = true;
+            let code = block_on(async {
+                all_ok = llm::check(args).await?;
+                Ok(())
+            });
+            if code == ExitCode::SUCCESS && !all_ok {
+                ExitCode::FAILURE
+            } else {
+                code
+            }
+        }
+        Command::Ask(args) => block_on(llm::ask(args)),
     }
 }
 
@@ -107,8 +136,6 @@ fn block_on(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitC
 
 /// `kortex serve`.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
-    // One TLS crypto provider for every client the process builds (see TOOLCHAIN.md).
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let metrics = Arc::new(Metrics::new());
 
     if args.manifests.is_empty() {

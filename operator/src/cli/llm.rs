@@ -1,0 +1,315 @@
+//! `kortex providers check` and `kortex ask`: for people checking their setup. Both read
+//! the same manifests as `kortex serve` and call the providers through the same adapters.
+
+use crate::catalog::{Catalog, ObjectKey, ProviderEntry};
+use crate::crd::conditions::{self, types};
+use crate::llm::{self, ChatRequest, ErrorKind, Message, StreamEvent, ToolSpec};
+use crate::source::ManifestSource;
+use clap::Args;
+use futures_util::StreamExt;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Where the configuration comes from.
+#[derive(Args, Debug, Clone)]
+pub struct ManifestArgs {
+    /// Manifest file or folder; repeatable.
+    #[arg(long = "manifests", value_name = "PATH", required = true)]
+    pub manifests: Vec<PathBuf>,
+    /// Namespace of the providers and policies.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+}
+
+/// `kortex providers check` options.
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Manifests.
+    #[command(flatten)]
+    pub source: ManifestArgs,
+}
+
+/// `kortex ask` options.
+#[derive(Args, Debug)]
+pub struct AskArgs {
+    /// Manifests.
+    #[command(flatten)]
+    pub source: ManifestArgs,
+    /// Use this LLMProvider (default: the provider of the ChatPolicy matching `--session`).
+    #[arg(long)]
+    pub provider: Option<String>,
+    /// Model id (default: the policy's default role, else the provider's default model).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Session name used to find the ChatPolicy when no `--provider` is given.
+    #[arg(long, default_value = "ask")]
+    pub session: String,
+    /// JSON file with an array of tools: `[{"name", "description", "parameters"}]`.
+    #[arg(long, value_name = "FILE")]
+    pub tool_file: Option<PathBuf>,
+    /// System prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Output token limit.
+    #[arg(long)]
+    pub max_tokens: Option<u32>,
+    /// Use the provider's non-streaming API.
+    #[arg(long)]
+    pub no_stream: bool,
+    /// Print the final response as one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+    /// The prompt.
+    pub prompt: String,
+}
+
+fn load(args: &ManifestArgs) -> Result<Catalog, String> {
+    let env: crate::source::EnvLookup = Box::new(|name| std::env::var(name).ok());
+    let mut source = ManifestSource::new(args.manifests.clone(), env).map_err(|e| e.to_string())?;
+    let snapshot = source.load(jiff::Timestamp::now());
+    for p in &snapshot.problems {
+        eprintln!(
+            "{}: {p}",
+            if p.severity == crate::source::manifest::Severity::Error {
+                "error"
+            } else {
+                "warning"
+            }
+        );
+    }
+    Ok(crate::catalog::compile(
+        &snapshot.objects,
+        jiff::Timestamp::now(),
+    ))
+}
+
+fn ready_message(entry: &ProviderEntry) -> String {
+    entry
+        .object
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::READY))
+        .map(|c| format!("{}: {}", c.reason, c.message))
+        .unwrap_or_else(|| "not ready".to_owned())
+}
+
+/// One line per provider; `Ok(false)` when any is unavailable or unreachable.
+pub async fn check(args: CheckArgs) -> Result<bool, String> {
+    let catalog = load(&args.source)?;
+    let providers: Vec<(&ObjectKey, &ProviderEntry)> = catalog
+        .providers
+        .iter()
+        .filter(|(k, _)| k.namespace == args.source.namespace)
+        .collect();
+    if providers.is_empty() {
+        return Err(format!(
+            "no LLMProvider in namespace {} in the given manifests",
+            args.source.namespace
+        ));
+    }
+    let mut all_ok = true;
+    for (key, entry) in providers {
+        let kind = entry.provider_type().as_str();
+        let url = entry.base_url().unwrap_or("-");
+        if !entry.available {
+            all_ok = false;
+            println!(
+                "✗ {} ({kind}, {url}): unavailable: {}",
+                key.name,
+                ready_message(entry)
+            );
+            continue;
+        }
+        let adapter = match llm::build(entry) {
+            Ok(a) => a,
+            Err(e) => {
+                all_ok = false;
+                println!("✗ {} ({kind}, {url}): {e}", key.name);
+                continue;
+            }
+        };
+        let started = Instant::now();
+        match adapter.list_models().await {
+            Ok(models) => {
+                let ms = started.elapsed().as_millis();
+                let shown: Vec<&str> = models.iter().take(8).map(String::as_str).collect();
+                let more = if models.len() > 8 {
+                    format!(", … ({} in all)", models.len())
+                } else {
+                    String::new()
+                };
+                let default = entry.default_model().unwrap_or("-");
+                let warn = if entry
+                    .default_model()
+                    .is_some_and(|m| !models.is_empty() && !models.iter().any(|x| x == m))
+                {
+                    format!("; default model {default} is not listed by the endpoint")
+                } else {
+                    String::new()
+                };
+                println!(
+                    "✓ {} ({kind}, {url}): reachable in {ms} ms, models: {}{more}{warn}",
+                    key.name,
+                    shown.join(", ")
+                );
+            }
+            Err(e) if e.kind == ErrorKind::Auth => {
+                all_ok = false;
+                println!(
+                    "✗ {} ({kind}, {url}): reachable but the key was refused: {}",
+                    key.name, e.message
+                );
+            }
+            Err(e) => {
+                all_ok = false;
+                println!(
+                    "✗ {} ({kind}, {url}): unreachable: {}: {}",
+                    key.name,
+                    e.kind.as_str(),
+                    e.message
+                );
+            }
+        }
+    }
+    Ok(all_ok)
+}
+
+/// The provider and model `ask` uses.
+fn choose<'a>(
+    catalog: &'a Catalog,
+    args: &AskArgs,
+) -> Result<(&'a ProviderEntry, Option<String>), String> {
+    let ns = &args.source.namespace;
+    if let Some(name) = &args.provider {
+        let entry = catalog.provider(ns, name).ok_or_else(|| {
+            format!("no LLMProvider {name} in namespace {ns} in the given manifests")
+        })?;
+        return Ok((entry, args.model.clone()));
+    }
+    let policy = catalog.match_policy(ns, &args.session).ok_or_else(|| {
+        format!("no ChatPolicy in namespace {ns} matches session {:?}; pass --provider NAME to pick one", args.session)
+    })?;
+    let spec = &policy.object.spec;
+    let (provider, model) = match spec.models.default.as_deref() {
+        Some(m) => match m.split_once('/') {
+            Some((p, model)) if catalog.provider(ns, p).is_some() => {
+                (p.to_owned(), Some(model.to_owned()))
+            }
+            _ => (spec.provider.clone(), Some(m.to_owned())),
+        },
+        None => (spec.provider.clone(), None),
+    };
+    let entry = catalog.provider(ns, &provider).ok_or_else(|| {
+        format!(
+            "ChatPolicy {} names LLMProvider {provider}, which is not in namespace {ns}",
+            policy.object.metadata.name.as_deref().unwrap_or("")
+        )
+    })?;
+    Ok((entry, args.model.clone().or(model)))
+}
+
+/// `kortex ask`.
+pub async fn ask(args: AskArgs) -> Result<(), String> {
+    let catalog = load(&args.source)?;
+    let (entry, model) = choose(&catalog, &args)?;
+    let name = entry.object.metadata.name.clone().unwrap_or_default();
+    if !entry.available {
+        return Err(format!(
+            "LLMProvider {name} is unavailable: {}",
+            ready_message(entry)
+        ));
+    }
+    let tools: Vec<ToolSpec> = match &args.tool_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            serde_json::from_str(&text).map_err(|e| {
+                format!(
+                    "{}: expected a JSON array of {{name, description, parameters}}: {e}",
+                    path.display()
+                )
+            })?
+        }
+        None => Vec::new(),
+    };
+    let adapter = llm::build(entry).map_err(|e| e.to_string())?;
+    let request = ChatRequest {
+        model: model
+            .clone()
+            .or_else(|| entry.default_model().map(str::to_owned))
+            .unwrap_or_default(),
+        system: args.system.clone(),
+        messages: vec![Message::User {
+            content: args.prompt.clone(),
+        }],
+        tools,
+        max_tokens: args.max_tokens,
+        metadata: llm::RequestMetadata {
+            purpose: Some("cli".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let started = Instant::now();
+    let response = if args.no_stream {
+        let r = adapter
+            .complete(&request)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !args.json {
+            print!("{}", r.text);
+        }
+        r
+    } else {
+        let stream = adapter.stream(&request).await.map_err(|e| e.to_string())?;
+        let printing = !args.json;
+        let stream = stream
+            .inspect(move |event| {
+                if printing && let Ok(StreamEvent::TextDelta(t)) = event {
+                    print!("{t}");
+                    let _ = std::io::stdout().flush();
+                }
+            })
+            .boxed();
+        llm::collect(stream, started)
+            .await
+            .map_err(|e| e.to_string())?
+    };
+    let model_id = if response.model.is_empty() {
+        request.model.clone()
+    } else {
+        response.model.clone()
+    };
+    // Price by the model the provider reports, else by the one requested (endpoints often
+    // answer with a longer, dated id).
+    let models = &entry.object.spec.models;
+    let price = models
+        .iter()
+        .find(|m| m.id == model_id)
+        .or_else(|| models.iter().find(|m| m.id == request.model))
+        .and_then(|m| m.cost.as_ref());
+    let cost = llm::cost_usd(price, response.usage);
+    if args.json {
+        let mut v = serde_json::to_value(&response).map_err(|e| e.to_string())?;
+        v["provider"] = serde_json::json!(name);
+        v["costUsd"] = serde_json::json!(cost);
+        println!("{v}");
+    } else {
+        println!();
+        for c in &response.tool_calls {
+            println!("→ tool call {} {} {}", c.id, c.name, c.input);
+        }
+        eprintln!(
+            "[{name} {model_id}: {:?}, {} in / {} out tokens, ${cost:.6}, {} ms]",
+            response.stop_reason,
+            response.usage.input_tokens,
+            response.usage.output_tokens,
+            started.elapsed().as_millis()
+        );
+    }
+    for w in &response.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(())
+}
