@@ -286,12 +286,16 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         retry: RetryPolicy::default(),
     };
     let client = wire::client(&config, ca_bundle)?;
-    Ok(match spec.provider_type {
+    let adapter: Arc<dyn LlmProvider> = match spec.provider_type {
         ProviderType::Anthropic => Arc::new(anthropic::Anthropic::new(config, client)),
         ProviderType::OpenAi | ProviderType::OpenAiCompatible => {
             Arc::new(openai::OpenAi::new(config, client))
         }
         ProviderType::Ollama => Arc::new(ollama::Ollama::new(config, client)),
+    };
+    Ok(match spec.tool_mode {
+        ToolMode::Prompt => Arc::new(prompt_tools::PromptTools::new(adapter)),
+        ToolMode::Native | ToolMode::None => adapter,
     })
 }
 

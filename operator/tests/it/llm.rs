@@ -436,13 +436,17 @@ fn dialects() -> Vec<Dialect> {
 
 /// Builds the adapter the way the server does: manifests → catalog → `llm::build`.
 fn provider(d: &Dialect, base: &str, timeout: &str) -> Arc<dyn LlmProvider> {
+    provider_with(d, base, timeout, "native")
+}
+
+fn provider_with(d: &Dialect, base: &str, timeout: &str, tool_mode: &str) -> Arc<dyn LlmProvider> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let objects: ObjectSet = ObjectSet {
         providers: vec![serde_json::from_value(json!({
             "apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
             "metadata": {"name": d.name, "namespace": "default"},
             "spec": {"type": d.provider_type, "baseUrl": format!("{base}{}", d.base_suffix), "defaultModel": "test-model",
-                     "apiKeySecretRef": {"name": "keys", "key": "k"}, "timeout": timeout,
+                     "apiKeySecretRef": {"name": "keys", "key": "k"}, "timeout": timeout, "toolMode": tool_mode,
                      "headers": [{"name": "X-Kortex-Test", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "h"}}}]}
         }))
         .unwrap_or_else(|e| panic!("{e}"))],
@@ -1148,4 +1152,74 @@ async fn providers_check_explains_every_provider_in_one_line() {
     );
     assert!(!out.status.success(), "a failing provider fails the check");
     assert!(!stdout.contains(KEY));
+}
+
+#[tokio::test]
+async fn prompt_tool_mode_describes_tools_in_text_and_parses_calls() {
+    for d in dialects() {
+        let (base, script) = mock().await;
+        let text = "I will look.<tool_call>{\"name\": \"get_logs\", \"arguments\": {\"namespace\": \"shop\"}}</tool_call>";
+        let parts = pieces(text, 5);
+        let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
+        push(&script, streamed(&d, (d.text_stream)(&parts)));
+        let p = provider_with(&d, &base, "5s", "prompt");
+        assert!(!p.capabilities().native_tools);
+        let out = events(&*p, &request(true))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", d.name));
+        assert!(
+            matches!(out.first(), Some(StreamEvent::Warning(w)) if w.contains("best effort")),
+            "{}: {out:?}",
+            d.name
+        );
+        let text: String = out
+            .iter()
+            .filter_map(|e| {
+                if let StreamEvent::TextDelta(t) = e {
+                    Some(t.as_str())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(text, "I will look.", "{}", d.name);
+        let calls: Vec<_> = out
+            .iter()
+            .filter_map(|e| {
+                if let StreamEvent::ToolCall(c) = e {
+                    Some(c)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(calls.len(), 1, "{}", d.name);
+        assert_eq!(calls[0].input, json!({"namespace": "shop"}));
+        assert!(
+            matches!(
+                out.last(),
+                Some(StreamEvent::Done {
+                    stop_reason: StopReason::ToolUse,
+                    ..
+                })
+            ),
+            "{}",
+            d.name
+        );
+        let seen = script
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        assert!(
+            seen[0].body.get("tools").is_none(),
+            "{}: no native tools in prompt mode",
+            d.name
+        );
+        assert!(
+            seen[0].body.to_string().contains("<tool_call>"),
+            "{}: tools described in the prompt",
+            d.name
+        );
+    }
 }
