@@ -74,6 +74,19 @@ pub struct ServeArgs {
     /// else every API call needs a chat key.
     #[arg(long, env = "KORTEX_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// How often providers are probed (also at start-up and after every change), e.g. `60s`.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub probe_interval: std::time::Duration,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d: kube::core::Duration = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a duration like 30s or 5m: {e}"))?;
+    if d.is_negative() {
+        return Err("the interval must not be negative".into());
+    }
+    Ok(std::time::Duration::from(d).max(std::time::Duration::from_secs(1)))
 }
 
 /// Runs a parsed command line and returns the process exit code.
@@ -168,11 +181,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         }
         AuthMode::Keys
     };
+    let probes = crate::llm::probe::ProbeBoard::default();
     let state = AppState {
-        config: config_rx,
+        config: config_rx.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
         auth,
+        probes: probes.clone(),
     };
 
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -182,6 +197,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     tracing::info!(address = %local, "listening on http://{local}");
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let prober = tokio::spawn(crate::llm::probe::run(
+        config_rx,
+        probes,
+        args.probe_interval,
+        stop_rx.clone(),
+    ));
     let watcher = (!args.manifests.is_empty()).then(|| {
         tokio::spawn(live::watch_manifests(
             source,
@@ -197,6 +218,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     if let Some(w) = watcher {
         let _ = w.await;
     }
+    let _ = prober.await;
     drop(config_tx);
     store.close().await;
     result.map_err(|e| format!("server error: {e}"))

@@ -143,6 +143,7 @@ pub async fn providers(
     State(state): State<AppState>,
     query: QueryResult,
 ) -> Result<Json<Value>, ApiError> {
+    let probes = state.probes.read().map(|b| b.clone()).unwrap_or_default();
     listing(
         &state,
         query,
@@ -150,7 +151,21 @@ pub async fn providers(
         |c| &c.catalog.providers,
         |p| {
             let spec = &p.object.spec;
-            let status = p.object.status.clone().unwrap_or_default();
+            let mut status = p.object.status.clone().unwrap_or_default();
+            let probe = probes.get(&ObjectKey::of(&p.object));
+            if let Some(probe) = probe {
+                status
+                    .conditions
+                    .retain(|c| c.type_ != crate::crd::conditions::types::REACHABLE);
+                status
+                    .conditions
+                    .push(probe.condition(p.object.metadata.generation));
+                for m in &probe.models {
+                    if !status.models.contains(m) {
+                        status.models.push(m.clone());
+                    }
+                }
+            }
             let common = Common {
                 available: p.available,
                 generation: p.object.metadata.generation,
@@ -172,6 +187,13 @@ pub async fn providers(
                 "headers": spec.headers.iter().map(|h| h.name.as_str()).collect::<Vec<_>>(),
                 "statusModels": status.models,
                 "secretHash": status.secret_hash,
+                "probe": probe.map(|r| json!({
+                    "reachable": r.reachable,
+                    "ok": r.ok,
+                    "latencyMs": r.latency_ms,
+                    "checkedAt": r.checked_at.to_string(),
+                    "models": r.models,
+                })),
             });
             (common, own)
         },

@@ -30,6 +30,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// How callers authenticate.
     pub auth: AuthMode,
+    /// Latest provider probes.
+    pub probes: crate::llm::probe::ProbeBoard,
 }
 
 /// All routes.

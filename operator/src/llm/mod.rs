@@ -10,6 +10,7 @@ mod anthropic;
 mod error;
 mod ollama;
 mod openai;
+pub mod probe;
 mod prompt_tools;
 mod retry;
 mod wire;

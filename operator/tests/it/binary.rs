@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kortex");
 
-struct Server {
+pub(crate) struct Server {
     child: Child,
     addr: String,
     log: Arc<Mutex<String>>,
 }
 
 impl Server {
-    fn start(manifests: &Path, db: &Path, env: &[(&str, &str)]) -> Self {
+    pub(crate) fn start(manifests: &Path, db: &Path, env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
             .arg(manifests)
@@ -62,7 +62,7 @@ impl Server {
         Self { child, addr, log }
     }
 
-    async fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
         let resp = crate::common::http_client()
             .get(format!("http://{}{path}", self.addr))
             .send()
@@ -72,12 +72,12 @@ impl Server {
         (status, resp.text().await.unwrap_or_default())
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
     /// SIGTERM, then the exit status (killing it if it hangs).
-    fn terminate(mut self) -> std::process::ExitStatus {
+    pub(crate) fn terminate(mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();

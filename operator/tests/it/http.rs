@@ -77,6 +77,7 @@ async fn harness(auth: AuthMode) -> Harness {
     let app = router(AppState {
         config: rx,
         store: db.store.clone(),
+        probes: Default::default(),
         metrics,
         auth,
     });

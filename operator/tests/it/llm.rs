@@ -1223,3 +1223,76 @@ async fn prompt_tool_mode_describes_tools_in_text_and_parses_calls() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_probes_providers_into_reachable_conditions() {
+    let (base, script) = mock().await;
+    push(
+        &script,
+        json_reply(200, &json!({"data": [{"id": "discovered-model"}]})),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let manifests = dir.path().join("m");
+    std::fs::create_dir(&manifests).unwrap_or_else(|e| panic!("{e}"));
+    write_manifests(
+        &manifests,
+        &[
+            ("up", "openai-compatible", format!("{base}/v1"), true),
+            ("down", "ollama", "http://127.0.0.1:9".into(), true),
+        ],
+    );
+    let server = crate::binary::Server::start(
+        &manifests,
+        &dir.path().join("k.db"),
+        &[("KORTEX_ASK_TEST_KEY", KEY)],
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let list = loop {
+        let (_, body) = server.get("/api/v1/llm/providers").await;
+        let v: Value = serde_json::from_str(&body).unwrap_or_default();
+        let probed = v["items"]
+            .as_array()
+            .is_some_and(|items| items.iter().all(|i| !i["probe"].is_null()));
+        if probed {
+            break v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "providers never probed: {body}\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let find = |name: &str| {
+        list["items"]
+            .as_array()
+            .and_then(|a| a.iter().find(|i| i["name"] == name))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let reachable = |item: &Value| {
+        item["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Reachable"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let up = find("up");
+    assert_eq!(reachable(&up)["status"], "True", "{up}");
+    assert!(
+        up["statusModels"]
+            .as_array()
+            .is_some_and(|m| m.contains(&json!("discovered-model"))),
+        "{up}"
+    );
+    let down = find("down");
+    assert_eq!(
+        (
+            reachable(&down)["status"].clone(),
+            reachable(&down)["reason"].clone()
+        ),
+        (json!("False"), json!("Unreachable")),
+        "{down}"
+    );
+    assert!(server.terminate().success());
+}

@@ -1,0 +1,149 @@
+//! Provider health: each available provider's models endpoint is called at start-up, after
+//! every configuration change and then periodically. The result feeds the `Reachable`
+//! condition and the discovered model list shown by `/api/v1/llm/providers` (and, in
+//! cluster mode, the provider's status).
+
+use super::ErrorKind;
+use crate::catalog::{Catalog, ObjectKey, ProviderEntry};
+use crate::live::LiveConfig;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// Reasons of the `Reachable` condition.
+pub mod reasons {
+    /// The endpoint answered.
+    pub const REACHABLE: &str = "Reachable";
+    /// The endpoint answered but refused the key: reachable, misconfigured.
+    pub const AUTH_FAILED: &str = "AuthFailed";
+    /// No answer (connection refused, DNS, TLS, timeout).
+    pub const UNREACHABLE: &str = "Unreachable";
+    /// The endpoint answered with an error.
+    pub const PROBE_FAILED: &str = "ProbeFailed";
+}
+
+/// The outcome of one probe.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProbeResult {
+    /// Whether the endpoint answered at all (an auth failure counts as reachable).
+    pub reachable: bool,
+    /// Whether the answer was a success.
+    pub ok: bool,
+    /// A reason from [`reasons`].
+    pub reason: &'static str,
+    /// Human-readable detail.
+    pub message: String,
+    /// Models the endpoint listed.
+    pub models: Vec<String>,
+    /// Round-trip time.
+    pub latency_ms: u64,
+    /// When.
+    pub checked_at: jiff::Timestamp,
+}
+
+impl ProbeResult {
+    /// The `Reachable` condition.
+    pub fn condition(&self, generation: Option<i64>) -> Condition {
+        Condition {
+            type_: crate::crd::conditions::types::REACHABLE.to_owned(),
+            status: if self.ok { "True" } else { "False" }.to_owned(),
+            reason: self.reason.to_owned(),
+            message: self.message.clone(),
+            observed_generation: generation,
+            last_transition_time: Time(self.checked_at),
+        }
+    }
+}
+
+/// Latest probe per provider, shared between the prober and the API.
+pub type ProbeBoard = Arc<RwLock<BTreeMap<ObjectKey, ProbeResult>>>;
+
+/// Probes one provider (which must be available).
+pub async fn probe(entry: &ProviderEntry) -> ProbeResult {
+    let started = Instant::now();
+    let outcome = match super::build(entry) {
+        Ok(adapter) => adapter.list_models().await,
+        Err(e) => Err(e),
+    };
+    let latency_ms = started.elapsed().as_millis() as u64;
+    let (reachable, ok, reason, message, models) = match outcome {
+        Ok(models) => (
+            true,
+            true,
+            reasons::REACHABLE,
+            format!("listed {} model(s) in {latency_ms} ms", models.len()),
+            models,
+        ),
+        Err(e) if e.kind == ErrorKind::Auth => (
+            true,
+            false,
+            reasons::AUTH_FAILED,
+            format!("reachable, but the key was refused: {}", e.message),
+            Vec::new(),
+        ),
+        Err(e) if matches!(e.kind, ErrorKind::Connection | ErrorKind::Timeout) => {
+            (false, false, reasons::UNREACHABLE, e.message, Vec::new())
+        }
+        Err(e) => (
+            true,
+            false,
+            reasons::PROBE_FAILED,
+            format!("{}: {}", e.kind.as_str(), e.message),
+            Vec::new(),
+        ),
+    };
+    ProbeResult {
+        reachable,
+        ok,
+        reason,
+        message,
+        models,
+        latency_ms,
+        checked_at: jiff::Timestamp::now(),
+    }
+}
+
+/// Probes every available provider of `catalog` concurrently and replaces the board.
+pub async fn probe_all(catalog: &Catalog, board: &ProbeBoard) {
+    let targets: Vec<(ObjectKey, &ProviderEntry)> = catalog
+        .providers
+        .iter()
+        .filter(|(_, e)| e.available)
+        .map(|(k, e)| (k.clone(), e))
+        .collect();
+    let results =
+        futures_util::future::join_all(targets.into_iter().map(|(key, entry)| async move {
+            let result = probe(entry).await;
+            (key, result)
+        }))
+        .await;
+    for (key, result) in &results {
+        if !result.ok {
+            tracing::warn!(provider = %key, reason = result.reason, message = %result.message, "provider probe failed");
+        }
+    }
+    if let Ok(mut b) = board.write() {
+        *b = results.into_iter().collect();
+    }
+}
+
+/// Probes at start-up, after every configuration change, and every `interval`, until
+/// `shutdown` flips.
+pub async fn run(
+    mut config: watch::Receiver<Arc<LiveConfig>>,
+    board: ProbeBoard,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let current = config.borrow_and_update().clone();
+        probe_all(&current.catalog, &board).await;
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            changed = config.changed() => if changed.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
