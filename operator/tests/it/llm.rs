@@ -1296,3 +1296,152 @@ async fn serve_probes_providers_into_reachable_conditions() {
     );
     assert!(server.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_proxy_from_the_environment_is_honoured() {
+    // The mock plays the proxy: the provider's host is never resolved, every request goes
+    // to 127.0.0.1 in absolute form.
+    let (proxy, script) = mock().await;
+    let d = openai();
+    push(&script, streamed(&d, (d.text_stream)(&["via proxy"])));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    write_manifests(
+        dir.path(),
+        &[(
+            "corp",
+            "openai-compatible",
+            "http://llm.corp.invalid/v1".into(),
+            true,
+        )],
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(["ask", "--manifests"])
+            .arg(dir.path())
+            .args(["--provider", "corp", "hello"])
+            .env("KORTEX_ASK_TEST_KEY", KEY)
+            .env("HTTP_PROXY", &proxy)
+            .env("http_proxy", &proxy)
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "via proxy\n");
+    let seen = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    assert_eq!(seen[0].path, "/v1/chat/completions");
+    assert_eq!(
+        seen[0].headers.get("host").and_then(|h| h.to_str().ok()),
+        Some("llm.corp.invalid")
+    );
+}
+
+/// A one-request-at-a-time HTTPS server with a self-signed certificate; answers every
+/// request with `body`. Returns its base URL and the certificate's PEM.
+async fn https_server(body: &'static str) -> (String, String) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap_or_else(|e| panic!("{e}"));
+    let pem = cert.cert.pem();
+    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.cert.der().clone()], key)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.write_all(reply.as_bytes()).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (format!("https://127.0.0.1:{}", addr.port()), pem)
+}
+
+#[tokio::test]
+async fn ca_bundle_secret_makes_an_internal_tls_endpoint_trusted() {
+    let (base, pem) = https_server(r#"{"data": [{"id": "internal-model"}]}"#).await;
+    let catalog_with = |with_ca: bool| {
+        let mut spec = json!({"type": "openai-compatible", "baseUrl": format!("{base}/v1"), "defaultModel": "m"});
+        if with_ca {
+            spec["caBundleSecretRef"] = json!({"name": "corp-ca", "key": "ca.crt"});
+        }
+        let objects = ObjectSet {
+            providers: vec![serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
+                "metadata": {"name": "internal", "namespace": "default"}, "spec": spec}))
+            .unwrap_or_else(|e| panic!("{e}"))],
+            secrets: vec![serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "corp-ca", "namespace": "default"}, "stringData": {"ca.crt": pem}}))
+            .unwrap_or_else(|e| panic!("{e}"))],
+            ..Default::default()
+        };
+        compile(&objects, jiff::Timestamp::now())
+    };
+    let trusted = catalog_with(true);
+    let entry = trusted
+        .providers
+        .values()
+        .next()
+        .unwrap_or_else(|| panic!("no provider"));
+    let models = llm::build(entry)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .list_models()
+        .await;
+    assert_eq!(
+        models.unwrap_or_else(|e| panic!("{e}")),
+        vec!["internal-model".to_owned()]
+    );
+
+    let untrusted = catalog_with(false);
+    let entry = untrusted
+        .providers
+        .values()
+        .next()
+        .unwrap_or_else(|| panic!("no provider"));
+    let e = llm::build(entry)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .list_models()
+        .await
+        .err();
+    let e = e.unwrap_or_else(|| panic!("a self-signed endpoint was trusted without the CA bundle"));
+    assert_eq!(e.kind, ErrorKind::Connection, "{e}");
+    assert!(
+        e.message.to_lowercase().contains("certificate"),
+        "the error says why: {e}"
+    );
+}
