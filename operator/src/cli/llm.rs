@@ -234,11 +234,21 @@ pub async fn ask(args: AskArgs) -> Result<(), String> {
         None => Vec::new(),
     };
     let adapter = llm::build(entry).map_err(|e| e.to_string())?;
+    let model = match model.or_else(|| adapter.default_model().map(str::to_owned)) {
+        Some(m) => m,
+        // ollama and openai-compatible servers may have no catalog: take what they list.
+        None => adapter
+            .list_models()
+            .await
+            .map_err(|e| format!("no model configured and the model list failed: {e}"))?
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                format!("LLMProvider {name} has no model: set spec.defaultModel or pass --model")
+            })?,
+    };
     let request = ChatRequest {
-        model: model
-            .clone()
-            .or_else(|| entry.default_model().map(str::to_owned))
-            .unwrap_or_default(),
+        model: model.clone(),
         system: args.system.clone(),
         messages: vec![Message::User {
             content: args.prompt.clone(),
@@ -283,13 +293,15 @@ pub async fn ask(args: AskArgs) -> Result<(), String> {
     };
     // Price by the model the provider reports, else by the one requested (endpoints often
     // answer with a longer, dated id).
-    let models = &entry.object.spec.models;
-    let price = models
+    let cost = if adapter
+        .models()
         .iter()
-        .find(|m| m.id == model_id)
-        .or_else(|| models.iter().find(|m| m.id == request.model))
-        .and_then(|m| m.cost.as_ref());
-    let cost = llm::cost_usd(price, response.usage);
+        .any(|m| m.id == model_id && m.cost.is_some())
+    {
+        adapter.cost_usd(&model_id, response.usage)
+    } else {
+        adapter.cost_usd(&request.model, response.usage)
+    };
     if args.json {
         let mut v = serde_json::to_value(&response).map_err(|e| e.to_string())?;
         v["provider"] = serde_json::json!(name);

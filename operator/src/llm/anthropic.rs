@@ -5,8 +5,8 @@
 
 use super::wire::{self, Decoder, Framing, SseEvent};
 use super::{
-    BoxFuture, Capabilities, ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError,
-    LlmProvider, Message, ProviderConfig, StopReason, StreamEvent, ToolCall, Usage,
+    BoxFuture, ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmProvider, Message,
+    ProviderConfig, StopReason, StreamEvent, ToolCall, Usage,
 };
 use crate::crd::ToolMode;
 use serde_json::{Value, json};
@@ -365,16 +365,8 @@ pub fn parse_response(provider: &str, v: &Value) -> Result<ChatResponse, LlmErro
 }
 
 impl LlmProvider for Anthropic {
-    fn name(&self) -> &str {
-        &self.config.name
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            native_tools: self.config.tool_mode == ToolMode::Native,
-            tools: self.config.tool_mode != ToolMode::None,
-            streaming: true,
-        }
+    fn config(&self) -> &ProviderConfig {
+        &self.config
     }
 
     fn stream<'a>(

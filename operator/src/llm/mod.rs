@@ -203,10 +203,46 @@ pub struct Capabilities {
 
 /// One LLM backend.
 pub trait LlmProvider: Send + Sync {
+    /// The settings it was built from.
+    fn config(&self) -> &ProviderConfig;
     /// The `LLMProvider` name.
-    fn name(&self) -> &str;
+    fn name(&self) -> &str {
+        &self.config().name
+    }
     /// What it can do.
-    fn capabilities(&self) -> Capabilities;
+    fn capabilities(&self) -> Capabilities {
+        let mode = self.config().tool_mode;
+        Capabilities {
+            native_tools: mode == ToolMode::Native,
+            tools: mode != ToolMode::None,
+            streaming: true,
+        }
+    }
+    /// The model used when a request names none: `defaultModel`, else the first of `models`.
+    fn default_model(&self) -> Option<&str> {
+        self.config().default_model.as_deref()
+    }
+    /// The catalog models (prices, context windows).
+    fn models(&self) -> &[crate::crd::ModelSpec] {
+        &self.config().models
+    }
+    /// Context window of `model` in tokens, when the catalog says.
+    fn context_window(&self, model: &str) -> Option<u64> {
+        self.models()
+            .iter()
+            .find(|m| m.id == model)
+            .and_then(|m| m.context_tokens)
+    }
+    /// Cost of `usage` on `model` (0 when the catalog has no price for it).
+    fn cost_usd(&self, model: &str, usage: Usage) -> f64 {
+        cost_usd(
+            self.models()
+                .iter()
+                .find(|m| m.id == model)
+                .and_then(|m| m.cost.as_ref()),
+            usage,
+        )
+    }
     /// Streams one call. Errors before any output come back as `Err` here (the first event
     /// is peeked), so callers can fail over; later errors are `Err` items of the stream.
     fn stream<'a>(
@@ -243,6 +279,8 @@ pub struct ProviderConfig {
     pub tool_mode: ToolMode,
     /// Retries before any output.
     pub retry: RetryPolicy,
+    /// The catalog models.
+    pub models: Vec<crate::crd::ModelSpec>,
 }
 
 /// Builds the adapter for a catalog entry (which must be available: its Secrets resolved).
@@ -285,6 +323,7 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         timeout: entry.timeout(),
         tool_mode: spec.tool_mode,
         retry: RetryPolicy::default(),
+        models: spec.models.clone(),
     };
     let client = wire::client(&config, ca_bundle)?;
     let adapter: Arc<dyn LlmProvider> = match spec.provider_type {

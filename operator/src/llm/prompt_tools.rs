@@ -190,8 +190,8 @@ fn events(extracted: Extracted) -> Vec<Result<StreamEvent, LlmError>> {
 }
 
 impl LlmProvider for PromptTools {
-    fn name(&self) -> &str {
-        self.inner.name()
+    fn config(&self) -> &super::ProviderConfig {
+        self.inner.config()
     }
 
     fn capabilities(&self) -> Capabilities {

@@ -1445,3 +1445,48 @@ async fn ca_bundle_secret_makes_an_internal_tls_endpoint_trusted() {
         "the error says why: {e}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ask_without_a_configured_model_uses_the_first_discovered_one() {
+    let (base, script) = mock().await;
+    let d = openai();
+    push(
+        &script,
+        json_reply(
+            200,
+            &json!({"data": [{"id": "served-model"}, {"id": "other"}]}),
+        ),
+    );
+    push(&script, streamed(&d, (d.text_stream)(&["hi"])));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        format!("apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: vllm}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\"}}\n"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let out = kortex(vec![
+        "ask".into(),
+        "--manifests".into(),
+        dir.path().display().to_string(),
+        "--provider".into(),
+        "vllm".into(),
+        "hello".into(),
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    assert_eq!(seen[0].path, "/v1/models");
+    assert_eq!(seen[1].body["model"], "served-model");
+    assert!(
+        seen[1].headers.get("authorization").is_none(),
+        "no key configured, none sent"
+    );
+}
