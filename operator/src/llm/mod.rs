@@ -328,9 +328,8 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
     let client = wire::client(&config, ca_bundle)?;
     let adapter: Arc<dyn LlmProvider> = match spec.provider_type {
         ProviderType::Anthropic => Arc::new(anthropic::Anthropic::new(config, client)),
-        ProviderType::OpenAi | ProviderType::OpenAiCompatible => {
-            Arc::new(openai::OpenAi::new(config, client))
-        }
+        ProviderType::OpenAi => Arc::new(openai::OpenAi::new(config, client, false)),
+        ProviderType::OpenAiCompatible => Arc::new(openai::OpenAi::new(config, client, true)),
         ProviderType::Ollama => Arc::new(ollama::Ollama::new(config, client)),
     };
     Ok(match spec.tool_mode {

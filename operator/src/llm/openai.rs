@@ -17,12 +17,24 @@ use std::collections::BTreeMap;
 pub struct OpenAi {
     config: ProviderConfig,
     client: reqwest::Client,
+    /// The token limit's field name: OpenAI's current models take `max_completion_tokens`
+    /// (and reject `max_tokens`); compatible servers know `max_tokens`.
+    max_tokens_field: &'static str,
 }
 
 impl OpenAi {
-    /// An adapter over `client`.
-    pub fn new(config: ProviderConfig, client: reqwest::Client) -> Self {
-        Self { config, client }
+    /// An adapter over `client`; `compatible` for `openai-compatible` servers.
+    pub fn new(config: ProviderConfig, client: reqwest::Client, compatible: bool) -> Self {
+        let max_tokens_field = if compatible {
+            "max_tokens"
+        } else {
+            "max_completion_tokens"
+        };
+        Self {
+            config,
+            client,
+            max_tokens_field,
+        }
     }
 
     fn authorized(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -41,8 +53,8 @@ impl OpenAi {
         let mut body = json!({
             "model": model,
             "messages": messages(request.system.as_deref(), &request.messages),
-            "max_tokens": request.max_tokens.unwrap_or(self.config.max_tokens),
         });
+        body[self.max_tokens_field] = json!(request.max_tokens.unwrap_or(self.config.max_tokens));
         if self.config.tool_mode != ToolMode::None && !request.tools.is_empty() {
             body["tools"] = request
                 .tools
