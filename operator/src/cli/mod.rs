@@ -174,10 +174,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             .credentials
             .count(crate::catalog::CredentialKind::Chat);
         if keys == 0 {
-            tracing::warn!(
-                listen = %args.listen,
-                "listening beyond loopback without chat keys: every API call will be refused until a Secret labelled kortex.dev/credentials=chat is loaded"
-            );
+            return Err(format!(
+                "refusing to listen on {} without credentials: add a Secret labelled kortex.dev/credentials=chat to the manifests (see docs/standalone.md), or listen on a loopback address",
+                args.listen
+            ));
         }
         AuthMode::Keys
     };

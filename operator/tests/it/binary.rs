@@ -190,6 +190,23 @@ async fn json_logs_and_bad_flags() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("does not exist"), "{stderr}");
 
+    // Beyond loopback without any chat credential: refuse to start.
+    std::fs::write(dir.path().join("p.yaml"), PROVIDER.replace("MODEL", "x"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0", "--manifests"])
+        .arg(dir.path())
+        .arg("--database-url")
+        .arg(format!("sqlite://{}", dir.path().join("x.db").display()))
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:0 without credentials"),
+        "{stderr}"
+    );
+
     let out = Command::new(BIN)
         .args(["--log-format", "json", "migrate", "--database-url"])
         .arg(format!("sqlite://{}", dir.path().join("m.db").display()))
