@@ -5,6 +5,7 @@
 //! `http` (axum routes), plus the CLI entry points in `cli`.
 
 pub mod catalog;
+pub mod chat;
 pub mod cli;
 pub mod crd;
 pub mod glob;

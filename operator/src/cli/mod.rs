@@ -188,6 +188,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         metrics: metrics.clone(),
         auth,
         probes: probes.clone(),
+        engine: crate::chat::Engine::new(store.clone(), config_rx.clone()),
     };
 
     let listener = tokio::net::TcpListener::bind(args.listen)

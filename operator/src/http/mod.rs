@@ -2,6 +2,7 @@
 //! join as the chat engine lands).
 
 pub mod auth;
+mod chat_api;
 mod config_api;
 pub mod error;
 
@@ -32,6 +33,8 @@ pub struct AppState {
     pub auth: AuthMode,
     /// Latest provider probes.
     pub probes: crate::llm::probe::ProbeBoard,
+    /// The chat engine.
+    pub engine: Arc<crate::chat::Engine>,
 }
 
 /// All routes.
@@ -41,6 +44,23 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/tools", get(config_api::tools))
         .route("/api/v1/policies", get(config_api::policies))
         .route("/api/v1/manifests", get(config_api::manifests))
+        .route(
+            "/chat/v1/sessions",
+            get(chat_api::list).post(chat_api::create),
+        )
+        .route(
+            "/chat/v1/sessions/{id}",
+            get(chat_api::get).delete(chat_api::delete),
+        )
+        .route(
+            "/chat/v1/sessions/{id}/messages",
+            axum::routing::post(chat_api::post_message),
+        )
+        .route("/chat/v1/sessions/{id}/events", get(chat_api::events))
+        .route(
+            "/chat/v1/sessions/{id}/cancel",
+            axum::routing::post(chat_api::cancel),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,

@@ -237,6 +237,58 @@ impl Store {
     }
 }
 
+/// Runs.
+impl Store {
+    /// Records a run owned by `owner` (a replica id), started now.
+    pub async fn create_run(
+        &self,
+        run_id: &str,
+        session_id: &str,
+        owner: &str,
+    ) -> Result<(), StoreError> {
+        let now = now_ms();
+        sqlx::query(
+            "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at) VALUES ($1, $2, 'running', $3, $4, $4)",
+        )
+        .bind(run_id)
+        .bind(session_id)
+        .bind(owner)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Marks a run finished with `status` (`completed`, `failed`, `cancelled`,
+    /// `requires_action`) and an optional reason.
+    pub async fn finish_run(
+        &self,
+        run_id: &str,
+        status: &str,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE chat_runs SET status = $1, reason = $2, finished_at = $3, heartbeat_at = $3 WHERE id = $4")
+            .bind(status)
+            .bind(reason)
+            .bind(now_ms())
+            .bind(run_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Sets a session's status unconditionally (the run that owns it finishing).
+    pub async fn set_session_status(&self, id: &str, status: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE chat_sessions SET status = $1, updated_at = $2 WHERE id = $3")
+            .bind(status)
+            .bind(now_ms())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
 /// Run events (the SSE log).
 impl Store {
     /// Persists an event with the session's next sequence number. The number comes from the

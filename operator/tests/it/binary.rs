@@ -17,11 +17,19 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(manifests: &Path, db: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_with_url(manifests, &format!("sqlite://{}", db.display()), env)
+    }
+
+    pub(crate) fn start_with_url(
+        manifests: &Path,
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
             .arg(manifests)
             .arg("--database-url")
-            .arg(format!("sqlite://{}", db.display()))
+            .arg(database_url)
             .env("RUST_LOG", "info")
             .env_remove("DATABASE_URL")
             .stdout(Stdio::null())
@@ -60,6 +68,10 @@ impl Server {
                 )
             });
         Self { child, addr, log }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
     }
 
     pub(crate) async fn get(&self, path: &str) -> (u16, String) {

@@ -75,9 +75,10 @@ async fn harness(auth: AuthMode) -> Harness {
     std::mem::forget(_tx); // keep the channel open for the test's lifetime
     let db = sqlite().await;
     let app = router(AppState {
-        config: rx,
+        config: rx.clone(),
         store: db.store.clone(),
         probes: Default::default(),
+        engine: kortex::chat::Engine::new(db.store.clone(), rx.clone()),
         metrics,
         auth,
     });

@@ -20,26 +20,26 @@ const KEY: &str = "sk-test-WIRE-KEY-0123456789";
 
 /// One scripted reply.
 #[derive(Clone, Default)]
-struct Reply {
-    status: u16,
-    headers: Vec<(&'static str, String)>,
-    content_type: &'static str,
-    chunks: Vec<String>,
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(&'static str, String)>,
+    pub(crate) content_type: &'static str,
+    pub(crate) chunks: Vec<String>,
     /// Sleep this long after the chunks instead of ending (a stalled server).
-    stall: Option<Duration>,
+    pub(crate) stall: Option<Duration>,
 }
 
 #[derive(Clone, Debug)]
-struct Seen {
-    path: String,
-    headers: HeaderMap,
-    body: Value,
+pub(crate) struct Seen {
+    pub(crate) path: String,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Value,
 }
 
 #[derive(Default)]
-struct Script {
+pub(crate) struct Script {
     replies: Mutex<VecDeque<Reply>>,
-    seen: Mutex<Vec<Seen>>,
+    pub(crate) seen: Mutex<Vec<Seen>>,
     /// When the body of the last streamed reply was dropped (the client went away).
     dropped_at: Mutex<Option<Instant>>,
 }
@@ -119,7 +119,7 @@ async fn handle(State(script): State<Arc<Script>>, req: axum::extract::Request) 
     builder.body(Body::from_stream(stream)).unwrap_or_default()
 }
 
-async fn mock() -> (String, Arc<Script>) {
+pub(crate) async fn mock() -> (String, Arc<Script>) {
     let script = Arc::new(Script::default());
     let app = axum::Router::new()
         .fallback(handle)
@@ -135,23 +135,23 @@ async fn mock() -> (String, Arc<Script>) {
 }
 
 /// `(id, name, arguments JSON)` of scripted tool calls.
-type Call<'a> = (&'a str, &'a str, &'a str);
+pub(crate) type Call<'a> = (&'a str, &'a str, &'a str);
 
 /// A vendor's wire format, for the contract suite.
-struct Dialect {
-    name: &'static str,
-    provider_type: &'static str,
-    base_suffix: &'static str,
-    chat_path: &'static str,
-    stream_type: &'static str,
-    text_stream: fn(&[&str]) -> Vec<String>,
-    tools_stream: fn(&[Call]) -> Vec<String>,
-    error_mid_stream: fn() -> Vec<String>,
-    malformed_stream: fn() -> Vec<String>,
-    text_json: fn(&str) -> Value,
-    tools_json: fn(&[Call]) -> Value,
-    key_header: fn(&HeaderMap) -> Option<String>,
-    models_json: Value,
+pub(crate) struct Dialect {
+    pub(crate) name: &'static str,
+    pub(crate) provider_type: &'static str,
+    pub(crate) base_suffix: &'static str,
+    pub(crate) chat_path: &'static str,
+    pub(crate) stream_type: &'static str,
+    pub(crate) text_stream: fn(&[&str]) -> Vec<String>,
+    pub(crate) tools_stream: fn(&[Call]) -> Vec<String>,
+    pub(crate) error_mid_stream: fn() -> Vec<String>,
+    pub(crate) malformed_stream: fn() -> Vec<String>,
+    pub(crate) text_json: fn(&str) -> Value,
+    pub(crate) tools_json: fn(&[Call]) -> Value,
+    pub(crate) key_header: fn(&HeaderMap) -> Option<String>,
+    pub(crate) models_json: Value,
 }
 
 fn sse(event: Option<&str>, data: &Value) -> String {
@@ -170,7 +170,7 @@ fn pieces(s: &str, n: usize) -> Vec<String> {
         .collect()
 }
 
-fn anthropic() -> Dialect {
+pub(crate) fn anthropic() -> Dialect {
     Dialect {
         name: "anthropic",
         provider_type: "anthropic",
@@ -277,14 +277,14 @@ fn anthropic() -> Dialect {
     }
 }
 
-fn openai_chunk(delta: Value, finish: Value) -> String {
+pub(crate) fn openai_chunk(delta: Value, finish: Value) -> String {
     sse(
         None,
         &json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
     )
 }
 
-fn openai() -> Dialect {
+pub(crate) fn openai() -> Dialect {
     Dialect {
         name: "openai",
         provider_type: "openai",
@@ -367,7 +367,7 @@ fn ndjson(v: &Value) -> String {
     format!("{v}\n")
 }
 
-fn ollama() -> Dialect {
+pub(crate) fn ollama() -> Dialect {
     Dialect {
         name: "ollama",
         provider_type: "ollama",
@@ -430,7 +430,7 @@ fn ollama() -> Dialect {
     }
 }
 
-fn dialects() -> Vec<Dialect> {
+pub(crate) fn dialects() -> Vec<Dialect> {
     vec![anthropic(), openai(), ollama()]
 }
 
@@ -467,7 +467,7 @@ fn provider_with(d: &Dialect, base: &str, timeout: &str, tool_mode: &str) -> Arc
     llm::build(entry).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn push(script: &Script, reply: Reply) {
+pub(crate) fn push(script: &Script, reply: Reply) {
     script
         .replies
         .lock()
@@ -475,7 +475,7 @@ fn push(script: &Script, reply: Reply) {
         .push_back(reply);
 }
 
-fn streamed(d: &Dialect, chunks: Vec<String>) -> Reply {
+pub(crate) fn streamed(d: &Dialect, chunks: Vec<String>) -> Reply {
     Reply {
         status: 200,
         content_type: d.stream_type,
@@ -484,7 +484,7 @@ fn streamed(d: &Dialect, chunks: Vec<String>) -> Reply {
     }
 }
 
-fn json_reply(status: u16, v: &Value) -> Reply {
+pub(crate) fn json_reply(status: u16, v: &Value) -> Reply {
     Reply {
         status,
         content_type: "application/json",

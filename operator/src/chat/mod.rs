@@ -1,0 +1,159 @@
+//! The chat engine: sessions, runs and their event log. A message starts a run; the run
+//! streams from the session's provider step by step, persisting every SSE event (with a
+//! database-issued per-session sequence number) before publishing it to live followers.
+
+mod run;
+
+use crate::live::LiveConfig;
+use crate::store::{EventRecord, SessionRecord, Store, StoreError};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{broadcast, watch};
+
+/// SSE event names (SPEC §5).
+pub mod event {
+    /// `{runId, state, reason?}`
+    pub const RUN_LIFECYCLE: &str = "run.lifecycle";
+    /// `{runId, step}`
+    pub const STEP_BOUNDARY: &str = "step.boundary";
+    /// `{runId, text}`
+    pub const TEXT_DELTA: &str = "text.delta";
+    /// `{runId, callId, name, input}`
+    pub const TOOL_START: &str = "tool.start";
+    /// `{runId, callId, name, ok, isError, errorKind?, durationMs, truncated, preview}`
+    pub const TOOL_END: &str = "tool.end";
+    /// `{runId, message}`
+    pub const NOTICE: &str = "notice";
+    /// `{runId, code, message}`
+    pub const ERROR: &str = "error";
+}
+
+/// Why a chat request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// The session is running (or waiting for tool results).
+    #[error("session {0} is busy with a run; wait for it to finish or cancel it")]
+    Busy(String),
+    /// No such session for this user.
+    #[error("session {0} not found")]
+    NotFound(String),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The engine, shared by every request of the process.
+pub struct Engine {
+    /// The database.
+    pub store: Store,
+    /// The live configuration.
+    pub config: watch::Receiver<Arc<LiveConfig>>,
+    /// This replica's id (owner of the runs it executes).
+    pub replica: String,
+    hub: Mutex<HashMap<String, broadcast::Sender<EventRecord>>>,
+    cancels: Mutex<HashMap<String, watch::Sender<bool>>>,
+}
+
+impl Engine {
+    /// An engine over `store` and `config`.
+    pub fn new(store: Store, config: watch::Receiver<Arc<LiveConfig>>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            config,
+            replica: crate::store::new_id(),
+            hub: Mutex::new(HashMap::new()),
+            cancels: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Live events of a session (subscribe before replaying from the database, then drop
+    /// duplicates by sequence number).
+    pub fn subscribe(&self, session_id: &str) -> broadcast::Receiver<EventRecord> {
+        let mut hub = self.hub.lock().unwrap_or_else(|e| e.into_inner());
+        hub.entry(session_id.to_owned())
+            .or_insert_with(|| broadcast::channel(1024).0)
+            .subscribe()
+    }
+
+    /// Persists an event, then publishes it to live followers.
+    pub async fn emit(
+        &self,
+        session_id: &str,
+        run_id: &str,
+        event_type: &str,
+        data: Value,
+    ) -> Result<EventRecord, StoreError> {
+        let record = self
+            .store
+            .append_event(session_id, Some(run_id), event_type, &data)
+            .await?;
+        let sender = self
+            .hub
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session_id)
+            .cloned();
+        if let Some(sender) = sender {
+            let _ = sender.send(record.clone());
+        }
+        Ok(record)
+    }
+
+    /// Stores the user's message and starts a run in the background. Refused while the
+    /// session has a run (compare-and-set on its status, so two replicas cannot both start).
+    pub async fn start_run(
+        self: &Arc<Self>,
+        session: &SessionRecord,
+        content: &str,
+    ) -> Result<String, ChatError> {
+        if !self
+            .store
+            .transition_session(&session.id, &["idle", "failed"], "running")
+            .await?
+        {
+            return Err(ChatError::Busy(session.id.clone()));
+        }
+        let run_id = crate::store::new_id();
+        self.store
+            .create_run(&run_id, &session.id, &self.replica)
+            .await?;
+        let message = crate::store::NewMessage {
+            run_id: Some(run_id.clone()),
+            role: "user".into(),
+            content: content.to_owned(),
+            ..Default::default()
+        };
+        self.store.append_message(&session.id, &message).await?;
+        let (cancel_tx, cancel_rx) = watch::channel(false);
+        self.cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(session.id.clone(), cancel_tx);
+        let engine = self.clone();
+        let session = session.clone();
+        let id = run_id.clone();
+        tokio::spawn(async move {
+            run::run(&engine, &session, &id, cancel_rx).await;
+            engine
+                .cancels
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&session.id);
+        });
+        Ok(run_id)
+    }
+
+    /// Asks the session's running run to stop. Returns whether a run was running here.
+    pub fn cancel(&self, session_id: &str) -> bool {
+        match self
+            .cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session_id)
+        {
+            Some(tx) => tx.send(true).is_ok(),
+            None => false,
+        }
+    }
+}

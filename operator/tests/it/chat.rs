@@ -1,0 +1,359 @@
+//! The chat API end to end: the real binary, a wire-format provider server, SQLite and
+//! PostgreSQL.
+
+use crate::binary::Server;
+use crate::common::{http_client, postgres};
+use crate::llm::{json_reply, mock, openai, push, streamed};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// One parsed SSE event.
+#[derive(Debug, Clone)]
+struct Sse {
+    id: i64,
+    event: String,
+    data: Value,
+}
+
+/// Reads SSE events from `resp` until `stop` says so (or 20 s pass).
+async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[Sse]) -> bool) -> Vec<Sse> {
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !stop(&out) {
+        let chunk = tokio::time::timeout_at(deadline, body.next()).await;
+        let Ok(Some(Ok(bytes))) = chunk else { break };
+        buf.push_str(&String::from_utf8_lossy(&bytes));
+        while let Some(pos) = buf.find("\n\n") {
+            let block: String = buf.drain(..pos + 2).collect();
+            let mut e = Sse {
+                id: 0,
+                event: String::new(),
+                data: Value::Null,
+            };
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    e.id = v.trim().parse().unwrap_or(0);
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    e.event = v.trim().to_owned();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    e.data = serde_json::from_str(v.trim()).unwrap_or(Value::Null);
+                }
+            }
+            if !e.event.is_empty() {
+                out.push(e);
+            }
+        }
+    }
+    out
+}
+
+fn run_ended(events: &[Sse]) -> bool {
+    events.iter().any(|e| {
+        e.event == "run.lifecycle"
+            && matches!(
+                e.data["state"].as_str(),
+                Some("completed" | "failed" | "cancelled")
+            )
+    })
+}
+
+fn manifests(dir: &std::path::Path, base: &str) {
+    std::fs::write(
+        dir.join("chat.yaml"),
+        format!(
+            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 2, systemPrompt: Be brief.}}\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+    let client = http_client();
+    let d = openai();
+
+    // No policy matches: 422.
+    let r = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "random"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 422);
+    let body: Value = r.json().await.unwrap_or_default();
+    assert_eq!(body["error"]["code"], "no_matching_policy");
+
+    let r = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-42"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 201);
+    let session: Value = r.json().await.unwrap_or_default();
+    assert_eq!(
+        (session["policy"].clone(), session["status"].clone()),
+        (json!("incidents"), json!("idle"))
+    );
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+
+    // A message, with the run streamed back on the same response.
+    push(
+        script,
+        streamed(
+            &d,
+            (d.text_stream)(&["The api ", "pods are ", "OOMKilled."]),
+        ),
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "why is api down?"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    let events = read_sse(r, run_ended).await;
+    let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"run.lifecycle"), "{kinds:?}");
+    assert!(kinds.contains(&"step.boundary"), "{kinds:?}");
+    let text: String = events
+        .iter()
+        .filter(|e| e.event == "text.delta")
+        .filter_map(|e| e.data["text"].as_str())
+        .collect();
+    assert_eq!(text, "The api pods are OOMKilled.");
+    assert_eq!(
+        events.last().map(|e| e.data["state"].clone()),
+        Some(json!("completed"))
+    );
+    let ids: Vec<i64> = events.iter().map(|e| e.id).collect();
+    assert!(
+        ids.windows(2).all(|w| w[1] == w[0] + 1),
+        "sequence numbers are consecutive: {ids:?}"
+    );
+    let seen = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let sent = &seen
+        .last()
+        .unwrap_or_else(|| panic!("no provider call"))
+        .body;
+    assert!(
+        sent["messages"][0]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("Be brief."),
+        "policy prompt: {sent}"
+    );
+    assert_eq!(
+        sent["messages"][1],
+        json!({"role": "user", "content": "why is api down?"})
+    );
+
+    // The transcript.
+    let s: Value = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(s["status"], "idle");
+    let roles: Vec<&str> = s["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["role"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(roles, vec!["user", "assistant"]);
+    assert_eq!(s["messages"][1]["content"], "The api pods are OOMKilled.");
+
+    // Replay after a disconnect: Last-Event-ID resumes right after it.
+    let r = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}/events")))
+        .header("last-event-id", ids[1].to_string())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let total = ids.len();
+    let replay = read_sse(r, |got| got.len() >= total - 2).await;
+    assert_eq!(
+        replay.iter().map(|e| e.id).collect::<Vec<_>>(),
+        ids[2..].to_vec()
+    );
+    let r = client
+        .get(server.url(&format!(
+            "/chat/v1/sessions/{id}/events?after={}",
+            ids[total - 2]
+        )))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let tail = read_sse(r, |got| !got.is_empty()).await;
+    assert_eq!(tail.first().map(|e| e.id), Some(ids[total - 1]));
+
+    // Busy while running, then cancel.
+    push(
+        script,
+        crate::llm::Reply {
+            stall: Some(Duration::from_secs(30)),
+            ..streamed(&d, (d.text_stream)(&["slow"])[..2].to_vec())
+        },
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "again"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    let run: Value = r.json().await.unwrap_or_default();
+    let calls_before = seen.len();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while script.seen.lock().map(|s| s.len()).unwrap_or(0) <= calls_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run never called the provider"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "more"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 409);
+    let body: Value = r.json().await.unwrap_or_default();
+    assert_eq!(body["error"]["code"], "session_busy");
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/cancel")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    let r = client
+        .get(server.url(&format!(
+            "/chat/v1/sessions/{id}/events?after={}",
+            ids[total - 1]
+        )))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    let last = events
+        .last()
+        .cloned()
+        .unwrap_or_else(|| panic!("no events"));
+    assert_eq!(
+        (last.data["runId"].clone(), last.data["state"].clone()),
+        (run["runId"].clone(), json!("cancelled"))
+    );
+
+    // A provider failure fails the run with the reason, and the session takes new messages.
+    push(
+        script,
+        json_reply(
+            401,
+            &json!({"error": {"message": "Incorrect API key provided"}}),
+        ),
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "and now?"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    let error = events
+        .iter()
+        .find(|e| e.event == "error")
+        .cloned()
+        .unwrap_or_else(|| panic!("no error event: {events:?}"));
+    assert_eq!(error.data["code"], "provider_error");
+    assert!(
+        error.data["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("provider gpt: auth: HTTP 401"),
+        "{:?}",
+        error.data
+    );
+    assert_eq!(
+        events.last().map(|e| e.data["state"].clone()),
+        Some(json!("failed"))
+    );
+    let s: Value = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(s["status"], "failed");
+    push(script, streamed(&d, (d.text_stream)(&["back"])));
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "retry"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        r.status().as_u16(),
+        202,
+        "a failed session accepts new messages"
+    );
+
+    // Sessions are private; deletion hides them.
+    let list: Value = client
+        .get(server.url("/chat/v1/sessions"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = client
+        .delete(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 204);
+    let r = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    scenario(&server, &script).await;
+    assert!(server.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
+    let Some(db) = postgres().await else { return };
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &base);
+    let server = Server::start_with_url(dir.path(), &db.url, &[]);
+    scenario(&server, &script).await;
+    assert!(server.terminate().success());
+}
