@@ -39,6 +39,9 @@ pub(crate) struct Seen {
 #[derive(Default)]
 pub(crate) struct Script {
     replies: Mutex<VecDeque<Reply>>,
+    /// Replies to GET requests (model lists), kept apart so a background probe never takes
+    /// a reply scripted for a chat call. Empty: an empty model list.
+    get_replies: Mutex<VecDeque<Reply>>,
     pub(crate) seen: Mutex<Vec<Seen>>,
     /// When the body of the last streamed reply was dropped (the client went away).
     dropped_at: Mutex<Option<Instant>>,
@@ -56,6 +59,7 @@ impl Drop for DropGuard {
 
 async fn handle(State(script): State<Arc<Script>>, req: axum::extract::Request) -> Response {
     let path = req.uri().path().to_owned();
+    let method = req.method().clone();
     let headers = req.headers().clone();
     let bytes = axum::body::to_bytes(req.into_body(), 1 << 20)
         .await
@@ -70,15 +74,30 @@ async fn handle(State(script): State<Arc<Script>>, req: axum::extract::Request) 
             headers,
             body,
         });
-    let reply = script
-        .replies
+    let is_get = method == axum::http::Method::GET;
+    let queue = if is_get {
+        &script.get_replies
+    } else {
+        &script.replies
+    };
+    let reply = queue
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .pop_front()
-        .unwrap_or(Reply {
-            status: 500,
-            chunks: vec!["{\"error\":{\"message\":\"no scripted reply left\"}}".into()],
-            ..Default::default()
+        .unwrap_or_else(|| {
+            if is_get {
+                Reply {
+                    status: 200,
+                    chunks: vec![r#"{"data": [], "models": []}"#.into()],
+                    ..Default::default()
+                }
+            } else {
+                Reply {
+                    status: 500,
+                    chunks: vec!["{\"error\":{\"message\":\"no scripted reply left\"}}".into()],
+                    ..Default::default()
+                }
+            }
         });
     let guard = DropGuard(script.clone());
     let chunks = reply.chunks.clone();
@@ -470,6 +489,15 @@ fn provider_with(d: &Dialect, base: &str, timeout: &str, tool_mode: &str) -> Arc
 pub(crate) fn push(script: &Script, reply: Reply) {
     script
         .replies
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push_back(reply);
+}
+
+/// Scripts the reply to the next GET (a model list).
+pub(crate) fn push_get(script: &Script, reply: Reply) {
+    script
+        .get_replies
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push_back(reply);
@@ -936,7 +964,7 @@ async fn contract_dropping_a_stream_closes_the_request() {
 async fn contract_lists_models() {
     for d in dialects() {
         let (base, script) = mock().await;
-        push(&script, json_reply(200, &d.models_json));
+        push_get(&script, json_reply(200, &d.models_json));
         let p = provider(&d, &base, "5s");
         let models = p
             .list_models()
@@ -1094,14 +1122,14 @@ async fn ask_streams_text_and_returns_tool_calls_for_every_format() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn providers_check_explains_every_provider_in_one_line() {
     let (base, script) = mock().await;
-    push(
+    push_get(
         &script,
         json_reply(
             200,
             &json!({"data": [{"id": "gpt-test"}, {"id": "test-model"}]}),
         ),
     );
-    push(
+    push_get(
         &script,
         json_reply(
             401,
@@ -1227,7 +1255,7 @@ async fn prompt_tool_mode_describes_tools_in_text_and_parses_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_probes_providers_into_reachable_conditions() {
     let (base, script) = mock().await;
-    push(
+    push_get(
         &script,
         json_reply(200, &json!({"data": [{"id": "discovered-model"}]})),
     );
@@ -1450,7 +1478,7 @@ async fn ca_bundle_secret_makes_an_internal_tls_endpoint_trusted() {
 async fn ask_without_a_configured_model_uses_the_first_discovered_one() {
     let (base, script) = mock().await;
     let d = openai();
-    push(
+    push_get(
         &script,
         json_reply(
             200,
