@@ -87,7 +87,7 @@ fn messages(history: &[Message]) -> Vec<Value> {
                 content,
                 tool_calls,
             } => {
-                if !content.is_empty() {
+                if !content.trim().is_empty() {
                     push("assistant", json!({"type": "text", "text": content}));
                 }
                 for c in tool_calls {
@@ -147,16 +147,40 @@ fn body_error(provider: &str, error: &Value) -> LlmError {
     LlmError::new(kind, provider, format!("{kind_name}: {message}"))
 }
 
-fn usage(v: &Value, into: &mut Usage) {
-    if let Some(n) = v.get("input_tokens").and_then(Value::as_u64) {
-        let cached = ["cache_creation_input_tokens", "cache_read_input_tokens"]
-            .iter()
-            .filter_map(|k| v.get(*k).and_then(Value::as_u64))
-            .sum::<u64>();
-        into.input_tokens = n + cached;
+/// Anthropic's token counts, kept apart: deltas may repeat some fields (cumulatively) and
+/// omit others, and compatible servers send `input_tokens: 0` in `message_delta`.
+#[derive(Clone, Copy, Debug, Default)]
+struct TokenCounts {
+    input: u64,
+    cache_creation: u64,
+    cache_read: u64,
+    output: u64,
+}
+
+impl TokenCounts {
+    /// Takes every count present and non-zero in `v`.
+    fn update(&mut self, v: &Value) {
+        let field = |k: &str| v.get(k).and_then(Value::as_u64).filter(|n| *n > 0);
+        if let Some(n) = field("input_tokens") {
+            self.input = n;
+        }
+        if let Some(n) = field("cache_creation_input_tokens") {
+            self.cache_creation = n;
+        }
+        if let Some(n) = field("cache_read_input_tokens") {
+            self.cache_read = n;
+        }
+        if let Some(n) = field("output_tokens") {
+            self.output = n;
+        }
     }
-    if let Some(n) = v.get("output_tokens").and_then(Value::as_u64) {
-        into.output_tokens = n;
+
+    /// Cached prompt tokens are prompt tokens too.
+    fn usage(&self) -> Usage {
+        Usage {
+            input_tokens: self.input + self.cache_creation + self.cache_read,
+            output_tokens: self.output,
+        }
     }
 }
 
@@ -165,10 +189,13 @@ fn usage(v: &Value, into: &mut Usage) {
 pub struct StreamDecoder {
     provider: String,
     model: String,
-    usage: Usage,
+    tokens: TokenCounts,
     stop: Option<StopReason>,
     /// Open tool_use blocks by index: (id, name, partial JSON).
     open_tools: BTreeMap<u64, (String, String, String)>,
+    /// A tool call whose arguments did not parse: fine if the answer was cut off at the
+    /// token limit (then dropped with a warning), a protocol error otherwise.
+    truncated: Option<LlmError>,
     done: bool,
 }
 
@@ -209,7 +236,7 @@ impl Decoder for StreamDecoder {
                     .unwrap_or_default()
                     .to_owned();
                 if let Some(u) = m.get("usage") {
-                    usage(u, &mut self.usage);
+                    self.tokens.update(u);
                 }
             }
             "content_block_start" => {
@@ -271,8 +298,10 @@ impl Decoder for StreamDecoder {
             }
             "content_block_stop" => {
                 if let Some((id, name, json)) = self.open_tools.remove(&index) {
-                    let input = wire::parse_arguments(&self.provider, &name, &json)?;
-                    out.push(StreamEvent::ToolCall(ToolCall { id, name, input }));
+                    match wire::parse_arguments(&self.provider, &name, &json) {
+                        Ok(input) => out.push(StreamEvent::ToolCall(ToolCall { id, name, input })),
+                        Err(e) => self.truncated = Some(e),
+                    }
                 }
             }
             "message_delta" => {
@@ -280,14 +309,23 @@ impl Decoder for StreamDecoder {
                     self.stop = Some(stop_reason(Some(reason)));
                 }
                 if let Some(u) = v.get("usage") {
-                    usage(u, &mut self.usage);
+                    self.tokens.update(u);
                 }
             }
             "message_stop" => {
+                let stop_reason = self.stop.unwrap_or_default();
+                if let Some(e) = self.truncated.take() {
+                    if stop_reason != StopReason::MaxTokens {
+                        return Err(e);
+                    }
+                    out.push(StreamEvent::Warning(
+                        "the answer reached the token limit inside a tool call; the incomplete call was dropped".into(),
+                    ));
+                }
                 self.done = true;
                 out.push(StreamEvent::Done {
-                    stop_reason: self.stop.unwrap_or_default(),
-                    usage: self.usage,
+                    stop_reason,
+                    usage: self.tokens.usage(),
                     model: self.model.clone(),
                 });
             }
@@ -359,7 +397,9 @@ pub fn parse_response(provider: &str, v: &Value) -> Result<ChatResponse, LlmErro
         }
     }
     if let Some(u) = v.get("usage") {
-        usage(u, &mut response.usage);
+        let mut tokens = TokenCounts::default();
+        tokens.update(u);
+        response.usage = tokens.usage();
     }
     Ok(response)
 }
@@ -536,5 +576,102 @@ mod tests {
             ]
         );
         assert!(d.is_done());
+    }
+
+    fn ev(event: &str, data: Value) -> SseEvent {
+        SseEvent {
+            event: event.into(),
+            data: data.to_string(),
+        }
+    }
+
+    #[test]
+    fn zero_input_tokens_in_a_delta_do_not_erase_the_count_and_cache_counts_add_up() {
+        let mut d = StreamDecoder::new("anthropic");
+        let mut out = Vec::new();
+        for e in [
+            ev(
+                "message_start",
+                json!({"message": {"model": "c", "usage": {"input_tokens": 10, "cache_read_input_tokens": 90, "output_tokens": 1}}}),
+            ),
+            ev(
+                "message_delta",
+                json!({"delta": {"stop_reason": "end_turn"}, "usage": {"input_tokens": 0, "output_tokens": 7}}),
+            ),
+            ev("message_stop", json!({})),
+        ] {
+            out.extend(d.feed(e).unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert!(
+            matches!(
+                out.last(),
+                Some(StreamEvent::Done {
+                    usage: Usage {
+                        input_tokens: 100,
+                        output_tokens: 7
+                    },
+                    ..
+                })
+            ),
+            "{out:?}"
+        );
+    }
+
+    #[test]
+    fn a_tool_call_cut_by_max_tokens_is_dropped_with_a_warning_otherwise_an_error() {
+        let run = |stop: &str| {
+            let mut d = StreamDecoder::new("anthropic");
+            let mut out = Vec::new();
+            for e in [
+                ev(
+                    "message_start",
+                    json!({"message": {"model": "c", "usage": {"input_tokens": 1}}}),
+                ),
+                ev(
+                    "content_block_start",
+                    json!({"index": 0, "content_block": {"type": "tool_use", "id": "t", "name": "x", "input": {}}}),
+                ),
+                ev(
+                    "content_block_delta",
+                    json!({"index": 0, "delta": {"type": "input_json_delta", "partial_json": "{\"a\": \"tr"}}),
+                ),
+                ev("content_block_stop", json!({"index": 0})),
+                ev(
+                    "message_delta",
+                    json!({"delta": {"stop_reason": stop}, "usage": {"output_tokens": 5}}),
+                ),
+                ev("message_stop", json!({})),
+            ] {
+                out.extend(d.feed(e)?);
+            }
+            Ok::<_, LlmError>(out)
+        };
+        let out = run("max_tokens").unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(&out[0], StreamEvent::Warning(_)), "{out:?}");
+        assert!(matches!(
+            out.last(),
+            Some(StreamEvent::Done {
+                stop_reason: StopReason::MaxTokens,
+                ..
+            })
+        ));
+        assert_eq!(
+            run("tool_use").err().map(|e| e.kind),
+            Some(ErrorKind::Protocol)
+        );
+    }
+
+    #[test]
+    fn whitespace_only_assistant_text_is_not_sent() {
+        let m = messages(&[Message::Assistant {
+            content: "\n\n".into(),
+            tool_calls: vec![ToolCall {
+                id: "t".into(),
+                name: "x".into(),
+                input: json!({}),
+            }],
+        }]);
+        assert_eq!(m[0]["content"].as_array().map(Vec::len), Some(1));
+        assert_eq!(m[0]["content"][0]["type"], "tool_use");
     }
 }

@@ -20,6 +20,9 @@ pub struct OpenAi {
     /// The token limit's field name: OpenAI's current models take `max_completion_tokens`
     /// (and reject `max_tokens`); compatible servers know `max_tokens`.
     max_tokens_field: &'static str,
+    /// Whether to ask for usage in streams (`stream_options`); turned off for good when a
+    /// compatible server rejects the field.
+    stream_usage: std::sync::atomic::AtomicBool,
 }
 
 impl OpenAi {
@@ -34,6 +37,7 @@ impl OpenAi {
             config,
             client,
             max_tokens_field,
+            stream_usage: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -70,7 +74,9 @@ impl OpenAi {
         }
         if stream {
             body["stream"] = json!(true);
-            body["stream_options"] = json!({"include_usage": true});
+            if self.stream_usage.load(std::sync::atomic::Ordering::Relaxed) {
+                body["stream_options"] = json!({"include_usage": true});
+            }
         }
         body
     }
@@ -164,8 +170,19 @@ impl StreamDecoder {
 
     fn flush_tools(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
         let mut out = Vec::new();
+        let cut_off = self.finish == Some(StopReason::MaxTokens);
         for (index, (id, name, args)) in std::mem::take(&mut self.tools) {
-            let input = wire::parse_arguments(&self.provider, &name, &args)?;
+            let input = match wire::parse_arguments(&self.provider, &name, &args) {
+                Ok(input) => input,
+                // The token limit cut the call short: drop it and say so.
+                Err(_) if cut_off => {
+                    out.push(StreamEvent::Warning(format!(
+                        "the answer reached the token limit inside tool call {name}; the incomplete call was dropped"
+                    )));
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let id = if id.is_empty() {
                 format!("call_{index}")
             } else {
@@ -238,10 +255,24 @@ impl Decoder for StreamDecoder {
                 .into_iter()
                 .flatten()
             {
-                let index = call
-                    .get("index")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(self.tools.len() as u64);
+                let index = match call.get("index").and_then(Value::as_u64) {
+                    Some(i) => i,
+                    // Some servers (Ollama's /v1, Gemini, mistral.rs) omit `index`: a chunk
+                    // with a new id starts a call, anything else continues the last one.
+                    None => {
+                        let id = call
+                            .get("id")
+                            .and_then(Value::as_str)
+                            .filter(|s| !s.is_empty());
+                        match self.tools.last_key_value() {
+                            Some((last, (last_id, _, _))) if id.is_none_or(|id| id == last_id) => {
+                                *last
+                            }
+                            Some((last, _)) => last + 1,
+                            None => 0,
+                        }
+                    }
+                };
                 let entry = self.tools.entry(index).or_default();
                 if let Some(id) = call
                     .get("id")
@@ -356,21 +387,29 @@ impl LlmProvider for OpenAi {
         request: &'a ChatRequest,
     ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
         Box::pin(async move {
-            let body = self.body(request, true);
             let url = format!("{}/chat/completions", self.config.base_url);
-            super::retry::stream_with_retry(self.config.retry, || async {
-                let response = wire::send(
+            let send = || {
+                wire::send(
                     &self.config,
-                    self.authorized(self.client.post(&url)).json(&body),
+                    self.authorized(self.client.post(&url))
+                        .json(&self.body(request, true)),
                 )
-                .await?;
-                Ok(wire::decode(
-                    &self.config,
-                    response,
-                    Framing::Sse,
-                    wire::sse,
-                    StreamDecoder::new(&self.config.name),
-                ))
+            };
+            super::retry::stream_with_retry(self.config.retry, || async {
+                let response = match send().await {
+                    // Some compatible servers reject `stream_options`: ask once more without
+                    // it (usage then comes only if the server sends it anyway).
+                    Err(e)
+                        if matches!(e.kind, ErrorKind::BadRequest)
+                            && e.message.contains("stream_options")
+                            && self.stream_usage.swap(false, std::sync::atomic::Ordering::Relaxed) =>
+                    {
+                        tracing::info!(provider = %self.config.name, "endpoint rejects stream_options; streaming without usage reports");
+                        send().await?
+                    }
+                    other => other?,
+                };
+                Ok(wire::decode(&self.config, response, Framing::Sse, wire::sse, StreamDecoder::new(&self.config.name)))
             })
             .await
         })
@@ -508,5 +547,81 @@ mod tests {
             m[1],
             json!({"role": "tool", "tool_call_id": "c", "content": "Error: denied"})
         );
+    }
+
+    #[test]
+    fn tool_calls_without_index_and_truncation_at_the_limit() {
+        let chunk = |delta: Value, finish: Value| {
+            data(
+                json!({"model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
+            )
+        };
+        // Ollama's /v1 style: no `index`, one complete call per chunk.
+        let mut d = StreamDecoder::new("ollama-v1");
+        let mut out = Vec::new();
+        for e in [
+            chunk(
+                json!({"tool_calls": [{"id": "a", "function": {"name": "x", "arguments": "{\"n\":"}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"function": {"arguments": "1}"}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"id": "b", "function": {"name": "y", "arguments": "{}"}}]}),
+                json!("tool_calls"),
+            ),
+            SseEvent {
+                event: String::new(),
+                data: "[DONE]".into(),
+            },
+        ] {
+            out.extend(d.feed(e).unwrap_or_else(|e| panic!("{e}")));
+        }
+        let calls: Vec<_> = out
+            .iter()
+            .filter_map(|e| {
+                if let StreamEvent::ToolCall(c) = e {
+                    Some((c.id.clone(), c.input.clone()))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            vec![
+                ("a".to_owned(), json!({"n": 1})),
+                ("b".to_owned(), json!({}))
+            ]
+        );
+
+        // Cut off by the token limit inside the arguments: dropped with a warning.
+        let mut d = StreamDecoder::new("openai");
+        let mut out = Vec::new();
+        for e in [
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "x", "arguments": "{\"a\": \"tru"}}]}),
+                json!("length"),
+            ),
+            SseEvent {
+                event: String::new(),
+                data: "[DONE]".into(),
+            },
+        ] {
+            out.extend(d.feed(e).unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert!(
+            matches!(&out[0], StreamEvent::Warning(w) if w.contains("token limit")),
+            "{out:?}"
+        );
+        assert!(matches!(
+            out.last(),
+            Some(StreamEvent::Done {
+                stop_reason: StopReason::MaxTokens,
+                ..
+            })
+        ));
     }
 }

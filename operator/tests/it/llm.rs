@@ -1518,3 +1518,49 @@ async fn ask_without_a_configured_model_uses_the_first_discovered_one() {
         "no key configured, none sent"
     );
 }
+
+#[tokio::test]
+async fn compatible_servers_that_reject_stream_options_get_a_second_request_without_it() {
+    let (base, script) = mock().await;
+    let d = openai();
+    push(
+        &script,
+        json_reply(
+            400,
+            &json!({"error": {"message": "Unrecognized request argument supplied: stream_options"}}),
+        ),
+    );
+    push(&script, streamed(&d, (d.text_stream)(&["fine"])));
+    push(&script, streamed(&d, (d.text_stream)(&["again"])));
+    let compatible = Dialect {
+        provider_type: "openai-compatible",
+        ..openai()
+    };
+    let p = provider(&compatible, &base, "5s");
+    let out = events(&*p, &request(false))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        matches!(out.first(), Some(StreamEvent::TextDelta(t)) if t == "fine"),
+        "{out:?}"
+    );
+    events(&*p, &request(false))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    assert_eq!(seen.len(), 3);
+    assert!(seen[0].body.get("stream_options").is_some());
+    assert!(
+        seen[1].body.get("stream_options").is_none()
+            && seen[2].body.get("stream_options").is_none(),
+        "remembered"
+    );
+    assert_eq!(
+        seen[1].body["max_tokens"], 4096,
+        "compatible servers get max_tokens"
+    );
+}
