@@ -1,6 +1,7 @@
 //! The HTTP server: health, readiness, metrics and the configuration API (more routes
 //! join as the chat engine lands).
 
+mod audit_api;
 pub mod auth;
 mod chat_api;
 mod config_api;
@@ -61,6 +62,8 @@ pub fn router(state: AppState) -> Router {
             "/chat/v1/sessions/{id}/cancel",
             axum::routing::post(chat_api::cancel),
         )
+        .route("/chat/v1/sessions/{id}/export", get(audit_api::export))
+        .route("/api/v1/audit", get(audit_api::audit))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,

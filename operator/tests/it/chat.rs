@@ -172,6 +172,53 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
     assert_eq!(roles, vec!["user", "assistant"]);
     assert_eq!(s["messages"][1]["content"], "The api pods are OOMKilled.");
 
+    // The audit log has the provider call; the transcript exports.
+    let audit: Value = client
+        .get(server.url(&format!("/api/v1/audit?session={id}&kind=llm_call")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(audit["items"].as_array().map(Vec::len), Some(1), "{audit}");
+    assert_eq!(audit["items"][0]["subject"], "gpt/gpt-test");
+    assert_eq!(audit["items"][0]["outcome"], "ok");
+    let r = client
+        .get(server.url("/api/v1/audit?cursor=bogus"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 400);
+    let md = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}/export")))
+        .header("accept", "text/markdown")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        md.headers()["content-type"]
+            .to_str()
+            .unwrap_or_default()
+            .starts_with("text/markdown")
+    );
+    let md = md.text().await.unwrap_or_default();
+    assert!(
+        md.starts_with("# incident-42")
+            && md.contains("why is api down?")
+            && md.contains("The api pods are OOMKilled."),
+        "{md}"
+    );
+    let exported: Value = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}/export")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(exported["messages"].as_array().map(Vec::len), Some(2));
+
     // Replay after a disconnect: Last-Event-ID resumes right after it.
     let r = client
         .get(server.url(&format!("/chat/v1/sessions/{id}/events")))

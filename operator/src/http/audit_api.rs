@@ -1,0 +1,185 @@
+//! `GET /api/v1/audit`: the `decisions` audit rows, newest first, paged with an opaque
+//! cursor; `GET /chat/v1/sessions/{id}/export`: a session's transcript as Markdown or JSON.
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::store::DecisionQuery;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// Query of `GET /api/v1/audit`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// RFC 3339 time or Unix milliseconds.
+    since: Option<String>,
+    /// Session id.
+    session: Option<String>,
+    /// `llm_call`, `tool_call`, `proposal`, ...
+    kind: Option<String>,
+    /// Page size (default 100, at most 1000).
+    limit: Option<i64>,
+    /// `nextCursor` of the previous page.
+    cursor: Option<String>,
+}
+
+fn parse_since(s: &str) -> Result<i64, ApiError> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Ok(ms);
+    }
+    s.parse::<jiff::Timestamp>()
+        .map(|t| t.as_millisecond())
+        .map_err(|_| {
+            ApiError::invalid(format!(
+                "since={s:?} is neither an RFC 3339 time nor Unix milliseconds"
+            ))
+        })
+}
+
+/// `GET /api/v1/audit`. Rows are about every user's sessions, so in key mode only members
+/// of the group `kortex-admins` may read them; in loopback mode the local user may.
+pub async fn audit(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    if state.auth == super::auth::AuthMode::Keys && !caller.groups.iter().any(|g| g == ADMIN_GROUP)
+    {
+        return Err(ApiError::forbidden(format!(
+            "the audit log is for members of the group {ADMIN_GROUP}"
+        )));
+    }
+    let before = match q.cursor.as_deref() {
+        None => None,
+        Some(c) => {
+            let (at, id) = c
+                .split_once('.')
+                .and_then(|(at, id)| at.parse::<i64>().ok().map(|at| (at, id.to_owned())))
+                .ok_or_else(|| ApiError::invalid("cursor is not one this server issued"))?;
+            Some((at, id))
+        }
+    };
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid("limit must be between 1 and 1000"));
+    }
+    let rows = state
+        .store
+        .list_decisions(&DecisionQuery {
+            since: q.since.as_deref().map(parse_since).transpose()?,
+            session_id: q.session,
+            kind: q.kind,
+            before,
+            limit,
+        })
+        .await
+        .map_err(ApiError::internal)?;
+    let next = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|r| format!("{}.{}", r.at, r.id)))
+        .flatten();
+    let items: Vec<Value> = rows
+        .iter()
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or(Value::Null);
+            v["at"] = json!(
+                jiff::Timestamp::from_millisecond(r.at)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            );
+            v
+        })
+        .collect();
+    Ok(Json(json!({"items": items, "nextCursor": next})))
+}
+
+/// Group whose members may read the audit log in key mode.
+pub const ADMIN_GROUP: &str = "kortex-admins";
+
+/// `GET /chat/v1/sessions/{id}/export`: Markdown with `Accept: text/markdown` (or
+/// `?format=markdown`), JSON otherwise.
+pub async fn export(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    let session = state
+        .store
+        .get_session(&id, &caller.user)
+        .await
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| ApiError::not_found(format!("session {id} not found")))?;
+    let messages = state
+        .store
+        .list_messages(&id)
+        .await
+        .map_err(ApiError::internal)?;
+    let wants_markdown = q.get("format").map(String::as_str) == Some("markdown")
+        || headers
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("text/markdown"));
+    let time = |ms: i64| {
+        jiff::Timestamp::from_millisecond(ms)
+            .map(|t| t.to_string())
+            .unwrap_or_default()
+    };
+    if !wants_markdown {
+        return Ok(Json(json!({"session": session, "messages": messages})).into_response());
+    }
+    let mut md = format!(
+        "# {}\n\n- Session: `{}` (namespace `{}`, policy `{}`)\n- User: {}\n- Created: {}\n\n",
+        session.title.as_deref().unwrap_or(&session.name),
+        session.id,
+        session.namespace,
+        session.policy.as_deref().unwrap_or("-"),
+        session.user,
+        time(session.created_at)
+    );
+    for m in &messages {
+        match m.role.as_str() {
+            "user" => md.push_str(&format!(
+                "## {} — {}\n\n{}\n\n",
+                session.user,
+                time(m.created_at),
+                m.content
+            )),
+            "assistant" => {
+                md.push_str(&format!("## Kortex — {}\n\n", time(m.created_at)));
+                if !m.content.is_empty() {
+                    md.push_str(&format!("{}\n\n", m.content));
+                }
+                for call in m
+                    .tool_calls
+                    .as_ref()
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    md.push_str(&format!(
+                        "- Tool call `{}` `{}`\n",
+                        call["name"].as_str().unwrap_or_default(),
+                        call["input"]
+                    ));
+                }
+                md.push('\n');
+            }
+            _ => {
+                let status = if m.is_error { "error" } else { "result" };
+                md.push_str(&format!(
+                    "<details><summary>Tool {status} ({})</summary>\n\n```\n{}\n```\n</details>\n\n",
+                    m.tool_call_id.as_deref().unwrap_or_default(),
+                    m.content.replace("```", "'''")
+                ));
+            }
+        }
+    }
+    Ok(([(header::CONTENT_TYPE, "text/markdown; charset=utf-8")], md).into_response())
+}
