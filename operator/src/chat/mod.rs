@@ -125,6 +125,23 @@ impl Engine {
             ..Default::default()
         };
         self.store.append_message(&session.id, &message).await?;
+        self.spawn(session, &run_id, false);
+        Ok(run_id)
+    }
+
+    /// Continues a run that waited for dynamic tool results (already stored; the session
+    /// already moved back to `running`).
+    pub async fn resume_run(
+        self: &Arc<Self>,
+        session: &SessionRecord,
+        run_id: &str,
+    ) -> Result<(), ChatError> {
+        self.store.reopen_run(run_id, &self.replica).await?;
+        self.spawn(session, run_id, true);
+        Ok(())
+    }
+
+    fn spawn(self: &Arc<Self>, session: &SessionRecord, run_id: &str, resume: bool) {
         let (cancel_tx, cancel_rx) = watch::channel(false);
         self.cancels
             .lock()
@@ -132,16 +149,15 @@ impl Engine {
             .insert(session.id.clone(), cancel_tx);
         let engine = self.clone();
         let session = session.clone();
-        let id = run_id.clone();
+        let id = run_id.to_owned();
         tokio::spawn(async move {
-            run::run(&engine, &session, &id, cancel_rx).await;
+            run::run(&engine, &session, &id, resume, cancel_rx).await;
             engine
                 .cancels
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&session.id);
         });
-        Ok(run_id)
     }
 
     /// Asks the session's running run to stop. Returns whether a run was running here.

@@ -19,8 +19,13 @@ you can only read, and propose actions for a human to approve.";
 /// How a run ended.
 enum End {
     Completed,
+    /// Waiting for the client to run its dynamic tools.
+    RequiresAction,
     Cancelled,
-    Failed { code: &'static str, message: String },
+    Failed {
+        code: &'static str,
+        message: String,
+    },
 }
 
 /// Runs to the end and records the outcome (session status, run row, lifecycle event).
@@ -28,16 +33,19 @@ pub async fn run(
     engine: &Engine,
     session: &SessionRecord,
     run_id: &str,
+    resume: bool,
     mut cancel: watch::Receiver<bool>,
 ) {
-    let _ = engine
-        .emit(
-            &session.id,
-            run_id,
-            event::RUN_LIFECYCLE,
-            json!({"runId": run_id, "state": "started"}),
-        )
-        .await;
+    if !resume {
+        let _ = engine
+            .emit(
+                &session.id,
+                run_id,
+                event::RUN_LIFECYCLE,
+                json!({"runId": run_id, "state": "started"}),
+            )
+            .await;
+    }
     let end = match steps(engine, session, run_id, &mut cancel).await {
         Ok(end) => end,
         Err(e) => End::Failed {
@@ -47,6 +55,7 @@ pub async fn run(
     };
     let (state, session_status, reason) = match &end {
         End::Completed => ("completed", "idle", None),
+        End::RequiresAction => ("requires_action", "requires_action", None),
         End::Cancelled => (
             "cancelled",
             "idle",
@@ -169,7 +178,22 @@ async fn steps(
         _ => BASE_PROMPT.to_owned(),
     };
 
-    for step in 1..=spec.max_tool_depth {
+    // Client-executed tools declared by the session, as far as the policy allows them now.
+    let dynamic: Vec<llm::ToolSpec> =
+        serde_json::from_value::<Vec<llm::ToolSpec>>(session.dynamic_tools.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|t| crate::glob::allowed(&spec.tools.allow, &spec.tools.deny, &t.name))
+            .collect();
+    // A resumed run (after dynamic tool results) continues its step count.
+    let used = engine
+        .store
+        .list_messages(&session.id)
+        .await?
+        .iter()
+        .filter(|m| m.role == "assistant" && m.run_id.as_deref() == Some(run_id))
+        .count() as u32;
+    for step in (used + 1)..=spec.max_tool_depth {
         if *cancel.borrow() {
             return Ok(End::Cancelled);
         }
@@ -185,6 +209,7 @@ async fn steps(
             model: model.clone(),
             system: Some(system.clone()),
             messages: history(&engine.store.list_messages(&session.id).await?),
+            tools: dynamic.clone(),
             metadata: llm::RequestMetadata {
                 session: Some(session.id.clone()),
                 user: Some(session.user.clone()),
@@ -263,12 +288,17 @@ async fn steps(
         if calls.is_empty() {
             return Ok(End::Completed);
         }
-        // No tool is available to sessions yet (the tool router lands with the chat engine's
-        // tool issue): every call gets an error result, so the model can answer without it.
+        // Dynamic tools wait for the client; every other call gets an error result now (the
+        // built-in tool router comes with the tools issue).
+        let mut waiting = false;
         for call in &calls {
             engine
                 .emit(&session.id, run_id, event::TOOL_START, json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input}))
                 .await?;
+            if dynamic.iter().any(|t| t.name == call.name) {
+                waiting = true;
+                continue;
+            }
             let message = format!(
                 "unknown tool {}: it is not offered to this session",
                 call.name
@@ -296,6 +326,9 @@ async fn steps(
                         "errorKind": "denied", "durationMs": 0, "truncated": false, "preview": message}),
                 )
                 .await?;
+        }
+        if waiting {
+            return Ok(End::RequiresAction);
         }
     }
     let message = format!(

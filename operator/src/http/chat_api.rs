@@ -91,13 +91,6 @@ pub async fn create(
     if name.is_empty() || name.len() > 253 {
         return Err(ApiError::invalid("name must be 1 to 253 characters"));
     }
-    if !body.dynamic_tools.is_empty() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "not_supported",
-            "dynamicTools are not supported by this server version yet",
-        ));
-    }
     let namespace = body
         .namespace
         .clone()
@@ -112,6 +105,8 @@ pub async fn create(
             ),
         ));
     };
+    let dynamic_tools =
+        validate_dynamic_tools(&body.dynamic_tools, &config.catalog, &namespace, policy)?;
     let session = state
         .store
         .create_session(&NewSession {
@@ -119,11 +114,70 @@ pub async fn create(
             namespace,
             user: caller.user.clone(),
             policy: policy.object.metadata.name.clone(),
-            dynamic_tools: json!([]),
+            dynamic_tools,
         })
         .await
         .map_err(store_error)?;
     Ok((StatusCode::CREATED, Json(session_json(&session, None))).into_response())
+}
+
+/// Checks the client-executed tools of a new session: well-formed, unique, not shadowing a
+/// built-in or plugin tool, and allowed by the policy (422 `tool_denied` otherwise).
+fn validate_dynamic_tools(
+    tools: &[Value],
+    catalog: &crate::catalog::Catalog,
+    namespace: &str,
+    policy: &crate::catalog::PolicyEntry,
+) -> Result<Value, ApiError> {
+    let mut out = Vec::new();
+    let mut names = std::collections::BTreeSet::new();
+    for (i, raw) in tools.iter().enumerate() {
+        let tool: crate::llm::ToolSpec = serde_json::from_value(raw.clone()).map_err(|e| {
+            ApiError::invalid(format!(
+                "dynamicTools[{i}]: {e} (expected {{name, description, parameters}})"
+            ))
+        })?;
+        let name = tool.name.as_str();
+        let well_formed = name.len() <= 64
+            && name.starts_with(|c: char| c.is_ascii_alphabetic())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            && !name.contains("__");
+        if !well_formed {
+            return Err(ApiError::invalid(format!(
+                "dynamicTools[{i}].name {name:?}: use letters, digits, '_' and '-', starting with a letter, at most 64, no '__'"
+            )));
+        }
+        if tool.parameters.get("type").and_then(Value::as_str) != Some("object") {
+            return Err(ApiError::invalid(format!(
+                "dynamicTools[{i}].parameters must be a JSON Schema with type: object"
+            )));
+        }
+        let plugin = catalog
+            .tools
+            .iter()
+            .any(|(k, t)| k.namespace == namespace && t.tool_name == name);
+        if crate::catalog::BUILTIN_TOOLS.contains(&name) || plugin || !names.insert(name.to_owned())
+        {
+            return Err(ApiError::invalid(format!(
+                "dynamicTools[{i}].name {name:?} is already taken"
+            )));
+        }
+        let rules = &policy.object.spec.tools;
+        if !crate::glob::allowed(&rules.allow, &rules.deny, name) {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "tool_denied",
+                format!(
+                    "dynamic tool {name} is denied by ChatPolicy {} (tools.allow/deny)",
+                    policy.object.metadata.name.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        out.push(json!({"name": tool.name, "description": tool.description, "parameters": tool.parameters}));
+    }
+    Ok(Value::Array(out))
 }
 
 /// `GET /chat/v1/sessions`
@@ -363,13 +417,182 @@ fn follow(
     .boxed()
 }
 
-/// `POST /chat/v1/sessions/{id}/cancel`
+/// The dynamic tool calls of the last assistant message that have no result yet, and the
+/// run they belong to.
+fn pending_calls(
+    messages: &[crate::store::MessageRecord],
+) -> (Vec<crate::llm::ToolCall>, Option<String>) {
+    let Some(last) = messages.iter().rposition(|m| m.role == "assistant") else {
+        return (Vec::new(), None);
+    };
+    let calls: Vec<crate::llm::ToolCall> = messages[last]
+        .tool_calls
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    let answered: std::collections::BTreeSet<&str> = messages[last..]
+        .iter()
+        .filter_map(|m| m.tool_call_id.as_deref())
+        .collect();
+    let pending = calls
+        .into_iter()
+        .filter(|c| !answered.contains(c.id.as_str()))
+        .collect();
+    (pending, messages[last].run_id.clone())
+}
+
+/// `POST /chat/v1/sessions/{id}/tool-results` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolResults {
+    results: Vec<ToolResult>,
+}
+
+/// One result of a client-executed tool.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ToolResult {
+    tool_call_id: String,
+    content: Value,
+    #[serde(default)]
+    is_error: bool,
+}
+
+fn not_waiting(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "not_requires_action",
+        format!("session {id} is not waiting for tool results"),
+    )
+}
+
+/// `POST /chat/v1/sessions/{id}/tool-results`: 202 and the run resumes; 409 unless the
+/// session is `requires_action` (the first POST wins); 400 when ids are missing or extra.
+pub async fn tool_results(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Result<Json<ToolResults>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let body = json_body(body)?;
+    let session = owned(&state, &caller, &id).await?;
+    if session.status != "requires_action" {
+        return Err(not_waiting(&id));
+    }
+    let messages = state.store.list_messages(&id).await.map_err(store_error)?;
+    let (pending, run_id) = pending_calls(&messages);
+    let expected: std::collections::BTreeSet<&str> =
+        pending.iter().map(|c| c.id.as_str()).collect();
+    let given: std::collections::BTreeSet<&str> = body
+        .results
+        .iter()
+        .map(|r| r.tool_call_id.as_str())
+        .collect();
+    if given.len() != body.results.len() {
+        return Err(ApiError::invalid("a toolCallId appears twice"));
+    }
+    if expected != given {
+        let missing: Vec<&str> = expected.difference(&given).copied().collect();
+        let extra: Vec<&str> = given.difference(&expected).copied().collect();
+        return Err(ApiError::invalid(format!(
+            "results must answer exactly the pending calls; missing: {missing:?}, unknown: {extra:?}"
+        )));
+    }
+    let Some(run_id) = run_id else {
+        return Err(not_waiting(&id));
+    };
+    // First POST wins: only one request moves the session back to running.
+    if !state
+        .store
+        .transition_session(&id, &["requires_action"], "running")
+        .await
+        .map_err(store_error)?
+    {
+        return Err(not_waiting(&id));
+    }
+    for r in &body.results {
+        let content = match &r.content {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let name = pending
+            .iter()
+            .find(|c| c.id == r.tool_call_id)
+            .map(|c| c.name.clone())
+            .unwrap_or_default();
+        let message = crate::store::NewMessage {
+            run_id: Some(run_id.clone()),
+            role: "tool".into(),
+            content: content.clone(),
+            tool_call_id: Some(r.tool_call_id.clone()),
+            is_error: r.is_error,
+            ..Default::default()
+        };
+        state
+            .store
+            .append_message(&id, &message)
+            .await
+            .map_err(store_error)?;
+        let preview: String = content.chars().take(200).collect();
+        let data = json!({"runId": run_id, "callId": r.tool_call_id, "name": name, "ok": !r.is_error,
+            "isError": r.is_error, "durationMs": 0, "truncated": false, "preview": preview});
+        state
+            .engine
+            .emit(&id, &run_id, event::TOOL_END, data)
+            .await
+            .map_err(store_error)?;
+    }
+    state.engine.resume_run(&session, &run_id).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response())
+}
+
+/// `POST /chat/v1/sessions/{id}/cancel`: stops a running run, or ends one waiting for
+/// dynamic tool results (its pending calls get error results).
 pub async fn cancel(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let session = owned(&state, &caller, &id).await?;
+    if session.status == "requires_action"
+        && state
+            .store
+            .transition_session(&id, &["requires_action"], "idle")
+            .await
+            .map_err(store_error)?
+    {
+        let messages = state.store.list_messages(&id).await.map_err(store_error)?;
+        let (pending, run_id) = pending_calls(&messages);
+        let run_id = run_id.unwrap_or_default();
+        for call in pending {
+            let message = crate::store::NewMessage {
+                run_id: Some(run_id.clone()),
+                role: "tool".into(),
+                content: "cancelled by the user before the client returned a result".into(),
+                tool_call_id: Some(call.id.clone()),
+                is_error: true,
+                ..Default::default()
+            };
+            state
+                .store
+                .append_message(&id, &message)
+                .await
+                .map_err(store_error)?;
+        }
+        state
+            .store
+            .finish_run(&run_id, "cancelled", Some("cancelled by the user"))
+            .await
+            .map_err(store_error)?;
+        let data =
+            json!({"runId": run_id, "state": "cancelled", "reason": "cancelled by the user"});
+        state
+            .engine
+            .emit(&id, &run_id, event::RUN_LIFECYCLE, data)
+            .await
+            .map_err(store_error)?;
+        return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());
+    }
     if session.status != "running" || !state.engine.cancel(&id) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

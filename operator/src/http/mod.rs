@@ -63,6 +63,10 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(chat_api::cancel),
         )
         .route("/chat/v1/sessions/{id}/export", get(audit_api::export))
+        .route(
+            "/chat/v1/sessions/{id}/tool-results",
+            axum::routing::post(chat_api::tool_results),
+        )
         .route("/api/v1/audit", get(audit_api::audit))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

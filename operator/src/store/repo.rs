@@ -259,6 +259,17 @@ impl Store {
         Ok(())
     }
 
+    /// Puts a run that waited for tool results back to `running`, owned by `owner`.
+    pub async fn reopen_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE chat_runs SET status = 'running', owner = $1, heartbeat_at = $2, finished_at = NULL WHERE id = $3")
+            .bind(owner)
+            .bind(now_ms())
+            .bind(run_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Marks a run finished with `status` (`completed`, `failed`, `cancelled`,
     /// `requires_action`) and an optional reason.
     pub async fn finish_run(

@@ -64,7 +64,7 @@ fn manifests(dir: &std::path::Path, base: &str) {
     std::fs::write(
         dir.join("chat.yaml"),
         format!(
-            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 2, systemPrompt: Be brief.}}\n"
+            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}}}\n"
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -382,6 +382,209 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
     assert_eq!(r.status().as_u16(), 404);
 }
 
+/// A session with a client-executed tool: the run pauses in `requires_action`, results are
+/// validated (400 / 409, first POST wins), the run resumes; cancel works while waiting.
+async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+    let client = http_client();
+    let d = openai();
+    let post = |path: String, body: Value| {
+        let c = client.clone();
+        async move {
+            c.post(path)
+                .json(&body)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        }
+    };
+    let open_url = json!({"name": "open_url", "description": "Open a URL in the user's browser",
+        "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}});
+    let r = post(server.url("/chat/v1/sessions"), json!({"name": "incident-dyn", "dynamicTools": [{"name": "forbidden_x", "description": "", "parameters": {"type": "object"}}]})).await;
+    assert_eq!(r.status().as_u16(), 422);
+    assert_eq!(
+        r.json::<Value>().await.unwrap_or_default()["error"]["code"],
+        "tool_denied"
+    );
+    let r = post(server.url("/chat/v1/sessions"), json!({"name": "incident-dyn", "dynamicTools": [{"name": "get_logs", "parameters": {"type": "object"}}]})).await;
+    assert_eq!(r.status().as_u16(), 400, "built-in names are taken");
+    let r = post(
+        server.url("/chat/v1/sessions"),
+        json!({"name": "incident-dyn", "dynamicTools": [open_url]}),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 201);
+    let session: Value = r.json().await.unwrap_or_default();
+    assert_eq!(session["dynamicTools"][0]["name"], "open_url");
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+
+    push(
+        script,
+        streamed(
+            &d,
+            (d.tools_stream)(&[
+                ("call_1", "open_url", r#"{"url": "https://grafana/d/api"}"#),
+                ("call_2", "get_logs", "{}"),
+            ]),
+        ),
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "show me the dashboard"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    let last = events
+        .last()
+        .cloned()
+        .unwrap_or_else(|| panic!("no events"));
+    assert_eq!(last.data["state"], "requires_action", "{events:?}");
+    let starts: Vec<&str> = events
+        .iter()
+        .filter(|e| e.event == "tool.start")
+        .filter_map(|e| e.data["name"].as_str())
+        .collect();
+    assert_eq!(starts, vec!["open_url", "get_logs"]);
+    let ended: Vec<&Sse> = events.iter().filter(|e| e.event == "tool.end").collect();
+    assert_eq!(ended.len(), 1, "only the non-dynamic call ends now");
+    assert_eq!(
+        (
+            ended[0].data["name"].clone(),
+            ended[0].data["isError"].clone()
+        ),
+        (json!("get_logs"), json!(true))
+    );
+    let s: Value = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(s["status"], "requires_action");
+    let provider_calls = script.seen.lock().map(|s| s.len()).unwrap_or(0);
+    let offered = script
+        .seen
+        .lock()
+        .ok()
+        .and_then(|s| s.last().map(|x| x.body["tools"].clone()))
+        .unwrap_or_default();
+    assert_eq!(
+        offered[0]["function"]["name"], "open_url",
+        "dynamic tools are offered: {offered}"
+    );
+
+    let results = |pairs: &[(&str, &str)]| json!({"results": pairs.iter().map(|(id, c)| json!({"toolCallId": id, "content": c})).collect::<Vec<_>>()});
+    let r = post(
+        server.url(&format!("/chat/v1/sessions/{id}/tool-results")),
+        results(&[]),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 400);
+    let r = post(
+        server.url(&format!("/chat/v1/sessions/{id}/tool-results")),
+        results(&[("call_1", "ok"), ("call_9", "?")]),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 400);
+    assert!(
+        r.json::<Value>().await.unwrap_or_default()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("call_9")
+    );
+    push(
+        script,
+        streamed(&d, (d.text_stream)(&["Opened ", "the dashboard."])),
+    );
+    let after = events.last().map(|e| e.id).unwrap_or(0);
+    let r = post(
+        server.url(&format!("/chat/v1/sessions/{id}/tool-results")),
+        results(&[("call_1", "opened in tab 3")]),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 202);
+    let r = post(
+        server.url(&format!("/chat/v1/sessions/{id}/tool-results")),
+        results(&[("call_1", "again")]),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 409, "first POST wins");
+    let r = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}/events?after={after}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    let text: String = events
+        .iter()
+        .filter(|e| e.event == "text.delta")
+        .filter_map(|e| e.data["text"].as_str())
+        .collect();
+    assert_eq!(text, "Opened the dashboard.");
+    assert_eq!(
+        events.last().map(|e| e.data["state"].clone()),
+        Some(json!("completed"))
+    );
+    let seen = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    assert_eq!(seen.len(), provider_calls + 1);
+    let sent = seen[provider_calls].body["messages"].to_string();
+    assert!(
+        sent.contains("opened in tab 3") && sent.contains("call_1"),
+        "the result goes back to the model: {sent}"
+    );
+
+    // Cancel while waiting: the pending call gets an error result, the session is idle.
+    push(
+        script,
+        streamed(
+            &d,
+            (d.tools_stream)(&[("call_5", "open_url", r#"{"url": "https://x"}"#)]),
+        ),
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "open it again"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    assert_eq!(
+        events.last().map(|e| e.data["state"].clone()),
+        Some(json!("requires_action"))
+    );
+    let r = post(
+        server.url(&format!("/chat/v1/sessions/{id}/cancel")),
+        json!(null),
+    )
+    .await;
+    assert_eq!(r.status().as_u16(), 202);
+    let s: Value = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(s["status"], "idle");
+    let last = s["messages"]
+        .as_array()
+        .and_then(|m| m.last().cloned())
+        .unwrap_or_default();
+    assert_eq!(
+        (last["toolCallId"].clone(), last["isError"].clone()),
+        (json!("call_5"), json!(true))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     let (base, script) = mock().await;
@@ -391,6 +594,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     scenario(&server, &script).await;
+    dynamic_tools(&server, &script).await;
     assert!(server.terminate().success());
 }
 
@@ -402,5 +606,6 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
     manifests(dir.path(), &base);
     let server = Server::start_with_url(dir.path(), &db.url, &[]);
     scenario(&server, &script).await;
+    dynamic_tools(&server, &script).await;
     assert!(server.terminate().success());
 }
