@@ -2,6 +2,7 @@
 //! streams from the session's provider step by step, persisting every SSE event (with a
 //! database-issued per-session sequence number) before publishing it to live followers.
 
+pub mod proposals;
 mod run;
 
 use crate::live::LiveConfig;
@@ -87,6 +88,29 @@ impl Engine {
         let record = self
             .store
             .append_event(session_id, Some(run_id), event_type, &data)
+            .await?;
+        let sender = self
+            .hub
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session_id)
+            .cloned();
+        if let Some(sender) = sender {
+            let _ = sender.send(record.clone());
+        }
+        Ok(record)
+    }
+
+    /// Persists and publishes an event that belongs to no run (e.g. a proposal decision).
+    pub async fn emit_session(
+        &self,
+        session_id: &str,
+        event_type: &str,
+        data: Value,
+    ) -> Result<EventRecord, StoreError> {
+        let record = self
+            .store
+            .append_event(session_id, None, event_type, &data)
             .await?;
         let sender = self
             .hub

@@ -209,7 +209,11 @@ async fn steps(
             model: model.clone(),
             system: Some(system.clone()),
             messages: history(&engine.store.list_messages(&session.id).await?),
-            tools: dynamic.clone(),
+            tools: dynamic
+                .iter()
+                .cloned()
+                .chain(super::proposals::spec(policy))
+                .collect(),
             metadata: llm::RequestMetadata {
                 session: Some(session.id.clone()),
                 user: Some(session.user.clone()),
@@ -297,6 +301,45 @@ async fn steps(
                 .await?;
             if dynamic.iter().any(|t| t.name == call.name) {
                 waiting = true;
+                continue;
+            }
+            if call.name == super::proposals::TOOL && super::proposals::spec(policy).is_some() {
+                let started = Instant::now();
+                let result = super::proposals::propose(
+                    engine,
+                    session,
+                    run_id,
+                    policy,
+                    (&provider_name, &served_model),
+                    &call.input,
+                )
+                .await;
+                let (content, is_error) = match result {
+                    Ok(v) => (v.to_string(), false),
+                    Err(e) => (e, true),
+                };
+                engine
+                    .store
+                    .append_message(
+                        &session.id,
+                        &NewMessage {
+                            run_id: Some(run_id.to_owned()),
+                            role: "tool".into(),
+                            content: content.clone(),
+                            tool_call_id: Some(call.id.clone()),
+                            is_error,
+                            ..Default::default()
+                        },
+                    )
+                    .await?;
+                let mut data = json!({"runId": run_id, "callId": call.id, "name": call.name, "ok": !is_error, "isError": is_error,
+                    "durationMs": started.elapsed().as_millis() as u64, "truncated": false, "preview": content});
+                if is_error {
+                    data["errorKind"] = json!("validation");
+                }
+                engine
+                    .emit(&session.id, run_id, event::TOOL_END, data)
+                    .await?;
                 continue;
             }
             let message = format!(

@@ -198,6 +198,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     tracing::info!(address = %local, "listening on http://{local}");
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let expirer = tokio::spawn(expire_proposals(state.engine.clone(), stop_rx.clone()));
     let prober = tokio::spawn(crate::llm::probe::run(
         config_rx,
         probes,
@@ -220,9 +221,23 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         let _ = w.await;
     }
     let _ = prober.await;
+    let _ = expirer.await;
     drop(config_tx);
     store.close().await;
     result.map_err(|e| format!("server error: {e}"))
+}
+
+/// Expires undecided proposals every few seconds until `shutdown` flips.
+async fn expire_proposals(engine: Arc<crate::chat::Engine>, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        if let Err(e) = crate::chat::proposals::expire(&engine).await {
+            tracing::warn!(error = %e, "proposal expiry failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(std::time::Duration::from_secs(5)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
 }
 
 /// Resolves on SIGTERM (Kubernetes) or Ctrl-C.

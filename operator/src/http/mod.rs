@@ -6,6 +6,7 @@ pub mod auth;
 mod chat_api;
 mod config_api;
 pub mod error;
+mod proposals_api;
 
 use crate::live::LiveConfig;
 use crate::metrics::{HttpLabels, Metrics};
@@ -68,6 +69,15 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(chat_api::tool_results),
         )
         .route("/api/v1/audit", get(audit_api::audit))
+        .route("/chat/v1/proposals", get(proposals_api::list))
+        .route(
+            "/chat/v1/proposals/{id}/approve",
+            axum::routing::post(proposals_api::approve),
+        )
+        .route(
+            "/chat/v1/proposals/{id}/reject",
+            axum::routing::post(proposals_api::reject),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,

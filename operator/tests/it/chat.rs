@@ -64,7 +64,7 @@ fn manifests(dir: &std::path::Path, base: &str) {
     std::fs::write(
         dir.join("chat.yaml"),
         format!(
-            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}}}\n"
+            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}, proposals: {{allowedActions: [restart, scale], allowedNamespaces: [\"shop-*\"], requireDistinctApprover: false}}}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: hasty}}\nspec: {{sessions: [\"expire-*\"], provider: gpt, proposals: {{allowedActions: [restart], allowedNamespaces: [\"*\"], expireAfter: 1s}}}}\n"
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -585,6 +585,223 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
     );
 }
 
+/// `propose_action`: validated against the policy, stored, announced; decided once through
+/// the API; undecided proposals expire.
+async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+    let client = http_client();
+    let d = openai();
+    let session = |name: &'static str| {
+        let c = client.clone();
+        let url = server.url("/chat/v1/sessions");
+        async move {
+            let v: Value = c
+                .post(url)
+                .json(&json!({"name": name}))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .json()
+                .await
+                .unwrap_or_default();
+            v["id"].as_str().unwrap_or_default().to_owned()
+        }
+    };
+    let id = session("incident-prop").await;
+    let target = r#""target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "NS", "name": "api"}"#;
+    let call = |ns: &str| {
+        format!(
+            r#"{{"action": "restart", {}, "rationale": "pods stuck since the config change", "reversible": true}}"#,
+            target.replace("NS", ns)
+        )
+    };
+    let bad = call("kube-system");
+    let good = call("shop-prod");
+    push(
+        script,
+        streamed(&d, (d.tools_stream)(&[("p1", "propose_action", &bad)])),
+    );
+    push(
+        script,
+        streamed(&d, (d.tools_stream)(&[("p2", "propose_action", &good)])),
+    );
+    push(
+        script,
+        streamed(&d, (d.text_stream)(&["I proposed a restart."])),
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "fix the api"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    assert_eq!(
+        events.last().map(|e| e.data["state"].clone()),
+        Some(json!("completed")),
+        "{events:?}"
+    );
+    let ends: Vec<&Sse> = events.iter().filter(|e| e.event == "tool.end").collect();
+    assert_eq!(ends.len(), 2);
+    assert_eq!(
+        (
+            ends[0].data["isError"].clone(),
+            ends[0].data["errorKind"].clone()
+        ),
+        (json!(true), json!("validation"))
+    );
+    assert!(
+        ends[0].data["preview"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("allowedNamespaces"),
+        "{:?}",
+        ends[0].data
+    );
+    assert_eq!(ends[1].data["isError"], false);
+    let created = events
+        .iter()
+        .find(|e| e.event == "proposal.created")
+        .cloned()
+        .unwrap_or_else(|| panic!("no proposal.created: {events:?}"));
+    assert_eq!(created.data["action"], "restart");
+    let proposal_id = created.data["proposalId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let offered = script
+        .seen
+        .lock()
+        .ok()
+        .and_then(|s| s.iter().rev().nth(2).map(|x| x.body["tools"].to_string()))
+        .unwrap_or_default();
+    assert!(
+        offered.contains("propose_action") && offered.contains("\"restart\""),
+        "{offered}"
+    );
+
+    let list: Value = client
+        .get(server.url("/chat/v1/proposals?phase=Pending"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let item = list["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["id"] == proposal_id.as_str()).cloned())
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(
+        (
+            item["namespace"].clone(),
+            item["spec"]["target"]["name"].clone()
+        ),
+        (json!("shop-prod"), json!("api"))
+    );
+    assert!(
+        item["name"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("restart-api-")
+    );
+
+    let last_seq = events.last().map(|e| e.id).unwrap_or(0);
+    let r = client
+        .post(server.url(&format!("/chat/v1/proposals/{proposal_id}/approve")))
+        .json(&json!({"reason": "go ahead"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200);
+    let decided: Value = r.json().await.unwrap_or_default();
+    assert_eq!(decided["status"]["phase"], "Approved");
+    assert_eq!(
+        decided["spec"]["decision"],
+        json!({"verdict": "Approve", "by": "local", "reason": "go ahead"})
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/proposals/{proposal_id}/reject")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 409, "a decision is final");
+    let r = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}/events?after={last_seq}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let updates = read_sse(r, |got| got.iter().any(|e| e.event == "proposal.updated")).await;
+    assert_eq!(
+        updates.last().map(|e| e.data["phase"].clone()),
+        Some(json!("Approved"))
+    );
+    let audit: Value = client
+        .get(server.url("/api/v1/audit?kind=decision"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(audit["items"][0]["user"], "local");
+
+    // A policy with a 1 s expiry: undecided, the proposal expires and says so.
+    let id = session("expire-1").await;
+    push(
+        script,
+        streamed(
+            &d,
+            (d.tools_stream)(&[("p3", "propose_action", &call("shop"))]),
+        ),
+    );
+    push(
+        script,
+        streamed(&d, (d.text_stream)(&["Waiting for approval."])),
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "restart it"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    let pid = events
+        .iter()
+        .find(|e| e.event == "proposal.created")
+        .map(|e| e.data["proposalId"].clone())
+        .unwrap_or_else(|| panic!("{events:?}"));
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let r = client
+        .post(server.url(&format!(
+            "/chat/v1/proposals/{}/approve",
+            pid.as_str().unwrap_or_default()
+        )))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        r.status().as_u16(),
+        409,
+        "expired proposals cannot be approved"
+    );
+    let list: Value = client
+        .get(server.url("/chat/v1/proposals?phase=Expired"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert!(
+        list["items"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|p| p["id"] == pid)),
+        "{list}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     let (base, script) = mock().await;
@@ -595,6 +812,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     scenario(&server, &script).await;
     dynamic_tools(&server, &script).await;
+    proposals(&server, &script).await;
     assert!(server.terminate().success());
 }
 
@@ -607,5 +825,6 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
     let server = Server::start_with_url(dir.path(), &db.url, &[]);
     scenario(&server, &script).await;
     dynamic_tools(&server, &script).await;
+    proposals(&server, &script).await;
     assert!(server.terminate().success());
 }

@@ -1,0 +1,203 @@
+//! `GET /chat/v1/proposals` and `POST /chat/v1/proposals/{id}/approve|reject` (standalone
+//! mode): a human decides, as the authenticated user, under the trust rules that apply
+//! without a cluster — a decision is final, `requireDistinctApprover`, `approverGroups`
+//! (from the credential's groups), and expiry.
+
+use super::AppState;
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::catalog::ObjectKey;
+use crate::chat::proposals::event;
+use crate::store::{NewDecision, ProposalRecord, StoreError};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+fn view(p: &ProposalRecord) -> Value {
+    let time = |ms: i64| {
+        jiff::Timestamp::from_millisecond(ms)
+            .map(|t| t.to_string())
+            .unwrap_or_default()
+    };
+    json!({
+        "id": p.id, "name": p.name, "namespace": p.namespace,
+        "spec": {
+            "action": p.action, "target": p.target, "params": p.params, "rationale": p.rationale,
+            "blastRadius": p.blast_radius, "reversible": p.reversible,
+            "session": {"id": p.session_id, "name": p.session_name, "user": p.user},
+            "model": {"provider": p.provider, "model": p.model},
+            "decision": p.decision,
+        },
+        "status": {"phase": p.phase, "expiresAt": time(p.expires_at), "message": p.message, "preview": p.preview, "undo": p.undo},
+        "policy": p.policy, "createdAt": time(p.created_at), "updatedAt": time(p.updated_at),
+    })
+}
+
+/// `?phase=` of the listing.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    phase: Option<String>,
+}
+
+/// `GET /chat/v1/proposals`: newest first, optionally by phase.
+pub async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    crate::chat::proposals::expire(&state.engine)
+        .await
+        .map_err(ApiError::internal)?;
+    let rows = state
+        .store
+        .list_proposals(q.phase.as_deref(), 500)
+        .await
+        .map_err(ApiError::internal)?;
+    Ok(Json(
+        json!({"items": rows.iter().map(view).collect::<Vec<_>>()}),
+    ))
+}
+
+/// Body of approve/reject.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideBody {
+    reason: Option<String>,
+}
+
+/// `POST /chat/v1/proposals/{id}/approve`
+pub async fn approve(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    id: Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    decide(state, caller, id, body, "Approve").await
+}
+
+/// `POST /chat/v1/proposals/{id}/reject`
+pub async fn reject(
+    state: State<AppState>,
+    caller: Extension<Caller>,
+    id: Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    decide(state, caller, id, body, "Reject").await
+}
+
+async fn decide(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+    verdict: &'static str,
+) -> Result<Json<Value>, ApiError> {
+    // The body is optional: `{}` or nothing at all, or `{"reason": "..."}`.
+    let reason = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        serde_json::from_slice::<DecideBody>(&body)
+            .map_err(|e| ApiError::invalid(format!("expected {{\"reason\": \"...\"}}: {e}")))?
+            .reason
+    };
+    crate::chat::proposals::expire(&state.engine)
+        .await
+        .map_err(ApiError::internal)?;
+    let p = state
+        .store
+        .get_proposal(&id)
+        .await
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
+    if p.phase != "Pending" {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "proposal_final",
+            format!(
+                "proposal {} is {} and can no longer be decided",
+                p.name, p.phase
+            ),
+        ));
+    }
+    // The rules of the policy as it is now.
+    let config = state.config.borrow().clone();
+    let policy = p.policy.as_deref().and_then(|qualified| {
+        let (ns, name) = qualified.split_once('/')?;
+        config.catalog.policies.get(&ObjectKey::new(ns, name))
+    });
+    if let Some(policy) = policy {
+        let rules = &policy.object.spec.proposals;
+        if rules.require_distinct_approver && caller.user == p.user {
+            return Err(ApiError::forbidden(format!(
+                "{} proposed this in their own session; the policy requires someone else to decide",
+                caller.user
+            )));
+        }
+        if !rules.approver_groups.is_empty()
+            && !caller
+                .groups
+                .iter()
+                .any(|g| rules.approver_groups.contains(g))
+        {
+            return Err(ApiError::forbidden(format!(
+                "only members of {} may decide proposals of this policy",
+                rules.approver_groups.join(", ")
+            )));
+        }
+    } else {
+        return Err(ApiError::forbidden(format!(
+            "the ChatPolicy {} that governed this proposal no longer exists; it cannot be decided",
+            p.policy.as_deref().unwrap_or("-")
+        )));
+    }
+    let (phase, message) = match verdict {
+        "Approve" => (
+            "Approved",
+            format!(
+                "approved by {}; execution needs a cluster (not part of standalone mode yet)",
+                caller.user
+            ),
+        ),
+        _ => ("Rejected", format!("rejected by {}", caller.user)),
+    };
+    let decision = json!({"verdict": verdict, "by": caller.user, "reason": reason});
+    let updated = match state
+        .store
+        .decide_proposal(&id, p.version, &decision, phase, Some(&message))
+        .await
+    {
+        Ok(u) => u,
+        Err(StoreError::Conflict(m)) => {
+            return Err(ApiError::new(StatusCode::CONFLICT, "proposal_final", m));
+        }
+        Err(e) => return Err(ApiError::internal(e)),
+    };
+    let _ = state
+        .store
+        .record_decision(&NewDecision {
+            kind: "decision".into(),
+            namespace: Some(p.namespace.clone()),
+            session_id: p.session_id.clone(),
+            user: Some(caller.user.clone()),
+            policy: p.policy.clone(),
+            subject: p.name.clone(),
+            outcome: phase.to_ascii_lowercase(),
+            detail: json!({"proposalId": p.id, "verdict": verdict, "reason": reason}),
+            ..Default::default()
+        })
+        .await;
+    if let Some(session) = &p.session_id {
+        let _ = state
+            .engine
+            .emit_session(
+                session,
+                event::UPDATED,
+                json!({"proposalId": p.id, "phase": phase, "message": message}),
+            )
+            .await;
+    }
+    Ok(Json(view(&updated)))
+}
