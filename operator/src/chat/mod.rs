@@ -44,6 +44,11 @@ pub enum ChatError {
     Store(#[from] StoreError),
 }
 
+/// How often a replica refreshes the heartbeat of the runs it executes.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
+/// A run whose heartbeat is older than this belongs to a replica that stopped.
+pub const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The engine, shared by every request of the process.
 pub struct Engine {
     /// The database.
@@ -182,6 +187,88 @@ impl Engine {
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&session.id);
         });
+    }
+
+    /// Fails every run whose owner stopped beating before `stale_before` (Unix ms): the run
+    /// and its session become `failed`, tool calls left without a result get error results,
+    /// and the session's stream says why. Returns how many runs were recovered.
+    pub async fn recover(&self, stale_before: i64) -> Result<usize, StoreError> {
+        let reason =
+            "the server running this run stopped (crash, restart or lost replica); ask again";
+        let mut recovered = 0;
+        for (run_id, session_id) in self.store.stale_runs(stale_before).await? {
+            if !self
+                .store
+                .fail_stale_run(&run_id, stale_before, reason)
+                .await?
+            {
+                continue;
+            }
+            recovered += 1;
+            let messages = self.store.list_messages(&session_id).await?;
+            if let Some(last) = messages.iter().rposition(|m| m.role == "assistant") {
+                let calls: Vec<crate::llm::ToolCall> = messages[last]
+                    .tool_calls
+                    .clone()
+                    .and_then(|v| serde_json::from_value(v).ok())
+                    .unwrap_or_default();
+                for call in calls {
+                    if messages[last..]
+                        .iter()
+                        .any(|m| m.tool_call_id.as_deref() == Some(call.id.as_str()))
+                    {
+                        continue;
+                    }
+                    let message = crate::store::NewMessage {
+                        run_id: Some(run_id.clone()),
+                        role: "tool".into(),
+                        content: format!("no result: {reason}"),
+                        tool_call_id: Some(call.id.clone()),
+                        is_error: true,
+                        ..Default::default()
+                    };
+                    self.store.append_message(&session_id, &message).await?;
+                }
+            }
+            self.store
+                .transition_session(&session_id, &["running"], "failed")
+                .await?;
+            let error =
+                serde_json::json!({"runId": run_id, "code": "run_interrupted", "message": reason});
+            self.emit(&session_id, &run_id, event::ERROR, error).await?;
+            let lifecycle =
+                serde_json::json!({"runId": run_id, "state": "failed", "reason": reason});
+            self.emit(&session_id, &run_id, event::RUN_LIFECYCLE, lifecycle)
+                .await?;
+            tracing::warn!(run = %run_id, session = %session_id, "recovered a run whose owner stopped");
+        }
+        Ok(recovered)
+    }
+
+    /// Keeps this replica's runs alive (heartbeat every `HEARTBEAT`) and recovers runs of
+    /// replicas that stopped beating for `STALE_AFTER`, until `shutdown` flips. With
+    /// `sole_replica` (SQLite) every run found running at start-up is recovered at once.
+    pub async fn maintain(
+        self: Arc<Self>,
+        sole_replica: bool,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
+        if sole_replica && let Err(e) = self.recover(crate::store::now_ms() + 1).await {
+            tracing::warn!(error = %e, "recovering interrupted runs failed");
+        }
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(HEARTBEAT) => {}
+                _ = shutdown.changed() => return,
+            }
+            if let Err(e) = self.store.heartbeat_runs(&self.replica).await {
+                tracing::warn!(error = %e, "run heartbeat failed");
+            }
+            let stale_before = crate::store::now_ms() - STALE_AFTER.as_millis() as i64;
+            if let Err(e) = self.recover(stale_before).await {
+                tracing::warn!(error = %e, "recovering interrupted runs failed");
+            }
+        }
     }
 
     /// Asks the session's running run to stop. Returns whether a run was running here.

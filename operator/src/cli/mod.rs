@@ -1,5 +1,6 @@
 //! The command line: `kortex serve | crds | migrate | providers check | ask`.
 
+mod client;
 mod llm;
 
 use crate::http::auth::AuthMode;
@@ -43,6 +44,11 @@ pub enum Command {
     Providers(ProvidersCommand),
     /// One streamed completion, for checking a provider by hand.
     Ask(llm::AskArgs),
+    /// Chat with a Kortex server from the terminal.
+    Chat(client::ChatArgs),
+    /// List, approve or reject proposals on a Kortex server.
+    #[command(subcommand)]
+    Proposals(client::ProposalsCommand),
 }
 
 /// `kortex providers ...`
@@ -124,6 +130,8 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Ask(args) => block_on(llm::ask(args)),
+        Command::Chat(args) => block_on(client::chat(args)),
+        Command::Proposals(command) => block_on(client::proposals(command)),
     }
 }
 
@@ -199,6 +207,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let expirer = tokio::spawn(expire_proposals(state.engine.clone(), stop_rx.clone()));
+    let sole_replica = store.backend() == crate::store::Backend::Sqlite;
+    let maintainer = tokio::spawn(state.engine.clone().maintain(sole_replica, stop_rx.clone()));
     let prober = tokio::spawn(crate::llm::probe::run(
         config_rx,
         probes,
@@ -222,6 +232,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     }
     let _ = prober.await;
     let _ = expirer.await;
+    let _ = maintainer.await;
     drop(config_tx);
     store.close().await;
     result.map_err(|e| format!("server error: {e}"))

@@ -17,6 +17,7 @@ mod wire;
 
 pub use error::{ErrorKind, LlmError};
 pub use retry::RetryPolicy;
+pub use wire::{SseDecoder, SseEvent};
 
 use crate::catalog::ProviderEntry;
 use crate::crd::{ModelCost, ProviderType, ToolMode};

@@ -259,6 +259,51 @@ impl Store {
         Ok(())
     }
 
+    /// Refreshes the heartbeat of every running run `owner` executes.
+    pub async fn heartbeat_runs(&self, owner: &str) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "UPDATE chat_runs SET heartbeat_at = $1 WHERE owner = $2 AND status = 'running'",
+        )
+        .bind(now_ms())
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Running runs whose heartbeat is older than `before` (Unix ms): `(run id, session id)`.
+    pub async fn stale_runs(&self, before: i64) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, session_id FROM chat_runs WHERE status = 'running' AND heartbeat_at < $1",
+        )
+        .bind(before)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("id")?, r.try_get("session_id")?)))
+            .collect()
+    }
+
+    /// Marks a run `failed` if it is still running with a heartbeat older than `before`:
+    /// a compare-and-set, so only one replica cleans up, and never a run that is alive.
+    pub async fn fail_stale_run(
+        &self,
+        run_id: &str,
+        before: i64,
+        reason: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE chat_runs SET status = 'failed', reason = $1, finished_at = $2 WHERE id = $3 AND status = 'running' AND heartbeat_at < $4",
+        )
+        .bind(reason)
+        .bind(now_ms())
+        .bind(run_id)
+        .bind(before)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// Puts a run that waited for tool results back to `running`, owned by `owner`.
     pub async fn reopen_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
         sqlx::query("UPDATE chat_runs SET status = 'running', owner = $1, heartbeat_at = $2, finished_at = NULL WHERE id = $3")

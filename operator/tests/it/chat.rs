@@ -802,6 +802,66 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
     );
 }
 
+/// `kortex chat` and `kortex proposals` against the server.
+async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+    let d = openai();
+    push(
+        script,
+        streamed(
+            &d,
+            (d.tools_stream)(&[("t1", "get_logs", r#"{"namespace": "shop"}"#)]),
+        ),
+    );
+    push(
+        script,
+        streamed(&d, (d.text_stream)(&["Logs are ", "unavailable here."])),
+    );
+    let url = server.url("");
+    let out = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(["chat", "--server", &url, "--session", "incident-cli"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(b"what do the logs say?\n/quit\n");
+        }
+        child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("⚙ get_logs {\"namespace\":\"shop\"}"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("✗ get_logs"), "{stdout}");
+    assert!(stdout.contains("Logs are unavailable here."), "{stdout}");
+
+    let url = server.url("");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(["proposals", "list", "--server", &url, "--phase", "Approved"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("Approved") && stdout.contains("restart"),
+        "{stdout}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     let (base, script) = mock().await;
@@ -813,6 +873,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     scenario(&server, &script).await;
     dynamic_tools(&server, &script).await;
     proposals(&server, &script).await;
+    terminal_clients(&server, &script).await;
     assert!(server.terminate().success());
 }
 
@@ -826,5 +887,6 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
     scenario(&server, &script).await;
     dynamic_tools(&server, &script).await;
     proposals(&server, &script).await;
+    terminal_clients(&server, &script).await;
     assert!(server.terminate().success());
 }

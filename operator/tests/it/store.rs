@@ -445,3 +445,107 @@ async fn migrations_are_idempotent_and_the_database_file_is_created() {
         .unwrap_or_default();
     assert!(err.contains("unsupported database URL"), "{err}");
 }
+
+#[tokio::test]
+async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let session = s
+            .create_session(&NewSession {
+                name: "x".into(),
+                namespace: "default".into(),
+                user: "u".into(),
+                policy: None,
+                dynamic_tools: json!([]),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // A replica started a run, the model called a tool, then the replica died.
+        assert!(
+            s.transition_session(&session.id, &["idle"], "running")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        s.create_run("run-1", &session.id, "dead-replica")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.append_message(
+            &session.id,
+            &NewMessage {
+                role: "user".into(),
+                content: "q".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        s.append_message(
+            &session.id,
+            &NewMessage {
+                role: "assistant".into(),
+                run_id: Some("run-1".into()),
+                tool_calls: Some(json!([{"id": "c1", "name": "get_logs", "input": {}}])),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let (_tx, rx) =
+            tokio::sync::watch::channel(std::sync::Arc::new(kortex::live::LiveConfig::default()));
+        let engine = kortex::chat::Engine::new(s.clone(), rx);
+
+        // A live run (fresh heartbeat) is never touched.
+        assert_eq!(
+            engine
+                .recover(now_ms() - 60_000)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            0,
+            "{}",
+            db.url
+        );
+        // Stale: recovered once, by whoever notices first.
+        assert_eq!(
+            engine
+                .recover(now_ms() + 1)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            1,
+            "{}",
+            db.url
+        );
+        assert_eq!(
+            engine
+                .recover(now_ms() + 1)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            0
+        );
+        let got = s
+            .get_session(&session.id, "u")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|| panic!("gone"));
+        assert_eq!(got.status, "failed");
+        let messages = s
+            .list_messages(&session.id)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let last = messages.last().unwrap_or_else(|| panic!("no messages"));
+        assert_eq!(
+            (
+                last.role.as_str(),
+                last.tool_call_id.as_deref(),
+                last.is_error
+            ),
+            ("tool", Some("c1"), true)
+        );
+        let events = s
+            .events_after(&session.id, 0, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
+        assert_eq!(kinds, vec!["error", "run.lifecycle"]);
+        assert_eq!(events[1].data["state"], "failed");
+    }
+}
