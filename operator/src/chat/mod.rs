@@ -2,6 +2,7 @@
 //! streams from the session's provider step by step, persisting every SSE event (with a
 //! database-issued per-session sequence number) before publishing it to live followers.
 
+mod context;
 pub mod proposals;
 mod run;
 

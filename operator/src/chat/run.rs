@@ -205,10 +205,40 @@ async fn steps(
                 json!({"runId": run_id, "step": step}),
             )
             .await?;
+        let mut messages = history(&engine.store.list_messages(&session.id).await?);
+        let tools: Vec<llm::ToolSpec> = dynamic
+            .iter()
+            .cloned()
+            .chain(super::proposals::spec(policy))
+            .collect();
+        if let Some(window) = adapter.context_window(&model) {
+            let fixed = (system.len()
+                + tools
+                    .iter()
+                    .map(|t| t.parameters.to_string().len() + t.description.len())
+                    .sum::<usize>()) as u64
+                / 4;
+            let budget = window.saturating_sub(u64::from(entry.max_tokens()) + fixed);
+            let (kept, dropped) = super::context::fit(messages, budget);
+            messages = kept;
+            if dropped > 0 {
+                let notice = format!(
+                    "{dropped} older message(s) were left out to fit the model's context window"
+                );
+                engine
+                    .emit(
+                        &session.id,
+                        run_id,
+                        event::NOTICE,
+                        json!({"runId": run_id, "message": notice}),
+                    )
+                    .await?;
+            }
+        }
         let request = ChatRequest {
             model: model.clone(),
             system: Some(system.clone()),
-            messages: history(&engine.store.list_messages(&session.id).await?),
+            messages,
             tools: dynamic
                 .iter()
                 .cloned()
