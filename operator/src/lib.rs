@@ -16,3 +16,4 @@ pub mod metrics;
 pub mod source;
 pub mod store;
 pub mod telemetry;
+pub mod tools;

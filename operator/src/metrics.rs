@@ -35,6 +35,28 @@ pub struct HttpLabels {
     pub status: u16,
 }
 
+/// Labels of `kortex_tool_calls_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabels {
+    /// Tool name.
+    pub tool: String,
+    /// `ok` or an error kind.
+    pub status: &'static str,
+}
+
+/// Label of `kortex_tool_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolNameLabel {
+    /// Tool name.
+    pub tool: String,
+}
+
+fn tool_histogram() -> prometheus_client::metrics::histogram::Histogram {
+    prometheus_client::metrics::histogram::Histogram::new([
+        0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    ])
+}
+
 /// Every metric of the process.
 pub struct Metrics {
     registry: Registry,
@@ -48,6 +70,10 @@ pub struct Metrics {
     pub config_objects: Family<ObjectLabels, Gauge>,
     /// HTTP requests by route and status.
     pub http_requests: Family<HttpLabels, Counter>,
+    /// Tool calls by tool and status.
+    pub tool_calls: Family<ToolLabels, Counter>,
+    /// Tool call durations.
+    pub tool_duration: Family<ToolNameLabel, prometheus_client::metrics::histogram::Histogram>,
 }
 
 impl Default for Metrics {
@@ -95,6 +121,20 @@ impl Metrics {
             "HTTP requests, by route and status",
             http_requests.clone(),
         );
+        let tool_calls = Family::<ToolLabels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "Tool calls, by tool and status",
+            tool_calls.clone(),
+        );
+        let tool_duration = Family::<ToolNameLabel, prometheus_client::metrics::histogram::Histogram>::new_with_constructor(
+            tool_histogram as fn() -> prometheus_client::metrics::histogram::Histogram,
+        );
+        registry.register(
+            "tool_duration_seconds",
+            "Tool call durations",
+            tool_duration.clone(),
+        );
         Self {
             registry,
             config_reloads,
@@ -102,6 +142,8 @@ impl Metrics {
             config_last_reload,
             config_objects,
             http_requests,
+            tool_calls,
+            tool_duration,
         }
     }
 

@@ -58,16 +58,23 @@ pub struct Engine {
     pub config: watch::Receiver<Arc<LiveConfig>>,
     /// This replica's id (owner of the runs it executes).
     pub replica: String,
+    /// The tools sessions may call.
+    pub router: Arc<crate::tools::Router>,
     hub: Mutex<HashMap<String, broadcast::Sender<EventRecord>>>,
     cancels: Mutex<HashMap<String, watch::Sender<bool>>>,
 }
 
 impl Engine {
     /// An engine over `store` and `config`.
-    pub fn new(store: Store, config: watch::Receiver<Arc<LiveConfig>>) -> Arc<Self> {
+    pub fn new(
+        store: Store,
+        config: watch::Receiver<Arc<LiveConfig>>,
+        router: Arc<crate::tools::Router>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             store,
             config,
+            router,
             replica: crate::store::new_id(),
             hub: Mutex::new(HashMap::new()),
             cancels: Mutex::new(HashMap::new()),

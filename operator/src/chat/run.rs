@@ -206,9 +206,11 @@ async fn steps(
             )
             .await?;
         let mut messages = history(&engine.store.list_messages(&session.id).await?);
-        let tools: Vec<llm::ToolSpec> = dynamic
-            .iter()
-            .cloned()
+        let tools: Vec<llm::ToolSpec> = engine
+            .router
+            .offered(policy)
+            .into_iter()
+            .chain(dynamic.iter().cloned())
             .chain(super::proposals::spec(policy))
             .collect();
         if let Some(window) = adapter.context_window(&model) {
@@ -322,83 +324,75 @@ async fn steps(
         if calls.is_empty() {
             return Ok(End::Completed);
         }
-        // Dynamic tools wait for the client; every other call gets an error result now (the
-        // built-in tool router comes with the tools issue).
+        // Dynamic tools wait for the client; propose_action runs here; every other call goes
+        // through the router, all of them at once.
         let mut waiting = false;
+        let mut routed = Vec::new();
         for call in &calls {
+            let start =
+                json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input});
             engine
-                .emit(&session.id, run_id, event::TOOL_START, json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input}))
+                .emit(&session.id, run_id, event::TOOL_START, start)
                 .await?;
             if dynamic.iter().any(|t| t.name == call.name) {
                 waiting = true;
-                continue;
-            }
-            if call.name == super::proposals::TOOL && super::proposals::spec(policy).is_some() {
+            } else if call.name == super::proposals::TOOL
+                && super::proposals::spec(policy).is_some()
+            {
                 let started = Instant::now();
-                let result = super::proposals::propose(
+                let model = (provider_name.as_str(), served_model.as_str());
+                let outcome = match super::proposals::propose(
                     engine,
                     session,
                     run_id,
                     policy,
-                    (&provider_name, &served_model),
+                    model,
                     &call.input,
                 )
-                .await;
-                let (content, is_error) = match result {
-                    Ok(v) => (v.to_string(), false),
-                    Err(e) => (e, true),
-                };
-                engine
-                    .store
-                    .append_message(
-                        &session.id,
-                        &NewMessage {
-                            run_id: Some(run_id.to_owned()),
-                            role: "tool".into(),
-                            content: content.clone(),
-                            tool_call_id: Some(call.id.clone()),
-                            is_error,
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
-                let mut data = json!({"runId": run_id, "callId": call.id, "name": call.name, "ok": !is_error, "isError": is_error,
-                    "durationMs": started.elapsed().as_millis() as u64, "truncated": false, "preview": content});
-                if is_error {
-                    data["errorKind"] = json!("validation");
-                }
-                engine
-                    .emit(&session.id, run_id, event::TOOL_END, data)
-                    .await?;
-                continue;
-            }
-            let message = format!(
-                "unknown tool {}: it is not offered to this session",
-                call.name
-            );
-            engine
-                .store
-                .append_message(
-                    &session.id,
-                    &NewMessage {
-                        run_id: Some(run_id.to_owned()),
-                        role: "tool".into(),
-                        content: message.clone(),
-                        tool_call_id: Some(call.id.clone()),
-                        is_error: true,
-                        ..Default::default()
+                .await
+                {
+                    Ok(v) => crate::tools::Outcome {
+                        content: v.to_string(),
+                        is_error: false,
+                        error_kind: None,
+                        truncated: false,
+                        duration: started.elapsed(),
                     },
-                )
-                .await?;
-            engine
-                .emit(
-                    &session.id,
-                    run_id,
-                    event::TOOL_END,
-                    json!({"runId": run_id, "callId": call.id, "name": call.name, "ok": false, "isError": true,
-                        "errorKind": "denied", "durationMs": 0, "truncated": false, "preview": message}),
-                )
-                .await?;
+                    Err(e) => crate::tools::Outcome {
+                        content: e,
+                        is_error: true,
+                        error_kind: Some("validation"),
+                        truncated: false,
+                        duration: started.elapsed(),
+                    },
+                };
+                finish_call(engine, session, run_id, call, outcome).await?;
+            } else {
+                routed.push(call);
+            }
+        }
+        let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
+            let ctx = crate::tools::ToolContext {
+                store: engine.store.clone(),
+                session: session.clone(),
+                run_id: run_id.to_owned(),
+            };
+            let slow = async {
+                let message = format!("{} is taking longer than usual…", call.name);
+                let _ = engine
+                    .emit(
+                        &session.id,
+                        run_id,
+                        event::NOTICE,
+                        json!({"runId": run_id, "message": message}),
+                    )
+                    .await;
+            };
+            (call, engine.router.execute(ctx, call, policy, slow).await)
+        }))
+        .await;
+        for (call, outcome) in outcomes {
+            finish_call(engine, session, run_id, call, outcome).await?;
         }
         if waiting {
             return Ok(End::RequiresAction);
@@ -429,6 +423,36 @@ async fn steps(
         )
         .await?;
     Ok(End::Completed)
+}
+
+/// Stores a tool result and announces it.
+async fn finish_call(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    call: &ToolCall,
+    outcome: crate::tools::Outcome,
+) -> Result<(), crate::store::StoreError> {
+    let message = NewMessage {
+        run_id: Some(run_id.to_owned()),
+        role: "tool".into(),
+        content: outcome.content.clone(),
+        tool_call_id: Some(call.id.clone()),
+        is_error: outcome.is_error,
+        ..Default::default()
+    };
+    engine.store.append_message(&session.id, &message).await?;
+    let preview: String = outcome.content.chars().take(200).collect();
+    let mut data = json!({"runId": run_id, "callId": call.id, "name": call.name, "ok": !outcome.is_error,
+        "isError": outcome.is_error, "durationMs": outcome.duration.as_millis() as u64,
+        "truncated": outcome.truncated, "preview": preview});
+    if let Some(kind) = outcome.error_kind {
+        data["errorKind"] = json!(kind);
+    }
+    engine
+        .emit(&session.id, run_id, event::TOOL_END, data)
+        .await?;
+    Ok(())
 }
 
 type StepOutcome = (

@@ -196,7 +196,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         metrics: metrics.clone(),
         auth,
         probes: probes.clone(),
-        engine: crate::chat::Engine::new(store.clone(), config_rx.clone()),
+        engine: crate::chat::Engine::new(
+            store.clone(),
+            config_rx.clone(),
+            Arc::new(crate::tools::Router::new(metrics.clone())),
+        ),
     };
 
     let listener = tokio::net::TcpListener::bind(args.listen)

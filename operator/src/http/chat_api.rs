@@ -520,6 +520,11 @@ pub async fn tool_results(
             .find(|c| c.id == r.tool_call_id)
             .map(|c| c.name.clone())
             .unwrap_or_default();
+        // Client results obey the same cap as any tool's.
+        let (content, truncated) =
+            crate::tools::cap(&state.store, &id, &r.tool_call_id, &name, content)
+                .await
+                .map_err(store_error)?;
         let message = crate::store::NewMessage {
             run_id: Some(run_id.clone()),
             role: "tool".into(),
@@ -535,7 +540,7 @@ pub async fn tool_results(
             .map_err(store_error)?;
         let preview: String = content.chars().take(200).collect();
         let data = json!({"runId": run_id, "callId": r.tool_call_id, "name": name, "ok": !r.is_error,
-            "isError": r.is_error, "durationMs": 0, "truncated": false, "preview": preview});
+            "isError": r.is_error, "durationMs": 0, "truncated": truncated, "preview": preview});
         state
             .engine
             .emit(&id, &run_id, event::TOOL_END, data)

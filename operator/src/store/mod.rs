@@ -18,8 +18,14 @@ use std::time::Duration;
 
 /// The migrations, in order: `(version, description, sql)`. A test checks this list
 /// against the files in `migrations/`.
-pub const MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "init", include_str!("../../../migrations/0001_init.sql"))];
+pub const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../../../migrations/0001_init.sql")),
+    (
+        2,
+        "tool_results",
+        include_str!("../../../migrations/0002_tool_results.sql"),
+    ),
+];
 
 /// Which database is behind the store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

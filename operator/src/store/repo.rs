@@ -345,6 +345,46 @@ impl Store {
     }
 }
 
+/// Large tool results.
+impl Store {
+    /// Keeps a whole tool result; returns its id.
+    pub async fn put_tool_result(
+        &self,
+        session_id: &str,
+        call_id: &str,
+        tool: &str,
+        content: &str,
+    ) -> Result<String, StoreError> {
+        let id = new_id();
+        sqlx::query("INSERT INTO tool_results (id, session_id, call_id, tool, content, created_at) VALUES ($1, $2, $3, $4, $5, $6)")
+            .bind(&id)
+            .bind(session_id)
+            .bind(call_id)
+            .bind(tool)
+            .bind(content)
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        Ok(id)
+    }
+
+    /// A kept tool result of `session_id`.
+    pub async fn get_tool_result(
+        &self,
+        session_id: &str,
+        id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT content FROM tool_results WHERE id = $1 AND session_id = $2")
+            .bind(id)
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| r.try_get("content"))
+            .transpose()
+            .map_err(StoreError::from)
+    }
+}
+
 /// Run events (the SSE log).
 impl Store {
     /// Persists an event with the session's next sequence number. The number comes from the

@@ -78,7 +78,13 @@ async fn harness(auth: AuthMode) -> Harness {
         config: rx.clone(),
         store: db.store.clone(),
         probes: Default::default(),
-        engine: kortex::chat::Engine::new(db.store.clone(), rx.clone()),
+        engine: kortex::chat::Engine::new(
+            db.store.clone(),
+            rx.clone(),
+            std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
+                kortex::metrics::Metrics::new(),
+            ))),
+        ),
         metrics,
         auth,
     });

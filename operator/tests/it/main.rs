@@ -7,3 +7,4 @@ mod http;
 mod llm;
 mod samples;
 mod store;
+mod tools;

@@ -492,7 +492,13 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
         .unwrap_or_else(|e| panic!("{e}"));
         let (_tx, rx) =
             tokio::sync::watch::channel(std::sync::Arc::new(kortex::live::LiveConfig::default()));
-        let engine = kortex::chat::Engine::new(s.clone(), rx);
+        let engine = kortex::chat::Engine::new(
+            s.clone(),
+            rx,
+            std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
+                kortex::metrics::Metrics::new(),
+            ))),
+        );
 
         // A live run (fresh heartbeat) is never touched.
         assert_eq!(

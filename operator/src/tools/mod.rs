@@ -1,0 +1,294 @@
+//! The tool router: the tools a session may call (policy allow/deny applied before the list
+//! is sent), argument validation against each tool's JSON Schema, default and hard timeouts
+//! (policy overrides within the ceiling), result caps with large results kept server-side
+//! for `read_result_chunk`, every failure (panics included) turned into an `isError` result
+//! with an `errorKind`, one audit row and metrics per call.
+
+mod chunks;
+
+use crate::catalog::PolicyEntry;
+use crate::llm::{BoxFuture, ToolCall, ToolSpec};
+use crate::metrics::Metrics;
+use crate::store::{NewDecision, SessionRecord, Store};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use chunks::ReadResultChunk;
+
+/// Default result cap (bytes).
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 65_536;
+/// After this long a still-running tool produces a notice.
+pub const SLOW_NOTICE_AFTER: Duration = Duration::from_secs(30);
+
+/// What a tool gets besides its arguments.
+#[derive(Clone)]
+pub struct ToolContext {
+    /// The database.
+    pub store: Store,
+    /// The calling session.
+    pub session: SessionRecord,
+    /// The run.
+    pub run_id: String,
+}
+
+/// How a tool failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolError {
+    /// The arguments are wrong (the model can correct itself).
+    Validation(String),
+    /// The source the tool reads failed.
+    Upstream(String),
+    /// Not allowed.
+    Denied(String),
+    /// No result within the timeout.
+    Timeout(String),
+    /// A bug.
+    Internal(String),
+}
+
+/// A read-only tool.
+pub trait Tool: Send + Sync {
+    /// Name, description and JSON Schema of the arguments.
+    fn spec(&self) -> ToolSpec;
+    /// Default and hard timeouts.
+    fn timeouts(&self) -> (Duration, Duration) {
+        (Duration::from_secs(10), Duration::from_secs(60))
+    }
+    /// Runs with validated arguments.
+    fn call(&self, ctx: ToolContext, input: Value)
+    -> BoxFuture<'static, Result<String, ToolError>>;
+}
+
+/// The outcome of one call, as the model and the event stream see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outcome {
+    /// The result (or the error message) for the model.
+    pub content: String,
+    /// Whether it failed.
+    pub is_error: bool,
+    /// `validation`, `timeout`, `upstream`, `denied` or `internal`.
+    pub error_kind: Option<&'static str>,
+    /// Whether the result was over the cap (and kept for `read_result_chunk`).
+    pub truncated: bool,
+    /// Wall time.
+    pub duration: Duration,
+}
+
+/// The tools of a process.
+pub struct Router {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Router {
+    /// The built-in tools available everywhere.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        let mut router = Self {
+            tools: BTreeMap::new(),
+            metrics,
+        };
+        router.add(Arc::new(ReadResultChunk));
+        router
+    }
+
+    /// Adds a tool (later issues register the Kubernetes, Prometheus and plugin tools).
+    pub fn add(&mut self, tool: Arc<dyn Tool>) {
+        self.tools.insert(tool.spec().name, tool);
+    }
+
+    /// Whether `name` is a router tool.
+    pub fn has(&self, name: &str) -> bool {
+        self.tools.contains_key(name)
+    }
+
+    /// The tools `policy` lets sessions call.
+    pub fn offered(&self, policy: &PolicyEntry) -> Vec<ToolSpec> {
+        let rules = &policy.object.spec.tools;
+        self.tools
+            .values()
+            .map(|t| t.spec())
+            .filter(|s| crate::glob::allowed(&rules.allow, &rules.deny, &s.name))
+            .collect()
+    }
+
+    /// Runs one call under the policy. Never fails: every problem is an error result.
+    /// `on_slow` is called once if the call takes longer than [`SLOW_NOTICE_AFTER`].
+    pub async fn execute(
+        &self,
+        ctx: ToolContext,
+        call: &ToolCall,
+        policy: &PolicyEntry,
+        on_slow: impl std::future::Future<Output = ()>,
+    ) -> Outcome {
+        let started = Instant::now();
+        let rules = &policy.object.spec.tools;
+        let result = match self.tools.get(&call.name) {
+            None => Err(ToolError::Denied(format!("unknown tool {}", call.name))),
+            Some(_) if !crate::glob::allowed(&rules.allow, &rules.deny, &call.name) => {
+                Err(ToolError::Denied(format!(
+                    "tool {} is not allowed by the session's policy",
+                    call.name
+                )))
+            }
+            Some(tool) => match validate(&tool.spec().parameters, &call.input) {
+                Err(e) => Err(e),
+                Ok(()) => {
+                    let (default, hard) = tool.timeouts();
+                    let timeout = rules
+                        .timeouts
+                        .get(&call.name)
+                        .map(|d| std::time::Duration::from(*d))
+                        .unwrap_or(default)
+                        .min(hard);
+                    run(
+                        tool.clone(),
+                        ctx.clone(),
+                        call.input.clone(),
+                        timeout,
+                        on_slow,
+                    )
+                    .await
+                }
+            },
+        };
+        let duration = started.elapsed();
+        let (content, is_error, error_kind) = match result {
+            Ok(content) => (content, false, None),
+            Err(ToolError::Validation(m)) => {
+                (format!("invalid arguments: {m}"), true, Some("validation"))
+            }
+            Err(ToolError::Upstream(m)) => (m, true, Some("upstream")),
+            Err(ToolError::Denied(m)) => (m, true, Some("denied")),
+            Err(ToolError::Timeout(m)) => (m, true, Some("timeout")),
+            Err(ToolError::Internal(m)) => (m, true, Some("internal")),
+        };
+        let (content, truncated) =
+            match cap(&ctx.store, &ctx.session.id, &call.id, &call.name, content).await {
+                Ok(v) => v,
+                Err(e) => (format!("the result could not be stored: {e}"), false),
+            };
+        let status = error_kind.unwrap_or("ok");
+        self.metrics
+            .tool_calls
+            .get_or_create(&crate::metrics::ToolLabels {
+                tool: call.name.clone(),
+                status,
+            })
+            .inc();
+        self.metrics
+            .tool_duration
+            .get_or_create(&crate::metrics::ToolNameLabel {
+                tool: call.name.clone(),
+            })
+            .observe(duration.as_secs_f64());
+        let _ = ctx
+            .store
+            .record_decision(&NewDecision {
+                kind: "tool_call".into(),
+                namespace: Some(ctx.session.namespace.clone()),
+                session_id: Some(ctx.session.id.clone()),
+                run_id: Some(ctx.run_id.clone()),
+                user: Some(ctx.session.user.clone()),
+                policy: policy.object.metadata.name.clone(),
+                subject: call.name.clone(),
+                outcome: status.to_owned(),
+                detail: json!({"callId": call.id, "durationMs": duration.as_millis() as u64, "truncated": truncated}),
+            })
+            .await;
+        Outcome {
+            content,
+            is_error,
+            error_kind,
+            truncated,
+            duration,
+        }
+    }
+}
+
+/// Validates `input` against a JSON Schema; the message names every failing path.
+pub fn validate(schema: &Value, input: &Value) -> Result<(), ToolError> {
+    let validator = jsonschema::validator_for(schema)
+        .map_err(|e| ToolError::Internal(format!("the tool's own schema is invalid: {e}")))?;
+    let errors: Vec<String> = validator
+        .iter_errors(input)
+        .map(|e| {
+            let path = e.instance_path().to_string();
+            if path.is_empty() {
+                e.to_string()
+            } else {
+                format!("{path}: {e}")
+            }
+        })
+        .collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ToolError::Validation(errors.join("; ")))
+    }
+}
+
+/// Runs the tool on its own task (so a panic becomes an error result), within `timeout`,
+/// calling `on_slow` once after [`SLOW_NOTICE_AFTER`].
+async fn run(
+    tool: Arc<dyn Tool>,
+    ctx: ToolContext,
+    input: Value,
+    timeout: Duration,
+    on_slow: impl std::future::Future<Output = ()>,
+) -> Result<String, ToolError> {
+    let mut task = tokio::spawn(tool.call(ctx, input));
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline, on_slow);
+    let slow = tokio::time::sleep(SLOW_NOTICE_AFTER);
+    tokio::pin!(slow);
+    let mut noticed = false;
+    loop {
+        tokio::select! {
+            joined = &mut task => {
+                return match joined {
+                    Ok(r) => r,
+                    Err(e) if e.is_panic() => Err(ToolError::Internal("internal error".into())),
+                    Err(e) => Err(ToolError::Internal(format!("internal error: {e}"))),
+                };
+            }
+            _ = &mut deadline => {
+                task.abort();
+                return Err(ToolError::Timeout(format!("no result within {}s (the tool's timeout)", timeout.as_secs_f64())));
+            }
+            _ = &mut slow, if !noticed => {
+                noticed = true;
+                (&mut on_slow).await;
+            }
+        }
+    }
+}
+
+/// Results over the cap are kept whole; the model gets an index to read them in chunks.
+pub async fn cap(
+    store: &Store,
+    session_id: &str,
+    call_id: &str,
+    tool: &str,
+    content: String,
+) -> Result<(String, bool), crate::store::StoreError> {
+    if content.len() <= DEFAULT_MAX_RESULT_BYTES {
+        return Ok((content, false));
+    }
+    let id = store
+        .put_tool_result(session_id, call_id, tool, &content)
+        .await?;
+    let chunks = chunks::count(&content, chunks::CHUNK_BYTES);
+    let preview: String = content.chars().take(2000).collect();
+    let index = json!({
+        "truncated": true,
+        "resultId": id,
+        "totalBytes": content.len(),
+        "chunks": chunks,
+        "chunkBytes": chunks::CHUNK_BYTES,
+        "preview": preview,
+        "hint": format!("The full result is too large to show at once. Call read_result_chunk with resultId {id} and chunk 0..{}.", chunks.saturating_sub(1)),
+    });
+    Ok((index.to_string(), true))
+}
