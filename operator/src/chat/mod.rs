@@ -183,12 +183,29 @@ impl Engine {
         self.cancels
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(session.id.clone(), cancel_tx);
+            .insert(session.id.clone(), cancel_tx.clone());
+        // Cancels requested at another replica arrive through the database.
+        let watcher = {
+            let store = self.store.clone();
+            let id = run_id.to_owned();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    if let Ok(Some(status)) = store.run_status(&id).await
+                        && status == "cancelling"
+                    {
+                        let _ = cancel_tx.send(true);
+                        return;
+                    }
+                }
+            })
+        };
         let engine = self.clone();
         let session = session.clone();
         let id = run_id.to_owned();
         tokio::spawn(async move {
             run::run(&engine, &session, &id, resume, cancel_rx).await;
+            watcher.abort();
             engine
                 .cancels
                 .lock()

@@ -254,10 +254,21 @@ async fn steps(
             ..Default::default()
         };
         let started = Instant::now();
-        let outcome = tokio::select! {
-            r = stream_step(engine, session, run_id, adapter.as_ref(), &request) => r?,
-            _ = cancel.changed() => return Ok(End::Cancelled),
-        };
+        let outcome =
+            stream_step(engine, session, run_id, adapter.as_ref(), &request, cancel).await?;
+        if *cancel.borrow() {
+            // Keep what the model had said when the user cancelled.
+            if !outcome.0.is_empty() {
+                let partial = NewMessage {
+                    run_id: Some(run_id.to_owned()),
+                    role: "assistant".into(),
+                    content: outcome.0.clone(),
+                    ..Default::default()
+                };
+                engine.store.append_message(&session.id, &partial).await?;
+            }
+            return Ok(End::Cancelled);
+        }
         let latency_ms = started.elapsed().as_millis() as i64;
         let (text, calls, done, error) = outcome;
         let (usage, answered_model) = done.clone().unwrap_or_default();
@@ -470,10 +481,14 @@ async fn stream_step(
     run_id: &str,
     adapter: &dyn llm::LlmProvider,
     request: &ChatRequest,
+    cancel: &mut watch::Receiver<bool>,
 ) -> Result<StepOutcome, crate::store::StoreError> {
-    let mut stream = match adapter.stream(request).await {
-        Ok(s) => s,
-        Err(e) => return Ok((String::new(), Vec::new(), None, Some(e))),
+    let mut stream = tokio::select! {
+        s = adapter.stream(request) => match s {
+            Ok(s) => s,
+            Err(e) => return Ok((String::new(), Vec::new(), None, Some(e))),
+        },
+        _ = cancel.changed() => return Ok((String::new(), Vec::new(), None, None)),
     };
     let (mut text, mut calls, mut done, mut error) = (String::new(), Vec::new(), None, None);
     let mut pending = String::new();
@@ -481,6 +496,8 @@ async fn stream_step(
     loop {
         let next = tokio::select! {
             item = stream.next() => item,
+            // Dropping the stream closes the provider request.
+            _ = cancel.changed() => break,
             _ = async { if let Some(at) = flush_at { tokio::time::sleep_until(at).await } else { std::future::pending::<()>().await } } => {
                 let chunk = std::mem::take(&mut pending);
                 flush_at = None;

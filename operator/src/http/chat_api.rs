@@ -598,12 +598,16 @@ pub async fn cancel(
             .map_err(store_error)?;
         return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());
     }
-    if session.status != "running" || !state.engine.cancel(&id) {
+    // On this replica: stop it now; elsewhere: ask through the database (its owner polls).
+    let asked = session.status == "running"
+        && (state.engine.cancel(&id)
+            || state.store.request_cancel(&id).await.map_err(store_error)?);
+    if !asked {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "not_running",
             format!(
-                "session {id} has no run to cancel on this server (status {})",
+                "session {id} has no run to cancel (status {})",
                 session.status
             ),
         ));

@@ -262,7 +262,7 @@ impl Store {
     /// Refreshes the heartbeat of every running run `owner` executes.
     pub async fn heartbeat_runs(&self, owner: &str) -> Result<u64, StoreError> {
         let done = sqlx::query(
-            "UPDATE chat_runs SET heartbeat_at = $1 WHERE owner = $2 AND status = 'running'",
+            "UPDATE chat_runs SET heartbeat_at = $1 WHERE owner = $2 AND status IN ('running', 'cancelling')",
         )
         .bind(now_ms())
         .bind(owner)
@@ -274,7 +274,7 @@ impl Store {
     /// Running runs whose heartbeat is older than `before` (Unix ms): `(run id, session id)`.
     pub async fn stale_runs(&self, before: i64) -> Result<Vec<(String, String)>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, session_id FROM chat_runs WHERE status = 'running' AND heartbeat_at < $1",
+            "SELECT id, session_id FROM chat_runs WHERE status IN ('running', 'cancelling') AND heartbeat_at < $1",
         )
         .bind(before)
         .fetch_all(&self.pool)
@@ -293,7 +293,7 @@ impl Store {
         reason: &str,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE chat_runs SET status = 'failed', reason = $1, finished_at = $2 WHERE id = $3 AND status = 'running' AND heartbeat_at < $4",
+            "UPDATE chat_runs SET status = 'failed', reason = $1, finished_at = $2 WHERE id = $3 AND status IN ('running', 'cancelling') AND heartbeat_at < $4",
         )
         .bind(reason)
         .bind(now_ms())
@@ -302,6 +302,26 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    /// Asks the running run of a session to stop, wherever it runs (its owner polls).
+    pub async fn request_cancel(&self, session_id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE chat_runs SET status = 'cancelling' WHERE session_id = $1 AND status = 'running'")
+            .bind(session_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// The status of a run.
+    pub async fn run_status(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT status FROM chat_runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| r.try_get("status"))
+            .transpose()
+            .map_err(StoreError::from)
     }
 
     /// Puts a run that waited for tool results back to `running`, owned by `owner`.

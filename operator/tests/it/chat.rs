@@ -890,3 +890,88 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
     terminal_clients(&server, &script).await;
     assert!(server.terminate().success());
 }
+
+/// Two replicas on one PostgreSQL database: a run started on A is followed and cancelled
+/// through B; the partial answer is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_replica_follows_and_cancels_a_run_on_postgres() {
+    let Some(db) = postgres().await else { return };
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &base);
+    let a = Server::start_with_url(dir.path(), &db.url, &[]);
+    let b = Server::start_with_url(dir.path(), &db.url, &[]);
+    let client = http_client();
+    let d = openai();
+    let session: Value = client
+        .post(a.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-xr"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    let mut chunks = (d.text_stream)(&["Partial answer"]);
+    chunks.truncate(2);
+    push(
+        &script,
+        crate::llm::Reply {
+            stall: Some(Duration::from_secs(30)),
+            ..streamed(&d, chunks)
+        },
+    );
+    let r = client
+        .post(a.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "go"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    // B follows the stream A writes.
+    let follow = client
+        .get(b.url(&format!("/chat/v1/sessions/{id}/events")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let started = read_sse(follow, |got| got.iter().any(|e| e.event == "text.delta")).await;
+    assert!(
+        started.iter().any(|e| e.event == "text.delta"),
+        "{started:?}"
+    );
+    // B cancels A's run.
+    let r = client
+        .post(b.url(&format!("/chat/v1/sessions/{id}/cancel")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    let after = started.last().map(|e| e.id).unwrap_or(0);
+    let r = client
+        .get(b.url(&format!("/chat/v1/sessions/{id}/events?after={after}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    assert_eq!(
+        events.last().map(|e| e.data["state"].clone()),
+        Some(json!("cancelled")),
+        "{events:?}"
+    );
+    let s: Value = client
+        .get(b.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(s["status"], "idle");
+    assert_eq!(
+        s["messages"][1]["content"], "Partial answer",
+        "the partial answer is kept: {s}"
+    );
+    assert!(a.terminate().success());
+    assert!(b.terminate().success());
+}
