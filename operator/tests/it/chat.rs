@@ -802,6 +802,90 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
     );
 }
 
+/// A model that never stops calling tools is stopped at `maxToolDepth` (3 here), with a
+/// notice and a message that say so; a read of a kept result works inside a run.
+async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+    let client = http_client();
+    let d = openai();
+    let session: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-loop"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    for i in 0..3 {
+        let call_id = format!("loop_{i}");
+        push(
+            script,
+            streamed(
+                &d,
+                (d.tools_stream)(&[(
+                    call_id.as_str(),
+                    "read_result_chunk",
+                    r#"{"resultId": "nope", "chunk": 0}"#,
+                )]),
+            ),
+        );
+    }
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "dig"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    assert_eq!(
+        events.iter().filter(|e| e.event == "step.boundary").count(),
+        3,
+        "{events:?}"
+    );
+    let ends: Vec<&Sse> = events.iter().filter(|e| e.event == "tool.end").collect();
+    assert_eq!(ends.len(), 3);
+    assert_eq!(
+        ends[0].data["errorKind"], "validation",
+        "{:?}",
+        ends[0].data
+    );
+    let notice = events
+        .iter()
+        .find(|e| e.event == "notice")
+        .map(|e| e.data["message"].clone())
+        .unwrap_or_default();
+    assert!(
+        notice.as_str().unwrap_or_default().contains("maxToolDepth"),
+        "{notice}"
+    );
+    assert_eq!(
+        events.last().map(|e| e.data["state"].clone()),
+        Some(json!("completed"))
+    );
+    let s: Value = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let last = s["messages"]
+        .as_array()
+        .and_then(|m| m.last().cloned())
+        .unwrap_or_default();
+    assert_eq!(last["role"], "assistant");
+    assert!(
+        last["content"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("Stopped after 3"),
+        "never a silently cut answer: {last}"
+    );
+}
+
 /// `kortex chat` and `kortex proposals` against the server.
 async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
     let d = openai();
@@ -874,6 +958,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     dynamic_tools(&server, &script).await;
     proposals(&server, &script).await;
     terminal_clients(&server, &script).await;
+    depth_limit(&server, &script).await;
     assert!(server.terminate().success());
 }
 
@@ -888,6 +973,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
     dynamic_tools(&server, &script).await;
     proposals(&server, &script).await;
     terminal_clients(&server, &script).await;
+    depth_limit(&server, &script).await;
     assert!(server.terminate().success());
 }
 
