@@ -45,6 +45,43 @@ pub enum ChatError {
     Store(#[from] StoreError),
 }
 
+/// Gives every tool call of the last assistant message that has no result an error result
+/// saying `why`, so the transcript stays valid for providers.
+pub async fn answer_pending(
+    engine: &Engine,
+    session_id: &str,
+    run_id: &str,
+    why: &str,
+) -> Result<(), StoreError> {
+    let messages = engine.store.list_messages(session_id).await?;
+    let Some(last) = messages.iter().rposition(|m| m.role == "assistant") else {
+        return Ok(());
+    };
+    let calls: Vec<crate::llm::ToolCall> = messages[last]
+        .tool_calls
+        .clone()
+        .and_then(|v| serde_json::from_value(v).ok())
+        .unwrap_or_default();
+    for call in calls {
+        if messages[last..]
+            .iter()
+            .any(|m| m.tool_call_id.as_deref() == Some(call.id.as_str()))
+        {
+            continue;
+        }
+        let message = crate::store::NewMessage {
+            run_id: Some(run_id.to_owned()),
+            role: "tool".into(),
+            content: why.to_owned(),
+            tool_call_id: Some(call.id.clone()),
+            is_error: true,
+            ..Default::default()
+        };
+        engine.store.append_message(session_id, &message).await?;
+    }
+    Ok(())
+}
+
 /// How often a replica refreshes the heartbeat of the runs it executes.
 pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
 /// A run whose heartbeat is older than this belongs to a replica that stopped.
@@ -230,31 +267,7 @@ impl Engine {
                 continue;
             }
             recovered += 1;
-            let messages = self.store.list_messages(&session_id).await?;
-            if let Some(last) = messages.iter().rposition(|m| m.role == "assistant") {
-                let calls: Vec<crate::llm::ToolCall> = messages[last]
-                    .tool_calls
-                    .clone()
-                    .and_then(|v| serde_json::from_value(v).ok())
-                    .unwrap_or_default();
-                for call in calls {
-                    if messages[last..]
-                        .iter()
-                        .any(|m| m.tool_call_id.as_deref() == Some(call.id.as_str()))
-                    {
-                        continue;
-                    }
-                    let message = crate::store::NewMessage {
-                        run_id: Some(run_id.clone()),
-                        role: "tool".into(),
-                        content: format!("no result: {reason}"),
-                        tool_call_id: Some(call.id.clone()),
-                        is_error: true,
-                        ..Default::default()
-                    };
-                    self.store.append_message(&session_id, &message).await?;
-                }
-            }
+            answer_pending(self, &session_id, &run_id, &format!("no result: {reason}")).await?;
             self.store
                 .transition_session(&session_id, &["running"], "failed")
                 .await?;

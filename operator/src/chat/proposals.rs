@@ -196,10 +196,7 @@ pub async fn propose(
 pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> {
     let now = crate::store::now_ms();
     let mut n = 0;
-    for p in engine.store.list_proposals(Some("Pending"), 1000).await? {
-        if p.expires_at > now {
-            continue;
-        }
+    for p in engine.store.expired_pending_proposals(now, 1000).await? {
         let message = "not decided before it expired";
         if engine
             .store

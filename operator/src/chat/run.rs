@@ -73,19 +73,38 @@ pub async fn run(
             ("failed", "failed", Some(message.clone()))
         }
     };
-    if let Err(e) = engine
+    // A transcript never keeps a tool call without a result: the next provider call would
+    // be refused.
+    if matches!(end, End::Failed { .. } | End::Cancelled) {
+        let why = format!("no result: {}", reason.clone().unwrap_or_default());
+        if let Err(e) = super::answer_pending(engine, &session.id, run_id, &why).await {
+            tracing::error!(run = run_id, error = %e, "cannot answer pending tool calls");
+        }
+    }
+    // Only the run that still owns the session ends it (another replica may have failed it
+    // as stale meanwhile).
+    match engine
         .store
         .finish_run(run_id, state, reason.as_deref())
         .await
     {
-        tracing::error!(run = run_id, error = %e, "cannot record the end of a run");
-    }
-    if let Err(e) = engine
-        .store
-        .set_session_status(&session.id, session_status)
-        .await
-    {
-        tracing::error!(session = %session.id, error = %e, "cannot record the session status");
+        Ok(true) => {
+            if let Err(e) = engine
+                .store
+                .transition_session(&session.id, &["running"], session_status)
+                .await
+            {
+                tracing::error!(session = %session.id, error = %e, "cannot record the session status");
+            }
+        }
+        Ok(false) => {
+            tracing::warn!(
+                run = run_id,
+                "the run was already ended elsewhere; leaving the session alone"
+            );
+            return;
+        }
+        Err(e) => tracing::error!(run = run_id, error = %e, "cannot record the end of a run"),
     }
     let mut data = json!({"runId": run_id, "state": state});
     if let Some(r) = reason {
@@ -241,11 +260,7 @@ async fn steps(
             model: model.clone(),
             system: Some(system.clone()),
             messages,
-            tools: dynamic
-                .iter()
-                .cloned()
-                .chain(super::proposals::spec(policy))
-                .collect(),
+            tools,
             metadata: llm::RequestMetadata {
                 session: Some(session.id.clone()),
                 user: Some(session.user.clone()),
@@ -404,6 +419,9 @@ async fn steps(
         .await;
         for (call, outcome) in outcomes {
             finish_call(engine, session, run_id, call, outcome).await?;
+        }
+        if *cancel.borrow() {
+            return Ok(End::Cancelled);
         }
         if waiting {
             return Ok(End::RequiresAction);

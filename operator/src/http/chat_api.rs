@@ -404,7 +404,10 @@ fn follow(
             }
             tokio::select! {
                 received = st.live.recv() => match received {
-                    Ok(e) => st.queue.push_back(e),
+                    // In order: take it. After a gap (an event another replica wrote), let
+                    // the database catch-up above fetch everything in order.
+                    Ok(e) if e.seq == st.last + 1 => st.queue.push_back(e),
+                    Ok(_) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => {
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -559,34 +562,29 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let session = owned(&state, &caller, &id).await?;
+    // Waiting for client results: hold the session (as running, so no message or result
+    // slips in), answer the pending calls, then release it.
     if session.status == "requires_action"
         && state
             .store
-            .transition_session(&id, &["requires_action"], "idle")
+            .transition_session(&id, &["requires_action"], "running")
             .await
             .map_err(store_error)?
     {
         let messages = state.store.list_messages(&id).await.map_err(store_error)?;
-        let (pending, run_id) = pending_calls(&messages);
-        let run_id = run_id.unwrap_or_default();
-        for call in pending {
-            let message = crate::store::NewMessage {
-                run_id: Some(run_id.clone()),
-                role: "tool".into(),
-                content: "cancelled by the user before the client returned a result".into(),
-                tool_call_id: Some(call.id.clone()),
-                is_error: true,
-                ..Default::default()
-            };
-            state
-                .store
-                .append_message(&id, &message)
-                .await
-                .map_err(store_error)?;
-        }
+        let run_id = pending_calls(&messages).1.unwrap_or_default();
+        let reason = "cancelled by the user before the client returned a result";
+        crate::chat::answer_pending(&state.engine, &id, &run_id, reason)
+            .await
+            .map_err(store_error)?;
         state
             .store
             .finish_run(&run_id, "cancelled", Some("cancelled by the user"))
+            .await
+            .map_err(store_error)?;
+        state
+            .store
+            .transition_session(&id, &["running"], "idle")
             .await
             .map_err(store_error)?;
         let data =

@@ -45,6 +45,7 @@ pub struct ListQuery {
 /// `GET /chat/v1/proposals`: newest first, optionally by phase.
 pub async fn list(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
@@ -56,8 +57,24 @@ pub async fn list(
         .list_proposals(q.phase.as_deref(), 500)
         .await
         .map_err(ApiError::internal)?;
+    // A proposal carries what the model saw in a private session: show it to its user and to
+    // those who may decide it.
+    let config = state.config.borrow().clone();
+    let visible = |p: &ProposalRecord| {
+        if state.auth == super::auth::AuthMode::Loopback || p.user == caller.user {
+            return true;
+        }
+        let policy = p.policy.as_deref().and_then(|qualified| {
+            let (ns, name) = qualified.split_once('/')?;
+            config.catalog.policies.get(&ObjectKey::new(ns, name))
+        });
+        policy.is_some_and(|policy| {
+            let groups = &policy.object.spec.proposals.approver_groups;
+            groups.is_empty() || caller.groups.iter().any(|g| groups.contains(g))
+        })
+    };
     Ok(Json(
-        json!({"items": rows.iter().map(view).collect::<Vec<_>>()}),
+        json!({"items": rows.iter().filter(|p| visible(p)).map(view).collect::<Vec<_>>()}),
     ))
 }
 

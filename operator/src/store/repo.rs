@@ -342,15 +342,19 @@ impl Store {
         run_id: &str,
         status: &str,
         reason: Option<&str>,
-    ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE chat_runs SET status = $1, reason = $2, finished_at = $3, heartbeat_at = $3 WHERE id = $4")
-            .bind(status)
-            .bind(reason)
-            .bind(now_ms())
-            .bind(run_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+    ) -> Result<bool, StoreError> {
+        // Only a run still in progress ends; one already failed by another replica stays so.
+        let done = sqlx::query(
+            "UPDATE chat_runs SET status = $1, reason = $2, finished_at = $3, heartbeat_at = $3 \
+             WHERE id = $4 AND status IN ('running', 'cancelling', 'requires_action')",
+        )
+        .bind(status)
+        .bind(reason)
+        .bind(now_ms())
+        .bind(run_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Sets a session's status unconditionally (the run that owns it finishing).
@@ -759,6 +763,23 @@ impl Store {
         Ok(())
     }
 
+    /// Undecided proposals past their expiry, oldest first.
+    pub async fn expired_pending_proposals(
+        &self,
+        now: i64,
+        limit: i64,
+    ) -> Result<Vec<ProposalRecord>, StoreError> {
+        let rows = sqlx::query(concat!(
+            proposal_select!(),
+            " WHERE phase = 'Pending' AND expires_at <= $1 ORDER BY expires_at LIMIT $2"
+        ))
+        .bind(now)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(proposal_row).collect()
+    }
+
     /// The proposal with database id `id`.
     pub async fn get_proposal(&self, id: &str) -> Result<Option<ProposalRecord>, StoreError> {
         let row = sqlx::query(concat!(proposal_select!(), " WHERE id = $1"))
@@ -797,7 +818,7 @@ impl Store {
     ) -> Result<ProposalRecord, StoreError> {
         let done = sqlx::query(
             "UPDATE proposals SET decision = $1, phase = $2, message = $3, updated_at = $4, version = version + 1 \
-             WHERE id = $5 AND version = $6 AND decision IS NULL AND phase = 'Pending'",
+             WHERE id = $5 AND version = $6 AND decision IS NULL AND phase = 'Pending' AND expires_at > $4",
         )
         .bind(json_text(decision))
         .bind(phase)
