@@ -99,6 +99,8 @@ pub struct Engine {
     pub router: Arc<crate::tools::Router>,
     hub: Mutex<HashMap<String, broadcast::Sender<EventRecord>>>,
     cancels: Mutex<HashMap<String, watch::Sender<bool>>>,
+    /// Runs whose task is alive here: only these get heartbeats.
+    live: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Engine {
@@ -115,6 +117,7 @@ impl Engine {
             replica: crate::store::new_id(),
             hub: Mutex::new(HashMap::new()),
             cancels: Mutex::new(HashMap::new()),
+            live: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -189,16 +192,26 @@ impl Engine {
             return Err(ChatError::Busy(session.id.clone()));
         }
         let run_id = crate::store::new_id();
-        self.store
-            .create_run(&run_id, &session.id, &self.replica)
-            .await?;
         let message = crate::store::NewMessage {
             run_id: Some(run_id.clone()),
             role: "user".into(),
             content: content.to_owned(),
             ..Default::default()
         };
-        self.store.append_message(&session.id, &message).await?;
+        let stored = async {
+            self.store
+                .create_run(&run_id, &session.id, &self.replica)
+                .await?;
+            self.store.append_message(&session.id, &message).await
+        };
+        if let Err(e) = stored.await {
+            // Give the session back rather than leave it running with no run behind it.
+            let _ = self
+                .store
+                .transition_session(&session.id, &["running"], &session.status)
+                .await;
+            return Err(e.into());
+        }
         self.spawn(session, &run_id, false);
         Ok(run_id)
     }
@@ -221,17 +234,22 @@ impl Engine {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(session.id.clone(), cancel_tx.clone());
+        self.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run_id.to_owned());
         // Cancels requested at another replica arrive through the database.
         let watcher = {
             let store = self.store.clone();
             let id = run_id.to_owned();
+            let tx = cancel_tx.clone();
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                     if let Ok(Some(status)) = store.run_status(&id).await
                         && status == "cancelling"
                     {
-                        let _ = cancel_tx.send(true);
+                        let _ = tx.send(true);
                         return;
                     }
                 }
@@ -244,10 +262,18 @@ impl Engine {
             run::run(&engine, &session, &id, resume, cancel_rx).await;
             watcher.abort();
             engine
-                .cancels
+                .live
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(&session.id);
+                .remove(&id);
+            // A resumed run of the same session may have registered its own handle already.
+            let mut cancels = engine.cancels.lock().unwrap_or_else(|e| e.into_inner());
+            if cancels
+                .get(&session.id)
+                .is_some_and(|tx| tx.same_channel(&cancel_tx))
+            {
+                cancels.remove(&session.id);
+            }
         });
     }
 
@@ -299,7 +325,14 @@ impl Engine {
                 _ = tokio::time::sleep(HEARTBEAT) => {}
                 _ = shutdown.changed() => return,
             }
-            if let Err(e) = self.store.heartbeat_runs(&self.replica).await {
+            let live: Vec<String> = self
+                .live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned()
+                .collect();
+            if let Err(e) = self.store.heartbeat_runs(&self.replica, &live).await {
                 tracing::warn!(error = %e, "run heartbeat failed");
             }
             let stale_before = crate::store::now_ms() - STALE_AFTER.as_millis() as i64;

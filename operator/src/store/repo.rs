@@ -259,16 +259,22 @@ impl Store {
         Ok(())
     }
 
-    /// Refreshes the heartbeat of every running run `owner` executes.
-    pub async fn heartbeat_runs(&self, owner: &str) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "UPDATE chat_runs SET heartbeat_at = $1 WHERE owner = $2 AND status IN ('running', 'cancelling')",
-        )
-        .bind(now_ms())
-        .bind(owner)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+    /// Refreshes the heartbeat of the runs `owner` executes whose task is alive (`live`);
+    /// a run whose task died stops beating and is recovered.
+    pub async fn heartbeat_runs(&self, owner: &str, live: &[String]) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for id in live {
+            let done = sqlx::query(
+                "UPDATE chat_runs SET heartbeat_at = $1 WHERE id = $2 AND owner = $3 AND status IN ('running', 'cancelling')",
+            )
+            .bind(now_ms())
+            .bind(id)
+            .bind(owner)
+            .execute(&self.pool)
+            .await?;
+            n += done.rows_affected();
+        }
+        Ok(n)
     }
 
     /// Running runs whose heartbeat is older than `before` (Unix ms): `(run id, session id)`.
