@@ -138,20 +138,8 @@ impl Engine {
         event_type: &str,
         data: Value,
     ) -> Result<EventRecord, StoreError> {
-        let record = self
-            .store
-            .append_event(session_id, Some(run_id), event_type, &data)
-            .await?;
-        let sender = self
-            .hub
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(session_id)
-            .cloned();
-        if let Some(sender) = sender {
-            let _ = sender.send(record.clone());
-        }
-        Ok(record)
+        self.publish(session_id, Some(run_id), event_type, data)
+            .await
     }
 
     /// Persists and publishes an event that belongs to no run (e.g. a proposal decision).
@@ -161,9 +149,21 @@ impl Engine {
         event_type: &str,
         data: Value,
     ) -> Result<EventRecord, StoreError> {
+        self.publish(session_id, None, event_type, data).await
+    }
+
+    /// Persists an event (the database issues its sequence number), then hands it to the
+    /// followers of this replica.
+    async fn publish(
+        &self,
+        session_id: &str,
+        run_id: Option<&str>,
+        event_type: &str,
+        data: Value,
+    ) -> Result<EventRecord, StoreError> {
         let record = self
             .store
-            .append_event(session_id, None, event_type, &data)
+            .append_event(session_id, run_id, event_type, &data)
             .await?;
         let sender = self
             .hub
