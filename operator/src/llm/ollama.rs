@@ -302,16 +302,13 @@ impl LlmProvider for Ollama {
         request: &'a ChatRequest,
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
         Box::pin(async move {
-            let started = std::time::Instant::now();
             let body = self.body(request, false);
-            let mut response = super::retry::call_with_retry(self.config.retry, || async {
-                let response = wire::send(&self.config, self.post("/api/chat").json(&body)).await?;
-                let v: Value = wire::json_body(&self.config, response).await?;
-                parse_response(&self.config.name, &v)
-            })
-            .await?;
-            response.latency_ms = started.elapsed().as_millis() as u64;
-            Ok(response)
+            wire::complete_json(
+                &self.config,
+                || self.post("/api/chat").json(&body),
+                parse_response,
+            )
+            .await
         })
     }
 
@@ -325,14 +322,7 @@ impl LlmProvider for Ollama {
             }
             let response = wire::send(&self.config, r).await?;
             let v: Value = wire::json_body(&self.config, response).await?;
-            Ok(v.get("models")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|m| m.get("name").and_then(Value::as_str).map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default())
+            Ok(wire::model_ids(&v, "models", "name"))
         })
     }
 }

@@ -420,21 +420,19 @@ impl LlmProvider for OpenAi {
         request: &'a ChatRequest,
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
         Box::pin(async move {
-            let started = std::time::Instant::now();
             let body = self.body(request, false);
-            let url = format!("{}/chat/completions", self.config.base_url);
-            let mut response = super::retry::call_with_retry(self.config.retry, || async {
-                let response = wire::send(
-                    &self.config,
-                    self.authorized(self.client.post(&url)).json(&body),
-                )
-                .await?;
-                let v: Value = wire::json_body(&self.config, response).await?;
-                parse_response(&self.config.name, &v)
-            })
-            .await?;
-            response.latency_ms = started.elapsed().as_millis() as u64;
-            Ok(response)
+            wire::complete_json(
+                &self.config,
+                || {
+                    self.authorized(
+                        self.client
+                            .post(format!("{}/chat/completions", self.config.base_url)),
+                    )
+                    .json(&body)
+                },
+                parse_response,
+            )
+            .await
         })
     }
 
@@ -443,14 +441,7 @@ impl LlmProvider for OpenAi {
             let url = format!("{}/models", self.config.base_url);
             let response = wire::send(&self.config, self.authorized(self.client.get(&url))).await?;
             let v: Value = wire::json_body(&self.config, response).await?;
-            Ok(v.get("data")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default())
+            Ok(wire::model_ids(&v, "data", "id"))
         })
     }
 }

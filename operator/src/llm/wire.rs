@@ -156,6 +156,41 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// A non-streamed call: `request` is built afresh for each attempt, the JSON body is
+/// parsed by `parse`, retries follow the provider's policy, and the latency is stamped.
+pub async fn complete_json(
+    config: &ProviderConfig,
+    request: impl Fn() -> reqwest::RequestBuilder,
+    parse: fn(&str, &serde_json::Value) -> Result<super::ChatResponse, LlmError>,
+) -> Result<super::ChatResponse, LlmError> {
+    let started = std::time::Instant::now();
+    let mut response = super::retry::call_with_retry(config.retry, || async {
+        let response = send(config, request()).await?;
+        let v: serde_json::Value = json_body(config, response).await?;
+        parse(&config.name, &v)
+    })
+    .await?;
+    response.latency_ms = started.elapsed().as_millis() as u64;
+    Ok(response)
+}
+
+/// The model ids of a models endpoint's answer: `list` is the array's key, `field` each
+/// item's id field.
+pub fn model_ids(v: &serde_json::Value, list: &str, field: &str) -> Vec<String> {
+    v.get(list)
+        .and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| {
+                    m.get(field)
+                        .and_then(serde_json::Value::as_str)
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// One Server-Sent Event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SseEvent {
