@@ -16,6 +16,29 @@ struct Sse {
     data: Value,
 }
 
+async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value {
+    client
+        .get(url)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default()
+}
+
+async fn post_json(client: &reqwest::Client, url: impl reqwest::IntoUrl, body: &Value) -> Value {
+    client
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default()
+}
+
 /// Reads SSE events from `resp` until `stop` says so (or 20 s pass).
 async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[Sse]) -> bool) -> Vec<Sse> {
     let mut body = resp.bytes_stream();
@@ -156,14 +179,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
     );
 
     // The transcript.
-    let s: Value = client
-        .get(server.url(&format!("/chat/v1/sessions/{id}")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "idle");
     let roles: Vec<&str> = s["messages"]
         .as_array()
@@ -173,14 +189,11 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
     assert_eq!(s["messages"][1]["content"], "The api pods are OOMKilled.");
 
     // The audit log has the provider call; the transcript exports.
-    let audit: Value = client
-        .get(server.url(&format!("/api/v1/audit?session={id}&kind=llm_call")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let audit: Value = get_json(
+        &client,
+        server.url(&format!("/api/v1/audit?session={id}&kind=llm_call")),
+    )
+    .await;
     assert_eq!(audit["items"].as_array().map(Vec::len), Some(1), "{audit}");
     assert_eq!(audit["items"][0]["subject"], "gpt/gpt-test");
     assert_eq!(audit["items"][0]["outcome"], "ok");
@@ -209,14 +222,11 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
             && md.contains("The api pods are OOMKilled."),
         "{md}"
     );
-    let exported: Value = client
-        .get(server.url(&format!("/chat/v1/sessions/{id}/export")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let exported: Value = get_json(
+        &client,
+        server.url(&format!("/chat/v1/sessions/{id}/export")),
+    )
+    .await;
     assert_eq!(exported["messages"].as_array().map(Vec::len), Some(2));
 
     // Replay after a disconnect: Last-Event-ID resumes right after it.
@@ -335,14 +345,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("failed"))
     );
-    let s: Value = client
-        .get(server.url(&format!("/chat/v1/sessions/{id}")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "failed");
     push(script, streamed(&d, (d.text_stream)(&["back"])));
     let r = client
@@ -358,14 +361,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
     );
 
     // Sessions are private; deletion hides them.
-    let list: Value = client
-        .get(server.url("/chat/v1/sessions"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let list: Value = get_json(&client, server.url("/chat/v1/sessions")).await;
     assert_eq!(list["items"].as_array().map(Vec::len), Some(1));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let r = client
@@ -455,14 +451,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
         ),
         (json!("get_logs"), json!(true))
     );
-    let s: Value = client
-        .get(server.url(&format!("/chat/v1/sessions/{id}")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "requires_action");
     let provider_calls = script.seen.lock().map(|s| s.len()).unwrap_or(0);
     let offered = script
@@ -568,14 +557,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
     )
     .await;
     assert_eq!(r.status().as_u16(), 202);
-    let s: Value = client
-        .get(server.url(&format!("/chat/v1/sessions/{id}")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "idle");
     let last = s["messages"]
         .as_array()
@@ -682,14 +664,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
         "{offered}"
     );
 
-    let list: Value = client
-        .get(server.url("/chat/v1/proposals?phase=Pending"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let list: Value = get_json(&client, server.url("/chat/v1/proposals?phase=Pending")).await;
     let item = list["items"]
         .as_array()
         .and_then(|a| a.iter().find(|p| p["id"] == proposal_id.as_str()).cloned())
@@ -738,14 +713,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
         updates.last().map(|e| e.data["phase"].clone()),
         Some(json!("Approved"))
     );
-    let audit: Value = client
-        .get(server.url("/api/v1/audit?kind=decision"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let audit: Value = get_json(&client, server.url("/api/v1/audit?kind=decision")).await;
     assert_eq!(audit["items"][0]["user"], "local");
 
     // A policy with a 1 s expiry: undecided, the proposal expires and says so.
@@ -788,14 +756,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
         409,
         "expired proposals cannot be approved"
     );
-    let list: Value = client
-        .get(server.url("/chat/v1/proposals?phase=Expired"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let list: Value = get_json(&client, server.url("/chat/v1/proposals?phase=Expired")).await;
     assert!(
         list["items"]
             .as_array()
@@ -809,15 +770,12 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
 async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
     let client = http_client();
     let d = openai();
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-loop"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let session: Value = post_json(
+        &client,
+        server.url("/chat/v1/sessions"),
+        &json!({"name": "incident-loop"}),
+    )
+    .await;
     let id = session["id"].as_str().unwrap_or_default().to_owned();
     for i in 0..3 {
         let call_id = format!("loop_{i}");
@@ -866,14 +824,7 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::llm::Script
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("completed"))
     );
-    let s: Value = client
-        .get(server.url(&format!("/chat/v1/sessions/{id}")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     let last = s["messages"]
         .as_array()
         .and_then(|m| m.last().cloned())
@@ -1001,15 +952,12 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
     let b = Server::start_with_url(dir.path(), &db.url, &[]);
     let client = http_client();
     let d = openai();
-    let session: Value = client
-        .post(a.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-xr"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let session: Value = post_json(
+        &client,
+        a.url("/chat/v1/sessions"),
+        &json!({"name": "incident-xr"}),
+    )
+    .await;
     let id = session["id"].as_str().unwrap_or_default().to_owned();
     let mut chunks = (d.text_stream)(&["Partial answer"]);
     chunks.truncate(2);
@@ -1057,14 +1005,7 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
         Some(json!("cancelled")),
         "{events:?}"
     );
-    let s: Value = client
-        .get(b.url(&format!("/chat/v1/sessions/{id}")))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
+    let s: Value = get_json(&client, b.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "idle");
     assert_eq!(
         s["messages"][1]["content"], "Partial answer",
