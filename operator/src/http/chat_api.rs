@@ -513,6 +513,24 @@ pub async fn tool_results(
     {
         return Err(not_waiting(&id));
     }
+    // The calls checked above must still be the ones waiting (a cancel and a new run could
+    // have come in between the check and the status change).
+    let now_pending = pending_calls(&state.store.list_messages(&id).await.map_err(store_error)?);
+    if now_pending.1.as_deref() != Some(run_id.as_str())
+        || now_pending
+            .0
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect::<std::collections::BTreeSet<_>>()
+            != expected
+    {
+        state
+            .store
+            .transition_session(&id, &["running"], "requires_action")
+            .await
+            .map_err(store_error)?;
+        return Err(not_waiting(&id));
+    }
     for r in &body.results {
         let content = match &r.content {
             Value::String(s) => s.clone(),
