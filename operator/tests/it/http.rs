@@ -53,12 +53,12 @@ spec:
 apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {name: default, namespace: team-a}
-spec: {sessions: ['*'], provider: nope}
+spec: {sessions: ['*'], provider: nope, proposals: {allowedActions: [restart], approverGroups: [sre]}}
 ";
 
 struct Harness {
     app: axum::Router,
-    _db: crate::common::TestDb,
+    db: crate::common::TestDb,
     _dir: tempfile::TempDir,
 }
 
@@ -88,11 +88,7 @@ async fn harness(auth: AuthMode) -> Harness {
         metrics,
         auth,
     });
-    Harness {
-        app,
-        _db: db,
-        _dir: dir,
-    }
+    Harness { app, db, _dir: dir }
 }
 
 async fn call(
@@ -301,4 +297,75 @@ async fn key_mode_needs_a_chat_key() {
     assert_eq!(status, StatusCode::UNAUTHORIZED);
     let (status, _, _) = call(&h.app, with_key(Some("chat-key-alice"))).await;
     assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn key_mode_shows_proposals_only_to_their_user_and_possible_deciders() {
+    let h = harness(AuthMode::Keys).await;
+    let now = kortex::store::now_ms();
+    for (id, user) in [("p-alice", "alice"), ("p-bob", "bob")] {
+        let record = kortex::store::ProposalRecord {
+            id: id.into(),
+            name: format!("restart-api-{id}"),
+            namespace: "team-a".into(),
+            session_id: None,
+            session_name: "incident-1".into(),
+            user: user.into(),
+            policy: Some("team-a/default".into()),
+            action: "restart".into(),
+            target: None,
+            params: None,
+            rationale: "logs from a private session".into(),
+            blast_radius: None,
+            reversible: None,
+            provider: None,
+            model: None,
+            phase: "Pending".into(),
+            decision: None,
+            message: None,
+            preview: None,
+            undo: None,
+            expires_at: now + 600_000,
+            created_at: now,
+            updated_at: now,
+            version: 1,
+        };
+        h.db.store
+            .insert_proposal(&record)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let authed = |method: &str, path: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "kortex.example")
+            .header(header::AUTHORIZATION, "Bearer chat-key-alice")
+            .body(Body::empty())
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (status, _, body) = call(&h.app, authed("GET", "/chat/v1/proposals")).await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<String> = json(&body)["items"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        ids,
+        vec!["p-alice".to_owned()],
+        "bob's proposal is not alice's to see: she is not in the approver group"
+    );
+    let (status, _, body) = call(&h.app, authed("POST", "/chat/v1/proposals/p-bob/approve")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        json(&body)["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("sre"),
+        "{body}"
+    );
 }
