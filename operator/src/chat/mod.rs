@@ -37,9 +37,6 @@ pub enum ChatError {
     /// The session is running (or waiting for tool results).
     #[error("session {0} is busy with a run; wait for it to finish or cancel it")]
     Busy(String),
-    /// No such session for this user.
-    #[error("session {0} not found")]
-    NotFound(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),

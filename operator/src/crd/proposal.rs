@@ -177,14 +177,6 @@ impl ProposalPhase {
             Self::Failed => "Failed",
         }
     }
-
-    /// Phases after which nothing changes any more.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            Self::Rejected | Self::Expired | Self::Succeeded | Self::Failed
-        )
-    }
 }
 
 /// Observed state of an `ActionProposal`.

@@ -24,7 +24,6 @@ impl From<ChatError> for ApiError {
             ChatError::Busy(_) => {
                 ApiError::new(StatusCode::CONFLICT, "session_busy", e.to_string())
             }
-            ChatError::NotFound(_) => ApiError::not_found(e.to_string()),
             ChatError::Store(e) => ApiError::internal(e),
         }
     }

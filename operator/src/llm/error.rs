@@ -23,8 +23,6 @@ pub enum ErrorKind {
     Connection,
     /// The provider's answer did not follow its wire format.
     Protocol,
-    /// The caller cancelled.
-    Cancelled,
     /// The provider is not configured usably.
     Config,
 }
@@ -41,7 +39,6 @@ impl ErrorKind {
             Self::Timeout => "timeout",
             Self::Connection => "connection",
             Self::Protocol => "protocol",
-            Self::Cancelled => "cancelled",
             Self::Config => "config",
         }
     }
@@ -83,11 +80,6 @@ impl LlmError {
                 | ErrorKind::Connection
                 | ErrorKind::Timeout
         )
-    }
-
-    /// A hard failure that justifies failing over to another provider (SPEC §3 modes).
-    pub fn allows_failover(&self) -> bool {
-        self.is_retryable()
     }
 
     /// The error for an HTTP status and the provider's message.

@@ -362,17 +362,6 @@ impl Store {
         .await?;
         Ok(done.rows_affected() > 0)
     }
-
-    /// Sets a session's status unconditionally (the run that owns it finishing).
-    pub async fn set_session_status(&self, id: &str, status: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE chat_sessions SET status = $1, updated_at = $2 WHERE id = $3")
-            .bind(status)
-            .bind(now_ms())
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
 }
 
 /// Large tool results.
