@@ -260,7 +260,7 @@ pub async fn post_message(
         .is_some_and(|v| v.contains("text/event-stream"));
     // Subscribe before the run starts, so no event is missed.
     let live = state.engine.subscribe(&id);
-    let after = last_seq(&state, &id).await?;
+    let after = state.store.last_event_seq(&id).await.map_err(store_error)?;
     let run_id = state.engine.start_run(&session, &body.content).await?;
     if !wants_stream {
         return Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response());
@@ -274,23 +274,6 @@ pub async fn post_message(
         response.headers_mut().insert("x-kortex-run-id", v);
     }
     Ok(response)
-}
-
-async fn last_seq(state: &AppState, id: &str) -> Result<i64, ApiError> {
-    // The newest stored event; events are few per session compared with the cost of a scan.
-    let mut after = 0;
-    loop {
-        let page = state
-            .store
-            .events_after(id, after, 1000)
-            .await
-            .map_err(store_error)?;
-        match page.last() {
-            Some(last) if page.len() == 1000 => after = last.seq,
-            Some(last) => return Ok(last.seq),
-            None => return Ok(after),
-        }
-    }
 }
 
 /// `?after=SEQ` of the events endpoint.

@@ -452,6 +452,18 @@ impl Store {
         Ok(record)
     }
 
+    /// The sequence number of the session's newest event (0 before the first).
+    pub async fn last_event_seq(&self, session_id: &str) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT last_event_seq FROM chat_sessions WHERE id = $1")
+            .bind(session_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row
+            .map(|r| r.try_get("last_event_seq"))
+            .transpose()?
+            .unwrap_or(0))
+    }
+
     /// Events with `seq > after`, oldest first, at most `limit`.
     pub async fn events_after(
         &self,
