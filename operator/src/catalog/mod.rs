@@ -247,6 +247,28 @@ impl Catalog {
             .map(|(_, p)| p)
     }
 
+    /// The provider and model a policy's role answers with: a role written `provider/model`
+    /// pins a provider when the prefix names one of `namespace` (model ids such as
+    /// `meta-llama/Llama-3` contain '/' themselves); otherwise the policy's `provider` with the
+    /// role's model, or its default model when the role is unset.
+    pub fn role_target(
+        &self,
+        namespace: &str,
+        policy: &PolicyEntry,
+        role: Option<&str>,
+    ) -> (String, Option<String>) {
+        let provider = &policy.object.spec.provider;
+        match role {
+            Some(m) => match m.split_once('/') {
+                Some((p, model)) if self.provider(namespace, p).is_some() => {
+                    (p.to_owned(), Some(model.to_owned()))
+                }
+                _ => (provider.clone(), Some(m.to_owned())),
+            },
+            None => (provider.clone(), None),
+        }
+    }
+
     /// The provider `name` in `namespace`.
     pub fn provider(&self, namespace: &str, name: &str) -> Option<&ProviderEntry> {
         self.providers.get(&ObjectKey::new(namespace, name))

@@ -160,15 +160,8 @@ async fn steps(
     };
     let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
     let spec = &policy.object.spec;
-    let (provider_name, model) = match spec.models.default.as_deref() {
-        Some(m) => match m.split_once('/') {
-            Some((p, model)) if catalog.provider(&session.namespace, p).is_some() => {
-                (p.to_owned(), Some(model.to_owned()))
-            }
-            _ => (spec.provider.clone(), Some(m.to_owned())),
-        },
-        None => (spec.provider.clone(), None),
-    };
+    let (provider_name, model) =
+        catalog.role_target(&session.namespace, policy, spec.models.default.as_deref());
     let Some(entry) = catalog
         .provider(&session.namespace, &provider_name)
         .filter(|e| e.available)

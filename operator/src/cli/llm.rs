@@ -191,15 +191,7 @@ fn choose<'a>(
         format!("no ChatPolicy in namespace {ns} matches session {:?}; pass --provider NAME to pick one", args.session)
     })?;
     let spec = &policy.object.spec;
-    let (provider, model) = match spec.models.default.as_deref() {
-        Some(m) => match m.split_once('/') {
-            Some((p, model)) if catalog.provider(ns, p).is_some() => {
-                (p.to_owned(), Some(model.to_owned()))
-            }
-            _ => (spec.provider.clone(), Some(m.to_owned())),
-        },
-        None => (spec.provider.clone(), None),
-    };
+    let (provider, model) = catalog.role_target(ns, policy, spec.models.default.as_deref());
     let entry = catalog.provider(ns, &provider).ok_or_else(|| {
         format!(
             "ChatPolicy {} names LLMProvider {provider}, which is not in namespace {ns}",
