@@ -380,6 +380,19 @@ fn policy_conditions_name_the_provider_problem() {
         ready("pinned").0,
         "a model id containing '/' is not a provider pin"
     );
+    let fallback = &cat.policies[&ObjectKey::new("default", "fallback")];
+    assert_eq!(
+        cat.role_target("default", fallback, Some("ollama/qwen3")),
+        ("ollama".into(), Some("qwen3".into()))
+    );
+    assert_eq!(
+        cat.role_target("default", fallback, Some("meta-llama/Llama-3")),
+        ("anthropic".into(), Some("meta-llama/Llama-3".into()))
+    );
+    assert_eq!(
+        cat.role_target("default", fallback, None),
+        ("anthropic".into(), None)
+    );
     assert_eq!(
         cat.policies[&ObjectKey::new("default", "down")]
             .object
