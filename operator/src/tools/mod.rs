@@ -78,8 +78,15 @@ pub struct Outcome {
 
 /// The tools of a process.
 pub struct Router {
-    tools: BTreeMap<String, Arc<dyn Tool>>,
+    tools: BTreeMap<String, Registered>,
     metrics: Arc<Metrics>,
+}
+
+/// A tool with what is derived from it once: its spec and its compiled argument schema.
+struct Registered {
+    tool: Arc<dyn Tool>,
+    spec: ToolSpec,
+    validator: Result<jsonschema::Validator, String>,
 }
 
 impl Router {
@@ -95,12 +102,16 @@ impl Router {
 
     /// Adds a tool (later issues register the Kubernetes, Prometheus and plugin tools).
     pub fn add(&mut self, tool: Arc<dyn Tool>) {
-        self.tools.insert(tool.spec().name, tool);
-    }
-
-    /// Whether `name` is a router tool.
-    pub fn has(&self, name: &str) -> bool {
-        self.tools.contains_key(name)
+        let spec = tool.spec();
+        let validator = jsonschema::validator_for(&spec.parameters).map_err(|e| e.to_string());
+        self.tools.insert(
+            spec.name.clone(),
+            Registered {
+                tool,
+                spec,
+                validator,
+            },
+        );
     }
 
     /// The tools `policy` lets sessions call.
@@ -108,8 +119,9 @@ impl Router {
         let rules = &policy.object.spec.tools;
         self.tools
             .values()
-            .map(|t| t.spec())
+            .map(|t| &t.spec)
             .filter(|s| crate::glob::allowed(&rules.allow, &rules.deny, &s.name))
+            .cloned()
             .collect()
     }
 
@@ -132,10 +144,10 @@ impl Router {
                     call.name
                 )))
             }
-            Some(tool) => match validate(&tool.spec().parameters, &call.input) {
+            Some(registered) => match validate(&registered.validator, &call.input) {
                 Err(e) => Err(e),
                 Ok(()) => {
-                    let (default, hard) = tool.timeouts();
+                    let (default, hard) = registered.tool.timeouts();
                     let timeout = rules
                         .timeouts
                         .get(&call.name)
@@ -143,7 +155,7 @@ impl Router {
                         .unwrap_or(default)
                         .min(hard);
                     run(
-                        tool.clone(),
+                        registered.tool.clone(),
                         ctx.clone(),
                         call.input.clone(),
                         timeout,
@@ -207,9 +219,13 @@ impl Router {
     }
 }
 
-/// Validates `input` against a JSON Schema; the message names every failing path.
-pub fn validate(schema: &Value, input: &Value) -> Result<(), ToolError> {
-    let validator = jsonschema::validator_for(schema)
+/// Validates `input` against a tool's compiled JSON Schema; the message names every failing path.
+fn validate(
+    validator: &Result<jsonschema::Validator, String>,
+    input: &Value,
+) -> Result<(), ToolError> {
+    let validator = validator
+        .as_ref()
         .map_err(|e| ToolError::Internal(format!("the tool's own schema is invalid: {e}")))?;
     let errors: Vec<String> = validator
         .iter_errors(input)
