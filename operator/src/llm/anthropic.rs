@@ -27,15 +27,15 @@ impl Anthropic {
         Self { config, client }
     }
 
-    fn request(&self, path: &str) -> reqwest::RequestBuilder {
-        let mut r = self
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self
             .client
-            .post(format!("{}{path}", self.config.base_url))
+            .request(method, format!("{}{path}", self.config.base_url))
             .header("anthropic-version", API_VERSION);
-        if let Some(key) = &self.config.api_key {
-            r = r.header("x-api-key", key.expose());
+        match &self.config.api_key {
+            Some(key) => r.header("x-api-key", key.expose()),
+            None => r,
         }
-        r
     }
 
     fn body(&self, request: &ChatRequest, stream: bool) -> Value {
@@ -415,16 +415,12 @@ impl LlmProvider for Anthropic {
     ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
         Box::pin(async move {
             let body = self.body(request, true);
-            super::retry::stream_with_retry(self.config.retry, || async {
-                let response =
-                    wire::send(&self.config, self.request("/v1/messages").json(&body)).await?;
-                Ok(wire::decode(
-                    &self.config,
-                    response,
-                    Framing::Sse,
-                    wire::sse,
-                    StreamDecoder::new(&self.config.name),
-                ))
+            let post = || {
+                self.request(reqwest::Method::POST, "/v1/messages")
+                    .json(&body)
+            };
+            wire::stream_call(&self.config, post, Framing::Sse, wire::sse, || {
+                StreamDecoder::new(&self.config.name)
             })
             .await
         })
@@ -438,7 +434,10 @@ impl LlmProvider for Anthropic {
             let body = self.body(request, false);
             wire::complete_json(
                 &self.config,
-                || self.request("/v1/messages").json(&body),
+                || {
+                    self.request(reqwest::Method::POST, "/v1/messages")
+                        .json(&body)
+                },
                 parse_response,
             )
             .await
@@ -446,18 +445,8 @@ impl LlmProvider for Anthropic {
     }
 
     fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
-        Box::pin(async move {
-            let mut r = self
-                .client
-                .get(format!("{}/v1/models?limit=1000", self.config.base_url))
-                .header("anthropic-version", API_VERSION);
-            if let Some(key) = &self.config.api_key {
-                r = r.header("x-api-key", key.expose());
-            }
-            let response = wire::send(&self.config, r).await?;
-            let v: Value = wire::json_body(&self.config, response).await?;
-            Ok(wire::model_ids(&v, "data", "id"))
-        })
+        let request = self.request(reqwest::Method::GET, "/v1/models?limit=1000");
+        Box::pin(wire::list_models(&self.config, request, "data", "id"))
     }
 }
 

@@ -22,8 +22,10 @@ impl Ollama {
         Self { config, client }
     }
 
-    fn post(&self, path: &str) -> reqwest::RequestBuilder {
-        let r = self.client.post(format!("{}{path}", self.config.base_url));
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self
+            .client
+            .request(method, format!("{}{path}", self.config.base_url));
         match &self.config.api_key {
             Some(key) => r.bearer_auth(key.expose()),
             None => r,
@@ -283,15 +285,9 @@ impl LlmProvider for Ollama {
     ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
         Box::pin(async move {
             let body = self.body(request, true);
-            super::retry::stream_with_retry(self.config.retry, || async {
-                let response = wire::send(&self.config, self.post("/api/chat").json(&body)).await?;
-                Ok(wire::decode(
-                    &self.config,
-                    response,
-                    Framing::Ndjson,
-                    wire::line,
-                    StreamDecoder::new(&self.config.name),
-                ))
+            let post = || self.request(reqwest::Method::POST, "/api/chat").json(&body);
+            wire::stream_call(&self.config, post, Framing::Ndjson, wire::line, || {
+                StreamDecoder::new(&self.config.name)
             })
             .await
         })
@@ -305,7 +301,7 @@ impl LlmProvider for Ollama {
             let body = self.body(request, false);
             wire::complete_json(
                 &self.config,
-                || self.post("/api/chat").json(&body),
+                || self.request(reqwest::Method::POST, "/api/chat").json(&body),
                 parse_response,
             )
             .await
@@ -313,17 +309,8 @@ impl LlmProvider for Ollama {
     }
 
     fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
-        Box::pin(async move {
-            let mut r = self
-                .client
-                .get(format!("{}/api/tags", self.config.base_url));
-            if let Some(key) = &self.config.api_key {
-                r = r.bearer_auth(key.expose());
-            }
-            let response = wire::send(&self.config, r).await?;
-            let v: Value = wire::json_body(&self.config, response).await?;
-            Ok(wire::model_ids(&v, "models", "name"))
-        })
+        let request = self.request(reqwest::Method::GET, "/api/tags");
+        Box::pin(wire::list_models(&self.config, request, "models", "name"))
     }
 }
 

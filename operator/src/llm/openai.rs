@@ -437,12 +437,8 @@ impl LlmProvider for OpenAi {
     }
 
     fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
-        Box::pin(async move {
-            let url = format!("{}/models", self.config.base_url);
-            let response = wire::send(&self.config, self.authorized(self.client.get(&url))).await?;
-            let v: Value = wire::json_body(&self.config, response).await?;
-            Ok(wire::model_ids(&v, "data", "id"))
-        })
+        let request = self.authorized(self.client.get(format!("{}/models", self.config.base_url)));
+        Box::pin(wire::list_models(&self.config, request, "data", "id"))
     }
 }
 

@@ -174,6 +174,34 @@ pub async fn complete_json(
     Ok(response)
 }
 
+/// A streamed call: `request` is built afresh for each attempt, its body decoded by a new
+/// `decoder`, with the retry rules of [`super::retry::stream_with_retry`].
+pub async fn stream_call<D: Decoder>(
+    config: &ProviderConfig,
+    request: impl Fn() -> reqwest::RequestBuilder,
+    framing: Framing,
+    convert: fn(Frame) -> D::Item,
+    decoder: impl Fn() -> D,
+) -> Result<ChatStream, LlmError> {
+    super::retry::stream_with_retry(config.retry, || async {
+        let response = send(config, request()).await?;
+        Ok(decode(config, response, framing, convert, decoder()))
+    })
+    .await
+}
+
+/// Calls a models endpoint and returns the ids it lists (see [`model_ids`]).
+pub async fn list_models(
+    config: &ProviderConfig,
+    request: reqwest::RequestBuilder,
+    list: &str,
+    field: &str,
+) -> Result<Vec<String>, LlmError> {
+    let response = send(config, request).await?;
+    let v: serde_json::Value = json_body(config, response).await?;
+    Ok(model_ids(&v, list, field))
+}
+
 /// The model ids of a models endpoint's answer: `list` is the array's key, `field` each
 /// item's id field.
 pub fn model_ids(v: &serde_json::Value, list: &str, field: &str) -> Vec<String> {
