@@ -909,6 +909,16 @@ async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::S
     );
 }
 
+/// Every scenario in turn against one server, which then must stop cleanly.
+async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::llm::Script>) {
+    scenario(&server, script).await;
+    dynamic_tools(&server, script).await;
+    proposals(&server, script).await;
+    terminal_clients(&server, script).await;
+    depth_limit(&server, script).await;
+    assert!(server.terminate().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     let (base, script) = mock().await;
@@ -917,12 +927,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
-    scenario(&server, &script).await;
-    dynamic_tools(&server, &script).await;
-    proposals(&server, &script).await;
-    terminal_clients(&server, &script).await;
-    depth_limit(&server, &script).await;
-    assert!(server.terminate().success());
+    all_scenarios(server, &script).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -932,12 +937,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     manifests(dir.path(), &base);
     let server = Server::start_with_url(dir.path(), &db.url, &[]);
-    scenario(&server, &script).await;
-    dynamic_tools(&server, &script).await;
-    proposals(&server, &script).await;
-    terminal_clients(&server, &script).await;
-    depth_limit(&server, &script).await;
-    assert!(server.terminate().success());
+    all_scenarios(server, &script).await;
 }
 
 /// Two replicas on one PostgreSQL database: a run started on A is followed and cancelled
