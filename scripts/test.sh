@@ -40,6 +40,16 @@ if [ -z "${KORTEX_TEST_POSTGRES_URL:-}" ]; then
   start_postgres
 fi
 export KORTEX_REQUIRE_POSTGRES=1
+
+# The MCP plugin tests talk to a real MCP server: the Python SDK's, in a virtualenv.
+venv=target/test-venv
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import mcp.server.mcpserver' 2>/dev/null; then
+  echo "==> installing the Python MCP SDK into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-mcp.txt
+fi
+export KORTEX_TEST_PYTHON="$PWD/$venv/bin/python"
+export KORTEX_REQUIRE_MCP=1
 echo "==> PostgreSQL for tests: ${KORTEX_TEST_POSTGRES_URL%%:*}://...@${KORTEX_TEST_POSTGRES_URL#*@}"
 
 runner=(cargo test)

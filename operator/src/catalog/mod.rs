@@ -513,7 +513,29 @@ fn compile_tools(
                 "tool name {name:?} is invalid: use letters, digits, '_' and '-', starting with a letter, without '__'"
             ));
         }
+        if let Some(http) = &spec.http {
+            match crate::tools::plugin_http::UrlTemplate::parse(&http.url) {
+                Err(e) => spec_problems.push(format!("spec.http.url: {e}")),
+                Ok(template) => {
+                    let properties = spec
+                        .parameters
+                        .as_ref()
+                        .and_then(|p| p.get("properties"))
+                        .and_then(|p| p.as_object());
+                    for name in &template.placeholders {
+                        if !properties.is_some_and(|p| p.contains_key(name)) {
+                            spec_problems.push(format!(
+                                "spec.http.url: placeholder {{{name}}} is not a property of spec.parameters"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
         if let Some(params) = &spec.parameters {
+            if let Err(e) = jsonschema::validator_for(params) {
+                spec_problems.push(format!("spec.parameters is not a valid JSON Schema: {e}"));
+            }
             match params.get("type").and_then(|v| v.as_str()) {
                 Some("object") => {}
                 _ => spec_problems

@@ -220,7 +220,7 @@ async fn steps(
         let mut messages = history(&engine.store.list_messages(&session.id).await?);
         let tools: Vec<llm::ToolSpec> = engine
             .router
-            .offered(policy)
+            .offered(policy, session)
             .into_iter()
             .chain(dynamic.iter().cloned())
             .chain(super::proposals::spec(policy))

@@ -190,17 +190,24 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         AuthMode::Keys
     };
     let probes = crate::llm::probe::ProbeBoard::default();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let plugin_host =
+        crate::tools::plugins::PluginHost::new(crate::tools::egress::Egress::from_env())?;
+    let (plugins_tx, plugins_rx) = watch::channel(Arc::new(crate::tools::PluginSet::default()));
+    let plugins = tokio::spawn(crate::tools::plugins::run(
+        config_rx.clone(),
+        plugins_tx,
+        plugin_host,
+        stop_rx.clone(),
+    ));
+    let router = crate::tools::Router::new(metrics.clone()).with_plugins(plugins_rx);
     let state = AppState {
         config: config_rx.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
         auth,
         probes: probes.clone(),
-        engine: crate::chat::Engine::new(
-            store.clone(),
-            config_rx.clone(),
-            Arc::new(crate::tools::Router::new(metrics.clone())),
-        ),
+        engine: crate::chat::Engine::new(store.clone(), config_rx.clone(), Arc::new(router)),
     };
 
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -209,7 +216,6 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, "listening on http://{local}");
 
-    let (stop_tx, stop_rx) = watch::channel(false);
     let expirer = tokio::spawn(expire_proposals(state.engine.clone(), stop_rx.clone()));
     let sole_replica = store.backend() == crate::store::Backend::Sqlite;
     let maintainer = tokio::spawn(state.engine.clone().maintain(sole_replica, stop_rx.clone()));
@@ -235,6 +241,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         let _ = w.await;
     }
     let _ = prober.await;
+    let _ = plugins.await;
     let _ = expirer.await;
     let _ = maintainer.await;
     drop(config_tx);

@@ -205,14 +205,26 @@ pub async fn tools(
     State(state): State<AppState>,
     query: QueryResult,
 ) -> Result<Json<Value>, ApiError> {
-    listing(
+    let plugins = state.engine.router.plugins();
+    let Json(mut out) = listing(
         &state,
         query,
         Kind::KortexTool,
         |c| &c.catalog.tools,
         |t| {
             let spec = &t.object.spec;
-            let status = t.object.status.clone().unwrap_or_default();
+            let mut status = t.object.status.clone().unwrap_or_default();
+            let key = ObjectKey::of(&t.object);
+            let discovery = plugins.discovery.get(&key).map(|d| {
+                status.tools = d.tools.clone();
+                json!({
+                    "reachable": d.discovered_at.is_some() && d.error.is_none(),
+                    "error": d.error,
+                    "skipped": d.skipped,
+                    "discoveredAt": d.discovered_at.map(|t| t.to_string()),
+                })
+            });
+            let problem = plugins.problems.get(&key);
             let backend = match (&spec.http, &spec.mcp) {
                 (Some(h), _) => {
                     json!({"type": "http", "method": h.method, "url": h.url, "auth": h.auth.as_ref().map(|a| a.auth_type)})
@@ -239,10 +251,20 @@ pub async fn tools(
                 "timeoutSeconds": t.timeout().as_secs_f64(),
                 "maxResultBytes": t.max_result_bytes(),
                 "tools": status.tools,
+                "discovery": discovery,
+                "buildError": problem,
             });
             (common, own)
         },
-    )
+    )?;
+    let builtin: Vec<Value> = state
+        .engine
+        .router
+        .builtin()
+        .map(|t| json!({"name": t.name, "description": t.description, "parameters": t.parameters}))
+        .collect();
+    out["builtin"] = json!(builtin);
+    Ok(Json(out))
 }
 
 /// `GET /api/v1/policies`

@@ -285,3 +285,51 @@ pub struct ProposalRecord {
     /// Optimistic-concurrency version, bumped by every update.
     pub version: i64,
 }
+
+/// A search of past incidents: every word must match (case-insensitive).
+#[derive(Clone, Debug, Default)]
+pub struct IncidentQuery {
+    /// Up to [`IncidentQuery::MAX_WORDS`] words; more are ignored.
+    pub words: Vec<String>,
+    /// Only sessions and proposals of this namespace.
+    pub namespace: Option<String>,
+    /// Only proposals whose target mentions this (kind, name or namespace).
+    pub target: Option<String>,
+    /// Unix ms, inclusive.
+    pub since: i64,
+    /// Unix ms, exclusive.
+    pub until: i64,
+    /// Left out (the asking session).
+    pub exclude_session: Option<String>,
+    /// Most rows of each kind.
+    pub limit: i64,
+}
+
+impl IncidentQuery {
+    /// Words matched; the rest of a longer query is ignored.
+    pub const MAX_WORDS: usize = 4;
+}
+
+/// A past session that matched.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IncidentSession {
+    /// Id.
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Owner.
+    pub user: String,
+    /// Title, when one was written.
+    pub title: Option<String>,
+    /// The first question asked.
+    pub question: Option<String>,
+    /// The last answer given.
+    pub last_answer: Option<String>,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub updated_at: i64,
+}

@@ -872,6 +872,131 @@ impl Store {
     }
 }
 
+/// `LIKE` patterns of the words (escaped, lower-cased); unused slots match anything.
+fn like_patterns(words: &[String]) -> [String; IncidentQuery::MAX_WORDS] {
+    let mut out: [String; IncidentQuery::MAX_WORDS] = Default::default();
+    for (slot, word) in out.iter_mut().zip(
+        words
+            .iter()
+            .map(|w| w.trim())
+            .filter(|w| !w.is_empty())
+            .chain(std::iter::repeat(""))
+            .take(IncidentQuery::MAX_WORDS),
+    ) {
+        let escaped: String = word
+            .to_lowercase()
+            .chars()
+            .flat_map(|c| match c {
+                '%' | '_' | '\\' => vec!['\\', c],
+                c => vec![c],
+            })
+            .collect();
+        *slot = format!("%{escaped}%");
+    }
+    out
+}
+
+/// Every one of the patterns `$1`..`$4` matches `$hay`.
+macro_rules! all_words {
+    ($hay:literal) => {
+        concat!(
+            "LOWER(",
+            $hay,
+            ") LIKE $1 ESCAPE '\\' AND LOWER(",
+            $hay,
+            ") LIKE $2 ESCAPE '\\' AND LOWER(",
+            $hay,
+            ") LIKE $3 ESCAPE '\\' AND LOWER(",
+            $hay,
+            ") LIKE $4 ESCAPE '\\'"
+        )
+    };
+}
+
+const SEARCH_SESSIONS: &str = concat!(
+    "SELECT s.id, s.name, s.namespace, s.user_name, s.title, s.created_at, s.updated_at, \
+     (SELECT m.content FROM chat_messages m WHERE m.session_id = s.id AND m.role = 'user' ORDER BY m.seq LIMIT 1) AS question, \
+     (SELECT m.content FROM chat_messages m WHERE m.session_id = s.id AND m.role = 'assistant' AND m.content <> '' ORDER BY m.seq DESC LIMIT 1) AS last_answer \
+     FROM chat_sessions s WHERE s.deleted_at IS NULL AND s.id <> $5 AND ($6 = '' OR s.namespace = $6) \
+     AND s.updated_at >= $7 AND s.created_at < $8 AND ((",
+    all_words!("s.name || ' ' || COALESCE(s.title, '')"),
+    ") OR EXISTS (SELECT 1 FROM chat_messages m WHERE m.session_id = s.id AND m.role IN ('user', 'assistant') AND ",
+    all_words!("m.content"),
+    ")) ORDER BY s.updated_at DESC, s.id DESC LIMIT $9"
+);
+
+const SEARCH_PROPOSALS: &str = concat!(
+    proposal_select!(),
+    " WHERE COALESCE(session_id, '') <> $5 AND ($6 = '' OR namespace = $6) AND ($7 = '' OR LOWER(COALESCE(target, '')) LIKE $7 ESCAPE '\\') \
+     AND created_at >= $8 AND created_at < $9 AND ",
+    all_words!(
+        "name || ' ' || action || ' ' || COALESCE(target, '') || ' ' || rationale || ' ' || COALESCE(message, '') || ' ' || phase"
+    ),
+    " ORDER BY created_at DESC, id DESC LIMIT $10"
+);
+
+impl Store {
+    /// Past sessions (by name, title or any question or answer) and proposals (by action,
+    /// target, rationale, outcome) that match every word of the query, newest first.
+    pub async fn search_incidents(
+        &self,
+        q: &IncidentQuery,
+    ) -> Result<(Vec<IncidentSession>, Vec<ProposalRecord>), StoreError> {
+        let [p1, p2, p3, p4] = like_patterns(&q.words);
+        let exclude = q.exclude_session.clone().unwrap_or_default();
+        let namespace = q.namespace.clone().unwrap_or_default();
+        let limit = q.limit.clamp(1, 100);
+        let sessions = sqlx::query(SEARCH_SESSIONS)
+            .bind(&p1)
+            .bind(&p2)
+            .bind(&p3)
+            .bind(&p4)
+            .bind(&exclude)
+            .bind(&namespace)
+            .bind(q.since)
+            .bind(q.until)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(IncidentSession {
+                    id: row.try_get("id")?,
+                    name: row.try_get("name")?,
+                    namespace: row.try_get("namespace")?,
+                    user: row.try_get("user_name")?,
+                    title: row.try_get("title")?,
+                    question: row.try_get("question")?,
+                    last_answer: row.try_get("last_answer")?,
+                    created_at: row.try_get("created_at")?,
+                    updated_at: row.try_get("updated_at")?,
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let target = match &q.target {
+            Some(t) if !t.trim().is_empty() => like_patterns(std::slice::from_ref(t))[0].clone(),
+            _ => String::new(),
+        };
+        let proposals = sqlx::query(SEARCH_PROPOSALS)
+            .bind(&p1)
+            .bind(&p2)
+            .bind(&p3)
+            .bind(&p4)
+            .bind(&exclude)
+            .bind(&namespace)
+            .bind(&target)
+            .bind(q.since)
+            .bind(q.until)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(proposal_row)
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok((sessions, proposals))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -5,6 +5,12 @@
 //! with an `errorKind`, one audit row and metrics per call.
 
 mod chunks;
+pub mod egress;
+mod history;
+pub mod mcp;
+pub mod plugin_http;
+pub mod plugins;
+pub mod window;
 
 use crate::catalog::PolicyEntry;
 use crate::llm::{BoxFuture, ToolCall, ToolSpec};
@@ -14,6 +20,9 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+pub use plugins::PluginSet;
 
 pub use chunks::ReadResultChunk;
 
@@ -76,50 +85,91 @@ pub struct Outcome {
     pub duration: Duration,
 }
 
-/// The tools of a process.
+/// The tools of a process: the built-in ones, fixed at start, and the plugin tools of the
+/// live configuration.
 pub struct Router {
     tools: BTreeMap<String, Registered>,
+    plugins: watch::Receiver<Arc<PluginSet>>,
     metrics: Arc<Metrics>,
 }
 
 /// A tool with what is derived from it once: its spec and its compiled argument schema.
-struct Registered {
+pub struct Registered {
     tool: Arc<dyn Tool>,
     spec: ToolSpec,
     validator: Result<jsonschema::Validator, String>,
 }
 
+impl Registered {
+    /// Derives the spec and compiles the schema.
+    pub fn new(tool: Arc<dyn Tool>) -> Self {
+        let spec = tool.spec();
+        let validator = jsonschema::validator_for(&spec.parameters).map_err(|e| e.to_string());
+        Self {
+            tool,
+            spec,
+            validator,
+        }
+    }
+
+    /// What the model sees.
+    pub fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+}
+
 impl Router {
-    /// The built-in tools available everywhere.
+    /// The built-in tools available everywhere, and no plugins.
     pub fn new(metrics: Arc<Metrics>) -> Self {
+        let (_, plugins) = watch::channel(Arc::new(PluginSet::default()));
         let mut router = Self {
             tools: BTreeMap::new(),
+            plugins,
             metrics,
         };
         router.add(Arc::new(ReadResultChunk));
+        router.add(Arc::new(history::IncidentHistory));
         router
     }
 
-    /// Adds a tool (later issues register the Kubernetes, Prometheus and plugin tools).
-    pub fn add(&mut self, tool: Arc<dyn Tool>) {
-        let spec = tool.spec();
-        let validator = jsonschema::validator_for(&spec.parameters).map_err(|e| e.to_string());
-        self.tools.insert(
-            spec.name.clone(),
-            Registered {
-                tool,
-                spec,
-                validator,
-            },
-        );
+    /// Serves the plugin tools published on `plugins`.
+    pub fn with_plugins(mut self, plugins: watch::Receiver<Arc<PluginSet>>) -> Self {
+        self.plugins = plugins;
+        self
     }
 
-    /// The tools `policy` lets sessions call.
-    pub fn offered(&self, policy: &PolicyEntry) -> Vec<ToolSpec> {
+    /// Adds a built-in tool.
+    pub fn add(&mut self, tool: Arc<dyn Tool>) {
+        let registered = Registered::new(tool);
+        self.tools.insert(registered.spec.name.clone(), registered);
+    }
+
+    /// The current plugin tools.
+    pub fn plugins(&self) -> Arc<PluginSet> {
+        self.plugins.borrow().clone()
+    }
+
+    /// The built-in tools' specs.
+    pub fn builtin(&self) -> impl Iterator<Item = &ToolSpec> {
+        self.tools.values().map(|t| &t.spec)
+    }
+
+    /// The tools `session` may call under `policy`: built-ins and the plugins of its
+    /// namespace whose `allowedSessions` match its name, filtered by the policy.
+    pub fn offered(&self, policy: &PolicyEntry, session: &SessionRecord) -> Vec<ToolSpec> {
         let rules = &policy.object.spec.tools;
+        let plugins = self.plugins();
+        let own = plugins
+            .tools
+            .get(&session.namespace)
+            .into_iter()
+            .flat_map(|m| m.values())
+            .filter(|p| crate::glob::any_matches(&p.allowed_sessions, &session.name))
+            .map(|p| &p.registered.spec);
         self.tools
             .values()
             .map(|t| &t.spec)
+            .chain(own)
             .filter(|s| crate::glob::allowed(&rules.allow, &rules.deny, &s.name))
             .cloned()
             .collect()
@@ -136,8 +186,21 @@ impl Router {
     ) -> Outcome {
         let started = Instant::now();
         let rules = &policy.object.spec.tools;
-        let result = match self.tools.get(&call.name) {
+        let plugins = self.plugins();
+        let plugin = plugins.get(&ctx.session.namespace, &call.name);
+        let registered = self.tools.get(&call.name).or(plugin.map(|p| &p.registered));
+        let result = match registered {
             None => Err(ToolError::Denied(format!("unknown tool {}", call.name))),
+            Some(_)
+                if plugin.is_some_and(|p| {
+                    !crate::glob::any_matches(&p.allowed_sessions, &ctx.session.name)
+                }) =>
+            {
+                Err(ToolError::Denied(format!(
+                    "tool {} is not available to session {} (the KortexTool's allowedSessions)",
+                    call.name, ctx.session.name
+                )))
+            }
             Some(_) if !crate::glob::allowed(&rules.allow, &rules.deny, &call.name) => {
                 Err(ToolError::Denied(format!(
                     "tool {} is not allowed by the session's policy",

@@ -5,6 +5,7 @@ mod chat;
 mod common;
 mod http;
 mod llm;
+mod plugins;
 mod samples;
 mod store;
 mod tools;

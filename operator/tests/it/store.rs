@@ -555,3 +555,162 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
         assert_eq!(events[1].data["state"], "failed");
     }
 }
+
+#[tokio::test]
+async fn past_incidents_are_found_by_every_word() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let session = |name: &str| NewSession {
+            name: name.into(),
+            namespace: "shop".into(),
+            user: "alice".into(),
+            policy: None,
+            dynamic_tools: json!([]),
+        };
+        let old = s
+            .create_session(&session("incident-17"))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        for (role, content) in [
+            ("user", "checkout pods are OOMKilled after the 2.3 rollout"),
+            (
+                "assistant",
+                "The new image raised memory use; rolling back fixed it.",
+            ),
+        ] {
+            s.append_message(
+                &old.id,
+                &NewMessage {
+                    role: role.into(),
+                    content: content.into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let unrelated = s
+            .create_session(&session("capacity-review"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.append_message(
+            &unrelated.id,
+            &NewMessage {
+                role: "user".into(),
+                content: "how much memory does search use? 100%_of it".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let now = now_ms();
+        let proposal = ProposalRecord {
+            id: new_id(),
+            name: "rollback-checkout-a1b2c".into(),
+            namespace: "shop".into(),
+            session_id: Some(old.id.clone()),
+            session_name: "incident-17".into(),
+            user: "alice".into(),
+            policy: None,
+            action: "rollback".into(),
+            target: Some(json!({"kind": "Deployment", "namespace": "shop", "name": "checkout"})),
+            params: Some(json!({"toRevision": 6})),
+            rationale: "Pods OOMKilled since revision 7".into(),
+            blast_radius: None,
+            reversible: Some(true),
+            provider: None,
+            model: None,
+            phase: "Succeeded".into(),
+            decision: Some(json!({"approved": true, "by": "bob"})),
+            message: Some("rolled back to revision 6".into()),
+            preview: None,
+            undo: None,
+            expires_at: now + 600_000,
+            created_at: now,
+            updated_at: now,
+            version: 1,
+        };
+        s.insert_proposal(&proposal)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let query = |words: &[&str]| IncidentQuery {
+            words: words.iter().map(|w| (*w).to_owned()).collect(),
+            since: now - 3_600_000,
+            until: now + 3_600_000,
+            limit: 10,
+            ..Default::default()
+        };
+        // Case-insensitive, every word, across questions and answers.
+        let (sessions, proposals) = s
+            .search_incidents(&query(&["oomkilled", "CHECKOUT"]))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        assert_eq!(
+            sessions.iter().map(|x| x.name.as_str()).collect::<Vec<_>>(),
+            ["incident-17"],
+            "{}",
+            db.url
+        );
+        assert_eq!(
+            sessions[0].last_answer.as_deref(),
+            Some("The new image raised memory use; rolling back fixed it.")
+        );
+        assert_eq!(proposals.len(), 1, "{}", db.url);
+        assert_eq!(
+            proposals[0].message.as_deref(),
+            Some("rolled back to revision 6")
+        );
+        // A word that does not occur anywhere rules a row out.
+        let (sessions, proposals) = s
+            .search_incidents(&query(&["checkout", "postgres"]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(sessions.is_empty() && proposals.is_empty(), "{}", db.url);
+        // LIKE wildcards in the query are literal.
+        let (sessions, _) = s
+            .search_incidents(&query(&["100%_of"]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(sessions.len(), 1, "{}", db.url);
+        let (sessions, _) = s
+            .search_incidents(&query(&["1%f"]))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(sessions.is_empty(), "{}", db.url);
+        // Target, namespace, window and the asking session narrow the search.
+        let mut q = query(&["rollback"]);
+        q.target = Some("checkout".into());
+        let (_, proposals) = s
+            .search_incidents(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(proposals.len(), 1);
+        q.target = Some("payments".into());
+        let (_, proposals) = s
+            .search_incidents(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(proposals.is_empty());
+        let mut q = query(&["checkout"]);
+        q.namespace = Some("other".into());
+        let (sessions, proposals) = s
+            .search_incidents(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(sessions.is_empty() && proposals.is_empty());
+        let mut q = query(&["checkout"]);
+        q.since = now + 1_000;
+        let (sessions, proposals) = s
+            .search_incidents(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(sessions.is_empty() && proposals.is_empty());
+        let mut q = query(&["checkout"]);
+        q.exclude_session = Some(old.id.clone());
+        let (sessions, proposals) = s
+            .search_incidents(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(sessions.is_empty() && proposals.is_empty());
+    }
+}

@@ -1,0 +1,478 @@
+//! `KortexTool` with `spec.mcp`: the tools of a remote MCP server (streamable HTTP), through
+//! the official Rust SDK (`rmcp`).
+//!
+//! One task per server connects (initialize), lists its tools and exposes the included ones
+//! as `<name>__<tool>`, lists again on `notifications/tools/list_changed` and every
+//! [`REDISCOVER_EVERY`], and reconnects with backoff when the server goes away. Calls carry
+//! the tool's timeout (dropping a call sends `notifications/cancelled`); tool errors
+//! (`isError`) and JSON-RPC errors become `isError` results.
+
+use super::plugins::{PluginHost, request_headers};
+use super::{Tool, ToolContext, ToolError};
+use crate::catalog::{ObjectKey, ToolEntry};
+use crate::llm::{BoxFuture, ToolSpec};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
+    Implementation, InitializeRequestParams, ProtocolVersion,
+};
+use rmcp::service::{NotificationContext, RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::{ClientHandler, Peer, ServiceError, ServiceExt};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc};
+
+/// Periodic re-discovery (also a liveness check).
+pub const REDISCOVER_EVERY: Duration = Duration::from_secs(300);
+/// Longest wait for `initialize` and `tools/list`.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Names providers accept for functions.
+const MAX_NAME: usize = 64;
+
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// A discovery report of one server task.
+pub struct Found {
+    /// The `KortexTool`.
+    pub key: ObjectKey,
+    /// The connection task that sent it.
+    pub generation: u64,
+    /// The exposed tools.
+    pub tools: Vec<Arc<dyn Tool>>,
+    /// Why the last attempt failed.
+    pub error: Option<String>,
+    /// Tools of the server left out, and why.
+    pub skipped: Vec<String>,
+    /// When the last discovery succeeded.
+    pub discovered_at: Option<jiff::Timestamp>,
+}
+
+impl Found {
+    /// A server that could not be started.
+    pub fn failed(key: ObjectKey, error: String) -> Self {
+        Self {
+            key,
+            generation: 0,
+            tools: Vec::new(),
+            error: Some(error),
+            skipped: Vec::new(),
+            discovered_at: None,
+        }
+    }
+}
+
+/// The connection task of one `KortexTool` (stopped when dropped).
+pub struct McpServer {
+    generation: u64,
+    fingerprint: u64,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What a connection is made from.
+#[derive(Clone)]
+struct Target {
+    key: ObjectKey,
+    prefix: String,
+    url: String,
+    headers: HashMap<reqwest::header::HeaderName, reqwest::header::HeaderValue>,
+    include: Vec<String>,
+    exclude: Vec<String>,
+    timeout: Duration,
+    max_bytes: usize,
+    client: reqwest::Client,
+}
+
+impl McpServer {
+    /// Starts the connection task of an available `mcp` entry.
+    pub fn start(
+        key: ObjectKey,
+        entry: &ToolEntry,
+        host: &PluginHost,
+        found: mpsc::Sender<Found>,
+    ) -> Result<Self, String> {
+        let spec = &entry.object.spec;
+        let mcp = spec
+            .mcp
+            .as_ref()
+            .ok_or_else(|| "not an mcp tool".to_owned())?;
+        let url = reqwest::Url::parse(&mcp.url).map_err(|e| format!("spec.mcp.url: {e}"))?;
+        if !spec.allow_private_targets {
+            host.egress.check_url(&url)?;
+        }
+        let (map, basic) = request_headers(entry, &mcp.headers, mcp.auth.as_ref())?;
+        let mut headers: HashMap<_, _> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        if let Some((user, password)) = basic {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!(
+                "Basic {}",
+                base64(&format!("{user}:{password}"))
+            ))
+            .map_err(|_| "the basic credentials are not a valid header value".to_owned())?;
+            value.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, value);
+        }
+        let generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+        let target = Target {
+            key,
+            prefix: entry.tool_name.clone(),
+            url: mcp.url.clone(),
+            headers,
+            include: mcp.include.clone(),
+            exclude: mcp.exclude.clone(),
+            timeout: entry.timeout(),
+            max_bytes: entry.max_result_bytes() as usize,
+            client: host.client(spec.allow_private_targets),
+        };
+        Ok(Self {
+            generation,
+            fingerprint: fingerprint(entry),
+            task: tokio::spawn(maintain(target, generation, found)),
+        })
+    }
+
+    /// Whether this task still matches `entry` (same spec, same Secret values).
+    pub fn serves(&self, entry: &ToolEntry, _host: &PluginHost) -> bool {
+        self.fingerprint == fingerprint(entry)
+    }
+
+    /// Identifies the task's reports.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// Changes with the spec and the resolved Secret values (kept in memory only).
+fn fingerprint(entry: &ToolEntry) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&entry.object.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    entry.tool_name.hash(&mut h);
+    for (k, v) in &entry.secrets {
+        k.name.hash(&mut h);
+        k.key.hash(&mut h);
+        v.expose().hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Connects, discovers, waits for changes; reconnects with backoff.
+async fn maintain(target: Target, generation: u64, found: mpsc::Sender<Found>) {
+    let mut backoff = Duration::from_secs(1);
+    let mut last: Vec<Arc<dyn Tool>> = Vec::new();
+    let mut discovered_at = None;
+    loop {
+        let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
+        let dead = Arc::new(Notify::new());
+        let error = match connect(&target, changed_tx).await {
+            Err(e) => e,
+            Ok(mut service) => {
+                backoff = Duration::from_secs(1);
+                let error = loop {
+                    let listed =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, service.peer().list_all_tools())
+                            .await;
+                    match listed {
+                        Err(_) => break "tools/list timed out".to_owned(),
+                        Ok(Err(e)) => break format!("tools/list failed: {}", chain(&e)),
+                        Ok(Ok(tools)) => {
+                            let (tools, skipped) = expose(&target, service.peer(), &dead, tools);
+                            last = tools.clone();
+                            discovered_at = Some(jiff::Timestamp::now());
+                            let report = Found {
+                                key: target.key.clone(),
+                                generation,
+                                tools,
+                                error: None,
+                                skipped,
+                                discovered_at,
+                            };
+                            if found.send(report).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    tokio::select! {
+                        _ = changed_rx.recv() => {}
+                        _ = tokio::time::sleep(REDISCOVER_EVERY) => {}
+                        _ = dead.notified() => break "the connection to the server was lost".to_owned(),
+                    }
+                };
+                let _ = service.close_with_timeout(Duration::from_secs(2)).await;
+                error
+            }
+        };
+        tracing::warn!(tool = %target.key, url = %target.url, error = %error, "MCP server unavailable; retrying in {}s", backoff.as_secs());
+        let report = Found {
+            key: target.key.clone(),
+            generation,
+            tools: last.clone(),
+            error: Some(error),
+            skipped: Vec::new(),
+            discovered_at,
+        };
+        if found.send(report).await.is_err() {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// The client side of the handshake: who we are, and list changes forwarded to the task.
+struct Handler {
+    changed: mpsc::UnboundedSender<()>,
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        InitializeRequestParams::new(
+            ClientCapabilities::default(),
+            Implementation::new("kortex", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        let _ = self.changed.send(());
+    }
+}
+
+async fn connect(
+    target: &Target,
+    changed: mpsc::UnboundedSender<()>,
+) -> Result<RunningService<RoleClient, Handler>, String> {
+    let config = StreamableHttpClientTransportConfig::with_uri(target.url.clone())
+        .custom_headers(target.headers.clone());
+    let transport = StreamableHttpClientTransport::with_client(target.client.clone(), config);
+    let service = tokio::time::timeout(HANDSHAKE_TIMEOUT, Handler { changed }.serve(transport))
+        .await
+        .map_err(|_| "initialize timed out".to_owned())?
+        .map_err(|e| format!("initialize failed: {}", chain(&e)))?;
+    service
+        .peer()
+        .set_response_cache_config(rmcp::ClientCacheConfig::disabled())
+        .await;
+    Ok(service)
+}
+
+/// The included tools, as `<prefix>__<name>`; names providers would refuse and schemas that
+/// do not compile are left out and reported.
+fn expose(
+    target: &Target,
+    peer: &Peer<RoleClient>,
+    dead: &Arc<Notify>,
+    tools: Vec<rmcp::model::Tool>,
+) -> (Vec<Arc<dyn Tool>>, Vec<String>) {
+    let mut out: Vec<Arc<dyn Tool>> = Vec::new();
+    let mut skipped = Vec::new();
+    for tool in tools {
+        let remote = tool.name.to_string();
+        if !crate::glob::allowed(&target.include, &target.exclude, &remote) {
+            continue;
+        }
+        let name = format!("{}__{remote}", target.prefix);
+        if name.len() > MAX_NAME
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            skipped.push(format!(
+                "{remote} (the name {name:?} is not a valid tool name)"
+            ));
+            continue;
+        }
+        let mut parameters = Value::Object((*tool.input_schema).clone());
+        if parameters.get("type").is_none() {
+            parameters["type"] = Value::from("object");
+        }
+        if jsonschema::validator_for(&parameters).is_err() {
+            skipped.push(format!(
+                "{remote} (its inputSchema is not a valid JSON Schema)"
+            ));
+            continue;
+        }
+        let description = tool
+            .description
+            .as_deref()
+            .or(tool.title.as_deref())
+            .unwrap_or("A tool of an MCP server.")
+            .to_owned();
+        out.push(Arc::new(McpTool {
+            spec: ToolSpec {
+                name,
+                description,
+                parameters,
+            },
+            remote,
+            peer: peer.clone(),
+            timeout: target.timeout,
+            max_bytes: target.max_bytes,
+            dead: dead.clone(),
+        }));
+    }
+    (out, skipped)
+}
+
+/// One remote tool.
+struct McpTool {
+    spec: ToolSpec,
+    remote: String,
+    peer: Peer<RoleClient>,
+    timeout: Duration,
+    max_bytes: usize,
+    dead: Arc<Notify>,
+}
+
+impl Tool for McpTool {
+    fn spec(&self) -> ToolSpec {
+        self.spec.clone()
+    }
+
+    fn timeouts(&self) -> (Duration, Duration) {
+        (self.timeout, crate::catalog::TOOL_TIMEOUT_CEILING)
+    }
+
+    fn call(
+        &self,
+        _ctx: ToolContext,
+        input: Value,
+    ) -> BoxFuture<'static, Result<String, ToolError>> {
+        let peer = self.peer.clone();
+        let dead = self.dead.clone();
+        let params = CallToolRequestParams::new(self.remote.clone())
+            .with_arguments(input.as_object().cloned().unwrap_or_default());
+        let max_bytes = self.max_bytes;
+        Box::pin(async move {
+            match peer.call_tool(params).await {
+                Ok(result) => {
+                    let failed = result.is_error.unwrap_or(false);
+                    let text = render(&result, max_bytes);
+                    if failed {
+                        Err(ToolError::Upstream(if text.is_empty() {
+                            "the MCP tool failed without a message".to_owned()
+                        } else {
+                            text
+                        }))
+                    } else {
+                        Ok(text)
+                    }
+                }
+                Err(ServiceError::McpError(e)) => Err(ToolError::Upstream(format!(
+                    "MCP error {}: {}",
+                    e.code.0, e.message
+                ))),
+                Err(e @ (ServiceError::TransportSend(_) | ServiceError::TransportClosed)) => {
+                    dead.notify_one();
+                    Err(ToolError::Upstream(format!(
+                        "the MCP server is unreachable: {}",
+                        chain(&e)
+                    )))
+                }
+                Err(e) => Err(ToolError::Upstream(format!(
+                    "MCP call failed: {}",
+                    chain(&e)
+                ))),
+            }
+        })
+    }
+}
+
+/// The result for the model: text blocks as they are, other blocks described, structured
+/// content when there is no text; cut at `max_bytes` with a flag.
+fn render(result: &CallToolResult, max_bytes: usize) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for block in &result.content {
+        match block {
+            ContentBlock::Text(t) => parts.push(t.text.clone()),
+            ContentBlock::Image(i) => parts.push(format!(
+                "[image {} of {} base64 bytes, not shown]",
+                i.mime_type,
+                i.data.len()
+            )),
+            ContentBlock::Resource(r) => parts.push(match &r.resource {
+                rmcp::model::ResourceContents::TextResourceContents { text, .. } => text.clone(),
+                rmcp::model::ResourceContents::BlobResourceContents { uri, .. } => {
+                    format!("[binary resource {uri}, not shown]")
+                }
+                _ => "[resource not shown]".to_owned(),
+            }),
+            ContentBlock::ResourceLink(l) => parts.push(format!("[resource {}]", l.uri)),
+            _ => parts.push("[content not shown]".to_owned()),
+        }
+    }
+    let mut text = parts.join("\n");
+    if text.trim().is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        text = structured.to_string();
+    }
+    if text.len() > max_bytes {
+        let mut end = max_bytes;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str(&format!(
+            "\n[truncated: the result is longer than maxResultBytes ({max_bytes} bytes)]"
+        ));
+    }
+    text
+}
+
+/// An error with its sources (reqwest hides the cause in them).
+fn chain(e: &dyn std::error::Error) -> String {
+    super::plugin_http::error_chain(e)
+}
+
+/// Standard base64 (for basic credentials).
+fn base64(text: &str) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_rfc_4648() {
+        for (plain, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("user:pa55", "dXNlcjpwYTU1"),
+        ] {
+            assert_eq!(base64(plain), encoded);
+        }
+    }
+}

@@ -1,0 +1,593 @@
+//! Plugin tools from `KortexTool` resources: HTTP tools against a local server (auth,
+//! hostile parameter values, timeouts, 5xx, caps, refused targets, allowedSessions) and MCP
+//! tools against a real MCP server (the Python SDK's, started by the test).
+
+use crate::common::sqlite;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use kortex::catalog::PolicyEntry;
+use kortex::live::LiveConfig;
+use kortex::llm::ToolCall;
+use kortex::metrics::Metrics;
+use kortex::source::ManifestSource;
+use kortex::store::{NewSession, Store};
+use kortex::tools::plugins::{PluginHost, PluginSet};
+use kortex::tools::{Outcome, Router, ToolContext};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// One request the upstream server saw.
+#[derive(Clone, Debug)]
+pub(crate) struct Seen {
+    pub(crate) method: String,
+    /// Path and query exactly as sent.
+    pub(crate) target: String,
+    pub(crate) headers: axum::http::HeaderMap,
+    pub(crate) body: String,
+}
+
+/// A local upstream: `/fail*` answers 503, `/slow*` waits 5 s, `/big*` returns 200 KB,
+/// anything else echoes `{"ok": true}`. Every request is recorded.
+pub(crate) async fn upstream() -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let record = record.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let body = axum::body::to_bytes(body, 1 << 20)
+                .await
+                .unwrap_or_default();
+            let target = parts
+                .uri
+                .path_and_query()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            if let Ok(mut s) = record.lock() {
+                s.push(Seen {
+                    method: parts.method.to_string(),
+                    target: target.clone(),
+                    headers: parts.headers.clone(),
+                    body: String::from_utf8_lossy(&body).into_owned(),
+                });
+            }
+            if target.starts_with("/fail") {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "maintenance window".to_owned(),
+                )
+            } else if target.starts_with("/slow") {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                (StatusCode::OK, "late".to_owned())
+            } else if target.starts_with("/big") {
+                (StatusCode::OK, "x".repeat(200_000))
+            } else {
+                (
+                    StatusCode::OK,
+                    r#"{"ok": true, "issues": ["OPS-1"]}"#.to_owned(),
+                )
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), seen)
+}
+
+/// Loads manifests written to a temporary folder.
+fn config(dir: &Path, yaml: &str) -> LiveConfig {
+    std::fs::write(dir.join("m.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    let mut src = ManifestSource::new(vec![dir.to_path_buf()], Box::new(|_| None))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let now = jiff::Timestamp::now();
+    LiveConfig::build(src.load(now), None, now)
+}
+
+/// The plugin manager over `config`, and a router serving its tools.
+pub(crate) struct Plugins {
+    pub(crate) router: Router,
+    set: watch::Receiver<Arc<PluginSet>>,
+    config: watch::Sender<Arc<LiveConfig>>,
+    _stop: watch::Sender<bool>,
+}
+
+impl Plugins {
+    pub(crate) fn start(config: LiveConfig) -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (config_tx, config_rx) = watch::channel(Arc::new(config));
+        let (set_tx, set_rx) = watch::channel(Arc::new(PluginSet::default()));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let host = PluginHost::new(kortex::tools::egress::Egress::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        tokio::spawn(kortex::tools::plugins::run(
+            config_rx, set_tx, host, stop_rx,
+        ));
+        Self {
+            router: Router::new(Arc::new(Metrics::default())).with_plugins(set_rx.clone()),
+            set: set_rx,
+            config: config_tx,
+            _stop: stop_tx,
+        }
+    }
+
+    /// Waits (up to 30 s) until the plugin set satisfies `ready`.
+    pub(crate) async fn wait(&mut self, what: &str, ready: impl Fn(&PluginSet) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while !ready(&self.set.borrow_and_update()) {
+            if tokio::time::timeout_at(deadline, self.set.changed())
+                .await
+                .is_err()
+            {
+                let set = self.set.borrow();
+                panic!(
+                    "timed out waiting for {what}; discovery: {:?}, problems: {:?}",
+                    set.discovery, set.problems
+                );
+            }
+        }
+    }
+}
+
+fn policy() -> PolicyEntry {
+    PolicyEntry {
+        object: serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "p", "namespace": "default"}, "spec": {"sessions": ["*"], "provider": "x"}}))
+        .unwrap_or_else(|e| panic!("{e}")),
+        available: true,
+    }
+}
+
+async fn session(store: &Store, name: &str) -> ToolContext {
+    let session = store
+        .create_session(&NewSession {
+            name: name.into(),
+            namespace: "default".into(),
+            user: "u".into(),
+            policy: None,
+            dynamic_tools: json!([]),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    ToolContext {
+        store: store.clone(),
+        session,
+        run_id: "run-1".into(),
+    }
+}
+
+async fn call(router: &Router, ctx: &ToolContext, name: &str, input: Value) -> Outcome {
+    let call = ToolCall {
+        id: format!("c-{name}"),
+        name: name.into(),
+        input,
+    };
+    router
+        .execute(ctx.clone(), &call, &policy(), std::future::pending())
+        .await
+}
+
+fn http_manifests(base: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: bridge}}
+stringData: {{token: tok-123, key: key-456, basic: "ops:pa55:word"}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: jira-get}}
+spec:
+  description: Read one Jira issue.
+  http:
+    url: {base}/issues/{{key}}/view
+    headers: [{{name: Accept, value: application/json}}]
+    auth: {{type: bearer, secretRef: {{name: bridge, key: token}}}}
+  parameters:
+    type: object
+    properties:
+      key: {{type: string}}
+      fields: {{type: array, items: {{type: string}}}}
+      limit: {{type: integer, default: 10}}
+    required: [key]
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: jira-search}}
+spec:
+  name: jira_search
+  description: Search Jira.
+  http:
+    method: POST
+    url: {base}/search
+    auth: {{type: apiKey, header: X-API-Key, secretRef: {{name: bridge, key: key}}}}
+  parameters: {{type: object, properties: {{jql: {{type: string}}}}, required: [jql]}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: basic}}
+spec:
+  description: Basic auth.
+  http: {{url: "{base}/basic", auth: {{type: basic, secretRef: {{name: bridge, key: basic}}}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: flaky}}
+spec: {{description: Fails., http: {{url: "{base}/fail"}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: sluggish}}
+spec: {{description: Slow., timeout: 1s, http: {{url: "{base}/slow"}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: bulky}}
+spec: {{description: Big., maxResultBytes: 1000, http: {{url: "{base}/big"}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: metadata}}
+spec: {{description: Cloud metadata., http: {{url: "http://169.254.169.254/latest/meta-data/"}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: incident-only}}
+spec: {{description: Only for incidents., allowedSessions: ["incident-*"], http: {{url: "{base}/incident"}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: hostile-host}}
+spec: {{description: Host from a parameter., http: {{url: "http://{{host}}/x"}}, parameters: {{type: object, properties: {{host: {{type: string}}}}}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: other-ns, namespace: team-b}}
+spec: {{description: Another namespace., http: {{url: "{base}/b"}}}}
+"#
+    )
+}
+
+fn last_seen(seen: &Mutex<Vec<Seen>>) -> Option<Seen> {
+    seen.lock().ok().and_then(|s| s.last().cloned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_plugin_tools_call_their_endpoint_safely() {
+    let (base, seen) = upstream().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config = config(dir.path(), &http_manifests(&base));
+    // A placeholder in the host is refused when the resource is compiled.
+    let hostile = config
+        .catalog
+        .tools
+        .values()
+        .find(|t| t.tool_name == "hostile_host")
+        .unwrap_or_else(|| panic!("hostile-host not loaded"));
+    let accepted = hostile
+        .object
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Accepted"))
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+    assert!(
+        matches!(&accepted, Some((s, r, m)) if s == "False" && r == "InvalidSpec" && m.contains("host")),
+        "{accepted:?}"
+    );
+
+    let mut plugins = Plugins::start(config);
+    plugins
+        .wait("http tools", |s| s.get("default", "jira_get").is_some())
+        .await;
+    let db = sqlite().await;
+    let ctx = session(&db.store, "checkout-debug").await;
+    let router = &plugins.router;
+
+    // Offered: this namespace's tools the session may use, never another namespace's.
+    let offered: Vec<String> = router
+        .offered(&policy(), &ctx.session)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    for name in [
+        "jira_get",
+        "jira_search",
+        "basic",
+        "flaky",
+        "get_incident_history",
+    ] {
+        assert!(offered.contains(&name.to_owned()), "{name} in {offered:?}");
+    }
+    for name in ["incident_only", "other_ns", "hostile_host"] {
+        assert!(!offered.contains(&name.to_owned()), "{name} in {offered:?}");
+    }
+
+    // Hostile values stay inside their path segment; the rest goes to the query string;
+    // the bearer token comes from the Secret.
+    let out = call(
+        router,
+        &ctx,
+        "jira_get",
+        json!({"key": "../admin?x=1#frag@evil.example", "fields": ["summary", "status"]}),
+    )
+    .await;
+    assert!(!out.is_error, "{out:?}");
+    assert!(out.content.contains("OPS-1"), "{out:?}");
+    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    assert_eq!(req.method, "GET");
+    assert_eq!(
+        req.target,
+        "/issues/..%2Fadmin%3Fx%3D1%23frag%40evil.example/view?fields=summary&fields=status&limit=10"
+    );
+    assert_eq!(req.headers["authorization"], "Bearer tok-123");
+    assert_eq!(req.headers["accept"], "application/json");
+    for dots in ["..", "."] {
+        let out = call(router, &ctx, "jira_get", json!({"key": dots})).await;
+        assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+    }
+
+    // POST: arguments as a JSON body, the API key in its header.
+    let out = call(router, &ctx, "jira_search", json!({"jql": "project = OPS"})).await;
+    assert!(!out.is_error, "{out:?}");
+    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    assert_eq!(
+        (req.method.as_str(), req.target.as_str()),
+        ("POST", "/search")
+    );
+    assert_eq!(req.headers["x-api-key"], "key-456");
+    assert_eq!(
+        serde_json::from_str::<Value>(&req.body).unwrap_or_default(),
+        json!({"jql": "project = OPS"})
+    );
+    let out = call(router, &ctx, "jira_search", json!({})).await;
+    assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+    assert!(out.content.contains("jql"), "{out:?}");
+
+    // Basic auth: user:password split at the first colon.
+    let out = call(router, &ctx, "basic", json!({})).await;
+    assert!(!out.is_error, "{out:?}");
+    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    assert_eq!(req.headers["authorization"], "Basic b3BzOnBhNTU6d29yZA==");
+
+    // A 503 becomes an isError result with the status and an excerpt.
+    let out = call(router, &ctx, "flaky", json!({})).await;
+    assert_eq!(
+        (out.is_error, out.error_kind, out.content.as_str()),
+        (
+            true,
+            Some("upstream"),
+            "upstream: 503 Service Unavailable: maintenance window"
+        )
+    );
+
+    // The tool's own timeout.
+    let out = call(router, &ctx, "sluggish", json!({})).await;
+    assert_eq!(out.error_kind, Some("timeout"), "{out:?}");
+
+    // maxResultBytes cuts the body, and says so.
+    let out = call(router, &ctx, "bulky", json!({})).await;
+    assert!(!out.is_error, "{out:?}");
+    assert!(out.content.starts_with(&"x".repeat(1000)), "{out:?}");
+    assert!(
+        out.content.contains("[truncated") && out.content.len() < 1200,
+        "{}",
+        out.content.len()
+    );
+
+    // The metadata service is refused before any request is made.
+    let before = seen.lock().map(|s| s.len()).unwrap_or(0);
+    let out = call(router, &ctx, "metadata", json!({})).await;
+    assert_eq!(out.error_kind, Some("denied"), "{out:?}");
+    assert!(out.content.contains("allowPrivateTargets"), "{out:?}");
+    assert_eq!(seen.lock().map(|s| s.len()).unwrap_or(0), before);
+
+    // allowedSessions: refused for this session even when the model names it; offered to
+    // and callable by an incident session. Another namespace's tool is unknown here.
+    let out = call(router, &ctx, "incident_only", json!({})).await;
+    assert_eq!(out.error_kind, Some("denied"), "{out:?}");
+    assert!(out.content.contains("allowedSessions"), "{out:?}");
+    let incident = session(&db.store, "incident-42").await;
+    assert!(
+        router
+            .offered(&policy(), &incident.session)
+            .iter()
+            .any(|t| t.name == "incident_only")
+    );
+    let out = call(router, &incident, "incident_only", json!({})).await;
+    assert!(!out.is_error, "{out:?}");
+    let out = call(router, &ctx, "other_ns", json!({})).await;
+    assert_eq!(out.error_kind, Some("denied"), "{out:?}");
+
+    // A configuration change replaces the tools: jira-get's token rotates.
+    let rotated = http_manifests(&base).replace("tok-123", "tok-789");
+    let new_config = self::config(dir.path(), &rotated);
+    plugins.config.send_replace(Arc::new(new_config));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let out = call(&plugins.router, &ctx, "jira_get", json!({"key": "OPS-1"})).await;
+    assert!(!out.is_error, "{out:?}");
+    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    assert_eq!(req.headers["authorization"], "Bearer tok-789");
+}
+
+/// A running MCP test server (the Python SDK's); stops when dropped.
+pub(crate) struct McpServer {
+    child: std::process::Child,
+    pub(crate) url: String,
+}
+
+impl Drop for McpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts the server, or `None` when the Python `mcp` package is missing and the test run
+/// does not require it (`KORTEX_REQUIRE_MCP=1`, set by scripts/test.sh).
+pub(crate) fn mcp_server(token: &str) -> Option<McpServer> {
+    let python = std::env::var("KORTEX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_server.py");
+    let has_mcp = std::process::Command::new(&python)
+        .args(["-c", "import mcp.server.mcpserver"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_mcp {
+        assert!(
+            std::env::var("KORTEX_REQUIRE_MCP").is_err(),
+            "{python} has no mcp package (pip install mcp==2.3.0)"
+        );
+        eprintln!("skipped: {python} has no mcp package");
+        return None;
+    }
+    let mut child = std::process::Command::new(&python)
+        .arg(script)
+        .args(["--port", "0", "--token", token])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{python}: {e}"));
+    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let mut line = String::new();
+    let _ = BufReader::new(stdout).read_line(&mut line);
+    let port = line
+        .trim()
+        .strip_prefix("LISTENING ")
+        .unwrap_or_else(|| panic!("MCP server did not start: {line:?}"))
+        .to_owned();
+    Some(McpServer {
+        child,
+        url: format!("http://127.0.0.1:{port}/mcp"),
+    })
+}
+
+fn mcp_manifests(url: &str, token: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: mcp}}
+stringData: {{token: {token}, wrong: nope}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: grafana}}
+spec:
+  mcp:
+    url: {url}
+    auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
+    exclude: [slow, secret_header]
+  timeout: 20s
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: locked-out}}
+spec:
+  mcp:
+    url: {url}
+    auth: {{type: bearer, secretRef: {{name: mcp, key: wrong}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: gone}}
+spec:
+  mcp: {{url: "http://127.0.0.1:9/mcp"}}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
+    let Some(server) = mcp_server("s3cret-token") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let mut plugins = Plugins::start(config(
+        dir.path(),
+        &mcp_manifests(&server.url, "s3cret-token"),
+    ));
+    plugins
+        .wait("discovery", |s| s.get("default", "grafana__echo").is_some())
+        .await;
+    let grafana = plugins.router.plugins();
+    let key = kortex::catalog::ObjectKey::new("default", "grafana");
+    let discovery = grafana.discovery.get(&key).cloned().unwrap_or_default();
+    let mut names = discovery.tools.clone();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "grafana__add",
+            "grafana__add_tool",
+            "grafana__echo",
+            "grafana__fail"
+        ],
+        "include/exclude applied: {discovery:?}"
+    );
+    assert_eq!(discovery.error, None);
+
+    let db = sqlite().await;
+    let ctx = session(&db.store, "incident-7").await;
+    let router = &plugins.router;
+    let out = call(
+        router,
+        &ctx,
+        "grafana__echo",
+        json!({"text": "héllo wörld"}),
+    )
+    .await;
+    assert_eq!((out.is_error, out.content.as_str()), (false, "héllo wörld"));
+    let out = call(router, &ctx, "grafana__add", json!({"a": 2, "b": 40})).await;
+    assert_eq!((out.is_error, out.content.as_str()), (false, "42"));
+    // The server's schema is enforced before the call.
+    let out = call(router, &ctx, "grafana__add", json!({"a": "two"})).await;
+    assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+    // An MCP error result is an isError result for the model.
+    let out = call(router, &ctx, "grafana__fail", json!({})).await;
+    assert_eq!(
+        (out.is_error, out.error_kind, out.content.as_str()),
+        (true, Some("upstream"), "boom: upstream unavailable")
+    );
+    // Excluded tools are not callable.
+    let out = call(router, &ctx, "grafana__slow", json!({"seconds": 0.1})).await;
+    assert_eq!(out.error_kind, Some("denied"), "{out:?}");
+
+    // The server adds a tool and says so: it is discovered without a restart.
+    let out = call(router, &ctx, "grafana__add_tool", json!({})).await;
+    assert!(!out.is_error, "{out:?}");
+    plugins
+        .wait("re-discovery", |s| {
+            s.get("default", "grafana__late").is_some()
+        })
+        .await;
+    let out = call(&plugins.router, &ctx, "grafana__late", json!({})).await;
+    assert_eq!((out.is_error, out.content.as_str()), (false, "late tool"));
+
+    // A wrong token and an unreachable server are reported, not fatal.
+    plugins
+        .wait("failures", |s| {
+            ["locked-out", "gone"].iter().all(|n| {
+                s.discovery
+                    .get(&kortex::catalog::ObjectKey::new("default", *n))
+                    .is_some_and(|d| d.error.is_some())
+            })
+        })
+        .await;
+    let set = plugins.router.plugins();
+    let locked = &set.discovery[&kortex::catalog::ObjectKey::new("default", "locked-out")];
+    let error = locked.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("401") || error.to_lowercase().contains("auth"),
+        "{error}"
+    );
+    assert!(!error.contains("nope"), "the secret never appears: {error}");
+    assert!(locked.tools.is_empty());
+}
