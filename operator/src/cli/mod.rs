@@ -83,6 +83,46 @@ pub struct ServeArgs {
     /// How often providers are probed (also at start-up and after every change), e.g. `60s`.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub probe_interval: std::time::Duration,
+    /// Kubeconfig whose current context the Kubernetes tools read (default: `KUBECONFIG`,
+    /// then the in-cluster service account; without any, the Kubernetes tools are off).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Prometheus base URL for `get_metrics` and `compare_to_baseline`, e.g.
+    /// `http://prometheus.monitoring:9090` (without it, those tools are off).
+    #[arg(long, env = "KORTEX_PROMETHEUS_URL", value_name = "URL")]
+    pub prometheus_url: Option<String>,
+    /// DNS domain of the cluster's Services, for `get_admin_info`.
+    #[arg(long, env = "KORTEX_CLUSTER_DOMAIN", default_value = "cluster.local")]
+    pub cluster_domain: String,
+}
+
+/// A client for the cluster the Kubernetes tools read: `--kubeconfig`, else `KUBECONFIG`,
+/// else the in-cluster service account; `None` without any. Also returns the API server URL.
+pub async fn cluster_client(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<Option<(kube::Client, String)>, String> {
+    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+    let options = KubeConfigOptions::default();
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
+        }
+        None if std::env::var_os("KUBECONFIG").is_some() => Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| format!("KUBECONFIG: {e}"))?,
+        None if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() => {
+            Config::incluster().map_err(|e| format!("in-cluster configuration: {e}"))?
+        }
+        None => return Ok(None),
+    };
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+    Ok(Some((client, url)))
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -191,8 +231,44 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     };
     let probes = crate::llm::probe::ProbeBoard::default();
     let (stop_tx, stop_rx) = watch::channel(false);
-    let plugin_host =
-        crate::tools::plugins::PluginHost::new(crate::tools::egress::Egress::from_env())?;
+    let mut egress = crate::tools::egress::Egress::from_env();
+    let mut router = crate::tools::Router::new(metrics.clone());
+    match cluster_client(args.kubeconfig.as_deref()).await? {
+        Some((client, url)) => {
+            if let Some(host) = url
+                .parse::<reqwest::Url>()
+                .ok()
+                .and_then(|u| u.host_str().map(str::to_owned))
+            {
+                egress.add_api_server(&host);
+            }
+            for tool in crate::tools::cluster::Cluster::new(client).tools() {
+                router.add(tool);
+            }
+            router.add(Arc::new(crate::tools::admin_info::AdminInfo::new(
+                crate::tools::admin_info::AdminInfo::default_client()?,
+                &args.cluster_domain,
+            )));
+            tracing::info!(server = %url, "Kubernetes tools read the cluster at {url}");
+        }
+        None => tracing::info!(
+            "no cluster (no --kubeconfig, KUBECONFIG or in-cluster service account): Kubernetes tools are off"
+        ),
+    }
+    if let Some(url) = &args.prometheus_url {
+        let client = reqwest::Client::builder()
+            .user_agent(concat!("kortex/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(std::time::Duration::from_secs(10))
+            .build()
+            .map_err(|e| format!("cannot build the Prometheus client: {e}"))?;
+        let prometheus = crate::tools::prometheus::Prometheus::new(url, client)
+            .map_err(|e| format!("--prometheus-url: {e}"))?;
+        for tool in prometheus.tools() {
+            router.add(tool);
+        }
+        tracing::info!(url = %url, "Prometheus tools read {url}");
+    }
+    let plugin_host = crate::tools::plugins::PluginHost::new(egress)?;
     let (plugins_tx, plugins_rx) = watch::channel(Arc::new(crate::tools::PluginSet::default()));
     let plugins = tokio::spawn(crate::tools::plugins::run(
         config_rx.clone(),
@@ -200,7 +276,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         plugin_host,
         stop_rx.clone(),
     ));
-    let router = crate::tools::Router::new(metrics.clone()).with_plugins(plugins_rx);
+    let router = router.with_plugins(plugins_rx);
     let state = AppState {
         config: config_rx.clone(),
         store: store.clone(),

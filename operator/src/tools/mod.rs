@@ -4,12 +4,15 @@
 //! for `read_result_chunk`, every failure (panics included) turned into an `isError` result
 //! with an `errorKind`, one audit row and metrics per call.
 
+pub mod admin_info;
 mod chunks;
+pub mod cluster;
 pub mod egress;
 mod history;
 pub mod mcp;
 pub mod plugin_http;
 pub mod plugins;
+pub mod prometheus;
 pub mod window;
 
 use crate::catalog::PolicyEntry;

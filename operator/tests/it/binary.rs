@@ -20,16 +20,25 @@ impl Server {
         Self::start_with_url(manifests, &format!("sqlite://{}", db.display()), env)
     }
 
+    pub(crate) fn start_with_args(manifests: &Path, db: &Path, args: &[&str]) -> Self {
+        Self::launch(manifests, &format!("sqlite://{}", db.display()), &[], args)
+    }
+
     pub(crate) fn start_with_url(
         manifests: &Path,
         database_url: &str,
         env: &[(&str, &str)],
     ) -> Self {
+        Self::launch(manifests, database_url, env, &[])
+    }
+
+    fn launch(manifests: &Path, database_url: &str, env: &[(&str, &str)], args: &[&str]) -> Self {
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
             .arg(manifests)
             .arg("--database-url")
             .arg(database_url)
+            .args(args)
             .env("RUST_LOG", "info")
             .env_remove("DATABASE_URL")
             .stdout(Stdio::null())

@@ -2,10 +2,12 @@
 
 mod binary;
 mod chat;
+mod cluster;
 mod common;
 mod http;
 mod llm;
 mod plugins;
+mod prometheus;
 mod samples;
 mod store;
 mod tools;

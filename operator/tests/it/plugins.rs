@@ -409,8 +409,11 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     // A configuration change replaces the tools: jira-get's token rotates.
     let rotated = http_manifests(&base).replace("tok-123", "tok-789");
     let new_config = self::config(dir.path(), &rotated);
+    let before = plugins.router.plugins();
     plugins.config.send_replace(Arc::new(new_config));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    plugins
+        .wait("the rebuilt set", |s| !std::ptr::eq(s, &*before))
+        .await;
     let out = call(&plugins.router, &ctx, "jira_get", json!({"key": "OPS-1"})).await;
     assert!(!out.is_error, "{out:?}");
     let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));

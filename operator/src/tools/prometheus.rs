@@ -1,0 +1,1316 @@
+//! `get_metrics` and `compare_to_baseline`: PromQL range queries through the Prometheus HTTP
+//! API (`GET {base}/api/v1/query_range`), summarised for a model.
+//!
+//! `get_metrics` returns per series the statistics of every sample (count, min, max, mean,
+//! p50/p95/p99 with linear interpolation, last) and at most 60 samples picked evenly.
+//! `compare_to_baseline` runs the same query over the window and over the `baselineHours`
+//! before it, with the same step, and gives per series (matched by identical label sets) the
+//! z-scores of the window's mean, max and min against the baseline's samples.
+//!
+//! Default steps: `get_metrics` uses window / 120 rounded up to whole seconds (at least
+//! 1 s); `compare_to_baseline` uses the largest of window / 30 (about 30 points in the
+//! window), baseline / 10 000 (Prometheus refuses more than 11 000 points per series) and
+//! 1 s, each rounded up to whole seconds: 30 s for the default 15 minutes against 24 hours.
+//!
+//! Non-finite samples (`NaN`, `+Inf`, `-Inf`) are skipped in every statistic and counted.
+//! A Prometheus error is `prometheus: <errorType>: <error>`; any other non-2xx answer is
+//! `upstream: <status>: <excerpt>`.
+
+use super::plugin_http::error_chain;
+use super::{Tool, ToolContext, ToolError, window};
+use crate::llm::{BoxFuture, ToolSpec};
+use futures_util::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most points per series Prometheus answers (`(end - start) / step`).
+pub const MAX_POINTS: i64 = 11_000;
+/// Most series in a result.
+const MAX_SERIES: usize = 20;
+/// Most samples shown per series.
+const MAX_SAMPLES: usize = 60;
+/// Most samples shown over all series (with more than 10 series each gets fewer than 60).
+const SAMPLE_BUDGET: usize = 600;
+/// Longest PromQL expression.
+const MAX_QUERY_CHARS: usize = 4000;
+/// Largest successful answer read.
+const MAX_BODY_BYTES: usize = 64 << 20;
+/// Largest error answer read (a JSON error is parsed from it).
+const MAX_ERROR_BYTES: usize = 64 << 10;
+/// Longest excerpt of an error body shown to the model.
+const ERROR_EXCERPT: usize = 512;
+/// Default window of `get_metrics`.
+const METRICS_WINDOW: &str = "last 1h";
+/// Default window of `compare_to_baseline`.
+const COMPARE_WINDOW: &str = "last 15m";
+/// Default baseline length (hours).
+const BASELINE_HOURS: i64 = 24;
+/// Default z-score threshold.
+const THRESHOLD: f64 = 3.0;
+/// Fewest finite baseline samples for a z-score.
+const MIN_BASELINE_SAMPLES: usize = 10;
+
+/// A Prometheus server the tools query.
+pub struct Prometheus {
+    /// `{base}/api/v1/query_range`.
+    endpoint: reqwest::Url,
+    client: reqwest::Client,
+}
+
+impl Prometheus {
+    /// A Prometheus at `base_url` (`http://` or `https://`, with a host, optionally a path
+    /// prefix such as `http://prom:9090/prometheus`; no query string or fragment).
+    pub fn new(base_url: &str, client: reqwest::Client) -> Result<Arc<Self>, String> {
+        let mut url = reqwest::Url::parse(base_url.trim())
+            .map_err(|e| format!("invalid Prometheus URL {base_url:?}: {e}"))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host().is_none() {
+            return Err(format!(
+                "invalid Prometheus URL {base_url:?}: it must be http:// or https:// with a host"
+            ));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(format!(
+                "invalid Prometheus URL {base_url:?}: it must not have a query string or fragment"
+            ));
+        }
+        let path = format!("{}/api/v1/query_range", url.path().trim_end_matches('/'));
+        url.set_path(&path);
+        Ok(Arc::new(Self {
+            endpoint: url,
+            client,
+        }))
+    }
+
+    /// `get_metrics` and `compare_to_baseline` over this server.
+    pub fn tools(self: &Arc<Self>) -> Vec<Arc<dyn Tool>> {
+        vec![
+            Arc::new(GetMetrics(self.clone())),
+            Arc::new(CompareToBaseline(self.clone())),
+        ]
+    }
+
+    /// Runs a range query; every sample of the answer, or why there is none.
+    async fn query_range(
+        &self,
+        query: &str,
+        start: Timestamp,
+        end: Timestamp,
+        step: SignedDuration,
+    ) -> Result<Matrix, ToolError> {
+        let mut url = self.endpoint.clone();
+        url.query_pairs_mut()
+            .append_pair("query", query)
+            .append_pair("start", &unix(start.as_millisecond()))
+            .append_pair("end", &unix(end.as_millisecond()))
+            .append_pair("step", &unix(millis(step)));
+        let response = self
+            .client
+            .get(url)
+            .header(reqwest::header::ACCEPT, "application/json")
+            .send()
+            .await
+            .map_err(|e| ToolError::Upstream(format!("prometheus: {}", error_chain(&e))))?;
+        let status = response.status();
+        let limit = if status.is_success() {
+            MAX_BODY_BYTES
+        } else {
+            MAX_ERROR_BYTES
+        };
+        let (body, cut) = read_body(response, limit).await?;
+        parse_answer(status, &body, cut)
+    }
+}
+
+/// The samples of a range query.
+#[derive(Debug, Default)]
+struct Matrix {
+    series: Vec<Series>,
+    warnings: Vec<String>,
+    infos: Vec<String>,
+}
+
+/// One series of a range query.
+#[derive(Debug, Clone, PartialEq)]
+struct Series {
+    metric: BTreeMap<String, String>,
+    /// `(unix milliseconds, value)`, in time order.
+    points: Vec<(i64, f64)>,
+    /// Native histogram samples (not summarised).
+    histograms: usize,
+}
+
+/// The Prometheus API envelope.
+#[derive(Deserialize)]
+struct Envelope {
+    status: String,
+    #[serde(default)]
+    data: Option<Data>,
+    #[serde(default, rename = "errorType")]
+    error_type: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    warnings: Option<Vec<String>>,
+    #[serde(default)]
+    infos: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    #[serde(default)]
+    result: Value,
+}
+
+#[derive(Deserialize)]
+struct RawSeries {
+    #[serde(default)]
+    metric: BTreeMap<String, String>,
+    #[serde(default)]
+    values: Vec<(f64, String)>,
+    #[serde(default)]
+    histograms: Vec<Value>,
+}
+
+/// Reads at most `limit` bytes of the body; whether there was more.
+async fn read_body(
+    response: reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), ToolError> {
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| ToolError::Upstream(format!("prometheus: {}", error_chain(&e))))?;
+        let room = limit.saturating_sub(body.len());
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
+
+/// The start of a body for an error message.
+fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    let mut out: String = text.chars().take(ERROR_EXCERPT).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// Turns an answer into samples or an error.
+fn parse_answer(status: reqwest::StatusCode, body: &[u8], cut: bool) -> Result<Matrix, ToolError> {
+    let envelope = serde_json::from_slice::<Envelope>(body);
+    if let Ok(e) = &envelope
+        && e.status == "error"
+    {
+        return Err(ToolError::Upstream(format!(
+            "prometheus: {}: {}",
+            e.error_type.as_deref().unwrap_or("error"),
+            e.error.as_deref().unwrap_or("(no message)")
+        )));
+    }
+    if !status.is_success() {
+        let status_text = format!(
+            "{} {}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or_default()
+        );
+        let status_text = status_text.trim_end();
+        let excerpt = excerpt(body);
+        return Err(ToolError::Upstream(if excerpt.is_empty() {
+            format!("upstream: {status_text}")
+        } else {
+            format!("upstream: {status_text}: {excerpt}")
+        }));
+    }
+    if cut {
+        return Err(ToolError::Upstream(format!(
+            "prometheus: the answer is larger than {} MiB; aggregate the query (e.g. sum by (namespace) (...) or topk(10, ...)), use a shorter window or a larger step",
+            MAX_BODY_BYTES >> 20
+        )));
+    }
+    let envelope = envelope.map_err(|e| {
+        ToolError::Upstream(format!(
+            "prometheus: the answer is not Prometheus API JSON ({e}); is the configured URL the Prometheus base URL (where /api/v1 lives)? The answer began: {}",
+            excerpt(body)
+        ))
+    })?;
+    if envelope.status != "success" {
+        return Err(ToolError::Upstream(format!(
+            "prometheus: unexpected status {:?}",
+            envelope.status
+        )));
+    }
+    let data = envelope
+        .data
+        .ok_or_else(|| ToolError::Upstream("prometheus: the answer has no data".into()))?;
+    if data.result_type != "matrix" {
+        return Err(ToolError::Upstream(format!(
+            "prometheus: a range query answered with resultType {:?} instead of \"matrix\"",
+            data.result_type
+        )));
+    }
+    let raw: Vec<RawSeries> = if data.result.is_null() {
+        Vec::new()
+    } else {
+        serde_json::from_value(data.result)
+            .map_err(|e| ToolError::Upstream(format!("prometheus: unexpected matrix shape: {e}")))?
+    };
+    let series = raw
+        .into_iter()
+        .map(|s| Series {
+            metric: s.metric,
+            points: s
+                .values
+                .iter()
+                .map(|(t, v)| ((t * 1000.0).round() as i64, parse_value(v)))
+                .collect(),
+            histograms: s.histograms.len(),
+        })
+        .collect();
+    Ok(Matrix {
+        series,
+        warnings: envelope.warnings.unwrap_or_default(),
+        infos: envelope.infos.unwrap_or_default(),
+    })
+}
+
+/// A sample value as Prometheus writes it (`"1.5"`, `"NaN"`, `"+Inf"`, `"-Inf"`); anything
+/// unreadable is NaN.
+fn parse_value(text: &str) -> f64 {
+    text.trim().parse::<f64>().unwrap_or(f64::NAN)
+}
+
+/// Unix milliseconds as Prometheus reads seconds: `1700000000`, `1700000000.5`.
+fn unix(ms: i64) -> String {
+    let (secs, frac) = (ms.div_euclid(1000), ms.rem_euclid(1000));
+    if frac == 0 {
+        secs.to_string()
+    } else {
+        format!("{secs}.{frac:03}").trim_end_matches('0').to_owned()
+    }
+}
+
+/// A duration in whole milliseconds (saturating).
+fn millis(d: SignedDuration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// RFC 3339 of unix milliseconds.
+fn rfc3339(ms: i64) -> String {
+    Timestamp::from_millisecond(ms)
+        .map(|t| t.to_string())
+        .unwrap_or_else(|_| ms.to_string())
+}
+
+/// A duration as the model writes it (`30s`, `2m`, `1h 30m`).
+fn friendly(d: SignedDuration) -> String {
+    format!("{d:#}")
+}
+
+/// `d / parts` rounded up to whole seconds.
+fn ceil_secs(d: SignedDuration, parts: i64) -> i64 {
+    let per = i128::from(parts.max(1)) * 1000;
+    i64::try_from((d.as_millis().max(0) + per - 1) / per).unwrap_or(i64::MAX)
+}
+
+/// `get_metrics`' default step: window / 120 rounded up to whole seconds, at least 1 s.
+fn default_step(window: SignedDuration) -> SignedDuration {
+    SignedDuration::from_secs(ceil_secs(window, 120).max(1))
+}
+
+/// `compare_to_baseline`'s step: about 30 points in the window, at most 10 000 in the
+/// baseline, at least 1 s.
+fn baseline_step(window: SignedDuration, baseline: SignedDuration) -> SignedDuration {
+    SignedDuration::from_secs(
+        ceil_secs(window, 30)
+            .max(ceil_secs(baseline, 10_000))
+            .max(1),
+    )
+}
+
+/// Refuses steps Prometheus refuses: under 1 ms, or over [`MAX_POINTS`] points per series.
+fn check_points(window: SignedDuration, step: SignedDuration) -> Result<(), String> {
+    let step_ms = millis(step);
+    if step_ms < 1 {
+        return Err(format!(
+            "step {} is too small: use at least 1ms (usually the scrape interval, e.g. '30s')",
+            friendly(step)
+        ));
+    }
+    let points = millis(window) / step_ms;
+    if points > MAX_POINTS {
+        let least = SignedDuration::from_secs(ceil_secs(window, MAX_POINTS));
+        return Err(format!(
+            "step {} over a {} window gives {points} points per series; Prometheus allows at most {MAX_POINTS}: use a step of at least {} or a shorter window",
+            friendly(step),
+            friendly(window),
+            friendly(least)
+        ));
+    }
+    Ok(())
+}
+
+/// The arithmetic mean; `None` for no values.
+fn mean(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    Some(values.iter().sum::<f64>() / values.len() as f64)
+}
+
+/// The population standard deviation; `None` for no values.
+fn stddev(values: &[f64]) -> Option<f64> {
+    let m = mean(values)?;
+    let var = values.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / values.len() as f64;
+    Some(var.sqrt())
+}
+
+/// The `q` quantile (0..=1) of ascending `sorted` values, interpolating linearly between the
+/// closest ranks (rank = q × (n − 1)).
+fn percentile(sorted: &[f64], q: f64) -> Option<f64> {
+    if sorted.is_empty() || !(0.0..=1.0).contains(&q) {
+        return None;
+    }
+    let rank = q * (sorted.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    let (a, b) = (*sorted.get(lo)?, *sorted.get(hi)?);
+    Some(a + (b - a) * (rank - lo as f64))
+}
+
+/// `(x − mean) / stddev`; `None` when the deviation is zero (or too small to divide by) or
+/// anything is not finite.
+fn z_score(x: f64, mean: f64, stddev: f64) -> Option<f64> {
+    if constant(mean, stddev) {
+        return None;
+    }
+    let z = (x - mean) / stddev;
+    z.is_finite().then_some(z)
+}
+
+/// Whether a distribution with this mean and deviation is constant (up to rounding).
+fn constant(mean: f64, stddev: f64) -> bool {
+    !stddev.is_finite() || stddev <= mean.abs() * 1e-12 || stddev == 0.0
+}
+
+/// Whether `a` and `b` differ beyond rounding.
+fn differs(a: f64, b: f64) -> bool {
+    (a - b).abs() > 1e-9 * a.abs().max(b.abs())
+}
+
+/// At most `max` indices of `0..n`, evenly spaced, first and last included.
+fn downsample(n: usize, max: usize) -> Vec<usize> {
+    if n <= max {
+        return (0..n).collect();
+    }
+    match max {
+        0 => Vec::new(),
+        1 => vec![n - 1],
+        _ => (0..max)
+            .map(|i| (2 * i * (n - 1) + (max - 1)) / (2 * (max - 1)))
+            .collect(),
+    }
+}
+
+/// Statistics of the finite values of a series.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Summary {
+    count: usize,
+    min: f64,
+    max: f64,
+    mean: f64,
+    stddev: f64,
+    p50: f64,
+    p95: f64,
+    p99: f64,
+}
+
+/// The statistics of `values` (finite ones only); `None` when none is finite.
+fn summarize(values: &[f64]) -> Option<Summary> {
+    let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    sorted.sort_by(f64::total_cmp);
+    Some(Summary {
+        count: sorted.len(),
+        min: *sorted.first()?,
+        max: *sorted.last()?,
+        mean: mean(&sorted)?,
+        stddev: stddev(&sorted)?,
+        p50: percentile(&sorted, 0.50)?,
+        p95: percentile(&sorted, 0.95)?,
+        p99: percentile(&sorted, 0.99)?,
+    })
+}
+
+/// How many values are not finite.
+fn non_finite(values: &[f64]) -> usize {
+    values.iter().filter(|v| !v.is_finite()).count()
+}
+
+/// A value for JSON: a number, or Prometheus' spelling of a non-finite one.
+fn value_json(v: f64) -> Value {
+    if v.is_finite() {
+        json!(v)
+    } else if v.is_nan() {
+        json!("NaN")
+    } else if v > 0.0 {
+        json!("+Inf")
+    } else {
+        json!("-Inf")
+    }
+}
+
+/// `v` rounded to 6 significant digits, for messages.
+fn sig(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return v.to_string();
+    }
+    let digits = 5 - v.abs().log10().floor() as i32;
+    let scale = 10f64.powi(digits);
+    let rounded = (v * scale).round() / scale;
+    if rounded.is_finite() {
+        rounded.to_string()
+    } else {
+        v.to_string()
+    }
+}
+
+/// Rounds to 3 decimals (z-scores).
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// The PromQL expression of `input`, checked.
+fn query_arg(input: &Value) -> Result<String, ToolError> {
+    let query = input["query"].as_str().unwrap_or_default().trim();
+    if query.is_empty() {
+        return Err(ToolError::Validation(
+            "query is required: a PromQL expression such as 'sum(rate(http_requests_total[5m]))'"
+                .into(),
+        ));
+    }
+    if query.chars().count() > MAX_QUERY_CHARS {
+        return Err(ToolError::Validation(format!(
+            "query is longer than {MAX_QUERY_CHARS} characters"
+        )));
+    }
+    Ok(query.to_owned())
+}
+
+/// The window of `input`, checked.
+fn window_arg(input: &Value, default: &str) -> Result<window::Window, ToolError> {
+    let text = match &input["window"] {
+        Value::Null => default,
+        Value::String(s) => s,
+        _ => {
+            return Err(ToolError::Validation(format!(
+                "window must be {}",
+                window::WINDOW_HELP
+            )));
+        }
+    };
+    window::parse(text, Timestamp::now()).map_err(ToolError::Validation)
+}
+
+/// The length of a window.
+fn length(w: &window::Window) -> SignedDuration {
+    w.end.duration_since(w.start)
+}
+
+/// Adds Prometheus' warnings and infos to `out`.
+fn annotations(out: &mut Value, warnings: Vec<String>, infos: Vec<String>) {
+    if !warnings.is_empty() {
+        out["warnings"] = json!(warnings);
+    }
+    if !infos.is_empty() {
+        out["infos"] = json!(infos);
+    }
+}
+
+/// Keeps the first occurrence of each string.
+fn dedup(items: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for i in items {
+        if !out.contains(&i) {
+            out.push(i);
+        }
+    }
+    out
+}
+
+/// `get_metrics`.
+struct GetMetrics(Arc<Prometheus>);
+
+impl Tool for GetMetrics {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "get_metrics".into(),
+            description: concat!(
+                "Run a PromQL range query against Prometheus and get, per series, its labels, statistics over every sample (count, min, max, mean, p50, p95, p99, last) and up to 60 samples picked evenly over the window. ",
+                "Use it to see how a metric behaved over time, e.g. request rate, error rate, latency, CPU, memory or restarts. ",
+                "Write aggregated queries, since at most 20 series are shown (those with the highest mean): ",
+                "error rate `sum(rate(http_requests_total{namespace=\"shop\",code=~\"5..\"}[5m]))`, ",
+                "per-pod CPU `sum by (pod) (rate(container_cpu_usage_seconds_total{namespace=\"shop\",container!=\"\"}[5m]))`, ",
+                "memory `max by (pod) (container_memory_working_set_bytes{namespace=\"shop\",container!=\"\"})`, ",
+                "p99 latency `histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket{namespace=\"shop\"}[5m])))`, ",
+                "restarts `sum by (pod) (increase(kube_pod_container_status_restarts_total{namespace=\"shop\"}[15m]))`. ",
+                "Use rate()/increase() over counters (names ending in _total), never their raw values. ",
+                "NaN/Inf samples are shown as strings and left out of the statistics (their count is given). ",
+                "To ask whether the current values are unusual, use compare_to_baseline."
+            )
+            .into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+                        "description": "PromQL expression, e.g. 'sum by (pod) (rate(container_cpu_usage_seconds_total{namespace=\"shop\"}[5m]))'."},
+                    "window": {"type": "string", "maxLength": 100,
+                        "description": format!("The time range (default 'last 1h'): {}.", window::WINDOW_HELP)},
+                    "step": {"type": "string", "maxLength": 40,
+                        "description": "Resolution, e.g. '15s', '1m', '5m' (default: the window / 120, rounded up to whole seconds). At most 11000 points per series: a 7d window needs a step of at least 55s."}
+                },
+                "required": ["query"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn timeouts(&self) -> (Duration, Duration) {
+        (Duration::from_secs(30), Duration::from_secs(300))
+    }
+
+    fn call(
+        &self,
+        _ctx: ToolContext,
+        input: Value,
+    ) -> BoxFuture<'static, Result<String, ToolError>> {
+        let prometheus = self.0.clone();
+        Box::pin(async move {
+            let query = query_arg(&input)?;
+            let window = window_arg(&input, METRICS_WINDOW)?;
+            let length = length(&window);
+            let step = match &input["step"] {
+                Value::Null => default_step(length),
+                Value::String(s) => window::duration(s).map_err(|e| {
+                    ToolError::Validation(format!(
+                        "invalid step: {e}; use e.g. '30s', '1m' or '5m'"
+                    ))
+                })?,
+                _ => {
+                    return Err(ToolError::Validation(
+                        "step must be a string such as '30s', '1m' or '5m'".into(),
+                    ));
+                }
+            };
+            check_points(length, step).map_err(ToolError::Validation)?;
+            let matrix = prometheus
+                .query_range(&query, window.start, window.end, step)
+                .await?;
+            Ok(metrics_result(&query, &window, step, matrix).to_string())
+        })
+    }
+}
+
+/// The `get_metrics` result.
+fn metrics_result(query: &str, w: &window::Window, step: SignedDuration, matrix: Matrix) -> Value {
+    let mut notes: Vec<String> = Vec::new();
+    let mut series: Vec<(Option<Summary>, Series)> = matrix
+        .series
+        .into_iter()
+        .map(|s| {
+            let values: Vec<f64> = s.points.iter().map(|p| p.1).collect();
+            (summarize(&values), s)
+        })
+        .collect();
+    // Highest mean first; series without finite samples last.
+    series.sort_by(|(a, sa), (b, sb)| match (a, b) {
+        (Some(a), Some(b)) => b
+            .mean
+            .total_cmp(&a.mean)
+            .then_with(|| sa.metric.cmp(&sb.metric)),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => sa.metric.cmp(&sb.metric),
+    });
+    let total = series.len();
+    series.truncate(MAX_SERIES);
+    let per_series = if series.len() <= SAMPLE_BUDGET / MAX_SAMPLES {
+        MAX_SAMPLES
+    } else {
+        SAMPLE_BUDGET / series.len()
+    };
+    let mut downsampled = false;
+    let mut any_skipped = false;
+    let shown: Vec<Value> = series
+        .iter()
+        .map(|(summary, s)| {
+            let mut out = Map::new();
+            out.insert("metric".into(), json!(s.metric));
+            let values: Vec<f64> = s.points.iter().map(|p| p.1).collect();
+            let last = s.points.iter().rev().find(|p| p.1.is_finite());
+            out.insert(
+                "stats".into(),
+                match (summary, last) {
+                    (Some(x), Some(&(at, last))) => json!({
+                        "count": x.count,
+                        "min": x.min,
+                        "max": x.max,
+                        "mean": x.mean,
+                        "p50": x.p50,
+                        "p95": x.p95,
+                        "p99": x.p99,
+                        "last": last,
+                        "lastAt": rfc3339(at),
+                    }),
+                    _ => Value::Null,
+                },
+            );
+            let skipped = non_finite(&values);
+            if skipped > 0 {
+                any_skipped = true;
+                out.insert("skippedNonFinite".into(), json!(skipped));
+            }
+            if s.histograms > 0 {
+                out.insert("histogramSamples".into(), json!(s.histograms));
+            }
+            let picked = downsample(s.points.len(), per_series);
+            if picked.len() < s.points.len() {
+                downsampled = true;
+                out.insert("samplesShown".into(), json!(picked.len()));
+                out.insert("samplesTotal".into(), json!(s.points.len()));
+            }
+            let samples: Vec<Value> = picked
+                .iter()
+                .filter_map(|&i| s.points.get(i))
+                .map(|&(t, v)| json!([rfc3339(t), value_json(v)]))
+                .collect();
+            out.insert("samples".into(), Value::Array(samples));
+            Value::Object(out)
+        })
+        .collect();
+    if total == 0 {
+        notes.push("the query returned no series in this window: check the metric name and the label values (e.g. query 'count by (__name__) ({namespace=\"shop\"})' to list metric names)".into());
+    }
+    if total > shown.len() {
+        notes.push(format!(
+            "{} of {total} series are left out (the {} with the highest mean are shown); aggregate, e.g. sum by (pod) (...), or use topk(10, ...)",
+            total - shown.len(),
+            shown.len()
+        ));
+    }
+    if downsampled {
+        notes.push(format!(
+            "samples are picked evenly (at most {per_series} a series, first and last included); the stats use every sample"
+        ));
+    }
+    if series.iter().any(|(_, s)| s.histograms > 0) {
+        notes.push("native histogram samples are not summarised; use histogram_quantile() or histogram_sum()/histogram_count() to get numbers".into());
+    }
+    if any_skipped {
+        notes.push("NaN/Inf samples are left out of the stats (see skippedNonFinite); NaN often comes from 0/0, e.g. a ratio when there was no traffic".into());
+    }
+    let mut out = json!({
+        "query": query,
+        "window": {"start": w.start.to_string(), "end": w.end.to_string()},
+        "step": friendly(step),
+        "stepSeconds": millis(step) as f64 / 1000.0,
+        "seriesTotal": total,
+        "series": shown,
+    });
+    if total > series.len() {
+        out["seriesOmitted"] = json!(total - series.len());
+    }
+    annotations(&mut out, matrix.warnings, matrix.infos);
+    if !notes.is_empty() {
+        out["notes"] = json!(notes);
+    }
+    out
+}
+
+/// `compare_to_baseline`.
+struct CompareToBaseline(Arc<Prometheus>);
+
+impl Tool for CompareToBaseline {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: "compare_to_baseline".into(),
+            description: concat!(
+                "Check whether a metric is unusual now: runs a PromQL range query over the window (default the last 15 minutes) and over the baselineHours before it (default 24), with the same step, ",
+                "and gives per series (matched by identical labels) the baseline mean and standard deviation, the window mean, min and max, ",
+                "and z-scores (how many baseline standard deviations the window mean, max and min are from the baseline mean). ",
+                "A series is an anomaly when its largest |z| is at least threshold (default 3), or when the baseline was constant and the window differs. ",
+                "Series are sorted by |z|, at most 20; maxZ is the largest |z| of all series, anomalies how many are anomalous. ",
+                "Series only in the window (e.g. new pods, a new error code) or only in the baseline (gone) are listed separately. ",
+                "Use a query that gives one or a few series, e.g. `sum(rate(http_requests_total{namespace=\"shop\",code=~\"5..\"}[5m]))`, ",
+                "`sum by (pod) (rate(container_cpu_usage_seconds_total{namespace=\"shop\",container!=\"\"}[5m]))`, ",
+                "`histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket{namespace=\"shop\"}[5m])))`. ",
+                "A max-based z is sensitive to single noisy samples; a large zMean is the stronger signal. ",
+                "Daily patterns make a 24 h baseline wide; compare with baselineHours 168 for weekly ones."
+            )
+            .into(),
+            parameters: json!({
+                "type": "object",
+                "properties": {
+                    "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+                        "description": "PromQL expression, e.g. 'sum(rate(http_requests_total{namespace=\"shop\",code=~\"5..\"}[5m]))'."},
+                    "window": {"type": "string", "maxLength": 100,
+                        "description": format!("The period to check (default 'last 15m'): {}.", window::WINDOW_HELP)},
+                    "baselineHours": {"type": "integer", "minimum": 1, "maximum": 168, "default": BASELINE_HOURS,
+                        "description": "Length of the baseline, which ends where the window starts."},
+                    "threshold": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000, "default": THRESHOLD,
+                        "description": "The |z| from which a series is an anomaly."}
+                },
+                "required": ["query"],
+                "additionalProperties": false
+            }),
+        }
+    }
+
+    fn timeouts(&self) -> (Duration, Duration) {
+        (Duration::from_secs(30), Duration::from_secs(300))
+    }
+
+    fn call(
+        &self,
+        _ctx: ToolContext,
+        input: Value,
+    ) -> BoxFuture<'static, Result<String, ToolError>> {
+        let prometheus = self.0.clone();
+        Box::pin(async move {
+            let query = query_arg(&input)?;
+            let window = window_arg(&input, COMPARE_WINDOW)?;
+            let hours = match &input["baselineHours"] {
+                Value::Null => BASELINE_HOURS,
+                v => match v.as_i64() {
+                    Some(h) if (1..=168).contains(&h) => h,
+                    _ => {
+                        return Err(ToolError::Validation(format!(
+                            "baselineHours must be an integer from 1 to 168, not {v}"
+                        )));
+                    }
+                },
+            };
+            let threshold = match &input["threshold"] {
+                Value::Null => THRESHOLD,
+                v => match v.as_f64() {
+                    Some(t) if t > 0.0 && t <= 1000.0 => t,
+                    _ => {
+                        return Err(ToolError::Validation(format!(
+                            "threshold must be a number above 0 (at most 1000), not {v}"
+                        )));
+                    }
+                },
+            };
+            let length = length(&window);
+            let baseline_length = SignedDuration::from_hours(hours);
+            let baseline_start = window.start.checked_sub(baseline_length).map_err(|e| {
+                ToolError::Validation(format!("the baseline would start before year -9999: {e}"))
+            })?;
+            let step = baseline_step(length, baseline_length);
+            check_points(length, step).map_err(ToolError::Validation)?;
+            check_points(baseline_length, step).map_err(ToolError::Validation)?;
+            let (current, before) = tokio::try_join!(
+                prometheus.query_range(&query, window.start, window.end, step),
+                prometheus.query_range(&query, baseline_start, window.start, step),
+            )?;
+            let baseline = window::Window {
+                start: baseline_start,
+                end: window.start,
+            };
+            Ok(compare_result(
+                &query, &window, &baseline, hours, step, threshold, current, before,
+            )
+            .to_string())
+        })
+    }
+}
+
+/// One series compared with its baseline.
+#[derive(Debug, Clone, PartialEq)]
+struct Comparison {
+    baseline: Option<Summary>,
+    window: Option<Summary>,
+    z_mean: Option<f64>,
+    z_max: Option<f64>,
+    z_min: Option<f64>,
+    anomaly: bool,
+    /// Why it is (or is not) an anomaly, or why there is no z-score.
+    reason: Option<String>,
+}
+
+impl Comparison {
+    /// The z of the largest magnitude.
+    fn z(&self) -> Option<f64> {
+        [self.z_mean, self.z_max, self.z_min]
+            .into_iter()
+            .flatten()
+            .max_by(|a, b| a.abs().total_cmp(&b.abs()))
+    }
+
+    /// Sort key: anomalies without a z first, then by |z|, then the rest.
+    fn rank(&self) -> f64 {
+        match self.z() {
+            Some(z) => z.abs(),
+            None if self.anomaly => f64::INFINITY,
+            None => -1.0,
+        }
+    }
+}
+
+/// Compares the window's values with the baseline's (non-finite ones skipped).
+fn compare(baseline: &[f64], window: &[f64], threshold: f64) -> Comparison {
+    let b = summarize(baseline);
+    let w = summarize(window);
+    let mut out = Comparison {
+        baseline: b,
+        window: w,
+        z_mean: None,
+        z_max: None,
+        z_min: None,
+        anomaly: false,
+        reason: None,
+    };
+    let (b, w) = match (b, w) {
+        (_, None) => {
+            out.reason = Some("no finite samples in the window".into());
+            return out;
+        }
+        (None, _) => {
+            out.reason = Some("no finite samples in the baseline".into());
+            return out;
+        }
+        (Some(b), Some(w)) => (b, w),
+    };
+    if b.count < MIN_BASELINE_SAMPLES {
+        out.reason = Some(format!(
+            "only {} finite baseline samples (at least {MIN_BASELINE_SAMPLES} are needed for a z-score); use a longer baseline",
+            b.count
+        ));
+        return out;
+    }
+    if constant(b.mean, b.stddev) {
+        let differing: Vec<String> = [("mean", w.mean), ("max", w.max), ("min", w.min)]
+            .into_iter()
+            .filter(|(_, v)| differs(*v, b.mean))
+            .map(|(name, v)| format!("{name} {}", sig(v)))
+            .collect();
+        if differing.is_empty() {
+            out.reason = Some(format!(
+                "the baseline was constant at {} and the window matches it (no z-score: the standard deviation is 0)",
+                sig(b.mean)
+            ));
+        } else {
+            out.anomaly = true;
+            out.reason = Some(format!(
+                "the baseline was constant at {} over {} samples and the window differs (window {}); no z-score: the standard deviation is 0",
+                sig(b.mean),
+                b.count,
+                differing.join(", ")
+            ));
+        }
+        return out;
+    }
+    out.z_mean = z_score(w.mean, b.mean, b.stddev);
+    out.z_max = z_score(w.max, b.mean, b.stddev);
+    out.z_min = z_score(w.min, b.mean, b.stddev);
+    if let Some(z) = out.z()
+        && z.abs() >= threshold
+    {
+        out.anomaly = true;
+        let (name, value) = if out.z_mean == Some(z) {
+            ("mean", w.mean)
+        } else if out.z_max == Some(z) {
+            ("max", w.max)
+        } else {
+            ("min", w.min)
+        };
+        out.reason = Some(format!(
+            "the window {name} {} is {:.1} standard deviations {} the baseline mean {} (stddev {})",
+            sig(value),
+            z.abs(),
+            if z > 0.0 { "above" } else { "below" },
+            sig(b.mean),
+            sig(b.stddev)
+        ));
+    }
+    out
+}
+
+/// Baseline statistics for JSON.
+fn baseline_json(s: &Option<Summary>) -> Value {
+    match s {
+        Some(s) => json!({
+            "count": s.count, "mean": s.mean, "stddev": s.stddev,
+            "min": s.min, "max": s.max, "p50": s.p50, "p99": s.p99,
+        }),
+        None => Value::Null,
+    }
+}
+
+/// Window statistics for JSON.
+fn window_json(s: &Option<Summary>) -> Value {
+    match s {
+        Some(s) => json!({"count": s.count, "mean": s.mean, "min": s.min, "max": s.max}),
+        None => Value::Null,
+    }
+}
+
+/// The `compare_to_baseline` result.
+#[allow(clippy::too_many_arguments)]
+fn compare_result(
+    query: &str,
+    w: &window::Window,
+    baseline: &window::Window,
+    hours: i64,
+    step: SignedDuration,
+    threshold: f64,
+    current: Matrix,
+    before: Matrix,
+) -> Value {
+    let window_start = w.start.as_millisecond();
+    let values = |points: &[(i64, f64)], keep: &dyn Fn(i64) -> bool| -> Vec<f64> {
+        points.iter().filter(|p| keep(p.0)).map(|p| p.1).collect()
+    };
+    let mut now: BTreeMap<BTreeMap<String, String>, Vec<f64>> = BTreeMap::new();
+    for s in current.series {
+        now.entry(s.metric)
+            .or_default()
+            .extend(values(&s.points, &|t| t >= window_start));
+    }
+    let mut then: BTreeMap<BTreeMap<String, String>, Vec<f64>> = BTreeMap::new();
+    for s in before.series {
+        let v = values(&s.points, &|t| t < window_start);
+        if !v.is_empty() {
+            then.entry(s.metric).or_default().extend(v);
+        }
+    }
+    let mut compared: Vec<(BTreeMap<String, String>, Comparison, usize, usize)> = Vec::new();
+    let mut only_window: Vec<Value> = Vec::new();
+    let mut only_baseline: Vec<Value> = Vec::new();
+    for (metric, w_values) in &now {
+        match then.get(metric) {
+            Some(b_values) => compared.push((
+                metric.clone(),
+                compare(b_values, w_values, threshold),
+                non_finite(b_values),
+                non_finite(w_values),
+            )),
+            None => only_window.push(json!({
+                "metric": metric,
+                "window": window_json(&summarize(w_values)),
+            })),
+        }
+    }
+    for (metric, b_values) in &then {
+        if !now.contains_key(metric) {
+            only_baseline.push(json!({
+                "metric": metric,
+                "baseline": baseline_json(&summarize(b_values)),
+            }));
+        }
+    }
+    compared.sort_by(|a, b| {
+        b.1.rank()
+            .total_cmp(&a.1.rank())
+            .then_with(|| a.0.cmp(&b.0))
+    });
+    let anomalies = compared.iter().filter(|c| c.1.anomaly).count();
+    let max_z = compared
+        .iter()
+        .filter_map(|c| c.1.z())
+        .map(f64::abs)
+        .max_by(f64::total_cmp);
+    let total = compared.len();
+    let series: Vec<Value> = compared
+        .iter()
+        .take(MAX_SERIES)
+        .map(|(metric, c, b_skipped, w_skipped)| {
+            let mut out = json!({
+                "metric": metric,
+                "baseline": baseline_json(&c.baseline),
+                "window": window_json(&c.window),
+                "zMean": c.z_mean.map(round3),
+                "zMax": c.z_max.map(round3),
+                "zMin": c.z_min.map(round3),
+                "anomaly": c.anomaly,
+            });
+            if let Some(r) = &c.reason {
+                out["reason"] = json!(r);
+            }
+            if b_skipped + w_skipped > 0 {
+                out["skippedNonFinite"] = json!({"baseline": b_skipped, "window": w_skipped});
+            }
+            out
+        })
+        .collect();
+    let mut notes: Vec<String> = Vec::new();
+    if now.is_empty() && then.is_empty() {
+        notes.push("the query returned no series in the window or the baseline: check the metric name and the label values".into());
+    }
+    if total > series.len() {
+        notes.push(format!(
+            "{} of {total} compared series are left out (the {} with the largest |z| are shown); anomalies and maxZ count all of them",
+            total - series.len(),
+            series.len()
+        ));
+    }
+    let mut out = json!({
+        "query": query,
+        "window": {"start": w.start.to_string(), "end": w.end.to_string()},
+        "baseline": {"start": baseline.start.to_string(), "end": baseline.end.to_string(), "hours": hours},
+        "step": friendly(step),
+        "stepSeconds": millis(step) as f64 / 1000.0,
+        "threshold": threshold,
+        "maxZ": max_z.map(round3),
+        "anomalies": anomalies,
+        "seriesCompared": total,
+        "series": series,
+    });
+    if total > MAX_SERIES {
+        out["seriesOmitted"] = json!(total - MAX_SERIES);
+    }
+    for (key, list, what) in [
+        (
+            "onlyInWindow",
+            only_window,
+            "series only in the window (new since the baseline, e.g. new pods or a new error code)",
+        ),
+        (
+            "onlyInBaseline",
+            only_baseline,
+            "series only in the baseline (gone in the window)",
+        ),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        if list.len() > MAX_SERIES {
+            notes.push(format!(
+                "{} of {} {what} are left out",
+                list.len() - MAX_SERIES,
+                list.len()
+            ));
+        }
+        out[key] = Value::Array(list.into_iter().take(MAX_SERIES).collect());
+    }
+    let warnings = dedup(
+        current
+            .warnings
+            .into_iter()
+            .chain(before.warnings)
+            .collect(),
+    );
+    let infos = dedup(current.infos.into_iter().chain(before.infos).collect());
+    annotations(&mut out, warnings, infos);
+    if !notes.is_empty() {
+        out["notes"] = json!(notes);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn percentiles_interpolate_linearly() {
+        let v = [1.0, 2.0, 3.0, 4.0];
+        assert_eq!(percentile(&v, 0.0), Some(1.0));
+        assert_eq!(percentile(&v, 1.0), Some(4.0));
+        assert_eq!(percentile(&v, 0.5), Some(2.5));
+        // rank 0.95 * 3 = 2.85 → 3 + 0.85
+        assert!(close(percentile(&v, 0.95).unwrap_or_default(), 3.85));
+        assert_eq!(percentile(&[7.0], 0.99), Some(7.0));
+        assert_eq!(percentile(&[], 0.5), None);
+        assert_eq!(percentile(&v, 1.5), None);
+        let hundred: Vec<f64> = (1..=101).map(f64::from).collect();
+        assert!(close(percentile(&hundred, 0.99).unwrap_or_default(), 100.0));
+        assert!(close(percentile(&hundred, 0.95).unwrap_or_default(), 96.0));
+    }
+
+    #[test]
+    fn mean_and_population_stddev() {
+        let v = [2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0];
+        assert_eq!(mean(&v), Some(5.0));
+        assert_eq!(stddev(&v), Some(2.0));
+        assert_eq!(mean(&[]), None);
+        assert_eq!(stddev(&[]), None);
+        assert_eq!(stddev(&[3.0]), Some(0.0));
+    }
+
+    #[test]
+    fn z_scores() {
+        assert_eq!(z_score(11.0, 5.0, 2.0), Some(3.0));
+        assert_eq!(z_score(1.0, 5.0, 2.0), Some(-2.0));
+        assert_eq!(z_score(6.0, 5.0, 0.0), None);
+        // A constant of 0.1 whose mean picked up rounding noise.
+        let tenths = [0.1; 7];
+        let (m, s) = (
+            mean(&tenths).unwrap_or_default(),
+            stddev(&tenths).unwrap_or_default(),
+        );
+        assert!(constant(m, s), "{m} {s}");
+        assert_eq!(z_score(0.1, m, s), None);
+    }
+
+    #[test]
+    fn downsampling_is_even_and_keeps_the_ends() {
+        assert_eq!(downsample(5, 60), vec![0, 1, 2, 3, 4]);
+        assert_eq!(downsample(9, 3), vec![0, 4, 8]);
+        assert_eq!(downsample(10, 4), vec![0, 3, 6, 9]);
+        let picked = downsample(240, 60);
+        assert_eq!(picked.len(), 60);
+        assert_eq!(picked.first(), Some(&0));
+        assert_eq!(picked.last(), Some(&239));
+        assert!(picked.windows(2).all(|w| w[1] > w[0] && w[1] - w[0] <= 5));
+        assert_eq!(downsample(10, 1), vec![9]);
+        assert!(downsample(10, 0).is_empty());
+    }
+
+    #[test]
+    fn summaries_skip_non_finite_values() {
+        let v = [f64::NAN, 1.0, f64::INFINITY, 3.0, 2.0, f64::NEG_INFINITY];
+        let s = summarize(&v).unwrap_or_else(|| panic!("no summary"));
+        assert_eq!(s.count, 3);
+        assert_eq!((s.min, s.max, s.mean, s.p50), (1.0, 3.0, 2.0, 2.0));
+        assert_eq!(non_finite(&v), 3);
+        assert_eq!(summarize(&[f64::NAN]), None);
+    }
+
+    #[test]
+    fn sample_values_as_prometheus_writes_them() {
+        assert_eq!(parse_value("1.5"), 1.5);
+        assert_eq!(parse_value("+Inf"), f64::INFINITY);
+        assert_eq!(parse_value("-Inf"), f64::NEG_INFINITY);
+        assert!(parse_value("NaN").is_nan());
+        assert!(parse_value("garbage").is_nan());
+        assert_eq!(parse_value("1e3"), 1000.0);
+        assert_eq!(value_json(f64::NAN), json!("NaN"));
+        assert_eq!(value_json(f64::NEG_INFINITY), json!("-Inf"));
+        assert_eq!(value_json(2.5), json!(2.5));
+    }
+
+    #[test]
+    fn steps() {
+        let d = SignedDuration::from_secs;
+        assert_eq!(default_step(d(3600)), d(30));
+        assert_eq!(default_step(d(3601)), d(31));
+        assert_eq!(default_step(d(60)), d(1));
+        assert_eq!(default_step(SignedDuration::from_millis(10)), d(1));
+        assert_eq!(baseline_step(d(900), d(24 * 3600)), d(30));
+        assert_eq!(baseline_step(d(900), d(168 * 3600)), d(61));
+        assert_eq!(baseline_step(d(3600), d(3600)), d(120));
+        assert!(check_points(d(7 * 86400), d(55)).is_ok());
+        let err = check_points(d(7 * 86400), d(1)).err().unwrap_or_default();
+        assert!(err.contains("11000") && err.contains("55s"), "{err}");
+        assert!(check_points(d(60), SignedDuration::from_micros(10)).is_err());
+        assert_eq!(unix(1_700_000_000_000), "1700000000");
+        assert_eq!(unix(1_700_000_000_500), "1700000000.5");
+        assert_eq!(unix(1_700_000_000_025), "1700000000.025");
+        assert_eq!(friendly(d(30)), "30s");
+        assert_eq!(sig(2f64.sqrt()), "1.41421");
+        assert_eq!(sig(123_456_789.0), "123457000");
+        assert_eq!(sig(0.000_012_345_678), "0.0000123457");
+        assert_eq!(sig(-400.0), "-400");
+    }
+
+    #[test]
+    fn comparisons() {
+        let baseline: Vec<f64> = (0..100).map(|i| 100.0 + f64::from(i % 5) - 2.0).collect();
+        let spike = compare(&baseline, &[400.0; 10], 3.0);
+        assert!(spike.anomaly);
+        assert!(spike.z_mean.unwrap_or_default() > 100.0);
+        let calm = compare(&baseline, &[99.0, 100.0, 101.0], 3.0);
+        assert!(!calm.anomaly, "{calm:?}");
+        assert!(calm.z().unwrap_or(9.0).abs() < 3.0);
+        let dip = compare(&baseline, &[100.0, 0.0, 100.0], 3.0);
+        assert!(dip.anomaly);
+        assert!(dip.z_min.unwrap_or_default() < -3.0);
+        assert!(dip.reason.unwrap_or_default().contains("min 0"));
+
+        let flat = compare(&[5.0; 50], &[5.0; 5], 3.0);
+        assert!(!flat.anomaly && flat.z().is_none());
+        let changed = compare(&[0.0; 50], &[0.0, 0.5], 3.0);
+        assert!(changed.anomaly && changed.z().is_none());
+        assert_eq!(changed.rank(), f64::INFINITY);
+        let short = compare(&[1.0, 2.0], &[50.0], 3.0);
+        assert!(
+            !short.anomaly
+                && short
+                    .reason
+                    .unwrap_or_default()
+                    .contains("baseline samples")
+        );
+        let empty = compare(&baseline, &[f64::NAN], 3.0);
+        assert!(!empty.anomaly && empty.window.is_none());
+    }
+
+    #[test]
+    fn answers() {
+        let ok = reqwest::StatusCode::OK;
+        let body = br#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"pod":"a"},"values":[[1700000000,"1"],[1700000030.5,"NaN"]]}]},
+            "warnings":["w1"],"infos":["i1"]}"#;
+        let m = parse_answer(ok, body, false).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(m.series.len(), 1);
+        assert_eq!(m.series[0].points[0], (1_700_000_000_000, 1.0));
+        assert_eq!(m.series[0].points[1].0, 1_700_000_030_500);
+        assert_eq!(
+            (m.warnings, m.infos),
+            (vec!["w1".into()], vec!["i1".into()])
+        );
+        let bad = br#"{"status":"error","errorType":"bad_data","error":"parse error at char 5"}"#;
+        assert_eq!(
+            parse_answer(reqwest::StatusCode::BAD_REQUEST, bad, false).err(),
+            Some(ToolError::Upstream(
+                "prometheus: bad_data: parse error at char 5".into()
+            ))
+        );
+        assert_eq!(
+            parse_answer(reqwest::StatusCode::SERVICE_UNAVAILABLE, b"down\n", false).err(),
+            Some(ToolError::Upstream(
+                "upstream: 503 Service Unavailable: down".into()
+            ))
+        );
+        let html = parse_answer(ok, b"<html>login</html>", false).err();
+        assert!(matches!(html, Some(ToolError::Upstream(m)) if m.contains("/api/v1")));
+        let vector = br#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        assert!(parse_answer(ok, vector, false).is_err());
+        assert!(parse_answer(ok, body, true).is_err());
+    }
+
+    #[test]
+    fn base_urls() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::new();
+        let p = Prometheus::new("http://prom:9090/prometheus/", client.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            p.endpoint.as_str(),
+            "http://prom:9090/prometheus/api/v1/query_range"
+        );
+        let p = Prometheus::new("https://prom.example", client.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            p.endpoint.as_str(),
+            "https://prom.example/api/v1/query_range"
+        );
+        for bad in ["ftp://prom", "prom:9090", "http://prom/?x=1", "not a url"] {
+            assert!(Prometheus::new(bad, client.clone()).is_err(), "{bad}");
+        }
+    }
+}

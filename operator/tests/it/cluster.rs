@@ -1,0 +1,793 @@
+//! The Kubernetes tools against a fake API server on 127.0.0.1 that answers the real
+//! Kubernetes API paths and JSON shapes (pods, logs with timestamps, events, ReplicaSets,
+//! ControllerRevisions, Secrets, discovery, continue tokens, 403 Status objects), through
+//! the tool router, and through `kortex serve --kubeconfig` in a chat.
+
+use crate::common::sqlite;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use kortex::catalog::PolicyEntry;
+use kortex::llm::ToolCall;
+use kortex::metrics::Metrics;
+use kortex::store::{NewSession, Store};
+use kortex::tools::{Outcome, Router, ToolContext};
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Lines of checkout-1/app: one every 5 s up to now, every 10th an error.
+const LINES: i64 = 250;
+
+fn ts(secs_ago: i64) -> String {
+    let t = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(secs_ago);
+    t.to_string()
+}
+
+fn pod(name: &str, restarts: i64) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "shop", "labels": {"app": "checkout"}, "creationTimestamp": ts(3600),
+            "managedFields": [{"manager": "kubelet"}]},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "app", "image": "shop/checkout:2.3"}, {"name": "proxy", "image": "envoy:1.30"}]},
+        "status": {"phase": "Running", "containerStatuses": [
+            {"name": "app", "ready": false, "restartCount": restarts,
+             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+             "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}},
+            {"name": "proxy", "ready": true, "restartCount": 0, "state": {"running": {}}}]}})
+}
+
+/// Log text of a container, oldest first, honouring sinceTime and tailLines.
+fn logs(pod: &str, container: &str, query: &str) -> String {
+    let param = |k: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .map(|v| v.replace("%3A", ":"))
+    };
+    if param("previous").as_deref() == Some("true") {
+        return format!(
+            "{} panic: assignment to entry in nil map\n{} \tgoroutine 1 [running]:\n",
+            ts(700),
+            ts(700)
+        );
+    }
+    let since: Option<jiff::Timestamp> = param("sinceTime").and_then(|s| s.parse().ok());
+    let mut lines: Vec<String> = (0..LINES)
+        .rev()
+        .map(|i| {
+            let message = if container == "proxy" {
+                format!("[info] proxy heartbeat {i}")
+            } else if i % 10 == 0 {
+                format!(r#"{{"level":"error","msg":"db timeout {i} on {pod}"}}"#)
+            } else {
+                format!("INFO request {i} served")
+            };
+            (i * 5, message)
+        })
+        .filter(|(ago, _)| {
+            since
+                .is_none_or(|s| jiff::Timestamp::now() - jiff::SignedDuration::from_secs(*ago) >= s)
+        })
+        .map(|(ago, m)| format!("{} {m}", ts(ago)))
+        .collect();
+    if let Some(tail) = param("tailLines").and_then(|t| t.parse::<usize>().ok()) {
+        let skip = lines.len().saturating_sub(tail);
+        lines.drain(..skip);
+    }
+    lines.join("\n") + "\n"
+}
+
+fn status(code: u16, message: &str) -> (StatusCode, String) {
+    (
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
+            "reason": if code == 403 { "Forbidden" } else { "NotFound" }, "code": code})
+        .to_string(),
+    )
+}
+
+fn answer(path: &str, query: &str) -> (StatusCode, String) {
+    let ok = |v: Value| (StatusCode::OK, v.to_string());
+    let rs = |name: &str, revision: &str, image: &str, history: Option<&str>, ago: i64| {
+        let mut annotations = json!({"deployment.kubernetes.io/revision": revision});
+        if let Some(h) = history {
+            annotations["deployment.kubernetes.io/revision-history"] = json!(h);
+        }
+        if revision == "2" {
+            annotations["kubernetes.io/change-cause"] = json!("release 2.3");
+        }
+        json!({"metadata": {"name": name, "namespace": "shop", "creationTimestamp": ts(ago), "annotations": annotations,
+                "ownerReferences": [{"kind": "Deployment", "name": "checkout", "uid": "d-uid", "controller": true}]},
+            "spec": {"template": {"spec": {"containers": [{"name": "app", "image": image}]}}},
+            "status": {"replicas": if revision == "3" { 2 } else { 0 }}})
+    };
+    match path {
+        "/api/v1/namespaces/shop/pods/checkout-1" => ok(pod("checkout-1", 4)),
+        "/api/v1/namespaces/shop/pods" if query.contains("labelSelector=app%3Dcheckout") => ok(
+            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                "items": [pod("checkout-2", 0), pod("checkout-1", 4)]}),
+        ),
+        p if p.starts_with("/api/v1/namespaces/shop/pods/") && p.ends_with("/log") => {
+            let pod = p.split('/').nth(6).unwrap_or_default();
+            let container = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("container="))
+                .unwrap_or_default();
+            (StatusCode::OK, logs(pod, container, query))
+        }
+        "/apis/apps/v1/namespaces/shop/deployments/checkout" => ok(deployment()),
+        "/apis/apps/v1/namespaces/shop/deployments" => {
+            ok(json!({"kind": "DeploymentList", "metadata": {}, "items": [deployment()]}))
+        }
+        "/apis/apps/v1/namespaces/shop/statefulsets"
+        | "/apis/apps/v1/namespaces/shop/daemonsets" => ok(json!({"metadata": {}, "items": []})),
+        "/apis/apps/v1/namespaces/shop/replicasets" => {
+            ok(json!({"kind": "ReplicaSetList", "metadata": {}, "items": [
+                rs("checkout-5d8f", "3", "shop/checkout:2.2", Some("1"), 86_400),
+                rs("checkout-6c9a", "2", "shop/checkout:2.3", None, 1800),
+                rs("other-1", "1", "shop/other:1", None, 100)
+                    .as_object().map(|o| { let mut o = o.clone(); o["metadata"]["ownerReferences"][0]["uid"] = json!("x"); Value::Object(o) }).unwrap_or_default(),
+            ]}))
+        }
+        "/api/v1/namespaces/shop/events" => {
+            ok(json!({"kind": "EventList", "metadata": {}, "items": [
+                {"type": "Normal", "reason": "Pulled", "message": "Container image pulled", "count": 3,
+                 "involvedObject": {"kind": "Pod", "name": "checkout-1"}, "lastTimestamp": ts(60), "firstTimestamp": ts(900), "source": {"component": "kubelet"}},
+                {"type": "Warning", "reason": "BackOff", "message": "Back-off restarting failed container app", "count": 12,
+                 "involvedObject": {"kind": "Pod", "name": "checkout-1"}, "lastTimestamp": ts(120), "firstTimestamp": ts(800), "source": {"component": "kubelet"}},
+                {"type": "Warning", "reason": "OOMKilling", "message": "Memory cgroup out of memory", "count": 1,
+                 "involvedObject": {"kind": "Pod", "name": "checkout-1"}, "eventTime": ts(7200), "reportingComponent": "kernel-monitor"}
+            ]}))
+        }
+        "/api/v1/namespaces/shop/secrets/db" => ok(json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "db", "namespace": "shop", "annotations": {
+                "kubectl.kubernetes.io/last-applied-configuration": "{\"stringData\":{\"password\":\"hunter2-plain\"}}"}},
+            "type": "Opaque", "data": {"password": "aHVudGVyMi1wbGFpbg=="}})),
+        "/api/v1/namespaces/shop/secrets" => ok(
+            json!({"kind": "SecretList", "apiVersion": "v1", "metadata": {},
+            "items": [{"metadata": {"name": "db", "namespace": "shop", "creationTimestamp": ts(50)}, "type": "Opaque",
+                "data": {"password": "aHVudGVyMi1wbGFpbg=="}}]}),
+        ),
+        "/api/v1/namespaces/shop/configmaps" => {
+            if query.contains("continue=page2") {
+                ok(
+                    json!({"kind": "ConfigMapList", "metadata": {}, "items": [{"metadata": {"name": "cm-b", "namespace": "shop"}}]}),
+                )
+            } else {
+                ok(
+                    json!({"kind": "ConfigMapList", "metadata": {"continue": "page2", "remainingItemCount": 1},
+                    "items": [{"metadata": {"name": "cm-a", "namespace": "shop"}}]}),
+                )
+            }
+        }
+        "/api/v1/nodes" => status(
+            403,
+            "nodes is forbidden: User \"system:serviceaccount:kortex:kortex\" cannot list resource \"nodes\"",
+        ),
+        "/apis" => ok(json!({"kind": "APIGroupList", "groups": [
+            {"name": "cert-manager.io", "versions": [{"groupVersion": "cert-manager.io/v1", "version": "v1"}],
+             "preferredVersion": {"groupVersion": "cert-manager.io/v1", "version": "v1"}}]})),
+        "/api/v1" => ok(
+            json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+            {"name": "pods", "namespaced": true, "kind": "Pod", "verbs": ["get", "list"]}]}),
+        ),
+        "/apis/cert-manager.io/v1" => ok(
+            json!({"kind": "APIResourceList", "groupVersion": "cert-manager.io/v1", "resources": [
+            {"name": "certificates", "singularName": "certificate", "namespaced": true, "kind": "Certificate",
+             "shortNames": ["cert", "certs"], "verbs": ["get", "list", "watch"]},
+            {"name": "certificates/status", "namespaced": true, "kind": "Certificate", "verbs": ["get"]}]}),
+        ),
+        "/apis/cert-manager.io/v1/namespaces/shop/certificates/web" => {
+            ok(json!({"apiVersion": "cert-manager.io/v1",
+            "kind": "Certificate", "metadata": {"name": "web", "namespace": "shop"},
+            "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Expired"}]}}))
+        }
+        _ => status(
+            404,
+            &format!("the server could not find the requested resource ({path})"),
+        ),
+    }
+}
+
+fn deployment() -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "checkout", "namespace": "shop", "uid": "d-uid", "generation": 4,
+            "annotations": {"deployment.kubernetes.io/revision": "3"}, "creationTimestamp": ts(90_000)},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "checkout"}},
+            "template": {"spec": {"containers": [{"name": "app", "image": "shop/checkout:2.2"}]}}},
+        "status": {"observedGeneration": 4, "replicas": 2, "readyReplicas": 1, "updatedReplicas": 2,
+            "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "lastUpdateTime": ts(600)}]}})
+}
+
+/// The fake API server; returns its URL and the requests it saw (path?query).
+pub(crate) async fn fake_api_server() -> (String, Arc<Mutex<Vec<String>>>) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let record = seen.clone();
+    let app = axum::Router::new().fallback(move |req: Request<Body>| {
+        let record = record.clone();
+        async move {
+            let path = req.uri().path().to_owned();
+            let query = req.uri().query().unwrap_or_default().to_owned();
+            if let Ok(mut s) = record.lock() {
+                s.push(format!("{} {path}?{query}", req.method()));
+            }
+            if req.method() != axum::http::Method::GET {
+                return status(405, "read-only fake");
+            }
+            answer(&path, &query)
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), seen)
+}
+
+fn policy() -> PolicyEntry {
+    PolicyEntry {
+        object: serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "p", "namespace": "default"}, "spec": {"sessions": ["*"], "provider": "x"}}))
+        .unwrap_or_else(|e| panic!("{e}")),
+        available: true,
+    }
+}
+
+async fn context(store: &Store) -> ToolContext {
+    let session = store
+        .create_session(&NewSession {
+            name: "incident-1".into(),
+            namespace: "default".into(),
+            user: "u".into(),
+            policy: None,
+            dynamic_tools: json!([]),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    ToolContext {
+        store: store.clone(),
+        session,
+        run_id: "run-1".into(),
+    }
+}
+
+struct Harness {
+    router: Router,
+    ctx: ToolContext,
+    seen: Arc<Mutex<Vec<String>>>,
+    _db: crate::common::TestDb,
+}
+
+impl Harness {
+    async fn start() -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let (url, seen) = fake_api_server().await;
+        let config = kube::Config::new(url.parse().unwrap_or_else(|e| panic!("{e}")));
+        let client = kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+        let mut router = Router::new(Arc::new(Metrics::default()));
+        for tool in kortex::tools::cluster::Cluster::new(client).tools() {
+            router.add(tool);
+        }
+        let db = sqlite().await;
+        let ctx = context(&db.store).await;
+        Self {
+            router,
+            ctx,
+            seen,
+            _db: db,
+        }
+    }
+
+    async fn call(&self, name: &str, input: Value) -> Outcome {
+        let call = ToolCall {
+            id: format!("c-{name}"),
+            name: name.into(),
+            input,
+        };
+        self.router
+            .execute(self.ctx.clone(), &call, &policy(), std::future::pending())
+            .await
+    }
+
+    async fn json(&self, name: &str, input: Value) -> Value {
+        let out = self.call(name, input).await;
+        assert!(!out.is_error, "{name}: {out:?}");
+        serde_json::from_str(&out.content).unwrap_or_else(|e| panic!("{e}: {}", out.content))
+    }
+
+    fn requests(&self, containing: &str) -> Vec<String> {
+        self.seen
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .filter(|r| r.contains(containing))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_page_newest_first_with_a_cursor_bound_to_the_query() {
+    let h = Harness::start().await;
+    let args = json!({"namespace": "shop", "workload": "deployment/checkout", "container": "app", "window": "last 30m"});
+    let page1 = h.json("get_logs", args.clone()).await;
+    // The workload's selector found both pods, the restarting one first.
+    assert_eq!(strings(&page1["pods"]), ["checkout-1", "checkout-2"]);
+    let lines = strings(&page1["lines"]);
+    assert_eq!(lines.len(), 100);
+    // Newest first across pods.
+    let times: Vec<jiff::Timestamp> = lines
+        .iter()
+        .filter_map(|l| l.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(times.len(), 100);
+    assert!(times.windows(2).all(|w| w[0] >= w[1]), "{lines:?}");
+    let sent = h.requests("/log?");
+    assert!(
+        sent.iter().all(|r| r.contains("timestamps=true")
+            && r.contains("sinceTime=")
+            && r.contains("container=app")),
+        "{sent:?}"
+    );
+    let cursor = page1["nextCursor"].as_str().unwrap_or_default().to_owned();
+    assert!(!cursor.is_empty(), "{page1}");
+
+    // Page two continues exactly where page one stopped.
+    let mut next = args.clone();
+    next["cursor"] = json!(cursor);
+    let page2 = h.json("get_logs", next).await;
+    let lines2 = strings(&page2["lines"]);
+    assert_eq!(lines2.len(), 100);
+    assert!(lines2.iter().all(|l| !lines.contains(l)), "no line twice");
+    let last1: jiff::Timestamp = lines[99]
+        .split(' ')
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_default();
+    let first2: jiff::Timestamp = lines2[0]
+        .split(' ')
+        .next()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_default();
+    assert!(first2 <= last1);
+
+    // The cursor cannot be moved to another query or edited.
+    let mut other = args.clone();
+    other["namespace"] = json!("payments");
+    other["cursor"] = json!(cursor);
+    let out = h.call("get_logs", other).await;
+    assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+    let mut forged = args.clone();
+    forged["cursor"] = json!(format!("00{cursor}"));
+    assert_eq!(
+        h.call("get_logs", forged).await.error_kind,
+        Some("validation")
+    );
+
+    // minLevel and filter.
+    let errors = h
+        .json("get_logs", json!({"namespace": "shop", "pod": "checkout-1", "container": "app", "minLevel": "error", "window": "last 30m"}))
+        .await;
+    let error_lines = strings(&errors["lines"]);
+    assert!(
+        !error_lines.is_empty() && error_lines.iter().all(|l| l.contains("db timeout")),
+        "{error_lines:?}"
+    );
+    let filtered = h
+        .json("get_logs", json!({"namespace": "shop", "pod": "checkout-1", "filter": "REQUEST 12", "window": "last 30m"}))
+        .await;
+    let filtered = strings(&filtered["lines"]);
+    assert!(
+        !filtered.is_empty() && filtered.iter().all(|l| l.contains("request 12")),
+        "{filtered:?}"
+    );
+
+    // previous: the crashed container's last words.
+    let crashed = h
+        .json(
+            "get_logs",
+            json!({"namespace": "shop", "pod": "checkout-1", "container": "app", "previous": true}),
+        )
+        .await;
+    assert!(
+        strings(&crashed["lines"])
+            .iter()
+            .any(|l| l.contains("panic: assignment to entry in nil map"))
+    );
+    assert!(h.requests("previous=true").len() == 1);
+
+    // Bad arguments name the problem.
+    for (bad, needle) in [
+        (
+            json!({"namespace": "shop"}),
+            "exactly one of pod, workload or selector",
+        ),
+        (
+            json!({"namespace": "shop", "pod": "checkout-1", "container": "nope"}),
+            "its containers: app, proxy",
+        ),
+        (
+            json!({"namespace": "shop", "pod": "checkout-1", "window": "since tuesday"}),
+            "ISO 8601",
+        ),
+    ] {
+        let out = h.call("get_logs", bad).await;
+        assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+        assert!(out.content.contains(needle), "{}", out.content);
+    }
+    let out = h
+        .call("get_logs", json!({"namespace": "shop", "pod": "ghost"}))
+        .await;
+    assert_eq!(out.error_kind, Some("upstream"));
+    assert!(out.content.contains("not found"), "{}", out.content);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_resources_and_rollout_history() {
+    let h = Harness::start().await;
+    let events = h
+        .json(
+            "get_events",
+            json!({"namespace": "shop", "kind": "pod", "name": "checkout-1"}),
+        )
+        .await;
+    let sent = h.requests("/events");
+    assert!(
+        sent.iter().any(|r| r.contains(
+            "fieldSelector=involvedObject.name%3Dcheckout-1%2CinvolvedObject.kind%3DPod"
+        )),
+        "{sent:?}"
+    );
+    let reasons: Vec<&str> = events["events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["reason"].as_str())
+        .collect();
+    assert_eq!(
+        reasons,
+        ["BackOff", "OOMKilling", "Pulled"],
+        "warnings first, newest first"
+    );
+    assert_eq!(events["warnings"], 2);
+    assert_eq!(events["events"][0]["count"], 12);
+    let recent = h
+        .json(
+            "get_events",
+            json!({"namespace": "shop", "window": "last 30m"}),
+        )
+        .await;
+    assert_eq!(recent["total"], 2, "{recent}");
+
+    // A Secret never shows its values, whatever the RBAC lets Kortex read.
+    for (tool, input) in [
+        (
+            "get_resource",
+            json!({"kind": "Secret", "namespace": "shop", "name": "db"}),
+        ),
+        (
+            "list_resources",
+            json!({"kind": "secrets", "namespace": "shop"}),
+        ),
+        (
+            "list_resources",
+            json!({"kind": "secrets", "namespace": "shop", "full": true}),
+        ),
+    ] {
+        let out = h.call(tool, input).await;
+        assert!(!out.is_error, "{out:?}");
+        for leak in ["aHVudGVyMi1wbGFpbg", "hunter2", "last-applied"] {
+            assert!(
+                !out.content.contains(leak),
+                "{tool} leaked {leak}: {}",
+                out.content
+            );
+        }
+        assert!(
+            out.content.contains("password"),
+            "key names stay: {}",
+            out.content
+        );
+    }
+
+    // Pods summarised; managedFields gone from whole objects.
+    let pods = h
+        .json(
+            "list_resources",
+            json!({"kind": "po", "namespace": "shop", "labelSelector": "app=checkout"}),
+        )
+        .await;
+    let first = &pods["items"][1];
+    assert_eq!(first["name"], "checkout-1");
+    assert_eq!(first["restarts"], 4);
+    assert_eq!(first["ready"], "1/2");
+    assert!(
+        first["lastTermination"].to_string().contains("OOMKilled"),
+        "{first}"
+    );
+    let pod = h
+        .json(
+            "get_resource",
+            json!({"kind": "Pod", "namespace": "shop", "name": "checkout-1"}),
+        )
+        .await;
+    assert!(pod["metadata"].get("managedFields").is_none());
+    assert_eq!(pod["spec"]["nodeName"], "node-a");
+
+    // Continue tokens travel inside a signed cursor.
+    let page1 = h
+        .json(
+            "list_resources",
+            json!({"kind": "ConfigMap", "namespace": "shop", "limit": 1}),
+        )
+        .await;
+    assert_eq!(page1["items"][0]["name"], "cm-a");
+    let cursor = page1["nextCursor"].as_str().unwrap_or_default();
+    assert!(
+        !cursor.contains("page2"),
+        "the API server's token is not exposed raw"
+    );
+    let page2 = h
+        .json(
+            "list_resources",
+            json!({"kind": "ConfigMap", "namespace": "shop", "limit": 1, "cursor": cursor}),
+        )
+        .await;
+    assert_eq!(page2["items"][0]["name"], "cm-b");
+    assert_eq!(page2["nextCursor"], Value::Null);
+
+    // Custom resources through discovery; RBAC refusals are denied results.
+    let cert = h
+        .json(
+            "get_resource",
+            json!({"kind": "certificate", "namespace": "shop", "name": "web"}),
+        )
+        .await;
+    assert_eq!(cert["status"]["conditions"][0]["reason"], "Expired");
+    let out = h.call("list_resources", json!({"kind": "Node"})).await;
+    assert_eq!(out.error_kind, Some("denied"), "{out:?}");
+    assert!(out.content.contains("forbidden"), "{}", out.content);
+    let out = h
+        .call(
+            "get_resource",
+            json!({"kind": "Widget", "name": "w", "namespace": "shop"}),
+        )
+        .await;
+    assert_eq!(out.error_kind, Some("validation"));
+    let out = h
+        .call(
+            "get_resource",
+            json!({"kind": "Deployment", "name": "checkout"}),
+        )
+        .await;
+    assert!(out.content.contains("give namespace"), "{}", out.content);
+
+    // Rollout history: revisions newest first, the change cause, the rollback.
+    let history = h
+        .json("get_recent_deploys", json!({"namespace": "shop"}))
+        .await;
+    let checkout = &history["workloads"][0];
+    assert_eq!(checkout["name"], "checkout");
+    assert_eq!(checkout["currentRevision"], 3);
+    assert_eq!(checkout["rollout"], "complete");
+    let revisions = checkout["revisions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        revisions.len(),
+        2,
+        "only the Deployment's own ReplicaSets: {checkout}"
+    );
+    assert_eq!(revisions[0]["revision"], 3);
+    assert_eq!(revisions[0]["current"], true);
+    assert_eq!(strings(&revisions[0]["images"]), ["app=shop/checkout:2.2"]);
+    assert!(
+        revisions[0]["rollback"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("revision(s) 1")
+    );
+    assert_eq!(revisions[1]["changeCause"], "release 2.3");
+}
+
+/// `kortex serve --kubeconfig` offers the Kubernetes tools, and a model paging through a
+/// crashing pod's logs gets them in the chat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
+    use crate::llm::{mock, openai, push, streamed};
+    let (api, _) = fake_api_server().await;
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: not-a-real-token}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("k.yaml"),
+        format!(
+            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: openai}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m1}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: openai}}\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = crate::binary::Server::start_with_args(
+        &m,
+        &dir.path().join("k.db"),
+        &["--kubeconfig", &kubeconfig.display().to_string()],
+    );
+    let d = openai();
+    push(
+        &script,
+        streamed(
+            &d,
+            (d.tools_stream)(&[(
+                "t1",
+                "get_logs",
+                r#"{"namespace": "shop", "pod": "checkout-1", "container": "app", "minLevel": "error"}"#,
+            )]),
+        ),
+    );
+    push(
+        &script,
+        streamed(&d, (d.text_stream)(&["The database times out."])),
+    );
+    let client = crate::common::http_client();
+    let session: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-logs"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "why is checkout crashing?"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let tool_message = loop {
+        let s: Value = client
+            .get(server.url(&format!("/chat/v1/sessions/{id}")))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .json()
+            .await
+            .unwrap_or_default();
+        let messages = s["messages"].as_array().cloned().unwrap_or_default();
+        if messages
+            .iter()
+            .any(|m| m["role"] == "assistant" && m["content"] == "The database times out.")
+        {
+            break messages.into_iter().find(|m| m["role"] == "tool");
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no answer: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let content = tool_message
+        .map(|m| m["content"].to_string())
+        .unwrap_or_default();
+    assert!(content.contains("db timeout"), "{content}");
+    // The model was offered the Kubernetes tools.
+    let offered = script
+        .seen
+        .lock()
+        .ok()
+        .and_then(|s| {
+            s.iter()
+                .find(|x| x.body.get("tools").is_some())
+                .map(|x| x.body["tools"].to_string())
+        })
+        .unwrap_or_default();
+    for tool in [
+        "get_logs",
+        "get_events",
+        "get_resource",
+        "list_resources",
+        "get_recent_deploys",
+        "get_admin_info",
+    ] {
+        assert!(offered.contains(tool), "{tool} offered: {offered}");
+    }
+    assert!(server.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_info_reads_only_a_services_admin_endpoint() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let app = axum::Router::new()
+        .route(
+            "/admin/info",
+            axum::routing::get(|| async {
+                axum::Json(json!({"version": "2.3.0", "build": "abc123", "features": {"newCheckout": true}}))
+            }),
+        )
+        .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    // The Service's DNS name resolves to the local server, as cluster DNS would.
+    let client = reqwest::Client::builder()
+        .resolve("checkout.shop.svc.cluster.local", addr)
+        .resolve(
+            "ghost.shop.svc.cluster.local",
+            std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
+        )
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut router = Router::new(Arc::new(Metrics::default()));
+    router.add(Arc::new(kortex::tools::admin_info::AdminInfo::new(
+        client,
+        "cluster.local",
+    )));
+    let db = sqlite().await;
+    let ctx = context(&db.store).await;
+    let call = |input: Value| {
+        let router = &router;
+        let ctx = ctx.clone();
+        async move {
+            router
+                .execute(
+                    ctx,
+                    &ToolCall {
+                        id: "a".into(),
+                        name: "get_admin_info".into(),
+                        input,
+                    },
+                    &policy(),
+                    std::future::pending(),
+                )
+                .await
+        }
+    };
+    let out = call(json!({"namespace": "shop", "service": "checkout", "port": addr.port()})).await;
+    assert!(!out.is_error, "{out:?}");
+    let v: Value = serde_json::from_str(&out.content).unwrap_or_default();
+    assert_eq!(v["info"]["version"], "2.3.0");
+    assert_eq!(
+        v["url"],
+        format!(
+            "http://checkout.shop.svc.cluster.local:{}/admin/info",
+            addr.port()
+        )
+    );
+    // Only DNS labels: no way to point it at another host or path.
+    for bad in [
+        json!({"namespace": "shop", "service": "evil.example.com/x"}),
+        json!({"namespace": "shop#", "service": "checkout"}),
+        json!({"namespace": "shop", "service": "checkout", "path": "/debug"}),
+    ] {
+        let out = call(bad).await;
+        assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+    }
+    // An unknown service is an upstream error, not a crash.
+    let out = call(json!({"namespace": "shop", "service": "ghost", "port": 9})).await;
+    assert_eq!(out.error_kind, Some("upstream"), "{out:?}");
+}
