@@ -34,7 +34,10 @@ async fn apply(client: &kube::Client, ns: &str, object: Value) -> anyhow::Result
     let plural = format!("{}s", kind.to_lowercase());
     let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
-    let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     api.patch(
         &name,
         &PatchParams::apply(MANAGER).force(),
@@ -86,8 +89,10 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         router.add(tool);
     }
     let policy = PolicyEntry {
-        object: serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "p", "namespace": ns}, "spec": {"sessions": ["*"], "provider": "x"}}))?,
+        object: serde_json::from_value(
+            json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "p", "namespace": ns}, "spec": {"sessions": ["*"], "provider": "x"}}),
+        )?,
         available: true,
     };
     let call = |name: &str, input: Value| {
@@ -99,7 +104,11 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
             name: name.into(),
             input,
         };
-        async move { router.execute(ctx, &call, policy, std::future::pending()).await }
+        async move {
+            router
+                .execute(ctx, &call, policy, std::future::pending())
+                .await
+        }
     };
     let ok = |out: Outcome| -> anyhow::Result<Value> {
         anyhow::ensure!(!out.is_error, "tool failed: {}", out.content);
@@ -108,8 +117,14 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
 
     // Secrets: key names only, whatever the RBAC.
     for (tool, input) in [
-        ("get_resource", json!({"kind": "Secret", "namespace": ns, "name": "db"})),
-        ("list_resources", json!({"kind": "secrets", "namespace": ns, "full": true})),
+        (
+            "get_resource",
+            json!({"kind": "Secret", "namespace": ns, "name": "db"}),
+        ),
+        (
+            "list_resources",
+            json!({"kind": "secrets", "namespace": ns, "full": true}),
+        ),
     ] {
         let out = call(tool, input).await;
         anyhow::ensure!(!out.is_error, "{tool}: {}", out.content);
@@ -144,7 +159,10 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     };
     let first = page1["lines"][0].as_str().unwrap_or_default();
-    anyhow::ensure!(first.contains("tick 300 release-1"), "newest first: {first}");
+    anyhow::ensure!(
+        first.contains("tick 300 release-1"),
+        "newest first: {first}"
+    );
     let cursor = page1["nextCursor"].as_str().unwrap_or_default();
     let page2 = ok(call(
         "get_logs",
@@ -152,7 +170,10 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     )
     .await)?;
     let second = page2["lines"][0].as_str().unwrap_or_default();
-    anyhow::ensure!(second.contains("tick 200 release-1"), "page two continues: {second}");
+    anyhow::ensure!(
+        second.contains("tick 200 release-1"),
+        "page two continues: {second}"
+    );
 
     // Events of the namespace.
     let events = ok(call("get_events", json!({"namespace": ns})).await)?;

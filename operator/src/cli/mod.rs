@@ -235,12 +235,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let mut router = crate::tools::Router::new(metrics.clone());
     match cluster_client(args.kubeconfig.as_deref()).await? {
         Some((client, url)) => {
-            if let Some(host) = url
-                .parse::<reqwest::Url>()
-                .ok()
-                .and_then(|u| u.host_str().map(str::to_owned))
+            if let Ok(u) = url.parse::<reqwest::Url>()
+                && let (Some(host), Some(port)) = (u.host_str(), u.port_or_known_default())
             {
-                egress.add_api_server(&host);
+                egress.add_api_server(host, port);
             }
             for tool in crate::tools::cluster::Cluster::new(client).tools() {
                 router.add(tool);

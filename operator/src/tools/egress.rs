@@ -22,10 +22,22 @@ const REFUSED_NAMES: &[&str] = &[
 /// What plugin tools may not reach.
 #[derive(Clone, Debug, Default)]
 pub struct Egress {
-    /// API server addresses (from `KUBERNETES_SERVICE_HOST` or the kubeconfig).
-    api_server_ips: Vec<IpAddr>,
-    /// API server host names.
-    api_server_names: Vec<String>,
+    /// API server endpoints (from `KUBERNETES_SERVICE_HOST`/`_PORT` or the kubeconfig).
+    api_servers: Vec<(ApiHost, u16)>,
+}
+
+/// The host part of an API server endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ApiHost {
+    Ip(IpAddr),
+    Name(String),
+}
+
+fn unmapped(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
 }
 
 impl Egress {
@@ -33,27 +45,32 @@ impl Egress {
     pub fn from_env() -> Self {
         let mut egress = Self::default();
         if let Ok(host) = std::env::var("KUBERNETES_SERVICE_HOST") {
-            egress.add_api_server(&host);
+            let port = std::env::var("KUBERNETES_SERVICE_PORT")
+                .ok()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(443);
+            egress.add_api_server(&host, port);
         }
         egress
     }
 
-    /// Also refuses `host` (an address or a name): the API server of a kubeconfig.
-    pub fn add_api_server(&mut self, host: &str) {
+    /// Also refuses the API server at `host` (an address or a name) and `port`, e.g. the
+    /// server of a kubeconfig.
+    pub fn add_api_server(&mut self, host: &str, port: u16) {
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        match host.parse::<IpAddr>() {
-            Ok(ip) => self.api_server_ips.push(ip),
-            Err(_) => self.api_server_names.push(host.to_ascii_lowercase()),
-        }
+        let host = match host.parse::<IpAddr>() {
+            Ok(ip) => ApiHost::Ip(unmapped(ip)),
+            Err(_) => ApiHost::Name(host.trim_end_matches('.').to_ascii_lowercase()),
+        };
+        self.api_servers.push((host, port));
     }
 
-    /// Why `ip` is refused, if it is.
+    /// Why connecting to `ip` is refused, whatever the port: metadata services, link-local
+    /// and unroutable addresses, and API server addresses that are not loopback (a Service
+    /// IP or a node address serves nothing else a tool should reach).
     pub fn refuse_ip(&self, ip: IpAddr) -> Option<&'static str> {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        if self.api_server_ips.contains(&ip) {
+        let ip = unmapped(ip);
+        if !ip.is_loopback() && self.api_servers.iter().any(|(h, _)| *h == ApiHost::Ip(ip)) {
             return Some("the Kubernetes API server");
         }
         match ip {
@@ -65,8 +82,7 @@ impl Egress {
     /// Why the host name `name` is refused, if it is (before resolution).
     pub fn refuse_name(&self, name: &str) -> Option<&'static str> {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
-        if self.api_server_names.contains(&name)
-            || name.starts_with("kubernetes.default.svc.")
+        if name.starts_with("kubernetes.default.svc.")
             || REFUSED_NAMES[5..].contains(&name.as_str())
         {
             return Some("the Kubernetes API server");
@@ -77,17 +93,45 @@ impl Egress {
         None
     }
 
-    /// Checks the host of `url` (a literal address or a name) before a request.
-    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
-        let reason = match url.host() {
-            None => return Err(format!("{url} has no host")),
-            Some(url::Host::Ipv4(v4)) => self.refuse_ip(IpAddr::V4(v4)),
-            Some(url::Host::Ipv6(v6)) => self.refuse_ip(IpAddr::V6(v6)),
-            Some(url::Host::Domain(name)) => match name.parse::<IpAddr>() {
-                Ok(ip) => self.refuse_ip(ip),
-                Err(_) => self.refuse_name(name),
-            },
+    /// Whether `host:port` is a configured API server endpoint (`localhost` counting as
+    /// the loopback addresses, for development clusters on this machine).
+    fn is_api_server(&self, host: &url::Host<&str>, port: u16) -> bool {
+        let hosts: Vec<ApiHost> = match host {
+            url::Host::Ipv4(v4) => vec![ApiHost::Ip(IpAddr::V4(*v4))],
+            url::Host::Ipv6(v6) => vec![ApiHost::Ip(unmapped(IpAddr::V6(*v6)))],
+            url::Host::Domain(name) => {
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                if name == "localhost" || name.ends_with(".localhost") {
+                    vec![
+                        ApiHost::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+                        ApiHost::Ip(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+                        ApiHost::Name(name),
+                    ]
+                } else {
+                    vec![ApiHost::Name(name)]
+                }
+            }
         };
+        self.api_servers
+            .iter()
+            .any(|(h, p)| *p == port && hosts.contains(h))
+    }
+
+    /// Checks the host and port of `url` (a literal address or a name) before a request.
+    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
+        let Some(host) = url.host() else {
+            return Err(format!("{url} has no host"));
+        };
+        let port = url.port_or_known_default().unwrap_or(0);
+        let reason = match &host {
+            url::Host::Ipv4(v4) => self.refuse_ip(IpAddr::V4(*v4)),
+            url::Host::Ipv6(v6) => self.refuse_ip(IpAddr::V6(*v6)),
+            url::Host::Domain(name) => self.refuse_name(name),
+        }
+        .or_else(|| {
+            self.is_api_server(&host, port)
+                .then_some("the Kubernetes API server")
+        });
         match reason {
             Some(what) => Err(refusal(url.host_str().unwrap_or_default(), what)),
             None => Ok(()),
@@ -195,8 +239,9 @@ mod tests {
     #[test]
     fn metadata_link_local_and_api_server_are_refused() {
         let mut e = Egress::default();
-        e.add_api_server("10.96.0.1");
-        e.add_api_server("api.cluster.example");
+        e.add_api_server("10.96.0.1", 443);
+        e.add_api_server("api.cluster.example", 6443);
+        e.add_api_server("127.0.0.1", 6443);
         for url in [
             "http://169.254.169.254/latest/meta-data/",
             "http://169.254.10.1/",
@@ -207,7 +252,11 @@ mod tests {
             "http://kubernetes.default.svc/api",
             "https://kubernetes.default.svc.cluster.local:443/api",
             "https://10.96.0.1/api",
-            "https://API.cluster.example./api",
+            "http://10.96.0.1:8080/",
+            "https://API.cluster.example.:6443/api",
+            "https://127.0.0.1:6443/api",
+            "https://localhost:6443/api",
+            "https://[::ffff:127.0.0.1]:6443/api",
             "http://100.100.100.200/",
             "http://0.0.0.0:8080/",
         ] {
@@ -219,6 +268,8 @@ mod tests {
         }
         for url in [
             "http://127.0.0.1:8080/",
+            "http://localhost:9000/mcp",
+            "https://api.cluster.example/",
             "http://10.0.0.7/",
             "http://jira-bridge.tools.svc:8080/search",
             "https://example.com/",

@@ -36,9 +36,13 @@ pub(crate) struct Seen {
     pub(crate) body: Value,
 }
 
+/// Computes the reply to a chat request from its body (when no scripted reply is queued).
+pub(crate) type Responder = Box<dyn Fn(&Value) -> Option<Reply> + Send + Sync>;
+
 #[derive(Default)]
 pub(crate) struct Script {
     replies: Mutex<VecDeque<Reply>>,
+    pub(crate) responder: Mutex<Option<Responder>>,
     /// Replies to GET requests (model lists), kept apart so a background probe never takes
     /// a reply scripted for a chat call. Empty: an empty model list.
     get_replies: Mutex<VecDeque<Reply>>,
@@ -80,25 +84,29 @@ async fn handle(State(script): State<Arc<Script>>, req: axum::extract::Request) 
     } else {
         &script.replies
     };
-    let reply = queue
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .pop_front()
-        .unwrap_or_else(|| {
-            if is_get {
-                Reply {
-                    status: 200,
-                    chunks: vec![r#"{"data": [], "models": []}"#.into()],
-                    ..Default::default()
-                }
-            } else {
-                Reply {
-                    status: 500,
-                    chunks: vec!["{\"error\":{\"message\":\"no scripted reply left\"}}".into()],
-                    ..Default::default()
-                }
+    let queued = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+    let computed = || {
+        if is_get {
+            return None;
+        }
+        let last = script.seen.lock().ok()?.last().map(|s| s.body.clone())?;
+        script.responder.lock().ok()?.as_ref()?(&last)
+    };
+    let reply = queued.or_else(computed).unwrap_or_else(|| {
+        if is_get {
+            Reply {
+                status: 200,
+                chunks: vec![r#"{"data": [], "models": []}"#.into()],
+                ..Default::default()
             }
-        });
+        } else {
+            Reply {
+                status: 500,
+                chunks: vec!["{\"error\":{\"message\":\"no scripted reply left\"}}".into()],
+                ..Default::default()
+            }
+        }
+    });
     let guard = DropGuard(script.clone());
     let chunks = reply.chunks.clone();
     let stall = reply.stall;

@@ -5,6 +5,7 @@ mod chat;
 mod cluster;
 mod common;
 mod http;
+mod investigation;
 mod llm;
 mod plugins;
 mod prometheus;

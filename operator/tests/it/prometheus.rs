@@ -25,7 +25,7 @@ const T0: i64 = 1_800_000_000;
 
 /// One request the server saw: its path and query parameters.
 #[derive(Clone, Debug)]
-struct Seen {
+pub(crate) struct Seen {
     path: String,
     params: BTreeMap<String, String>,
 }
@@ -45,7 +45,7 @@ impl Seen {
     }
 }
 
-type Seens = Arc<Mutex<Vec<Seen>>>;
+pub(crate) type Seens = Arc<Mutex<Vec<Seen>>>;
 
 /// Prometheus' spelling of a sample value.
 fn sample(v: f64) -> String {
@@ -143,7 +143,7 @@ fn answer(seen: &Seen) -> Response {
 }
 
 /// A local Prometheus under the path prefix `/prom`; every request is recorded.
-async fn server() -> (String, Seens) {
+pub(crate) async fn server() -> (String, Seens) {
     let seen: Seens = Arc::default();
     let record = seen.clone();
     let app = axum::Router::new().fallback(move |req: Request| {

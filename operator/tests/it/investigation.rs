@@ -1,0 +1,360 @@
+//! The whole investigation from the binary a user runs: `kortex serve --kubeconfig
+//! --prometheus-url` with an HTTP and an MCP plugin tool; a model (scripted over the OpenAI
+//! wire format) pages through a crashing pod's logs with the cursor it was given, reads the
+//! events and rollout history, compares a metric with its baseline, finds a similar past
+//! incident, calls a Jira-like HTTP tool and an MCP server's tool — and never sees a Secret.
+
+use crate::llm::{Reply, mock, openai, push, streamed};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// The bearer token of the Jira bridge: must never reach the model.
+const BRIDGE_TOKEN: &str = "bridge-SECRET-7f3a9";
+
+fn tool_calls(calls: &[(&str, &str, Value)]) -> Reply {
+    let d = openai();
+    let args: Vec<String> = calls.iter().map(|(_, _, a)| a.to_string()).collect();
+    let refs: Vec<(&str, &str, &str)> = calls
+        .iter()
+        .zip(&args)
+        .map(|((id, name, _), a)| (*id, *name, a.as_str()))
+        .collect();
+    streamed(&d, (d.tools_stream)(&refs))
+}
+
+/// The content of the tool result for `call_id` in a chat request body.
+fn tool_result(body: &Value, call_id: &str) -> Option<String> {
+    body["messages"]
+        .as_array()?
+        .iter()
+        .find(|m| m["role"] == "tool" && m["tool_call_id"] == call_id)
+        .and_then(|m| m["content"].as_str().map(str::to_owned))
+}
+
+async fn wait_idle(client: &reqwest::Client, url: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s: Value = client
+            .get(url)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .json()
+            .await
+            .unwrap_or_default();
+        if s["status"] != "running" && s["messages"].as_array().is_some_and(|m| m.len() > 1) {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "run did not end: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_investigates_a_crashing_pod_end_to_end() {
+    let Some(mcp) = crate::plugins::mcp_server("mcp-token-1") else {
+        return;
+    };
+    let (api, _) = crate::cluster::fake_api_server().await;
+    let (prometheus, _) = crate::prometheus::server().await;
+    let (bridge, bridge_seen) = crate::plugins::upstream().await;
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: openai}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec: {{sessions: ["incident-*"], provider: openai, maxToolDepth: 6}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: tools}}
+stringData: {{bridge: {BRIDGE_TOKEN}, mcp: mcp-token-1}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: jira-search}}
+spec:
+  name: jira_search
+  description: Search Jira issues with JQL.
+  http:
+    method: POST
+    url: {bridge}/jira/search
+    auth: {{type: bearer, secretRef: {{name: tools, key: bridge}}}}
+  parameters: {{type: object, properties: {{jql: {{type: string}}}}, required: [jql]}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: grafana}}
+spec:
+  mcp:
+    url: {url}
+    auth: {{type: bearer, secretRef: {{name: tools, key: mcp}}}}
+    include: [echo, add]
+"#,
+            url = mcp.url
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = crate::binary::Server::start_with_args(
+        &m,
+        &dir.path().join("k.db"),
+        &[
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--prometheus-url",
+            &prometheus,
+        ],
+    );
+    let client = crate::common::http_client();
+
+    // The MCP server's tools are discovered and listed.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let tools: Value = client
+            .get(server.url("/api/v1/tools"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .json()
+            .await
+            .unwrap_or_default();
+        let grafana = tools["items"]
+            .as_array()
+            .and_then(|i| i.iter().find(|t| t["name"] == "grafana").cloned())
+            .unwrap_or_default();
+        if grafana["discovery"]["reachable"] == true {
+            let mut names: Vec<String> = grafana["tools"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.as_str().map(str::to_owned))
+                .collect();
+            names.sort();
+            assert_eq!(names, ["grafana__add", "grafana__echo"], "{grafana}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no discovery: {tools}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // A past incident, answered earlier.
+    push(
+        &script,
+        streamed(
+            &openai(),
+            (openai().text_stream)(&["Pods were OOMKilled after 2.3; rolled back checkout."]),
+        ),
+    );
+    let old: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-march"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let old_id = old["id"].as_str().unwrap_or_default().to_owned();
+    client
+        .post(server.url(&format!("/chat/v1/sessions/{old_id}/messages")))
+        .json(&json!({"content": "checkout pods are OOMKilled"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{old_id}"))).await;
+
+    // Step 1: the first page of logs and the incident history.
+    push(
+        &script,
+        tool_calls(&[
+            (
+                "t-logs1",
+                "get_logs",
+                json!({"namespace": "shop", "pod": "checkout-1", "container": "app", "window": "last 30m"}),
+            ),
+            (
+                "t-history",
+                "get_incident_history",
+                json!({"query": "checkout oomkilled"}),
+            ),
+        ]),
+    );
+    // Step 2 uses the cursor it was given; step 3 answers.
+    if let Ok(mut responder) = script.responder.lock() {
+        *responder = Some(Box::new(|body: &Value| {
+            if tool_result(body, "t-echo").is_some() {
+                let d = openai();
+                return Some(streamed(
+                    &d,
+                    (d.text_stream)(&["Release 2.3 leaks memory; roll back."]),
+                ));
+            }
+            let page1: Value = serde_json::from_str(&tool_result(body, "t-logs1")?).ok()?;
+            let cursor = page1["nextCursor"].as_str()?.to_owned();
+            Some(tool_calls(&[
+                (
+                    "t-logs2",
+                    "get_logs",
+                    json!({"namespace": "shop", "pod": "checkout-1", "container": "app", "window": "last 30m", "cursor": cursor}),
+                ),
+                (
+                    "t-events",
+                    "get_events",
+                    json!({"namespace": "shop", "kind": "Pod", "name": "checkout-1"}),
+                ),
+                (
+                    "t-deploys",
+                    "get_recent_deploys",
+                    json!({"namespace": "shop", "name": "checkout"}),
+                ),
+                (
+                    "t-metrics",
+                    "compare_to_baseline",
+                    json!({"query": "spiky", "window": "2027-01-15T08:00:00Z/PT15M"}),
+                ),
+                (
+                    "t-jira",
+                    "jira_search",
+                    json!({"jql": "project = SHOP AND text ~ OOMKilled"}),
+                ),
+                (
+                    "t-echo",
+                    "grafana__echo",
+                    json!({"text": "dashboards: checkout memory"}),
+                ),
+                (
+                    "t-secret",
+                    "get_resource",
+                    json!({"kind": "Secret", "namespace": "shop", "name": "db"}),
+                ),
+            ]))
+        }));
+    }
+    let session: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-checkout"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "checkout keeps crashing, why?"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let s = wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let messages = s["messages"].as_array().cloned().unwrap_or_default();
+    let result = |call: &str| -> Value {
+        let m = messages
+            .iter()
+            .find(|m| m["role"] == "tool" && m["toolCallId"] == call)
+            .unwrap_or_else(|| panic!("no result for {call}: {s}"));
+        assert_ne!(m["isError"], true, "{call}: {m}");
+        let content = m["content"].as_str().unwrap_or_default();
+        serde_json::from_str(content).unwrap_or_else(|_| json!(content))
+    };
+    assert_eq!(
+        messages.last().map(|m| m["content"].clone()),
+        Some(json!("Release 2.3 leaks memory; roll back.")),
+        "{s}"
+    );
+
+    // Paging: page two is older than page one, without overlap.
+    let page1 = result("t-logs1");
+    let page2 = result("t-logs2");
+    let lines = |p: &Value| -> Vec<String> {
+        p["lines"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.as_str().map(str::to_owned))
+            .collect()
+    };
+    let (l1, l2) = (lines(&page1), lines(&page2));
+    assert_eq!((l1.len(), l2.len()), (100, 100));
+    assert!(l1.last() > l2.first(), "older lines on page two");
+    assert!(l2.iter().all(|l| !l1.contains(l)));
+
+    assert_eq!(result("t-events")["events"][0]["reason"], "BackOff");
+    let deploys = result("t-deploys");
+    assert!(
+        deploys["workloads"][0]["revisions"][0]["rollback"]
+            .as_str()
+            .is_some_and(|r| r.contains("rollback")),
+        "{deploys}"
+    );
+    let metrics = result("t-metrics");
+    assert_eq!(metrics["anomalies"], 1, "{metrics}");
+    let history = result("t-history");
+    assert_eq!(
+        history["sessions"][0]["session"], "incident-march",
+        "{history}"
+    );
+    assert!(result("t-jira").to_string().contains("OPS-1"));
+    let sent = bridge_seen
+        .lock()
+        .map(|s| s.last().cloned())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("the bridge saw no request"));
+    assert_eq!(
+        sent.headers["authorization"],
+        format!("Bearer {BRIDGE_TOKEN}")
+    );
+    assert_eq!(result("t-echo"), json!("dashboards: checkout memory"));
+    let secret = result("t-secret");
+    assert!(
+        secret.get("data").is_none() && secret["dataKeys"]["password"].is_string(),
+        "{secret}"
+    );
+
+    // Nothing secret ever reached the model: not the tool credentials, not the Secret.
+    let to_model = script
+        .seen
+        .lock()
+        .map(|s| {
+            s.iter()
+                .map(|x| x.body.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default();
+    for leak in [
+        BRIDGE_TOKEN,
+        "mcp-token-1",
+        "aHVudGVyMi1wbGFpbg",
+        "hunter2-plain",
+    ] {
+        assert!(!to_model.contains(leak), "{leak} reached the model");
+    }
+    assert!(server.terminate().success());
+    drop(mcp);
+}
