@@ -195,10 +195,7 @@ impl Tool for HttpTool {
         let max_bytes = self.max_bytes;
         Box::pin(async move {
             let request = prepared?;
-            let response = request
-                .send()
-                .await
-                .map_err(|e| ToolError::Upstream(format!("upstream: {}", error_chain(&e))))?;
+            let response = request.send().await.map_err(transport_error)?;
             read_response(response, max_bytes).await
         })
     }
@@ -321,8 +318,7 @@ async fn read_limited(
     let mut body = Vec::new();
     let mut stream = response.bytes_stream();
     while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| ToolError::Upstream(format!("upstream: {}", error_chain(&e))))?;
+        let chunk = chunk.map_err(transport_error)?;
         let room = limit - body.len();
         if chunk.len() > room {
             body.extend_from_slice(&chunk[..room]);
@@ -341,6 +337,15 @@ async fn read_limited(
 }
 
 /// An error with its sources, e.g. `error sending request: refused: … allowPrivateTargets`.
+/// A failed exchange: the tool's own timeout is a `timeout`, anything else `upstream`.
+fn transport_error(e: reqwest::Error) -> ToolError {
+    if e.is_timeout() {
+        ToolError::Timeout("upstream: no complete answer within the tool's timeout".into())
+    } else {
+        ToolError::Upstream(format!("upstream: {}", error_chain(&e)))
+    }
+}
+
 pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();
