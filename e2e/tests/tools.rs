@@ -83,6 +83,7 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         store: store.clone(),
         session,
         run_id: "run".into(),
+        redactor: Default::default(),
     };
     let mut router = Router::new(Arc::new(kortex::metrics::Metrics::default()));
     for tool in kortex::tools::cluster::Cluster::new(client.clone()).tools() {

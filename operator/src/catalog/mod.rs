@@ -214,6 +214,8 @@ pub struct Catalog {
     pub credentials: Credentials,
     /// Every resolved secret value, longest first, for redaction.
     pub secret_values: Arc<Vec<SecretValue>>,
+    /// Finds those values (and their derived forms) in text.
+    pub redactor: crate::redact::SecretRedactor,
 }
 
 impl Catalog {
@@ -324,6 +326,7 @@ pub fn compile(objects: &ObjectSet, now: jiff::Timestamp) -> Catalog {
             .map(|p| (ObjectKey::of(p), p.clone()))
             .collect(),
         credentials,
+        redactor: crate::redact::SecretRedactor::new(&secret_values),
         secret_values: Arc::new(secret_values),
     }
 }

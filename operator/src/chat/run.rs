@@ -390,11 +390,13 @@ async fn steps(
                 routed.push(call);
             }
         }
+        let redactor = &catalog.redactor;
         let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
             let ctx = crate::tools::ToolContext {
                 store: engine.store.clone(),
                 session: session.clone(),
                 run_id: run_id.to_owned(),
+                redactor: redactor.clone(),
             };
             let slow = async {
                 let message = format!("{} is taking longer than usual…", call.name);

@@ -117,7 +117,7 @@ impl McpServer {
         if let Some((user, password)) = basic {
             let mut value = reqwest::header::HeaderValue::from_str(&format!(
                 "Basic {}",
-                base64(&format!("{user}:{password}"))
+                crate::redact::base64(&format!("{user}:{password}"))
             ))
             .map_err(|_| "the basic credentials are not a valid header value".to_owned())?;
             value.set_sensitive(true);
@@ -435,44 +435,4 @@ fn render(result: &CallToolResult, max_bytes: usize) -> String {
 /// An error with its sources (reqwest hides the cause in them).
 fn chain(e: &dyn std::error::Error) -> String {
     super::plugin_http::error_chain(e)
-}
-
-/// Standard base64 (for basic credentials).
-fn base64(text: &str) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let bytes = text.as_bytes();
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base64_matches_rfc_4648() {
-        for (plain, encoded) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("user:pa55", "dXNlcjpwYTU1"),
-        ] {
-            assert_eq!(base64(plain), encoded);
-        }
-    }
 }

@@ -43,6 +43,8 @@ pub struct ToolContext {
     pub session: SessionRecord,
     /// The run.
     pub run_id: String,
+    /// Replaces resolved Secret values in the result (the live catalog's).
+    pub redactor: crate::redact::SecretRedactor,
 }
 
 /// How a tool failed.
@@ -242,6 +244,7 @@ impl Router {
             Err(ToolError::Timeout(m)) => (m, true, Some("timeout")),
             Err(ToolError::Internal(m)) => (m, true, Some("internal")),
         };
+        let (content, redactions) = ctx.redactor.redact(&content);
         let (content, truncated) =
             match cap(&ctx.store, &ctx.session.id, &call.id, &call.name, content).await {
                 Ok(v) => v,
@@ -272,7 +275,7 @@ impl Router {
                 policy: policy.object.metadata.name.clone(),
                 subject: call.name.clone(),
                 outcome: status.to_owned(),
-                detail: json!({"callId": call.id, "durationMs": duration.as_millis() as u64, "truncated": truncated}),
+                detail: json!({"callId": call.id, "durationMs": duration.as_millis() as u64, "truncated": truncated, "redactions": redactions}),
             })
             .await;
         Outcome {

@@ -217,7 +217,8 @@ pub async fn run(
                 }
             }
         }
-        out.send_replace(Arc::new(build(&entries, &host, &found)));
+        let redactor = &current.catalog.redactor;
+        out.send_replace(Arc::new(build(&entries, &host, &found, redactor)));
 
         tokio::select! {
             changed = config.changed() => if changed.is_err() { break },
@@ -237,7 +238,10 @@ fn build(
     entries: &BTreeMap<&ObjectKey, &ToolEntry>,
     host: &PluginHost,
     found: &BTreeMap<ObjectKey, mcp::Found>,
+    redactor: &crate::redact::SecretRedactor,
 ) -> PluginSet {
+    // Errors come from remote servers, which may echo what they were sent.
+    let clean = |e: &str| redactor.redact(e).0;
     let mut set = PluginSet::default();
     for (key, entry) in entries {
         let namespace = set.tools.entry(key.namespace.clone()).or_default();
@@ -247,7 +251,7 @@ fn build(
                     namespace.insert(entry.tool_name.clone(), plugin(entry, key, Arc::new(tool)));
                 }
                 Err(e) => {
-                    set.problems.insert((*key).clone(), e);
+                    set.problems.insert((*key).clone(), clean(&e));
                 }
             }
         } else if let Some(f) = found.get(*key) {
@@ -267,7 +271,7 @@ fn build(
                 (*key).clone(),
                 Discovery {
                     tools: names,
-                    error: f.error.clone(),
+                    error: f.error.as_deref().map(clean),
                     skipped: f.skipped.clone(),
                     discovered_at: f.discovered_at,
                 },

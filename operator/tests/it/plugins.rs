@@ -31,7 +31,8 @@ pub(crate) struct Seen {
 }
 
 /// A local upstream: `/fail*` answers 503, `/slow*` waits 5 s, `/big*` returns 200 KB,
-/// anything else echoes `{"ok": true}`. Every request is recorded.
+/// `/echo*` answers with the request's headers (as a careless debug endpoint would),
+/// anything else `{"ok": true}`. Every request is recorded.
 pub(crate) async fn upstream() -> (String, Arc<Mutex<Vec<Seen>>>) {
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
     let record = seen.clone();
@@ -63,6 +64,13 @@ pub(crate) async fn upstream() -> (String, Arc<Mutex<Vec<Seen>>>) {
             } else if target.starts_with("/slow") {
                 tokio::time::sleep(Duration::from_secs(5)).await;
                 (StatusCode::OK, "late".to_owned())
+            } else if target.starts_with("/echo") {
+                let headers: serde_json::Map<String, Value> = parts
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), Value::from(v.to_str().unwrap_or_default())))
+                    .collect();
+                (StatusCode::OK, Value::Object(headers).to_string())
             } else if target.starts_with("/big") {
                 (StatusCode::OK, "x".repeat(200_000))
             } else {
@@ -161,6 +169,7 @@ async fn session(store: &Store, name: &str) -> ToolContext {
         store: store.clone(),
         session,
         run_id: "run-1".into(),
+        redactor: Default::default(),
     }
 }
 
@@ -217,6 +226,20 @@ metadata: {{name: basic}}
 spec:
   description: Basic auth.
   http: {{url: "{base}/basic", auth: {{type: basic, secretRef: {{name: bridge, key: basic}}}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: echo-basic}}
+spec:
+  description: Echoes the request headers.
+  http: {{url: "{base}/echo", auth: {{type: basic, secretRef: {{name: bridge, key: basic}}}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: echo-bearer}}
+spec:
+  description: Echoes the request headers.
+  http: {{url: "{base}/echo", auth: {{type: bearer, secretRef: {{name: bridge, key: token}}}}}}
 ---
 apiVersion: kortex.dev/v1alpha1
 kind: KortexTool
@@ -283,12 +306,14 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         "{accepted:?}"
     );
 
+    let redactor = config.catalog.redactor.clone();
     let mut plugins = Plugins::start(config);
     plugins
         .wait("http tools", |s| s.get("default", "jira_get").is_some())
         .await;
     let db = sqlite().await;
-    let ctx = session(&db.store, "checkout-debug").await;
+    let mut ctx = session(&db.store, "checkout-debug").await;
+    ctx.redactor = redactor;
     let router = &plugins.router;
 
     // Offered: this namespace's tools the session may use, never another namespace's.
@@ -356,6 +381,17 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     assert!(!out.is_error, "{out:?}");
     let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
     assert_eq!(req.headers["authorization"], "Basic b3BzOnBhNTU6d29yZA==");
+
+    // An upstream that echoes the credentials back never shows them to the model: the
+    // bearer token, the basic pair's base64 and its password are replaced.
+    for tool in ["echo_basic", "echo_bearer"] {
+        let out = call(router, &ctx, tool, json!({})).await;
+        assert!(!out.is_error, "{out:?}");
+        for secret in ["tok-123", "pa55:word", "b3BzOnBhNTU6d29yZA=="] {
+            assert!(!out.content.contains(secret), "{tool}: {}", out.content);
+        }
+        assert!(out.content.contains("[REDACTED:secret]"), "{}", out.content);
+    }
 
     // A 503 becomes an isError result with the status and an excerpt.
     let out = call(router, &ctx, "flaky", json!({})).await;

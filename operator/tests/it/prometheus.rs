@@ -202,6 +202,7 @@ impl Setup {
             store: db.store.clone(),
             session,
             run_id: "run-1".into(),
+            redactor: Default::default(),
         };
         Self {
             _db: db,

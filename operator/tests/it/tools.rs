@@ -73,6 +73,7 @@ async fn context(store: &Store) -> ToolContext {
         store: store.clone(),
         session,
         run_id: "run-1".into(),
+        redactor: Default::default(),
     }
 }
 
