@@ -291,8 +291,12 @@ pub struct ProposalRecord {
 pub struct IncidentQuery {
     /// Up to [`IncidentQuery::MAX_WORDS`] words; more are ignored.
     pub words: Vec<String>,
-    /// Only sessions and proposals of this namespace.
+    /// Only proposals of this namespace (the namespace of the object they act on).
     pub namespace: Option<String>,
+    /// Only sessions of this namespace, and proposals raised by them (or by no session).
+    pub session_namespace: Option<String>,
+    /// Only sessions of this user (sessions are private to their user).
+    pub user: Option<String>,
     /// Only proposals whose target mentions this (kind, name or namespace).
     pub target: Option<String>,
     /// Unix ms, inclusive.

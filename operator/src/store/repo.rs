@@ -918,7 +918,7 @@ const SEARCH_SESSIONS: &str = concat!(
      (SELECT m.content FROM chat_messages m WHERE m.session_id = s.id AND m.role = 'user' ORDER BY m.seq LIMIT 1) AS question, \
      (SELECT m.content FROM chat_messages m WHERE m.session_id = s.id AND m.role = 'assistant' AND m.content <> '' ORDER BY m.seq DESC LIMIT 1) AS last_answer \
      FROM chat_sessions s WHERE s.deleted_at IS NULL AND s.id <> $5 AND ($6 = '' OR s.namespace = $6) \
-     AND s.updated_at >= $7 AND s.created_at < $8 AND ((",
+     AND ($10 = '' OR s.user_name = $10) AND s.updated_at >= $7 AND s.created_at < $8 AND ((",
     all_words!("s.name || ' ' || COALESCE(s.title, '')"),
     ") OR EXISTS (SELECT 1 FROM chat_messages m WHERE m.session_id = s.id AND m.role IN ('user', 'assistant') AND ",
     all_words!("m.content"),
@@ -927,7 +927,8 @@ const SEARCH_SESSIONS: &str = concat!(
 
 const SEARCH_PROPOSALS: &str = concat!(
     proposal_select!(),
-    " WHERE COALESCE(session_id, '') <> $5 AND ($6 = '' OR namespace = $6) AND ($7 = '' OR LOWER(COALESCE(target, '')) LIKE $7 ESCAPE '\\') \
+    " WHERE COALESCE(session_id, '') <> $5 AND ($6 = '' OR namespace = $6) \
+     AND ($11 = '' OR session_id IS NULL OR EXISTS (SELECT 1 FROM chat_sessions s WHERE s.id = proposals.session_id AND s.namespace = $11)) AND ($7 = '' OR LOWER(COALESCE(target, '')) LIKE $7 ESCAPE '\\') \
      AND created_at >= $8 AND created_at < $9 AND ",
     all_words!(
         "name || ' ' || action || ' ' || COALESCE(target, '') || ' ' || rationale || ' ' || COALESCE(message, '') || ' ' || phase"
@@ -945,6 +946,8 @@ impl Store {
         let [p1, p2, p3, p4] = like_patterns(&q.words);
         let exclude = q.exclude_session.clone().unwrap_or_default();
         let namespace = q.namespace.clone().unwrap_or_default();
+        let session_namespace = q.session_namespace.clone().unwrap_or_default();
+        let user = q.user.clone().unwrap_or_default();
         let limit = q.limit.clamp(1, 100);
         let sessions = sqlx::query(SEARCH_SESSIONS)
             .bind(&p1)
@@ -952,10 +955,11 @@ impl Store {
             .bind(&p3)
             .bind(&p4)
             .bind(&exclude)
-            .bind(&namespace)
+            .bind(&session_namespace)
             .bind(q.since)
             .bind(q.until)
             .bind(limit)
+            .bind(&user)
             .fetch_all(&self.pool)
             .await?
             .iter()
@@ -988,6 +992,7 @@ impl Store {
             .bind(q.since)
             .bind(q.until)
             .bind(limit)
+            .bind(&session_namespace)
             .fetch_all(&self.pool)
             .await?
             .iter()

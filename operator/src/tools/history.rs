@@ -19,13 +19,13 @@ impl Tool for IncidentHistory {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_incident_history".into(),
-            description: "Search past chat sessions and action proposals (with their decisions and outcomes) for incidents similar to the current one. Every word of `query` must match (case-insensitive) a session's name, title, a question or an answer, or a proposal's action, target, rationale or outcome. Use it early to learn how a similar problem was handled before.".into(),
+            description: "Search your own past chat sessions (in this namespace) and the action proposals raised by any session of this namespace (with their decisions and outcomes) for incidents similar to the current one. Every word of `query` must match (case-insensitive) a session's name, title, a question or an answer, or a proposal's action, target, rationale or outcome. Use it early to learn how a similar problem was handled before.".into(),
             parameters: json!({
                 "type": "object",
                 "properties": {
                     "query": {"type": "string", "minLength": 1, "maxLength": 200,
                         "description": "Words to look for, e.g. 'checkout OOMKilled'. At most 4 words are used."},
-                    "namespace": {"type": "string", "maxLength": 253, "description": "Only sessions and proposals of this namespace."},
+                    "namespace": {"type": "string", "maxLength": 253, "description": "Only proposals acting on objects of this namespace."},
                     "target": {"type": "string", "maxLength": 253, "description": "Only proposals whose target mentions this, e.g. a Deployment name."},
                     "window": {"type": "string", "maxLength": 100, "description": format!("How far back to look (default 'last 90d'): {}.", window::WINDOW_HELP)},
                     "limit": {"type": "integer", "minimum": 1, "maximum": 50, "default": 10, "description": "Most sessions and most proposals returned."}
@@ -64,6 +64,10 @@ impl Tool for IncidentHistory {
             let query = IncidentQuery {
                 words,
                 namespace: text("namespace").filter(|s| !s.is_empty()),
+                // Sessions are private to their user, and a policy's sessions never see
+                // another namespace's (whose provider or privacy rules may differ).
+                session_namespace: Some(ctx.session.namespace.clone()),
+                user: Some(ctx.session.user.clone()),
                 target: text("target").filter(|s| !s.is_empty()),
                 since: window.start.as_millisecond(),
                 until: window.end.as_millisecond(),

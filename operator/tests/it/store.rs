@@ -693,11 +693,33 @@ async fn past_incidents_are_found_by_every_word() {
         assert!(proposals.is_empty());
         let mut q = query(&["checkout"]);
         q.namespace = Some("other".into());
+        let (_, proposals) = s
+            .search_incidents(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(proposals.is_empty());
+        // Sessions are private to their user and their namespace; proposals are shared
+        // within the namespace of the sessions that raised them.
+        let mut q = query(&["checkout"]);
+        (q.user, q.session_namespace) = (Some("bob".into()), Some("shop".into()));
         let (sessions, proposals) = s
             .search_incidents(&q)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(sessions.is_empty() && proposals.is_empty());
+        assert!(sessions.is_empty(), "{}: {sessions:?}", db.url);
+        assert_eq!(proposals.len(), 1, "{}", db.url);
+        (q.user, q.session_namespace) = (Some("alice".into()), Some("elsewhere".into()));
+        let (sessions, proposals) = s
+            .search_incidents(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(sessions.is_empty() && proposals.is_empty(), "{}", db.url);
+        (q.user, q.session_namespace) = (Some("alice".into()), Some("shop".into()));
+        let (sessions, proposals) = s
+            .search_incidents(&q)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((sessions.len(), proposals.len()), (1, 1), "{}", db.url);
         let mut q = query(&["checkout"]);
         q.since = now + 1_000;
         let (sessions, proposals) = s
