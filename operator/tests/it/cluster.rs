@@ -6,6 +6,7 @@
 use crate::common::sqlite;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use axum::response::IntoResponse;
 use kortex::catalog::PolicyEntry;
 use kortex::llm::ToolCall;
 use kortex::metrics::Metrics;
@@ -76,6 +77,39 @@ fn logs(pod: &str, container: &str, query: &str) -> String {
     lines.join("\n") + "\n"
 }
 
+/// Pod `chatty-1`'s `app` container: 6000 lines of about 1 KB, one a second, the newest
+/// numbered 0, one of them not UTF-8; kubelet semantics: `limitBytes` counts from
+/// the start of the `tailLines` selected.
+fn chatty_logs(query: &str) -> Vec<u8> {
+    let param = |k: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let mut lines: Vec<Vec<u8>> = (0..6000)
+        .rev()
+        .map(|i| {
+            let mut line = format!("{} INFO chatty line {i} ", ts(i + 1)).into_bytes();
+            if i == 7 {
+                line.extend_from_slice(b"latin-1 caf\xe9 ");
+            }
+            line.extend(std::iter::repeat_n(b'x', 1000));
+            line.push(b'\n');
+            line
+        })
+        .collect();
+    if let Some(tail) = param("tailLines") {
+        let skip = lines.len().saturating_sub(tail);
+        lines.drain(..skip);
+    }
+    let mut body = lines.concat();
+    if let Some(limit) = param("limitBytes") {
+        body.truncate(limit);
+    }
+    body
+}
+
 fn status(code: u16, message: &str) -> (StatusCode, String) {
     (
         StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -102,6 +136,7 @@ fn answer(path: &str, query: &str) -> (StatusCode, String) {
     };
     match path {
         "/api/v1/namespaces/shop/pods/checkout-1" => ok(pod("checkout-1", 4)),
+        "/api/v1/namespaces/shop/pods/chatty-1" => ok(pod("chatty-1", 0)),
         "/api/v1/namespaces/shop/pods" if query.contains("labelSelector=app%3Dcheckout") => ok(
             json!({"kind": "PodList", "apiVersion": "v1", "metadata": {},
                 "items": [pod("checkout-2", 0), pod("checkout-1", 4)]}),
@@ -211,9 +246,14 @@ pub(crate) async fn fake_api_server() -> (String, Arc<Mutex<Vec<String>>>) {
                 s.push(format!("{} {path}?{query}", req.method()));
             }
             if req.method() != axum::http::Method::GET {
-                return status(405, "read-only fake");
+                return status(405, "read-only fake").into_response();
             }
-            answer(&path, &query)
+            if path == "/api/v1/namespaces/shop/pods/chatty-1/log"
+                && query.contains("container=app")
+            {
+                return (StatusCode::OK, chatty_logs(&query)).into_response();
+            }
+            answer(&path, &query).into_response()
         }
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -317,6 +357,43 @@ fn strings(v: &Value) -> Vec<String> {
         .flatten()
         .filter_map(|x| x.as_str().map(str::to_owned))
         .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_log_lines_never_cost_the_newest_ones() {
+    let h = Harness::start().await;
+    let args =
+        json!({"namespace": "shop", "pod": "chatty-1", "container": "app", "window": "last 2h"});
+    let page = h.json("get_logs", args.clone()).await;
+    let lines = strings(&page["lines"]);
+    // The newest line is there, although 5000 lines of 1 KB exceed the 4 MiB read limit;
+    // a page of such lines holds fewer than 100, and the cursor continues.
+    assert!(lines.len() > 10 && lines.len() < 100, "{}", lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        assert!(line.contains(&format!("chatty line {i} ")), "{line}");
+    }
+    let mut next = args;
+    next["cursor"] = page["nextCursor"].clone();
+    let page2 = h.json("get_logs", next).await;
+    let first = strings(&page2["lines"])
+        .first()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        first.contains(&format!("chatty line {} ", lines.len())),
+        "{first}"
+    );
+    // Bytes that are not UTF-8 do not fail the read.
+    assert!(lines[7].contains("latin-1 caf\u{fffd} "), "{}", lines[7]);
+    // The read was repeated with fewer lines, and the model is told older ones were left out.
+    let sent = h.requests("chatty-1/log?");
+    assert_eq!(sent.len(), 4, "two reads a page: {sent:?}");
+    assert!(
+        sent[0].contains("tailLines=5000") && !sent[1].contains("tailLines=5000"),
+        "{sent:?}"
+    );
+    let notes = strings(&page["notes"]);
+    assert!(notes.iter().any(|n| n.contains("most recent")), "{notes:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! `get_logs`: pod logs by pod, workload or label selector, newest first, 100 lines a page
+//! `get_logs`: pod logs by pod, workload or label selector, newest first, up to 100 lines (48 KiB) a page
 //! with a signed cursor, filtered by time window, minimum level and text.
 
 use super::{Cluster, ToolError, q, required, seg};
@@ -13,6 +13,8 @@ use std::time::Duration;
 
 /// Lines a page.
 const PAGE: usize = 100;
+/// Bytes of log text a page holds at most (below the router's result cap).
+const PAGE_BYTES: usize = 48 * 1024;
 /// Pods read at most.
 const MAX_PODS: usize = 10;
 /// Most recent lines fetched per container.
@@ -385,29 +387,18 @@ async fn get_logs(cluster: &Cluster, input: &Value) -> Result<String, ToolError>
         }
     }
 
-    let since = range.0.to_string();
-    let fetches = targets.iter().map(|(pod, container)| {
-        let path = format!(
-            "/api/v1/namespaces/{}/pods/{}/log?container={}&timestamps=true&sinceTime={}&tailLines={TAIL_LINES}&limitBytes={LIMIT_BYTES}{}",
-            seg(namespace),
-            seg(pod),
-            q(container),
-            q(&since),
-            if previous { "&previous=true" } else { "" }
-        );
-        async move { (pod, container, cluster.get_text(&path).await) }
+    let since = &range.0.to_string();
+    let fetches = targets.iter().map(|(pod, container)| async move {
+        let read = read_container(cluster, namespace, pod, container, since, previous).await;
+        (pod, container, read)
     });
     let fetched = futures_util::future::join_all(fetches).await;
     let mut lines = Vec::new();
     let mut failures = Vec::new();
     for (pod, container, result) in fetched {
         match result {
-            Ok(text) => {
-                if text.lines().count() as i64 >= TAIL_LINES {
-                    notes.push(format!(
-                        "{pod}/{container}: only its {TAIL_LINES} most recent lines in the window were read; narrow the window to see older ones"
-                    ));
-                }
+            Ok((text, note)) => {
+                notes.extend(note);
                 lines.extend(parse_lines(
                     &text,
                     pod,
@@ -428,8 +419,20 @@ async fn get_logs(cluster: &Cluster, input: &Value) -> Result<String, ToolError>
     if let Some(after) = &after {
         lines.retain(|l| newest_first(&l.key(), after) == Ordering::Greater);
     }
-    let remaining = lines.len().saturating_sub(PAGE);
+    // 100 lines a page, fewer when they are long: a page stays readable in one result.
+    let mut remaining = lines.len().saturating_sub(PAGE);
     lines.truncate(PAGE);
+    let mut bytes = 0;
+    let fit = lines
+        .iter()
+        .position(|l| {
+            bytes += l.message.len() + l.pod.len() + l.container.len() + 40;
+            bytes > PAGE_BYTES
+        })
+        .unwrap_or(lines.len())
+        .max(1);
+    remaining += lines.len().saturating_sub(fit);
+    lines.truncate(fit);
     let next_cursor = (remaining > 0).then(|| lines.last()).flatten().map(|last| {
         cluster.cursors.sign(
             "get_logs",
@@ -465,6 +468,59 @@ async fn get_logs(cluster: &Cluster, input: &Value) -> Result<String, ToolError>
         out["notes"] = json!(notes);
     }
     Ok(out.to_string())
+}
+
+/// The newest lines of one container since `since` (at most [`TAIL_LINES`] and
+/// [`LIMIT_BYTES`]), with a note when older lines of the window were left out.
+///
+/// The kubelet applies `limitBytes` from the start of the `tailLines` it selected, so a
+/// cut would drop the newest lines, the ones that matter. When the answer is cut, the
+/// partial last line is dropped and the read is repeated with as many lines as fit.
+async fn read_container(
+    cluster: &Cluster,
+    namespace: &str,
+    pod: &str,
+    container: &str,
+    since: &str,
+    previous: bool,
+) -> Result<(String, Option<String>), ToolError> {
+    let mut tail = TAIL_LINES;
+    let mut attempt = 0;
+    loop {
+        let path = format!(
+            "/api/v1/namespaces/{}/pods/{}/log?container={}&timestamps=true&sinceTime={}&tailLines={tail}&limitBytes={LIMIT_BYTES}{}",
+            seg(namespace),
+            seg(pod),
+            q(container),
+            q(since),
+            if previous { "&previous=true" } else { "" }
+        );
+        let mut text = cluster.get_text(&path).await?;
+        if (text.len() as i64) < LIMIT_BYTES {
+            let note = (text.lines().count() as i64 >= tail).then(|| {
+                format!(
+                    "{pod}/{container}: only its {tail} most recent lines in the window were read; narrow the window to see older ones"
+                )
+            });
+            return Ok((text, note));
+        }
+        // Cut by limitBytes: keep the complete lines only.
+        let complete = text.rfind('\n').map_or(0, |i| i + 1);
+        text.truncate(complete);
+        let fitted = text.lines().count() as i64;
+        if attempt == 2 || fitted == 0 {
+            return Ok((
+                text,
+                Some(format!(
+                    "{pod}/{container}: its lines are too long to read the newest {tail} within {} MiB; the newest lines may be missing",
+                    LIMIT_BYTES >> 20
+                )),
+            ));
+        }
+        // The newest `fitted` lines take about as many bytes as the oldest did; leave room.
+        tail = (fitted * 9 / 10).max(1);
+        attempt += 1;
+    }
 }
 
 fn tool_error_text(e: &ToolError) -> String {

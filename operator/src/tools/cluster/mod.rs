@@ -56,12 +56,31 @@ impl Cluster {
             .map_err(api_error)
     }
 
-    /// `GET path` as text (logs).
+    /// `GET path` as text (logs). Bytes that are not UTF-8 (binary output, another
+    /// encoding) become U+FFFD instead of failing the whole read.
     async fn get_text(&self, path: &str) -> Result<String, ToolError> {
         let request = Request::get(path)
-            .body(Vec::new())
+            .body(kube::client::Body::empty())
             .map_err(|e| ToolError::Validation(format!("invalid request path: {e}")))?;
-        self.client.request_text(request).await.map_err(api_error)
+        let response = self.client.send(request).await.map_err(api_error)?;
+        let code = response.status();
+        let body = response
+            .into_body()
+            .collect_bytes()
+            .await
+            .map_err(api_error)?;
+        if code.is_client_error() || code.is_server_error() {
+            let status = serde_json::from_slice::<kube::core::Status>(&body).unwrap_or_else(|_| {
+                let text: String = String::from_utf8_lossy(&body)
+                    .trim()
+                    .chars()
+                    .take(300)
+                    .collect();
+                kube::core::Status::failure(&text, "").with_code(code.as_u16())
+            });
+            return Err(api_error(kube::Error::Api(status.boxed())));
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
     /// Resolves a kind as the model wrote it (`Deployment`, `deployments`, `deploy`,
@@ -154,8 +173,19 @@ fn api_error(e: kube::Error) -> ToolError {
                 status.message
             )),
         },
-        other => ToolError::Upstream(format!(
+        kube::Error::Auth(e) => ToolError::Denied(format!(
+            "Kortex's credentials for the API server failed: {}",
+            super::plugin_http::error_chain(&e)
+        )),
+        kube::Error::SerdeError(e) => {
+            ToolError::Upstream(format!("the API server's answer could not be read: {e}"))
+        }
+        e @ (kube::Error::HyperError(_) | kube::Error::Service(_)) => ToolError::Upstream(format!(
             "the API server is unreachable: {}",
+            super::plugin_http::error_chain(&e)
+        )),
+        other => ToolError::Upstream(format!(
+            "the request to the API server failed: {}",
             super::plugin_http::error_chain(&other)
         )),
     }
