@@ -229,7 +229,7 @@ fn deployment() -> Value {
             "annotations": {"deployment.kubernetes.io/revision": "3"}, "creationTimestamp": ts(90_000)},
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "checkout"}},
             "template": {"spec": {"containers": [{"name": "app", "image": "shop/checkout:2.2"}]}}},
-        "status": {"observedGeneration": 4, "replicas": 2, "readyReplicas": 1, "updatedReplicas": 2,
+        "status": {"observedGeneration": 4, "replicas": 2, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 2,
             "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "lastUpdateTime": ts(600)}]}})
 }
 
@@ -659,7 +659,10 @@ async fn events_resources_and_rollout_history() {
     let checkout = &history["workloads"][0];
     assert_eq!(checkout["name"], "checkout");
     assert_eq!(checkout["currentRevision"], 3);
-    assert_eq!(checkout["rollout"], "complete");
+    assert_eq!(
+        checkout["rollout"],
+        "progressing: 1 of 2 updated replicas available"
+    );
     let revisions = checkout["revisions"]
         .as_array()
         .cloned()

@@ -159,31 +159,84 @@ fn annotation<'a>(o: &'a Value, key: &str) -> Option<&'a str> {
     o["metadata"]["annotations"][key].as_str()
 }
 
-/// Whether a rollout is complete, progressing or stalled, from the workload's status.
-fn rollout_state(o: &Value) -> &'static str {
+/// The rollout's state as `kubectl rollout status` reports it: `complete`, `progressing: …`
+/// with what is still waiting, `stalled (ProgressDeadlineExceeded)`, or `unknown` for the
+/// `OnDelete` update strategy (nothing rolls out until pods are deleted).
+fn rollout_state(kind: &str, o: &Value) -> String {
     let status = &o["status"];
-    let stalled = status["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["reason"] == "ProgressDeadlineExceeded");
-    if stalled {
-        return "stalled (ProgressDeadlineExceeded)";
+    let int = |v: &Value| v.as_i64().unwrap_or(0);
+    let generation = int(&o["metadata"]["generation"]);
+    let observed = int(&status["observedGeneration"]);
+    let strategy = o["spec"]["updateStrategy"]["type"].as_str();
+    if kind != "Deployment" && strategy == Some("OnDelete") {
+        return "unknown (updateStrategy OnDelete: pods are replaced only when deleted)".into();
     }
-    let generation = o["metadata"]["generation"].as_i64();
-    if generation.is_some() && status["observedGeneration"].as_i64() < generation {
-        return "progressing";
+    if generation > observed || (kind == "StatefulSet" && observed == 0) {
+        return "progressing: the controller has not yet observed the latest spec".into();
     }
-    let desired = o["spec"]["replicas"].as_i64().unwrap_or(1);
-    let updated = status["updatedReplicas"]
-        .as_i64()
-        .or_else(|| status["updatedNumberScheduled"].as_i64())
-        .unwrap_or(0);
-    let desired = status["desiredNumberScheduled"].as_i64().unwrap_or(desired);
-    if updated < desired {
-        "progressing"
-    } else {
-        "complete"
+    match kind {
+        "Deployment" => {
+            let stalled = status["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Progressing" && c["reason"] == "ProgressDeadlineExceeded");
+            if stalled {
+                return "stalled (ProgressDeadlineExceeded)".into();
+            }
+            let updated = int(&status["updatedReplicas"]);
+            let available = int(&status["availableReplicas"]);
+            match o["spec"]["replicas"].as_i64() {
+                Some(desired) if updated < desired => {
+                    format!("progressing: {updated} of {desired} new replicas updated")
+                }
+                _ if int(&status["replicas"]) > updated => format!(
+                    "progressing: {} old replicas pending termination",
+                    int(&status["replicas"]) - updated
+                ),
+                _ if available < updated => {
+                    format!("progressing: {available} of {updated} updated replicas available")
+                }
+                _ => "complete".into(),
+            }
+        }
+        "StatefulSet" => {
+            let desired = o["spec"]["replicas"].as_i64().unwrap_or(1);
+            let ready = int(&status["readyReplicas"]);
+            let updated = int(&status["updatedReplicas"]);
+            let partition = int(&o["spec"]["updateStrategy"]["rollingUpdate"]["partition"]);
+            if ready < desired {
+                format!("progressing: {ready} of {desired} pods ready")
+            } else if partition > 0 {
+                if updated < desired - partition {
+                    format!(
+                        "progressing: partitioned roll out, {updated} of {} new pods updated",
+                        desired - partition
+                    )
+                } else {
+                    format!("complete: partitioned roll out, {updated} new pods updated")
+                }
+            } else if status["updateRevision"] != status["currentRevision"] {
+                format!(
+                    "progressing: {updated} pods at revision {}",
+                    status["updateRevision"].as_str().unwrap_or("?")
+                )
+            } else {
+                "complete".into()
+            }
+        }
+        _ => {
+            let desired = int(&status["desiredNumberScheduled"]);
+            let updated = int(&status["updatedNumberScheduled"]);
+            let available = int(&status["numberAvailable"]);
+            if updated < desired {
+                format!("progressing: {updated} of {desired} updated pods scheduled")
+            } else if available < desired {
+                format!("progressing: {available} of {desired} updated pods available")
+            } else {
+                "complete".into()
+            }
+        }
     }
 }
 
@@ -220,7 +273,7 @@ fn deployment_history(d: &Value, replica_sets: &Value, limit: usize) -> Value {
         "kind": "Deployment",
         "name": d["metadata"]["name"],
         "currentRevision": current.parse::<i64>().ok(),
-        "rollout": rollout_state(d),
+        "rollout": rollout_state("Deployment", d),
         "replicas": {"desired": d["spec"]["replicas"], "ready": d["status"]["readyReplicas"].as_i64().unwrap_or(0),
             "updated": d["status"]["updatedReplicas"].as_i64().unwrap_or(0)},
         "paused": d["spec"]["paused"].as_bool().unwrap_or(false),
@@ -264,7 +317,7 @@ fn controller_history(kind: &str, o: &Value, list: &Value, limit: usize) -> Valu
     json!({
         "kind": kind,
         "name": o["metadata"]["name"],
-        "rollout": rollout_state(o),
+        "rollout": rollout_state(kind, o),
         "lastChange": last_change,
         "revisions": revisions.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
     })
@@ -280,4 +333,97 @@ fn last_change(o: &Value, newest: Option<&Value>) -> Option<String> {
         .filter_map(|c| c["lastUpdateTime"].as_str())
         .max();
     revision.max(condition).map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rollout_state;
+    use serde_json::json;
+
+    #[test]
+    fn deployments_follow_kubectl_rollout_status() {
+        let d = |status: serde_json::Value| json!({"metadata": {"generation": 3}, "spec": {"replicas": 3}, "status": status});
+        let cases = [
+            (
+                json!({"observedGeneration": 2}),
+                "progressing: the controller has not yet observed the latest spec",
+            ),
+            (
+                json!({"observedGeneration": 3, "conditions": [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}]}),
+                "stalled (ProgressDeadlineExceeded)",
+            ),
+            (
+                json!({"observedGeneration": 3, "updatedReplicas": 1, "replicas": 4, "availableReplicas": 3}),
+                "progressing: 1 of 3 new replicas updated",
+            ),
+            (
+                json!({"observedGeneration": 3, "updatedReplicas": 3, "replicas": 4, "availableReplicas": 3}),
+                "progressing: 1 old replicas pending termination",
+            ),
+            (
+                json!({"observedGeneration": 3, "updatedReplicas": 3, "replicas": 3, "availableReplicas": 2}),
+                "progressing: 2 of 3 updated replicas available",
+            ),
+            (
+                json!({"observedGeneration": 3, "updatedReplicas": 3, "replicas": 3, "availableReplicas": 3}),
+                "complete",
+            ),
+        ];
+        for (status, want) in cases {
+            assert_eq!(
+                rollout_state("Deployment", &d(status.clone())),
+                want,
+                "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn statefulsets_and_daemonsets_follow_kubectl_rollout_status() {
+        let sts = |spec: serde_json::Value, status: serde_json::Value| json!({"metadata": {"generation": 2}, "spec": spec, "status": status});
+        let rolling = json!({"replicas": 3});
+        let done = json!({"observedGeneration": 2, "readyReplicas": 3, "updatedReplicas": 3,
+            "currentRevision": "web-2", "updateRevision": "web-2"});
+        assert_eq!(
+            rollout_state("StatefulSet", &sts(rolling.clone(), done)),
+            "complete"
+        );
+        let rolling_out = json!({"observedGeneration": 2, "readyReplicas": 3, "updatedReplicas": 1,
+            "currentRevision": "web-1", "updateRevision": "web-2"});
+        assert_eq!(
+            rollout_state("StatefulSet", &sts(rolling.clone(), rolling_out)),
+            "progressing: 1 pods at revision web-2"
+        );
+        let not_ready = json!({"observedGeneration": 2, "readyReplicas": 1});
+        assert_eq!(
+            rollout_state("StatefulSet", &sts(rolling, not_ready)),
+            "progressing: 1 of 3 pods ready"
+        );
+        let partitioned = json!({"replicas": 3, "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}});
+        let one_updated = json!({"observedGeneration": 2, "readyReplicas": 3, "updatedReplicas": 1,
+            "currentRevision": "web-1", "updateRevision": "web-2"});
+        assert_eq!(
+            rollout_state("StatefulSet", &sts(partitioned, one_updated)),
+            "complete: partitioned roll out, 1 new pods updated"
+        );
+        let on_delete = json!({"updateStrategy": {"type": "OnDelete"}});
+        assert!(rollout_state("DaemonSet", &sts(on_delete, json!({}))).starts_with("unknown"));
+        let ds = |status: serde_json::Value| sts(json!({}), status);
+        assert_eq!(
+            rollout_state(
+                "DaemonSet",
+                &ds(json!({"observedGeneration": 2, "desiredNumberScheduled": 4,
+                "updatedNumberScheduled": 4, "numberAvailable": 3}))
+            ),
+            "progressing: 3 of 4 updated pods available"
+        );
+        assert_eq!(
+            rollout_state(
+                "DaemonSet",
+                &ds(json!({"observedGeneration": 2, "desiredNumberScheduled": 4,
+                "updatedNumberScheduled": 4, "numberAvailable": 4}))
+            ),
+            "complete"
+        );
+    }
 }
