@@ -27,6 +27,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 
+/// How often a connection is checked for a closed transport between discoveries.
+const CLOSED_POLL: Duration = Duration::from_secs(5);
 /// Periodic re-discovery (also a liveness check).
 pub const REDISCOVER_EVERY: Duration = Duration::from_secs(300);
 /// Longest wait for `initialize` and `tools/list`.
@@ -175,12 +177,13 @@ async fn maintain(target: Target, generation: u64, found: mpsc::Sender<Found>) {
     let mut discovered_at = None;
     loop {
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
-        let dead = Arc::new(Notify::new());
+        // Calls that could not reach the server ask for an immediate check.
+        let check = Arc::new(Notify::new());
         let error = match connect(&target, changed_tx).await {
             Err(e) => e,
             Ok(mut service) => {
-                backoff = Duration::from_secs(1);
-                let error = loop {
+                let closed = || service.is_closed() || service.peer().is_transport_closed();
+                let error = 'session: loop {
                     let listed =
                         tokio::time::timeout(HANDSHAKE_TIMEOUT, service.peer().list_all_tools())
                             .await;
@@ -188,7 +191,9 @@ async fn maintain(target: Target, generation: u64, found: mpsc::Sender<Found>) {
                         Err(_) => break "tools/list timed out".to_owned(),
                         Ok(Err(e)) => break format!("tools/list failed: {}", chain(&e)),
                         Ok(Ok(tools)) => {
-                            let (tools, skipped) = expose(&target, service.peer(), &dead, tools);
+                            // Only a server that answers resets the backoff.
+                            backoff = Duration::from_secs(1);
+                            let (tools, skipped) = expose(&target, service.peer(), &check, tools);
                             last = tools.clone();
                             discovered_at = Some(jiff::Timestamp::now());
                             let report = Found {
@@ -204,10 +209,21 @@ async fn maintain(target: Target, generation: u64, found: mpsc::Sender<Found>) {
                             }
                         }
                     }
-                    tokio::select! {
-                        _ = changed_rx.recv() => {}
-                        _ = tokio::time::sleep(REDISCOVER_EVERY) => {}
-                        _ = dead.notified() => break "the connection to the server was lost".to_owned(),
+                    // Wait for a reason to list again, noticing a closed transport early.
+                    let rediscover = tokio::time::sleep(REDISCOVER_EVERY);
+                    tokio::pin!(rediscover);
+                    loop {
+                        tokio::select! {
+                            notified = changed_rx.recv() => if notified.is_some() { break } else {
+                                break 'session "the connection to the server was lost".to_owned();
+                            },
+                            _ = &mut rediscover => break,
+                            _ = check.notified() => break,
+                            _ = tokio::time::sleep(CLOSED_POLL) => {}
+                        }
+                        if closed() {
+                            break 'session "the connection to the server was lost".to_owned();
+                        }
                     }
                 };
                 let _ = service.close_with_timeout(Duration::from_secs(2)).await;
@@ -273,7 +289,7 @@ async fn connect(
 fn expose(
     target: &Target,
     peer: &Peer<RoleClient>,
-    dead: &Arc<Notify>,
+    check: &Arc<Notify>,
     tools: Vec<rmcp::model::Tool>,
 ) -> (Vec<Arc<dyn Tool>>, Vec<String>) {
     let mut out: Vec<Arc<dyn Tool>> = Vec::new();
@@ -320,7 +336,7 @@ fn expose(
             peer: peer.clone(),
             timeout: target.timeout,
             max_bytes: target.max_bytes,
-            dead: dead.clone(),
+            check: check.clone(),
         }));
     }
     (out, skipped)
@@ -333,7 +349,7 @@ struct McpTool {
     peer: Peer<RoleClient>,
     timeout: Duration,
     max_bytes: usize,
-    dead: Arc<Notify>,
+    check: Arc<Notify>,
 }
 
 impl Tool for McpTool {
@@ -351,7 +367,7 @@ impl Tool for McpTool {
         input: Value,
     ) -> BoxFuture<'static, Result<String, ToolError>> {
         let peer = self.peer.clone();
-        let dead = self.dead.clone();
+        let check = self.check.clone();
         let params = CallToolRequestParams::new(self.remote.clone())
             .with_arguments(input.as_object().cloned().unwrap_or_default());
         let max_bytes = self.max_bytes;
@@ -375,7 +391,9 @@ impl Tool for McpTool {
                     e.code.0, e.message
                 ))),
                 Err(e @ (ServiceError::TransportSend(_) | ServiceError::TransportClosed)) => {
-                    dead.notify_one();
+                    // One failed request is not a dead session: the connection task lists
+                    // the tools at once, and reconnects only if that fails too.
+                    check.notify_one();
                     Err(ToolError::Upstream(format!(
                         "the MCP server is unreachable: {}",
                         chain(&e)

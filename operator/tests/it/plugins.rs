@@ -472,6 +472,11 @@ impl Drop for McpServer {
 /// Starts the server, or `None` when the Python `mcp` package is missing and the test run
 /// does not require it (`KORTEX_REQUIRE_MCP=1`, set by scripts/test.sh).
 pub(crate) fn mcp_server(token: &str) -> Option<McpServer> {
+    mcp_server_on(token, 0)
+}
+
+/// [`mcp_server`] on a given port (0: any free one).
+fn mcp_server_on(token: &str, port: u16) -> Option<McpServer> {
     let python = std::env::var("KORTEX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_server.py");
     let has_mcp = std::process::Command::new(&python)
@@ -489,7 +494,7 @@ pub(crate) fn mcp_server(token: &str) -> Option<McpServer> {
     }
     let mut child = std::process::Command::new(&python)
         .arg(script)
-        .args(["--port", "0", "--token", token])
+        .args(["--port", &port.to_string(), "--token", token])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
@@ -629,4 +634,34 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     );
     assert!(!error.contains("nope"), "the secret never appears: {error}");
     assert!(locked.tools.is_empty());
+
+    // The server goes away: a call fails as upstream, and discovery says so at once
+    // (the failed call triggers a check) rather than at the next periodic listing.
+    let port: u16 = server
+        .url
+        .trim_end_matches("/mcp")
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {}", server.url));
+    drop(server);
+    let out = call(&plugins.router, &ctx, "grafana__echo", json!({"text": "x"})).await;
+    assert_eq!(out.error_kind, Some("upstream"), "{out:?}");
+    let lost = |s: &PluginSet| s.discovery.get(&key).is_some_and(|d| d.error.is_some());
+    plugins.wait("the lost server reported", lost).await;
+    // It comes back on the same address: the tools work again after a reconnect.
+    let _server = mcp_server_on("s3cret-token", port).unwrap_or_else(|| panic!("no server"));
+    plugins.wait("the reconnect", |s| !lost(s)).await;
+    let out = call(
+        &plugins.router,
+        &ctx,
+        "grafana__echo",
+        json!({"text": "back"}),
+    )
+    .await;
+    assert_eq!(
+        (out.is_error, out.content.as_str()),
+        (false, "back"),
+        "{out:?}"
+    );
 }
