@@ -243,8 +243,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             for tool in crate::tools::cluster::Cluster::new(client).tools() {
                 router.add(tool);
             }
+            // Service names may resolve anywhere (ExternalName): the egress guard applies.
+            let guarded = Arc::new(egress.clone()).client(false)?;
             router.add(Arc::new(crate::tools::admin_info::AdminInfo::new(
-                crate::tools::admin_info::AdminInfo::default_client()?,
+                guarded,
                 &args.cluster_domain,
             )));
             tracing::info!(server = %url, "Kubernetes tools read the cluster at {url}");

@@ -17,23 +17,13 @@ pub struct AdminInfo {
 }
 
 impl AdminInfo {
-    /// Reads Services of `cluster_domain` (e.g. `cluster.local`) with `client`.
+    /// Reads Services of `cluster_domain` (e.g. `cluster.local`) with `client`, which should
+    /// be the egress guard's (an `ExternalName` Service may point anywhere).
     pub fn new(client: reqwest::Client, cluster_domain: &str) -> Self {
         Self {
             client,
             cluster_domain: cluster_domain.trim_matches('.').to_owned(),
         }
-    }
-
-    /// A client suited to it: no proxy, no redirects, short connect timeout.
-    pub fn default_client() -> Result<reqwest::Client, String> {
-        reqwest::Client::builder()
-            .user_agent(concat!("kortex/", env!("CARGO_PKG_VERSION")))
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(Duration::from_secs(3))
-            .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))
     }
 }
 
@@ -96,11 +86,14 @@ impl Tool for AdminInfo {
                     ToolError::Upstream(format!("{url}: {}", super::plugin_http::error_chain(&e)))
                 })?;
             let status = response.status();
-            let body = response
-                .bytes()
-                .await
-                .map_err(|e| ToolError::Upstream(format!("{url}: {e}")))?;
-            let text = String::from_utf8_lossy(&body[..body.len().min(MAX_BODY)]).into_owned();
+            let (body, cut) = super::plugin_http::read_limited(response, MAX_BODY).await?;
+            let text = String::from_utf8_lossy(&body).into_owned();
+            if cut && status.is_success() {
+                return Err(ToolError::Upstream(format!(
+                    "{url} answered more than {} KiB; /admin/info should be a small JSON document",
+                    MAX_BODY / 1024
+                )));
+            }
             if !status.is_success() {
                 let excerpt: String = text.chars().take(300).collect();
                 return Err(ToolError::Upstream(format!(

@@ -33,10 +33,24 @@ enum ApiHost {
     Name(String),
 }
 
+/// The IPv4 address an IPv6 address carries, if it carries one: IPv4-mapped
+/// (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`, deprecated but still routed by some
+/// stacks) and NAT64 (`64:ff9b::a.b.c.d`, RFC 6052), so none of them is a way around the
+/// IPv4 rules.
 fn unmapped(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
+    let IpAddr::V6(v6) = ip else {
+        return ip;
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
+    }
+    let s = v6.segments();
+    let embedded = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    match s[..6] {
+        [0x64, 0xff9b, 0, 0, 0, 0] => IpAddr::V4(embedded),
+        // `::` and `::1` stay IPv6.
+        [0, 0, 0, 0, 0, 0] if s[6] != 0 => IpAddr::V4(embedded),
+        _ => ip,
     }
 }
 
@@ -168,9 +182,13 @@ fn refusal(host: &str, what: &str) -> String {
 
 fn refuse_v4(ip: Ipv4Addr) -> Option<&'static str> {
     let o = ip.octets();
+    // AWS/GCP/Azure/OpenStack IMDS, the ECS task endpoint, Alibaba Cloud, Azure's
+    // WireServer and Oracle Cloud's legacy metadata address.
     if ip == Ipv4Addr::new(169, 254, 169, 254)
         || ip == Ipv4Addr::new(169, 254, 170, 2)
         || ip == Ipv4Addr::new(100, 100, 100, 200)
+        || ip == Ipv4Addr::new(168, 63, 129, 16)
+        || ip == Ipv4Addr::new(192, 0, 0, 192)
     {
         Some("a cloud metadata service")
     } else if ip.is_link_local() {
@@ -258,6 +276,11 @@ mod tests {
             "https://localhost:6443/api",
             "https://[::ffff:127.0.0.1]:6443/api",
             "http://100.100.100.200/",
+            "http://168.63.129.16/machine?comp=goalstate",
+            "http://192.0.0.192/",
+            "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[::169.254.169.254]/",
+            "http://[64:ff9b::10.96.0.1]/api",
             "http://0.0.0.0:8080/",
         ] {
             let err = match check(&e, url) {
@@ -267,6 +290,8 @@ mod tests {
             assert!(err.contains("allowPrivateTargets"), "{url}: {err}");
         }
         for url in [
+            "http://[::1]:8080/",
+            "http://[2001:db8::1]/",
             "http://127.0.0.1:8080/",
             "http://localhost:9000/mcp",
             "https://api.cluster.example/",

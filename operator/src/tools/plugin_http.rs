@@ -88,9 +88,14 @@ impl UrlTemplate {
                     )));
                 }
             };
-            if value == "." || value == ".." {
+            // Encoded separators are decoded by some servers and proxies: no value may
+            // hold a `.` or `..` segment that could climb out of the template's path.
+            if value
+                .split(['/', '\\'])
+                .any(|segment| segment == "." || segment == "..")
+            {
                 return Err(ToolError::Validation(format!(
-                    "{name} may not be {value:?}: it is part of the URL path"
+                    "{name} may not contain a '.' or '..' path segment: it is part of the URL"
                 )));
             }
             values.push(percent_encode(&value));
@@ -311,7 +316,7 @@ async fn read_response(response: reqwest::Response, max_bytes: usize) -> Result<
 }
 
 /// Reads at most `limit` bytes of the body; whether there was more.
-async fn read_limited(
+pub(crate) async fn read_limited(
     response: reqwest::Response,
     limit: usize,
 ) -> Result<(Vec<u8>, bool), ToolError> {
@@ -376,7 +381,7 @@ mod tests {
             Err(e) => panic!("template rejected: {e}"),
         };
         let cases = [
-            ("../admin", "/issues/..%2Fadmin/comments"),
+            ("..x/admin", "/issues/..x%2Fadmin/comments"),
             ("a?b=c", "/issues/a%3Fb%3Dc/comments"),
             ("x#frag", "/issues/x%23frag/comments"),
             ("@evil.example", "/issues/%40evil.example/comments"),
@@ -403,12 +408,18 @@ mod tests {
                 "{value}"
             );
         }
-        for dots in [".", ".."] {
-            assert!(matches!(
-                t.expand(&args(json!({"key": dots}))),
-                Err(ToolError::Validation(_))
-            ));
+        for dots in [".", "..", "../admin", "a/../../admin", "a\\..\\b", "./x"] {
+            assert!(
+                matches!(
+                    t.expand(&args(json!({"key": dots}))),
+                    Err(ToolError::Validation(_))
+                ),
+                "{dots}"
+            );
         }
+        // Slashes and dots within a segment are ordinary data.
+        assert!(t.expand(&args(json!({"key": "src/main.rs"}))).is_ok());
+        assert!(t.expand(&args(json!({"key": "v1..2"}))).is_ok());
         assert!(matches!(
             t.expand(&args(json!({}))),
             Err(ToolError::Validation(m)) if m.contains("key is required")
