@@ -548,6 +548,19 @@ async fn events_resources_and_rollout_history() {
         )
         .await;
     assert_eq!(recent["total"], 2, "{recent}");
+    // A custom kind's short name selects the events of its Kind.
+    h.json(
+        "get_events",
+        json!({"namespace": "shop", "kind": "certs", "name": "web"}),
+    )
+    .await;
+    let sent = h.requests("/events");
+    assert!(
+        sent.iter().any(|r| r.contains(
+            "fieldSelector=involvedObject.name%3Dweb%2CinvolvedObject.kind%3DCertificate"
+        )),
+        "{sent:?}"
+    );
 
     // A Secret never shows its values, whatever the RBAC lets Kortex read.
     for (tool, input) in [

@@ -264,7 +264,7 @@ impl Tool for GetLogs {
         ToolSpec {
             name: "get_logs".into(),
             description: format!(
-                "Read container logs of pods in a namespace, newest first, {PAGE} lines a page. Choose the pods by exactly one of `pod`, `workload` (like 'deployment/checkout', 'statefulset/db', 'daemonset/agent', 'job/migrate') or `selector` (a label selector like 'app=checkout,tier!=canary'). Use `previous: true` for the last crashed container of a restarting pod. Narrow with `window`, `minLevel` (recognised in JSON, logfmt, klog and common text formats; lines without a level are left out when it is set, except stack-trace lines following a matching line) and `filter` (case-insensitive text). When `nextCursor` is returned, call again with the same arguments plus `cursor` for older lines."
+                "Read container logs of pods in a namespace, newest first, up to {PAGE} lines a page. Without `container`, every container is read, plus init containers that are sidecars, running or failed. Choose the pods by exactly one of `pod`, `workload` (like 'deployment/checkout', 'statefulset/db', 'daemonset/agent', 'job/migrate') or `selector` (a label selector like 'app=checkout,tier!=canary'). Use `previous: true` for the last crashed container of a restarting pod. Narrow with `window`, `minLevel` (recognised in JSON, logfmt, klog and common text formats; lines without a level are left out when it is set, except stack-trace lines following a matching line) and `filter` (case-insensitive text). When `nextCursor` is returned, call again with the same arguments plus `cursor` for older lines."
             ),
             parameters: json!({
                 "type": "object",
@@ -383,7 +383,17 @@ async fn get_logs(cluster: &Cluster, input: &Value) -> Result<String, ToolError>
                 }
                 notes.push(format!("pod {name} has no container {c}"));
             }
-            None => targets.extend(containers.into_iter().map(|c| (name.clone(), c))),
+            None => {
+                // Init containers too when they matter: sidecars, and any that did not
+                // finish cleanly (a pod stuck in Init:CrashLoopBackOff has no other logs).
+                let relevant_init = init.into_iter().filter(|c| init_matters(pod, c));
+                targets.extend(
+                    containers
+                        .into_iter()
+                        .chain(relevant_init)
+                        .map(|c| (name.clone(), c)),
+                );
+            }
         }
     }
 
@@ -521,6 +531,31 @@ async fn read_container(
         tail = (fitted * 9 / 10).max(1);
         attempt += 1;
     }
+}
+
+/// Whether init container `name` of `pod` is worth reading without being asked for: a
+/// sidecar (`restartPolicy: Always`), or one that is running, waiting or failed.
+fn init_matters(pod: &Value, name: &str) -> bool {
+    let sidecar = pod["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["name"] == name && c["restartPolicy"] == "Always");
+    let status = pod["status"]["initContainerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == name);
+    let Some(status) = status else {
+        return sidecar;
+    };
+    let state = &status["state"];
+    let failed = state["terminated"]["exitCode"]
+        .as_i64()
+        .is_some_and(|c| c != 0);
+    // Waiting after a crash (CrashLoopBackOff): the last run's logs are there.
+    let crashed = state["waiting"].is_object() && status["lastState"]["terminated"].is_object();
+    sidecar || state["running"].is_object() || failed || crashed
 }
 
 fn tool_error_text(e: &ToolError) -> String {
@@ -709,6 +744,28 @@ mod tests {
             parse_lines(text, "web-1", "app", range, None, None).len(),
             4
         );
+    }
+
+    #[test]
+    fn init_containers_are_read_when_they_matter() {
+        let pod = json!({
+            "spec": {"initContainers": [
+                {"name": "migrate"}, {"name": "done"}, {"name": "mesh", "restartPolicy": "Always"},
+                {"name": "later"}, {"name": "running"}, {"name": "failed"}]},
+            "status": {"initContainerStatuses": [
+                {"name": "migrate", "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                 "lastState": {"terminated": {"exitCode": 1}}},
+                {"name": "done", "state": {"terminated": {"exitCode": 0}}},
+                {"name": "mesh", "state": {"running": {}}},
+                {"name": "later", "state": {"waiting": {"reason": "PodInitializing"}}},
+                {"name": "running", "state": {"running": {}}},
+                {"name": "failed", "state": {"terminated": {"exitCode": 2}}}]}
+        });
+        let chosen: Vec<&str> = ["migrate", "done", "mesh", "later", "running", "failed"]
+            .into_iter()
+            .filter(|c| init_matters(&pod, c))
+            .collect();
+        assert_eq!(chosen, ["migrate", "mesh", "running", "failed"]);
     }
 
     #[test]

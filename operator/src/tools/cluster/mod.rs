@@ -21,7 +21,23 @@ use std::time::Duration;
 pub struct Cluster {
     client: kube::Client,
     cursors: CursorSigner,
-    discovery: tokio::sync::Mutex<Option<(std::time::Instant, Vec<Kind>)>>,
+    discovery: tokio::sync::Mutex<Option<Discovered>>,
+}
+
+/// How long discovered kinds are trusted.
+const DISCOVERY_TTL: Duration = Duration::from_secs(300);
+/// How soon discovery is repeated after a partial failure or for a kind not found.
+const DISCOVERY_RETRY: Duration = Duration::from_secs(30);
+/// Longest wait for one API group's resource list.
+const DISCOVERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The result of API discovery.
+struct Discovered {
+    at: std::time::Instant,
+    ttl: Duration,
+    kinds: Vec<Kind>,
+    /// Groups whose resource list could not be read.
+    unread: Vec<String>,
 }
 
 impl Cluster {
@@ -85,38 +101,51 @@ impl Cluster {
 
     /// Resolves a kind as the model wrote it (`Deployment`, `deployments`, `deploy`,
     /// `Certificate` with `apiVersion: cert-manager.io/v1`): built-in kinds without a round
-    /// trip, others through API discovery (cached for five minutes).
+    /// trip, others through API discovery, cached for five minutes (30 s when a group could
+    /// not be read); a kind not found in a cache older than 30 s is looked up afresh, so a
+    /// CRD installed a minute ago is found.
     async fn resolve(&self, kind: &str, api_version: Option<&str>) -> Result<Kind, ToolError> {
         if let Some(k) = Kind::builtin(kind, api_version) {
             return Ok(k);
         }
         let mut cache = self.discovery.lock().await;
-        let fresh = cache
-            .as_ref()
-            .is_some_and(|(at, _)| at.elapsed() < Duration::from_secs(300));
-        if !fresh {
-            let kinds = self.discover().await?;
-            *cache = Some((std::time::Instant::now(), kinds));
+        for attempt in 0..2 {
+            let refresh = match cache.as_ref() {
+                None => true,
+                Some(c) if attempt == 0 => c.at.elapsed() >= c.ttl,
+                Some(c) => c.at.elapsed() >= DISCOVERY_RETRY,
+            };
+            if refresh {
+                *cache = Some(self.discover().await?);
+            } else if attempt == 1 {
+                break;
+            }
+            if let Some(found) = cache
+                .as_ref()
+                .and_then(|c| c.kinds.iter().find(|k| k.matches(kind, api_version)))
+            {
+                return Ok(found.clone());
+            }
         }
-        let kinds = cache
-            .as_ref()
-            .map(|(_, k)| k.as_slice())
-            .unwrap_or_default();
-        kinds
-            .iter()
-            .find(|k| k.matches(kind, api_version))
-            .cloned()
-            .ok_or_else(|| {
-                ToolError::Validation(format!(
-                    "unknown kind {kind:?}{}: the API server does not serve it",
-                    api_version.map(|v| format!(" in {v}")).unwrap_or_default()
-                ))
-            })
+        let unread = cache.as_ref().map(|c| c.unread.clone()).unwrap_or_default();
+        Err(ToolError::Validation(format!(
+            "unknown kind {kind:?}{}: the API server does not serve it{}",
+            api_version.map(|v| format!(" in {v}")).unwrap_or_default(),
+            if unread.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (these API groups could not be read: {})",
+                    unread.join(", ")
+                )
+            }
+        )))
     }
 
-    /// Every listable resource the API server serves (preferred versions).
-    async fn discover(&self) -> Result<Vec<Kind>, ToolError> {
-        let mut out = Vec::new();
+    /// Every resource the API server serves with `get` (preferred versions), the groups
+    /// read eight at a time, each within [`DISCOVERY_TIMEOUT`].
+    async fn discover(&self) -> Result<Discovered, ToolError> {
+        use futures_util::StreamExt;
         let mut versions = vec![("".to_owned(), "v1".to_owned())];
         let groups = self.get_json("/apis").await?;
         for g in groups["groups"].as_array().into_iter().flatten() {
@@ -127,13 +156,31 @@ impl Cluster {
                 versions.push((name.to_owned(), v.to_owned()));
             }
         }
-        for (group, version) in versions {
-            let path = if group.is_empty() {
-                "/api/v1".to_owned()
-            } else {
-                format!("/apis/{group}/{version}")
-            };
-            let Ok(list) = self.get_json(&path).await else {
+        let lists: Vec<(String, String, Option<Value>)> =
+            futures_util::stream::iter(versions.into_iter().map(|(group, version)| async move {
+                let path = if group.is_empty() {
+                    "/api/v1".to_owned()
+                } else {
+                    format!("/apis/{group}/{version}")
+                };
+                let list = tokio::time::timeout(DISCOVERY_TIMEOUT, self.get_json(&path))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+                (group, version, list)
+            }))
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        let mut out = Vec::new();
+        let mut unread = Vec::new();
+        for (group, version, list) in lists {
+            let Some(list) = list else {
+                unread.push(if group.is_empty() {
+                    "core/v1".to_owned()
+                } else {
+                    format!("{group}/{version}")
+                });
                 continue;
             };
             for r in list["resources"].as_array().into_iter().flatten() {
@@ -157,7 +204,19 @@ impl Cluster {
                 });
             }
         }
-        Ok(out)
+        // Stable order, so a kind served by two groups always resolves the same way.
+        out.sort_by(|a, b| (&a.group, &a.plural).cmp(&(&b.group, &b.plural)));
+        unread.sort();
+        Ok(Discovered {
+            at: std::time::Instant::now(),
+            ttl: if unread.is_empty() {
+                DISCOVERY_TTL
+            } else {
+                DISCOVERY_RETRY
+            },
+            kinds: out,
+            unread,
+        })
     }
 }
 

@@ -48,7 +48,12 @@ impl Tool for GetEvents {
                 fields.push(format!("involvedObject.name={name}"));
             }
             if let Some(kind) = input["kind"].as_str() {
-                let kind = super::Kind::builtin(kind, None).map_or(kind.to_owned(), |k| k.kind);
+                // `deploy`, `certs`, `Certificate`: events name the kind as written in the
+                // object; a kind the cluster does not serve is matched as given.
+                let kind = match cluster.resolve(kind, None).await {
+                    Ok(k) => k.kind,
+                    Err(_) => kind.to_owned(),
+                };
                 fields.push(format!("involvedObject.kind={kind}"));
             }
             let mut path = format!("/api/v1/namespaces/{}/events", seg(namespace));
@@ -76,11 +81,18 @@ impl Tool for GetEvents {
                     })
                 })
                 .collect();
+            // Timestamps are compared as times: RFC 3339 strings with and without fractions
+            // do not sort as text.
+            let seen = |e: &Value| {
+                e["lastSeen"]
+                    .as_str()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            };
             events.sort_by(|a, b| {
                 let warning = |e: &Value| e["type"] == "Warning";
                 warning(b)
                     .cmp(&warning(a))
-                    .then_with(|| b["lastSeen"].as_str().cmp(&a["lastSeen"].as_str()))
+                    .then_with(|| seen(b).cmp(&seen(a)))
             });
             let total = events.len();
             let warnings = events.iter().filter(|e| e["type"] == "Warning").count();
