@@ -513,11 +513,14 @@ pub async fn tool_results(
             .map_err(store_error)?;
         return Err(not_waiting(&id));
     }
+    let redactor = state.config.borrow().catalog.redactor.clone();
     for r in &body.results {
         let content = match &r.content {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
+        // Resolved Secret values never reach the provider or the database (SPEC §1.3).
+        let (content, _) = redactor.redact(&content);
         let name = pending
             .iter()
             .find(|c| c.id == r.tool_call_id)

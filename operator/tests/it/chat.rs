@@ -87,7 +87,7 @@ fn manifests(dir: &std::path::Path, base: &str) {
     std::fs::write(
         dir.join("chat.yaml"),
         format!(
-            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}, proposals: {{allowedActions: [restart, scale], allowedNamespaces: [\"shop-*\"], requireDistinctApprover: false}}}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: hasty}}\nspec: {{sessions: [\"expire-*\"], provider: gpt, proposals: {{allowedActions: [restart], allowedNamespaces: [\"*\"], expireAfter: 1s}}}}\n"
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: llm-keys}}\nstringData: {{openai: sk-test-9f8e7d6c5b}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", apiKeySecretRef: {{name: llm-keys, key: openai}}, defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}, proposals: {{allowedActions: [restart, scale], allowedNamespaces: [\"shop-*\"], requireDistinctApprover: false}}}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: hasty}}\nspec: {{sessions: [\"expire-*\"], provider: gpt, proposals: {{allowedActions: [restart], allowedNamespaces: [\"*\"], expireAfter: 1s}}}}\n"
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -493,7 +493,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
     let after = events.last().map(|e| e.id).unwrap_or(0);
     let r = post(
         server.url(&format!("/chat/v1/sessions/{id}/tool-results")),
-        results(&[("call_1", "opened in tab 3")]),
+        results(&[("call_1", "opened in tab 3 as sk-test-9f8e7d6c5b")]),
     )
     .await;
     assert_eq!(r.status().as_u16(), 202);
@@ -529,6 +529,11 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
     assert!(
         sent.contains("opened in tab 3") && sent.contains("call_1"),
         "the result goes back to the model: {sent}"
+    );
+    // A resolved Secret value in a client's result is replaced before the model sees it.
+    assert!(
+        !sent.contains("sk-test-9f8e7d6c5b") && sent.contains("[REDACTED:secret]"),
+        "{sent}"
     );
 
     // Cancel while waiting: the pending call gets an error result, the session is idle.
