@@ -7,10 +7,8 @@ use crate::common::sqlite;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
-use kortex::catalog::PolicyEntry;
 use kortex::llm::ToolCall;
 use kortex::metrics::Metrics;
-use kortex::store::{NewSession, Store};
 use kortex::tools::{Outcome, Router, ToolContext};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
@@ -266,34 +264,6 @@ pub(crate) async fn fake_api_server() -> (String, Arc<Mutex<Vec<String>>>) {
     (format!("http://{addr}"), seen)
 }
 
-fn policy() -> PolicyEntry {
-    PolicyEntry {
-        object: serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "p", "namespace": "default"}, "spec": {"sessions": ["*"], "provider": "x"}}))
-        .unwrap_or_else(|e| panic!("{e}")),
-        available: true,
-    }
-}
-
-async fn context(store: &Store) -> ToolContext {
-    let session = store
-        .create_session(&NewSession {
-            name: "incident-1".into(),
-            namespace: "default".into(),
-            user: "u".into(),
-            policy: None,
-            dynamic_tools: json!([]),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    ToolContext {
-        store: store.clone(),
-        session,
-        run_id: "run-1".into(),
-        redactor: Default::default(),
-    }
-}
-
 struct Harness {
     router: Router,
     ctx: ToolContext,
@@ -312,7 +282,7 @@ impl Harness {
             router.add(tool);
         }
         let db = sqlite().await;
-        let ctx = context(&db.store).await;
+        let ctx = crate::common::tool_context(&db.store, "s").await;
         Self {
             router,
             ctx,
@@ -328,7 +298,12 @@ impl Harness {
             input,
         };
         self.router
-            .execute(self.ctx.clone(), &call, &policy(), std::future::pending())
+            .execute(
+                self.ctx.clone(),
+                &call,
+                &crate::common::tool_policy(json!({})),
+                std::future::pending(),
+            )
             .await
     }
 
@@ -842,7 +817,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint() {
         "cluster.local",
     )));
     let db = sqlite().await;
-    let ctx = context(&db.store).await;
+    let ctx = crate::common::tool_context(&db.store, "s").await;
     let call = |input: Value| {
         let router = &router;
         let ctx = ctx.clone();
@@ -855,7 +830,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint() {
                         name: "get_admin_info".into(),
                         input,
                     },
-                    &policy(),
+                    &crate::common::tool_policy(json!({})),
                     std::future::pending(),
                 )
                 .await

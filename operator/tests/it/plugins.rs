@@ -5,12 +5,10 @@
 use crate::common::sqlite;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use kortex::catalog::PolicyEntry;
 use kortex::live::LiveConfig;
 use kortex::llm::ToolCall;
 use kortex::metrics::Metrics;
 use kortex::source::ManifestSource;
-use kortex::store::{NewSession, Store};
 use kortex::tools::plugins::{PluginHost, PluginSet};
 use kortex::tools::{Outcome, Router, ToolContext};
 use serde_json::{Value, json};
@@ -145,34 +143,6 @@ impl Plugins {
     }
 }
 
-fn policy() -> PolicyEntry {
-    PolicyEntry {
-        object: serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "p", "namespace": "default"}, "spec": {"sessions": ["*"], "provider": "x"}}))
-        .unwrap_or_else(|e| panic!("{e}")),
-        available: true,
-    }
-}
-
-async fn session(store: &Store, name: &str) -> ToolContext {
-    let session = store
-        .create_session(&NewSession {
-            name: name.into(),
-            namespace: "default".into(),
-            user: "u".into(),
-            policy: None,
-            dynamic_tools: json!([]),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    ToolContext {
-        store: store.clone(),
-        session,
-        run_id: "run-1".into(),
-        redactor: Default::default(),
-    }
-}
-
 async fn call(router: &Router, ctx: &ToolContext, name: &str, input: Value) -> Outcome {
     let call = ToolCall {
         id: format!("c-{name}"),
@@ -180,7 +150,12 @@ async fn call(router: &Router, ctx: &ToolContext, name: &str, input: Value) -> O
         input,
     };
     router
-        .execute(ctx.clone(), &call, &policy(), std::future::pending())
+        .execute(
+            ctx.clone(),
+            &call,
+            &crate::common::tool_policy(json!({})),
+            std::future::pending(),
+        )
         .await
 }
 
@@ -312,13 +287,13 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         .wait("http tools", |s| s.get("default", "jira_get").is_some())
         .await;
     let db = sqlite().await;
-    let mut ctx = session(&db.store, "checkout-debug").await;
+    let mut ctx = crate::common::tool_context(&db.store, "checkout-debug").await;
     ctx.redactor = redactor;
     let router = &plugins.router;
 
     // Offered: this namespace's tools the session may use, never another namespace's.
     let offered: Vec<String> = router
-        .offered(&policy(), &ctx.session)
+        .offered(&crate::common::tool_policy(json!({})), &ctx.session)
         .into_iter()
         .map(|t| t.name)
         .collect();
@@ -430,10 +405,10 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     let out = call(router, &ctx, "incident_only", json!({})).await;
     assert_eq!(out.error_kind, Some("denied"), "{out:?}");
     assert!(out.content.contains("allowedSessions"), "{out:?}");
-    let incident = session(&db.store, "incident-42").await;
+    let incident = crate::common::tool_context(&db.store, "incident-42").await;
     assert!(
         router
-            .offered(&policy(), &incident.session)
+            .offered(&crate::common::tool_policy(json!({})), &incident.session)
             .iter()
             .any(|t| t.name == "incident_only")
     );
@@ -579,7 +554,7 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     assert_eq!(discovery.error, None);
 
     let db = sqlite().await;
-    let ctx = session(&db.store, "incident-7").await;
+    let ctx = crate::common::tool_context(&db.store, "incident-7").await;
     let router = &plugins.router;
     let out = call(
         router,

@@ -10,10 +10,8 @@ use crate::common::{TestDb, sqlite};
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use kortex::catalog::PolicyEntry;
 use kortex::llm::ToolCall;
 use kortex::metrics::Metrics;
-use kortex::store::NewSession;
 use kortex::tools::prometheus::Prometheus;
 use kortex::tools::{Router, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
@@ -187,23 +185,7 @@ impl Setup {
         let prometheus =
             Prometheus::new(&base, reqwest::Client::new()).unwrap_or_else(|e| panic!("{e}"));
         let db = sqlite().await;
-        let session = db
-            .store
-            .create_session(&NewSession {
-                name: "s".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let ctx = ToolContext {
-            store: db.store.clone(),
-            session,
-            run_id: "run-1".into(),
-            redactor: Default::default(),
-        };
+        let ctx = crate::common::tool_context(&db.store, "s").await;
         Self {
             _db: db,
             ctx,
@@ -600,18 +582,6 @@ async fn compare_to_baseline_defaults_and_unmatched_series() {
     assert_eq!(out["onlyInBaseline"].as_array().map(Vec::len), Some(1));
 }
 
-fn policy() -> PolicyEntry {
-    PolicyEntry {
-        object: serde_json::from_value(
-            json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "p", "namespace": "default"},
-            "spec": {"sessions": ["*"], "provider": "x", "tools": {"allow": ["*"]}}}),
-        )
-        .unwrap_or_else(|e| panic!("{e}")),
-        available: true,
-    }
-}
-
 #[tokio::test]
 async fn the_router_enforces_the_schemas() {
     let s = Setup::new().await;
@@ -624,7 +594,7 @@ async fn the_router_enforces_the_schemas() {
         name: name.into(),
         input,
     };
-    let p = policy();
+    let p = crate::common::tool_policy(json!({"allow": ["*"]}));
     let extra = router
         .execute(
             s.ctx.clone(),

@@ -5,7 +5,7 @@ use crate::common::{all_dbs, sqlite};
 use kortex::catalog::PolicyEntry;
 use kortex::llm::{BoxFuture, ToolCall, ToolSpec};
 use kortex::metrics::Metrics;
-use kortex::store::{DecisionQuery, NewSession, Store};
+use kortex::store::DecisionQuery;
 use kortex::tools::{Router, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -49,34 +49,6 @@ impl Tool for Probe {
     }
 }
 
-fn policy(tools: Value) -> PolicyEntry {
-    PolicyEntry {
-        object: serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "p", "namespace": "default"}, "spec": {"sessions": ["*"], "provider": "x", "tools": tools}}))
-        .unwrap_or_else(|e| panic!("{e}")),
-        available: true,
-    }
-}
-
-async fn context(store: &Store) -> ToolContext {
-    let session = store
-        .create_session(&NewSession {
-            name: "s".into(),
-            namespace: "default".into(),
-            user: "u".into(),
-            policy: None,
-            dynamic_tools: json!([]),
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    ToolContext {
-        store: store.clone(),
-        session,
-        run_id: "run-1".into(),
-        redactor: Default::default(),
-    }
-}
-
 fn call(id: &str, name: &str, input: Value) -> ToolCall {
     ToolCall {
         id: id.into(),
@@ -91,8 +63,9 @@ async fn router_turns_every_failure_into_an_error_result() {
         let metrics = Arc::new(Metrics::new());
         let mut router = Router::new(metrics.clone());
         router.add(Arc::new(Probe));
-        let ctx = context(&db.store).await;
-        let open = policy(json!({"allow": ["*"], "timeouts": {"probe": "300ms"}}));
+        let ctx = crate::common::tool_context(&db.store, "s").await;
+        let open =
+            crate::common::tool_policy(json!({"allow": ["*"], "timeouts": {"probe": "300ms"}}));
         let run = |c: ToolCall, p: PolicyEntry| {
             let router = &router;
             let ctx = ctx.clone();
@@ -119,7 +92,7 @@ async fn router_turns_every_failure_into_an_error_result() {
 
         let denied = run(
             call("3", "probe", json!({"mode": "ok"})),
-            policy(json!({"allow": ["*"], "deny": ["pro*"]})),
+            crate::common::tool_policy(json!({"allow": ["*"], "deny": ["pro*"]})),
         )
         .await;
         assert_eq!(denied.error_kind, Some("denied"));
@@ -209,7 +182,7 @@ async fn a_slow_tool_produces_one_notice_after_thirty_seconds() {
     let db = sqlite().await;
     let mut router = Router::new(Arc::new(Metrics::new()));
     router.add(Arc::new(Probe));
-    let ctx = context(&db.store).await;
+    let ctx = crate::common::tool_context(&db.store, "s").await;
     // Virtual time from here on: the 45 s tool and the 30 s notice take no real time.
     tokio::time::pause();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -218,7 +191,7 @@ async fn a_slow_tool_produces_one_notice_after_thirty_seconds() {
         .execute(
             ctx,
             &call("1", "probe", json!({"mode": "slow"})),
-            &policy(json!({})),
+            &crate::common::tool_policy(json!({})),
             async move {
                 let _ = tx.send(tokio::time::Instant::now());
             },
