@@ -672,6 +672,19 @@ async fn events_resources_and_rollout_history() {
     assert_eq!(revisions[1]["changeCause"], "release 2.3");
 }
 
+/// A kubeconfig in `dir` for the API server at `api` (a made-up token).
+pub(crate) fn write_kubeconfig(dir: &std::path::Path, api: &str) -> std::path::PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: not-a-real-token}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    path
+}
+
 /// `kortex serve --kubeconfig` offers the Kubernetes tools, and a model paging through a
 /// crashing pod's logs gets them in the chat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -680,14 +693,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
     let (api, _) = fake_api_server().await;
     let (base, script) = mock().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: not-a-real-token}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\ncurrent-context: c\n"
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(

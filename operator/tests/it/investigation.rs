@@ -63,14 +63,7 @@ async fn a_model_investigates_a_crashing_pod_end_to_end() {
     let (bridge, bridge_seen) = crate::plugins::upstream().await;
     let (base, script) = mock().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: t}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\ncurrent-context: c\n"
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = crate::cluster::write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(
