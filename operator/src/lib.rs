@@ -13,6 +13,7 @@ pub mod http;
 pub mod live;
 pub mod llm;
 pub mod metrics;
+pub mod operator;
 pub mod redact;
 pub mod source;
 pub mod store;

@@ -24,8 +24,10 @@ pub struct LiveConfig {
     pub stale: BTreeSet<Identity>,
     /// When this configuration was built.
     pub loaded_at: jiff::Timestamp,
-    /// Increases with every reload.
+    /// Increases with every reload (0: nothing loaded yet).
     pub version: u64,
+    /// Objects of the cluster Kortex could not read (cluster mode).
+    pub invalid: Vec<crate::operator::watch::Malformed>,
 }
 
 impl LiveConfig {
@@ -42,6 +44,7 @@ impl LiveConfig {
             stale: snapshot.stale,
             loaded_at: now,
             version: previous.map_or(1, |p| p.version + 1),
+            invalid: Vec::new(),
         }
     }
 

@@ -1,7 +1,8 @@
-//! The command line: `kortex serve | crds | migrate | providers check | ask`.
+//! The command line: `kortex serve | run | crds | migrate | providers check | ask | chat | proposals`.
 
 mod client;
 mod llm;
+mod run;
 
 use crate::http::auth::AuthMode;
 use crate::http::{self, AppState};
@@ -35,6 +36,9 @@ pub enum Command {
     /// Standalone mode: serve the API from manifest files, with an embedded SQLite database
     /// by default. No cluster needed.
     Serve(ServeArgs),
+    /// Cluster mode: the operator (watches the custom resources and their Secrets, writes
+    /// statuses as the elected leader) and the chat server in one process.
+    Run(run::RunArgs),
     /// Print every CustomResourceDefinition as YAML (what `crds/` holds).
     Crds,
     /// Apply database migrations and exit (they are also applied at start-up).
@@ -87,6 +91,14 @@ pub struct ServeArgs {
     /// then the in-cluster service account; without any, the Kubernetes tools are off).
     #[arg(long, value_name = "FILE")]
     pub kubeconfig: Option<PathBuf>,
+    /// Tool settings.
+    #[command(flatten)]
+    pub tools: ToolArgs,
+}
+
+/// Settings of the built-in tools.
+#[derive(Args, Debug, Clone)]
+pub struct ToolArgs {
     /// Prometheus base URL for `get_metrics` and `compare_to_baseline`, e.g.
     /// `http://prometheus.monitoring:9090` (without it, those tools are off).
     #[arg(long, env = "KORTEX_PROMETHEUS_URL", value_name = "URL")]
@@ -157,6 +169,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Ok(())
         }),
         Command::Serve(args) => block_on(serve(args)),
+        Command::Run(args) => block_on(run::run(args)),
         Command::Providers(ProvidersCommand::Check(args)) => {
             let mut all_ok = true;
             let code = block_on(async {
@@ -229,11 +242,74 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         }
         AuthMode::Keys
     };
-    let probes = crate::llm::probe::ProbeBoard::default();
     let (stop_tx, stop_rx) = watch::channel(false);
+    let cluster = cluster_client(args.kubeconfig.as_deref()).await?;
+    let watcher = (!args.manifests.is_empty()).then(|| {
+        tokio::spawn(live::watch_manifests(
+            source,
+            config_tx.clone(),
+            metrics.clone(),
+            stop_rx.clone(),
+        ))
+    });
+    run_server(Server {
+        config_tx,
+        store,
+        metrics,
+        auth,
+        listen: args.listen,
+        probe_interval: args.probe_interval,
+        cluster,
+        tools: args.tools,
+        probes: crate::llm::probe::ProbeBoard::default(),
+        plugins: watch::channel(Arc::new(crate::tools::PluginSet::default())),
+        stop: (stop_tx, stop_rx),
+        tasks: watcher.into_iter().collect(),
+    })
+    .await
+}
+
+/// What `kortex serve` and `kortex run` share: the tools, the chat server and its
+/// background work.
+struct Server {
+    config_tx: watch::Sender<Arc<live::LiveConfig>>,
+    store: Store,
+    metrics: Arc<Metrics>,
+    auth: AuthMode,
+    listen: SocketAddr,
+    probe_interval: std::time::Duration,
+    cluster: Option<(kube::Client, String)>,
+    tools: ToolArgs,
+    probes: crate::llm::probe::ProbeBoard,
+    plugins: (
+        watch::Sender<Arc<crate::tools::PluginSet>>,
+        watch::Receiver<Arc<crate::tools::PluginSet>>,
+    ),
+    stop: (watch::Sender<bool>, watch::Receiver<bool>),
+    /// Mode-specific background tasks, awaited after `stop` flips.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Serves until SIGTERM or Ctrl-C, then stops every task and closes the database.
+async fn run_server(server: Server) -> Result<(), String> {
+    let Server {
+        config_tx,
+        store,
+        metrics,
+        auth,
+        listen,
+        probe_interval,
+        cluster,
+        tools,
+        probes,
+        plugins: (plugins_tx, plugins_rx),
+        stop: (stop_tx, stop_rx),
+        tasks,
+    } = server;
+    let config_rx = config_tx.subscribe();
     let mut egress = crate::tools::egress::Egress::from_env();
     let mut router = crate::tools::Router::new(metrics.clone());
-    match cluster_client(args.kubeconfig.as_deref()).await? {
+    match cluster {
         Some((client, url)) => {
             if let Ok(u) = url.parse::<reqwest::Url>()
                 && let (Some(host), Some(port)) = (u.host_str(), u.port_or_known_default())
@@ -247,7 +323,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             let guarded = Arc::new(egress.clone()).client(false)?;
             router.add(Arc::new(crate::tools::admin_info::AdminInfo::new(
                 guarded,
-                &args.cluster_domain,
+                &tools.cluster_domain,
             )));
             tracing::info!(server = %url, "Kubernetes tools read the cluster at {url}");
         }
@@ -255,7 +331,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             "no cluster (no --kubeconfig, KUBECONFIG or in-cluster service account): Kubernetes tools are off"
         ),
     }
-    if let Some(url) = &args.prometheus_url {
+    if let Some(url) = &tools.prometheus_url {
         let client = reqwest::Client::builder()
             .user_agent(concat!("kortex/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(std::time::Duration::from_secs(10))
@@ -269,7 +345,6 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         tracing::info!(url = %url, "Prometheus tools read {url}");
     }
     let plugin_host = crate::tools::plugins::PluginHost::new(egress)?;
-    let (plugins_tx, plugins_rx) = watch::channel(Arc::new(crate::tools::PluginSet::default()));
     let plugins = tokio::spawn(crate::tools::plugins::run(
         config_rx.clone(),
         plugins_tx,
@@ -286,9 +361,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         engine: crate::chat::Engine::new(store.clone(), config_rx.clone(), Arc::new(router)),
     };
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
+    let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, "listening on http://{local}");
 
@@ -298,23 +373,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let prober = tokio::spawn(crate::llm::probe::run(
         config_rx,
         probes,
-        args.probe_interval,
-        stop_rx.clone(),
+        probe_interval,
+        stop_rx,
     ));
-    let watcher = (!args.manifests.is_empty()).then(|| {
-        tokio::spawn(live::watch_manifests(
-            source,
-            config_tx.clone(),
-            metrics,
-            stop_rx,
-        ))
-    });
 
     let result = http::serve(listener, http::router(state), shutdown_signal()).await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
-    if let Some(w) = watcher {
-        let _ = w.await;
+    for task in tasks {
+        let _ = task.await;
     }
     let _ = prober.await;
     let _ = plugins.await;

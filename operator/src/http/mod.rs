@@ -103,19 +103,22 @@ async fn healthz() -> &'static str {
 async fn readyz(State(state): State<AppState>) -> Response {
     let database = state.store.ping().await;
     let config = state.config.borrow().clone();
+    // Version 0: the first configuration (in cluster mode, the first list of every watch)
+    // has not been compiled yet.
+    let loaded = config.version > 0;
     let body = serde_json::json!({
-        "ready": database,
+        "ready": database && loaded,
         "checks": {
             "database": if database { "ok" } else { "unreachable" },
             "manifests": {
-                "loaded": true,
+                "loaded": loaded,
                 "version": config.version,
                 "loadedAt": config.loaded_at.to_string(),
                 "errors": config.errors().count(),
             },
         }
     });
-    let status = if database {
+    let status = if database && loaded {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -1,0 +1,190 @@
+//! `kortex run`: cluster mode. The custom resources and their Secrets come from the API
+//! server's watches; the leader (a `coordination.k8s.io` Lease) writes statuses and Events.
+
+use super::{DatabaseArgs, Server, ToolArgs, cluster_client, parse_duration, run_server};
+use crate::http::auth::AuthMode;
+use crate::live::LiveConfig;
+use crate::metrics::Metrics;
+use crate::operator::lease::{self, LeaseConfig};
+use crate::operator::status::{self, StatusWriter};
+use crate::operator::watch::{self, Observed, Scope};
+use crate::store::{Store, redact_url};
+use clap::Args;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch as channel;
+
+/// `kortex run` options.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Serve only this namespace's objects (default: every namespace).
+    #[arg(long, env = "KORTEX_WATCH_NAMESPACE", value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Database: PostgreSQL for more than one replica.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// Address to listen on.
+    #[arg(long, env = "KORTEX_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// How often providers are probed, e.g. `60s`.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub probe_interval: Duration,
+    /// Kortex's own namespace: where its credential Secrets and its leader Lease live
+    /// (default: `POD_NAMESPACE`, then the service account's or kubeconfig's namespace).
+    #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
+    pub kortex_namespace: Option<String>,
+    /// This replica's identity in the leader Lease (default: `POD_NAME`, then the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Tool settings.
+    #[command(flatten)]
+    pub tools: ToolArgs,
+}
+
+/// `kortex run`.
+pub async fn run(args: RunArgs) -> Result<(), String> {
+    let metrics = Arc::new(Metrics::new());
+    let (client, url) = cluster_client(None).await?.ok_or_else(|| {
+        "kortex run needs a cluster: run it in a pod (in-cluster service account) or set KUBECONFIG; without a cluster use kortex serve".to_owned()
+    })?;
+    let own_namespace = args
+        .kortex_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let identity = args.identity.clone().unwrap_or_else(hostname);
+    let scope = Scope {
+        namespace: args.namespace.clone(),
+        own_namespace: own_namespace.clone(),
+    };
+    tracing::info!(
+        server = %url,
+        namespace = args.namespace.as_deref().unwrap_or("(all)"),
+        kortex_namespace = %own_namespace,
+        identity = %identity,
+        "cluster mode"
+    );
+
+    let store = Store::connect(&args.database.database_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    store.migrate().await.map_err(|e| e.to_string())?;
+    tracing::info!(database = %redact_url(&args.database.database_url), "database ready");
+    if store.backend() == crate::store::Backend::Sqlite {
+        tracing::warn!("SQLite database: run exactly one replica (use PostgreSQL for more)");
+    }
+
+    let auth = if args.listen.ip().is_loopback() {
+        AuthMode::Loopback
+    } else {
+        AuthMode::Keys
+    };
+    let (stop_tx, stop_rx) = channel::channel(false);
+    let (config_tx, _) = channel::channel(Arc::new(LiveConfig::default()));
+    let observed = Observed::start(&client, &scope, &stop_rx);
+    let compile = tokio::spawn(watch::compile_loop(
+        client.clone(),
+        scope,
+        observed.clone(),
+        config_tx.clone(),
+        stop_rx.clone(),
+    ));
+
+    let (leader_tx, leader_rx) = channel::channel(false);
+    let election = tokio::spawn(lease::run(
+        client.clone(),
+        LeaseConfig::new(&own_namespace, &identity),
+        leader_tx,
+        stop_rx.clone(),
+    ));
+    let probes = crate::llm::probe::ProbeBoard::default();
+    let plugins = channel::channel(Arc::new(crate::tools::PluginSet::default()));
+    let duties = tokio::spawn(leader_duties(LeaderDuties {
+        writer: StatusWriter::new(client.clone(), Some(identity)),
+        observed,
+        config: config_tx.subscribe(),
+        probes: probes.clone(),
+        plugins: plugins.1.clone(),
+        leader: leader_rx,
+        stop: stop_rx.clone(),
+    }));
+
+    run_server(Server {
+        config_tx,
+        store,
+        metrics,
+        auth,
+        listen: args.listen,
+        probe_interval: args.probe_interval,
+        cluster: Some((client, url)),
+        tools: args.tools,
+        probes,
+        plugins,
+        stop: (stop_tx, stop_rx),
+        tasks: vec![compile, election, duties],
+    })
+    .await
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("kortex-{}", std::process::id()))
+}
+
+struct LeaderDuties {
+    writer: StatusWriter,
+    observed: Observed,
+    config: channel::Receiver<Arc<LiveConfig>>,
+    probes: crate::llm::probe::ProbeBoard,
+    plugins: channel::Receiver<Arc<crate::tools::PluginSet>>,
+    leader: channel::Receiver<bool>,
+    stop: channel::Receiver<bool>,
+}
+
+/// What only the leader does: write statuses (and their Events). Runs on every change of
+/// the configuration, the watched objects or the lead, and every 10 s (probe results,
+/// retries).
+async fn leader_duties(mut d: LeaderDuties) {
+    let mut changes = d.observed.changed.subscribe();
+    loop {
+        let leading = *d.leader.borrow_and_update();
+        if leading {
+            let config = d.config.borrow_and_update().clone();
+            if config.version > 0 {
+                let probes = d.probes.read().map(|b| b.clone()).unwrap_or_default();
+                let plugins = d.plugins.borrow().clone();
+                let mut seen = BTreeMap::new();
+                status::observed_statuses("LLMProvider", &d.observed.providers.state(), &mut seen);
+                status::observed_statuses("KortexTool", &d.observed.tools.state(), &mut seen);
+                status::observed_statuses("ChatPolicy", &d.observed.policies.state(), &mut seen);
+                let updates = status::plan(
+                    &config.catalog,
+                    &probes,
+                    &plugins,
+                    &config.invalid,
+                    &seen,
+                    jiff::Timestamp::now(),
+                );
+                d.writer.apply(updates).await;
+            }
+        } else {
+            d.writer.reset();
+        }
+        tokio::select! {
+            _ = d.config.changed() => {}
+            _ = d.leader.changed() => {}
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            _ = d.stop.changed() => return,
+        }
+    }
+}
