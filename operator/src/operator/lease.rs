@@ -176,10 +176,18 @@ async fn attempt(
             Duration::ZERO
         }
     };
-    let outcome = match decide(current.as_ref(), unchanged_for, config, jiff::Timestamp::now()) {
+    let outcome = match decide(
+        current.as_ref(),
+        unchanged_for,
+        config,
+        jiff::Timestamp::now(),
+    ) {
         Step::Wait { .. } => return Ok(false),
         Step::Create(lease) => api.create(&PostParams::default(), &lease).await,
-        Step::Write(lease) => api.replace(&config.name, &PostParams::default(), &lease).await,
+        Step::Write(lease) => {
+            api.replace(&config.name, &PostParams::default(), &lease)
+                .await
+        }
     };
     match outcome {
         Ok(_) => Ok(true),
@@ -263,7 +271,8 @@ mod tests {
                 holder: "pod-b".into()
             }
         );
-        let Step::Write(taken) = decide(Some(&lease), Duration::from_secs(15), &config("pod-a"), now)
+        let Step::Write(taken) =
+            decide(Some(&lease), Duration::from_secs(15), &config("pod-a"), now)
         else {
             panic!("expected a takeover");
         };
@@ -285,7 +294,10 @@ mod tests {
         };
         let spec = renewed.spec.unwrap_or_default();
         assert_eq!(spec.lease_transitions, Some(3));
-        assert_eq!(spec.acquire_time, Some(MicroTime(jiff::Timestamp::UNIX_EPOCH)));
+        assert_eq!(
+            spec.acquire_time,
+            Some(MicroTime(jiff::Timestamp::UNIX_EPOCH))
+        );
         assert_eq!(spec.renew_time, Some(MicroTime(now)));
     }
 
@@ -296,7 +308,12 @@ mod tests {
             s.holder_identity = None;
         }
         assert!(matches!(
-            decide(Some(&lease), Duration::ZERO, &config("pod-a"), jiff::Timestamp::now()),
+            decide(
+                Some(&lease),
+                Duration::ZERO,
+                &config("pod-a"),
+                jiff::Timestamp::now()
+            ),
             Step::Write(_)
         ));
     }

@@ -49,8 +49,14 @@ pub fn observed_statuses(
     out: &mut ObservedStatuses,
 ) {
     for o in objects {
-        let key = ObjectKey::new(o.namespace().unwrap_or_else(|| "default".into()), o.name_any());
-        out.insert((kind, key), o.data.get("status").cloned().unwrap_or(Value::Null));
+        let key = ObjectKey::new(
+            o.namespace().unwrap_or_else(|| "default".into()),
+            o.name_any(),
+        );
+        out.insert(
+            (kind, key),
+            o.data.get("status").cloned().unwrap_or(Value::Null),
+        );
     }
 }
 
@@ -121,7 +127,12 @@ pub fn plan(
                 reason: probe.reason,
                 message,
             };
-            conditions::set(&mut reachable, &desired, status.observed_generation, probe.checked_at);
+            conditions::set(
+                &mut reachable,
+                &desired,
+                status.observed_generation,
+                probe.checked_at,
+            );
             status.conditions.extend(reachable);
             if entry.object.spec.provider_type.discovers_models() {
                 for m in &probe.models {
@@ -313,11 +324,13 @@ impl StatusWriter {
         };
         let reference = object.object_ref(&object.types.as_ref().map_or_else(
             || kube::api::ApiResource::erase::<LLMProvider>(&()),
-            |t| kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-                crate::crd::GROUP,
-                crate::crd::VERSION,
-                &t.kind,
-            )),
+            |t| {
+                kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+                    crate::crd::GROUP,
+                    crate::crd::VERSION,
+                    &t.kind,
+                ))
+            },
         ));
         if let Err(e) = self.recorder.publish(&event, &reference).await {
             tracing::warn!(error = %e, "cannot publish an Event");

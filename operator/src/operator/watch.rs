@@ -99,9 +99,12 @@ impl Observed {
 
         let (secrets, writer) = reflector::store::<PartialObjectMeta<Secret>>();
         // `PartialObjectMeta` lists and watches metadata only: no Secret data is read here.
-        let stream = watcher(scope.api::<PartialObjectMeta<Secret>>(client), watcher::Config::default())
-            .default_backoff()
-            .reflect(writer);
+        let stream = watcher(
+            scope.api::<PartialObjectMeta<Secret>>(client),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(writer);
         spawn_stream("Secret".into(), stream, changed.clone(), stop.clone());
 
         let (credentials, writer) = reflector::store::<PartialObjectMeta<Secret>>();
@@ -113,7 +116,12 @@ impl Observed {
         )
         .default_backoff()
         .reflect(writer);
-        spawn_stream("credential Secret".into(), stream, changed.clone(), stop.clone());
+        spawn_stream(
+            "credential Secret".into(),
+            stream,
+            changed.clone(),
+            stop.clone(),
+        );
 
         Self {
             providers,
@@ -155,8 +163,7 @@ fn spawn_stream<S, T>(
     stream: S,
     changed: watch::Sender<u64>,
     mut stop: watch::Receiver<bool>,
-)
-where
+) where
     S: futures_util::Stream<Item = Result<T, watcher::Error>> + Send + 'static,
     T: Send + 'static,
 {
@@ -201,7 +208,10 @@ pub struct Malformed {
 
 /// Converts the watched objects of one kind; the ones that do not convert are returned
 /// separately with the field that failed.
-pub fn convert<K: DeserializeOwned>(objects: &[Arc<DynamicObject>], kind: &str) -> (Vec<K>, Vec<Malformed>) {
+pub fn convert<K: DeserializeOwned>(
+    objects: &[Arc<DynamicObject>],
+    kind: &str,
+) -> (Vec<K>, Vec<Malformed>) {
     let mut good = Vec::new();
     let mut bad = Vec::new();
     for o in objects {

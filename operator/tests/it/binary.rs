@@ -33,12 +33,18 @@ impl Server {
     }
 
     fn launch(manifests: &Path, database_url: &str, env: &[(&str, &str)], args: &[&str]) -> Self {
+        let mut full = vec!["serve", "--listen", "127.0.0.1:0", "--manifests"];
+        let manifests = manifests.display().to_string();
+        full.push(&manifests);
+        full.extend(["--database-url", database_url]);
+        full.extend(args);
+        Self::spawn(&full, env)
+    }
+
+    /// `kortex <args>` with `env`, once it says where it listens.
+    pub(crate) fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(BIN);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
-            .arg(manifests)
-            .arg("--database-url")
-            .arg(database_url)
-            .args(args)
+        cmd.args(args)
             .env("RUST_LOG", "info")
             .env_remove("DATABASE_URL")
             .stdout(Stdio::null())

@@ -7,6 +7,7 @@ mod common;
 mod http;
 mod investigation;
 mod llm;
+mod operator;
 mod plugins;
 mod prometheus;
 mod samples;
