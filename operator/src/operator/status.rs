@@ -341,3 +341,140 @@ impl StatusWriter {
 fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << failures.min(8)).min(Duration::from_secs(300))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::ObjectSet;
+
+    fn catalog() -> Catalog {
+        let provider: LLMProvider = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
+            "metadata": {"name": "local", "namespace": "ops", "generation": 2},
+            "spec": {"type": "ollama", "defaultModel": "llama3"}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let policy: ChatPolicy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "all", "namespace": "ops"},
+            "spec": {"sessions": ["*"], "provider": "local"}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        crate::catalog::compile(
+            &ObjectSet {
+                providers: vec![provider],
+                policies: vec![policy],
+                ..Default::default()
+            },
+            jiff::Timestamp::now(),
+        )
+    }
+
+    fn probe(ok: bool, at: jiff::Timestamp) -> ProbeResult {
+        ProbeResult {
+            reachable: ok,
+            ok,
+            reason: if ok { "Reachable" } else { "Unreachable" },
+            message: if ok {
+                "listed 2 model(s) in 12 ms".into()
+            } else {
+                "connection refused".into()
+            },
+            models: if ok {
+                vec!["llama3".into(), "qwen3".into()]
+            } else {
+                Vec::new()
+            },
+            latency_ms: 12,
+            checked_at: at,
+        }
+    }
+
+    #[test]
+    fn statuses_are_written_once_and_not_again_when_the_cluster_has_them() {
+        let catalog = catalog();
+        let key = ObjectKey::new("ops", "local");
+        let t0 = jiff::Timestamp::now();
+        let probes = BTreeMap::from([(key.clone(), probe(true, t0))]);
+        let none = ObservedStatuses::new();
+        let updates = plan(&catalog, &probes, &PluginSet::default(), &[], &none, t0);
+        assert_eq!(updates.len(), 2, "{updates:?}");
+        let provider = &updates[0];
+        assert_eq!((provider.kind, &provider.key), ("LLMProvider", &key));
+        assert_eq!(provider.status["observedGeneration"], 2);
+        assert_eq!(
+            provider.status["models"],
+            serde_json::json!(["llama3", "qwen3"])
+        );
+        let reachable = provider.status["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Reachable"))
+            .cloned()
+            .unwrap_or_default();
+        // No latency in the message: it would change the status on every probe.
+        assert_eq!(reachable["message"], "listed 2 model(s)");
+        assert!(provider.ready_changed.is_some(), "first Ready is an Event");
+
+        // The cluster now holds exactly that: nothing to write, even after a later probe.
+        let mut seen = ObservedStatuses::new();
+        for u in &updates {
+            seen.insert((u.kind, u.key.clone()), u.status.clone());
+        }
+        let later = BTreeMap::from([(
+            key.clone(),
+            probe(true, t0 + jiff::SignedDuration::from_secs(60)),
+        )]);
+        assert!(plan(&catalog, &later, &PluginSet::default(), &[], &seen, t0).is_empty());
+
+        // The provider becomes unreachable: one update, Reachable flips, Ready stays.
+        let down = BTreeMap::from([(
+            key.clone(),
+            probe(false, t0 + jiff::SignedDuration::from_secs(120)),
+        )]);
+        let updates = plan(&catalog, &down, &PluginSet::default(), &[], &seen, t0);
+        assert_eq!(updates.len(), 1);
+        assert!(updates[0].ready_changed.is_none());
+        assert!(updates[0].status.to_string().contains("connection refused"));
+    }
+
+    #[test]
+    fn unreadable_objects_get_a_ready_false_condition_once() {
+        let invalid = vec![super::super::watch::Malformed {
+            kind: "KortexTool".into(),
+            key: ObjectKey::new("ops", "broken"),
+            message: "spec.http.method: unknown variant `DELETE`".into(),
+        }];
+        let now = jiff::Timestamp::now();
+        let updates = plan(
+            &Catalog::default(),
+            &BTreeMap::new(),
+            &PluginSet::default(),
+            &invalid,
+            &ObservedStatuses::new(),
+            now,
+        );
+        assert_eq!(updates.len(), 1);
+        let c = &updates[0].status["conditions"][0];
+        assert_eq!(
+            (
+                c["type"].as_str(),
+                c["status"].as_str(),
+                c["reason"].as_str()
+            ),
+            (Some("Ready"), Some("False"), Some("InvalidManifest"))
+        );
+        let seen = ObservedStatuses::from([(
+            ("KortexTool", ObjectKey::new("ops", "broken")),
+            updates[0].status.clone(),
+        )]);
+        assert!(
+            plan(
+                &Catalog::default(),
+                &BTreeMap::new(),
+                &PluginSet::default(),
+                &invalid,
+                &seen,
+                now
+            )
+            .is_empty()
+        );
+    }
+}

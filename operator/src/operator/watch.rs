@@ -452,3 +452,59 @@ pub fn build(objects: &ObjectSet, version: u64) -> LiveConfig {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dynamic(value: serde_json::Value) -> Arc<DynamicObject> {
+        Arc::new(serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    #[test]
+    fn one_unreadable_object_does_not_hide_the_others() {
+        let objects = vec![
+            dynamic(
+                serde_json::json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
+                "metadata": {"name": "good", "namespace": "a"}, "spec": {"type": "ollama"}}),
+            ),
+            dynamic(
+                serde_json::json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
+                "metadata": {"name": "bad", "namespace": "a"}, "spec": {"type": "bard"}}),
+            ),
+        ];
+        let (good, bad) = convert::<LLMProvider>(&objects, "LLMProvider");
+        assert_eq!(good.len(), 1);
+        assert_eq!(bad.len(), 1);
+        assert_eq!(bad[0].key, ObjectKey::new("a", "bad"));
+        assert!(
+            bad[0].message.starts_with("spec.type"),
+            "{}",
+            bad[0].message
+        );
+    }
+
+    #[test]
+    fn referenced_secrets_are_named_in_their_objects_namespace() {
+        let provider: LLMProvider = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
+            "metadata": {"name": "p", "namespace": "a"},
+            "spec": {"type": "openai", "apiKeySecretRef": {"name": "keys", "key": "openai"},
+                "headers": [{"name": "X-Org", "valueFrom": {"secretKeyRef": {"name": "org", "key": "id"}}}]}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let tool: KortexTool = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kortex.dev/v1alpha1", "kind": "KortexTool",
+            "metadata": {"name": "t", "namespace": "b"},
+            "spec": {"description": "d", "http": {"url": "http://x/y", "auth": {"type": "bearer", "secretRef": {"name": "keys", "key": "t"}}}}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let refs = referenced_secrets(&[provider], &[tool]);
+        assert_eq!(
+            refs.into_iter().collect::<Vec<_>>(),
+            [
+                ObjectKey::new("a", "keys"),
+                ObjectKey::new("a", "org"),
+                ObjectKey::new("b", "keys")
+            ]
+        );
+    }
+}

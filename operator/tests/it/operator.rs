@@ -611,3 +611,67 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
         .unwrap_or_default();
     assert!(lease["spec"]["holderIdentity"].is_null(), "{lease}");
 }
+
+/// Two replicas campaign for one Lease: exactly one leads; when it stops, it hands the
+/// Lease back and the other leads at once; when the API server takes the Lease away
+/// (another writer), the old leader steps down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_one_replica_leads_and_hands_over_on_stop() {
+    use kortex::operator::lease::{LeaseConfig, run};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let config = kube::Config::new(fake.url.parse().unwrap_or_else(|e| panic!("{e}")));
+    let client = kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+    let settings = |identity: &str| LeaseConfig {
+        duration: Duration::from_secs(3),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(100),
+        ..LeaseConfig::new("kortex", identity)
+    };
+    let (a_tx, mut a) = tokio::sync::watch::channel(false);
+    let (b_tx, b) = tokio::sync::watch::channel(false);
+    let (stop_a_tx, stop_a) = tokio::sync::watch::channel(false);
+    let (stop_b_tx, stop_b) = tokio::sync::watch::channel(false);
+    let task_a = tokio::spawn(run(client.clone(), settings("pod-a"), a_tx, stop_a));
+    tokio::time::timeout(Duration::from_secs(10), a.wait_for(|l| *l))
+        .await
+        .unwrap_or_else(|_| panic!("pod-a never led"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let task_b = tokio::spawn(run(client.clone(), settings("pod-b"), b_tx, stop_b));
+    // pod-b keeps following while pod-a renews.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(*a.borrow() && !*b.borrow());
+
+    // pod-a stops: it releases the Lease, and pod-b leads well before it would expire.
+    let stopped = tokio::time::Instant::now();
+    let _ = stop_a_tx.send(true);
+    let _ = task_a.await;
+    assert!(!*a.borrow());
+    let mut b_watch = b.clone();
+    tokio::time::timeout(Duration::from_secs(10), b_watch.wait_for(|l| *l))
+        .await
+        .unwrap_or_else(|_| panic!("pod-b never took over"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        stopped.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        stopped.elapsed()
+    );
+    let lease = fake
+        .get("leases", "kortex", "kortex-leader")
+        .unwrap_or_default();
+    assert_eq!(lease["spec"]["holderIdentity"], "pod-b");
+    assert_eq!(lease["spec"]["leaseTransitions"], 1, "{lease}");
+
+    // Someone else writes the Lease (another operator instance won a race): pod-b sees it
+    // is no longer the holder and steps down.
+    let mut taken = lease.clone();
+    taken["spec"]["holderIdentity"] = json!("pod-z");
+    fake.apply("leases", taken);
+    tokio::time::timeout(Duration::from_secs(10), b_watch.wait_for(|l| !*l))
+        .await
+        .unwrap_or_else(|_| panic!("pod-b kept leading"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _ = stop_b_tx.send(true);
+    let _ = task_b.await;
+}
