@@ -1,0 +1,446 @@
+//! Carries out approved proposals: `restart` (rollout restart of a Deployment, StatefulSet
+//! or DaemonSet), `scale` (replicas of a Deployment or StatefulSet, through the `scale`
+//! subresource) and `rollback` (a Deployment back to an earlier ReplicaSet's pod template,
+//! like `kubectl rollout undo`). Every action runs first as a server-side dry run — which
+//! is also the preview shown when the proposal is made — and records what undoes it.
+
+use crate::crd::ProposalTarget;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+/// Field manager of Kortex's writes to workloads.
+pub const FIELD_MANAGER: &str = "kortex";
+/// The annotation `kubectl rollout restart` sets.
+const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
+
+/// The actions Kortex can carry out.
+pub const EXECUTABLE: &[&str] = &["restart", "scale", "rollback"];
+
+/// What to do.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Action {
+    /// `restart`, `scale` or `rollback`.
+    pub verb: String,
+    /// The workload.
+    pub target: ProposalTarget,
+    /// `{"replicas": n}` for scale, `{"toRevision": n}` (optional) for rollback.
+    pub params: Value,
+}
+
+/// The result of an execution.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Executed {
+    /// What was done, for `status.message`.
+    pub message: String,
+    /// The inverse action (`{action, target, params}`), when there is one.
+    pub undo: Option<Value>,
+}
+
+/// The Kubernetes resource, verb and subresource an action needs the approver to be
+/// allowed (for the SubjectAccessReview).
+pub fn required_access(action: &Action) -> Result<(String, String, Option<String>), String> {
+    let resource = plural(&action.target.kind)?;
+    Ok(match action.verb.as_str() {
+        "scale" => ("apps".into(), resource.into(), Some("scale".into())),
+        _ => ("apps".into(), resource.into(), None),
+    })
+}
+
+fn plural(kind: &str) -> Result<&'static str, String> {
+    match kind {
+        "Deployment" => Ok("deployments"),
+        "StatefulSet" => Ok("statefulsets"),
+        "DaemonSet" => Ok("daemonsets"),
+        other => Err(format!(
+            "Kortex carries out actions on Deployments, StatefulSets and DaemonSets, not {other}"
+        )),
+    }
+}
+
+/// Checks an action before anything is sent: a supported verb, kind and parameters.
+pub fn validate(action: &Action) -> Result<(), String> {
+    if !EXECUTABLE.contains(&action.verb.as_str()) {
+        return Err(format!(
+            "{} is not an action Kortex carries out (only {})",
+            action.verb,
+            EXECUTABLE.join(", ")
+        ));
+    }
+    if action.target.api_version != "apps/v1" {
+        return Err(format!(
+            "target apiVersion must be apps/v1, not {}",
+            action.target.api_version
+        ));
+    }
+    plural(&action.target.kind)?;
+    if action.target.namespace.is_none() {
+        return Err("the target needs a namespace".into());
+    }
+    match action.verb.as_str() {
+        "scale" => {
+            if action.target.kind == "DaemonSet" {
+                return Err("a DaemonSet cannot be scaled".into());
+            }
+            match action.params.get("replicas").and_then(Value::as_i64) {
+                Some(n) if (0..=10_000).contains(&n) => {}
+                _ => return Err("scale needs params.replicas, an integer from 0 to 10000".into()),
+            }
+        }
+        "rollback" => {
+            if action.target.kind != "Deployment" {
+                return Err("rollback is supported for Deployments only".into());
+            }
+            if let Some(v) = action.params.get("toRevision")
+                && !v.as_i64().is_some_and(|n| n > 0)
+            {
+                return Err("params.toRevision must be a positive revision number".into());
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Runs actions against a cluster.
+#[derive(Clone)]
+pub struct Executor {
+    client: kube::Client,
+}
+
+impl Executor {
+    /// An executor acting as `client` (Kortex's service account).
+    pub fn new(client: kube::Client) -> Self {
+        Self { client }
+    }
+
+    fn api(&self, action: &Action) -> Result<Api<DynamicObject>, String> {
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apps", "v1", &action.target.kind),
+            plural(&action.target.kind)?,
+        );
+        let namespace = action.target.namespace.as_deref().unwrap_or("default");
+        Ok(Api::namespaced_with(self.client.clone(), namespace, &resource))
+    }
+
+    /// What the action would change (a server-side dry run), with warnings about other
+    /// controllers that own what would change.
+    pub async fn preview(&self, action: &Action) -> Result<Value, String> {
+        validate(action)?;
+        let api = self.api(action)?;
+        let name = &action.target.name;
+        let current = api
+            .get(name)
+            .await
+            .map_err(|e| format!("cannot read {} {name}: {}", action.target.kind, api_error(&e)))?;
+        let after = self.apply(&api, &current, action, true).await?;
+        let mut warnings = gitops_warnings(&current);
+        if action.verb == "scale" {
+            warnings.extend(self.hpa_warnings(action).await);
+        }
+        Ok(json!({
+            "dryRun": true,
+            "before": summary(action, &current),
+            "after": summary(action, &after),
+            "warnings": warnings,
+        }))
+    }
+
+    /// Carries the action out: a dry run first, then the real change. Returns what was done
+    /// and how to undo it.
+    pub async fn execute(&self, action: &Action) -> Result<Executed, String> {
+        validate(action)?;
+        let api = self.api(action)?;
+        let name = &action.target.name;
+        let current = api
+            .get(name)
+            .await
+            .map_err(|e| format!("cannot read {} {name}: {}", action.target.kind, api_error(&e)))?;
+        self.apply(&api, &current, action, true).await?;
+        let after = self.apply(&api, &current, action, false).await?;
+        let target = json!(action.target);
+        let current_value = serde_json::to_value(&current).unwrap_or_default();
+        let what = format!("{} {}/{}", action.target.kind, action.target.namespace.as_deref().unwrap_or_default(), name);
+        Ok(match action.verb.as_str() {
+            "restart" => Executed {
+                message: format!(
+                    "restarted {what} (pod template annotated {RESTARTED_AT}={})",
+                    after["spec"]["template"]["metadata"]["annotations"][RESTARTED_AT]
+                        .as_str()
+                        .unwrap_or_default()
+                ),
+                undo: None,
+            },
+            "scale" => {
+                let before = current_value["spec"]["replicas"].as_i64().unwrap_or(1);
+                let now = action.params["replicas"].as_i64().unwrap_or_default();
+                Executed {
+                    message: format!("scaled {what} from {before} to {now} replicas"),
+                    undo: Some(json!({"action": "scale", "target": target, "params": {"replicas": before}})),
+                }
+            }
+            _ => {
+                let from = revision(&current_value).unwrap_or_default();
+                Executed {
+                    message: format!(
+                        "rolled {what} back from revision {from} (images now {})",
+                        images(&after["spec"]["template"]).join(", ")
+                    ),
+                    undo: (from > 0).then(|| {
+                        json!({"action": "rollback", "target": target, "params": {"toRevision": from}})
+                    }),
+                }
+            }
+        })
+    }
+
+    /// Sends the change (`dry_run`: only validated and computed by the API server).
+    async fn apply(
+        &self,
+        api: &Api<DynamicObject>,
+        current: &DynamicObject,
+        action: &Action,
+        dry_run: bool,
+    ) -> Result<Value, String> {
+        let name = &action.target.name;
+        let mut params = PatchParams::default();
+        params.field_manager = Some(FIELD_MANAGER.into());
+        params.dry_run = dry_run;
+        let result = match action.verb.as_str() {
+            "restart" => {
+                let now = jiff::Timestamp::now().to_string();
+                let patch = json!({"spec": {"template": {"metadata": {"annotations": {RESTARTED_AT: now}}}}});
+                api.patch(name, &params, &Patch::Merge(&patch))
+                    .await
+                    .map(|o| serde_json::to_value(o).unwrap_or_default())
+            }
+            "scale" => {
+                let patch = json!({"spec": {"replicas": action.params["replicas"]}});
+                api.patch_scale(name, &params, &Patch::Merge(&patch))
+                    .await
+                    .map(|s| json!({"spec": {"replicas": s.spec.and_then(|s| s.replicas)}}))
+            }
+            _ => {
+                let template = self.rollback_template(action, current).await?;
+                let mut updated = current.clone();
+                updated.data["spec"]["template"] = template;
+                let post = PostParams {
+                    dry_run,
+                    field_manager: Some(FIELD_MANAGER.into()),
+                };
+                // A replace carries the resourceVersion read: a concurrent change fails it.
+                api.replace(name, &post, &updated)
+                    .await
+                    .map(|o| serde_json::to_value(o).unwrap_or_default())
+            }
+        };
+        result.map_err(|e| {
+            format!(
+                "{}{} of {} {name} failed: {}",
+                action.verb,
+                if dry_run { " (dry run)" } else { "" },
+                action.target.kind,
+                api_error(&e)
+            )
+        })
+    }
+
+    /// The pod template of the revision to go back to: `toRevision`, or the newest one
+    /// before the current revision.
+    async fn rollback_template(&self, action: &Action, deployment: &DynamicObject) -> Result<Value, String> {
+        let namespace = action.target.namespace.as_deref().unwrap_or("default");
+        let current = revision(&serde_json::to_value(deployment).unwrap_or_default()).unwrap_or(0);
+        let uid = deployment.metadata.uid.clone().unwrap_or_default();
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("apps", "v1", "ReplicaSet"),
+            "replicasets",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
+        let list = api
+            .list(&Default::default())
+            .await
+            .map_err(|e| format!("cannot list ReplicaSets in {namespace}: {}", api_error(&e)))?;
+        let mut owned: Vec<(i64, Value)> = list
+            .items
+            .into_iter()
+            .filter(|rs| {
+                rs.metadata
+                    .owner_references
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|r| r.uid == uid))
+            })
+            .filter_map(|rs| {
+                let v = serde_json::to_value(&rs).ok()?;
+                Some((revision(&v)?, v))
+            })
+            .collect();
+        owned.sort_by_key(|(r, _)| std::cmp::Reverse(*r));
+        let wanted = action.params.get("toRevision").and_then(Value::as_i64);
+        let chosen = match wanted {
+            Some(r) => owned.iter().find(|(rev, _)| *rev == r),
+            None => owned.iter().find(|(rev, _)| *rev < current),
+        }
+        .ok_or_else(|| match wanted {
+            Some(r) => format!("revision {r} of Deployment {} no longer exists", action.target.name),
+            None => format!("Deployment {} has no earlier revision to roll back to", action.target.name),
+        })?;
+        if chosen.0 == current {
+            return Err(format!("revision {current} is already the current one"));
+        }
+        let mut template = chosen.1["spec"]["template"].clone();
+        if let Some(labels) = template["metadata"]["labels"].as_object_mut() {
+            labels.remove("pod-template-hash");
+        }
+        Ok(template)
+    }
+
+    async fn hpa_warnings(&self, action: &Action) -> Vec<String> {
+        let namespace = action.target.namespace.as_deref().unwrap_or("default");
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("autoscaling", "v2", "HorizontalPodAutoscaler"),
+            "horizontalpodautoscalers",
+        );
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
+        let Ok(list) = api.list(&Default::default()).await else {
+            return Vec::new();
+        };
+        list.items
+            .iter()
+            .filter(|h| {
+                let r = &h.data["spec"]["scaleTargetRef"];
+                r["kind"] == action.target.kind.as_str() && r["name"] == action.target.name.as_str()
+            })
+            .map(|h| {
+                format!(
+                    "HorizontalPodAutoscaler {} owns the replica count ({}..{}); it will override a manual scale",
+                    h.metadata.name.as_deref().unwrap_or_default(),
+                    h.data["spec"]["minReplicas"].as_i64().unwrap_or(1),
+                    h.data["spec"]["maxReplicas"]
+                )
+            })
+            .collect()
+    }
+}
+
+/// Warnings when Argo CD or Flux manage the object (they may revert a manual change).
+pub fn gitops_warnings(object: &DynamicObject) -> Vec<String> {
+    let labels = object.metadata.labels.clone().unwrap_or_default();
+    let annotations = object.metadata.annotations.clone().unwrap_or_default();
+    let managers: Vec<String> = object
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.clone())
+        .collect();
+    let mut out = Vec::new();
+    let argo = labels.get("argocd.argoproj.io/instance").or(labels.get("app.kubernetes.io/instance").filter(|_| {
+        annotations.contains_key("argocd.argoproj.io/tracking-id")
+    }));
+    if argo.is_some()
+        || annotations.contains_key("argocd.argoproj.io/tracking-id")
+        || managers.iter().any(|m| m.starts_with("argocd"))
+    {
+        out.push(format!(
+            "managed by Argo CD{}: with self-heal on, it reverts manual changes; change Git instead or pause sync",
+            argo.map(|a| format!(" (application {a})")).unwrap_or_default()
+        ));
+    }
+    let flux = labels
+        .get("kustomize.toolkit.fluxcd.io/name")
+        .or(labels.get("helm.toolkit.fluxcd.io/name"));
+    if flux.is_some() || managers.iter().any(|m| m == "kustomize-controller" || m == "helm-controller") {
+        out.push(format!(
+            "managed by Flux{}: it reverts manual changes at its next reconciliation; change Git instead or suspend it",
+            flux.map(|f| format!(" ({f})")).unwrap_or_default()
+        ));
+    }
+    out
+}
+
+/// The parts of a workload an action changes.
+fn summary(action: &Action, object: &impl serde::Serialize) -> Value {
+    let o = serde_json::to_value(object).unwrap_or_default();
+    match action.verb.as_str() {
+        "restart" => json!({"restartedAt": o["spec"]["template"]["metadata"]["annotations"][RESTARTED_AT]}),
+        "scale" => json!({"replicas": o["spec"]["replicas"]}),
+        _ => json!({"revision": revision(&o), "images": images(&o["spec"]["template"])}),
+    }
+}
+
+fn revision(o: &Value) -> Option<i64> {
+    o["metadata"]["annotations"]["deployment.kubernetes.io/revision"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+}
+
+fn images(template: &Value) -> Vec<String> {
+    template["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["image"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn api_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => crate::tools::plugin_http::error_chain(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn action(verb: &str, kind: &str, params: Value) -> Action {
+        Action {
+            verb: verb.into(),
+            target: ProposalTarget {
+                api_version: "apps/v1".into(),
+                kind: kind.into(),
+                namespace: Some("shop".into()),
+                name: "api".into(),
+            },
+            params,
+        }
+    }
+
+    #[test]
+    fn actions_are_checked_before_anything_is_sent() {
+        assert!(validate(&action("restart", "Deployment", json!({}))).is_ok());
+        assert!(validate(&action("scale", "StatefulSet", json!({"replicas": 3}))).is_ok());
+        assert!(validate(&action("rollback", "Deployment", json!({}))).is_ok());
+        for (a, why) in [
+            (action("delete", "Deployment", json!({})), "not an action"),
+            (action("restart", "CronJob", json!({})), "not CronJob"),
+            (action("scale", "Deployment", json!({})), "params.replicas"),
+            (action("scale", "Deployment", json!({"replicas": -1})), "params.replicas"),
+            (action("scale", "DaemonSet", json!({"replicas": 2})), "cannot be scaled"),
+            (action("rollback", "StatefulSet", json!({})), "Deployments only"),
+            (action("rollback", "Deployment", json!({"toRevision": "x"})), "toRevision"),
+        ] {
+            let e = validate(&a).err().unwrap_or_default();
+            assert!(e.contains(why), "{a:?}: {e}");
+        }
+        assert_eq!(
+            required_access(&action("scale", "Deployment", json!({"replicas": 1}))),
+            Ok(("apps".into(), "deployments".into(), Some("scale".into())))
+        );
+    }
+
+    #[test]
+    fn gitops_owners_are_warned_about() {
+        let o: DynamicObject = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "api", "labels": {"kustomize.toolkit.fluxcd.io/name": "apps"},
+                "annotations": {"argocd.argoproj.io/tracking-id": "shop:apps/Deployment:shop/api"}}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let w = gitops_warnings(&o);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("Argo CD") && w[1].contains("Flux (apps)"), "{w:?}");
+        let plain: DynamicObject = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "api", "managedFields": [{"manager": "kubectl-client-side-apply"}]}}))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(gitops_warnings(&plain).is_empty());
+    }
+}
