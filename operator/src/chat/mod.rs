@@ -98,6 +98,8 @@ pub struct Engine {
     cancels: Mutex<HashMap<String, watch::Sender<bool>>>,
     /// Runs whose task is alive here: only these get heartbeats.
     live: Mutex<std::collections::HashSet<String>>,
+    /// In cluster mode, proposals are `ActionProposal` objects (set once at start-up).
+    pub cluster: std::sync::OnceLock<crate::operator::proposals::ClusterProposals>,
 }
 
 impl Engine {
@@ -115,6 +117,7 @@ impl Engine {
             hub: Mutex::new(HashMap::new()),
             cancels: Mutex::new(HashMap::new()),
             live: Mutex::new(std::collections::HashSet::new()),
+            cluster: std::sync::OnceLock::new(),
         })
     }
 

@@ -1,6 +1,8 @@
-//! `propose_action` (standalone mode): the model's one "write" tool. It stores a proposal
-//! and executes nothing; a human decides through the API under the policy's trust rules,
-//! and undecided proposals expire.
+//! `propose_action`: the model's one "write" tool. It executes nothing. In standalone mode
+//! it stores a proposal that a human decides through the API under the policy's trust
+//! rules; in cluster mode it also creates the `ActionProposal` object (with its dry-run
+//! preview) that people approve with `kubectl kortex approve`, and the database keeps a
+//! mirror for incident history.
 
 use super::Engine;
 use crate::catalog::PolicyEntry;
@@ -159,6 +161,49 @@ pub async fn propose(
         updated_at: now,
         version: 1,
     };
+    let mut record = record;
+    if let Some(cluster) = engine.cluster.get() {
+        let target: crate::crd::ProposalTarget = serde_json::from_value(json!({
+            "apiVersion": str_field(target, "apiVersion"),
+            "kind": str_field(target, "kind"),
+            "namespace": record.namespace,
+            "name": target_name,
+        }))
+        .map_err(|e| format!("invalid target: {e}"))?;
+        let spec = crate::crd::ActionProposalSpec {
+            action: action.to_owned(),
+            target: Some(target),
+            params: record.params.clone(),
+            rationale: rationale.to_owned(),
+            blast_radius: record.blast_radius.clone(),
+            reversible: record.reversible,
+            session: crate::crd::ProposalSession {
+                id: session.id.clone(),
+                name: session.name.clone(),
+                user: session.user.clone(),
+            },
+            model: Some(crate::crd::ProposalModel {
+                provider: model.0.to_owned(),
+                model: model.1.to_owned(),
+            }),
+            decision: None,
+        };
+        let expires_at = jiff::Timestamp::from_millisecond(record.expires_at)
+            .map_err(|e| format!("invalid expiry: {e}"))?;
+        let base = base.to_ascii_lowercase();
+        let (name, preview) = cluster
+            .create(
+                &record.id,
+                base.trim_end_matches('-'),
+                &record.namespace,
+                spec,
+                &policy.object.spec,
+                expires_at,
+            )
+            .await?;
+        record.name = name;
+        record.preview = Some(preview);
+    }
     engine
         .store
         .insert_proposal(&record)
@@ -186,10 +231,17 @@ pub async fn propose(
             json!({"runId": run_id, "proposalId": record.id, "name": record.name, "action": record.action, "target": record.target}),
         )
         .await;
-    Ok(
-        json!({"proposalId": record.id, "name": record.name, "awaitsConfirmation": true,
-        "expiresAt": jiff::Timestamp::from_millisecond(record.expires_at).map(|t| t.to_string()).unwrap_or_default()}),
-    )
+    let mut out = json!({"proposalId": record.id, "name": record.name, "namespace": record.namespace,
+        "awaitsConfirmation": true,
+        "expiresAt": jiff::Timestamp::from_millisecond(record.expires_at).map(|t| t.to_string()).unwrap_or_default()});
+    if engine.cluster.get().is_some() {
+        out["approveWith"] = json!(format!(
+            "kubectl kortex approve {} -n {}",
+            record.name, record.namespace
+        ));
+        out["preview"] = record.preview.clone().unwrap_or(Value::Null);
+    }
+    Ok(out)
 }
 
 /// Marks every undecided proposal past its `expiresAt` as `Expired` and tells its session.

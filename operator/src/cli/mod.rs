@@ -265,6 +265,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         plugins: watch::channel(Arc::new(crate::tools::PluginSet::default())),
         stop: (stop_tx, stop_rx),
         tasks: watcher.into_iter().collect(),
+        with_engine: None,
     })
     .await
 }
@@ -288,7 +289,13 @@ struct Server {
     stop: (watch::Sender<bool>, watch::Receiver<bool>),
     /// Mode-specific background tasks, awaited after `stop` flips.
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Cluster mode: prepares the engine and starts the tasks that need it.
+    with_engine: Option<EngineHook>,
 }
+
+/// Cluster mode's hook on the engine.
+type EngineHook =
+    Box<dyn FnOnce(&Arc<crate::chat::Engine>) -> Vec<tokio::task::JoinHandle<()>> + Send>;
 
 /// Serves until SIGTERM or Ctrl-C, then stops every task and closes the database.
 async fn run_server(server: Server) -> Result<(), String> {
@@ -304,7 +311,8 @@ async fn run_server(server: Server) -> Result<(), String> {
         probes,
         plugins: (plugins_tx, plugins_rx),
         stop: (stop_tx, stop_rx),
-        tasks,
+        mut tasks,
+        with_engine,
     } = server;
     let config_rx = config_tx.subscribe();
     let mut egress = crate::tools::egress::Egress::from_env();
@@ -367,7 +375,18 @@ async fn run_server(server: Server) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, "listening on http://{local}");
 
-    let expirer = tokio::spawn(expire_proposals(state.engine.clone(), stop_rx.clone()));
+    // Standalone: proposals live in the database and expire there. Cluster mode: the
+    // leader moves the ActionProposal objects and mirrors them.
+    let expirer = match with_engine {
+        Some(hook) => {
+            tasks.extend(hook(&state.engine));
+            None
+        }
+        None => Some(tokio::spawn(expire_proposals(
+            state.engine.clone(),
+            stop_rx.clone(),
+        ))),
+    };
     let sole_replica = store.backend() == crate::store::Backend::Sqlite;
     let maintainer = tokio::spawn(state.engine.clone().maintain(sole_replica, stop_rx.clone()));
     let prober = tokio::spawn(crate::llm::probe::run(
@@ -385,7 +404,9 @@ async fn run_server(server: Server) -> Result<(), String> {
     }
     let _ = prober.await;
     let _ = plugins.await;
-    let _ = expirer.await;
+    if let Some(e) = expirer {
+        let _ = e.await;
+    }
     let _ = maintainer.await;
     drop(config_tx);
     store.close().await;

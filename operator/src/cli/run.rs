@@ -6,6 +6,7 @@ use crate::http::auth::AuthMode;
 use crate::live::LiveConfig;
 use crate::metrics::Metrics;
 use crate::operator::lease::{self, LeaseConfig};
+use crate::operator::proposals::ClusterProposals;
 use crate::operator::status::{self, StatusWriter};
 use crate::operator::watch::{self, Observed, Scope};
 use crate::store::{Store, redact_url};
@@ -100,15 +101,25 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     ));
     let probes = crate::llm::probe::ProbeBoard::default();
     let plugins = channel::channel(Arc::new(crate::tools::PluginSet::default()));
-    let duties = tokio::spawn(leader_duties(LeaderDuties {
+    let proposals = ClusterProposals::new(client.clone(), Some(identity.clone()));
+    let duties = LeaderDuties {
         writer: StatusWriter::new(client.clone(), Some(identity)),
+        proposals: proposals.clone(),
+        engine: None,
         observed,
         config: config_tx.subscribe(),
         probes: probes.clone(),
         plugins: plugins.1.clone(),
         leader: leader_rx,
         stop: stop_rx.clone(),
-    }));
+    };
+    let with_engine: super::EngineHook = Box::new(move |engine| {
+        let _ = engine.cluster.set(proposals);
+        vec![tokio::spawn(leader_duties(LeaderDuties {
+            engine: Some(engine.clone()),
+            ..duties
+        }))]
+    });
 
     run_server(Server {
         config_tx,
@@ -122,7 +133,8 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         probes,
         plugins,
         stop: (stop_tx, stop_rx),
-        tasks: vec![compile, election, duties],
+        tasks: vec![compile, election],
+        with_engine: Some(with_engine),
     })
     .await
 }
@@ -142,6 +154,8 @@ fn hostname() -> String {
 
 struct LeaderDuties {
     writer: StatusWriter,
+    proposals: ClusterProposals,
+    engine: Option<Arc<crate::chat::Engine>>,
     observed: Observed,
     config: channel::Receiver<Arc<LiveConfig>>,
     probes: crate::llm::probe::ProbeBoard,
@@ -150,9 +164,9 @@ struct LeaderDuties {
     stop: channel::Receiver<bool>,
 }
 
-/// What only the leader does: write statuses (and their Events). Runs on every change of
-/// the configuration, the watched objects or the lead, and every 10 s (probe results,
-/// retries).
+/// What only the leader does: write statuses (and their Events) and move proposals
+/// (expiry, decisions, execution). Runs on every change of the configuration, the watched
+/// objects or the lead, and every 2 s (expiry, probe results, retries).
 async fn leader_duties(mut d: LeaderDuties) {
     let mut changes = d.observed.changed.subscribe();
     loop {
@@ -175,6 +189,13 @@ async fn leader_duties(mut d: LeaderDuties) {
                     jiff::Timestamp::now(),
                 );
                 d.writer.apply(updates).await;
+                if let Some(engine) = &d.engine {
+                    let (proposals, _) = watch::convert::<crate::crd::ActionProposal>(
+                        &d.observed.proposals.state(),
+                        "ActionProposal",
+                    );
+                    d.proposals.reconcile(engine, &proposals).await;
+                }
             }
         } else {
             d.writer.reset();
@@ -183,7 +204,7 @@ async fn leader_duties(mut d: LeaderDuties) {
             _ = d.config.changed() => {}
             _ = d.leader.changed() => {}
             _ = changes.changed() => {}
-            _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
             _ = d.stop.changed() => return,
         }
     }

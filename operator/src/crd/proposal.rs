@@ -133,6 +133,12 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 2048))]
     pub reason: Option<String>,
+    /// The decider's groups as the API server knows them (`kubectl kortex` fills them in
+    /// from a SelfSubjectReview; the admission policy checks they are the writer's own).
+    /// Used for the policy's `approverGroups` and for the SubjectAccessReview before
+    /// execution.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<String>,
 }
 
 /// Approve or reject.

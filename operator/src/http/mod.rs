@@ -179,7 +179,26 @@ pub async fn serve(
     app: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+    let (fired_tx, mut fired) = tokio::sync::watch::channel(false);
+    let signal = async move {
+        shutdown.await;
+        let _ = fired_tx.send(true);
+    };
+    let server = axum::serve(listener, app).with_graceful_shutdown(signal);
+    // Event streams never finish on their own: after the signal, requests get DRAIN to
+    // complete, then the process goes on stopping (clients reconnect with Last-Event-ID).
+    let drained = async move {
+        let _ = fired.wait_for(|f| *f).await;
+        tokio::time::sleep(DRAIN).await;
+    };
+    tokio::select! {
+        result = server => result,
+        _ = drained => {
+            tracing::info!("open connections (event streams) closed after {}s", DRAIN.as_secs());
+            Ok(())
+        }
+    }
 }
+
+/// How long open requests may finish after a shutdown signal.
+pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);

@@ -49,9 +49,12 @@ pub async fn list(
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    crate::chat::proposals::expire(&state.engine)
-        .await
-        .map_err(ApiError::internal)?;
+    // In cluster mode the leader expires the ActionProposals and mirrors them here.
+    if state.engine.cluster.get().is_none() {
+        crate::chat::proposals::expire(&state.engine)
+            .await
+            .map_err(ApiError::internal)?;
+    }
     let rows = state
         .store
         .list_proposals(q.phase.as_deref(), 500)
@@ -120,6 +123,26 @@ async fn decide(
             .map_err(|e| ApiError::invalid(format!("expected {{\"reason\": \"...\"}}: {e}")))?
             .reason
     };
+    if state.engine.cluster.get().is_some() {
+        let p = state
+            .store
+            .get_proposal(&id)
+            .await
+            .map_err(ApiError::internal)?
+            .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
+        // The decision must be written by the human themselves, so that RBAC and the
+        // admission policy judge them; Kortex's own rights are never used for it.
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "decide_with_kubectl",
+            format!(
+                "in cluster mode a decision is written to the ActionProposal by the person deciding: kubectl kortex {} {} -n {}",
+                verdict.to_ascii_lowercase(),
+                p.name,
+                p.namespace
+            ),
+        ));
+    }
     crate::chat::proposals::expire(&state.engine)
         .await
         .map_err(ApiError::internal)?;

@@ -5,7 +5,9 @@
 //! is also the preview shown when the proposal is made — and records what undoes it.
 
 use crate::crd::ProposalTarget;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use serde_json::{Value, json};
 
 /// Field manager of Kortex's writes to workloads.
@@ -91,7 +93,7 @@ pub fn validate(action: &Action) -> Result<(), String> {
                 return Err("rollback is supported for Deployments only".into());
             }
             if let Some(v) = action.params.get("toRevision")
-                && !v.as_i64().is_some_and(|n| n > 0)
+                && v.as_i64().is_none_or(|n| n <= 0)
             {
                 return Err("params.toRevision must be a positive revision number".into());
             }
@@ -119,7 +121,11 @@ impl Executor {
             plural(&action.target.kind)?,
         );
         let namespace = action.target.namespace.as_deref().unwrap_or("default");
-        Ok(Api::namespaced_with(self.client.clone(), namespace, &resource))
+        Ok(Api::namespaced_with(
+            self.client.clone(),
+            namespace,
+            &resource,
+        ))
     }
 
     /// What the action would change (a server-side dry run), with warnings about other
@@ -128,10 +134,13 @@ impl Executor {
         validate(action)?;
         let api = self.api(action)?;
         let name = &action.target.name;
-        let current = api
-            .get(name)
-            .await
-            .map_err(|e| format!("cannot read {} {name}: {}", action.target.kind, api_error(&e)))?;
+        let current = api.get(name).await.map_err(|e| {
+            format!(
+                "cannot read {} {name}: {}",
+                action.target.kind,
+                api_error(&e)
+            )
+        })?;
         let after = self.apply(&api, &current, action, true).await?;
         let mut warnings = gitops_warnings(&current);
         if action.verb == "scale" {
@@ -151,15 +160,23 @@ impl Executor {
         validate(action)?;
         let api = self.api(action)?;
         let name = &action.target.name;
-        let current = api
-            .get(name)
-            .await
-            .map_err(|e| format!("cannot read {} {name}: {}", action.target.kind, api_error(&e)))?;
+        let current = api.get(name).await.map_err(|e| {
+            format!(
+                "cannot read {} {name}: {}",
+                action.target.kind,
+                api_error(&e)
+            )
+        })?;
         self.apply(&api, &current, action, true).await?;
         let after = self.apply(&api, &current, action, false).await?;
         let target = json!(action.target);
         let current_value = serde_json::to_value(&current).unwrap_or_default();
-        let what = format!("{} {}/{}", action.target.kind, action.target.namespace.as_deref().unwrap_or_default(), name);
+        let what = format!(
+            "{} {}/{}",
+            action.target.kind,
+            action.target.namespace.as_deref().unwrap_or_default(),
+            name
+        );
         Ok(match action.verb.as_str() {
             "restart" => Executed {
                 message: format!(
@@ -175,7 +192,9 @@ impl Executor {
                 let now = action.params["replicas"].as_i64().unwrap_or_default();
                 Executed {
                     message: format!("scaled {what} from {before} to {now} replicas"),
-                    undo: Some(json!({"action": "scale", "target": target, "params": {"replicas": before}})),
+                    undo: Some(
+                        json!({"action": "scale", "target": target, "params": {"replicas": before}}),
+                    ),
                 }
             }
             _ => {
@@ -202,9 +221,11 @@ impl Executor {
         dry_run: bool,
     ) -> Result<Value, String> {
         let name = &action.target.name;
-        let mut params = PatchParams::default();
-        params.field_manager = Some(FIELD_MANAGER.into());
-        params.dry_run = dry_run;
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            dry_run,
+            ..Default::default()
+        };
         let result = match action.verb.as_str() {
             "restart" => {
                 let now = jiff::Timestamp::now().to_string();
@@ -246,7 +267,11 @@ impl Executor {
 
     /// The pod template of the revision to go back to: `toRevision`, or the newest one
     /// before the current revision.
-    async fn rollback_template(&self, action: &Action, deployment: &DynamicObject) -> Result<Value, String> {
+    async fn rollback_template(
+        &self,
+        action: &Action,
+        deployment: &DynamicObject,
+    ) -> Result<Value, String> {
         let namespace = action.target.namespace.as_deref().unwrap_or("default");
         let current = revision(&serde_json::to_value(deployment).unwrap_or_default()).unwrap_or(0);
         let uid = deployment.metadata.uid.clone().unwrap_or_default();
@@ -254,7 +279,8 @@ impl Executor {
             &GroupVersionKind::gvk("apps", "v1", "ReplicaSet"),
             "replicasets",
         );
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &resource);
         let list = api
             .list(&Default::default())
             .await
@@ -280,8 +306,14 @@ impl Executor {
             None => owned.iter().find(|(rev, _)| *rev < current),
         }
         .ok_or_else(|| match wanted {
-            Some(r) => format!("revision {r} of Deployment {} no longer exists", action.target.name),
-            None => format!("Deployment {} has no earlier revision to roll back to", action.target.name),
+            Some(r) => format!(
+                "revision {r} of Deployment {} no longer exists",
+                action.target.name
+            ),
+            None => format!(
+                "Deployment {} has no earlier revision to roll back to",
+                action.target.name
+            ),
         })?;
         if chosen.0 == current {
             return Err(format!("revision {current} is already the current one"));
@@ -299,7 +331,8 @@ impl Executor {
             &GroupVersionKind::gvk("autoscaling", "v2", "HorizontalPodAutoscaler"),
             "horizontalpodautoscalers",
         );
-        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &resource);
         let Ok(list) = api.list(&Default::default()).await else {
             return Vec::new();
         };
@@ -333,9 +366,9 @@ pub fn gitops_warnings(object: &DynamicObject) -> Vec<String> {
         .filter_map(|m| m.manager.clone())
         .collect();
     let mut out = Vec::new();
-    let argo = labels.get("argocd.argoproj.io/instance").or(labels.get("app.kubernetes.io/instance").filter(|_| {
-        annotations.contains_key("argocd.argoproj.io/tracking-id")
-    }));
+    let argo = labels.get("argocd.argoproj.io/instance").or(labels
+        .get("app.kubernetes.io/instance")
+        .filter(|_| annotations.contains_key("argocd.argoproj.io/tracking-id")));
     if argo.is_some()
         || annotations.contains_key("argocd.argoproj.io/tracking-id")
         || managers.iter().any(|m| m.starts_with("argocd"))
@@ -348,7 +381,11 @@ pub fn gitops_warnings(object: &DynamicObject) -> Vec<String> {
     let flux = labels
         .get("kustomize.toolkit.fluxcd.io/name")
         .or(labels.get("helm.toolkit.fluxcd.io/name"));
-    if flux.is_some() || managers.iter().any(|m| m == "kustomize-controller" || m == "helm-controller") {
+    if flux.is_some()
+        || managers
+            .iter()
+            .any(|m| m == "kustomize-controller" || m == "helm-controller")
+    {
         out.push(format!(
             "managed by Flux{}: it reverts manual changes at its next reconciliation; change Git instead or suspend it",
             flux.map(|f| format!(" ({f})")).unwrap_or_default()
@@ -361,7 +398,9 @@ pub fn gitops_warnings(object: &DynamicObject) -> Vec<String> {
 fn summary(action: &Action, object: &impl serde::Serialize) -> Value {
     let o = serde_json::to_value(object).unwrap_or_default();
     match action.verb.as_str() {
-        "restart" => json!({"restartedAt": o["spec"]["template"]["metadata"]["annotations"][RESTARTED_AT]}),
+        "restart" => {
+            json!({"restartedAt": o["spec"]["template"]["metadata"]["annotations"][RESTARTED_AT]})
+        }
         "scale" => json!({"replicas": o["spec"]["replicas"]}),
         _ => json!({"revision": revision(&o), "images": images(&o["spec"]["template"])}),
     }
@@ -415,10 +454,22 @@ mod tests {
             (action("delete", "Deployment", json!({})), "not an action"),
             (action("restart", "CronJob", json!({})), "not CronJob"),
             (action("scale", "Deployment", json!({})), "params.replicas"),
-            (action("scale", "Deployment", json!({"replicas": -1})), "params.replicas"),
-            (action("scale", "DaemonSet", json!({"replicas": 2})), "cannot be scaled"),
-            (action("rollback", "StatefulSet", json!({})), "Deployments only"),
-            (action("rollback", "Deployment", json!({"toRevision": "x"})), "toRevision"),
+            (
+                action("scale", "Deployment", json!({"replicas": -1})),
+                "params.replicas",
+            ),
+            (
+                action("scale", "DaemonSet", json!({"replicas": 2})),
+                "cannot be scaled",
+            ),
+            (
+                action("rollback", "StatefulSet", json!({})),
+                "Deployments only",
+            ),
+            (
+                action("rollback", "Deployment", json!({"toRevision": "x"})),
+                "toRevision",
+            ),
         ] {
             let e = validate(&a).err().unwrap_or_default();
             assert!(e.contains(why), "{a:?}: {e}");
@@ -437,7 +488,10 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let w = gitops_warnings(&o);
         assert_eq!(w.len(), 2, "{w:?}");
-        assert!(w[0].contains("Argo CD") && w[1].contains("Flux (apps)"), "{w:?}");
+        assert!(
+            w[0].contains("Argo CD") && w[1].contains("Flux (apps)"),
+            "{w:?}"
+        );
         let plain: DynamicObject = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "api", "managedFields": [{"manager": "kubectl-client-side-apply"}]}}))
         .unwrap_or_else(|e| panic!("{e}"));

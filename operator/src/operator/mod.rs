@@ -4,5 +4,6 @@
 
 pub mod executor;
 pub mod lease;
+pub mod proposals;
 pub mod status;
 pub mod watch;

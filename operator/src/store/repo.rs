@@ -843,6 +843,49 @@ impl Store {
         .await
     }
 
+    /// The proposal mirrored from the cluster object `namespace/name`.
+    pub async fn get_proposal_by_name(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ProposalRecord>, StoreError> {
+        let row = sqlx::query(concat!(
+            proposal_select!(),
+            " WHERE namespace = $1 AND name = $2 ORDER BY created_at DESC LIMIT 1"
+        ))
+        .bind(namespace)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(proposal_row).transpose()
+    }
+
+    /// Mirrors the state of a cluster `ActionProposal` (the cluster is authoritative):
+    /// phase, decision, message, and `preview`/`undo` when given. Returns the row, or
+    /// `None` when no proposal of that name is mirrored.
+    pub async fn mirror_proposal(
+        &self,
+        id: &str,
+        phase: &str,
+        decision: Option<&Value>,
+        message: Option<&str>,
+        undo: Option<&Value>,
+    ) -> Result<Option<ProposalRecord>, StoreError> {
+        sqlx::query(
+            "UPDATE proposals SET phase = $1, decision = COALESCE($2, decision), message = $3, \
+             undo = COALESCE($4, undo), updated_at = $5, version = version + 1 WHERE id = $6",
+        )
+        .bind(phase)
+        .bind(decision.map(json_text))
+        .bind(message)
+        .bind(undo.map(json_text))
+        .bind(now_ms())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        self.get_proposal(id).await
+    }
+
     /// Moves a proposal to `phase` if it is still at `expected_version` (so two replicas can
     /// never both execute it). `preview` and `undo` are replaced only when given.
     pub async fn update_proposal_phase(

@@ -11,7 +11,7 @@ use std::time::Duration;
 /// The bearer token of the Jira bridge: must never reach the model.
 const BRIDGE_TOKEN: &str = "bridge-SECRET-7f3a9";
 
-fn tool_calls(calls: &[(&str, &str, Value)]) -> Reply {
+pub(crate) fn tool_calls(calls: &[(&str, &str, Value)]) -> Reply {
     let d = openai();
     let args: Vec<String> = calls.iter().map(|(_, _, a)| a.to_string()).collect();
     let refs: Vec<(&str, &str, &str)> = calls
@@ -31,7 +31,7 @@ fn tool_result(body: &Value, call_id: &str) -> Option<String> {
         .and_then(|m| m["content"].as_str().map(str::to_owned))
 }
 
-async fn wait_idle(client: &reqwest::Client, url: &str) -> Value {
+pub(crate) async fn wait_idle(client: &reqwest::Client, url: &str) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let s: Value = client

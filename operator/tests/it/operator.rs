@@ -30,6 +30,24 @@ struct State {
     objects: Vec<(String, Value)>,
     version: u64,
     seen: Vec<Seen>,
+    /// Users a SubjectAccessReview allows.
+    allowed: Vec<String>,
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target.as_object_mut(), patch.as_object()) {
+        (Some(t), Some(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        _ => *target = patch.clone(),
+    }
 }
 
 /// The fake API server.
@@ -157,6 +175,11 @@ impl FakeApi {
             "MODIFIED"
         } else {
             object["metadata"]["uid"] = json!(format!("uid-{version}"));
+            object["metadata"]["creationTimestamp"] = json!(
+                jiff::Timestamp::now()
+                    .strftime("%Y-%m-%dT%H:%M:%SZ")
+                    .to_string()
+            );
             object["metadata"]["generation"] = json!(1);
             st.objects.push((plural.to_owned(), object.clone()));
             "ADDED"
@@ -178,6 +201,21 @@ impl FakeApi {
                     && o["metadata"]["name"] == name
             })
             .map(|(_, o)| o.clone())
+    }
+
+    /// Lets SubjectAccessReviews allow `user`.
+    pub(crate) fn allow(&self, user: &str) {
+        self.lock().allowed.push(user.to_owned());
+    }
+
+    /// Objects of a kind.
+    pub(crate) fn list(&self, plural: &str) -> Vec<Value> {
+        self.lock()
+            .objects
+            .iter()
+            .filter(|(p, _)| p == plural)
+            .map(|(_, o)| o.clone())
+            .collect()
     }
 
     /// The requests seen so far.
@@ -300,7 +338,21 @@ impl FakeApi {
                     None => status(404, "NotFound", &format!("{plural} \"{name}\" not found")),
                 }
             }
+            (Method::POST, None, None) if plural == "subjectaccessreviews" => {
+                let user = body["spec"]["user"].as_str().unwrap_or_default().to_owned();
+                let allowed = self.lock().allowed.contains(&user);
+                let mut review = body.clone();
+                review["status"] = json!({"allowed": allowed});
+                (StatusCode::CREATED, axum::Json(review)).into_response()
+            }
             (Method::POST, None, None) => {
+                let mut body = body;
+                if body["metadata"]["name"].is_null()
+                    && let Some(prefix) = body["metadata"]["generateName"].as_str()
+                {
+                    let n = self.lock().version;
+                    body["metadata"]["name"] = json!(format!("{prefix}{:05x}", n * 7919 % 0xfffff));
+                }
                 let name = body["metadata"]["name"]
                     .as_str()
                     .unwrap_or_default()
@@ -347,10 +399,48 @@ impl FakeApi {
                 else {
                     return status(404, "NotFound", "not found");
                 };
+                // Server-side apply with a resourceVersion is a precondition.
+                if let Some(rv) = body["metadata"]["resourceVersion"].as_str()
+                    && current["metadata"]["resourceVersion"] != rv
+                {
+                    return status(
+                        409,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version and try again",
+                    );
+                }
                 current["status"] = body["status"].clone();
                 self.apply(&plural, current);
                 axum::Json(self.get(&plural, namespace.as_deref().unwrap_or_default(), &name))
                     .into_response()
+            }
+            (Method::PATCH, Some(name), sub) => {
+                let Some(mut current) =
+                    self.get(&plural, namespace.as_deref().unwrap_or_default(), &name)
+                else {
+                    return status(404, "NotFound", "not found");
+                };
+                match sub.as_deref() {
+                    Some("scale") => {
+                        let mut scale = json!({"spec": {"replicas": current["spec"]["replicas"]}});
+                        merge(&mut scale, &body);
+                        current["spec"]["replicas"] = scale["spec"]["replicas"].clone();
+                    }
+                    None => merge(&mut current, &body),
+                    Some(_) => return status(404, "NotFound", "no such subresource"),
+                }
+                if query_param(&query, "dryRun").is_none() {
+                    self.apply(&plural, current);
+                    current = self
+                        .get(&plural, namespace.as_deref().unwrap_or_default(), &name)
+                        .unwrap_or_default();
+                }
+                if sub.as_deref() == Some("scale") {
+                    return axum::Json(json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
+                        "metadata": current["metadata"], "spec": {"replicas": current["spec"]["replicas"]}}))
+                    .into_response();
+                }
+                axum::Json(current).into_response()
             }
             _ => status(405, "MethodNotAllowed", "not supported by the fake"),
         }
@@ -674,4 +764,297 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
         .unwrap_or_else(|e| panic!("{e}"));
     let _ = stop_b_tx.send(true);
     let _ = task_b.await;
+}
+
+fn deployment() -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "api", "namespace": "shop", "annotations": {"deployment.kubernetes.io/revision": "4"}},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "api"}},
+            "template": {"metadata": {"labels": {"app": "api"}}, "spec": {"containers": [{"name": "api", "image": "shop/api:4"}]}}}})
+}
+
+/// Starts `kortex run` on `fake` with a provider answering from `llm`; returns once ready.
+async fn start_run(fake: &FakeApi, dir: &std::path::Path, llm: &str) -> crate::binary::Server {
+    fake.apply("llmproviders", provider(llm));
+    fake.apply("secrets", secret(Some("sk-cluster-123")));
+    let kubeconfig = crate::cluster::write_kubeconfig(dir, &fake.url)
+        .display()
+        .to_string();
+    let db = format!("sqlite://{}", dir.join("k.db").display());
+    let server = crate::binary::Server::spawn(
+        &[
+            "run",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            &db,
+            "--kortex-namespace",
+            "kortex",
+            "--identity",
+            "pod-a",
+            "--probe-interval",
+            "3600s",
+        ],
+        &[("KUBECONFIG", kubeconfig.as_str())],
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while server.get("/readyz").await.0 != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ready:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server
+}
+
+fn proposal_named(fake: &FakeApi, prefix: &str) -> Option<Value> {
+    fake.list("actionproposals").into_iter().find(|p| {
+        p["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(prefix))
+    })
+}
+
+fn phase(fake: &FakeApi, name: &str) -> String {
+    fake.get("actionproposals", "shop", name)
+        .and_then(|p| p["status"]["phase"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// A model's proposal becomes an ActionProposal with a dry-run preview; a decision written
+/// by someone the cluster allows to restart the Deployment executes it once (the
+/// Deployment restarted, `Succeeded`, an Event, the database mirror and the session told);
+/// a decision by someone who may not do it themselves fails without touching anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proposals_are_created_decided_and_executed_in_the_cluster() {
+    use crate::investigation::{tool_calls, wait_idle};
+    use crate::llm::{openai, push, streamed};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, script) = crate::llm::mock().await;
+    fake.apply("deployments", deployment());
+    fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["restart", "scale"], "allowedNamespaces": ["shop"], "expireAfter": "10m"}}}));
+    fake.allow("bob");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run(&fake, dir.path(), &llm).await;
+    let client = crate::common::http_client();
+
+    let target =
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
+    for (call, action, params) in [
+        ("p1", "restart", json!({})),
+        ("p2", "scale", json!({"replicas": 5})),
+    ] {
+        push(
+            &script,
+            tool_calls(&[(
+                call,
+                "propose_action",
+                json!({"action": action, "target": target,
+            "params": params, "rationale": "pods are stuck after the config change"}),
+            )]),
+        );
+        push(
+            &script,
+            streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+        );
+    }
+    let session: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-9", "namespace": "team-a"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = session["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{session}"))
+        .to_owned();
+    for content in ["api is stuck, restart it", "and scale it to 5"] {
+        client
+            .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+            .json(&json!({"content": content}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The objects, in the target's namespace, with session, model, preview and expiry.
+    let restart = proposal_named(&fake, "restart-api-")
+        .unwrap_or_else(|| panic!("no restart proposal:\n{}", server.log()));
+    let name = restart["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(restart["metadata"]["namespace"], "shop");
+    assert_eq!(
+        restart["metadata"]["labels"]["kortex.dev/session"],
+        id.as_str()
+    );
+    assert_eq!(
+        restart["metadata"]["labels"]["kortex.dev/require-distinct-approver"],
+        "true"
+    );
+    assert_eq!(restart["spec"]["session"]["user"], "local");
+    assert_eq!(restart["spec"]["model"]["provider"], "gpt");
+    assert_eq!(restart["status"]["phase"], "Pending");
+    assert!(restart["status"]["expiresAt"].is_string(), "{restart}");
+    assert_eq!(restart["status"]["preview"]["dryRun"], true, "{restart}");
+    assert!(
+        restart["status"]["preview"]["after"]["restartedAt"].is_string(),
+        "{restart}"
+    );
+    // The preview was a dry run: the Deployment is untouched so far.
+    let api = fake.get("deployments", "shop", "api").unwrap_or_default();
+    assert!(
+        api["spec"]["template"]["metadata"]["annotations"].is_null(),
+        "{api}"
+    );
+    let scale = proposal_named(&fake, "scale-api-").unwrap_or_else(|| panic!("no scale proposal"));
+    let scale_name = scale["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(
+        scale["status"]["preview"]["before"]["replicas"], 2,
+        "{scale}"
+    );
+    assert_eq!(
+        scale["status"]["preview"]["after"]["replicas"], 5,
+        "{scale}"
+    );
+
+    // bob approves the restart (as `kubectl kortex approve` writes it).
+    let mut decided = restart.clone();
+    decided["spec"]["decision"] =
+        json!({"verdict": "Approve", "by": "bob", "groups": ["sre"], "reason": "go"});
+    fake.apply("actionproposals", decided);
+    fake.until("the restart to succeed", |f| phase(f, &name) == "Succeeded")
+        .await;
+    let api = fake.get("deployments", "shop", "api").unwrap_or_default();
+    assert!(
+        api["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
+            .is_string(),
+        "{api}"
+    );
+    let seen = fake.seen();
+    let reviews: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.path.ends_with("/subjectaccessreviews"))
+        .collect();
+    assert_eq!(reviews[0].body["spec"]["user"], "bob");
+    assert_eq!(reviews[0].body["spec"]["groups"], json!(["sre"]));
+    assert_eq!(
+        reviews[0].body["spec"]["resourceAttributes"]["verb"],
+        "patch"
+    );
+    assert_eq!(
+        reviews[0].body["spec"]["resourceAttributes"]["resource"],
+        "deployments"
+    );
+    // Executing was written conditioned on the resourceVersion read, then the result.
+    let writes: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| {
+            s.method == "PATCH" && s.path.ends_with(&format!("/actionproposals/{name}/status"))
+        })
+        .collect();
+    let executing = writes
+        .iter()
+        .find(|w| w.body["status"]["phase"] == "Executing")
+        .unwrap_or_else(|| panic!("{writes:?}"));
+    assert!(
+        executing.body["metadata"]["resourceVersion"].is_string(),
+        "{:?}",
+        executing.body
+    );
+    let real_patches = seen
+        .iter()
+        .filter(|s| {
+            s.method == "PATCH" && s.path == "/apis/apps/v1/namespaces/shop/deployments/api"
+        })
+        .filter(|s| !s.query.contains("dryRun"))
+        .count();
+    assert_eq!(real_patches, 1, "executed exactly once");
+    assert!(
+        seen.iter().any(|s| s.path.ends_with("/events")
+            && s.body["reason"] == "Executed"
+            && s.body["regarding"]["name"] == name.as_str()),
+        "an Event on the proposal"
+    );
+
+    // carol may not scale it herself: refused, the Deployment keeps 2 replicas.
+    let mut decided = scale.clone();
+    decided["spec"]["decision"] = json!({"verdict": "Approve", "by": "carol"});
+    fake.apply("actionproposals", decided);
+    fake.until("the scale to fail", |f| phase(f, &scale_name) == "Failed")
+        .await;
+    let failed = fake
+        .get("actionproposals", "shop", &scale_name)
+        .unwrap_or_default();
+    assert!(
+        failed["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("carol may not patch deployments/scale"),
+        "{failed}"
+    );
+    assert_eq!(
+        fake.get("deployments", "shop", "api").unwrap_or_default()["spec"]["replicas"],
+        2
+    );
+
+    // The database mirror and the session saw every change.
+    let (_, listed) = server.get("/chat/v1/proposals").await;
+    let listed: Value = serde_json::from_str(&listed).unwrap_or_default();
+    let phases: Vec<(String, String)> = listed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap_or_default().to_owned(),
+                p["status"]["phase"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        phases.contains(&(name.clone(), "Succeeded".into())),
+        "{listed}"
+    );
+    assert!(
+        phases.contains(&(scale_name.clone(), "Failed".into())),
+        "{listed}"
+    );
+    let events = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The stream follows live after the replay: read what arrives within the timeout.
+    let mut text = String::new();
+    let mut body = events.bytes_stream();
+    while let Ok(Some(Ok(chunk))) =
+        tokio::time::timeout(Duration::from_millis(500), body.next()).await
+    {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        text.contains("proposal.updated")
+            && text.contains("Succeeded")
+            && text.contains("Executing"),
+        "{text}"
+    );
+    drop(body);
+    assert!(server.terminate().success());
 }

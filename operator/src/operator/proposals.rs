@@ -1,0 +1,843 @@
+//! `ActionProposal` objects in cluster mode.
+//!
+//! The replica whose model proposed an action creates the object (in the target's
+//! namespace) and writes its initial status: `Pending`, `expiresAt` and the dry-run
+//! `preview`. From then on the leader alone moves it: `Expired` when undecided past
+//! `expiresAt` (a decision seen after it is void), `Rejected`, `Approved` (not executed:
+//! `execute: false`, or a verb Kortex does not carry out), or — for an allowed action and
+//! namespace, checked again now, and an approver a SubjectAccessReview shows may do it
+//! themselves — `Executing` (a status write conditioned on the resourceVersion read, so a
+//! lease hand-over can never execute twice), then `Succeeded` or `Failed` with the result
+//! and what undoes it. Every change is mirrored to the database (incident history) and
+//! sent to the proposing session as `proposal.updated`; Events record decisions and
+//! executions on the object.
+
+use super::executor::{self, Action, Executor};
+use crate::chat::Engine;
+use crate::chat::proposals::event;
+use crate::crd::{
+    ActionProposal, ActionProposalSpec, ChatPolicySpec, ProposalPhase, ProposalTarget, Verdict,
+};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// Annotation: the database id of the proposal's mirror.
+pub const ID_ANNOTATION: &str = "kortex.dev/proposal-id";
+/// Label: the proposing session's id.
+pub const SESSION_LABEL: &str = "kortex.dev/session";
+/// Label (`"true"`): the proposer may not decide (checked by the admission policy).
+pub const DISTINCT_LABEL: &str = "kortex.dev/require-distinct-approver";
+/// Annotation: comma-separated groups allowed to decide (checked by the admission policy).
+pub const GROUPS_ANNOTATION: &str = "kortex.dev/approver-groups";
+/// Annotation a human sets (with `kubectl kortex undo`) to ask for the inverse proposal.
+pub const UNDO_REQUEST_ANNOTATION: &str = "kortex.dev/undo-requested-by";
+/// Annotation Kortex sets on a proposal whose undo proposal it created.
+pub const UNDO_PROPOSAL_ANNOTATION: &str = "kortex.dev/undo-proposal";
+/// Field manager of proposal statuses.
+const FIELD_MANAGER: &str = "kortex";
+
+/// What the leader does with a proposal now.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Transition {
+    /// Nothing (waiting, or final).
+    Wait,
+    /// To a final phase without executing anything.
+    Final(ProposalPhase, String),
+    /// Execute it (after the SubjectAccessReview).
+    Execute(Action),
+}
+
+/// The pure phase rules: what the proposal's state, the governing policy (as it is now;
+/// `None` when it is gone) and the time call for.
+pub fn next(
+    p: &ActionProposal,
+    policy: Option<&ChatPolicySpec>,
+    now: jiff::Timestamp,
+) -> Transition {
+    let status = p.status.clone().unwrap_or_default();
+    match status.phase {
+        ProposalPhase::Pending => {}
+        ProposalPhase::Executing => {
+            return Transition::Final(
+                ProposalPhase::Failed,
+                "interrupted: the replica executing it stopped; check the target before proposing again".into(),
+            );
+        }
+        _ => return Transition::Wait,
+    }
+    let expired = status.expires_at.as_ref().is_some_and(|t| now >= t.0);
+    let Some(decision) = &p.spec.decision else {
+        return if expired {
+            Transition::Final(
+                ProposalPhase::Expired,
+                "not decided before it expired".into(),
+            )
+        } else {
+            Transition::Wait
+        };
+    };
+    if expired {
+        return Transition::Final(
+            ProposalPhase::Expired,
+            format!(
+                "decided by {} after it expired; the decision is void",
+                decision.by
+            ),
+        );
+    }
+    let reason = decision
+        .reason
+        .as_deref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default();
+    if decision.verdict == Verdict::Reject {
+        return Transition::Final(
+            ProposalPhase::Rejected,
+            format!("rejected by {}{reason}", decision.by),
+        );
+    }
+    let approved = format!("approved by {}{reason}", decision.by);
+    let Some(policy) = policy else {
+        return Transition::Final(
+            ProposalPhase::Approved,
+            format!("{approved}; not executed: the ChatPolicy that governed it no longer exists"),
+        );
+    };
+    let rules = &policy.proposals;
+    let refused = |why: String| {
+        Transition::Final(
+            ProposalPhase::Failed,
+            format!("{approved}; not executed: {why}"),
+        )
+    };
+    if rules.require_distinct_approver && decision.by == p.spec.session.user {
+        return refused(format!(
+            "{} proposed it in their own session and the policy requires someone else to approve",
+            decision.by
+        ));
+    }
+    if !rules.approver_groups.is_empty()
+        && !decision
+            .groups
+            .iter()
+            .any(|g| rules.approver_groups.contains(g))
+    {
+        return refused(format!(
+            "{} is not in the policy's approverGroups ({})",
+            decision.by,
+            rules.approver_groups.join(", ")
+        ));
+    }
+    if !rules.execute {
+        return Transition::Final(
+            ProposalPhase::Approved,
+            format!("{approved}; the policy leaves execution to other automation (execute: false)"),
+        );
+    }
+    if !executor::EXECUTABLE.contains(&p.spec.action.as_str()) {
+        return Transition::Final(
+            ProposalPhase::Approved,
+            format!(
+                "{approved}; Kortex does not carry out {} (left for other automation)",
+                p.spec.action
+            ),
+        );
+    }
+    if !rules.allowed_actions.contains(&p.spec.action) {
+        return refused(format!("the policy no longer allows {}", p.spec.action));
+    }
+    let Some(target) = p.spec.target.clone() else {
+        return refused("the proposal has no target".into());
+    };
+    let namespace = target.namespace.clone().unwrap_or_default();
+    if !crate::glob::any_matches(&rules.allowed_namespaces, &namespace) {
+        return refused(format!(
+            "the policy no longer allows actions in namespace {namespace}"
+        ));
+    }
+    let action = Action {
+        verb: p.spec.action.clone(),
+        target,
+        params: p.spec.params.clone().unwrap_or(json!({})),
+    };
+    if let Err(e) = executor::validate(&action) {
+        return refused(e);
+    }
+    Transition::Execute(action)
+}
+
+/// Proposals in a cluster: creation (any replica) and the lifecycle (the leader).
+#[derive(Clone)]
+pub struct ClusterProposals {
+    client: kube::Client,
+    executor: Executor,
+    recorder: Arc<Recorder>,
+}
+
+impl ClusterProposals {
+    /// Proposals acting as `client` (Kortex's service account).
+    pub fn new(client: kube::Client, identity: Option<String>) -> Self {
+        let reporter = kube::runtime::events::Reporter {
+            controller: "kortex".into(),
+            instance: identity,
+        };
+        Self {
+            executor: Executor::new(client.clone()),
+            recorder: Arc::new(Recorder::new(client.clone(), reporter)),
+            client,
+        }
+    }
+
+    /// Creates the object, with its dry-run preview and initial status. Returns its name
+    /// and the preview.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn create(
+        &self,
+        id: &str,
+        base_name: &str,
+        namespace: &str,
+        spec: ActionProposalSpec,
+        policy: &ChatPolicySpec,
+        expires_at: jiff::Timestamp,
+    ) -> Result<(String, Value), String> {
+        let mut object = ActionProposal::new("", spec);
+        object.metadata.name = None;
+        object.metadata.generate_name = Some(format!("{base_name}-"));
+        object.metadata.namespace = Some(namespace.to_owned());
+        let mut labels = std::collections::BTreeMap::from([(
+            SESSION_LABEL.to_owned(),
+            object.spec.session.id.clone(),
+        )]);
+        if policy.proposals.require_distinct_approver {
+            labels.insert(DISTINCT_LABEL.to_owned(), "true".to_owned());
+        }
+        let mut annotations =
+            std::collections::BTreeMap::from([(ID_ANNOTATION.to_owned(), id.to_owned())]);
+        if !policy.proposals.approver_groups.is_empty() {
+            annotations.insert(
+                GROUPS_ANNOTATION.to_owned(),
+                policy.proposals.approver_groups.join(","),
+            );
+        }
+        object.metadata.labels = Some(labels);
+        object.metadata.annotations = Some(annotations);
+        let api: Api<ActionProposal> = Api::namespaced(self.client.clone(), namespace);
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        let created = api.create(&params, &object).await.map_err(|e| {
+            format!(
+                "could not create the ActionProposal in {namespace}: {}",
+                kube_error(&e)
+            )
+        })?;
+        let name = created.name_any();
+        let preview = self.preview(&created.spec).await;
+        let status = json!({
+            "phase": "Pending",
+            "expiresAt": expires_at.to_string(),
+            "message": "waiting for a decision",
+            "preview": preview,
+            "observedGeneration": created.metadata.generation,
+        });
+        if let Err(e) = self.write_status(&api, &name, None, &status).await {
+            // The leader fills in a missing status; the proposal is not lost.
+            tracing::warn!(proposal = %name, error = %e, "cannot write the initial proposal status");
+        }
+        Ok((name, preview))
+    }
+
+    /// The dry-run preview of a proposal (or why there is none).
+    async fn preview(&self, spec: &ActionProposalSpec) -> Value {
+        if !executor::EXECUTABLE.contains(&spec.action.as_str()) {
+            return json!({"note": format!("Kortex does not carry out {}; approving it records the decision for other automation", spec.action)});
+        }
+        let Some(target) = spec.target.clone() else {
+            return json!({"error": "no target"});
+        };
+        let action = Action {
+            verb: spec.action.clone(),
+            target,
+            params: spec.params.clone().unwrap_or(json!({})),
+        };
+        match self.executor.preview(&action).await {
+            Ok(p) => p,
+            Err(e) => json!({"error": e}),
+        }
+    }
+
+    /// Writes the whole status by server-side apply; with `resource_version`, only if the
+    /// object is still at that version (409 otherwise).
+    async fn write_status(
+        &self,
+        api: &Api<ActionProposal>,
+        name: &str,
+        resource_version: Option<&str>,
+        status: &Value,
+    ) -> Result<(), kube::Error> {
+        let mut body = json!({
+            "apiVersion": crate::crd::API_VERSION,
+            "kind": "ActionProposal",
+            "metadata": {"name": name},
+            "status": status,
+        });
+        if let Some(rv) = resource_version {
+            body["metadata"]["resourceVersion"] = json!(rv);
+        }
+        api.patch_status(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// One pass of the leader over every proposal.
+    pub async fn reconcile(&self, engine: &Engine, proposals: &[ActionProposal]) {
+        let config = engine.config.borrow().clone();
+        let now = jiff::Timestamp::now();
+        for p in proposals {
+            let record = match p.annotations().get(ID_ANNOTATION) {
+                Some(id) => engine.store.get_proposal(id).await.ok().flatten(),
+                None => None,
+            };
+            let policy = record
+                .as_ref()
+                .and_then(|r| r.policy.as_deref())
+                .and_then(|q| q.split_once('/'))
+                .and_then(|(ns, name)| {
+                    config
+                        .catalog
+                        .policies
+                        .get(&crate::catalog::ObjectKey::new(ns, name))
+                })
+                .map(|e| &e.object.spec);
+            let mut p = p.clone();
+            // A proposal whose creator died before writing its status gets one.
+            if p.status
+                .as_ref()
+                .and_then(|s| s.expires_at.as_ref())
+                .is_none()
+                && p.status
+                    .as_ref()
+                    .is_none_or(|s| s.phase == ProposalPhase::Pending)
+            {
+                let created = p.metadata.creation_timestamp.as_ref().map_or(now, |t| t.0);
+                // The creator writes it (with the preview) right after creating the object.
+                if now < created + jiff::SignedDuration::from_secs(30) {
+                    continue;
+                }
+                let expire = policy.map_or(std::time::Duration::from_secs(600), |s| {
+                    s.proposals.expire_after.into()
+                });
+                let expires_at =
+                    created + jiff::SignedDuration::try_from(expire).unwrap_or_default();
+                let status = json!({"phase": "Pending", "expiresAt": expires_at.to_string(), "message": "waiting for a decision"});
+                let api: Api<ActionProposal> =
+                    Api::namespaced(self.client.clone(), &p.namespace().unwrap_or_default());
+                if let Err(e) = self.write_status(&api, &p.name_any(), None, &status).await {
+                    tracing::warn!(proposal = %p.name_any(), error = %e, "cannot write a proposal status");
+                    continue;
+                }
+                p.status = serde_json::from_value(status).ok();
+            }
+            match next(&p, policy, now) {
+                Transition::Wait => {}
+                Transition::Final(phase, message) => {
+                    self.finish(engine, &p, record.as_ref(), phase, &message, None)
+                        .await;
+                }
+                Transition::Execute(action) => {
+                    self.execute(engine, &p, record.as_ref(), action).await
+                }
+            }
+            if p.status
+                .as_ref()
+                .is_some_and(|s| s.phase == ProposalPhase::Succeeded)
+            {
+                self.undo_if_requested(engine, &p, record.as_ref()).await;
+            }
+        }
+    }
+
+    async fn execute(
+        &self,
+        engine: &Engine,
+        p: &ActionProposal,
+        record: Option<&crate::store::ProposalRecord>,
+        action: Action,
+    ) {
+        let decision = p.spec.decision.clone();
+        let by = decision.as_ref().map(|d| d.by.clone()).unwrap_or_default();
+        // Kortex's rights are never lent: the approver must be allowed the action.
+        match self.approver_may(&action, decision.as_ref()).await {
+            Ok(true) => {}
+            Ok(false) => {
+                let (group, resource, sub) = executor::required_access(&action).unwrap_or_default();
+                let message = format!(
+                    "approved by {by}; not executed: {by} may not patch {resource}{}{} in {} themselves (SubjectAccessReview), and Kortex does not lend its rights",
+                    sub.map(|s| format!("/{s}")).unwrap_or_default(),
+                    if group.is_empty() {
+                        String::new()
+                    } else {
+                        format!(".{group}")
+                    },
+                    action.target.namespace.as_deref().unwrap_or_default()
+                );
+                self.finish(engine, p, record, ProposalPhase::Failed, &message, None)
+                    .await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(proposal = %p.name_any(), error = %e, "SubjectAccessReview failed; will retry");
+                return;
+            }
+        }
+        let namespace = p.namespace().unwrap_or_default();
+        let name = p.name_any();
+        let api: Api<ActionProposal> = Api::namespaced(self.client.clone(), &namespace);
+        let mut status =
+            serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
+        status["phase"] = json!("Executing");
+        status["message"] = json!(format!("approved by {by}; executing"));
+        // Conditioned on the version read: of two leaders, only one gets here.
+        match self
+            .write_status(&api, &name, p.metadata.resource_version.as_deref(), &status)
+            .await
+        {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => return,
+            Err(e) => {
+                tracing::warn!(proposal = %name, error = %e, "cannot move the proposal to Executing; will retry");
+                return;
+            }
+        }
+        self.mirror(
+            engine,
+            p,
+            record,
+            ProposalPhase::Executing,
+            &format!("approved by {by}; executing"),
+            None,
+        )
+        .await;
+        match self.executor.execute(&action).await {
+            Ok(done) => {
+                self.finish(
+                    engine,
+                    p,
+                    record,
+                    ProposalPhase::Succeeded,
+                    &done.message,
+                    done.undo,
+                )
+                .await
+            }
+            Err(e) => {
+                self.finish(engine, p, record, ProposalPhase::Failed, &e, None)
+                    .await
+            }
+        }
+    }
+
+    /// Whether the decider may carry out the action themselves.
+    async fn approver_may(
+        &self,
+        action: &Action,
+        decision: Option<&crate::crd::Decision>,
+    ) -> Result<bool, String> {
+        let Some(decision) = decision else {
+            return Ok(false);
+        };
+        let (group, resource, subresource) = executor::required_access(action)?;
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(decision.by.clone()),
+                groups: Some(decision.groups.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: action.target.namespace.clone(),
+                    verb: Some("patch".into()),
+                    group: Some(group),
+                    resource: Some(resource),
+                    subresource,
+                    name: Some(action.target.name.clone()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let result = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| kube_error(&e))?;
+        Ok(result.status.is_some_and(|s| s.allowed))
+    }
+
+    /// Writes a final (or `Executing`) phase, mirrors it and records an Event.
+    async fn finish(
+        &self,
+        engine: &Engine,
+        p: &ActionProposal,
+        record: Option<&crate::store::ProposalRecord>,
+        phase: ProposalPhase,
+        message: &str,
+        undo: Option<Value>,
+    ) {
+        let namespace = p.namespace().unwrap_or_default();
+        let name = p.name_any();
+        let api: Api<ActionProposal> = Api::namespaced(self.client.clone(), &namespace);
+        let mut status =
+            serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
+        status["phase"] = json!(phase.as_str());
+        status["message"] = json!(message);
+        status["observedGeneration"] = json!(p.metadata.generation);
+        if let Some(u) = &undo {
+            status["undo"] = u.clone();
+        }
+        if let Err(e) = self.write_status(&api, &name, None, &status).await {
+            tracing::warn!(proposal = %name, error = %e, "cannot write the proposal status; will retry");
+            return;
+        }
+        tracing::info!(proposal = %name, namespace = %namespace, phase = phase.as_str(), %message, "proposal updated");
+        self.mirror(engine, p, record, phase, message, undo.as_ref())
+            .await;
+        let warning = matches!(phase, ProposalPhase::Failed | ProposalPhase::Expired);
+        let (reason, action) = match phase {
+            ProposalPhase::Succeeded => ("Executed", "Execute"),
+            ProposalPhase::Failed => ("ExecutionFailed", "Execute"),
+            ProposalPhase::Expired => ("Expired", "Expire"),
+            ProposalPhase::Rejected => ("Rejected", "Decide"),
+            _ => ("Approved", "Decide"),
+        };
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.into(),
+            note: Some(message.chars().take(1000).collect()),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &p.object_ref(&())).await {
+            tracing::warn!(error = %e, "cannot publish an Event");
+        }
+    }
+
+    /// The database mirror and the session's `proposal.updated` event.
+    async fn mirror(
+        &self,
+        engine: &Engine,
+        p: &ActionProposal,
+        record: Option<&crate::store::ProposalRecord>,
+        phase: ProposalPhase,
+        message: &str,
+        undo: Option<&Value>,
+    ) {
+        let Some(record) = record else {
+            return;
+        };
+        let decision = p
+            .spec
+            .decision
+            .as_ref()
+            .and_then(|d| serde_json::to_value(d).ok());
+        if let Err(e) = engine
+            .store
+            .mirror_proposal(
+                &record.id,
+                phase.as_str(),
+                decision.as_ref(),
+                Some(message),
+                undo,
+            )
+            .await
+        {
+            tracing::warn!(proposal = %p.name_any(), error = %e, "cannot mirror the proposal to the database");
+        }
+        if let Some(session) = &record.session_id {
+            let _ = engine
+                .emit_session(
+                    session,
+                    event::UPDATED,
+                    json!({"proposalId": record.id, "name": p.name_any(), "phase": phase.as_str(), "message": message}),
+                )
+                .await;
+        }
+    }
+
+    /// Creates the inverse proposal when someone asked for it (`kubectl kortex undo`).
+    async fn undo_if_requested(
+        &self,
+        engine: &Engine,
+        p: &ActionProposal,
+        record: Option<&crate::store::ProposalRecord>,
+    ) {
+        let annotations = p.annotations();
+        let Some(requester) = annotations.get(UNDO_REQUEST_ANNOTATION) else {
+            return;
+        };
+        if annotations.contains_key(UNDO_PROPOSAL_ANNOTATION) {
+            return;
+        }
+        let Some(undo) = p.status.as_ref().and_then(|s| s.undo.clone()) else {
+            return;
+        };
+        let Ok(target) = serde_json::from_value::<ProposalTarget>(undo["target"].clone()) else {
+            return;
+        };
+        let config = engine.config.borrow().clone();
+        let policy = record
+            .and_then(|r| r.policy.as_deref())
+            .and_then(|q| q.split_once('/'))
+            .and_then(|(ns, name)| {
+                config
+                    .catalog
+                    .policies
+                    .get(&crate::catalog::ObjectKey::new(ns, name))
+            });
+        let Some(policy) = policy else {
+            return;
+        };
+        let spec = ActionProposalSpec {
+            action: undo["action"].as_str().unwrap_or_default().to_owned(),
+            target: Some(target),
+            params: undo.get("params").cloned(),
+            rationale: format!(
+                "Undo of {} ({}), requested by {requester}.",
+                p.name_any(),
+                p.spec.action
+            ),
+            blast_radius: p.spec.blast_radius.clone(),
+            reversible: Some(true),
+            session: p.spec.session.clone(),
+            model: None,
+            decision: None,
+        };
+        let now = jiff::Timestamp::now();
+        let expire: std::time::Duration = policy.object.spec.proposals.expire_after.into();
+        let expires_at = now + jiff::SignedDuration::try_from(expire).unwrap_or_default();
+        let id = crate::store::new_id();
+        let namespace = p.namespace().unwrap_or_default();
+        match self
+            .create(
+                &id,
+                &format!("undo-{}", p.name_any())
+                    .chars()
+                    .take(50)
+                    .collect::<String>(),
+                &namespace,
+                spec.clone(),
+                &policy.object.spec,
+                expires_at,
+            )
+            .await
+        {
+            Ok((name, preview)) => {
+                if let Some(r) = record {
+                    let copy = crate::store::ProposalRecord {
+                        id,
+                        name: name.clone(),
+                        action: spec.action.clone(),
+                        target: serde_json::to_value(&spec.target).ok(),
+                        params: spec.params.clone(),
+                        rationale: spec.rationale.clone(),
+                        user: requester.clone(),
+                        phase: "Pending".into(),
+                        decision: None,
+                        message: None,
+                        preview: Some(preview),
+                        undo: None,
+                        provider: None,
+                        model: None,
+                        expires_at: expires_at.as_millisecond(),
+                        created_at: now.as_millisecond(),
+                        updated_at: now.as_millisecond(),
+                        version: 1,
+                        ..r.clone()
+                    };
+                    let _ = engine.store.insert_proposal(&copy).await;
+                }
+                let api: Api<ActionProposal> = Api::namespaced(self.client.clone(), &namespace);
+                let patch = json!({"metadata": {"annotations": {UNDO_PROPOSAL_ANNOTATION: name}}});
+                if let Err(e) = api
+                    .patch(
+                        &p.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                {
+                    tracing::warn!(error = %e, "cannot record the undo proposal");
+                }
+                tracing::info!(proposal = %p.name_any(), undo = %name, "undo proposal created");
+            }
+            Err(e) => {
+                tracing::warn!(proposal = %p.name_any(), error = %e, "cannot create the undo proposal")
+            }
+        }
+    }
+}
+
+fn kube_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => crate::tools::plugin_http::error_chain(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proposal(decision: Option<Value>, phase: &str, expires_in: i64) -> ActionProposal {
+        let now = jiff::Timestamp::now();
+        serde_json::from_value(json!({
+            "apiVersion": "kortex.dev/v1alpha1", "kind": "ActionProposal",
+            "metadata": {"name": "restart-api-x", "namespace": "shop"},
+            "spec": {"action": "restart", "rationale": "OOM",
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+                "session": {"id": "s1", "name": "incident-1", "user": "alice"},
+                "decision": decision},
+            "status": {"phase": phase, "expiresAt": (now + jiff::SignedDuration::from_secs(expires_in)).to_string()}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn policy(extra: Value) -> ChatPolicySpec {
+        let mut spec = json!({"sessions": ["*"], "provider": "p",
+            "proposals": {"allowedActions": ["restart", "scale", "annotate"], "allowedNamespaces": ["shop"]}});
+        if let (Some(p), Some(e)) = (spec["proposals"].as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+        }
+        serde_json::from_value(spec).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn final_phase(t: &Transition) -> Option<(ProposalPhase, String)> {
+        match t {
+            Transition::Final(p, m) => Some((*p, m.clone())),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_phase_rules() {
+        let now = jiff::Timestamp::now();
+        let bob = json!({"verdict": "Approve", "by": "bob", "groups": ["sre"]});
+        let p = policy(json!({}));
+        // Undecided: waits, then expires.
+        assert_eq!(
+            next(&proposal(None, "Pending", 60), Some(&p), now),
+            Transition::Wait
+        );
+        assert_eq!(
+            final_phase(&next(&proposal(None, "Pending", -1), Some(&p), now)).map(|f| f.0),
+            Some(ProposalPhase::Expired)
+        );
+        // A decision seen after expiry is void.
+        let late = final_phase(&next(
+            &proposal(Some(bob.clone()), "Pending", -1),
+            Some(&p),
+            now,
+        ))
+        .unwrap_or_default();
+        assert_eq!(late.0, ProposalPhase::Expired);
+        assert!(late.1.contains("void"), "{}", late.1);
+        // Rejected, with the reason.
+        let no = json!({"verdict": "Reject", "by": "bob", "reason": "not now"});
+        assert_eq!(
+            final_phase(&next(&proposal(Some(no), "Pending", 60), Some(&p), now)),
+            Some((ProposalPhase::Rejected, "rejected by bob: not now".into()))
+        );
+        // Approved by someone else: executed.
+        assert!(
+            matches!(next(&proposal(Some(bob.clone()), "Pending", 60), Some(&p), now), Transition::Execute(a) if a.verb == "restart")
+        );
+        // The proposer may not approve their own.
+        let own = json!({"verdict": "Approve", "by": "alice"});
+        let f = final_phase(&next(
+            &proposal(Some(own.clone()), "Pending", 60),
+            Some(&p),
+            now,
+        ))
+        .unwrap_or_default();
+        assert_eq!(f.0, ProposalPhase::Failed);
+        assert!(matches!(
+            next(
+                &proposal(Some(own), "Pending", 60),
+                Some(&policy(json!({"requireDistinctApprover": false}))),
+                now
+            ),
+            Transition::Execute(_)
+        ));
+        // approverGroups.
+        let p_groups = policy(json!({"approverGroups": ["oncall"]}));
+        assert_eq!(
+            final_phase(&next(
+                &proposal(Some(bob.clone()), "Pending", 60),
+                Some(&p_groups),
+                now
+            ))
+            .map(|f| f.0),
+            Some(ProposalPhase::Failed)
+        );
+        // execute: false stops at Approved; so does a verb Kortex does not carry out.
+        assert_eq!(
+            final_phase(&next(
+                &proposal(Some(bob.clone()), "Pending", 60),
+                Some(&policy(json!({"execute": false}))),
+                now
+            ))
+            .map(|f| f.0),
+            Some(ProposalPhase::Approved)
+        );
+        let mut annotate = proposal(Some(bob.clone()), "Pending", 60);
+        annotate.spec.action = "annotate".into();
+        assert_eq!(
+            final_phase(&next(&annotate, Some(&p), now)).map(|f| f.0),
+            Some(ProposalPhase::Approved)
+        );
+        // The policy changed since: re-checked now.
+        let narrowed = policy(json!({"allowedNamespaces": ["other"]}));
+        let f = final_phase(&next(
+            &proposal(Some(bob.clone()), "Pending", 60),
+            Some(&narrowed),
+            now,
+        ))
+        .unwrap_or_default();
+        assert!(
+            f.0 == ProposalPhase::Failed && f.1.contains("namespace shop"),
+            "{f:?}"
+        );
+        // The policy is gone: approved, never executed.
+        assert_eq!(
+            final_phase(&next(
+                &proposal(Some(bob.clone()), "Pending", 60),
+                None,
+                now
+            ))
+            .map(|f| f.0),
+            Some(ProposalPhase::Approved)
+        );
+        // Final phases stay; an Executing one found by a new leader is never run again.
+        assert_eq!(
+            next(&proposal(Some(bob.clone()), "Succeeded", 60), Some(&p), now),
+            Transition::Wait
+        );
+        assert_eq!(
+            final_phase(&next(&proposal(Some(bob), "Executing", 60), Some(&p), now)).map(|f| f.0),
+            Some(ProposalPhase::Failed)
+        );
+    }
+}
