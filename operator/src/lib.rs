@@ -10,6 +10,7 @@ pub mod cli;
 pub mod crd;
 pub mod glob;
 pub mod http;
+pub mod kubectl_plugin;
 pub mod live;
 pub mod llm;
 pub mod metrics;

@@ -674,11 +674,22 @@ async fn events_resources_and_rollout_history() {
 
 /// A kubeconfig in `dir` for the API server at `api` (a made-up token).
 pub(crate) fn write_kubeconfig(dir: &std::path::Path, api: &str) -> std::path::PathBuf {
-    let path = dir.join("kubeconfig");
+    write_kubeconfig_as(dir, api, "not-a-real-token", "kubeconfig")
+}
+
+/// A kubeconfig file `file` in `dir` for the API server at `api`, with `token`, and the
+/// context's namespace `shop`.
+pub(crate) fn write_kubeconfig_as(
+    dir: &std::path::Path,
+    api: &str,
+    token: &str,
+    file: &str,
+) -> std::path::PathBuf {
+    let path = dir.join(file);
     std::fs::write(
         &path,
         format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: not-a-real-token}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u}}}}]\ncurrent-context: c\n"
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: {token}}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: shop}}}}]\ncurrent-context: c\n"
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));

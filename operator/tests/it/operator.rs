@@ -338,6 +338,19 @@ impl FakeApi {
                     None => status(404, "NotFound", &format!("{plural} \"{name}\" not found")),
                 }
             }
+            (Method::POST, None, None) if plural == "selfsubjectreviews" => {
+                // The bearer token says who it is: `<user>-token`.
+                let user = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .map(|t| t.trim_end_matches("-token").to_owned())
+                    .unwrap_or_default();
+                (StatusCode::CREATED, axum::Json(json!({"apiVersion": "authentication.k8s.io/v1",
+                    "kind": "SelfSubjectReview", "metadata": {},
+                    "status": {"userInfo": {"username": user, "groups": ["system:authenticated", "sre"]}}})))
+                .into_response()
+            }
             (Method::POST, None, None) if plural == "subjectaccessreviews" => {
                 let user = body["spec"]["user"].as_str().unwrap_or_default().to_owned();
                 let allowed = self.lock().allowed.contains(&user);
@@ -766,6 +779,29 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     let _ = task_b.await;
 }
 
+/// Runs `kubectl-kortex` with `kubeconfig`; whether it succeeded, and its output.
+async fn kubectl_kortex(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let (kubeconfig, args): (std::path::PathBuf, Vec<String>) = (
+        kubeconfig.to_path_buf(),
+        args.iter().map(|a| (*a).to_owned()).collect(),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-kortex"))
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|e| panic!("kubectl-kortex: {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
 fn deployment() -> Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "api", "namespace": "shop", "annotations": {"deployment.kubernetes.io/revision": "4"}},
@@ -933,13 +969,32 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         "{scale}"
     );
 
-    // bob approves the restart (as `kubectl kortex approve` writes it).
-    let mut decided = restart.clone();
-    decided["spec"]["decision"] =
-        json!({"verdict": "Approve", "by": "bob", "groups": ["sre"], "reason": "go"});
-    fake.apply("actionproposals", decided);
+    // `kubectl kortex list` shows them; bob approves the restart with `kubectl kortex`,
+    // which waits for the execution and reports it.
+    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let (ok, out) = kubectl_kortex(&bob, &["list"]).await;
+    assert!(
+        ok && out.contains(&name) && out.contains("Deployment/api") && out.contains("Pending"),
+        "{out}"
+    );
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--reason", "go"]).await;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains(&format!("{name}: approved by bob")) && out.contains("Succeeded"),
+        "{out}"
+    );
     fake.until("the restart to succeed", |f| phase(f, &name) == "Succeeded")
         .await;
+    let decision = &fake
+        .get("actionproposals", "shop", &name)
+        .unwrap_or_default()["spec"]["decision"];
+    assert_eq!(
+        decision,
+        &json!({"verdict": "Approve", "by": "bob", "groups": ["system:authenticated", "sre"], "reason": "go"})
+    );
+    // Decided is final.
+    let (ok, out) = kubectl_kortex(&bob, &["reject", &name]).await;
+    assert!(!ok && out.contains("already decided"), "{out}");
     let api = fake.get("deployments", "shop", "api").unwrap_or_default();
     assert!(
         api["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
@@ -952,7 +1007,10 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         .filter(|s| s.path.ends_with("/subjectaccessreviews"))
         .collect();
     assert_eq!(reviews[0].body["spec"]["user"], "bob");
-    assert_eq!(reviews[0].body["spec"]["groups"], json!(["sre"]));
+    assert_eq!(
+        reviews[0].body["spec"]["groups"],
+        json!(["system:authenticated", "sre"])
+    );
     assert_eq!(
         reviews[0].body["spec"]["resourceAttributes"]["verb"],
         "patch"
@@ -993,9 +1051,9 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
     );
 
     // carol may not scale it herself: refused, the Deployment keeps 2 replicas.
-    let mut decided = scale.clone();
-    decided["spec"]["decision"] = json!({"verdict": "Approve", "by": "carol"});
-    fake.apply("actionproposals", decided);
+    let carol = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "carol-token", "carol");
+    let (ok, out) = kubectl_kortex(&carol, &["approve", &scale_name]).await;
+    assert!(!ok && out.contains("Failed"), "{out}");
     fake.until("the scale to fail", |f| phase(f, &scale_name) == "Failed")
         .await;
     let failed = fake
@@ -1011,6 +1069,90 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
     assert_eq!(
         fake.get("deployments", "shop", "api").unwrap_or_default()["spec"]["replicas"],
         2
+    );
+
+    // A scale bob approves is undone on request: a new proposal, approved separately.
+    push(
+        &script,
+        tool_calls(&[(
+            "p3",
+            "propose_action",
+            json!({"action": "scale", "target": target,
+        "params": {"replicas": 3}, "rationale": "more headroom"}),
+        )]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+    );
+    client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "give it 3 replicas"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    fake.until("a third proposal", |f| f.list("actionproposals").len() == 3)
+        .await;
+    let third = fake
+        .list("actionproposals")
+        .into_iter()
+        .find(|p| p["spec"]["params"]["replicas"] == 3)
+        .unwrap_or_default();
+    let third_name = third["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    fake.until("its status", |f| phase(f, &third_name) == "Pending")
+        .await;
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &third_name]).await;
+    assert!(
+        ok && out.contains("scaled Deployment shop/api from 2 to 3 replicas"),
+        "{out}"
+    );
+    assert_eq!(
+        fake.get("deployments", "shop", "api").unwrap_or_default()["spec"]["replicas"],
+        3
+    );
+    let done = fake
+        .get("actionproposals", "shop", &third_name)
+        .unwrap_or_default();
+    assert_eq!(
+        done["status"]["undo"]["params"],
+        json!({"replicas": 2}),
+        "{done}"
+    );
+    let (ok, out) = kubectl_kortex(&bob, &["undo", &name]).await;
+    assert!(
+        !ok && out.contains("nothing to undo"),
+        "a restart cannot be undone: {out}"
+    );
+    let (ok, out) = kubectl_kortex(&bob, &["undo", &third_name]).await;
+    assert!(ok, "{out}");
+    fake.until("the undo proposal", |f| {
+        f.list("actionproposals").len() == 4
+    })
+    .await;
+    let undo = fake
+        .list("actionproposals")
+        .into_iter()
+        .find(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("undo-"))
+        })
+        .unwrap_or_default();
+    assert_eq!(undo["spec"]["action"], "scale");
+    assert_eq!(undo["spec"]["params"], json!({"replicas": 2}));
+    assert!(
+        undo["spec"]["decision"].is_null(),
+        "needs its own approval: {undo}"
+    );
+    let original = fake
+        .get("actionproposals", "shop", &third_name)
+        .unwrap_or_default();
+    assert_eq!(
+        original["metadata"]["annotations"]["kortex.dev/undo-proposal"],
+        undo["metadata"]["name"]
     );
 
     // The database mirror and the session saw every change.
