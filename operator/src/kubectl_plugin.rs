@@ -132,7 +132,7 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(|e| describe(&e, "list actionproposals"))?
                 .items;
-            items.sort_by(|a, b| b.creation_timestamp().cmp(&a.creation_timestamp()));
+            items.sort_by_key(|p| std::cmp::Reverse(p.creation_timestamp()));
             if let Some(phase) = &args.phase {
                 items.retain(|p| phase_of(p).eq_ignore_ascii_case(phase));
             }
