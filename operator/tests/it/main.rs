@@ -1,5 +1,6 @@
 //! Integration tests: one binary (it links once), one module per area.
 
+mod admission;
 mod binary;
 mod chat;
 mod cluster;

@@ -25,7 +25,11 @@ fn samples_cover_every_kind_and_provider_type() {
             .collect::<Vec<_>>()
     );
     let o = &snap.objects;
-    assert!(!o.tools.is_empty() && !o.policies.is_empty() && !o.proposals.is_empty());
+    // ActionProposals are created by Kortex only (the admission policy refuses anyone
+    // else), so `kubectl apply -f config/samples` must not contain one.
+    assert!(!o.tools.is_empty() && !o.policies.is_empty() && o.proposals.is_empty());
+    let example = load("docs/examples");
+    assert!(example.problems.is_empty() && example.objects.proposals.len() == 1);
     let mut types: Vec<&str> = o
         .providers
         .iter()
