@@ -100,6 +100,9 @@ pub struct Engine {
     live: Mutex<std::collections::HashSet<String>>,
     /// In cluster mode, proposals are `ActionProposal` objects (set once at start-up).
     pub cluster: std::sync::OnceLock<crate::operator::proposals::ClusterProposals>,
+    /// The latest Kubernetes token of each session's user (memory only, never stored):
+    /// tools run as the user with it (`runToolsAsUser`).
+    tokens: Mutex<HashMap<String, crate::catalog::SecretValue>>,
 }
 
 impl Engine {
@@ -118,7 +121,20 @@ impl Engine {
             cancels: Mutex::new(HashMap::new()),
             live: Mutex::new(std::collections::HashSet::new()),
             cluster: std::sync::OnceLock::new(),
+            tokens: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Remembers the token a session's user last presented (memory only).
+    pub fn remember_token(&self, session_id: &str, token: crate::catalog::SecretValue) {
+        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.insert(session_id.to_owned(), token);
+    }
+
+    /// The token a session's user last presented, if any.
+    pub fn token_of(&self, session_id: &str) -> Option<crate::catalog::SecretValue> {
+        let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.get(session_id).cloned()
     }
 
     /// Live events of a session (subscribe before replaying from the database, then drop

@@ -113,6 +113,19 @@ pub struct ToolArgs {
 pub async fn cluster_client(
     kubeconfig: Option<&std::path::Path>,
 ) -> Result<Option<(kube::Client, String)>, String> {
+    let Some(config) = cluster_config(kubeconfig).await? else {
+        return Ok(None);
+    };
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config)
+        .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+    Ok(Some((client, url)))
+}
+
+/// The cluster configuration [`cluster_client`] uses.
+pub async fn cluster_config(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<Option<kube::Config>, String> {
     use kube::config::{Config, KubeConfigOptions, Kubeconfig};
     let options = KubeConfigOptions::default();
     let config = match kubeconfig {
@@ -131,10 +144,7 @@ pub async fn cluster_client(
         }
         None => return Ok(None),
     };
-    let url = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config)
-        .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
-    Ok(Some((client, url)))
+    Ok(Some(config))
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -266,6 +276,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         stop: (stop_tx, stop_rx),
         tasks: watcher.into_iter().collect(),
         with_engine: None,
+        cluster_auth: None,
     })
     .await
 }
@@ -291,6 +302,8 @@ struct Server {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Cluster mode: prepares the engine and starts the tasks that need it.
     with_engine: Option<EngineHook>,
+    /// Cluster mode: Kubernetes identities for the API.
+    cluster_auth: Option<Arc<crate::operator::auth::ClusterAuth>>,
 }
 
 /// Cluster mode's hook on the engine.
@@ -313,6 +326,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         stop: (stop_tx, stop_rx),
         mut tasks,
         with_engine,
+        cluster_auth,
     } = server;
     let config_rx = config_tx.subscribe();
     let mut egress = crate::tools::egress::Egress::from_env();
@@ -367,6 +381,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         auth,
         probes: probes.clone(),
         engine: crate::chat::Engine::new(store.clone(), config_rx.clone(), Arc::new(router)),
+        cluster_auth,
     };
 
     let listener = tokio::net::TcpListener::bind(listen)

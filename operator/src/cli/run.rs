@@ -1,7 +1,7 @@
 //! `kortex run`: cluster mode. The custom resources and their Secrets come from the API
 //! server's watches; the leader (a `coordination.k8s.io` Lease) writes statuses and Events.
 
-use super::{DatabaseArgs, Server, ToolArgs, cluster_client, parse_duration, run_server};
+use super::{DatabaseArgs, Server, ToolArgs, parse_duration, run_server};
 use crate::http::auth::AuthMode;
 use crate::live::LiveConfig;
 use crate::metrics::Metrics;
@@ -39,17 +39,36 @@ pub struct RunArgs {
     /// This replica's identity in the leader Lease (default: `POD_NAME`, then the host name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// How API callers authenticate: `auto` (none on a loopback address, otherwise
+    /// Kubernetes tokens and chat keys), `kubernetes` (tokens and chat keys, wherever it
+    /// listens) or `none` (loopback addresses only).
+    #[arg(long, value_enum, default_value_t = RunAuth::Auto)]
+    pub auth: RunAuth,
     /// Tool settings.
     #[command(flatten)]
     pub tools: ToolArgs,
 }
 
+/// `--auth`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunAuth {
+    /// None on loopback, Kubernetes tokens and chat keys elsewhere.
+    Auto,
+    /// Kubernetes bearer tokens (TokenReview) and chat keys.
+    Kubernetes,
+    /// No authentication (loopback addresses only).
+    None,
+}
+
 /// `kortex run`.
 pub async fn run(args: RunArgs) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new());
-    let (client, url) = cluster_client(None).await?.ok_or_else(|| {
+    let kube_config = super::cluster_config(None).await?.ok_or_else(|| {
         "kortex run needs a cluster: run it in a pod (in-cluster service account) or set KUBECONFIG; without a cluster use kortex serve".to_owned()
     })?;
+    let url = kube_config.cluster_url.to_string();
+    let client = kube::Client::try_from(kube_config.clone())
+        .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
     let own_namespace = args
         .kortex_namespace
         .clone()
@@ -76,11 +95,21 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         tracing::warn!("SQLite database: run exactly one replica (use PostgreSQL for more)");
     }
 
-    let auth = if args.listen.ip().is_loopback() {
-        AuthMode::Loopback
-    } else {
-        AuthMode::Keys
+    let auth = match args.auth {
+        RunAuth::None if !args.listen.ip().is_loopback() => {
+            return Err(format!(
+                "--auth none is allowed on loopback addresses only, not {}",
+                args.listen
+            ));
+        }
+        RunAuth::None => AuthMode::Loopback,
+        RunAuth::Auto if args.listen.ip().is_loopback() => AuthMode::Loopback,
+        RunAuth::Auto | RunAuth::Kubernetes => AuthMode::Cluster,
     };
+    let cluster_auth = Arc::new(crate::operator::auth::ClusterAuth::new(
+        client.clone(),
+        kube_config,
+    ));
     let (stop_tx, stop_rx) = channel::channel(false);
     let (config_tx, _) = channel::channel(Arc::new(LiveConfig::default()));
     let observed = Observed::start(&client, &scope, &stop_rx);
@@ -135,6 +164,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         stop: (stop_tx, stop_rx),
         tasks: vec![compile, election],
         with_engine: Some(with_engine),
+        cluster_auth: Some(cluster_auth),
     })
     .await
 }

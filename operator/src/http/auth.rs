@@ -1,7 +1,8 @@
 //! Who may call the API. On a loopback address without credentials, anyone on the machine
 //! may, but the `Host` and `Origin` headers must be loopback too, so a web page cannot
 //! drive the API through DNS rebinding. Anywhere else every `/api` and `/chat` request needs
-//! `Authorization: Bearer <key>` of a chat credential Secret.
+//! `Authorization: Bearer <key>` of a chat credential Secret, or, in cluster mode, a
+//! Kubernetes bearer token (OIDC or ServiceAccount) the API server accepts (TokenReview).
 
 use super::AppState;
 use super::error::ApiError;
@@ -18,6 +19,9 @@ pub struct Caller {
     pub user: String,
     /// Groups.
     pub groups: Vec<String>,
+    /// In cluster mode, the caller's own Kubernetes bearer token (kept in memory only):
+    /// decisions and tools run as them with it.
+    pub token: Option<crate::catalog::SecretValue>,
 }
 
 /// How requests are authenticated.
@@ -27,6 +31,8 @@ pub enum AuthMode {
     Loopback,
     /// Bearer keys from chat credential Secrets.
     Keys,
+    /// Cluster mode: chat credential keys, or Kubernetes bearer tokens (TokenReview).
+    Cluster,
 }
 
 /// The local user in loopback mode.
@@ -88,9 +94,10 @@ pub async fn authenticate(
             Caller {
                 user: LOCAL_USER.to_owned(),
                 groups: Vec::new(),
+                token: None,
             }
         }
-        AuthMode::Keys => {
+        AuthMode::Keys | AuthMode::Cluster => {
             let presented = req
                 .headers()
                 .get(header::AUTHORIZATION)
@@ -102,7 +109,7 @@ pub async fn authenticate(
                 .map(str::trim);
             let Some(presented) = presented else {
                 return Err(ApiError::unauthorized(
-                    "missing Authorization: Bearer <key>; keys come from Secrets labelled kortex.dev/credentials=chat",
+                    "missing Authorization: Bearer <key or Kubernetes token>; keys come from Secrets labelled kortex.dev/credentials=chat",
                 ));
             };
             let config = state.config.borrow().clone();
@@ -114,8 +121,31 @@ pub async fn authenticate(
                 Some(c) => Caller {
                     user: c.principal.clone(),
                     groups: c.groups.clone(),
+                    token: None,
                 },
-                None => return Err(ApiError::unauthorized("invalid API key")),
+                None => match (&state.auth, &state.cluster_auth) {
+                    (AuthMode::Cluster, Some(cluster)) => match cluster.review(presented).await {
+                        Ok(Some(user)) => Caller {
+                            user: user.name,
+                            groups: user.groups,
+                            token: Some(crate::catalog::SecretValue::new(presented)),
+                        },
+                        Ok(None) => {
+                            return Err(ApiError::unauthorized(
+                                "invalid token: neither a chat key nor a Kubernetes token the API server accepts",
+                            ));
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot review a bearer token");
+                            return Err(ApiError::new(
+                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                                "auth_unavailable",
+                                "the Kubernetes API server could not check the token; try again",
+                            ));
+                        }
+                    },
+                    _ => return Err(ApiError::unauthorized("invalid API key")),
+                },
             }
         }
     };

@@ -104,6 +104,7 @@ pub async fn create(
             ),
         ));
     };
+    may_use(&state, &caller, policy).await?;
     let dynamic_tools =
         validate_dynamic_tools(&body.dynamic_tools, &config.catalog, &namespace, policy)?;
     let session = state
@@ -118,6 +119,45 @@ pub async fn create(
         .await
         .map_err(store_error)?;
     Ok((StatusCode::CREATED, Json(session_json(&session, None))).into_response())
+}
+
+/// In cluster mode, the caller must be allowed the verb `use` on the policy
+/// (`chatpolicies/<name>`), so naming a session cannot grant a policy's budget, tools or
+/// execution rights to someone not allowed them.
+async fn may_use(
+    state: &AppState,
+    caller: &Caller,
+    policy: &crate::catalog::PolicyEntry,
+) -> Result<(), ApiError> {
+    let (Some(cluster), crate::http::auth::AuthMode::Cluster) = (&state.cluster_auth, state.auth)
+    else {
+        return Ok(());
+    };
+    let namespace = policy
+        .object
+        .metadata
+        .namespace
+        .as_deref()
+        .unwrap_or("default");
+    let name = policy.object.metadata.name.as_deref().unwrap_or_default();
+    match cluster
+        .may_use_policy(&caller.user, &caller.groups, namespace, name)
+        .await
+    {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ApiError::forbidden(format!(
+            "{} may not use ChatPolicy {namespace}/{name}: RBAC must allow the verb use on chatpolicies/{name} (e.g. a RoleBinding to the kortex-user ClusterRole)",
+            caller.user
+        ))),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check the use of a ChatPolicy");
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "auth_unavailable",
+                "the Kubernetes API server could not check your access to the ChatPolicy; try again",
+            ))
+        }
+    }
 }
 
 /// Checks the client-executed tools of a new session: well-formed, unique, not shadowing a
@@ -254,6 +294,17 @@ pub async fn post_message(
         return Err(ApiError::invalid("content must not be empty"));
     }
     let session = owned(&state, &caller, &id).await?;
+    // The policy is matched again on each run, and so is the right to use it.
+    let config = state.config.borrow().clone();
+    if let Some(policy) = config
+        .catalog
+        .match_policy(&session.namespace, &session.name)
+    {
+        may_use(&state, &caller, policy).await?;
+    }
+    if let Some(token) = &caller.token {
+        state.engine.remember_token(&session.id, token.clone());
+    }
     let wants_stream = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())

@@ -37,6 +37,8 @@ pub struct AppState {
     pub probes: crate::llm::probe::ProbeBoard,
     /// The chat engine.
     pub engine: Arc<crate::chat::Engine>,
+    /// Cluster mode: token and policy reviews, clients acting as callers.
+    pub cluster_auth: Option<Arc<crate::operator::auth::ClusterAuth>>,
 }
 
 /// All routes.

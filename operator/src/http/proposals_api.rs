@@ -124,24 +124,7 @@ async fn decide(
             .reason
     };
     if state.engine.cluster.get().is_some() {
-        let p = state
-            .store
-            .get_proposal(&id)
-            .await
-            .map_err(ApiError::internal)?
-            .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
-        // The decision must be written by the human themselves, so that RBAC and the
-        // admission policy judge them; Kortex's own rights are never used for it.
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "decide_with_kubectl",
-            format!(
-                "in cluster mode a decision is written to the ActionProposal by the person deciding: kubectl kortex {} {} -n {}",
-                verdict.to_ascii_lowercase(),
-                p.name,
-                p.namespace
-            ),
-        ));
+        return decide_in_cluster(&state, &caller, &id, verdict, reason).await;
     }
     crate::chat::proposals::expire(&state.engine)
         .await
@@ -240,4 +223,94 @@ async fn decide(
             .await;
     }
     Ok(Json(view(&updated)))
+}
+
+/// Cluster mode: the decision is written to the ActionProposal with the caller's own
+/// Kubernetes token (forwarded, as the Kubernetes Dashboard does), so the API server's
+/// RBAC and the admission policy judge that person, never Kortex's ServiceAccount.
+async fn decide_in_cluster(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    verdict: &str,
+    reason: Option<String>,
+) -> Result<Json<Value>, ApiError> {
+    let p = state
+        .store
+        .get_proposal(id)
+        .await
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
+    let (Some(token), Some(cluster)) = (&caller.token, &state.cluster_auth) else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "kubernetes_identity_required",
+            format!(
+                "deciding needs a Kubernetes identity: sign in with a Kubernetes token, or run kubectl kortex {} {} -n {}",
+                verdict.to_ascii_lowercase(),
+                p.name,
+                p.namespace
+            ),
+        ));
+    };
+    let client = cluster
+        .client_as(token.expose())
+        .map_err(ApiError::internal)?;
+    let api: kube::Api<crate::crd::ActionProposal> = kube::Api::namespaced(client, &p.namespace);
+    let mut decision = json!({"verdict": verdict, "by": caller.user});
+    if !caller.groups.is_empty() {
+        decision["groups"] = json!(caller.groups);
+    }
+    if let Some(r) = &reason {
+        decision["reason"] = json!(r);
+    }
+    let patch = json!({"spec": {"decision": decision}});
+    match api
+        .patch(
+            &p.name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 403 => {
+            return Err(ApiError::forbidden(format!(
+                "the cluster refused {}'s decision: {}",
+                caller.user, s.message
+            )));
+        }
+        Err(kube::Error::Api(s)) if matches!(s.code, 400 | 409 | 422) => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "proposal_final",
+                s.message.clone(),
+            ));
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            return Err(ApiError::not_found(format!(
+                "ActionProposal {}/{} no longer exists",
+                p.namespace, p.name
+            )));
+        }
+        Err(e) => return Err(ApiError::internal(e)),
+    }
+    let _ = state
+        .store
+        .record_decision(&NewDecision {
+            kind: "decision".into(),
+            namespace: Some(p.namespace.clone()),
+            session_id: p.session_id.clone(),
+            user: Some(caller.user.clone()),
+            policy: p.policy.clone(),
+            subject: p.name.clone(),
+            outcome: format!("{}-written", verdict.to_ascii_lowercase()),
+            detail: json!({"proposalId": p.id, "verdict": verdict, "reason": reason}),
+            ..Default::default()
+        })
+        .await;
+    let mut out = view(&p);
+    out["message"] =
+        json!("decision written to the ActionProposal; Kortex acts on it within seconds");
+    Ok(Json(out))
 }

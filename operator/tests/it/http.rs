@@ -87,6 +87,7 @@ async fn harness(auth: AuthMode) -> Harness {
         ),
         metrics,
         auth,
+        cluster_auth: None,
     });
     Harness { app, db, _dir: dir }
 }

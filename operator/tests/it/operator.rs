@@ -21,6 +21,8 @@ pub(crate) struct Seen {
     pub(crate) query: String,
     pub(crate) content_type: String,
     pub(crate) accept: String,
+    /// The bearer token sent.
+    pub(crate) token: String,
     pub(crate) body: Value,
 }
 
@@ -261,7 +263,14 @@ impl FakeApi {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_owned();
+        let token = headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default()
+            .to_owned();
         self.lock().seen.push(Seen {
+            token,
             method: method.to_string(),
             path: path.clone(),
             query: query.clone(),
@@ -350,6 +359,17 @@ impl FakeApi {
                     "kind": "SelfSubjectReview", "metadata": {},
                     "status": {"userInfo": {"username": user, "groups": ["system:authenticated", "sre"]}}})))
                 .into_response()
+            }
+            (Method::POST, None, None) if plural == "tokenreviews" => {
+                let token = body["spec"]["token"].as_str().unwrap_or_default();
+                let status = match token.strip_suffix("-token") {
+                    Some(user) => json!({"authenticated": true,
+                        "user": {"username": user, "groups": ["system:authenticated", "sre"]}}),
+                    None => json!({"authenticated": false, "error": "invalid bearer token"}),
+                };
+                let mut review = body.clone();
+                review["status"] = status;
+                (StatusCode::CREATED, axum::Json(review)).into_response()
             }
             (Method::POST, None, None) if plural == "subjectaccessreviews" => {
                 let user = body["spec"]["user"].as_str().unwrap_or_default().to_owned();
@@ -811,28 +831,36 @@ fn deployment() -> Value {
 
 /// Starts `kortex run` on `fake` with a provider answering from `llm`; returns once ready.
 async fn start_run(fake: &FakeApi, dir: &std::path::Path, llm: &str) -> crate::binary::Server {
+    start_run_with(fake, dir, llm, &[]).await
+}
+
+async fn start_run_with(
+    fake: &FakeApi,
+    dir: &std::path::Path,
+    llm: &str,
+    extra: &[&str],
+) -> crate::binary::Server {
     fake.apply("llmproviders", provider(llm));
     fake.apply("secrets", secret(Some("sk-cluster-123")));
     let kubeconfig = crate::cluster::write_kubeconfig(dir, &fake.url)
         .display()
         .to_string();
     let db = format!("sqlite://{}", dir.join("k.db").display());
-    let server = crate::binary::Server::spawn(
-        &[
-            "run",
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            &db,
-            "--kortex-namespace",
-            "kortex",
-            "--identity",
-            "pod-a",
-            "--probe-interval",
-            "3600s",
-        ],
-        &[("KUBECONFIG", kubeconfig.as_str())],
-    );
+    let mut args = vec![
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--database-url",
+        &db,
+        "--kortex-namespace",
+        "kortex",
+        "--identity",
+        "pod-a",
+        "--probe-interval",
+        "3600s",
+    ];
+    args.extend(extra);
+    let server = crate::binary::Server::spawn(&args, &[("KUBECONFIG", kubeconfig.as_str())]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while server.get("/readyz").await.0 != 200 {
         assert!(
@@ -1198,5 +1226,166 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         "{text}"
     );
     drop(body);
+    assert!(server.terminate().success());
+}
+
+/// `--auth kubernetes`: the chat API takes Kubernetes bearer tokens (TokenReview), lets a
+/// user use a ChatPolicy only with RBAC's `use` on it (SubjectAccessReview), and writes a
+/// decision made through the API with the caller's own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
+    use crate::investigation::tool_calls;
+    use crate::llm::{openai, push, streamed};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, script) = crate::llm::mock().await;
+    fake.apply("deployments", deployment());
+    fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"], "requireDistinctApprover": true}}}));
+    fake.allow("alice");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
+    let client = crate::common::http_client();
+    let call = |method: reqwest::Method, path: &str, token: Option<&str>, body: Value| {
+        let mut req = client.request(method, server.url(path)).json(&body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    let session = json!({"name": "incident-3", "namespace": "team-a"});
+    let r = call(
+        reqwest::Method::POST,
+        "/chat/v1/sessions",
+        None,
+        session.clone(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 401);
+    let r = call(
+        reqwest::Method::POST,
+        "/chat/v1/sessions",
+        Some("forged"),
+        session.clone(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 401);
+    // dave has a valid token but no right to use the policy.
+    let r = call(
+        reqwest::Method::POST,
+        "/chat/v1/sessions",
+        Some("dave-token"),
+        session.clone(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 403);
+    let body: Value = r.json().await.unwrap_or_default();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("may not use ChatPolicy team-a/incidents"),
+        "{body}"
+    );
+    let r = call(
+        reqwest::Method::POST,
+        "/chat/v1/sessions",
+        Some("alice-token"),
+        session,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 201);
+    let created: Value = r.json().await.unwrap_or_default();
+    assert_eq!(created["user"], "alice");
+    let id = created["id"].as_str().unwrap_or_default().to_owned();
+    let reviews: Vec<Seen> = fake
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.ends_with("/subjectaccessreviews"))
+        .collect();
+    let last = &reviews.last().unwrap_or_else(|| panic!("no review")).body["spec"];
+    assert_eq!(last["user"], "alice");
+    assert_eq!(
+        last["resourceAttributes"],
+        json!({"namespace": "team-a", "verb": "use", "group": "kortex.dev", "resource": "chatpolicies", "name": "incidents"})
+    );
+
+    // alice's model proposes a restart.
+    push(
+        &script,
+        tool_calls(&[(
+            "p1",
+            "propose_action",
+            json!({"action": "restart",
+        "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+        "rationale": "stuck"}),
+        )]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+    );
+    let r = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/sessions/{id}/messages"),
+        Some("alice-token"),
+        json!({"content": "restart api"}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let proposal = loop {
+        let r = call(
+            reqwest::Method::GET,
+            "/chat/v1/proposals",
+            Some("alice-token"),
+            Value::Null,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let list: Value = r.json().await.unwrap_or_default();
+        if let Some(p) = list["items"].as_array().and_then(|a| a.first()).cloned() {
+            break p;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no proposal");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let pid = proposal["id"].as_str().unwrap_or_default().to_owned();
+    let name = proposal["name"].as_str().unwrap_or_default().to_owned();
+    fake.until("its status", |f| phase(f, &name) == "Pending")
+        .await;
+
+    // An API key bot or anyone without a Kubernetes identity cannot decide; bob decides
+    // through the API, and the decision is written with bob's own token.
+    let r = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/proposals/{pid}/approve"),
+        Some("bob-token"),
+        json!({"reason": "ok"}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap_or_default();
+    assert_eq!(status, 200, "{text}");
+    let patch = fake
+        .seen()
+        .into_iter()
+        .find(|s| {
+            s.method == "PATCH"
+                && s.path
+                    == format!("/apis/kortex.dev/v1alpha1/namespaces/shop/actionproposals/{name}")
+        })
+        .unwrap_or_else(|| panic!("no decision patch"));
+    assert_eq!(patch.token, "bob-token", "written as bob, not as Kortex");
+    assert_eq!(patch.body["spec"]["decision"]["by"], "bob");
+    assert_eq!(patch.body["spec"]["decision"]["reason"], "ok");
     assert!(server.terminate().success());
 }

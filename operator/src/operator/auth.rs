@@ -1,0 +1,171 @@
+//! Kubernetes identities for the chat API in cluster mode: bearer tokens checked with a
+//! TokenReview, use of a ChatPolicy authorized with a SubjectAccessReview (verb `use` on
+//! `chatpolicies/<name>`), both cached briefly; and clients that act as the caller (their
+//! own token), so the API server's RBAC and admission judge the human, not Kortex.
+
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a positive answer is reused.
+const CACHE_OK: Duration = Duration::from_secs(30);
+/// How long a negative answer is reused (a fixed binding should work soon).
+const CACHE_NO: Duration = Duration::from_secs(5);
+/// Entries kept at most (oldest dropped first).
+const CACHE_MAX: usize = 10_000;
+
+/// A user as the API server knows them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeUser {
+    /// Username.
+    pub name: String,
+    /// Groups.
+    pub groups: Vec<String>,
+}
+
+type Cached<T> = Mutex<HashMap<[u8; 32], (Instant, T)>>;
+
+/// TokenReview and SubjectAccessReview, cached; clients acting as a caller.
+pub struct ClusterAuth {
+    client: kube::Client,
+    config: kube::Config,
+    tokens: Cached<Option<KubeUser>>,
+    access: Cached<bool>,
+}
+
+fn digest(parts: &[&str]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0]);
+    }
+    h.finalize().into()
+}
+
+fn lookup<T: Clone>(
+    cache: &Cached<T>,
+    key: &[u8; 32],
+    fresh: impl Fn(&T) -> Duration,
+) -> Option<T> {
+    let cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .get(key)
+        .filter(|(at, v)| at.elapsed() < fresh(v))
+        .map(|(_, v)| v.clone())
+}
+
+fn store<T>(cache: &Cached<T>, key: [u8; 32], value: T) {
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if cache.len() >= CACHE_MAX
+        && let Some(oldest) = cache.iter().min_by_key(|(_, (at, _))| *at).map(|(k, _)| *k)
+    {
+        cache.remove(&oldest);
+    }
+    cache.insert(key, (Instant::now(), value));
+}
+
+impl ClusterAuth {
+    /// Reviews through `client` (Kortex's service account); `config` is the base for
+    /// clients acting as callers (same server and CA, the caller's token).
+    pub fn new(client: kube::Client, config: kube::Config) -> Self {
+        Self {
+            client,
+            config,
+            tokens: Mutex::default(),
+            access: Mutex::default(),
+        }
+    }
+
+    /// Who `token` belongs to (`None`: not a valid token). Tokens are cached by digest only.
+    pub async fn review(&self, token: &str) -> Result<Option<KubeUser>, String> {
+        let key = digest(&["token", token]);
+        if let Some(hit) = lookup(&self.tokens, &key, |v| {
+            if v.is_some() { CACHE_OK } else { CACHE_NO }
+        }) {
+            return Ok(hit);
+        }
+        let review = TokenReview {
+            spec: TokenReviewSpec {
+                token: Some(token.to_owned()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<TokenReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| format!("TokenReview failed: {e}"))?;
+        let status = answer.status.unwrap_or_default();
+        let user = status
+            .authenticated
+            .unwrap_or(false)
+            .then_some(status.user)
+            .flatten()
+            .and_then(|u| {
+                Some(KubeUser {
+                    name: u.username.filter(|n| !n.is_empty())?,
+                    groups: u.groups.unwrap_or_default(),
+                })
+            });
+        store(&self.tokens, key, user.clone());
+        Ok(user)
+    }
+
+    /// Whether `user` may `use` the ChatPolicy `namespace/name`.
+    pub async fn may_use_policy(
+        &self,
+        user: &str,
+        groups: &[String],
+        namespace: &str,
+        name: &str,
+    ) -> Result<bool, String> {
+        let mut parts = vec!["use", user, namespace, name];
+        parts.extend(groups.iter().map(String::as_str));
+        let key = digest(&parts);
+        if let Some(hit) = lookup(&self.access, &key, |v| if *v { CACHE_OK } else { CACHE_NO }) {
+            return Ok(hit);
+        }
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_owned()),
+                groups: Some(groups.to_vec()),
+                resource_attributes: Some(ResourceAttributes {
+                    namespace: Some(namespace.to_owned()),
+                    verb: Some("use".into()),
+                    group: Some(crate::crd::GROUP.into()),
+                    resource: Some("chatpolicies".into()),
+                    name: Some(name.to_owned()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
+        let allowed = answer.status.is_some_and(|s| s.allowed);
+        store(&self.access, key, allowed);
+        Ok(allowed)
+    }
+
+    /// A client that acts as the holder of `token`.
+    pub fn client_as(&self, token: &str) -> Result<kube::Client, String> {
+        let mut config = self.config.clone();
+        config.auth_info = kube::config::AuthInfo {
+            token: Some(token.to_owned().into()),
+            ..Default::default()
+        };
+        kube::Client::try_from(config)
+            .map_err(|e| format!("cannot build a client for the caller: {e}"))
+    }
+}
