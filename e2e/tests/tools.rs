@@ -84,6 +84,7 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         session,
         run_id: "run".into(),
         redactor: Default::default(),
+        kube: Default::default(),
     };
     let mut router = Router::new(Arc::new(kortex::metrics::Metrics::default()));
     for tool in kortex::tools::cluster::Cluster::new(client.clone()).tools() {

@@ -103,6 +103,8 @@ pub struct Engine {
     /// The latest Kubernetes token of each session's user (memory only, never stored):
     /// tools run as the user with it (`runToolsAsUser`).
     tokens: Mutex<HashMap<String, crate::catalog::SecretValue>>,
+    /// Cluster mode: builds clients acting as a session's user.
+    pub cluster_auth: std::sync::OnceLock<Arc<crate::operator::auth::ClusterAuth>>,
 }
 
 impl Engine {
@@ -122,6 +124,7 @@ impl Engine {
             live: Mutex::new(std::collections::HashSet::new()),
             cluster: std::sync::OnceLock::new(),
             tokens: Mutex::new(HashMap::new()),
+            cluster_auth: std::sync::OnceLock::new(),
         })
     }
 
@@ -129,6 +132,27 @@ impl Engine {
     pub fn remember_token(&self, session_id: &str, token: crate::catalog::SecretValue) {
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         tokens.insert(session_id.to_owned(), token);
+    }
+
+    /// Who the Kubernetes tools act as in a run of `session_id` under a policy with
+    /// `runToolsAsUser` = `as_user`.
+    pub fn kube_identity(&self, session_id: &str, as_user: bool) -> crate::tools::KubeIdentity {
+        use crate::tools::KubeIdentity;
+        let Some(auth) = self.cluster_auth.get() else {
+            return KubeIdentity::Kortex;
+        };
+        if !as_user {
+            return KubeIdentity::Kortex;
+        }
+        match self.token_of(session_id) {
+            Some(token) => match auth.client_as(token.expose()) {
+                Ok(client) => KubeIdentity::User(client),
+                Err(e) => KubeIdentity::Missing(e),
+            },
+            None => KubeIdentity::Missing(
+                "the ChatPolicy runs Kubernetes tools as the signed-in user (runToolsAsUser), and this session's user has no Kubernetes identity here (signed in with an API key, or on loopback); with runToolsAsUser: false Kortex reads with its own rights".into(),
+            ),
+        }
     }
 
     /// The token a session's user last presented, if any.

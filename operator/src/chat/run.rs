@@ -160,6 +160,7 @@ async fn steps(
     };
     let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
     let spec = &policy.object.spec;
+    let kube = engine.kube_identity(&session.id, spec.run_tools_as_user);
     let (provider_name, model) =
         catalog.role_target(&session.namespace, policy, spec.models.default.as_deref());
     let Some(entry) = catalog
@@ -220,7 +221,7 @@ async fn steps(
         let mut messages = history(&engine.store.list_messages(&session.id).await?);
         let tools: Vec<llm::ToolSpec> = engine
             .router
-            .offered(policy, session)
+            .offered(policy, session, &kube)
             .into_iter()
             .chain(dynamic.iter().cloned())
             .chain(super::proposals::spec(policy))
@@ -391,12 +392,14 @@ async fn steps(
             }
         }
         let redactor = &catalog.redactor;
+        let kube = &kube;
         let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
             let ctx = crate::tools::ToolContext {
                 store: engine.store.clone(),
                 session: session.clone(),
                 run_id: run_id.to_owned(),
                 redactor: redactor.clone(),
+                kube: kube.clone(),
             };
             let slow = async {
                 let message = format!("{} is taking longer than usual…", call.name);

@@ -142,8 +142,10 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         leader: leader_rx,
         stop: stop_rx.clone(),
     };
+    let auth_for_engine = cluster_auth.clone();
     let with_engine: super::EngineHook = Box::new(move |engine| {
         let _ = engine.cluster.set(proposals);
+        let _ = engine.cluster_auth.set(auth_for_engine);
         vec![tokio::spawn(leader_duties(LeaderDuties {
             engine: Some(engine.clone()),
             ..duties

@@ -45,6 +45,20 @@ pub struct ToolContext {
     pub run_id: String,
     /// Replaces resolved Secret values in the result (the live catalog's).
     pub redactor: crate::redact::SecretRedactor,
+    /// Who the Kubernetes tools act as.
+    pub kube: KubeIdentity,
+}
+
+/// Who the Kubernetes tools act as for a call.
+#[derive(Clone, Default)]
+pub enum KubeIdentity {
+    /// Kortex's own client (standalone mode, or a policy with `runToolsAsUser: false`).
+    #[default]
+    Kortex,
+    /// The session user's own client: their RBAC applies (`runToolsAsUser`).
+    User(kube::Client),
+    /// The policy runs tools as the user, who has no Kubernetes identity (why).
+    Missing(String),
 }
 
 /// How a tool failed.
@@ -66,6 +80,10 @@ pub enum ToolError {
 pub trait Tool: Send + Sync {
     /// Name, description and JSON Schema of the arguments.
     fn spec(&self) -> ToolSpec;
+    /// Whether it reads the Kubernetes API (and so acts as the session's identity).
+    fn kubernetes(&self) -> bool {
+        false
+    }
     /// Default and hard timeouts.
     fn timeouts(&self) -> (Duration, Duration) {
         (Duration::from_secs(10), Duration::from_secs(60))
@@ -102,6 +120,7 @@ pub struct Router {
 pub struct Registered {
     tool: Arc<dyn Tool>,
     spec: ToolSpec,
+    kubernetes: bool,
     validator: Result<jsonschema::Validator, String>,
 }
 
@@ -111,6 +130,7 @@ impl Registered {
         let spec = tool.spec();
         let validator = jsonschema::validator_for(&spec.parameters).map_err(|e| e.to_string());
         Self {
+            kubernetes: tool.kubernetes(),
             tool,
             spec,
             validator,
@@ -161,7 +181,12 @@ impl Router {
 
     /// The tools `session` may call under `policy`: built-ins and the plugins of its
     /// namespace whose `allowedSessions` match its name, filtered by the policy.
-    pub fn offered(&self, policy: &PolicyEntry, session: &SessionRecord) -> Vec<ToolSpec> {
+    pub fn offered(
+        &self,
+        policy: &PolicyEntry,
+        session: &SessionRecord,
+        kube: &KubeIdentity,
+    ) -> Vec<ToolSpec> {
         let rules = &policy.object.spec.tools;
         let plugins = self.plugins();
         let own = plugins
@@ -171,8 +196,11 @@ impl Router {
             .flat_map(|m| m.values())
             .filter(|p| crate::glob::any_matches(&p.allowed_sessions, &session.name))
             .map(|p| &p.registered.spec);
+        // Without a Kubernetes identity to act as, the Kubernetes tools are not offered.
+        let kube_ok = !matches!(kube, KubeIdentity::Missing(_));
         self.tools
             .values()
+            .filter(|t| kube_ok || !t.kubernetes)
             .map(|t| &t.spec)
             .chain(own)
             .filter(|s| crate::glob::allowed(&rules.allow, &rules.deny, &s.name))

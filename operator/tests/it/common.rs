@@ -106,5 +106,6 @@ pub async fn tool_context(store: &Store, name: &str) -> kortex::tools::ToolConte
         session,
         run_id: "run-1".into(),
         redactor: Default::default(),
+        kube: Default::default(),
     }
 }

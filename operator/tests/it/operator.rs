@@ -952,6 +952,23 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // On loopback the user has no Kubernetes identity: with runToolsAsUser (the default)
+    // the Kubernetes tools are not offered at all.
+    let offered = script
+        .seen
+        .lock()
+        .ok()
+        .and_then(|s| {
+            s.iter()
+                .find(|x| x.body.get("tools").is_some())
+                .map(|x| x.body["tools"].to_string())
+        })
+        .unwrap_or_default();
+    assert!(
+        offered.contains("propose_action") && !offered.contains("get_logs"),
+        "{offered}"
+    );
+
     // The objects, in the target's namespace, with session, model, preview and expiry.
     let restart = proposal_named(&fake, "restart-api-")
         .unwrap_or_else(|| panic!("no restart proposal:\n{}", server.log()));
@@ -1315,6 +1332,52 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         last["resourceAttributes"],
         json!({"namespace": "team-a", "verb": "use", "group": "kortex.dev", "resource": "chatpolicies", "name": "incidents"})
     );
+
+    // alice's model reads the Deployment: with runToolsAsUser (the default), as alice.
+    push(
+        &script,
+        tool_calls(&[(
+            "r1",
+            "get_resource",
+            json!({"kind": "Deployment", "namespace": "shop", "name": "api"}),
+        )]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["It has 2 replicas."])),
+    );
+    let r = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/sessions/{id}/messages"),
+        Some("alice-token"),
+        json!({"content": "how is api?"}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    fake.until("the read as alice", |f| {
+        f.seen().iter().any(|s| {
+            s.method == "GET"
+                && s.path == "/apis/apps/v1/namespaces/shop/deployments/api"
+                && s.token == "alice-token"
+        })
+    })
+    .await;
+    let offered = script
+        .seen
+        .lock()
+        .ok()
+        .and_then(|s| {
+            s.iter()
+                .find(|x| x.body.get("tools").is_some())
+                .map(|x| x.body["tools"].to_string())
+        })
+        .unwrap_or_default();
+    assert!(
+        offered.contains("get_logs") && offered.contains("propose_action"),
+        "{offered}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
 
     // alice's model proposes a restart.
     push(

@@ -293,7 +293,11 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
 
     // Offered: this namespace's tools the session may use, never another namespace's.
     let offered: Vec<String> = router
-        .offered(&crate::common::tool_policy(json!({})), &ctx.session)
+        .offered(
+            &crate::common::tool_policy(json!({})),
+            &ctx.session,
+            &ctx.kube,
+        )
         .into_iter()
         .map(|t| t.name)
         .collect();
@@ -408,7 +412,11 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     let incident = crate::common::tool_context(&db.store, "incident-42").await;
     assert!(
         router
-            .offered(&crate::common::tool_policy(json!({})), &incident.session)
+            .offered(
+                &crate::common::tool_policy(json!({})),
+                &incident.session,
+                &incident.kube
+            )
             .iter()
             .any(|t| t.name == "incident_only")
     );

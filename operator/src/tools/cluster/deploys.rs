@@ -16,6 +16,10 @@ const MAX_WORKLOADS: usize = 20;
 pub struct GetRecentDeploys(pub Arc<Cluster>);
 
 impl Tool for GetRecentDeploys {
+    fn kubernetes(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_recent_deploys".into(),
@@ -40,11 +44,11 @@ impl Tool for GetRecentDeploys {
 
     fn call(
         &self,
-        _ctx: ToolContext,
+        ctx: ToolContext,
         input: Value,
     ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.clone();
-        Box::pin(async move { recent_deploys(&cluster, &input).await })
+        let cluster = self.0.as_caller(&ctx);
+        Box::pin(async move { recent_deploys(&*cluster?, &input).await })
     }
 }
 

@@ -260,6 +260,10 @@ fn parse_lines(
 pub struct GetLogs(pub Arc<Cluster>);
 
 impl Tool for GetLogs {
+    fn kubernetes(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_logs".into(),
@@ -292,11 +296,11 @@ impl Tool for GetLogs {
 
     fn call(
         &self,
-        _ctx: ToolContext,
+        ctx: ToolContext,
         input: Value,
     ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.clone();
-        Box::pin(async move { get_logs(&cluster, &input).await })
+        let cluster = self.0.as_caller(&ctx);
+        Box::pin(async move { get_logs(&*cluster?, &input).await })
     }
 }
 

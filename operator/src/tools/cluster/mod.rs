@@ -20,8 +20,8 @@ use std::time::Duration;
 /// The cluster the tools read.
 pub struct Cluster {
     client: kube::Client,
-    cursors: CursorSigner,
-    discovery: tokio::sync::Mutex<Option<Discovered>>,
+    cursors: Arc<CursorSigner>,
+    discovery: Arc<tokio::sync::Mutex<Option<Discovered>>>,
 }
 
 /// How long discovered kinds are trusted.
@@ -45,9 +45,24 @@ impl Cluster {
     pub fn new(client: kube::Client) -> Arc<Self> {
         Arc::new(Self {
             client,
-            cursors: CursorSigner::random(),
-            discovery: tokio::sync::Mutex::new(None),
+            cursors: Arc::new(CursorSigner::random()),
+            discovery: Arc::new(tokio::sync::Mutex::new(None)),
         })
+    }
+
+    /// The cluster as the call's identity sees it: the session user's own client when the
+    /// policy runs tools as the user (`runToolsAsUser`), Kortex's otherwise; refused when
+    /// the user has no Kubernetes identity.
+    fn as_caller(self: &Arc<Self>, ctx: &super::ToolContext) -> Result<Arc<Self>, ToolError> {
+        match &ctx.kube {
+            super::KubeIdentity::Kortex => Ok(self.clone()),
+            super::KubeIdentity::User(client) => Ok(Arc::new(Self {
+                client: client.clone(),
+                cursors: self.cursors.clone(),
+                discovery: self.discovery.clone(),
+            })),
+            super::KubeIdentity::Missing(why) => Err(ToolError::Denied(why.clone())),
+        }
     }
 
     /// The five tools.

@@ -12,6 +12,10 @@ use std::time::Duration;
 pub struct GetEvents(pub Arc<Cluster>);
 
 impl Tool for GetEvents {
+    fn kubernetes(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_events".into(),
@@ -37,11 +41,12 @@ impl Tool for GetEvents {
 
     fn call(
         &self,
-        _ctx: ToolContext,
+        ctx: ToolContext,
         input: Value,
     ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.clone();
+        let cluster = self.0.as_caller(&ctx);
         Box::pin(async move {
+            let cluster = cluster?;
             let namespace = required(&input, "namespace")?;
             let mut fields = Vec::new();
             if let Some(name) = input["name"].as_str() {
@@ -148,6 +153,10 @@ fn event_view(e: &Value) -> Value {
 pub struct GetResource(pub Arc<Cluster>);
 
 impl Tool for GetResource {
+    fn kubernetes(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_resource".into(),
@@ -172,11 +181,12 @@ impl Tool for GetResource {
 
     fn call(
         &self,
-        _ctx: ToolContext,
+        ctx: ToolContext,
         input: Value,
     ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.clone();
+        let cluster = self.0.as_caller(&ctx);
         Box::pin(async move {
+            let cluster = cluster?;
             let kind = cluster
                 .resolve(required(&input, "kind")?, input["apiVersion"].as_str())
                 .await?;
@@ -210,6 +220,10 @@ struct Continue {
 pub struct ListResources(pub Arc<Cluster>);
 
 impl Tool for ListResources {
+    fn kubernetes(&self) -> bool {
+        true
+    }
+
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "list_resources".into(),
@@ -238,11 +252,12 @@ impl Tool for ListResources {
 
     fn call(
         &self,
-        _ctx: ToolContext,
+        ctx: ToolContext,
         input: Value,
     ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.clone();
+        let cluster = self.0.as_caller(&ctx);
         Box::pin(async move {
+            let cluster = cluster?;
             let kind = cluster
                 .resolve(required(&input, "kind")?, input["apiVersion"].as_str())
                 .await?;
