@@ -178,6 +178,9 @@ pub struct ClusterProposals {
     client: kube::Client,
     executor: Executor,
     recorder: Arc<Recorder>,
+    /// What this process already did, by object uid: the watch may still show the object
+    /// as it was before our own write, and a second pass must not act twice.
+    handled: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl ClusterProposals {
@@ -191,6 +194,7 @@ impl ClusterProposals {
             executor: Executor::new(client.clone()),
             recorder: Arc::new(Recorder::new(client.clone(), reporter)),
             client,
+            handled: Arc::default(),
         }
     }
 
@@ -300,6 +304,23 @@ impl ClusterProposals {
         .map(|_| ())
     }
 
+    /// Marks `what` of the object done; `false` if it already was.
+    fn first_time(&self, p: &ActionProposal, what: &str) -> bool {
+        let key = format!("{}/{what}", p.metadata.uid.as_deref().unwrap_or_default());
+        self.handled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key)
+    }
+
+    fn forget(&self, p: &ActionProposal, what: &str) {
+        let key = format!("{}/{what}", p.metadata.uid.as_deref().unwrap_or_default());
+        self.handled
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+    }
+
     /// One pass of the leader over every proposal.
     pub async fn reconcile(&self, engine: &Engine, proposals: &[ActionProposal]) {
         let config = engine.config.borrow().clone();
@@ -352,11 +373,20 @@ impl ClusterProposals {
             match next(&p, policy, now) {
                 Transition::Wait => {}
                 Transition::Final(phase, message) => {
-                    self.finish(engine, &p, record.as_ref(), phase, &message, None)
-                        .await;
+                    if self.first_time(&p, "decide")
+                        && !self
+                            .finish(engine, &p, record.as_ref(), phase, &message, None)
+                            .await
+                    {
+                        self.forget(&p, "decide");
+                    }
                 }
                 Transition::Execute(action) => {
-                    self.execute(engine, &p, record.as_ref(), action).await
+                    if self.first_time(&p, "decide")
+                        && !self.execute(engine, &p, record.as_ref(), action).await
+                    {
+                        self.forget(&p, "decide");
+                    }
                 }
             }
             if p.status
@@ -374,7 +404,7 @@ impl ClusterProposals {
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
         action: Action,
-    ) {
+    ) -> bool {
         let decision = p.spec.decision.clone();
         let by = decision.as_ref().map(|d| d.by.clone()).unwrap_or_default();
         // Kortex's rights are never lent: the approver must be allowed the action.
@@ -392,13 +422,13 @@ impl ClusterProposals {
                     },
                     action.target.namespace.as_deref().unwrap_or_default()
                 );
-                self.finish(engine, p, record, ProposalPhase::Failed, &message, None)
+                return self
+                    .finish(engine, p, record, ProposalPhase::Failed, &message, None)
                     .await;
-                return;
             }
             Err(e) => {
                 tracing::warn!(proposal = %p.name_any(), error = %e, "SubjectAccessReview failed; will retry");
-                return;
+                return false;
             }
         }
         let namespace = p.namespace().unwrap_or_default();
@@ -414,10 +444,11 @@ impl ClusterProposals {
             .await
         {
             Ok(()) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => return,
+            // Changed since it was read: look again with the fresh object.
+            Err(kube::Error::Api(s)) if s.code == 409 => return false,
             Err(e) => {
                 tracing::warn!(proposal = %name, error = %e, "cannot move the proposal to Executing; will retry");
-                return;
+                return false;
             }
         }
         self.mirror(
@@ -429,23 +460,24 @@ impl ClusterProposals {
             None,
         )
         .await;
-        match self.executor.execute(&action).await {
-            Ok(done) => {
-                self.finish(
-                    engine,
-                    p,
-                    record,
-                    ProposalPhase::Succeeded,
-                    &done.message,
-                    done.undo,
-                )
+        let (phase, message, undo) = match self.executor.execute(&action).await {
+            Ok(done) => (ProposalPhase::Succeeded, done.message, done.undo),
+            Err(e) => (ProposalPhase::Failed, e, None),
+        };
+        // Carried out: the result is written, retried here, never by executing again.
+        for attempt in 0..5 {
+            if self
+                .finish(engine, p, record, phase, &message, undo.clone())
                 .await
+            {
+                break;
             }
-            Err(e) => {
-                self.finish(engine, p, record, ProposalPhase::Failed, &e, None)
-                    .await
+            if attempt == 4 {
+                tracing::error!(proposal = %name, phase = phase.as_str(), %message, "the result of an executed proposal could not be recorded in its status");
             }
+            tokio::time::sleep(std::time::Duration::from_secs(1 << attempt)).await;
         }
+        true
     }
 
     /// Whether the decider may carry out the action themselves.
@@ -492,7 +524,7 @@ impl ClusterProposals {
         phase: ProposalPhase,
         message: &str,
         undo: Option<Value>,
-    ) {
+    ) -> bool {
         let namespace = p.namespace().unwrap_or_default();
         let name = p.name_any();
         let api: Api<ActionProposal> = Api::namespaced(self.client.clone(), &namespace);
@@ -506,7 +538,7 @@ impl ClusterProposals {
         }
         if let Err(e) = self.write_status(&api, &name, None, &status).await {
             tracing::warn!(proposal = %name, error = %e, "cannot write the proposal status; will retry");
-            return;
+            return false;
         }
         tracing::info!(proposal = %name, namespace = %namespace, phase = phase.as_str(), %message, "proposal updated");
         self.mirror(engine, p, record, phase, message, undo.as_ref())
@@ -533,6 +565,7 @@ impl ClusterProposals {
         if let Err(e) = self.recorder.publish(&event, &p.object_ref(&())).await {
             tracing::warn!(error = %e, "cannot publish an Event");
         }
+        true
     }
 
     /// The database mirror and the session's `proposal.updated` event.
@@ -588,7 +621,7 @@ impl ClusterProposals {
         let Some(requester) = annotations.get(UNDO_REQUEST_ANNOTATION) else {
             return;
         };
-        if annotations.contains_key(UNDO_PROPOSAL_ANNOTATION) {
+        if annotations.contains_key(UNDO_PROPOSAL_ANNOTATION) || !self.first_time(p, "undo") {
             return;
         }
         let Some(undo) = p.status.as_ref().and_then(|s| s.undo.clone()) else {
@@ -684,7 +717,8 @@ impl ClusterProposals {
                 tracing::info!(proposal = %p.name_any(), undo = %name, "undo proposal created");
             }
             Err(e) => {
-                tracing::warn!(proposal = %p.name_any(), error = %e, "cannot create the undo proposal")
+                tracing::warn!(proposal = %p.name_any(), error = %e, "cannot create the undo proposal; will retry");
+                self.forget(p, "undo");
             }
         }
     }

@@ -269,6 +269,7 @@ fn crds_command_prints_the_crds_folder() {
         .flatten()
         .flatten()
         .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".kortex.dev.yaml"))
         .collect();
     names.sort();
     let files: String = names

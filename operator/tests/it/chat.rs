@@ -162,8 +162,11 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
+    // The last chat request (the provider probe's model listings have no body).
     let sent = &seen
-        .last()
+        .iter()
+        .rev()
+        .find(|s| s.body.get("messages").is_some())
         .unwrap_or_else(|| panic!("no provider call"))
         .body;
     assert!(
@@ -453,12 +456,19 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
     );
     let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "requires_action");
-    let provider_calls = script.seen.lock().map(|s| s.len()).unwrap_or(0);
+    // Chat requests only: the provider probe's model listings may come in between.
+    let chats = |s: &[crate::llm::Seen]| -> Vec<crate::llm::Seen> {
+        s.iter()
+            .filter(|x| x.body.get("messages").is_some())
+            .cloned()
+            .collect()
+    };
+    let provider_calls = script.seen.lock().map(|s| chats(&s).len()).unwrap_or(0);
     let offered = script
         .seen
         .lock()
         .ok()
-        .and_then(|s| s.last().map(|x| x.body["tools"].clone()))
+        .and_then(|s| chats(&s).last().map(|x| x.body["tools"].clone()))
         .unwrap_or_default();
     assert!(
         offered
@@ -519,11 +529,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("completed"))
     );
-    let seen = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let seen = chats(&script.seen.lock().unwrap_or_else(|e| e.into_inner()));
     assert_eq!(seen.len(), provider_calls + 1);
     let sent = seen[provider_calls].body["messages"].to_string();
     assert!(
