@@ -81,10 +81,14 @@ impl SecretRedactor {
     }
 }
 
-/// Standard base64 with padding (RFC 4648 §4).
+/// Standard base64 with padding (RFC 4648 §4) of a text.
 pub fn base64(text: &str) -> String {
+    base64_bytes(text.as_bytes())
+}
+
+/// Standard base64 with padding (RFC 4648 §4).
+pub fn base64_bytes(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let bytes = text.as_bytes();
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
         let n = chunk
