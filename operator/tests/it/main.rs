@@ -5,6 +5,7 @@ mod binary;
 mod chat;
 mod cluster;
 mod common;
+mod config;
 mod http;
 mod investigation;
 mod llm;
