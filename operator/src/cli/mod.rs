@@ -277,6 +277,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         tasks: watcher.into_iter().collect(),
         with_engine: None,
         cluster_auth: None,
+        auth_proxy: None,
     })
     .await
 }
@@ -304,6 +305,8 @@ struct Server {
     with_engine: Option<EngineHook>,
     /// Cluster mode: Kubernetes identities for the API.
     cluster_auth: Option<Arc<crate::operator::auth::ClusterAuth>>,
+    /// An authenticating proxy's identity headers.
+    auth_proxy: Option<Arc<crate::http::auth::AuthProxy>>,
 }
 
 /// Cluster mode's hook on the engine.
@@ -327,6 +330,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         mut tasks,
         with_engine,
         cluster_auth,
+        auth_proxy,
     } = server;
     let config_rx = config_tx.subscribe();
     let mut egress = crate::tools::egress::Egress::from_env();
@@ -382,6 +386,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         probes: probes.clone(),
         engine: crate::chat::Engine::new(store.clone(), config_rx.clone(), Arc::new(router)),
         cluster_auth,
+        auth_proxy,
     };
 
     let listener = tokio::net::TcpListener::bind(listen)

@@ -44,6 +44,17 @@ pub struct RunArgs {
     /// listens) or `none` (loopback addresses only).
     #[arg(long, value_enum, default_value_t = RunAuth::Auto)]
     pub auth: RunAuth,
+    /// Trust this header (e.g. `X-Forwarded-User`) for the user's name on requests from an
+    /// authenticating proxy (oauth2-proxy and the like); needs `--auth-proxy-from`.
+    #[arg(long, env = "KORTEX_AUTH_PROXY_HEADER", value_name = "HEADER")]
+    pub auth_proxy_header: Option<String>,
+    /// The header with the user's comma-separated groups.
+    #[arg(long, default_value = "X-Forwarded-Groups", value_name = "HEADER")]
+    pub auth_proxy_groups_header: String,
+    /// Networks the proxy connects from (repeatable), e.g. `10.0.12.0/24`; identity headers
+    /// from anywhere else are ignored.
+    #[arg(long = "auth-proxy-from", value_name = "CIDR")]
+    pub auth_proxy_from: Vec<crate::http::auth::Cidr>,
     /// Tool settings.
     #[command(flatten)]
     pub tools: ToolArgs,
@@ -106,6 +117,17 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         RunAuth::Auto if args.listen.ip().is_loopback() => AuthMode::Loopback,
         RunAuth::Auto | RunAuth::Kubernetes => AuthMode::Cluster,
     };
+    let auth_proxy = match (&args.auth_proxy_header, args.auth_proxy_from.is_empty()) {
+        (Some(_), true) => {
+            return Err("--auth-proxy-header needs --auth-proxy-from: identity headers are trusted only from the proxy's own addresses".into());
+        }
+        (Some(header), false) => Some(Arc::new(crate::http::auth::AuthProxy {
+            user_header: header.clone(),
+            groups_header: args.auth_proxy_groups_header.clone(),
+            from: args.auth_proxy_from.clone(),
+        })),
+        (None, _) => None,
+    };
     let cluster_auth = Arc::new(crate::operator::auth::ClusterAuth::new(
         client.clone(),
         kube_config,
@@ -167,6 +189,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         tasks: vec![compile, election],
         with_engine: Some(with_engine),
         cluster_auth: Some(cluster_auth),
+        auth_proxy,
     })
     .await
 }

@@ -35,6 +35,108 @@ pub enum AuthMode {
     Cluster,
 }
 
+/// Identity headers of an authenticating proxy (oauth2-proxy and the like), trusted only
+/// from the configured source networks.
+#[derive(Clone, Debug)]
+pub struct AuthProxy {
+    /// Header with the user name, e.g. `X-Forwarded-User`.
+    pub user_header: String,
+    /// Header with comma-separated groups, e.g. `X-Forwarded-Groups`.
+    pub groups_header: String,
+    /// Networks the proxy connects from.
+    pub from: Vec<Cidr>,
+}
+
+/// An IP network, `10.0.0.0/8` or `fd00::/8` (a bare address is a /32 or /128).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    addr: std::net::IpAddr,
+    prefix: u8,
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (addr, prefix) = s.split_once('/').unwrap_or((s, ""));
+        let addr: std::net::IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP network like 10.0.0.0/8"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = if prefix.is_empty() {
+            max
+        } else {
+            prefix
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?
+        };
+        Ok(Self { addr, prefix })
+    }
+}
+
+impl Cidr {
+    /// Whether `ip` is in the network.
+    pub fn contains(&self, ip: std::net::IpAddr) -> bool {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        let (a, b, bits) = match (self.addr, ip) {
+            (std::net::IpAddr::V4(a), std::net::IpAddr::V4(b)) => (
+                u128::from(u32::from(a)) << 96,
+                u128::from(u32::from(b)) << 96,
+                self.prefix,
+            ),
+            (std::net::IpAddr::V6(a), std::net::IpAddr::V6(b)) => {
+                (u128::from(a), u128::from(b), self.prefix)
+            }
+            _ => return false,
+        };
+        let mask = if bits == 0 {
+            0
+        } else {
+            u128::MAX << (128 - u32::from(bits))
+        };
+        a & mask == b & mask
+    }
+}
+
+/// The caller an authenticating proxy vouches for, when the request comes from it.
+fn proxied(proxy: &AuthProxy, req: &Request) -> Option<Caller> {
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()?
+        .0
+        .ip();
+    if !proxy.from.iter().any(|c| c.contains(peer)) {
+        return None;
+    }
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    let user = header(&proxy.user_header)?;
+    let groups = header(&proxy.groups_header)
+        .map(|g| {
+            g.split(',')
+                .map(str::trim)
+                .filter(|g| !g.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(Caller {
+        user: user.to_owned(),
+        groups,
+        token: None,
+    })
+}
+
 /// The local user in loopback mode.
 pub const LOCAL_USER: &str = "local";
 
@@ -62,6 +164,11 @@ pub async fn authenticate(
     mut req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
+    // An authenticating proxy's identity headers, from the proxy's own address only.
+    if let Some(caller) = state.auth_proxy.as_deref().and_then(|p| proxied(p, &req)) {
+        req.extensions_mut().insert(caller);
+        return Ok(next.run(req).await);
+    }
     let caller = match state.auth {
         AuthMode::Loopback => {
             let host = req
@@ -155,7 +262,24 @@ pub async fn authenticate(
 
 #[cfg(test)]
 mod tests {
-    use super::is_loopback_host;
+    use super::{Cidr, is_loopback_host};
+
+    #[test]
+    fn networks_contain_their_addresses_only() {
+        let net: Cidr = "10.1.0.0/16".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert!(net.contains("10.1.200.3".parse().unwrap_or_else(|e| panic!("{e}"))));
+        assert!(!net.contains("10.2.0.1".parse().unwrap_or_else(|e| panic!("{e}"))));
+        assert!(net.contains("::ffff:10.1.0.9".parse().unwrap_or_else(|e| panic!("{e}"))));
+        let one: Cidr = "192.168.1.7".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert!(one.contains("192.168.1.7".parse().unwrap_or_else(|e| panic!("{e}"))));
+        assert!(!one.contains("192.168.1.8".parse().unwrap_or_else(|e| panic!("{e}"))));
+        let v6: Cidr = "fd00::/8".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert!(v6.contains("fd12::1".parse().unwrap_or_else(|e| panic!("{e}"))));
+        assert!(!v6.contains("10.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"))));
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err() && "proxy".parse::<Cidr>().is_err());
+        let all: Cidr = "0.0.0.0/0".parse().unwrap_or_else(|e| panic!("{e}"));
+        assert!(all.contains("8.8.8.8".parse().unwrap_or_else(|e| panic!("{e}"))));
+    }
 
     #[test]
     fn loopback_hosts() {

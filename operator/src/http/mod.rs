@@ -39,6 +39,8 @@ pub struct AppState {
     pub engine: Arc<crate::chat::Engine>,
     /// Cluster mode: token and policy reviews, clients acting as callers.
     pub cluster_auth: Option<Arc<crate::operator::auth::ClusterAuth>>,
+    /// Identity headers of an authenticating proxy (`--auth-proxy-header`).
+    pub auth_proxy: Option<Arc<auth::AuthProxy>>,
 }
 
 /// All routes.
@@ -186,7 +188,12 @@ pub async fn serve(
         shutdown.await;
         let _ = fired_tx.send(true);
     };
-    let server = axum::serve(listener, app).with_graceful_shutdown(signal);
+    // The peer address is what `--auth-proxy-from` is checked against.
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(signal);
     // Event streams never finish on their own: after the signal, requests get DRAIN to
     // complete, then the process goes on stopping (clients reconnect with Last-Event-ID).
     let drained = async move {

@@ -88,6 +88,7 @@ async fn harness(auth: AuthMode) -> Harness {
         metrics,
         auth,
         cluster_auth: None,
+        auth_proxy: None,
     });
     Harness { app, db, _dir: dir }
 }

@@ -1452,3 +1452,52 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
     assert_eq!(patch.body["spec"]["decision"]["reason"], "ok");
     assert!(server.terminate().success());
 }
+
+/// `--auth-proxy-header`: identity headers count only from the proxy's own network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (llm, _script) = crate::llm::mock().await;
+    let client = crate::common::http_client();
+    for (from, expected) in [("10.9.0.0/16", 401), ("127.0.0.1/32", 201)] {
+        let fake = FakeApi::start().await;
+        fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
+        fake.allow("erin");
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let server = start_run_with(
+            &fake,
+            dir.path(),
+            &llm,
+            &[
+                "--auth",
+                "kubernetes",
+                "--auth-proxy-header",
+                "X-Forwarded-User",
+                "--auth-proxy-from",
+                from,
+            ],
+        )
+        .await;
+        let r = client
+            .post(server.url("/chat/v1/sessions"))
+            .header("X-Forwarded-User", "erin")
+            .header("X-Forwarded-Groups", "sre, oncall")
+            .json(&json!({"name": "incident-1", "namespace": "team-a"}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), expected, "from {from}");
+        if expected == 201 {
+            let s: Value = r.json().await.unwrap_or_default();
+            assert_eq!(s["user"], "erin");
+            let review = fake
+                .seen()
+                .into_iter()
+                .rfind(|s| s.path.ends_with("/subjectaccessreviews"))
+                .unwrap_or_else(|| panic!("no review"));
+            assert_eq!(review.body["spec"]["groups"], json!(["sre", "oncall"]));
+        }
+        assert!(server.terminate().success());
+    }
+}
