@@ -133,14 +133,7 @@ impl Executor {
     pub async fn preview(&self, action: &Action) -> Result<Value, String> {
         validate(action)?;
         let api = self.api(action)?;
-        let name = &action.target.name;
-        let current = api.get(name).await.map_err(|e| {
-            format!(
-                "cannot read {} {name}: {}",
-                action.target.kind,
-                api_error(&e)
-            )
-        })?;
+        let current = read(&api, action).await?;
         let after = self.apply(&api, &current, action, true).await?;
         let mut warnings = gitops_warnings(&current);
         if action.verb == "scale" {
@@ -160,13 +153,7 @@ impl Executor {
         validate(action)?;
         let api = self.api(action)?;
         let name = &action.target.name;
-        let current = api.get(name).await.map_err(|e| {
-            format!(
-                "cannot read {} {name}: {}",
-                action.target.kind,
-                api_error(&e)
-            )
-        })?;
+        let current = read(&api, action).await?;
         self.apply(&api, &current, action, true).await?;
         let after = self.apply(&api, &current, action, false).await?;
         let target = json!(action.target);
@@ -352,6 +339,17 @@ impl Executor {
             })
             .collect()
     }
+}
+
+async fn read(api: &Api<DynamicObject>, action: &Action) -> Result<DynamicObject, String> {
+    let name = &action.target.name;
+    api.get(name).await.map_err(|e| {
+        format!(
+            "cannot read {} {name}: {}",
+            action.target.kind,
+            api_error(&e)
+        )
+    })
 }
 
 /// Warnings when Argo CD or Flux manage the object (they may revert a manual change).

@@ -330,17 +330,7 @@ impl ClusterProposals {
                 Some(id) => engine.store.get_proposal(id).await.ok().flatten(),
                 None => None,
             };
-            let policy = record
-                .as_ref()
-                .and_then(|r| r.policy.as_deref())
-                .and_then(|q| q.split_once('/'))
-                .and_then(|(ns, name)| {
-                    config
-                        .catalog
-                        .policies
-                        .get(&crate::catalog::ObjectKey::new(ns, name))
-                })
-                .map(|e| &e.object.spec);
+            let policy = policy_of(&config, record.as_ref()).map(|e| &e.object.spec);
             let mut p = p.clone();
             // A proposal whose creator died before writing its status gets one.
             if p.status
@@ -631,15 +621,7 @@ impl ClusterProposals {
             return;
         };
         let config = engine.config.borrow().clone();
-        let policy = record
-            .and_then(|r| r.policy.as_deref())
-            .and_then(|q| q.split_once('/'))
-            .and_then(|(ns, name)| {
-                config
-                    .catalog
-                    .policies
-                    .get(&crate::catalog::ObjectKey::new(ns, name))
-            });
+        let policy = policy_of(&config, record);
         let Some(policy) = policy else {
             return;
         };
@@ -722,6 +704,19 @@ impl ClusterProposals {
             }
         }
     }
+}
+
+/// The ChatPolicy that governed a proposal (as recorded in its database mirror), as the
+/// live configuration has it now.
+fn policy_of<'a>(
+    config: &'a crate::live::LiveConfig,
+    record: Option<&crate::store::ProposalRecord>,
+) -> Option<&'a crate::catalog::PolicyEntry> {
+    let (ns, name) = record?.policy.as_deref()?.split_once('/')?;
+    config
+        .catalog
+        .policies
+        .get(&crate::catalog::ObjectKey::new(ns, name))
 }
 
 fn kube_error(e: &kube::Error) -> String {
