@@ -326,6 +326,18 @@ impl ClusterProposals {
         let config = engine.config.borrow().clone();
         let now = jiff::Timestamp::now();
         for p in proposals {
+            // Final proposals need nothing, unless someone asked for an undo.
+            let phase = p.status.as_ref().map(|s| s.phase);
+            let undo_asked = p.annotations().contains_key(UNDO_REQUEST_ANNOTATION)
+                && !p.annotations().contains_key(UNDO_PROPOSAL_ANNOTATION);
+            let open = matches!(
+                phase,
+                None | Some(ProposalPhase::Pending) | Some(ProposalPhase::Executing)
+            );
+            let undo_due = undo_asked && phase == Some(ProposalPhase::Succeeded);
+            if !(open || undo_due) {
+                continue;
+            }
             let record = match p.annotations().get(ID_ANNOTATION) {
                 Some(id) => engine.store.get_proposal(id).await.ok().flatten(),
                 None => None,
