@@ -325,6 +325,17 @@ impl ClusterProposals {
     pub async fn reconcile(&self, engine: &Engine, proposals: &[ActionProposal]) {
         let config = engine.config.borrow().clone();
         let now = jiff::Timestamp::now();
+        // Forget what was done to objects that are gone.
+        {
+            let live: std::collections::HashSet<&str> = proposals
+                .iter()
+                .filter_map(|p| p.metadata.uid.as_deref())
+                .collect();
+            self.handled
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|k| k.split_once('/').is_some_and(|(uid, _)| live.contains(uid)));
+        }
         for p in proposals {
             // Final proposals need nothing, unless someone asked for an undo.
             let phase = p.status.as_ref().map(|s| s.phase);

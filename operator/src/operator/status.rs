@@ -23,6 +23,9 @@ const PROVIDER: &str = "LLMProvider";
 const TOOL: &str = "KortexTool";
 const POLICY: &str = "ChatPolicy";
 
+/// How long a written status is expected to take to show up in the watch.
+const SHOWN_WITHIN: Duration = Duration::from_secs(10);
+
 /// The field manager of every status Kortex writes.
 pub const FIELD_MANAGER: &str = "kortex";
 
@@ -234,11 +237,13 @@ pub fn apply_body(kind: &str, name: &str, status: &Value) -> Value {
 }
 
 /// Writes statuses, remembering failures to retry them with backoff (1 s doubling to
-/// 5 min) and what was written, so an update is not sent again before the watch shows it.
+/// 5 min) and what was written, so an update is not sent again before the watch shows it
+/// (for [`SHOWN_WITHIN`]; after that it is sent again: the object may have been recreated
+/// or its status changed by someone else).
 pub struct StatusWriter {
     client: kube::Client,
     recorder: Recorder,
-    written: BTreeMap<(&'static str, ObjectKey), Value>,
+    written: BTreeMap<(&'static str, ObjectKey), (Value, Instant)>,
     failures: BTreeMap<(&'static str, ObjectKey), (u32, Instant)>,
 }
 
@@ -267,7 +272,11 @@ impl StatusWriter {
     pub async fn apply(&mut self, updates: Vec<StatusUpdate>) {
         for u in updates {
             let id = (u.kind, u.key.clone());
-            if self.written.get(&id) == Some(&u.status) {
+            if self
+                .written
+                .get(&id)
+                .is_some_and(|(v, at)| *v == u.status && at.elapsed() < SHOWN_WITHIN)
+            {
                 continue;
             }
             if let Some((n, at)) = self.failures.get(&id)
@@ -278,7 +287,7 @@ impl StatusWriter {
             match self.write(&u).await {
                 Ok(object) => {
                     self.failures.remove(&id);
-                    self.written.insert(id, u.status.clone());
+                    self.written.insert(id, (u.status.clone(), Instant::now()));
                     if let Some(ready) = &u.ready_changed {
                         self.event(&object, ready).await;
                     }
