@@ -198,20 +198,15 @@ async fn decide(
         }
         Err(e) => return Err(ApiError::internal(e)),
     };
-    let _ = state
-        .store
-        .record_decision(&NewDecision {
-            kind: "decision".into(),
-            namespace: Some(p.namespace.clone()),
-            session_id: p.session_id.clone(),
-            user: Some(caller.user.clone()),
-            policy: p.policy.clone(),
-            subject: p.name.clone(),
-            outcome: phase.to_ascii_lowercase(),
-            detail: json!({"proposalId": p.id, "verdict": verdict, "reason": reason}),
-            ..Default::default()
-        })
-        .await;
+    audit(
+        &state,
+        &p,
+        &caller,
+        phase.to_ascii_lowercase(),
+        verdict,
+        &reason,
+    )
+    .await;
     if let Some(session) = &p.session_id {
         let _ = state
             .engine
@@ -295,6 +290,23 @@ async fn decide_in_cluster(
         }
         Err(e) => return Err(ApiError::internal(e)),
     }
+    let outcome = format!("{}-written", verdict.to_ascii_lowercase());
+    audit(state, &p, caller, outcome, verdict, &reason).await;
+    let mut out = view(&p);
+    out["message"] =
+        json!("decision written to the ActionProposal; Kortex acts on it within seconds");
+    Ok(Json(out))
+}
+
+/// The `decision` audit row of a decision made through the API.
+async fn audit(
+    state: &AppState,
+    p: &crate::store::ProposalRecord,
+    caller: &Caller,
+    outcome: String,
+    verdict: &str,
+    reason: &Option<String>,
+) {
     let _ = state
         .store
         .record_decision(&NewDecision {
@@ -304,13 +316,9 @@ async fn decide_in_cluster(
             user: Some(caller.user.clone()),
             policy: p.policy.clone(),
             subject: p.name.clone(),
-            outcome: format!("{}-written", verdict.to_ascii_lowercase()),
+            outcome,
             detail: json!({"proposalId": p.id, "verdict": verdict, "reason": reason}),
             ..Default::default()
         })
         .await;
-    let mut out = view(&p);
-    out["message"] =
-        json!("decision written to the ActionProposal; Kortex acts on it within seconds");
-    Ok(Json(out))
 }
