@@ -9,6 +9,7 @@ pub mod chat;
 pub mod cli;
 pub mod crd;
 pub mod glob;
+pub mod govern;
 pub mod http;
 pub mod kubectl_plugin;
 pub mod live;

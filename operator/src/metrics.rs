@@ -51,6 +51,35 @@ pub struct ToolNameLabel {
     pub tool: String,
 }
 
+/// Labels of provider-call metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LlmLabels {
+    /// `LLMProvider` name.
+    pub provider: String,
+    /// Model id.
+    pub model: String,
+}
+
+/// Labels of token counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    /// `LLMProvider` name.
+    pub provider: String,
+    /// Model id.
+    pub model: String,
+    /// `input` or `output`.
+    pub direction: &'static str,
+}
+
+/// Labels of provider-call outcomes.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LlmCallLabels {
+    /// `LLMProvider` name.
+    pub provider: String,
+    /// `ok` or an error kind.
+    pub outcome: String,
+}
+
 fn tool_histogram() -> prometheus_client::metrics::histogram::Histogram {
     prometheus_client::metrics::histogram::Histogram::new([
         0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -74,6 +103,25 @@ pub struct Metrics {
     pub tool_calls: Family<ToolLabels, Counter>,
     /// Tool call durations.
     pub tool_duration: Family<ToolNameLabel, prometheus_client::metrics::histogram::Histogram>,
+    /// Provider calls by provider and outcome.
+    pub llm_calls: Family<LlmCallLabels, Counter>,
+    /// Tokens by provider, model and direction.
+    pub llm_tokens: Family<TokenLabels, Counter>,
+    /// Spend in USD by provider and model.
+    pub llm_cost: Family<LlmLabels, Counter<f64, AtomicU64>>,
+    /// Failovers to a fallback provider, by the provider that failed.
+    pub llm_failovers: Family<LlmLabels, Counter>,
+    /// Calls refused by a budget.
+    pub budget_refusals: Family<BudgetLabels, Counter>,
+}
+
+/// Labels of budget refusals.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetLabels {
+    /// `namespace/name` of the policy.
+    pub policy: String,
+    /// `dailyUsdLimit`, `perUserHourlyRequests` or `perSessionTokenCap`.
+    pub budget: &'static str,
 }
 
 impl Default for Metrics {
@@ -135,8 +183,43 @@ impl Metrics {
             "Tool call durations",
             tool_duration.clone(),
         );
+        let llm_calls = Family::<LlmCallLabels, Counter>::default();
+        registry.register(
+            "llm_calls",
+            "Provider calls, by provider and outcome",
+            llm_calls.clone(),
+        );
+        let llm_tokens = Family::<TokenLabels, Counter>::default();
+        registry.register(
+            "llm_tokens",
+            "Tokens reported by providers, by provider, model and direction",
+            llm_tokens.clone(),
+        );
+        let llm_cost = Family::<LlmLabels, Counter<f64, AtomicU64>>::default();
+        registry.register(
+            "llm_cost_usd",
+            "Spend in USD at the catalog prices, by provider and model",
+            llm_cost.clone(),
+        );
+        let llm_failovers = Family::<LlmLabels, Counter>::default();
+        registry.register(
+            "llm_failovers",
+            "Failovers away from a provider after a hard failure",
+            llm_failovers.clone(),
+        );
+        let budget_refusals = Family::<BudgetLabels, Counter>::default();
+        registry.register(
+            "budget_refusals",
+            "Calls and requests refused by a ChatPolicy budget",
+            budget_refusals.clone(),
+        );
         Self {
             registry,
+            llm_calls,
+            llm_tokens,
+            llm_cost,
+            llm_failovers,
+            budget_refusals,
             config_reloads,
             config_errors,
             config_last_reload,

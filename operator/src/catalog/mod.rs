@@ -271,6 +271,11 @@ impl Catalog {
         }
     }
 
+    /// The redaction `policy` asks for, over this catalog's resolved Secret values.
+    pub fn redactor_for(&self, policy: &PolicyEntry) -> crate::redact::Redactor {
+        crate::redact::Redactor::new(self.redactor.clone(), &policy.object.spec.privacy)
+    }
+
     /// The provider `name` in `namespace`.
     pub fn provider(&self, namespace: &str, name: &str) -> Option<&ProviderEntry> {
         self.providers.get(&ObjectKey::new(namespace, name))
@@ -707,6 +712,12 @@ fn compile_policy(
         }
     }
 
+    let skipped_cloud = || {
+        format!(
+            "mode local-only skips cloud LLMProvider {}",
+            not_local.join(", ")
+        )
+    };
     let ready = if !missing.is_empty() {
         Desired::fail(
             types::READY,
@@ -716,7 +727,7 @@ fn compile_policy(
                 missing.join(", ")
             ),
         )
-    } else if !not_local.is_empty() {
+    } else if usable.is_empty() && unavailable.is_empty() {
         Desired::fail(
             types::READY,
             reasons::PROVIDER_NOT_LOCAL,
@@ -726,27 +737,20 @@ fn compile_policy(
             ),
         )
     } else if usable.is_empty() {
-        Desired::fail(
-            types::READY,
-            reasons::PROVIDER_UNAVAILABLE,
-            format!("no usable provider: {}", unavailable.join("; ")),
-        )
-    } else if unavailable.is_empty() {
-        Desired::ok(
-            types::READY,
-            reasons::AVAILABLE,
-            format!("providers {} available", usable.join(", ")),
-        )
+        let mut message = format!("no usable provider: {}", unavailable.join("; "));
+        if !not_local.is_empty() {
+            message = format!("{message}; {}", skipped_cloud());
+        }
+        Desired::fail(types::READY, reasons::PROVIDER_UNAVAILABLE, message)
     } else {
-        Desired::ok(
-            types::READY,
-            reasons::AVAILABLE,
-            format!(
-                "providers {} available; unavailable: {}",
-                usable.join(", "),
-                unavailable.join("; ")
-            ),
-        )
+        let mut message = format!("providers {} available", usable.join(", "));
+        if !unavailable.is_empty() {
+            message = format!("{message}; unavailable: {}", unavailable.join("; "));
+        }
+        if !not_local.is_empty() {
+            message = format!("{message}; {}", skipped_cloud());
+        }
+        Desired::ok(types::READY, reasons::AVAILABLE, message)
     };
     let available = ready.status;
     let generation = p.metadata.generation;

@@ -2,8 +2,9 @@
 //! streams from the session's provider step by step, persisting every SSE event (with a
 //! database-issued per-session sequence number) before publishing it to live followers.
 
-mod context;
+pub mod context;
 pub mod proposals;
+mod roles;
 mod run;
 
 use crate::live::LiveConfig;
@@ -40,6 +41,9 @@ pub enum ChatError {
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// A budget of the session's policy is used up.
+    #[error("{0}")]
+    Budget(crate::govern::budget::Exceeded),
 }
 
 /// Gives every tool call of the last assistant message that has no result an error result
@@ -105,6 +109,8 @@ pub struct Engine {
     tokens: Mutex<HashMap<String, crate::catalog::SecretValue>>,
     /// Cluster mode: builds clients acting as a session's user.
     pub cluster_auth: std::sync::OnceLock<Arc<crate::operator::auth::ClusterAuth>>,
+    /// Budgets and usage accounting of every provider call.
+    pub governor: Arc<crate::govern::Governor>,
 }
 
 impl Engine {
@@ -114,7 +120,9 @@ impl Engine {
         config: watch::Receiver<Arc<LiveConfig>>,
         router: Arc<crate::tools::Router>,
     ) -> Arc<Self> {
+        let governor = crate::govern::Governor::new(store.clone(), router.metrics());
         Arc::new(Self {
+            governor,
             store,
             config,
             router,
@@ -231,11 +239,52 @@ impl Engine {
         {
             return Err(ChatError::Busy(session.id.clone()));
         }
+        // A run is a request: it counts against the policy's budgets, and a spent budget
+        // refuses it before anything is stored.
+        let (scope, redactor) = {
+            let config = self.config.borrow().clone();
+            let catalog = &config.catalog;
+            match catalog.match_policy(&session.namespace, &session.name) {
+                Some(p) => (
+                    Some(crate::govern::Scope::new(
+                        p,
+                        &session.user,
+                        Some(&session.id),
+                        "chat",
+                    )),
+                    catalog.redactor_for(p),
+                ),
+                None => (
+                    None,
+                    crate::redact::Redactor::secrets_only(catalog.redactor.clone()),
+                ),
+            }
+        };
+        let mut notices = Vec::new();
+        if let Some(scope) = &scope {
+            let admitted = match self.governor.admit(scope).await {
+                Ok(Ok(alerts)) => Ok(alerts),
+                Ok(Err(exceeded)) => Err(ChatError::Budget(exceeded)),
+                Err(e) => Err(e.into()),
+            };
+            match admitted {
+                Ok(alerts) => notices = alerts,
+                Err(e) => {
+                    let _ = self
+                        .store
+                        .transition_session(&session.id, &["running"], &session.status)
+                        .await;
+                    return Err(e);
+                }
+            }
+        }
         let run_id = crate::store::new_id();
+        // What the user typed is stored (and sent) redacted, like any text from outside.
+        let (content, _) = redactor.text(content);
         let message = crate::store::NewMessage {
             run_id: Some(run_id.clone()),
             role: "user".into(),
-            content: content.to_owned(),
+            content,
             ..Default::default()
         };
         let stored = async {
@@ -252,7 +301,7 @@ impl Engine {
                 .await;
             return Err(e.into());
         }
-        self.spawn(session, &run_id, false);
+        self.spawn(session, &run_id, false, notices);
         Ok(run_id)
     }
 
@@ -264,11 +313,17 @@ impl Engine {
         run_id: &str,
     ) -> Result<(), ChatError> {
         self.store.reopen_run(run_id, &self.replica).await?;
-        self.spawn(session, run_id, true);
+        self.spawn(session, run_id, true, Vec::new());
         Ok(())
     }
 
-    fn spawn(self: &Arc<Self>, session: &SessionRecord, run_id: &str, resume: bool) {
+    fn spawn(
+        self: &Arc<Self>,
+        session: &SessionRecord,
+        run_id: &str,
+        resume: bool,
+        notices: Vec<String>,
+    ) {
         let (cancel_tx, cancel_rx) = watch::channel(false);
         self.cancels
             .lock()
@@ -299,7 +354,7 @@ impl Engine {
         let session = session.clone();
         let id = run_id.to_owned();
         tokio::spawn(async move {
-            run::run(&engine, &session, &id, resume, cancel_rx).await;
+            run::run(&engine, &session, &id, resume, notices, cancel_rx).await;
             watcher.abort();
             engine
                 .live

@@ -1,8 +1,9 @@
 //! One run: the loop of provider steps for a user's message, with its events.
 
 use super::{Engine, event};
-use crate::llm::{self, ChatRequest, LlmError, Message, StreamEvent, ToolCall};
-use crate::store::{NewDecision, NewMessage, SessionRecord, UsageEvent};
+use crate::govern::route;
+use crate::llm::{self, ChatRequest, LlmError, Message, StopReason, StreamEvent, ToolCall};
+use crate::store::{NewDecision, NewMessage, SessionRecord};
 use futures_util::StreamExt;
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -34,6 +35,7 @@ pub async fn run(
     session: &SessionRecord,
     run_id: &str,
     resume: bool,
+    notices: Vec<String>,
     mut cancel: watch::Receiver<bool>,
 ) {
     if !resume {
@@ -45,6 +47,10 @@ pub async fn run(
                 json!({"runId": run_id, "state": "started"}),
             )
             .await;
+    }
+    // Budget alerts crossed when the run was admitted.
+    for message in notices {
+        let _ = notice(engine, session, run_id, &message).await;
     }
     let end = match steps(engine, session, run_id, &mut cancel).await {
         Ok(end) => end,
@@ -113,6 +119,19 @@ pub async fn run(
     let _ = engine
         .emit(&session.id, run_id, event::RUN_LIFECYCLE, data)
         .await;
+    // A policy with a `summarize` model titles its sessions (one-line incident summaries
+    // for the dashboard and get_incident_history).
+    if matches!(end, End::Completed) && session.title.is_none() {
+        let config = engine.config.borrow().clone();
+        if let Some(policy) = config
+            .catalog
+            .match_policy(&session.namespace, &session.name)
+            .filter(|p| p.object.spec.models.summarize.is_some())
+            && let Err(e) = super::roles::title(engine, session, policy).await
+        {
+            tracing::warn!(session = %session.id, error = %e, "cannot title the session");
+        }
+    }
 }
 
 /// The conversation as stored, in provider-agnostic form.
@@ -140,6 +159,50 @@ fn history(messages: &[crate::store::MessageRecord]) -> Vec<Message> {
         .collect()
 }
 
+/// The marker a fast model answers with when the question needs the full model (frugal
+/// mode; documented in docs/policies.md).
+pub const ESCALATE_MARKER: &str = "[[kortex:escalate]]";
+
+/// What a fast model is told in frugal mode.
+const FAST_PROMPT: &str = "You are answering with a fast, economical model. If answering well needs more context or deeper reasoning than you can give, reply with exactly [[kortex:escalate]] and nothing else: a stronger model will take over.";
+
+/// The sticky choices of one run: the route that answers (after failovers) and whether a
+/// frugal run escalated to the full model.
+struct Routing {
+    /// The policy's name (audit rows).
+    policy: String,
+    plan: crate::govern::route::Plan,
+    current: usize,
+    escalated: bool,
+    adapters: std::collections::HashMap<String, std::sync::Arc<dyn llm::LlmProvider>>,
+}
+
+impl Routing {
+    fn adapter(
+        &mut self,
+        catalog: &crate::catalog::Catalog,
+        namespace: &str,
+    ) -> Result<std::sync::Arc<dyn llm::LlmProvider>, LlmError> {
+        let name = self.plan.routes[self.current].provider.clone();
+        if let Some(a) = self.adapters.get(&name) {
+            return Ok(a.clone());
+        }
+        let entry = catalog.provider(namespace, &name).ok_or_else(|| {
+            LlmError::new(llm::ErrorKind::Config, &name, "the LLMProvider is gone")
+        })?;
+        let adapter = llm::build(entry)?;
+        self.adapters.insert(name, adapter.clone());
+        Ok(adapter)
+    }
+}
+
+/// One answered provider call of a step.
+struct Answer {
+    step: StepOutcome,
+    provider: String,
+    model: String,
+}
+
 async fn steps(
     engine: &Engine,
     session: &SessionRecord,
@@ -161,31 +224,25 @@ async fn steps(
     let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
     let spec = &policy.object.spec;
     let kube = engine.kube_identity(&session.id, spec.run_tools_as_user);
-    let (provider_name, model) =
-        catalog.role_target(&session.namespace, policy, spec.models.default.as_deref());
-    let Some(entry) = catalog
-        .provider(&session.namespace, &provider_name)
-        .filter(|e| e.available)
-    else {
+    let plan = route::plan(catalog, &session.namespace, policy, route::Role::Default);
+    if plan.routes.is_empty() {
         return Ok(End::Failed {
             code: "provider_unavailable",
             message: format!(
-                "LLMProvider {provider_name} of ChatPolicy {policy_name} is not available; see GET /api/v1/llm/providers"
+                "{}; see GET /api/v1/llm/providers",
+                plan.unavailable(&policy_name)
             ),
         });
+    }
+    let mut routing = Routing {
+        policy: policy_name.clone(),
+        plan,
+        current: 0,
+        escalated: false,
+        adapters: Default::default(),
     };
-    let adapter = match llm::build(entry) {
-        Ok(a) => a,
-        Err(e) => {
-            return Ok(End::Failed {
-                code: "provider_unavailable",
-                message: e.to_string(),
-            });
-        }
-    };
-    let model = model
-        .or_else(|| adapter.default_model().map(str::to_owned))
-        .unwrap_or_default();
+    let scope = crate::govern::Scope::new(policy, &session.user, Some(&session.id), "chat");
+    let redactor = catalog.redactor_for(policy);
     let system = match spec.system_prompt.as_deref() {
         Some(extra) if !extra.trim().is_empty() => format!("{BASE_PROMPT}\n\n{extra}"),
         _ => BASE_PROMPT.to_owned(),
@@ -206,6 +263,9 @@ async fn steps(
         .iter()
         .filter(|m| m.role == "assistant" && m.run_id.as_deref() == Some(run_id))
         .count() as u32;
+    // `triage` decides whether the first step of a new question needs tools at all.
+    let mut without_tools =
+        used == 0 && !super::roles::needs_tools(engine, session, run_id, policy).await?;
     for step in (used + 1)..=spec.max_tool_depth {
         if *cancel.borrow() {
             return Ok(End::Cancelled);
@@ -218,108 +278,62 @@ async fn steps(
                 json!({"runId": run_id, "step": step}),
             )
             .await?;
-        let mut messages = history(&engine.store.list_messages(&session.id).await?);
-        let tools: Vec<llm::ToolSpec> = engine
-            .router
-            .offered(policy, session, &kube)
-            .into_iter()
-            .chain(dynamic.iter().cloned())
-            .chain(super::proposals::spec(policy))
-            .collect();
-        if let Some(window) = adapter.context_window(&model) {
-            let fixed = (system.len()
-                + tools
-                    .iter()
-                    .map(|t| t.parameters.to_string().len() + t.description.len())
-                    .sum::<usize>()) as u64
-                / 4;
-            let budget = window.saturating_sub(u64::from(entry.max_tokens()) + fixed);
-            let (kept, dropped) = super::context::fit(messages, budget);
-            messages = kept;
-            if dropped > 0 {
-                let notice = format!(
-                    "{dropped} older message(s) were left out to fit the model's context window"
-                );
-                engine
-                    .emit(
-                        &session.id,
-                        run_id,
-                        event::NOTICE,
-                        json!({"runId": run_id, "message": notice}),
-                    )
-                    .await?;
-            }
-        }
-        let request = ChatRequest {
-            model: model.clone(),
-            system: Some(system.clone()),
-            messages,
-            tools,
-            metadata: llm::RequestMetadata {
-                session: Some(session.id.clone()),
-                user: Some(session.user.clone()),
-                purpose: Some("chat".into()),
-            },
-            ..Default::default()
+        let history = history(&engine.store.list_messages(&session.id).await?);
+        let tools: Vec<llm::ToolSpec> = if std::mem::take(&mut without_tools) {
+            Vec::new()
+        } else {
+            engine
+                .router
+                .offered(policy, session, &kube)
+                .into_iter()
+                .chain(dynamic.iter().cloned())
+                .chain(super::proposals::spec(policy))
+                .collect()
         };
-        let started = Instant::now();
-        let outcome =
-            stream_step(engine, session, run_id, adapter.as_ref(), &request, cancel).await?;
+        let answer = match answer_step(
+            engine,
+            session,
+            run_id,
+            step,
+            &mut routing,
+            &scope,
+            &redactor,
+            (&system, &history, &tools),
+            cancel,
+        )
+        .await?
+        {
+            Ok(answer) => answer,
+            Err(end) => return Ok(end),
+        };
+        let Answer {
+            step: outcome,
+            provider: provider_name,
+            model: served_model,
+        } = answer;
+        let StepOutcome {
+            text,
+            mut calls,
+            error,
+            ..
+        } = outcome;
         if *cancel.borrow() {
             // Keep what the model had said when the user cancelled.
-            if !outcome.0.is_empty() {
+            if !text.is_empty() {
                 let partial = NewMessage {
                     run_id: Some(run_id.to_owned()),
                     role: "assistant".into(),
-                    content: outcome.0.clone(),
+                    content: redactor.text(&text).0,
                     ..Default::default()
                 };
                 engine.store.append_message(&session.id, &partial).await?;
             }
             return Ok(End::Cancelled);
         }
-        let latency_ms = started.elapsed().as_millis() as i64;
-        let (text, calls, done, error) = outcome;
-        let (usage, answered_model) = done.clone().unwrap_or_default();
-        let served_model = if answered_model.is_empty() {
-            model.clone()
-        } else {
-            answered_model
-        };
-        engine
-            .store
-            .record_usage(&UsageEvent {
-                at: crate::store::now_ms(),
-                source: "chat".into(),
-                policy: policy_name.clone(),
-                session_id: Some(session.id.clone()),
-                user: session.user.clone(),
-                provider: provider_name.clone(),
-                model: served_model.clone(),
-                input_tokens: usage.input_tokens as i64,
-                output_tokens: usage.output_tokens as i64,
-                cost_usd: adapter.cost_usd(&served_model, usage),
-                latency_ms,
-                outcome: error
-                    .as_ref()
-                    .map_or("ok".to_owned(), |e| e.kind.as_str().to_owned()),
-            })
-            .await?;
-        engine
-            .store
-            .record_decision(&NewDecision {
-                kind: "llm_call".into(),
-                namespace: Some(session.namespace.clone()),
-                session_id: Some(session.id.clone()),
-                run_id: Some(run_id.to_owned()),
-                user: Some(session.user.clone()),
-                policy: Some(policy_name.clone()),
-                subject: format!("{provider_name}/{served_model}"),
-                outcome: error.as_ref().map_or("ok".to_owned(), |e| e.kind.as_str().to_owned()),
-                detail: json!({"step": step, "inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
-                    "latencyMs": latency_ms, "toolCalls": calls.len()}),
-            })
-            .await?;
+        // Tool arguments are stored, shown and executed as redacted as everything else.
+        for call in &mut calls {
+            redactor.value(&mut call.input);
+        }
         if !text.is_empty() || !calls.is_empty() {
             engine
                 .store
@@ -328,7 +342,7 @@ async fn steps(
                     &NewMessage {
                         run_id: Some(run_id.to_owned()),
                         role: "assistant".into(),
-                        content: text,
+                        content: redactor.text(&text).0,
                         tool_calls: (!calls.is_empty()).then(|| json!(calls)),
                         ..Default::default()
                     },
@@ -338,7 +352,7 @@ async fn steps(
         if let Some(e) = error {
             return Ok(End::Failed {
                 code: "provider_error",
-                message: e.to_string(),
+                message: redactor.text(&e.to_string()).0,
             });
         }
         if calls.is_empty() {
@@ -391,7 +405,7 @@ async fn steps(
                 routed.push(call);
             }
         }
-        let redactor = &catalog.redactor;
+        let redactor = &redactor;
         let kube = &kube;
         let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
             let ctx = crate::tools::ToolContext {
@@ -452,6 +466,291 @@ async fn steps(
     Ok(End::Completed)
 }
 
+async fn notice(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    message: &str,
+) -> Result<(), crate::store::StoreError> {
+    engine
+        .emit(
+            &session.id,
+            run_id,
+            event::NOTICE,
+            json!({"runId": run_id, "message": message}),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Gets one step answered: the current route's provider (its fast model first in frugal
+/// mode), failing over to the next route on a hard failure before any output reached the
+/// user, and escalating a fast answer to the full model when it stopped at its token limit
+/// or asked for more. Every attempt is reserved against the budgets, redacted, settled and
+/// audited. `Err` ends the run (a budget refused the call).
+#[allow(clippy::too_many_arguments)]
+async fn answer_step(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    step: u32,
+    routing: &mut Routing,
+    scope: &crate::govern::Scope,
+    redactor: &crate::redact::Redactor,
+    (system, history, tools): (&str, &[Message], &[llm::ToolSpec]),
+    cancel: &mut watch::Receiver<bool>,
+) -> Result<Result<Answer, End>, crate::store::StoreError> {
+    let config = engine.config.borrow().clone();
+    let catalog = &config.catalog;
+    let policy = routing.policy.clone();
+    let mut fit_noticed = false;
+    loop {
+        let route = routing.plan.routes[routing.current].clone();
+        let fast = route.fast_model.clone().filter(|_| !routing.escalated);
+        let model = fast.clone().unwrap_or_else(|| route.model.clone());
+        let adapter = match routing.adapter(catalog, &session.namespace) {
+            Ok(a) => a,
+            Err(e) => {
+                if failover(engine, session, run_id, routing, &route, &model, &e).await? {
+                    continue;
+                }
+                return Ok(Err(End::Failed {
+                    code: "provider_unavailable",
+                    message: e.to_string(),
+                }));
+            }
+        };
+        let max_tokens = adapter.config().max_tokens;
+        let mut messages = history.to_vec();
+        if let Some(window) = adapter.context_window(&model) {
+            let fixed = (system.len()
+                + tools
+                    .iter()
+                    .map(|t| t.parameters.to_string().len() + t.description.len())
+                    .sum::<usize>()) as u64
+                / 4;
+            let budget = window.saturating_sub(u64::from(max_tokens) + fixed);
+            let (kept, dropped) = super::context::fit(messages, budget);
+            messages = kept;
+            if dropped > 0 && !fit_noticed {
+                fit_noticed = true;
+                let text = format!(
+                    "{dropped} older message(s) were left out to fit the model's context window"
+                );
+                notice(engine, session, run_id, &text).await?;
+            }
+        }
+        let mut request = ChatRequest {
+            model: model.clone(),
+            system: Some(if fast.is_some() {
+                format!("{system}\n\n{FAST_PROMPT}")
+            } else {
+                system.to_owned()
+            }),
+            messages,
+            tools: tools.to_vec(),
+            metadata: llm::RequestMetadata {
+                session: Some(session.id.clone()),
+                user: Some(session.user.clone()),
+                purpose: Some("chat".into()),
+            },
+            ..Default::default()
+        };
+        // Nothing leaves for a provider unredacted (SPEC §1.3).
+        let redactions = redactor.request(&mut request);
+        let cost = adapter
+            .models()
+            .iter()
+            .find(|m| m.id == model)
+            .and_then(|m| m.cost);
+        let reservation = match engine
+            .governor
+            .reserve(
+                scope,
+                &route.provider,
+                &model,
+                cost.as_ref(),
+                &request,
+                max_tokens,
+            )
+            .await?
+        {
+            Ok(r) => r,
+            Err(exceeded) => {
+                return Ok(Err(End::Failed {
+                    code: "budget_exceeded",
+                    message: exceeded.to_string(),
+                }));
+            }
+        };
+        let started = Instant::now();
+        let live = fast.is_none();
+        let out = stream_step(
+            engine,
+            session,
+            run_id,
+            adapter.as_ref(),
+            &request,
+            cancel,
+            live,
+            redactor,
+        )
+        .await?;
+        let latency_ms = started.elapsed().as_millis() as i64;
+        let outcome = out
+            .error
+            .as_ref()
+            .map_or("ok", |e| e.kind.as_str())
+            .to_owned();
+        let served = if out.model.is_empty() {
+            model.clone()
+        } else {
+            out.model.clone()
+        };
+        let alerts = engine
+            .governor
+            .settle(
+                reservation,
+                &crate::govern::Outcome {
+                    usage: out.usage,
+                    model: served.clone(),
+                    latency_ms,
+                    outcome: outcome.clone(),
+                },
+            )
+            .await?;
+        for alert in alerts {
+            notice(engine, session, run_id, &alert).await?;
+        }
+        engine
+            .store
+            .record_decision(&NewDecision {
+                kind: "llm_call".into(),
+                namespace: Some(session.namespace.clone()),
+                session_id: Some(session.id.clone()),
+                run_id: Some(run_id.to_owned()),
+                user: Some(session.user.clone()),
+                policy: Some(policy.clone()),
+                subject: format!("{}/{served}", route.provider),
+                outcome,
+                detail: json!({"step": step, "inputTokens": out.usage.input_tokens,
+                    "outputTokens": out.usage.output_tokens, "latencyMs": latency_ms,
+                    "toolCalls": out.calls.len(), "redactions": redactions,
+                    "stopReason": out.stop_reason, "fastModel": fast.is_some()}),
+            })
+            .await?;
+        if *cancel.borrow() {
+            return Ok(Ok(Answer {
+                step: out,
+                provider: route.provider,
+                model: served,
+            }));
+        }
+        if let Some(e) = &out.error
+            && !out.output_started
+            && e.is_retryable()
+            && failover(engine, session, run_id, routing, &route, &model, e).await?
+        {
+            continue;
+        }
+        if fast.is_some() && out.error.is_none() {
+            let why = if out.stop_reason == StopReason::MaxTokens {
+                Some("stopped at its output token limit")
+            } else if out.text.contains(ESCALATE_MARKER) {
+                Some("asked for more context")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                routing.escalated = true;
+                let text = format!(
+                    "the fast model {}/{model} {why}; {} answers instead",
+                    route.provider, route.model
+                );
+                notice(engine, session, run_id, &text).await?;
+                engine
+                    .store
+                    .record_decision(&NewDecision {
+                        kind: "escalation".into(),
+                        namespace: Some(session.namespace.clone()),
+                        session_id: Some(session.id.clone()),
+                        run_id: Some(run_id.to_owned()),
+                        user: Some(session.user.clone()),
+                        policy: Some(policy.clone()),
+                        subject: format!(
+                            "{}/{model} -> {}/{}",
+                            route.provider, route.provider, route.model
+                        ),
+                        outcome: "escalated".into(),
+                        detail: json!({"step": step, "reason": why}),
+                    })
+                    .await?;
+                continue;
+            }
+            // The fast answer stands: the user sees it now.
+            if !out.text.is_empty() {
+                let text = redactor.text(&out.text).0;
+                engine
+                    .emit(
+                        &session.id,
+                        run_id,
+                        event::TEXT_DELTA,
+                        json!({"runId": run_id, "text": text}),
+                    )
+                    .await?;
+            }
+        }
+        return Ok(Ok(Answer {
+            step: out,
+            provider: route.provider,
+            model: served,
+        }));
+    }
+}
+
+/// Moves `routing` to its next route after `error` on `route`, recording the failover (a
+/// `notice` and an audit row); false when there is no next route.
+async fn failover(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    routing: &mut Routing,
+    route: &route::Route,
+    model: &str,
+    error: &LlmError,
+) -> Result<bool, crate::store::StoreError> {
+    let Some(next) = routing.plan.routes.get(routing.current + 1).cloned() else {
+        return Ok(false);
+    };
+    routing.current += 1;
+    engine.governor.failover(&route.provider, model);
+    let next_model = next
+        .fast_model
+        .clone()
+        .filter(|_| !routing.escalated)
+        .unwrap_or_else(|| next.model.clone());
+    let text = format!(
+        "{}/{model} failed before answering ({}); failing over to {}/{next_model}",
+        route.provider, error.message, next.provider
+    );
+    notice(engine, session, run_id, &text).await?;
+    engine
+        .store
+        .record_decision(&NewDecision {
+            kind: "failover".into(),
+            namespace: Some(session.namespace.clone()),
+            session_id: Some(session.id.clone()),
+            run_id: Some(run_id.to_owned()),
+            user: Some(session.user.clone()),
+            policy: Some(routing.policy.clone()),
+            subject: format!("{}/{model} -> {}/{next_model}", route.provider, next.provider),
+            outcome: error.kind.as_str().into(),
+            detail: json!({"from": route.provider, "to": next.provider, "error": error.message, "status": error.status}),
+        })
+        .await?;
+    Ok(true)
+}
+
 /// Stores a tool result and announces it.
 async fn finish_call(
     engine: &Engine,
@@ -482,15 +781,29 @@ async fn finish_call(
     Ok(())
 }
 
-type StepOutcome = (
-    String,
-    Vec<ToolCall>,
-    Option<(llm::Usage, String)>,
-    Option<LlmError>,
-);
+/// What one provider call produced.
+#[derive(Default)]
+struct StepOutcome {
+    /// The whole answer text.
+    text: String,
+    /// Tool calls, arguments complete.
+    calls: Vec<ToolCall>,
+    /// Tokens reported.
+    usage: llm::Usage,
+    /// Model reported.
+    model: String,
+    /// Why it stopped.
+    stop_reason: StopReason,
+    /// Whether any of it reached the user (a delta was sent or a tool call received):
+    /// after that, a failure ends the run instead of failing over.
+    output_started: bool,
+    /// The error that ended it, if any.
+    error: Option<LlmError>,
+}
 
-/// Streams one provider call, emitting coalesced text deltas; returns the text, the tool
-/// calls, usage and model, and the error that ended it, if any.
+/// Streams one provider call. `live`: text deltas are redacted, coalesced and sent as they
+/// come; otherwise (a frugal fast answer that may yet be escalated) nothing is sent.
+#[allow(clippy::too_many_arguments)]
 async fn stream_step(
     engine: &Engine,
     session: &SessionRecord,
@@ -498,15 +811,20 @@ async fn stream_step(
     adapter: &dyn llm::LlmProvider,
     request: &ChatRequest,
     cancel: &mut watch::Receiver<bool>,
+    live: bool,
+    redactor: &crate::redact::Redactor,
 ) -> Result<StepOutcome, crate::store::StoreError> {
+    let mut out = StepOutcome::default();
     let mut stream = tokio::select! {
         s = adapter.stream(request) => match s {
             Ok(s) => s,
-            Err(e) => return Ok((String::new(), Vec::new(), None, Some(e))),
+            Err(e) => {
+                out.error = Some(e);
+                return Ok(out);
+            }
         },
-        _ = cancel.changed() => return Ok((String::new(), Vec::new(), None, None)),
+        _ = cancel.changed() => return Ok(out),
     };
-    let (mut text, mut calls, mut done, mut error) = (String::new(), Vec::new(), None, None);
     let mut pending = String::new();
     let mut flush_at: Option<tokio::time::Instant> = None;
     loop {
@@ -515,7 +833,7 @@ async fn stream_step(
             // Dropping the stream closes the provider request.
             _ = cancel.changed() => break,
             _ = async { if let Some(at) = flush_at { tokio::time::sleep_until(at).await } else { std::future::pending::<()>().await } } => {
-                let chunk = std::mem::take(&mut pending);
+                let chunk = redactor.text(&std::mem::take(&mut pending)).0;
                 flush_at = None;
                 engine.emit(&session.id, run_id, event::TEXT_DELTA, json!({"runId": run_id, "text": chunk})).await?;
                 continue;
@@ -523,38 +841,46 @@ async fn stream_step(
         };
         match next {
             Some(Ok(StreamEvent::TextDelta(t))) => {
-                text.push_str(&t);
-                pending.push_str(&t);
-                flush_at.get_or_insert_with(|| tokio::time::Instant::now() + COALESCE);
+                out.text.push_str(&t);
+                if live {
+                    out.output_started = true;
+                    pending.push_str(&t);
+                    flush_at.get_or_insert_with(|| tokio::time::Instant::now() + COALESCE);
+                }
             }
-            Some(Ok(StreamEvent::ToolCall(c))) => calls.push(c),
+            Some(Ok(StreamEvent::ToolCall(c))) => {
+                out.output_started |= live;
+                out.calls.push(c);
+            }
             Some(Ok(StreamEvent::Warning(w))) => {
-                engine
-                    .emit(
-                        &session.id,
-                        run_id,
-                        event::NOTICE,
-                        json!({"runId": run_id, "message": w}),
-                    )
-                    .await?;
+                notice(engine, session, run_id, &w).await?;
             }
-            Some(Ok(StreamEvent::Done { usage, model, .. })) => done = Some((usage, model)),
+            Some(Ok(StreamEvent::Done {
+                usage,
+                model,
+                stop_reason,
+            })) => {
+                out.usage = usage;
+                out.model = model;
+                out.stop_reason = stop_reason;
+            }
             Some(Err(e)) => {
-                error = Some(e);
+                out.error = Some(e);
                 break;
             }
             None => break,
         }
     }
     if !pending.is_empty() {
+        let chunk = redactor.text(&pending).0;
         engine
             .emit(
                 &session.id,
                 run_id,
                 event::TEXT_DELTA,
-                json!({"runId": run_id, "text": pending}),
+                json!({"runId": run_id, "text": chunk}),
             )
             .await?;
     }
-    Ok((text, calls, done, error))
+    Ok(out)
 }

@@ -409,6 +409,7 @@ async fn run_server(server: Server) -> Result<(), String> {
     };
     let sole_replica = store.backend() == crate::store::Backend::Sqlite;
     let maintainer = tokio::spawn(state.engine.clone().maintain(sole_replica, stop_rx.clone()));
+    let sweeper = tokio::spawn(state.engine.governor.clone().sweep(stop_rx.clone()));
     let prober = tokio::spawn(crate::llm::probe::run(
         config_rx,
         probes,
@@ -428,6 +429,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         let _ = e.await;
     }
     let _ = maintainer.await;
+    let _ = sweeper.await;
     drop(config_tx);
     store.close().await;
     result.map_err(|e| format!("server error: {e}"))

@@ -25,6 +25,7 @@ impl From<ChatError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "session_busy", e.to_string())
             }
             ChatError::Store(e) => ApiError::internal(e),
+            ChatError::Budget(e) => ApiError::budget(&e),
         }
     }
 }
@@ -564,14 +565,22 @@ pub async fn tool_results(
             .map_err(store_error)?;
         return Err(not_waiting(&id));
     }
-    let redactor = state.config.borrow().catalog.redactor.clone();
+    let redactor = {
+        let config = state.config.borrow();
+        let catalog = &config.catalog;
+        match catalog.match_policy(&session.namespace, &session.name) {
+            Some(policy) => catalog.redactor_for(policy),
+            None => crate::redact::Redactor::secrets_only(catalog.redactor.clone()),
+        }
+    };
     for r in &body.results {
         let content = match &r.content {
             Value::String(s) => s.clone(),
             other => other.to_string(),
         };
-        // Resolved Secret values never reach the provider or the database (SPEC §1.3).
-        let (content, _) = redactor.redact(&content);
+        // Resolved Secret values (and what the policy's privacy settings name) never reach
+        // the provider or the database (SPEC §1.3).
+        let (content, _) = redactor.content(&content);
         let name = pending
             .iter()
             .find(|c| c.id == r.tool_call_id)

@@ -14,6 +14,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// What happened and what to do.
     pub message: String,
+    /// Seconds for a `Retry-After` header (rate limits and budgets).
+    pub retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -23,7 +25,19 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// 429 `budget_exceeded`, naming the budget, its limit and when it resets.
+    pub fn budget(e: &crate::govern::budget::Exceeded) -> Self {
+        let mut error = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "budget_exceeded",
+            e.to_string(),
+        );
+        error.retry_after = e.retry_after(crate::store::now_ms());
+        error
     }
 
     /// 400 `invalid_request`.
@@ -66,6 +80,11 @@ impl IntoResponse for ApiError {
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer"),
             );
+        }
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         response
     }

@@ -4,9 +4,11 @@
 //! Portable SQL only: `$N` placeholders (SQLite accepts them too), integer Unix-millisecond
 //! timestamps, JSON as TEXT, `INSERT ... ON CONFLICT`, `UPDATE ... RETURNING`.
 
+mod budget;
 mod models;
 mod repo;
 
+pub use budget::{BudgetHold, BudgetRefused, BudgetSettle};
 pub use models::*;
 
 use sqlx::AnyPool;
@@ -24,6 +26,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         2,
         "tool_results",
         include_str!("../../../migrations/0002_tool_results.sql"),
+    ),
+    (
+        3,
+        "budgets",
+        include_str!("../../../migrations/0003_budgets.sql"),
     ),
 ];
 

@@ -117,6 +117,17 @@ impl Store {
         rows.iter().map(session_row).collect()
     }
 
+    /// Sets the title of session `id` unless it has one. Returns whether it was set.
+    pub async fn set_title(&self, id: &str, title: &str) -> Result<bool, StoreError> {
+        let done =
+            sqlx::query("UPDATE chat_sessions SET title = $2 WHERE id = $1 AND title IS NULL")
+                .bind(id)
+                .bind(title)
+                .execute(&self.pool)
+                .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// Moves session `id` to `status` only if it is currently in `from` (a compare-and-set,
     /// so two replicas cannot both start a run). Returns whether it moved.
     pub async fn transition_session(
@@ -582,48 +593,8 @@ impl Store {
     /// Records one provider call and adds it to the day's roll-up in the same transaction,
     /// so reports read `usage_daily` and never scan the events.
     pub async fn record_usage(&self, u: &UsageEvent) -> Result<(), StoreError> {
-        let day = utc_day(u.at);
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO usage_events (id, at, day, source, policy, session_id, user_name, provider, model, \
-             input_tokens, output_tokens, cost_usd, latency_ms, outcome) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-        )
-        .bind(new_id())
-        .bind(u.at)
-        .bind(&day)
-        .bind(&u.source)
-        .bind(&u.policy)
-        .bind(&u.session_id)
-        .bind(&u.user)
-        .bind(&u.provider)
-        .bind(&u.model)
-        .bind(u.input_tokens)
-        .bind(u.output_tokens)
-        .bind(u.cost_usd)
-        .bind(u.latency_ms)
-        .bind(&u.outcome)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, output_tokens, cost_usd) \
-             VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8) \
-             ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
-               requests = usage_daily.requests + 1, \
-               input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
-               output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
-               cost_usd = usage_daily.cost_usd + excluded.cost_usd",
-        )
-        .bind(&day)
-        .bind(&u.policy)
-        .bind(&u.provider)
-        .bind(&u.model)
-        .bind(&u.user)
-        .bind(u.input_tokens)
-        .bind(u.output_tokens)
-        .bind(u.cost_usd)
-        .execute(&mut *tx)
-        .await?;
+        insert_usage(&mut tx, u).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -657,6 +628,55 @@ impl Store {
             })
             .collect()
     }
+}
+
+/// Inserts a usage event and adds it to its day's roll-up (O(1): one upsert).
+pub(super) async fn insert_usage(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    u: &UsageEvent,
+) -> Result<(), StoreError> {
+    let day = utc_day(u.at);
+    sqlx::query(
+        "INSERT INTO usage_events (id, at, day, source, policy, session_id, user_name, provider, model, \
+         input_tokens, output_tokens, cost_usd, latency_ms, outcome) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+    )
+    .bind(new_id())
+    .bind(u.at)
+    .bind(&day)
+    .bind(&u.source)
+    .bind(&u.policy)
+    .bind(&u.session_id)
+    .bind(&u.user)
+    .bind(&u.provider)
+    .bind(&u.model)
+    .bind(u.input_tokens)
+    .bind(u.output_tokens)
+    .bind(u.cost_usd)
+    .bind(u.latency_ms)
+    .bind(&u.outcome)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, output_tokens, cost_usd) \
+         VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8) \
+         ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
+           requests = usage_daily.requests + 1, \
+           input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
+           output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
+           cost_usd = usage_daily.cost_usd + excluded.cost_usd",
+    )
+    .bind(&day)
+    .bind(&u.policy)
+    .bind(&u.provider)
+    .bind(&u.model)
+    .bind(&u.user)
+    .bind(u.input_tokens)
+    .bind(u.output_tokens)
+    .bind(u.cost_usd)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 macro_rules! usage_by {

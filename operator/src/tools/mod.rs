@@ -43,8 +43,9 @@ pub struct ToolContext {
     pub session: SessionRecord,
     /// The run.
     pub run_id: String,
-    /// Replaces resolved Secret values in the result (the live catalog's).
-    pub redactor: crate::redact::SecretRedactor,
+    /// Redacts the result: resolved Secret values, plus what the session's policy's
+    /// `privacy` asks for.
+    pub redactor: crate::redact::Redactor,
     /// Who the Kubernetes tools act as.
     pub kube: KubeIdentity,
 }
@@ -144,6 +145,11 @@ impl Registered {
 }
 
 impl Router {
+    /// The metrics the router counts into.
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
     /// The built-in tools available everywhere, and no plugins.
     pub fn new(metrics: Arc<Metrics>) -> Self {
         let (_, plugins) = watch::channel(Arc::new(PluginSet::default()));
@@ -272,7 +278,7 @@ impl Router {
             Err(ToolError::Timeout(m)) => (m, true, Some("timeout")),
             Err(ToolError::Internal(m)) => (m, true, Some("internal")),
         };
-        let (content, redactions) = ctx.redactor.redact(&content);
+        let (content, redactions) = ctx.redactor.content(&content);
         let (content, truncated) =
             match cap(&ctx.store, &ctx.session.id, &call.id, &call.name, content).await {
                 Ok(v) => v,

@@ -288,7 +288,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         .await;
     let db = sqlite().await;
     let mut ctx = crate::common::tool_context(&db.store, "checkout-debug").await;
-    ctx.redactor = redactor;
+    ctx.redactor = kortex::redact::Redactor::secrets_only(redactor);
     let router = &plugins.router;
 
     // Offered: this namespace's tools the session may use, never another namespace's.

@@ -1,0 +1,232 @@
+//! The small jobs of a policy's other model roles (SPEC §3 Roles): `triage` decides
+//! whether a question needs tools, `summarize` writes the session's title — a one-line
+//! incident summary that `get_incident_history` searches. Both go through the same routes,
+//! redaction, budgets and accounting as the chat; a failure of either never fails the run.
+
+use super::Engine;
+use crate::catalog::PolicyEntry;
+use crate::govern::route::{self, Role};
+use crate::govern::{Outcome, Scope};
+use crate::llm::{self, ChatRequest, Message};
+use crate::store::{NewDecision, SessionRecord, StoreError};
+use serde_json::json;
+use std::time::Instant;
+
+const TRIAGE_PROMPT: &str = "Classify the user's latest message to an assistant for Kubernetes operations. Reply with one word: TOOLS if a good answer needs live data (cluster objects, logs, events, metrics, past incidents), DIRECT if it can be answered from general knowledge and the conversation alone.";
+
+const TITLE_PROMPT: &str = "Write a title of at most 12 words for this operations conversation that summarizes the incident: the affected workload or service, the symptom, and the cause or action if known. Reply with the title only, without quotes.";
+
+/// Longest conversation excerpt sent for a title.
+const TITLE_CONTEXT: usize = 8_000;
+
+/// Whether the first step of a new question should be offered tools: asks the policy's
+/// `triage` model when it has one; yes when it has none or triage fails.
+pub async fn needs_tools(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    policy: &PolicyEntry,
+) -> Result<bool, StoreError> {
+    if policy.object.spec.models.triage.is_none() {
+        return Ok(true);
+    }
+    let messages = engine.store.list_messages(&session.id).await?;
+    let Some(question) = messages.iter().rev().find(|m| m.role == "user") else {
+        return Ok(true);
+    };
+    let answer = side_call(
+        engine,
+        session,
+        Some(run_id),
+        policy,
+        Role::Triage,
+        TRIAGE_PROMPT,
+        vec![Message::User {
+            content: question.content.clone(),
+        }],
+        8,
+    )
+    .await?;
+    Ok(!answer.is_some_and(|a| a.to_ascii_uppercase().contains("DIRECT")))
+}
+
+/// Gives session `session` a title from its conversation, unless it has one.
+pub async fn title(
+    engine: &Engine,
+    session: &SessionRecord,
+    policy: &PolicyEntry,
+) -> Result<(), StoreError> {
+    if session.title.is_some() {
+        return Ok(());
+    }
+    let messages = engine.store.list_messages(&session.id).await?;
+    let mut transcript = String::new();
+    for m in messages
+        .iter()
+        .filter(|m| m.role != "tool" && !m.content.is_empty())
+    {
+        transcript.push_str(if m.role == "user" {
+            "User: "
+        } else {
+            "Assistant: "
+        });
+        transcript.push_str(&m.content);
+        transcript.push_str("\n\n");
+    }
+    if transcript.len() > TITLE_CONTEXT {
+        let mut cut = TITLE_CONTEXT;
+        while !transcript.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        transcript.truncate(cut);
+    }
+    let Some(answer) = side_call(
+        engine,
+        session,
+        None,
+        policy,
+        Role::Summarize,
+        TITLE_PROMPT,
+        vec![Message::User {
+            content: transcript,
+        }],
+        48,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let title: String = answer
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default()
+        .trim()
+        .trim_matches(|c| c == '"' || c == '\'' || c == '#' || c == '*')
+        .trim()
+        .chars()
+        .take(120)
+        .collect();
+    if !title.is_empty() {
+        engine.store.set_title(&session.id, &title).await?;
+    }
+    Ok(())
+}
+
+/// One non-streamed call for `role` under `policy`, through the routes in failover order;
+/// `None` when no route answered (the reasons are in the audit log).
+#[allow(clippy::too_many_arguments)]
+async fn side_call(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: Option<&str>,
+    policy: &PolicyEntry,
+    role: Role,
+    system: &str,
+    messages: Vec<Message>,
+    max_tokens: u32,
+) -> Result<Option<String>, StoreError> {
+    let config = engine.config.borrow().clone();
+    let catalog = &config.catalog;
+    let plan = route::plan(catalog, &session.namespace, policy, role);
+    let source = match role {
+        Role::Triage => "triage",
+        _ => "summarize",
+    };
+    let scope = Scope::new(policy, &session.user, Some(&session.id), source);
+    let redactor = catalog.redactor_for(policy);
+    let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
+    for route in &plan.routes {
+        let Some(adapter) = catalog
+            .provider(&session.namespace, &route.provider)
+            .and_then(|entry| llm::build(entry).ok())
+        else {
+            continue;
+        };
+        let mut request = ChatRequest {
+            model: route.model.clone(),
+            system: Some(system.to_owned()),
+            messages: messages.clone(),
+            max_tokens: Some(max_tokens),
+            metadata: llm::RequestMetadata {
+                session: Some(session.id.clone()),
+                user: Some(session.user.clone()),
+                purpose: Some(role.as_str().into()),
+            },
+            ..Default::default()
+        };
+        let redactions = redactor.request(&mut request);
+        let cost = adapter
+            .models()
+            .iter()
+            .find(|m| m.id == route.model)
+            .and_then(|m| m.cost);
+        let Ok(reservation) = engine
+            .governor
+            .reserve(
+                &scope,
+                &route.provider,
+                &route.model,
+                cost.as_ref(),
+                &request,
+                max_tokens,
+            )
+            .await?
+        else {
+            // A spent budget: the job is skipped (the chat itself reports the budget).
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let result = adapter.complete(&request).await;
+        let latency_ms = started.elapsed().as_millis() as i64;
+        let (usage, model, outcome) = match &result {
+            Ok(r) => (r.usage, r.model.clone(), "ok".to_owned()),
+            Err(e) => (
+                llm::Usage::default(),
+                String::new(),
+                e.kind.as_str().to_owned(),
+            ),
+        };
+        engine
+            .governor
+            .settle(
+                reservation,
+                &Outcome {
+                    usage,
+                    model: model.clone(),
+                    latency_ms,
+                    outcome: outcome.clone(),
+                },
+            )
+            .await?;
+        let served = if model.is_empty() {
+            route.model.clone()
+        } else {
+            model
+        };
+        engine
+            .store
+            .record_decision(&NewDecision {
+                kind: "llm_call".into(),
+                namespace: Some(session.namespace.clone()),
+                session_id: Some(session.id.clone()),
+                run_id: run_id.map(str::to_owned),
+                user: Some(session.user.clone()),
+                policy: Some(policy_name.clone()),
+                subject: format!("{}/{served}", route.provider),
+                outcome,
+                detail: json!({"role": role, "inputTokens": usage.input_tokens,
+                    "outputTokens": usage.output_tokens, "latencyMs": latency_ms,
+                    "redactions": redactions}),
+            })
+            .await?;
+        match result {
+            Ok(r) => return Ok(Some(redactor.text(&r.text).0)),
+            Err(e) if e.is_retryable() => {
+                engine.governor.failover(&route.provider, &route.model);
+                continue;
+            }
+            Err(_) => return Ok(None),
+        }
+    }
+    Ok(None)
+}

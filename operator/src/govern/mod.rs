@@ -1,0 +1,397 @@
+//! ChatPolicy enforcement shared by every endpoint that calls a provider (SPEC §1.2, §3):
+//! routes in failover order ([`route`]), budgets ([`budget`]) and the one accounting path
+//! ([`Governor`]): a call is admitted, its estimated cost reserved, and its usage settled —
+//! a `usage_events` row, the daily roll-up, the budget counters and the metrics, together.
+
+pub mod budget;
+pub mod route;
+
+use crate::catalog::PolicyEntry;
+use crate::crd::{Budget, ModelCost};
+use crate::llm::{ChatRequest, Usage};
+use crate::metrics::{BudgetLabels, LlmCallLabels, LlmLabels, Metrics, TokenLabels};
+use crate::store::{BudgetSettle, Store, StoreError, UsageEvent, new_id, now_ms};
+use budget::{Counter, Counters, Exceeded};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long a reservation holds budget when its call never settles (the replica died):
+/// longer than any provider call.
+pub const HOLD: Duration = Duration::from_secs(30 * 60);
+/// How often expired reservations are released.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// Who a call is made for, under which policy.
+#[derive(Clone, Debug)]
+pub struct Scope {
+    /// `namespace/name` of the governing policy.
+    pub policy: String,
+    /// Its budget.
+    pub budget: Option<Budget>,
+    /// User (or gateway team).
+    pub user: String,
+    /// Chat session id, if any.
+    pub session: Option<String>,
+    /// What makes the call: `chat`, `summarize`, `triage`, `gateway`.
+    pub source: &'static str,
+}
+
+impl Scope {
+    /// The scope of a call by `user` (in `session`) under `policy`.
+    pub fn new(
+        policy: &PolicyEntry,
+        user: &str,
+        session: Option<&str>,
+        source: &'static str,
+    ) -> Self {
+        let meta = &policy.object.metadata;
+        Self {
+            policy: format!(
+                "{}/{}",
+                meta.namespace.as_deref().unwrap_or("default"),
+                meta.name.as_deref().unwrap_or_default()
+            ),
+            budget: policy.object.spec.budget.clone(),
+            user: user.to_owned(),
+            session: session.map(str::to_owned),
+            source,
+        }
+    }
+
+    fn counters(&self, now: i64) -> Counters {
+        Counters::new(
+            &self.policy,
+            self.budget.as_ref(),
+            &self.user,
+            self.session.as_deref(),
+            now,
+        )
+    }
+
+    fn alert_at(&self) -> Option<u8> {
+        self.budget.as_ref().and_then(|b| b.alert_at_percent)
+    }
+}
+
+/// Budget held for a call in flight. Settle it with [`Governor::settle`]; one dropped
+/// unsettled (a cancelled request) gives its budget back.
+pub struct Reservation {
+    id: String,
+    scope: Scope,
+    counters: Counters,
+    /// `LLMProvider` name.
+    pub provider: String,
+    /// The model asked for.
+    pub model: String,
+    cost: Option<ModelCost>,
+    settled: bool,
+    store: Store,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let (store, id) = (self.store.clone(), self.id.clone());
+        let holds = release_all(&self.counters);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = store.settle_budget(&id, &holds, None).await {
+                    tracing::warn!(error = %e, "cannot release a budget reservation; it expires on its own");
+                }
+            });
+        }
+    }
+}
+
+fn release_all(c: &Counters) -> Vec<BudgetSettle> {
+    std::iter::once(&c.usd)
+        .chain(c.tokens.as_ref())
+        .map(|c| BudgetSettle {
+            scope: c.scope.clone(),
+            window_start: c.window_start,
+            amount: 0,
+        })
+        .collect()
+}
+
+/// How a call ended, for the books.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Tokens the provider reported.
+    pub usage: Usage,
+    /// The model that answered (empty: the one asked for).
+    pub model: String,
+    /// Latency in milliseconds.
+    pub latency_ms: i64,
+    /// `ok`, or an error kind.
+    pub outcome: String,
+}
+
+/// Budgets and accounting for every provider call.
+pub struct Governor {
+    store: Store,
+    metrics: Arc<Metrics>,
+}
+
+impl Governor {
+    /// A governor over `store`.
+    pub fn new(store: Store, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self { store, metrics })
+    }
+
+    fn refused(&self, e: Exceeded) -> Exceeded {
+        self.metrics
+            .budget_refusals
+            .get_or_create(&BudgetLabels {
+                policy: e.policy.clone(),
+                budget: e.kind.field(),
+            })
+            .inc();
+        e
+    }
+
+    /// Admits one request (a chat run or a gateway call): counts it against
+    /// `perUserHourlyRequests`, and refuses up front when the policy's daily spend or the
+    /// session's tokens are already used up. Returns the alerts crossed.
+    pub async fn admit(&self, scope: &Scope) -> Result<Result<Vec<String>, Exceeded>, StoreError> {
+        let now = now_ms();
+        let c = scope.counters(now);
+        for counter in std::iter::once(&c.usd).chain(c.tokens.as_ref()) {
+            if let Some(limit) = counter.limit {
+                let (used, reserved) = self
+                    .store
+                    .budget_used(&counter.scope, counter.window_start)
+                    .await?;
+                // Calls in flight may still settle below their reservations: only what is
+                // spent refuses a request up front.
+                if used >= limit {
+                    return Ok(Err(
+                        self.refused(counter.exceeded(&scope.policy, used + reserved))
+                    ));
+                }
+            }
+        }
+        if let Err(refused) = self
+            .store
+            .reserve_budget(&new_id(), &[c.requests.hold(1, true)], now)
+            .await?
+        {
+            return Ok(Err(
+                self.refused(c.requests.exceeded(&scope.policy, refused.used))
+            ));
+        }
+        let mut alerts = Vec::new();
+        self.alert(scope, &c.requests, &mut alerts).await?;
+        Ok(Ok(alerts))
+    }
+
+    /// Reserves the worst-case cost of `request` on `provider`/`model` (estimated input
+    /// plus the whole output allowance `max_output`): dollars against `dailyUsdLimit`,
+    /// tokens against `perSessionTokenCap`. Concurrent calls cannot overshoot together.
+    pub async fn reserve(
+        &self,
+        scope: &Scope,
+        provider: &str,
+        model: &str,
+        cost: Option<&ModelCost>,
+        request: &ChatRequest,
+        max_output: u32,
+    ) -> Result<Result<Reservation, Exceeded>, StoreError> {
+        let now = now_ms();
+        let counters = scope.counters(now);
+        let input = estimate_tokens(request);
+        let micros = budget::estimate_micros(cost, input, u64::from(max_output));
+        let tokens = i64::try_from(input + u64::from(max_output)).unwrap_or(i64::MAX);
+        let mut holds = vec![counters.usd.hold(micros, false)];
+        let mut which: Vec<&Counter> = vec![&counters.usd];
+        if let Some(t) = &counters.tokens {
+            holds.push(t.hold(tokens, false));
+            which.push(t);
+        }
+        let id = new_id();
+        let hold_until = now + HOLD.as_millis() as i64;
+        if let Err(refused) = self.store.reserve_budget(&id, &holds, hold_until).await? {
+            let counter = which[refused.index];
+            return Ok(Err(
+                self.refused(counter.exceeded(&scope.policy, refused.used))
+            ));
+        }
+        Ok(Ok(Reservation {
+            id,
+            scope: scope.clone(),
+            counters,
+            provider: provider.to_owned(),
+            model: model.to_owned(),
+            cost: cost.copied(),
+            settled: false,
+            store: self.store.clone(),
+        }))
+    }
+
+    /// Settles `reservation` with what the call actually used: the usage event and daily
+    /// roll-up, the budget counters and the metrics. Returns the budget alerts this call
+    /// crossed (`alertAtPercent`), each reported once per window across replicas.
+    pub async fn settle(
+        &self,
+        mut reservation: Reservation,
+        outcome: &Outcome,
+    ) -> Result<Vec<String>, StoreError> {
+        reservation.settled = true;
+        let model = if outcome.model.is_empty() {
+            reservation.model.clone()
+        } else {
+            outcome.model.clone()
+        };
+        let cost_usd = crate::llm::cost_usd(reservation.cost.as_ref(), outcome.usage);
+        let micros = (cost_usd * budget::MICROS).round() as i64;
+        let tokens = i64::try_from(outcome.usage.input_tokens + outcome.usage.output_tokens)
+            .unwrap_or(i64::MAX);
+        let c = &reservation.counters;
+        let mut actual = vec![BudgetSettle {
+            scope: c.usd.scope.clone(),
+            window_start: c.usd.window_start,
+            amount: micros,
+        }];
+        if let Some(t) = &c.tokens {
+            actual.push(BudgetSettle {
+                scope: t.scope.clone(),
+                window_start: t.window_start,
+                amount: tokens,
+            });
+        }
+        let scope = &reservation.scope;
+        let event = UsageEvent {
+            at: now_ms(),
+            source: scope.source.to_owned(),
+            policy: scope.policy.clone(),
+            session_id: scope.session.clone(),
+            user: scope.user.clone(),
+            provider: reservation.provider.clone(),
+            model: model.clone(),
+            input_tokens: outcome.usage.input_tokens as i64,
+            output_tokens: outcome.usage.output_tokens as i64,
+            cost_usd,
+            latency_ms: outcome.latency_ms,
+            outcome: outcome.outcome.clone(),
+        };
+        self.store
+            .settle_budget(&reservation.id, &actual, Some(&event))
+            .await?;
+        let m = &self.metrics;
+        m.llm_calls
+            .get_or_create(&LlmCallLabels {
+                provider: reservation.provider.clone(),
+                outcome: outcome.outcome.clone(),
+            })
+            .inc();
+        for (direction, n) in [
+            ("input", outcome.usage.input_tokens),
+            ("output", outcome.usage.output_tokens),
+        ] {
+            m.llm_tokens
+                .get_or_create(&TokenLabels {
+                    provider: reservation.provider.clone(),
+                    model: model.clone(),
+                    direction,
+                })
+                .inc_by(n);
+        }
+        m.llm_cost
+            .get_or_create(&LlmLabels {
+                provider: reservation.provider.clone(),
+                model,
+            })
+            .inc_by(cost_usd);
+        let mut alerts = Vec::new();
+        self.alert(scope, &c.usd, &mut alerts).await?;
+        if let Some(t) = &c.tokens {
+            self.alert(scope, t, &mut alerts).await?;
+        }
+        Ok(alerts)
+    }
+
+    /// Counts a failover away from `provider`.
+    pub fn failover(&self, provider: &str, model: &str) {
+        self.metrics
+            .llm_failovers
+            .get_or_create(&LlmLabels {
+                provider: provider.to_owned(),
+                model: model.to_owned(),
+            })
+            .inc();
+    }
+
+    async fn alert(
+        &self,
+        scope: &Scope,
+        counter: &Counter,
+        alerts: &mut Vec<String>,
+    ) -> Result<(), StoreError> {
+        let (Some(pct), Some(limit)) = (scope.alert_at(), counter.limit) else {
+            return Ok(());
+        };
+        let threshold = (limit as f64 * f64::from(pct) / 100.0).ceil() as i64;
+        if self
+            .store
+            .budget_alert(&counter.scope, counter.window_start, threshold)
+            .await?
+        {
+            let (used, _) = self
+                .store
+                .budget_used(&counter.scope, counter.window_start)
+                .await?;
+            alerts.push(format!(
+                "ChatPolicy {} has used {pct}% of its {} ({} of {})",
+                scope.policy,
+                counter.kind.field(),
+                counter.kind.show(used),
+                counter.kind.show(limit)
+            ));
+        }
+        Ok(())
+    }
+
+    /// The policy's spend today (USD), as counted for its budget.
+    pub async fn spent_today(&self, policy: &str) -> Result<f64, StoreError> {
+        let (used, _) = self
+            .store
+            .budget_used(&budget::usd_scope(policy), budget::day_start(now_ms()))
+            .await?;
+        Ok(used as f64 / budget::MICROS)
+    }
+
+    /// Releases expired reservations every [`SWEEP_EVERY`] until `stop` turns true.
+    pub async fn sweep(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            match self.store.sweep_budgets(now_ms()).await {
+                Ok(0) => {}
+                Ok(n) => tracing::warn!(
+                    released = n,
+                    "released budget reservations of calls that never finished"
+                ),
+                Err(e) => tracing::warn!(error = %e, "cannot sweep budget reservations"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(SWEEP_EVERY) => {}
+                _ = stop.changed() => return,
+            }
+            if *stop.borrow() {
+                return;
+            }
+        }
+    }
+}
+
+/// Estimated input tokens of `request` (the same estimate as the context budget's), plus
+/// the system prompt and tool definitions.
+pub fn estimate_tokens(request: &ChatRequest) -> u64 {
+    let fixed = request.system.as_deref().map_or(0, str::len)
+        + request
+            .tools
+            .iter()
+            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+            .sum::<usize>();
+    crate::chat::context::estimate(&request.messages) + (fixed as u64).div_ceil(4)
+}
