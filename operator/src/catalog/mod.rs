@@ -456,6 +456,37 @@ fn compile_provider(
             models.push(extra.clone());
         }
     }
+    // Usage and budgets count a model without a price at $0: say so on cloud providers.
+    let unpriced: Vec<&str> = models
+        .iter()
+        .filter(|id| !spec.models.iter().any(|m| &m.id == *id && m.cost.is_some()))
+        .map(String::as_str)
+        .collect();
+    let local = spec
+        .locality
+        .unwrap_or(spec.provider_type.default_locality())
+        == Locality::Local;
+    let priced = if unpriced.is_empty() {
+        Desired::ok(types::PRICED, reasons::PRICED, "every model has a price")
+    } else if local {
+        Desired::ok(
+            types::PRICED,
+            reasons::LOCAL_PROVIDER,
+            format!(
+                "local provider: {} counted at $0 in usage and budgets",
+                unpriced.join(", ")
+            ),
+        )
+    } else {
+        Desired::fail(
+            types::PRICED,
+            reasons::MODEL_WITHOUT_PRICE,
+            format!(
+                "no price for {}: counted at $0 in usage and budgets; set spec.models[].cost",
+                unpriced.join(", ")
+            ),
+        )
+    };
     let previous = p.status.as_ref();
     // Discovered models (written by the provider probe) are kept.
     for m in previous.map(|s| s.models.as_slice()).unwrap_or_default() {
@@ -468,8 +499,12 @@ fn compile_provider(
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
     // `Reachable` comes from the provider probe, not from here: keep it as it is.
-    let mut conditions =
-        conditions::merge(previous_conditions, &[secret_cond, ready], generation, now);
+    let mut conditions = conditions::merge(
+        previous_conditions,
+        &[secret_cond, ready, priced],
+        generation,
+        now,
+    );
     conditions.extend(conditions::find(previous_conditions, types::REACHABLE).cloned());
 
     let mut object = p.clone();

@@ -49,6 +49,20 @@ pub enum ProposalsCommand {
     Reject(DecideArgs),
 }
 
+/// `kortex usage` options.
+#[derive(Args, Debug)]
+pub struct UsageArgs {
+    /// Server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// First UTC day: `2026-11-01`, an RFC 3339 time, or a look-back such as `7d`.
+    #[arg(long, default_value = "7d")]
+    pub since: String,
+    /// Group rows by provider, model, user, policy or day.
+    #[arg(long, default_value = "day", value_parser = ["provider", "model", "user", "policy", "day"])]
+    pub by: String,
+}
+
 /// Approve/reject options.
 #[derive(Args, Debug)]
 pub struct DecideArgs {
@@ -316,4 +330,60 @@ async fn decide(args: DecideArgs, verb: &str) -> Result<(), String> {
         p["status"]["message"].as_str().unwrap_or_default()
     );
     Ok(())
+}
+
+/// `kortex usage`: the server's usage report as a table.
+pub async fn usage(args: UsageArgs) -> Result<(), String> {
+    let api = Api::new(&args.server);
+    let report = api
+        .json(api.request(
+            reqwest::Method::GET,
+            &format!(
+                    "/api/v1/usage?{}",
+                    url::form_urlencoded::Serializer::new(String::new())
+                        .append_pair("since", &args.since)
+                        .append_pair("by", &args.by)
+                        .finish()
+                ),
+        ))
+        .await?;
+    let rows: Vec<crate::store::UsageRow> = serde_json::from_value(report["items"].clone())
+        .map_err(|e| format!("unexpected answer: {e}"))?;
+    print!("{}", usage_table(&args.by, &rows));
+    eprintln!(
+        "since {} (UTC days)",
+        report["since"].as_str().unwrap_or_default()
+    );
+    Ok(())
+}
+
+/// The table `kortex usage` prints: one row per group and a total.
+pub fn usage_table(by: &str, rows: &[crate::store::UsageRow]) -> String {
+    let total = crate::http::usage_total(rows);
+    let width = rows
+        .iter()
+        .map(|r| r.key.chars().count())
+        .chain([by.len(), 5])
+        .max()
+        .unwrap_or(5);
+    let mut out = format!(
+        "{:<width$}  {:>9}  {:>13}  {:>13}  {:>11}\n",
+        by.to_ascii_uppercase(),
+        "REQUESTS",
+        "INPUT TOKENS",
+        "OUTPUT TOKENS",
+        "COST USD"
+    );
+    for r in rows.iter().chain(std::iter::once(&total)) {
+        let key = if std::ptr::eq(r, &total) {
+            "TOTAL"
+        } else {
+            r.key.as_str()
+        };
+        out.push_str(&format!(
+            "{key:<width$}  {:>9}  {:>13}  {:>13}  {:>11.4}\n",
+            r.requests, r.input_tokens, r.output_tokens, r.cost_usd
+        ));
+    }
+    out
 }

@@ -53,6 +53,8 @@ pub enum Command {
     /// List, approve or reject proposals on a Kortex server.
     #[command(subcommand)]
     Proposals(client::ProposalsCommand),
+    /// Usage and spend of a Kortex server, as a table.
+    Usage(client::UsageArgs),
 }
 
 /// `kortex providers ...`
@@ -195,6 +197,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Ask(args) => block_on(llm::ask(args)),
         Command::Chat(args) => block_on(client::chat(args)),
         Command::Proposals(command) => block_on(client::proposals(command)),
+        Command::Usage(args) => block_on(client::usage(args)),
     }
 }
 

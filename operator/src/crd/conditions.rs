@@ -13,6 +13,9 @@ pub mod types {
     pub const ACCEPTED: &str = "Accepted";
     /// The endpoint answered the last probe.
     pub const REACHABLE: &str = "Reachable";
+    /// Every model the provider serves has a price (a warning when False: usage and
+    /// budgets count unpriced models at $0).
+    pub const PRICED: &str = "Priced";
 }
 
 /// Condition reasons (CamelCase, stable: scripts match on them).
@@ -47,6 +50,12 @@ pub mod reasons {
     pub const NO_MODEL: &str = "NoModel";
     /// The manifest could not be loaded.
     pub const INVALID_MANIFEST: &str = "InvalidManifest";
+    /// Every model has `cost` in `spec.models`.
+    pub const PRICED: &str = "Priced";
+    /// A model in use has no price: counted at $0.
+    pub const MODEL_WITHOUT_PRICE: &str = "ModelWithoutPrice";
+    /// A local provider: its calls are counted at $0 unless priced.
+    pub const LOCAL_PROVIDER: &str = "LocalProvider";
 }
 
 /// A condition as the catalog computes it, before a transition time is attached.

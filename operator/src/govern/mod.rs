@@ -343,7 +343,7 @@ impl Governor {
                 .budget_used(&counter.scope, counter.window_start)
                 .await?;
             alerts.push(format!(
-                "ChatPolicy {} has used {pct}% of its {} ({} of {})",
+                "ChatPolicy {} has used over {pct}% of its {} ({} of {})",
                 scope.policy,
                 counter.kind.field(),
                 counter.kind.show(used),

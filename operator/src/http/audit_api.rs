@@ -49,12 +49,7 @@ pub async fn audit(
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    if state.auth == super::auth::AuthMode::Keys && !caller.groups.iter().any(|g| g == ADMIN_GROUP)
-    {
-        return Err(ApiError::forbidden(format!(
-            "the audit log is for members of the group {ADMIN_GROUP}"
-        )));
-    }
+    admins_only(&state, &caller, "the audit log")?;
     let before = match q.cursor.as_deref() {
         None => None,
         Some(c) => {
@@ -98,8 +93,20 @@ pub async fn audit(
     Ok(Json(json!({"items": items, "nextCursor": next})))
 }
 
-/// Group whose members may read the audit log in key mode.
+/// Group whose members may read the audit log and usage reports in key mode.
 pub const ADMIN_GROUP: &str = "kortex-admins";
+
+/// Reports about every user's activity are for members of [`ADMIN_GROUP`] in key mode; in
+/// loopback mode the local user may read them.
+pub fn admins_only(state: &AppState, caller: &Caller, what: &str) -> Result<(), ApiError> {
+    if state.auth == super::auth::AuthMode::Keys && !caller.groups.iter().any(|g| g == ADMIN_GROUP)
+    {
+        return Err(ApiError::forbidden(format!(
+            "{what} is for members of the group {ADMIN_GROUP}"
+        )));
+    }
+    Ok(())
+}
 
 /// `GET /chat/v1/sessions/{id}/export`: Markdown with `Accept: text/markdown` (or
 /// `?format=markdown`), JSON otherwise.

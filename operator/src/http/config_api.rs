@@ -272,7 +272,7 @@ pub async fn policies(
     State(state): State<AppState>,
     query: QueryResult,
 ) -> Result<Json<Value>, ApiError> {
-    listing(
+    let Json(mut out) = listing(
         &state,
         query,
         Kind::ChatPolicy,
@@ -287,7 +287,40 @@ pub async fn policies(
             };
             (common, json!({"spec": p.object.spec}))
         },
-    )
+    )?;
+    // What each policy would use now and what it has spent today.
+    let config = state.config.borrow().clone();
+    let catalog = &config.catalog;
+    for item in out["items"].as_array_mut().into_iter().flatten() {
+        let (Some(ns), Some(name)) = (item["namespace"].as_str(), item["name"].as_str()) else {
+            continue;
+        };
+        let Some(entry) = catalog.policies.get(&ObjectKey::new(ns, name)) else {
+            continue;
+        };
+        let plan =
+            crate::govern::route::plan(catalog, ns, entry, crate::govern::route::Role::Default);
+        let today = state
+            .engine
+            .governor
+            .spent_today(&format!("{ns}/{name}"))
+            .await
+            .map_err(ApiError::internal)?;
+        let limit = entry
+            .object
+            .spec
+            .budget
+            .as_ref()
+            .and_then(|b| b.daily_usd_limit);
+        item["routes"] = json!(plan.routes);
+        item["skipped"] = json!(plan.skipped);
+        item["spend"] = json!({
+            "todayUsd": today,
+            "dailyUsdLimit": limit,
+            "percentUsed": limit.filter(|l| *l > 0.0).map(|l| (today / l * 1000.0).round() / 10.0),
+        });
+    }
+    Ok(Json(out))
 }
 
 /// `GET /api/v1/manifests`: every problem of the last load, errors first.

@@ -2,6 +2,9 @@
 //! join as the chat engine lands).
 
 mod audit_api;
+mod usage_api;
+
+pub use usage_api::totals as usage_total;
 pub mod auth;
 mod chat_api;
 mod config_api;
@@ -73,6 +76,7 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(chat_api::tool_results),
         )
         .route("/api/v1/audit", get(audit_api::audit))
+        .route("/api/v1/usage", get(usage_api::usage))
         .route("/chat/v1/proposals", get(proposals_api::list))
         .route(
             "/chat/v1/proposals/{id}/approve",

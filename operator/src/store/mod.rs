@@ -10,6 +10,7 @@ mod repo;
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle};
 pub use models::*;
+pub use repo::utc_day;
 
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;

@@ -217,7 +217,7 @@ pub enum UsageGroup {
 }
 
 /// One group of usage.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UsageRow {
     /// Group value (provider, model, user, policy or `YYYY-MM-DD`).

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 /// One parsed SSE event.
 #[derive(Debug, Clone)]
-struct Sse {
-    id: i64,
-    event: String,
-    data: Value,
+pub(crate) struct Sse {
+    pub(crate) id: i64,
+    pub(crate) event: String,
+    pub(crate) data: Value,
 }
 
-async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value {
+pub(crate) async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value {
     client
         .get(url)
         .send()
@@ -27,7 +27,11 @@ async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value
         .unwrap_or_default()
 }
 
-async fn post_json(client: &reqwest::Client, url: impl reqwest::IntoUrl, body: &Value) -> Value {
+pub(crate) async fn post_json(
+    client: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    body: &Value,
+) -> Value {
     client
         .post(url)
         .json(body)
@@ -40,7 +44,7 @@ async fn post_json(client: &reqwest::Client, url: impl reqwest::IntoUrl, body: &
 }
 
 /// Reads SSE events from `resp` until `stop` says so (or 20 s pass).
-async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[Sse]) -> bool) -> Vec<Sse> {
+pub(crate) async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[Sse]) -> bool) -> Vec<Sse> {
     let mut body = resp.bytes_stream();
     let mut buf = String::new();
     let mut out = Vec::new();
@@ -73,7 +77,7 @@ async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[Sse]) -> bool) -> Vec
     out
 }
 
-fn run_ended(events: &[Sse]) -> bool {
+pub(crate) fn run_ended(events: &[Sse]) -> bool {
     events.iter().any(|e| {
         e.event == "run.lifecycle"
             && matches!(

@@ -2,6 +2,7 @@
 
 mod admission;
 mod binary;
+mod budget;
 mod chat;
 mod cluster;
 mod common;
@@ -11,6 +12,7 @@ mod investigation;
 mod llm;
 mod operator;
 mod plugins;
+mod policy;
 mod prometheus;
 mod samples;
 mod store;

@@ -1,0 +1,429 @@
+//! ChatPolicy enforcement end to end: the real binary, three wire-format provider servers
+//! that fail on demand, and the policies of the issue's "Done means" — failover with a
+//! visible notice, frugal answers and escalations, local-only, budgets that stop spending
+//! with a message naming them, and redaction of everything sent to a provider.
+
+use crate::binary::Server;
+use crate::chat::{Sse, get_json, read_sse, run_ended};
+use crate::common::http_client;
+use crate::llm::{Reply, Script, json_reply, mock, openai, openai_chunk, push, streamed};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+const SECRET: &str = "sk-backup-TESTKEY-5678";
+
+fn manifests(dir: &std::path::Path, primary: &str, backup: &str, cloud: &str) {
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: llm-keys}}
+stringData: {{primary: sk-primary-TESTKEY-1234, backup: {SECRET}, cloud: sk-cloud-TESTKEY-9012}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: primary}}
+spec:
+  type: openai-compatible
+  baseUrl: "{primary}/v1"
+  apiKeySecretRef: {{name: llm-keys, key: primary}}
+  defaultModel: full-a
+  fastModel: fast-a
+  timeout: 5s
+  models:
+    - {{id: full-a, cost: {{inputUsdPerMTok: 3, outputUsdPerMTok: 15}}}}
+    - {{id: fast-a, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 5}}}}
+    - {{id: cheap, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 1}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: backup}}
+spec: {{type: openai-compatible, baseUrl: "{backup}/v1", apiKeySecretRef: {{name: llm-keys, key: backup}}, defaultModel: full-b, locality: local, timeout: 5s}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: cloud}}
+spec: {{type: openai-compatible, baseUrl: "{cloud}/v1", apiKeySecretRef: {{name: llm-keys, key: cloud}}, defaultModel: full-c, timeout: 5s}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: failover}}
+spec: {{sessions: ["failover-*"], provider: primary, fallbackProviders: [backup]}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: frugal}}
+spec: {{sessions: ["frugal-*"], provider: primary, mode: frugal}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: local}}
+spec: {{sessions: ["local-*"], provider: cloud, fallbackProviders: [backup], mode: local-only}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: budget}}
+spec:
+  sessions: ["budget-*"]
+  provider: primary
+  models: {{default: cheap}}
+  budget: {{dailyUsdLimit: 0.05, alertAtPercent: 50, perUserHourlyRequests: 2}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: private}}
+spec: {{sessions: ["private-*"], provider: backup, privacy: {{redactSecrets: true, redactPii: true}}}}
+"#
+    );
+    std::fs::write(dir.join("policies.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A streamed OpenAI answer of `text` that stopped for `finish` with `completion` tokens.
+fn answer(text: &str, finish: &str, completion: u64) -> Reply {
+    let mut chunks = vec![
+        openai_chunk(json!({"role": "assistant", "content": text}), Value::Null),
+        openai_chunk(json!({}), json!(finish)),
+    ];
+    chunks.push(format!(
+        "data: {}\n\n",
+        json!({"id": "c", "object": "chat.completion.chunk", "model": "served", "choices": [],
+               "usage": {"prompt_tokens": 25, "completion_tokens": completion}})
+    ));
+    chunks.push("data: [DONE]\n\n".into());
+    streamed(&openai(), chunks)
+}
+
+/// The chat requests (not model listings) a provider server received.
+fn chats(script: &Script) -> Vec<Value> {
+    script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|s| s.body.get("messages").is_some())
+        .map(|s| s.body.clone())
+        .collect()
+}
+
+async fn session(server: &Server, name: &str) -> String {
+    let r = http_client()
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": name}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 201, "{name}");
+    let v: Value = r.json().await.unwrap_or_default();
+    v["id"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
+    let r = http_client()
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": content}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    read_sse(r, run_ended).await
+}
+
+fn text(events: &[Sse]) -> String {
+    events
+        .iter()
+        .filter(|e| e.event == "text.delta")
+        .filter_map(|e| e.data["text"].as_str())
+        .collect()
+}
+
+fn notices(events: &[Sse]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.event == "notice")
+        .filter_map(|e| e.data["message"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn state(events: &[Sse]) -> Value {
+    events
+        .iter()
+        .rev()
+        .find(|e| e.event == "run.lifecycle")
+        .map(|e| e.data["state"].clone())
+        .unwrap_or_default()
+}
+
+async fn failover(server: &Server, primary: &Arc<Script>, backup: &Arc<Script>) {
+    // A hard failure before any output: every attempt at the primary answers 503.
+    *primary.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|_| {
+        let mut r = json_reply(
+            503,
+            &json!({"error": {"message": "overloaded", "type": "server_error"}}),
+        );
+        r.headers.push(("retry-after", "0".into()));
+        Some(r)
+    }));
+    push(backup, answer("Backup answer.", "stop", 5));
+    let id = session(server, "failover-1").await;
+    let events = ask(server, &id, "why is checkout slow?").await;
+    assert_eq!(state(&events), json!("completed"), "{events:?}");
+    assert_eq!(text(&events), "Backup answer.");
+    let n = notices(&events);
+    assert!(
+        n.iter()
+            .any(|m| m.starts_with("primary/full-a failed before answering")
+                && m.ends_with("failing over to backup/full-b")),
+        "{n:?}"
+    );
+    assert_eq!(
+        chats(primary).len(),
+        3,
+        "three attempts (retries) at the primary"
+    );
+    let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=failover")).await;
+    let rows = audit["items"].as_array().cloned().unwrap_or_default();
+    assert_eq!(rows.len(), 1, "{audit}");
+    assert_eq!(rows[0]["subject"], "primary/full-a -> backup/full-b");
+    assert_eq!(rows[0]["outcome"], "upstream");
+
+    // After output has started, a failure ends the run: no second model's half-answer.
+    *primary.responder.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    push(primary, streamed(&openai(), (openai().error_mid_stream)()));
+    let before = chats(backup).len();
+    let id = session(server, "failover-2").await;
+    let events = ask(server, &id, "and now?").await;
+    assert_eq!(state(&events), json!("failed"));
+    assert_eq!(text(&events), "partial");
+    let error = events
+        .iter()
+        .find(|e| e.event == "error")
+        .map(|e| e.data.clone());
+    assert_eq!(
+        error.map(|e| e["code"].clone()),
+        Some(json!("provider_error"))
+    );
+    assert_eq!(
+        chats(backup).len(),
+        before,
+        "no failover after output started"
+    );
+}
+
+async fn frugal(server: &Server, primary: &Arc<Script>) {
+    // The fast model stops at its token limit: escalated to the full model, and only the
+    // full answer reaches the user.
+    let start = chats(primary).len();
+    push(primary, answer("The fast answer was cut", "length", 5));
+    push(primary, answer("Full answer.", "stop", 9));
+    let id = session(server, "frugal-1").await;
+    let events = ask(server, &id, "explain the outage").await;
+    assert_eq!(state(&events), json!("completed"));
+    assert_eq!(text(&events), "Full answer.");
+    let n = notices(&events);
+    assert!(
+        n.iter().any(|m| m == "the fast model primary/fast-a stopped at its output token limit; full-a answers instead"),
+        "{n:?}"
+    );
+    let sent = chats(primary);
+    let models: Vec<&str> = sent[start..]
+        .iter()
+        .filter_map(|b| b["model"].as_str())
+        .collect();
+    assert_eq!(models, ["fast-a", "full-a"]);
+    let fast_system = sent[start]["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(fast_system.contains("[[kortex:escalate]]"), "{fast_system}");
+
+    // A good fast answer stands.
+    push(primary, answer("Quick answer.", "stop", 3));
+    let id = session(server, "frugal-2").await;
+    let events = ask(server, &id, "what is a pod?").await;
+    assert_eq!(text(&events), "Quick answer.");
+    assert_eq!(
+        chats(primary).last().map(|b| b["model"].clone()),
+        Some(json!("fast-a"))
+    );
+
+    // The fast model asks for more through the documented marker.
+    push(primary, answer("[[kortex:escalate]]", "stop", 3));
+    push(primary, answer("Deep answer.", "stop", 9));
+    let id = session(server, "frugal-3").await;
+    let events = ask(server, &id, "plan a zero-downtime migration").await;
+    assert_eq!(text(&events), "Deep answer.");
+    assert!(
+        notices(&events)
+            .iter()
+            .any(|m| m.contains("asked for more context"))
+    );
+    let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=escalation")).await;
+    assert_eq!(audit["items"].as_array().map(Vec::len), Some(2), "{audit}");
+}
+
+async fn local_only(server: &Server, backup: &Arc<Script>, cloud: &Arc<Script>) {
+    push(backup, answer("Local answer.", "stop", 4));
+    let id = session(server, "local-1").await;
+    let events = ask(server, &id, "summarize the incident").await;
+    assert_eq!(text(&events), "Local answer.");
+    assert!(
+        chats(cloud).is_empty(),
+        "a local-only policy never calls a cloud provider"
+    );
+    let policies = get_json(&http_client(), server.url("/api/v1/policies")).await;
+    let local = policies["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|p| p["name"] == "local"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(local["routes"][0]["provider"], "backup", "{local}");
+    assert_eq!(
+        local["skipped"][0]["reason"],
+        "locality cloud; the policy's mode is local-only"
+    );
+}
+
+async fn budget(server: &Server, primary: &Arc<Script>) {
+    // $0.048 of $0.05 on the first answer: the 50 % alert comes with it.
+    push(primary, answer("Spent.", "stop", 48_000));
+    let id = session(server, "budget-1").await;
+    let events = ask(server, &id, "first").await;
+    assert_eq!(text(&events), "Spent.");
+    assert!(
+        notices(&events).iter().any(|m| m
+            == "ChatPolicy default/budget has used over 50% of its dailyUsdLimit ($0.05 of $0.05)"),
+        "{:?}",
+        notices(&events)
+    );
+    // The next call's reservation does not fit: refused before anything is sent.
+    let calls = chats(primary).len();
+    let events = ask(server, &id, "second").await;
+    assert_eq!(state(&events), json!("failed"));
+    let error = events
+        .iter()
+        .find(|e| e.event == "error")
+        .map(|e| e.data.clone())
+        .unwrap_or_default();
+    assert_eq!(error["code"], "budget_exceeded");
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "budget dailyUsdLimit of ChatPolicy default/budget is exhausted: limit $0.05"
+        ) && message.contains("resets at"),
+        "{message}"
+    );
+    assert_eq!(chats(primary).len(), calls, "nothing was sent");
+    // A third request in the hour: 429 naming the budget, with Retry-After.
+    let r = http_client()
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "third"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 429);
+    let retry: u64 = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!((1..=3600).contains(&retry), "{retry}");
+    let body: Value = r.json().await.unwrap_or_default();
+    assert_eq!(body["error"]["code"], "budget_exceeded");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("perUserHourlyRequests") && m.contains("limit 2 requests")),
+        "{body}"
+    );
+    // Spend is visible per policy and in the usage report.
+    let policies = get_json(&http_client(), server.url("/api/v1/policies")).await;
+    let p = policies["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|p| p["name"] == "budget"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(p["spend"]["dailyUsdLimit"], json!(0.05), "{p}");
+    assert!(
+        (p["spend"]["todayUsd"].as_f64().unwrap_or(0.0) - 0.048025).abs() < 1e-9,
+        "{p}"
+    );
+    let usage = get_json(&http_client(), server.url("/api/v1/usage?by=policy")).await;
+    let row = usage["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|r| r["key"] == "default/budget"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["outputTokens"], json!(48_000), "{usage}");
+}
+
+async fn redaction(server: &Server, backup: &Arc<Script>) {
+    push(backup, answer("Noted.", "stop", 2));
+    let id = session(server, "private-1").await;
+    let events = ask(
+        server,
+        &id,
+        &format!("my key is {SECRET}, mail jane.doe@example.com, pod at 10.2.3.4"),
+    )
+    .await;
+    assert_eq!(state(&events), json!("completed"));
+    let sent = chats(backup)
+        .last()
+        .cloned()
+        .unwrap_or_default()
+        .to_string();
+    for leaked in [SECRET, "jane.doe@example.com", "10.2.3.4"] {
+        assert!(
+            !sent.contains(leaked),
+            "{leaked} reached the provider: {sent}"
+        );
+    }
+    for placeholder in ["[REDACTED:secret]", "[REDACTED:email]", "[REDACTED:ip]"] {
+        assert!(sent.contains(placeholder), "{placeholder} missing: {sent}");
+    }
+    // Stored redacted too.
+    let stored = get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
+    let question = stored["messages"][0]["content"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        question,
+        "my key is [REDACTED:secret], mail [REDACTED:email], pod at [REDACTED:ip]"
+    );
+    let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=llm_call")).await;
+    let call = audit["items"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["policy"] == "private"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        call["detail"]["redactions"],
+        json!(0),
+        "the stored question was already redacted"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_fail_over_economize_stay_local_keep_budgets_and_redact() {
+    let (primary_url, primary) = mock().await;
+    let (backup_url, backup) = mock().await;
+    let (cloud_url, cloud) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &primary_url, &backup_url, &cloud_url);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    failover(&server, &primary, &backup).await;
+    frugal(&server, &primary).await;
+    local_only(&server, &backup, &cloud).await;
+    budget(&server, &primary).await;
+    redaction(&server, &backup).await;
+    let log = server.log();
+    for secret in [SECRET, "sk-primary-TESTKEY-1234", "jane.doe@example.com"] {
+        assert!(!log.contains(secret), "{secret} in the log");
+    }
+    assert!(server.terminate().success());
+}
