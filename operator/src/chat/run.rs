@@ -171,6 +171,8 @@ const FAST_PROMPT: &str = "You are answering with a fast, economical model. If a
 struct Routing {
     /// The policy's name (audit rows).
     policy: String,
+    /// The policy's redaction, for provider error messages shown and stored.
+    redactor: crate::redact::Redactor,
     plan: crate::govern::route::Plan,
     current: usize,
     escalated: bool,
@@ -236,6 +238,7 @@ async fn steps(
     }
     let mut routing = Routing {
         policy: policy_name.clone(),
+        redactor: catalog.redactor_for(policy),
         plan,
         current: 0,
         escalated: false,
@@ -729,9 +732,10 @@ async fn failover(
         .clone()
         .filter(|_| !routing.escalated)
         .unwrap_or_else(|| next.model.clone());
+    let why = routing.redactor.text(&error.message).0;
     let text = format!(
-        "{}/{model} failed before answering ({}); failing over to {}/{next_model}",
-        route.provider, error.message, next.provider
+        "{}/{model} failed before answering ({why}); failing over to {}/{next_model}",
+        route.provider, next.provider
     );
     notice(engine, session, run_id, &text).await?;
     engine
@@ -745,7 +749,7 @@ async fn failover(
             policy: Some(routing.policy.clone()),
             subject: format!("{}/{model} -> {}/{next_model}", route.provider, next.provider),
             outcome: error.kind.as_str().into(),
-            detail: json!({"from": route.provider, "to": next.provider, "error": error.message, "status": error.status}),
+            detail: json!({"from": route.provider, "to": next.provider, "error": why, "status": error.status}),
         })
         .await?;
     Ok(true)
