@@ -656,8 +656,20 @@ async fn answer_step(
         {
             continue;
         }
-        if fast.is_some() && out.error.is_none() {
-            let why = if out.stop_reason == StopReason::MaxTokens {
+        if fast.is_some() {
+            // A fast model that cannot take the request (a smaller context window, an
+            // unsupported parameter) hands it to the full model too.
+            let refused = out.error.as_ref().is_some_and(|e| {
+                matches!(
+                    e.kind,
+                    llm::ErrorKind::ContextTooLong | llm::ErrorKind::BadRequest
+                )
+            });
+            let why = if refused {
+                Some("could not take the request")
+            } else if out.error.is_some() {
+                None
+            } else if out.stop_reason == StopReason::MaxTokens {
                 Some("stopped at its output token limit")
             } else if out.text.contains(ESCALATE_MARKER) {
                 Some("asked for more context")
@@ -691,7 +703,7 @@ async fn answer_step(
                 continue;
             }
             // The fast answer stands: the user sees it now.
-            if !out.text.is_empty() {
+            if out.error.is_none() && !out.text.is_empty() {
                 let text = redactor.text(&out.text).0;
                 engine
                     .emit(

@@ -256,8 +256,27 @@ async fn frugal(server: &Server, primary: &Arc<Script>) {
             .iter()
             .any(|m| m.contains("asked for more context"))
     );
+    // A fast model with a smaller context window hands the request over too.
+    push(
+        primary,
+        json_reply(
+            400,
+            &json!({"error": {"message": "This model's maximum context length is 8192 tokens", "type": "invalid_request_error"}}),
+        ),
+    );
+    push(primary, answer("Long answer.", "stop", 9));
+    let id = session(server, "frugal-4").await;
+    let events = ask(server, &id, "read these logs").await;
+    assert_eq!(text(&events), "Long answer.");
+    assert!(
+        notices(&events)
+            .iter()
+            .any(|m| m.contains("fast-a could not take the request")),
+        "{:?}",
+        notices(&events)
+    );
     let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=escalation")).await;
-    assert_eq!(audit["items"].as_array().map(Vec::len), Some(2), "{audit}");
+    assert_eq!(audit["items"].as_array().map(Vec::len), Some(3), "{audit}");
 }
 
 async fn local_only(server: &Server, backup: &Arc<Script>, cloud: &Arc<Script>) {
