@@ -52,6 +52,22 @@ export KORTEX_TEST_PYTHON="$PWD/$venv/bin/python"
 export KORTEX_REQUIRE_MCP=1
 echo "==> PostgreSQL for tests: ${KORTEX_TEST_POSTGRES_URL%%:*}://...@${KORTEX_TEST_POSTGRES_URL#*@}"
 
+# The dashboard test drives Debian's Chromium with the npm package playwright-core.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "==> installing Chromium (Debian package) for the dashboard test"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
+fi
+if [ ! -d operator/tests/browser/node_modules/playwright-core ]; then
+  echo "==> installing playwright-core (npm) for the dashboard test"
+  npm ci --prefix operator/tests/browser --no-audit --no-fund --silent
+fi
+export KORTEX_TEST_CHROMIUM="$(command -v chromium)"
+export KORTEX_REQUIRE_BROWSER=1
+
 runner=(cargo test)
 if cargo nextest --version >/dev/null 2>&1; then
   runner=(cargo nextest run --no-fail-fast)

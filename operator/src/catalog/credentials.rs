@@ -159,6 +159,11 @@ impl Credentials {
     }
 }
 
+/// Whether `a` equals `b`, in time independent of where they differ.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// `data` then `stringData` (which wins), as UTF-8 strings; other values are skipped.
 fn secret_fields(s: &Secret) -> BTreeMap<String, String> {
     let mut fields: BTreeMap<String, String> = s

@@ -13,7 +13,7 @@ use crate::crd::{
     ActionProposal, ChatPolicy, ChatPolicyStatus, KortexTool, KortexToolStatus, LLMProvider,
     LLMProviderStatus, Locality, PolicyMode, ProviderType, SecretKeyRef,
 };
-pub use credentials::{Credential, CredentialKind, Credentials};
+pub use credentials::{Credential, CredentialKind, Credentials, constant_time_eq};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 pub use secrets::{SecretIndex, SecretValue};

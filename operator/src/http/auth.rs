@@ -158,7 +158,95 @@ fn is_loopback_host(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Middleware: authenticates the request and stores the [`Caller`] in its extensions.
+/// The cookie a signed-in browser presents its token or key in (HttpOnly).
+pub const AUTH_COOKIE: &str = "kortex_auth";
+/// The cookie holding the CSRF token (readable by the page, echoed in [`CSRF_HEADER`]).
+pub const CSRF_COOKIE: &str = "kortex_csrf";
+/// The header a browser's state-changing requests must carry (double-submit).
+pub const CSRF_HEADER: &str = "x-csrf-token";
+
+/// The value of cookie `name` in `headers`.
+pub fn cookie<'a>(headers: &'a axum::http::HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
+/// Loopback mode: the request must be addressed to a loopback name and, if it says where it
+/// comes from, come from a loopback origin (no DNS rebinding, no cross-site requests).
+pub fn check_loopback(headers: &axum::http::HeaderMap) -> Result<(), ApiError> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
+    if !is_loopback_host(host) {
+        return Err(ApiError::forbidden(format!(
+            "Host {host:?} is not a loopback name; this server listens on loopback and only answers requests addressed to it"
+        )));
+    }
+    if let Some(origin) = headers.get(header::ORIGIN).and_then(|h| h.to_str().ok()) {
+        if origin == "null" {
+            return Err(ApiError::forbidden(
+                "requests from opaque origins are refused",
+            ));
+        }
+        let authority = origin.split_once("://").map_or("", |(_, a)| a);
+        if !is_loopback_host(authority) {
+            return Err(ApiError::forbidden(format!(
+                "cross-origin request from {origin} refused"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Who `presented` (a chat key, or in cluster mode a Kubernetes token) belongs to.
+pub async fn caller_for_token(state: &AppState, presented: &str) -> Result<Caller, ApiError> {
+    let config = state.config.borrow().clone();
+    if let Some(c) = config
+        .catalog
+        .credentials
+        .authenticate(CredentialKind::Chat, presented)
+    {
+        return Ok(Caller {
+            user: c.principal.clone(),
+            groups: c.groups.clone(),
+            token: None,
+        });
+    }
+    match (&state.auth, &state.cluster_auth) {
+        (AuthMode::Cluster, Some(cluster)) => match cluster.review(presented).await {
+            Ok(Some(user)) => Ok(Caller {
+                user: user.name,
+                groups: user.groups,
+                token: Some(crate::catalog::SecretValue::new(presented)),
+            }),
+            Ok(None) => Err(ApiError::unauthorized(
+                "invalid token: neither a chat key nor a Kubernetes token the API server accepts",
+            )),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot review a bearer token");
+                Err(ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "auth_unavailable",
+                    "the Kubernetes API server could not check the token; try again",
+                ))
+            }
+        },
+        _ => Err(ApiError::unauthorized("invalid API key")),
+    }
+}
+
+/// Authenticates every `/api` and `/chat` request: an authenticating proxy's headers (from
+/// its networks only), loopback checks, or a bearer token — in the `Authorization` header,
+/// or, for a signed-in browser, in the HttpOnly [`AUTH_COOKIE`], in which case requests
+/// that change anything must echo the [`CSRF_COOKIE`] in [`CSRF_HEADER`].
 pub async fn authenticate(
     State(state): State<AppState>,
     mut req: Request,
@@ -171,33 +259,7 @@ pub async fn authenticate(
     }
     let caller = match state.auth {
         AuthMode::Loopback => {
-            let host = req
-                .headers()
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .unwrap_or_default();
-            if !is_loopback_host(host) {
-                return Err(ApiError::forbidden(format!(
-                    "Host {host:?} is not a loopback name; this server listens on loopback and only answers requests addressed to it"
-                )));
-            }
-            if let Some(origin) = req
-                .headers()
-                .get(header::ORIGIN)
-                .and_then(|h| h.to_str().ok())
-            {
-                let authority = origin.split_once("://").map_or("", |(_, a)| a);
-                if origin != "null" && !is_loopback_host(authority) {
-                    return Err(ApiError::forbidden(format!(
-                        "cross-origin request from {origin} refused"
-                    )));
-                }
-                if origin == "null" {
-                    return Err(ApiError::forbidden(
-                        "requests from opaque origins are refused",
-                    ));
-                }
-            }
+            check_loopback(req.headers())?;
             Caller {
                 user: LOCAL_USER.to_owned(),
                 groups: Vec::new(),
@@ -205,8 +267,8 @@ pub async fn authenticate(
             }
         }
         AuthMode::Keys | AuthMode::Cluster => {
-            let presented = req
-                .headers()
+            let headers = req.headers();
+            let bearer = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|h| h.to_str().ok())
                 .and_then(|h| {
@@ -214,50 +276,48 @@ pub async fn authenticate(
                         .or_else(|| h.strip_prefix("bearer "))
                 })
                 .map(str::trim);
-            let Some(presented) = presented else {
-                return Err(ApiError::unauthorized(
-                    "missing Authorization: Bearer <key or Kubernetes token>; keys come from Secrets labelled kortex.dev/credentials=chat",
-                ));
+            let presented = match bearer {
+                Some(b) => b.to_owned(),
+                None => {
+                    let Some(from_cookie) = cookie(headers, AUTH_COOKIE) else {
+                        return Err(ApiError::unauthorized(
+                            "missing Authorization: Bearer <key or Kubernetes token>; keys come from Secrets labelled kortex.dev/credentials=chat",
+                        ));
+                    };
+                    check_csrf(req.method(), headers)?;
+                    from_cookie.to_owned()
+                }
             };
-            let config = state.config.borrow().clone();
-            match config
-                .catalog
-                .credentials
-                .authenticate(CredentialKind::Chat, presented)
-            {
-                Some(c) => Caller {
-                    user: c.principal.clone(),
-                    groups: c.groups.clone(),
-                    token: None,
-                },
-                None => match (&state.auth, &state.cluster_auth) {
-                    (AuthMode::Cluster, Some(cluster)) => match cluster.review(presented).await {
-                        Ok(Some(user)) => Caller {
-                            user: user.name,
-                            groups: user.groups,
-                            token: Some(crate::catalog::SecretValue::new(presented)),
-                        },
-                        Ok(None) => {
-                            return Err(ApiError::unauthorized(
-                                "invalid token: neither a chat key nor a Kubernetes token the API server accepts",
-                            ));
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot review a bearer token");
-                            return Err(ApiError::new(
-                                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                                "auth_unavailable",
-                                "the Kubernetes API server could not check the token; try again",
-                            ));
-                        }
-                    },
-                    _ => return Err(ApiError::unauthorized("invalid API key")),
-                },
-            }
+            caller_for_token(&state, &presented).await?
         }
     };
     req.extensions_mut().insert(caller);
     Ok(next.run(req).await)
+}
+
+/// A cookie-authenticated request that changes state must carry the CSRF cookie's value in
+/// the CSRF header (a page of another site can make the browser send the cookie, but cannot
+/// read it).
+fn check_csrf(
+    method: &axum::http::Method,
+    headers: &axum::http::HeaderMap,
+) -> Result<(), ApiError> {
+    use axum::http::Method;
+    if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
+        return Ok(());
+    }
+    let expected = cookie(headers, CSRF_COOKIE);
+    let given = headers.get(CSRF_HEADER).and_then(|v| v.to_str().ok());
+    match (expected, given) {
+        (Some(e), Some(g)) if crate::catalog::constant_time_eq(e.as_bytes(), g.as_bytes()) => {
+            Ok(())
+        }
+        _ => Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "csrf_failed",
+            "missing or wrong X-CSRF-Token header for a cookie-authenticated request; sign in again",
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ fn session_json(s: &SessionRecord, messages: Option<Vec<crate::store::MessageRec
         v["messages"] = messages
             .iter()
             .map(|m| {
-                let mut o = json!({"id": m.id, "role": m.role, "content": m.content, "createdAt": ms_to_rfc3339(m.created_at)});
+                let mut o = json!({"id": m.id, "role": m.role, "content": m.content, "runId": m.run_id, "createdAt": ms_to_rfc3339(m.created_at)});
                 if let Some(calls) = &m.tool_calls {
                     o["toolCalls"] = calls.clone();
                 }
@@ -251,8 +251,18 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let session = owned(&state, &caller, &id).await?;
+    // Where a client that renders `messages` picks up the event stream: after the last
+    // event, or — while a run is in progress — just before that run's first event (its
+    // assistant messages are then rebuilt from the events, without duplicates).
+    let active = state.store.active_run(&id).await.map_err(store_error)?;
     let messages = state.store.list_messages(&id).await.map_err(store_error)?;
-    Ok(Json(session_json(&session, Some(messages))))
+    let seq = state.store.last_event_seq(&id).await.map_err(store_error)?;
+    let mut v = session_json(&session, Some(messages));
+    v["eventSeq"] = json!(seq);
+    if let Some((run, after)) = active {
+        v["activeRun"] = json!({"id": run, "afterSeq": after});
+    }
+    Ok(Json(v))
 }
 
 /// `DELETE /chat/v1/sessions/{id}`

@@ -312,6 +312,17 @@ pub async fn policies(
             .budget
             .as_ref()
             .and_then(|b| b.daily_usd_limit);
+        // The last seven days' spend per provider, for the dashboard's chart.
+        let since = crate::store::utc_day(crate::store::now_ms() - 6 * 86_400_000);
+        let days: Vec<Value> = state
+            .store
+            .policy_spend_by_day(&format!("{ns}/{name}"), &since)
+            .await
+            .map_err(ApiError::internal)?
+            .into_iter()
+            .map(|(day, provider, cost)| json!({"day": day, "provider": provider, "costUsd": cost}))
+            .collect();
+        item["spendByDay"] = json!(days);
         item["routes"] = json!(plan.routes);
         item["skipped"] = json!(plan.skipped);
         item["spend"] = json!({

@@ -2,6 +2,7 @@
 //! join as the chat engine lands).
 
 mod audit_api;
+mod dashboard;
 mod usage_api;
 
 pub use usage_api::totals as usage_total;
@@ -77,6 +78,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/v1/audit", get(audit_api::audit))
         .route("/api/v1/usage", get(usage_api::usage))
+        .route("/auth/v1/me", get(dashboard::me))
         .route("/chat/v1/proposals", get(proposals_api::list))
         .route(
             "/chat/v1/proposals/{id}/approve",
@@ -94,6 +96,10 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/", get(dashboard::index))
+        .route("/assets/{file}", get(dashboard::assets))
+        .route("/auth/v1/login", axum::routing::post(dashboard::login))
+        .route("/auth/v1/logout", axum::routing::post(dashboard::logout))
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

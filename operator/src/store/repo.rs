@@ -341,6 +341,33 @@ impl Store {
             .map_err(StoreError::from)
     }
 
+    /// The session's run in progress (running, waiting for tool results or cancelling) and
+    /// the sequence number just before its first event, if there is one.
+    pub async fn active_run(&self, session_id: &str) -> Result<Option<(String, i64)>, StoreError> {
+        let row: Option<(String,)> = sqlx::query_as(
+            "SELECT id FROM chat_runs WHERE session_id = $1 \
+             AND status IN ('running', 'requires_action', 'cancelling') ORDER BY started_at DESC LIMIT 1",
+        )
+        .bind(session_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some((run_id,)) = row else {
+            return Ok(None);
+        };
+        let first: Option<(i64,)> = sqlx::query_as(
+            "SELECT seq FROM run_events WHERE session_id = $1 AND run_id = $2 ORDER BY seq LIMIT 1",
+        )
+        .bind(session_id)
+        .bind(&run_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let after = match first {
+            Some((seq,)) => seq - 1,
+            None => self.last_event_seq(session_id).await?,
+        };
+        Ok(Some((run_id, after)))
+    }
+
     /// Puts a run that waited for tool results back to `running`, owned by `owner`.
     pub async fn reopen_run(&self, run_id: &str, owner: &str) -> Result<(), StoreError> {
         sqlx::query("UPDATE chat_runs SET status = 'running', owner = $1, heartbeat_at = $2, finished_at = NULL WHERE id = $3")
@@ -597,6 +624,23 @@ impl Store {
         insert_usage(&mut tx, u).await?;
         tx.commit().await?;
         Ok(())
+    }
+
+    /// Spend of `policy` per UTC day and provider since `since_day` (for charts).
+    pub async fn policy_spend_by_day(
+        &self,
+        policy: &str,
+        since_day: &str,
+    ) -> Result<Vec<(String, String, f64)>, StoreError> {
+        let rows: Vec<(String, String, f64)> = sqlx::query_as(
+            "SELECT day, provider, CAST(SUM(cost_usd) AS DOUBLE PRECISION) FROM usage_daily \
+             WHERE policy = $1 AND day >= $2 GROUP BY day, provider ORDER BY day, provider",
+        )
+        .bind(policy)
+        .bind(since_day)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
     }
 
     /// Usage since `since_day` (`YYYY-MM-DD`, inclusive), grouped, largest spend first.

@@ -27,6 +27,8 @@ pub(crate) struct Reply {
     pub(crate) chunks: Vec<String>,
     /// Sleep this long after the chunks instead of ending (a stalled server).
     pub(crate) stall: Option<Duration>,
+    /// Pause between chunks (default 2 ms): a slow stream.
+    pub(crate) chunk_delay: Option<Duration>,
 }
 
 #[derive(Clone, Debug)]
@@ -110,12 +112,13 @@ async fn handle(State(script): State<Arc<Script>>, req: axum::extract::Request) 
     let guard = DropGuard(script.clone());
     let chunks = reply.chunks.clone();
     let stall = reply.stall;
+    let delay = reply.chunk_delay.unwrap_or(Duration::from_millis(2));
     let stream = futures_util::stream::unfold(
         (chunks.into_iter(), guard, stall),
-        |(mut it, guard, stall)| async move {
+        move |(mut it, guard, stall)| async move {
             match it.next() {
                 Some(c) => {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    tokio::time::sleep(delay).await;
                     Some((
                         Ok::<_, std::io::Error>(bytes::Bytes::from(c)),
                         (it, guard, stall),

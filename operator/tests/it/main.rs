@@ -7,6 +7,7 @@ mod chat;
 mod cluster;
 mod common;
 mod config;
+mod dashboard;
 mod http;
 mod investigation;
 mod llm;

@@ -1,0 +1,644 @@
+// Kortex dashboard: a dependency-free single page over the Kortex HTTP API (served by the
+// binary itself; no request leaves this origin). Text is only ever inserted as text nodes.
+'use strict';
+(() => {
+  const main = document.getElementById('main');
+  const who = document.getElementById('who');
+  const view = { cleanup: [] };
+  let me = null;
+
+  // ---- helpers -------------------------------------------------------------------------
+  function h(tag, attrs, ...children) {
+    const el = tag.startsWith('svg:')
+      ? document.createElementNS('http://www.w3.org/2000/svg', tag.slice(4))
+      : document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k.startsWith('on')) el.addEventListener(k.slice(2), v);
+      else if (k === 'class') el.setAttribute('class', v);
+      else el.setAttribute(k, v === true ? '' : String(v));
+    }
+    for (const c of children.flat(Infinity)) {
+      if (c === null || c === undefined || c === false) continue;
+      el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return el;
+  }
+
+  function csrf() {
+    const m = document.cookie.match(/(?:^|;\s*)kortex_csrf=([^;]+)/);
+    return m ? decodeURIComponent(m[1]) : null;
+  }
+
+  async function api(method, path, body) {
+    const headers = { accept: 'application/json' };
+    if (body !== undefined) headers['content-type'] = 'application/json';
+    if (method !== 'GET') {
+      const token = csrf();
+      if (token) headers['x-csrf-token'] = token;
+    }
+    const r = await fetch(path, {
+      method,
+      headers,
+      credentials: 'same-origin',
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    if (r.status === 204) return null;
+    let data = null;
+    try { data = await r.json(); } catch (_) { data = null; }
+    if (!r.ok) {
+      const e = new Error((data && data.error && data.error.message) || `HTTP ${r.status}`);
+      e.status = r.status;
+      e.code = data && data.error && data.error.code;
+      throw e;
+    }
+    return data;
+  }
+
+  function seconds(ms) {
+    if (ms < 1000) return `${ms} ms`;
+    return `${(ms / 1000).toFixed(ms < 10000 ? 1 : 0)} s`;
+  }
+
+  function until(iso) {
+    const left = Math.round((Date.parse(iso) - Date.now()) / 1000);
+    if (!Number.isFinite(left)) return '';
+    if (left <= 0) return 'expired';
+    const m = Math.floor(left / 60);
+    const s = left % 60;
+    return m > 0 ? `in ${m}m ${String(s).padStart(2, '0')}s` : `in ${s}s`;
+  }
+
+  function usd(v) {
+    const n = Number(v || 0);
+    return n > 0 && n < 0.01 ? '<$0.01' : `$${n.toFixed(2)}`;
+  }
+
+  function errorBox(e) {
+    return h('div', { class: 'error-box', role: 'alert' }, e.message || String(e));
+  }
+
+  function condition(item, type) {
+    return (item.conditions || []).find((c) => c.type === type);
+  }
+
+  function leave() {
+    for (const f of view.cleanup.splice(0)) {
+      try { f(); } catch (_) { /* nothing to undo */ }
+    }
+  }
+
+  function show(...children) {
+    leave();
+    main.replaceChildren(...children);
+  }
+
+  // ---- sign-in -------------------------------------------------------------------------
+  function signIn(message) {
+    who.replaceChildren();
+    const token = h('textarea', { id: 'token', name: 'token', required: true, autocomplete: 'off', spellcheck: 'false' });
+    const status = h('div', { 'aria-live': 'polite' });
+    if (message) status.append(errorBox({ message }));
+    const form = h('form', { class: 'panel signin', 'aria-labelledby': 'signin-title' },
+      h('h2', { id: 'signin-title' }, 'Sign in to Kortex'),
+      h('p', { class: 'muted' },
+        'Paste a Kubernetes token (for example from ', h('code', {}, 'kubectl create token'),
+        ' or your OIDC login) or a Kortex API key. It is kept in an HttpOnly cookie of this browser only.'),
+      h('label', { for: 'token' }, 'Token or API key'),
+      token,
+      status,
+      h('p', {}, h('button', { class: 'primary', type: 'submit' }, 'Sign in')));
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      status.replaceChildren();
+      try {
+        await api('POST', '/auth/v1/login', { token: token.value.trim() });
+        await boot();
+      } catch (e) {
+        status.append(errorBox(e));
+      }
+    });
+    show(form);
+    token.focus();
+  }
+
+  function renderWho() {
+    const groups = (me.groups || []).length ? ` (${me.groups.join(', ')})` : '';
+    const out = h('button', { type: 'button', id: 'signout' }, 'Sign out');
+    out.addEventListener('click', async () => {
+      await api('POST', '/auth/v1/logout').catch(() => null);
+      me = null;
+      signIn();
+    });
+    who.replaceChildren(
+      h('span', { id: 'user', title: `signed in as ${me.user}${groups}` }, `${me.user}${groups}`),
+      me.mode === 'loopback' || me.proxy ? null : out);
+  }
+
+  // ---- proposals -----------------------------------------------------------------------
+  function proposalCard(p, onChange) {
+    const card = h('article', { class: 'card proposal', 'data-proposal': p.id, 'aria-label': `Proposal ${p.name}` });
+    const fill = (p) => {
+      const spec = p.spec || {};
+      const status = p.status || {};
+      const phase = status.phase || 'Pending';
+      const t = spec.target && typeof spec.target === 'object' ? spec.target : null;
+      const target = t ? `${t.kind || ''}/${t.name || ''}` : String(spec.target || '');
+      const expires = h('dd', { class: 'expires' }, phase === 'Pending' ? until(status.expiresAt) : (status.expiresAt || ''));
+      const rows = [
+        ['Action', spec.action],
+        ['Target', t ? `${t.kind} ${t.namespace || p.namespace}/${t.name}` : `${p.namespace}/${target}`],
+        ['Why', spec.rationale],
+        ['Blast radius', spec.blastRadius || '—'],
+        ['Reversible', spec.reversible === true ? 'yes' : spec.reversible === false ? 'no' : '—'],
+        ['Proposed by', `${(spec.session || {}).user || ''} in session ${(spec.session || {}).name || ''}`],
+      ];
+      if (spec.params && Object.keys(spec.params).length) rows.push(['Parameters', JSON.stringify(spec.params)]);
+      if (spec.decision && spec.decision.by) rows.push(['Decided by', `${spec.decision.by}${spec.decision.reason ? `: ${spec.decision.reason}` : ''}`]);
+      if (status.message) rows.push(['Result', status.message]);
+      const dl = h('dl', {}, rows.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v === undefined || v === null ? '' : String(v))]),
+        h('dt', {}, phase === 'Pending' ? 'Expires' : 'Deadline was'), expires);
+      const parts = [
+        h('h3', {}, `${spec.action} ${target}`, h('span', { class: `phase ${phase}`, 'data-phase': phase }, phase)),
+        dl,
+      ];
+      if (status.preview !== undefined && status.preview !== null) {
+        parts.push(h('details', {}, h('summary', {}, 'Dry-run preview'),
+          h('pre', {}, typeof status.preview === 'string' ? status.preview : JSON.stringify(status.preview, null, 2))));
+      }
+      if (phase === 'Pending') {
+        const reason = h('input', { type: 'text', placeholder: 'Reason (optional)', 'aria-label': `Reason for deciding ${p.name}` });
+        const result = h('div', { 'aria-live': 'polite' });
+        const decide = (verb) => async () => {
+          result.replaceChildren();
+          buttons.forEach((b) => { b.disabled = true; });
+          try {
+            const body = reason.value.trim() ? { reason: reason.value.trim() } : {};
+            await api('POST', `/chat/v1/proposals/${encodeURIComponent(p.id)}/${verb}`, body);
+            const fresh = await findProposal(p.id);
+            if (fresh) fill(fresh);
+            if (onChange) onChange();
+          } catch (e) {
+            result.append(errorBox(e));
+            buttons.forEach((b) => { b.disabled = false; });
+          }
+        };
+        const buttons = [
+          h('button', { class: 'primary', type: 'button', onclick: decide('approve') }, 'Confirm'),
+          h('button', { class: 'danger', type: 'button', onclick: decide('reject') }, 'Reject'),
+        ];
+        parts.push(h('div', { class: 'actions' }, reason, buttons), result);
+        const tick = setInterval(() => { expires.textContent = until(status.expiresAt); }, 1000);
+        view.cleanup.push(() => clearInterval(tick));
+      }
+      card.replaceChildren(...parts);
+      card.dataset.phase = phase;
+    };
+    fill(p);
+    card.refill = fill;
+    return card;
+  }
+
+  async function findProposal(id) {
+    const list = await api('GET', '/chat/v1/proposals');
+    return (list.items || []).find((p) => p.id === id) || null;
+  }
+
+  async function proposalsView() {
+    const filter = h('select', { 'aria-label': 'Phase' },
+      ['', 'Pending', 'Approved', 'Executing', 'Succeeded', 'Failed', 'Rejected', 'Expired']
+        .map((p) => h('option', { value: p }, p || 'All phases')));
+    const list = h('div', { class: 'cards', 'aria-live': 'polite' });
+    const load = async () => {
+      try {
+        const q = filter.value ? `?phase=${encodeURIComponent(filter.value)}` : '';
+        const data = await api('GET', `/chat/v1/proposals${q}`);
+        const items = data.items || [];
+        // Keep cards being edited; replace the others.
+        const open = document.activeElement && list.contains(document.activeElement);
+        if (open) return;
+        list.replaceChildren(...(items.length ? items.map((p) => proposalCard(p, load)) : [h('p', { class: 'muted' }, 'No proposals.')]));
+      } catch (e) {
+        list.replaceChildren(errorBox(e));
+      }
+    };
+    filter.addEventListener('change', load);
+    show(h('section', { class: 'grid' },
+      h('div', { class: 'conv-head' }, h('h2', {}, 'Proposals'), filter,
+        h('span', { class: 'muted' }, 'Actions the model proposed. Nothing runs until a person confirms it.')),
+      list));
+    await load();
+    const every = setInterval(load, 4000);
+    view.cleanup.push(() => clearInterval(every));
+  }
+
+  // ---- chat ----------------------------------------------------------------------------
+  async function chatView(id) {
+    const listEl = h('ul', { 'aria-label': 'Sessions' });
+    const name = h('input', { id: 'new-session-name', name: 'name', required: true, placeholder: 'e.g. incident-checkout', autocomplete: 'off' });
+    const ns = h('input', { id: 'new-session-namespace', name: 'namespace', placeholder: 'default', autocomplete: 'off' });
+    const createMsg = h('div', { 'aria-live': 'polite' });
+    const form = h('form', { class: 'new-session' },
+      h('label', { for: 'new-session-name' }, 'New session'), name,
+      h('label', { for: 'new-session-namespace', class: 'muted' }, 'Namespace (optional)'), ns,
+      h('button', { class: 'primary', type: 'submit' }, 'Create session'), createMsg);
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      createMsg.replaceChildren();
+      try {
+        const body = { name: name.value.trim() };
+        if (ns.value.trim()) body.namespace = ns.value.trim();
+        const s = await api('POST', '/chat/v1/sessions', body);
+        name.value = '';
+        location.hash = `#/chat/${s.id}`;
+      } catch (e) {
+        createMsg.append(errorBox(e));
+      }
+    });
+    const conversation = h('section', { class: 'panel conversation', 'aria-label': 'Conversation' });
+    show(h('div', { class: 'chat' },
+      h('aside', { class: 'panel sessions', 'aria-label': 'Sessions' }, form, listEl),
+      conversation));
+    const loadSessions = async () => {
+      try {
+        const data = await api('GET', '/chat/v1/sessions');
+        listEl.replaceChildren(...(data.items || []).map((s) => {
+          const del = h('button', { type: 'button', class: 'danger', 'aria-label': `Delete session ${s.name}` }, '✕');
+          del.addEventListener('click', async () => {
+            if (!confirm(`Delete session ${s.name}? The audit log keeps its records.`)) return;
+            try {
+              await api('DELETE', `/chat/v1/sessions/${encodeURIComponent(s.id)}`);
+              if (s.id === id) location.hash = '#/chat'; else loadSessions();
+            } catch (e) { alert(e.message); }
+          });
+          return h('li', { class: s.id === id ? 'current' : '' },
+            h('a', { href: `#/chat/${s.id}`, 'aria-current': s.id === id ? 'page' : null },
+              s.name, h('span', { class: 't' }, s.title || `policy ${s.policy || '—'} · ${s.status}`)),
+            del);
+        }));
+        if (!(data.items || []).length) listEl.append(h('li', { class: 'muted' }, 'No sessions yet.'));
+      } catch (e) {
+        listEl.replaceChildren(errorBox(e));
+      }
+    };
+    view.refreshSessions = loadSessions;
+    await loadSessions();
+    if (!id) {
+      conversation.append(h('p', { class: 'muted' }, 'Create a session or open one. Its name decides which ChatPolicy governs it.'));
+      name.focus();
+      return;
+    }
+    await openSession(id, conversation);
+  }
+
+  async function openSession(id, root) {
+    let session;
+    try {
+      session = await api('GET', `/chat/v1/sessions/${encodeURIComponent(id)}`);
+    } catch (e) {
+      root.replaceChildren(errorBox(e));
+      return;
+    }
+    const badge = h('span', { class: `badge ${session.status}`, id: 'session-status' }, session.status);
+    const transcript = h('div', { class: 'transcript', id: 'transcript', role: 'log', 'aria-live': 'polite', 'aria-label': 'Transcript' });
+    const input = h('textarea', { id: 'message', 'aria-label': 'Message', placeholder: 'Ask about your cluster… (Enter sends, Shift+Enter for a new line)' });
+    const send = h('button', { class: 'primary', type: 'submit', id: 'send' }, 'Send');
+    const cancel = h('button', { type: 'button', id: 'cancel', hidden: true }, 'Cancel');
+    const composer = h('form', { class: 'composer' }, input, h('div', { class: 'buttons' }, send, cancel));
+    root.replaceChildren(
+      h('div', { class: 'conv-head' },
+        h('h2', {}, session.name),
+        h('span', { class: 'badge', title: 'The ChatPolicy matched by the session name' }, `policy ${session.policy || '—'}`),
+        h('span', { class: 'muted' }, `namespace ${session.namespace}`),
+        badge,
+        session.title ? h('span', { class: 'muted' }, session.title) : null),
+      transcript, composer);
+
+    const scroll = () => { transcript.scrollTop = transcript.scrollHeight; };
+    const setStatus = (s) => {
+      badge.textContent = s;
+      badge.className = `badge ${s}`;
+      const busy = s === 'running' || s === 'requires_action';
+      send.disabled = busy;
+      cancel.hidden = !busy;
+    };
+    setStatus(session.status);
+
+    // Tool results, for chips of stored calls and for expanding live ones.
+    const results = new Map();
+    for (const m of session.messages || []) {
+      if (m.role === 'tool') results.set(m.toolCallId, m);
+    }
+    const cards = new Map();
+    const chipsById = new Map();
+    let live = { text: null, chips: null };
+
+    function chip(call, outcome) {
+      const args = JSON.stringify(call.input || {});
+      const label = h('span', { class: 'status' }, outcome.label);
+      const body = h('pre', {}, outcome.result || '');
+      const el = h('details', { class: `chip ${outcome.cls}`, 'data-call': call.id, 'data-tool': call.name },
+        h('summary', { title: args }, h('strong', {}, call.name), h('span', { class: 'args' }, args), label),
+        body);
+      el.addEventListener('toggle', async () => {
+        if (!el.open || el.dataset.loaded) return;
+        let m = results.get(call.id);
+        if (!m) {
+          try {
+            const fresh = await api('GET', `/chat/v1/sessions/${encodeURIComponent(id)}`);
+            for (const x of fresh.messages || []) if (x.role === 'tool') results.set(x.toolCallId, x);
+            m = results.get(call.id);
+          } catch (_) { m = null; }
+        }
+        if (m) {
+          body.textContent = m.content;
+          el.dataset.loaded = '1';
+        }
+      });
+      el.setLabel = (text, cls) => {
+        label.textContent = text;
+        el.className = `chip ${cls}`;
+      };
+      chipsById.set(call.id, el);
+      return el;
+    }
+
+    function note(text, cls) {
+      transcript.append(h('div', { class: `note ${cls || ''}`, role: cls === 'error' ? 'alert' : null }, text));
+      scroll();
+    }
+
+    async function addCard(proposalId) {
+      if (cards.has(proposalId)) return cards.get(proposalId);
+      const placeholder = h('div', { class: 'card', 'data-proposal': proposalId }, 'Loading proposal…');
+      cards.set(proposalId, placeholder);
+      transcript.append(placeholder);
+      try {
+        const p = await findProposal(proposalId);
+        if (p) {
+          const card = proposalCard(p);
+          placeholder.replaceWith(card);
+          cards.set(proposalId, card);
+          scroll();
+          return card;
+        }
+        placeholder.textContent = 'This proposal is not visible to you.';
+      } catch (e) {
+        placeholder.replaceChildren(errorBox(e));
+      }
+      return placeholder;
+    }
+
+    // The stored transcript (minus the assistant part of a run in progress: its events
+    // rebuild it below, so nothing is shown twice).
+    const activeRun = session.activeRun ? session.activeRun.id : null;
+    for (const m of session.messages || []) {
+      if (activeRun && m.runId === activeRun && m.role !== 'user') continue;
+      if (m.role === 'user') {
+        transcript.append(h('div', { class: 'msg user' }, m.content));
+      } else if (m.role === 'assistant') {
+        if (m.content) transcript.append(h('div', { class: 'msg assistant' }, m.content));
+        if ((m.toolCalls || []).length) {
+          transcript.append(h('div', { class: 'chips' }, m.toolCalls.map((c) => {
+            const r = results.get(c.id);
+            const outcome = !r ? { cls: 'waiting', label: 'no result' }
+              : r.isError ? { cls: 'error', label: 'error' } : { cls: 'ok', label: 'ok' };
+            return chip(c, { ...outcome, result: r ? r.content : '' });
+          })));
+          for (const c of m.toolCalls) {
+            if (c.name === 'propose_action') {
+              const r = results.get(c.id);
+              try {
+                const v = r && JSON.parse(r.content);
+                if (v && v.proposalId) addCard(v.proposalId);
+              } catch (_) { /* an error result */ }
+            }
+          }
+        }
+      }
+    }
+    scroll();
+
+    // Live events: replayed from where the stored transcript ends, then followed.
+    let lastSeq = session.activeRun ? session.activeRun.afterSeq : (session.eventSeq || 0);
+    const handlers = {
+      'run.lifecycle': (d) => {
+        if (d.state === 'started') { setStatus('running'); live = { text: null, chips: null }; }
+        else if (d.state === 'requires_action') {
+          setStatus('requires_action');
+          for (const el of chipsById.values()) {
+            if (el.classList.contains('running')) el.setLabel('waiting for the client to run it', 'waiting');
+          }
+          note('Waiting for the client to run its tools.');
+        } else {
+          setStatus(d.state === 'failed' ? 'failed' : 'idle');
+          if (d.state === 'cancelled') note('Cancelled.');
+          live = { text: null, chips: null };
+          if (view.refreshSessions) view.refreshSessions();
+        }
+      },
+      'step.boundary': () => { live.text = null; live.chips = null; },
+      'text.delta': (d) => {
+        if (!live.text) {
+          live.text = h('div', { class: 'msg assistant' });
+          transcript.append(live.text);
+        }
+        live.text.append(document.createTextNode(d.text));
+        scroll();
+      },
+      'tool.start': (d) => {
+        if (!live.chips) {
+          live.chips = h('div', { class: 'chips' });
+          transcript.append(live.chips);
+        }
+        live.chips.append(chip({ id: d.callId, name: d.name, input: d.input }, { cls: 'running', label: 'running…' }));
+        live.text = null;
+        scroll();
+      },
+      'tool.end': (d) => {
+        const el = chipsById.get(d.callId);
+        if (!el) return;
+        let cls = 'ok';
+        let text = 'ok';
+        if (d.isError) { cls = d.errorKind || 'error'; text = d.errorKind || 'error'; }
+        else if (d.truncated) { cls = 'truncated'; text = 'truncated'; }
+        el.setLabel(`${text} · ${seconds(d.durationMs || 0)}`, cls);
+        el.querySelector('pre').textContent = d.preview || '';
+      },
+      notice: (d) => note(d.message),
+      error: (d) => note(`${d.code}: ${d.message}`, 'error'),
+      'proposal.created': (d) => { addCard(d.proposalId); },
+      'proposal.updated': async (d) => {
+        const card = await addCard(d.proposalId);
+        try {
+          const p = await findProposal(d.proposalId);
+          if (p && card.refill) card.refill(p);
+        } catch (_) { /* shown on the next update */ }
+      },
+    };
+    const es = new EventSource(`/chat/v1/sessions/${encodeURIComponent(id)}/events?after=${lastSeq}`);
+    view.cleanup.push(() => es.close());
+    for (const [type, handle] of Object.entries(handlers)) {
+      es.addEventListener(type, (ev) => {
+        const seq = Number(ev.lastEventId);
+        // The browser reconnects with Last-Event-ID; anything already shown is dropped.
+        if (Number.isFinite(seq) && seq <= lastSeq) return;
+        if (Number.isFinite(seq)) lastSeq = seq;
+        let data = {};
+        try { data = JSON.parse(ev.data); } catch (_) { return; }
+        handle(data);
+      });
+    }
+
+    const submit = async () => {
+      const content = input.value.trim();
+      if (!content || send.disabled) return;
+      send.disabled = true;
+      try {
+        await api('POST', `/chat/v1/sessions/${encodeURIComponent(id)}/messages`, { content });
+        transcript.append(h('div', { class: 'msg user' }, content));
+        input.value = '';
+        live = { text: null, chips: null };
+        setStatus('running');
+        scroll();
+      } catch (e) {
+        note(`${e.code || 'error'}: ${e.message}`, 'error');
+        send.disabled = false;
+      }
+    };
+    composer.addEventListener('submit', (ev) => { ev.preventDefault(); submit(); });
+    input.addEventListener('keydown', (ev) => {
+      if (ev.key === 'Enter' && !ev.shiftKey && !ev.isComposing) {
+        ev.preventDefault();
+        submit();
+      }
+    });
+    cancel.addEventListener('click', async () => {
+      try { await api('POST', `/chat/v1/sessions/${encodeURIComponent(id)}/cancel`); }
+      catch (e) { note(e.message, 'error'); }
+    });
+    input.focus();
+  }
+
+  // ---- status --------------------------------------------------------------------------
+  const PALETTE = ['#1f5fa8', '#e07b00', '#2e8b57', '#8e44ad', '#c0392b', '#16a085', '#7f8c8d'];
+
+  function spendChart(days) {
+    const end = new Date();
+    const labels = [];
+    for (let i = 6; i >= 0; i--) {
+      const d = new Date(Date.UTC(end.getUTCFullYear(), end.getUTCMonth(), end.getUTCDate() - i));
+      labels.push(d.toISOString().slice(0, 10));
+    }
+    const providers = [...new Set(days.map((d) => d.provider))].sort();
+    const total = (day) => days.filter((d) => d.day === day).reduce((a, d) => a + d.costUsd, 0);
+    const max = Math.max(0.01, ...labels.map(total));
+    const W = 230, H = 70, bw = 24, gap = 8;
+    const svg = h('svg:svg', { class: 'spend', width: W, height: H + 14, viewBox: `0 0 ${W} ${H + 14}`, role: 'img',
+      'aria-label': `Spend per day and provider, last 7 days: ${labels.map((l) => `${l} ${usd(total(l))}`).join(', ')}` });
+    labels.forEach((day, i) => {
+      let y = H;
+      providers.forEach((p, j) => {
+        const v = days.filter((d) => d.day === day && d.provider === p).reduce((a, d) => a + d.costUsd, 0);
+        const bh = (v / max) * (H - 4);
+        if (bh <= 0) return;
+        y -= bh;
+        svg.append(h('svg:rect', { x: i * (bw + gap), y, width: bw, height: bh, fill: PALETTE[j % PALETTE.length] },
+          h('svg:title', {}, `${day} ${p}: ${usd(v)}`)));
+      });
+      svg.append(h('svg:text', { x: i * (bw + gap) + bw / 2, y: H + 12, 'font-size': 9, 'text-anchor': 'middle', fill: '#5f6b7a' }, day.slice(8)));
+    });
+    const legend = h('div', { class: 'muted' },
+      providers.map((p, j) => h('span', {},
+        h('svg:svg', { width: 10, height: 10, 'aria-hidden': 'true' }, h('svg:rect', { width: 10, height: 10, fill: PALETTE[j % PALETTE.length] })),
+        ` ${p} `)));
+    return h('div', {}, svg, providers.length ? legend : h('span', { class: 'muted' }, 'no spend in the last 7 days'));
+  }
+
+  async function statusView() {
+    const sections = h('div', { class: 'grid' }, h('p', { class: 'muted' }, 'Loading…'));
+    show(sections);
+    let providers, tools, policies;
+    try {
+      [providers, tools, policies] = await Promise.all([
+        api('GET', '/api/v1/llm/providers'), api('GET', '/api/v1/tools'), api('GET', '/api/v1/policies')]);
+    } catch (e) {
+      sections.replaceChildren(errorBox(e));
+      return;
+    }
+    const yesNo = (ok, text) => h('span', { class: ok ? 'yes' : 'no' }, text || (ok ? 'yes' : 'no'));
+    const providerRows = (providers.items || []).map((p) => {
+      const ready = condition(p, 'Ready') || {};
+      const reach = condition(p, 'Reachable');
+      const priced = condition(p, 'Priced');
+      const models = (p.statusModels && p.statusModels.length ? p.statusModels : [p.defaultModel]).filter(Boolean);
+      return h('tr', { 'data-provider': p.name },
+        h('td', {}, h('strong', {}, p.name), h('div', { class: 'muted' }, p.namespace)),
+        h('td', {}, p.type || '', h('div', { class: 'muted' }, p.locality || '')),
+        h('td', {}, yesNo(p.available), h('div', { class: 'muted' }, ready.message || '')),
+        h('td', {}, reach ? yesNo(reach.status === 'True', reach.status === 'True' ? 'reachable' : 'unreachable') : h('span', { class: 'muted' }, 'not probed yet'),
+          h('div', { class: 'muted' }, reach ? reach.message : '')),
+        h('td', {}, models.join(', '), priced && priced.status === 'False' ? h('div', { class: 'no' }, priced.message) : null));
+    });
+    const builtin = (tools.builtin || []).map((t) => h('tr', {}, h('td', {}, h('strong', {}, t.name)), h('td', {}, 'built-in'),
+      h('td', {}, yesNo(true)), h('td', {}, 'sessions whose policy allows it'), h('td', { class: 'muted' }, t.description || '')));
+    const plugins = (tools.items || []).map((t) => h('tr', {}, h('td', {}, h('strong', {}, t.toolName || t.name)),
+      h('td', {}, `plugin ${(t.backend && t.backend.type) || ''}`), h('td', {}, yesNo(t.available), h('div', { class: 'muted' }, (condition(t, 'Ready') || {}).message || '')),
+      h('td', {}, (t.allowedSessions || ['*']).join(', ')), h('td', { class: 'muted' }, t.description || '')));
+    const policyRows = (policies.items || []).map((p) => {
+      const spend = p.spend || {};
+      const pct = spend.percentUsed;
+      const routes = (p.routes || []).map((r) => `${r.provider}/${r.fastModel ? `${r.fastModel} → ` : ''}${r.model}`).join(', then ');
+      const skipped = (p.skipped || []).map((s) => `${s.provider}: ${s.reason}`);
+      return h('tr', { 'data-policy': p.name },
+        h('td', {}, h('strong', {}, p.name), h('div', { class: 'muted' }, `${p.namespace} · ${((p.spec || {}).sessions || []).join(', ')}`)),
+        h('td', {}, (p.spec || {}).mode || 'normal'),
+        h('td', {}, routes || h('span', { class: 'no' }, 'no provider can answer'), skipped.map((s) => h('div', { class: 'muted' }, s))),
+        h('td', { class: 'spend-today' }, `${usd(spend.todayUsd)}${spend.dailyUsdLimit !== null && spend.dailyUsdLimit !== undefined ? ` of ${usd(spend.dailyUsdLimit)}` : ''}`,
+          pct !== null && pct !== undefined ? h('div', { class: `bar ${pct >= 80 ? 'hot' : ''}`, role: 'meter', 'aria-valuenow': pct, 'aria-valuemin': 0, 'aria-valuemax': 100, 'aria-label': 'Share of the daily budget used' },
+            h('span', { 'data-width': Math.min(100, pct) })) : null),
+        h('td', {}, spendChart(p.spendByDay || [])));
+    });
+    const table = (caption, heads, rows) => h('div', { class: 'panel' },
+      h('h2', { class: 'section' }, caption),
+      rows.length ? h('table', {}, h('thead', {}, h('tr', {}, heads.map((x) => h('th', { scope: 'col' }, x)))), h('tbody', {}, rows))
+        : h('p', { class: 'muted' }, 'None.'));
+    sections.replaceChildren(
+      table('Providers', ['Provider', 'Type', 'Available', 'Reachability', 'Models'], providerRows),
+      table('Tools', ['Tool', 'Kind', 'Available', 'Sessions', 'Description'], [...builtin, ...plugins]),
+      table('Policies', ['Policy', 'Mode', 'Providers now', 'Spend today', 'Last 7 days'], policyRows));
+    // Widths through the CSSOM (the page's CSP allows no inline style attributes).
+    sections.querySelectorAll('[data-width]').forEach((el) => { el.style.width = `${el.dataset.width}%`; });
+  }
+
+  // ---- routing -------------------------------------------------------------------------
+  async function route() {
+    if (!me) return;
+    const [, page, arg] = (location.hash || '#/chat').split('/');
+    document.querySelectorAll('[data-nav]').forEach((a) => a.classList.toggle('active', a.dataset.nav === (page || 'chat')));
+    try {
+      if (page === 'proposals') await proposalsView();
+      else if (page === 'status') await statusView();
+      else await chatView(arg ? decodeURIComponent(arg) : null);
+    } catch (e) {
+      if (e.status === 401) signIn('Your sign-in expired; sign in again.');
+      else show(errorBox(e));
+    }
+    main.focus({ preventScroll: true });
+  }
+
+  async function boot() {
+    try {
+      me = await api('GET', '/auth/v1/me');
+    } catch (e) {
+      if (e.status === 401) { signIn(); return; }
+      show(errorBox(e));
+      return;
+    }
+    renderWho();
+    await route();
+  }
+
+  window.addEventListener('hashchange', route);
+  boot();
+})();

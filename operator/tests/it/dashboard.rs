@@ -1,0 +1,176 @@
+//! The dashboard in a real browser: headless Chromium (Debian's `chromium`) driven by
+//! `playwright-core` (`operator/tests/browser/dashboard.mjs`) against the real binary and a
+//! wire-format provider server. Skipped when Chromium or the npm package is missing,
+//! unless `KORTEX_REQUIRE_BROWSER=1` (the test script sets it after installing them).
+
+use crate::binary::Server;
+use crate::llm::{Reply, mock, openai, openai_chunk, streamed};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const KEY: &str = "kx-dashboard-test-key-7f3a9c";
+const ANSWER: &str = "The checkout pods restart because they run out of memory after the 1.4.2 deploy. I proposed a restart of deployment checkout; confirm it if the evidence convinces you.";
+
+fn browser_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
+}
+
+fn chromium() -> Option<String> {
+    std::env::var("KORTEX_TEST_CHROMIUM").ok().or_else(|| {
+        ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .map(str::to_owned)
+    })
+}
+
+/// The provider's part of the scenario: tool calls for a question, then a slow answer
+/// once the tool results are in (slow enough to reload the page in the middle of it).
+fn responder(body: &Value) -> Option<Reply> {
+    let messages = body["messages"].as_array()?;
+    let last = messages.last()?;
+    let d = openai();
+    if last["role"] == "tool" {
+        let mut chunks = vec![openai_chunk(
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        )];
+        for word in ANSWER.split_inclusive(' ') {
+            chunks.push(openai_chunk(json!({"content": word}), Value::Null));
+        }
+        chunks.push(openai_chunk(json!({}), json!("stop")));
+        chunks.push("data: [DONE]\n\n".into());
+        let mut reply = streamed(&d, chunks);
+        reply.chunk_delay = Some(Duration::from_millis(120));
+        return Some(reply);
+    }
+    let propose = json!({
+        "action": "restart",
+        "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "checkout"},
+        "rationale": "OOMKilled 14 times since the 1.4.2 deploy; a restart clears the leaked cache.",
+        "blastRadius": "checkout pods restart one at a time",
+        "reversible": true
+    })
+    .to_string();
+    Some(streamed(
+        &d,
+        (d.tools_stream)(&[
+            (
+                "call_history",
+                "get_incident_history",
+                r#"{"query": "checkout OOMKilled"}"#,
+            ),
+            ("call_propose", "propose_action", &propose),
+        ]),
+    ))
+}
+
+fn manifests(dir: &Path, base: &str) {
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: llm-keys}}
+stringData: {{openai: sk-dashboard-provider-key-1234}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: alice-key
+  labels: {{kortex.dev/credentials: chat}}
+stringData: {{user: alice, key: {KEY}, groups: sre}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec:
+  type: openai-compatible
+  baseUrl: "{base}/v1"
+  apiKeySecretRef: {{name: llm-keys, key: openai}}
+  defaultModel: test-model
+  timeout: 10s
+  models: [{{id: test-model, cost: {{inputUsdPerMTok: 3, outputUsdPerMTok: 15}}}}]
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["incident-*"]
+  provider: gpt
+  budget: {{dailyUsdLimit: 20}}
+  proposals: {{allowedActions: [restart], allowedNamespaces: ["shop"], requireDistinctApprover: false}}
+"#
+    );
+    std::fs::write(dir.join("dashboard.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
+    let required = std::env::var("KORTEX_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+    let modules = browser_dir().join("node_modules/playwright-core");
+    let (Some(chromium), true) = (chromium(), modules.exists()) else {
+        assert!(
+            !required,
+            "KORTEX_REQUIRE_BROWSER=1 but Chromium or {} is missing",
+            modules.display()
+        );
+        eprintln!(
+            "skipping: Chromium or playwright-core is not installed (scripts/test.sh installs them)"
+        );
+        return;
+    };
+    let (base, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base);
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    let m = m.display().to_string();
+    // Not on loopback, so the browser has to sign in with a chat key.
+    let server = Server::spawn(
+        &[
+            "serve",
+            "--listen",
+            "0.0.0.0:0",
+            "--manifests",
+            &m,
+            "--database-url",
+            &db,
+        ],
+        &[],
+    );
+    let url = server.url("").replace("0.0.0.0", "127.0.0.1");
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
+    let script_path = browser_dir().join("dashboard.mjs");
+    let (url2, shots2) = (url.clone(), shots.clone());
+    // The browser runs beside this runtime, which keeps serving the mock provider.
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg(script_path)
+            .env("KORTEX_URL", &url2)
+            .env("KORTEX_KEY", KEY)
+            .env("KORTEX_ANSWER", ANSWER)
+            .env("CHROMIUM", &chromium)
+            .env("SCREENSHOTS", &shots2)
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(150), run)
+        .await
+        .unwrap_or_else(|_| panic!("the browser test did not finish in 150 s"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("node: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "browser test failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- server log\n{}",
+        server.log()
+    );
+    println!("{stdout}");
+    for shot in ["chat.png", "proposals.png", "status.png", "phone.png"] {
+        assert!(shots.join(shot).exists(), "{shot} was not saved");
+    }
+    assert!(!server.log().contains(KEY), "the chat key reached the log");
+    assert!(server.terminate().success());
+}
