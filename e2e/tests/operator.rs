@@ -349,12 +349,14 @@ async fn run(admin: &kube::Client, ns: &str, tag: &str) -> anyhow::Result<()> {
             "template": {"metadata": {"labels": {"app": "ticker"}},
                 "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": image, "command": ["sleep", "3600"]}]}}}})).await?;
     let base_url = provider(ns.to_owned()).await?;
+    // `data`, not `stringData`: server-side apply does not track the keys `stringData`
+    // becomes, so a later apply could never remove one (kubernetes/kubernetes#108008).
     let secret = |key: Option<&str>| match key {
         Some(k) => {
-            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": ns}, "stringData": {"openai": k}})
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": ns}, "data": {"openai": kortex::redact::base64(k)}})
         }
         None => {
-            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": ns}, "stringData": {"other": "x"}})
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": ns}, "data": {"other": kortex::redact::base64("x")}})
         }
     };
     apply(admin, Some(ns), &secret(Some("sk-e2e-1"))).await?;
@@ -400,10 +402,17 @@ async fn run(admin: &kube::Client, ns: &str, tag: &str) -> anyhow::Result<()> {
     )
     .await?;
     apply(admin, Some(ns), &secret(Some("sk-e2e-2"))).await?;
-    wait_for("SecretResolved=True", Duration::from_secs(30), async || {
-        let p = providers.get("local").await?;
-        Ok(condition(p.status.as_ref(), "Ready").is_some_and(|(s, _)| s == "True"))
-    })
+    wait_for(
+        "SecretResolved=True and Ready=True",
+        Duration::from_secs(30),
+        async || {
+            let p = providers.get("local").await?;
+            Ok(
+                condition(p.status.as_ref(), "SecretResolved").is_some_and(|(s, _)| s == "True")
+                    && condition(p.status.as_ref(), "Ready").is_some_and(|(s, _)| s == "True"),
+            )
+        },
+    )
     .await?;
 
     // A chat makes a proposal.
@@ -455,9 +464,20 @@ async fn run(admin: &kube::Client, ns: &str, tag: &str) -> anyhow::Result<()> {
     );
 
     // `kubectl kortex approve` approves as the current user, and Kortex executes it.
-    let out = Command::new(binary("kubectl-kortex"))
-        .args(["approve", &name, "-n", ns, "--reason", "e2e"])
-        .output()?;
+    // Off the test's runtime, which keeps serving the mock provider meanwhile.
+    let (plugin, approve_args) = (
+        binary("kubectl-kortex"),
+        [
+            "approve".to_owned(),
+            name.clone(),
+            "-n".into(),
+            ns.to_owned(),
+            "--reason".into(),
+            "e2e".into(),
+        ],
+    );
+    let out = tokio::task::spawn_blocking(move || Command::new(plugin).args(approve_args).output())
+        .await??;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

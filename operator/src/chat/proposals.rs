@@ -112,6 +112,9 @@ pub async fn propose(
             "namespace {namespace} is not in the policy's allowedNamespaces"
         ));
     }
+    if let Some(why) = engine.cluster.get().and_then(|c| c.refuses(&namespace)) {
+        return Err(why);
+    }
     if let Some(params) = input
         .get("params")
         .filter(|p| !p.is_null() && !p.is_object())

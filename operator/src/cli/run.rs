@@ -152,7 +152,8 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     ));
     let probes = crate::llm::probe::ProbeBoard::default();
     let plugins = channel::channel(Arc::new(crate::tools::PluginSet::default()));
-    let proposals = ClusterProposals::new(client.clone(), Some(identity.clone()));
+    let proposals = ClusterProposals::new(client.clone(), Some(identity.clone()))
+        .scoped(args.namespace.clone());
     let duties = LeaderDuties {
         writer: StatusWriter::new(client.clone(), Some(identity)),
         proposals: proposals.clone(),

@@ -138,6 +138,7 @@ pub struct Decision {
     /// Used for the policy's `approverGroups` and for the SubjectAccessReview before
     /// execution.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 253)))]
     pub groups: Vec<String>,
 }
 

@@ -40,11 +40,20 @@ pub struct Executed {
 
 /// The Kubernetes resource, verb and subresource an action needs the approver to be
 /// allowed (for the SubjectAccessReview).
-pub fn required_access(action: &Action) -> Result<(String, String, Option<String>), String> {
+pub fn required_access(
+    action: &Action,
+) -> Result<(&'static str, String, String, Option<String>), String> {
     let resource = plural(&action.target.kind)?;
     Ok(match action.verb.as_str() {
-        "scale" => ("apps".into(), resource.into(), Some("scale".into())),
-        _ => ("apps".into(), resource.into(), None),
+        "scale" => (
+            "patch",
+            "apps".into(),
+            resource.into(),
+            Some("scale".into()),
+        ),
+        // A rollback replaces the object with the old template (a PUT).
+        "rollback" => ("update", "apps".into(), resource.into(), None),
+        _ => ("patch", "apps".into(), resource.into(), None),
     })
 }
 
@@ -474,7 +483,16 @@ mod tests {
         }
         assert_eq!(
             required_access(&action("scale", "Deployment", json!({"replicas": 1}))),
-            Ok(("apps".into(), "deployments".into(), Some("scale".into())))
+            Ok((
+                "patch",
+                "apps".into(),
+                "deployments".into(),
+                Some("scale".into())
+            ))
+        );
+        assert_eq!(
+            required_access(&action("rollback", "Deployment", json!({}))).map(|a| a.0),
+            Ok("update")
         );
     }
 

@@ -125,7 +125,20 @@ pub async fn run(
     let mut seen: Option<(String, Instant)> = None;
     let mut last_renewal: Option<Instant> = None;
     loop {
-        match attempt(&api, &config, &mut seen).await {
+        // kube's client has no read timeout: a hung request must not keep a leader that
+        // can no longer renew in charge. The attempt gets what is left of the renew
+        // deadline, so a leader steps down when it passes, not whenever the call returns.
+        let budget = last_renewal.map_or(config.renew_deadline, |t| {
+            config
+                .renew_deadline
+                .saturating_sub(t.elapsed())
+                .max(Duration::from_millis(100))
+        });
+        let result = match tokio::time::timeout(budget, attempt(&api, &config, &mut seen)).await {
+            Ok(result) => result.map_err(|e| e.to_string()),
+            Err(_) => Err(format!("no answer within {} ms", budget.as_millis())),
+        };
+        match result {
             Ok(true) => {
                 last_renewal = Some(Instant::now());
                 if leader.send_if_modified(|l| !std::mem::replace(l, true)) {

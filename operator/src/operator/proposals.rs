@@ -122,7 +122,11 @@ pub fn next(
             decision.by
         ));
     }
+    // Groups are what the decider declared (the admission policy lets them name only their
+    // own); a decision written without them (plain `kubectl patch`) was checked against
+    // approverGroups at admission, with the API server's own view of the writer's groups.
     if !rules.approver_groups.is_empty()
+        && !decision.groups.is_empty()
         && !decision
             .groups
             .iter()
@@ -181,9 +185,28 @@ pub struct ClusterProposals {
     /// What this process already did, by object uid: the watch may still show the object
     /// as it was before our own write, and a second pass must not act twice.
     handled: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// The only namespace watched (`kortex run --namespace`), if any.
+    scope: Option<String>,
 }
 
 impl ClusterProposals {
+    /// Limits proposals to the one namespace Kortex watches (`--namespace`).
+    pub fn scoped(mut self, namespace: Option<String>) -> Self {
+        self.scope = namespace;
+        self
+    }
+
+    /// Why a proposal in `namespace` could not be handled, if it could not: a watch limited
+    /// to another namespace would never see it (it would stay Pending forever).
+    pub fn refuses(&self, namespace: &str) -> Option<String> {
+        match &self.scope {
+            Some(scope) if scope != namespace => Some(format!(
+                "Kortex serves only namespace {scope} (kortex run --namespace): a proposal for namespace {namespace} could not be decided or executed"
+            )),
+            _ => None,
+        }
+    }
+
     /// Proposals acting as `client` (Kortex's service account).
     pub fn new(client: kube::Client, identity: Option<String>) -> Self {
         let reporter = kube::runtime::events::Reporter {
@@ -195,6 +218,7 @@ impl ClusterProposals {
             recorder: Arc::new(Recorder::new(client.clone(), reporter)),
             client,
             handled: Arc::default(),
+            scope: None,
         }
     }
 
@@ -395,6 +419,29 @@ impl ClusterProposals {
                     }
                 }
                 Transition::Execute(action) => {
+                    // What is executed is what was proposed: the parameters recorded when
+                    // the model made the proposal (an API-server rule cannot compare
+                    // free-form objects reliably, so the leader checks too).
+                    let recorded = record.as_ref().map(|r| normalized(r.params.as_ref()));
+                    if recorded.is_some_and(|r| r != normalized(p.spec.params.as_ref())) {
+                        let message =
+                            "not executed: spec.params differ from what the model proposed";
+                        if self.first_time(&p, "decide")
+                            && !self
+                                .finish(
+                                    engine,
+                                    &p,
+                                    record.as_ref(),
+                                    ProposalPhase::Failed,
+                                    message,
+                                    None,
+                                )
+                                .await
+                        {
+                            self.forget(&p, "decide");
+                        }
+                        continue;
+                    }
                     if self.first_time(&p, "decide")
                         && !self.execute(engine, &p, record.as_ref(), action).await
                     {
@@ -424,9 +471,14 @@ impl ClusterProposals {
         match self.approver_may(&action, decision.as_ref()).await {
             Ok(true) => {}
             Ok(false) => {
-                let (group, resource, sub) = executor::required_access(&action).unwrap_or_default();
+                let (verb, group, resource, sub) = executor::required_access(&action).unwrap_or((
+                    "patch",
+                    String::new(),
+                    String::new(),
+                    None,
+                ));
                 let message = format!(
-                    "approved by {by}; not executed: {by} may not patch {resource}{}{} in {} themselves (SubjectAccessReview), and Kortex does not lend its rights",
+                    "approved by {by}; not executed: {by} may not {verb} {resource}{}{} in {} themselves (SubjectAccessReview), and Kortex does not lend its rights",
                     sub.map(|s| format!("/{s}")).unwrap_or_default(),
                     if group.is_empty() {
                         String::new()
@@ -502,14 +554,19 @@ impl ClusterProposals {
         let Some(decision) = decision else {
             return Ok(false);
         };
-        let (group, resource, subresource) = executor::required_access(action)?;
+        let (verb, group, resource, subresource) = executor::required_access(action)?;
+        // Every signed-in user is in system:authenticated, whatever the decision lists.
+        let mut groups = decision.groups.clone();
+        if !groups.iter().any(|g| g == "system:authenticated") {
+            groups.push("system:authenticated".into());
+        }
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(decision.by.clone()),
-                groups: Some(decision.groups.clone()),
+                groups: Some(groups),
                 resource_attributes: Some(ResourceAttributes {
                     namespace: action.target.namespace.clone(),
-                    verb: Some("patch".into()),
+                    verb: Some(verb.into()),
                     group: Some(group),
                     resource: Some(resource),
                     subresource,
@@ -571,7 +628,7 @@ impl ClusterProposals {
                 EventType::Normal
             },
             reason: reason.into(),
-            note: Some(message.chars().take(1000).collect()),
+            note: Some(crate::operator::event_note(message)),
             action: action.into(),
             secondary: None,
         };
@@ -726,6 +783,14 @@ impl ClusterProposals {
                 self.forget(p, "undo");
             }
         }
+    }
+}
+
+/// Parameters as compared: absent, `null` and `{}` are the same.
+fn normalized(params: Option<&serde_json::Value>) -> serde_json::Value {
+    match params {
+        None | Some(serde_json::Value::Null) => json!({}),
+        Some(v) => v.clone(),
     }
 }
 

@@ -327,7 +327,7 @@ impl StatusWriter {
                 EventType::Warning
             },
             reason: ready.reason.clone(),
-            note: Some(ready.message.chars().take(1000).collect()),
+            note: Some(crate::operator::event_note(&ready.message)),
             action: if ok { "Ready" } else { "NotReady" }.into(),
             secondary: None,
         };

@@ -139,6 +139,7 @@ fn rbac_covers_what_kortex_calls() {
         ("list", "", "pods"),
         ("get", "", "pods/log"),
         ("list", "", "events"),
+        ("list", "events.k8s.io", "events"),
         ("list", "apps", "controllerrevisions"),
     ];
     for (verb, group, resource) in calls {
@@ -153,6 +154,11 @@ fn rbac_covers_what_kortex_calls() {
         ("delete", "apps", "deployments"),
         ("update", "", "secrets"),
         ("create", "", "secrets"),
+        // nor more than the code uses
+        ("update", "apps", "statefulsets"),
+        ("update", "apps", "deployments/scale"),
+        ("update", "kortex.dev", "llmproviders/status"),
+        ("create", "", "events"),
     ] {
         assert!(
             !granted(verb, group, resource),
