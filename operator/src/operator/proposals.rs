@@ -53,6 +53,12 @@ pub enum Transition {
     Execute(Action),
 }
 
+/// Condition type marking when execution started.
+pub const EXECUTING_CONDITION: &str = "Executing";
+/// How long an execution may take before another leader calls it interrupted: longer than
+/// any restart, scale or rollback call and than a lease hand-over.
+pub const EXECUTION_GRACE: jiff::SignedDuration = jiff::SignedDuration::from_secs(120);
+
 /// The pure phase rules: what the proposal's state, the governing policy (as it is now;
 /// `None` when it is gone) and the time call for.
 pub fn next(
@@ -64,6 +70,16 @@ pub fn next(
     match status.phase {
         ProposalPhase::Pending => {}
         ProposalPhase::Executing => {
+            // The leader that started it may still be finishing (a lease hand-over takes
+            // seconds): only an execution older than the grace period was interrupted.
+            let since = status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == EXECUTING_CONDITION)
+                .map(|c| c.last_transition_time.0);
+            if since.is_some_and(|t| now < t + EXECUTION_GRACE) {
+                return Transition::Wait;
+            }
             return Transition::Final(
                 ProposalPhase::Failed,
                 "interrupted: the replica executing it stopped; check the target before proposing again".into(),
@@ -503,6 +519,16 @@ impl ClusterProposals {
             serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
         status["phase"] = json!("Executing");
         status["message"] = json!(format!("approved by {by}; executing"));
+        let mut conditions: Vec<Value> = status["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c["type"] != EXECUTING_CONDITION)
+            .collect();
+        conditions.push(json!({"type": EXECUTING_CONDITION, "status": "True", "reason": "Approved",
+            "message": format!("approved by {by}"), "lastTransitionTime": jiff::Timestamp::now().to_string()}));
+        status["conditions"] = json!(conditions);
         // Conditioned on the version read: of two leaders, only one gets here.
         match self
             .write_status(&api, &name, p.metadata.resource_version.as_deref(), &status)
@@ -953,8 +979,28 @@ mod tests {
             Transition::Wait
         );
         assert_eq!(
-            final_phase(&next(&proposal(Some(bob), "Executing", 60), Some(&p), now)).map(|f| f.0),
+            final_phase(&next(
+                &proposal(Some(bob.clone()), "Executing", 60),
+                Some(&p),
+                now
+            ))
+            .map(|f| f.0),
             Some(ProposalPhase::Failed)
         );
+        // ... unless it started moments ago: its leader may still be finishing it.
+        let mut fresh = proposal(Some(bob), "Executing", 60);
+        if let Some(status) = fresh.status.as_mut() {
+            status
+                .conditions
+                .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                    type_: EXECUTING_CONDITION.into(),
+                    status: "True".into(),
+                    reason: "Approved".into(),
+                    message: String::new(),
+                    observed_generation: None,
+                    last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+                });
+        }
+        assert_eq!(next(&fresh, Some(&p), now), Transition::Wait);
     }
 }
