@@ -135,7 +135,12 @@ pub fn plan(catalog: &Catalog, namespace: &str, policy: &PolicyEntry, role: Role
                 .map(|c| c.message.clone())
                 .filter(|m| !m.is_empty())
                 .unwrap_or_else(|| "not ready".into());
-            plan.skipped.push(skip(format!("unavailable: {why}")));
+            let why = if why.starts_with("unavailable") {
+                why
+            } else {
+                format!("unavailable: {why}")
+            };
+            plan.skipped.push(skip(why));
             continue;
         }
         let fast = entry.object.spec.fast_model.clone();
