@@ -48,8 +48,14 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import mcp.server.mcp
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-mcp.txt
 fi
+# The gateway tests use the vendors' official SDKs, in the same virtualenv.
+if ! "$venv/bin/python" -c 'import openai, anthropic' 2>/dev/null; then
+  echo "==> installing the OpenAI and Anthropic Python SDKs into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-sdk.txt
+fi
 export KORTEX_TEST_PYTHON="$PWD/$venv/bin/python"
 export KORTEX_REQUIRE_MCP=1
+export KORTEX_REQUIRE_SDK=1
 echo "==> PostgreSQL for tests: ${KORTEX_TEST_POSTGRES_URL%%:*}://...@${KORTEX_TEST_POSTGRES_URL#*@}"
 
 # The dashboard test drives Debian's Chromium with the npm package playwright-core.

@@ -3,6 +3,7 @@
 
 mod audit_api;
 mod dashboard;
+pub mod gateway;
 mod usage_api;
 
 pub use usage_api::totals as usage_total;
@@ -100,6 +101,17 @@ pub fn router(state: AppState) -> Router {
         .route("/assets/{file}", get(dashboard::assets))
         .route("/auth/v1/login", axum::routing::post(dashboard::login))
         .route("/auth/v1/logout", axum::routing::post(dashboard::logout))
+        // The gateway authenticates its own keys and answers in each vendor's format.
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(gateway::openai::chat_completions),
+        )
+        .route(
+            "/v1/messages",
+            axum::routing::post(gateway::anthropic::messages),
+        )
+        .route("/v1/models", get(gateway::models))
+        .route("/v1/providers/health", get(gateway::health))
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

@@ -49,7 +49,16 @@ impl Anthropic {
             "max_tokens": request.max_tokens.unwrap_or(self.config.max_tokens),
             "messages": messages(&request.messages),
         });
-        if let Some(system) = request.system.as_deref().filter(|s| !s.is_empty()) {
+        let format = request
+            .response_format
+            .as_ref()
+            .and_then(super::response_format_instruction);
+        let system = match (request.system.as_deref().filter(|s| !s.is_empty()), format) {
+            (Some(s), Some(f)) => Some(format!("{s}\n\n{f}")),
+            (Some(s), None) => Some(s.to_owned()),
+            (None, f) => f,
+        };
+        if let Some(system) = system {
             body["system"] = json!(system);
         }
         if self.config.tool_mode != ToolMode::None && !request.tools.is_empty() {

@@ -118,8 +118,29 @@ pub struct ChatRequest {
     pub temperature: Option<f32>,
     /// Stop sequences.
     pub stop: Vec<String>,
+    /// Structured output, in the Chat Completions shape (`{"type": "json_schema",
+    /// "json_schema": {name, schema, strict}}` or `{"type": "json_object"}`): passed to
+    /// providers that take it (OpenAI, Ollama's `format`), described in the system prompt
+    /// to the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<Value>,
     /// Audit and accounting context.
     pub metadata: RequestMetadata,
+}
+
+/// The instruction that stands in for `response_format` where a provider has no such
+/// parameter.
+pub fn response_format_instruction(format: &Value) -> Option<String> {
+    match format["type"].as_str() {
+        Some("json_schema") => Some(format!(
+            "Reply with only a JSON value (no prose, no code fences) that is valid against this JSON Schema: {}",
+            format["json_schema"]["schema"]
+        )),
+        Some("json_object") => {
+            Some("Reply with only a JSON object (no prose, no code fences).".to_owned())
+        }
+        _ => None,
+    }
 }
 
 /// Why the model stopped.

@@ -52,6 +52,16 @@ impl Ollama {
             "stream": stream,
             "options": options,
         });
+        // Ollama's `format` takes a JSON Schema, or "json".
+        match request
+            .response_format
+            .as_ref()
+            .map(|f| (f["type"].as_str(), f))
+        {
+            Some((Some("json_schema"), f)) => body["format"] = f["json_schema"]["schema"].clone(),
+            Some((Some("json_object"), _)) => body["format"] = json!("json"),
+            _ => {}
+        }
         if self.config.tool_mode != ToolMode::None && !request.tools.is_empty() {
             body["tools"] = request
                 .tools

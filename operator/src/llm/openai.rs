@@ -72,6 +72,9 @@ impl OpenAi {
         if !request.stop.is_empty() {
             body["stop"] = json!(request.stop);
         }
+        if let Some(format) = &request.response_format {
+            body["response_format"] = format.clone();
+        }
         if stream {
             body["stream"] = json!(true);
             if self.stream_usage.load(std::sync::atomic::Ordering::Relaxed) {

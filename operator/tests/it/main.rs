@@ -8,6 +8,7 @@ mod cluster;
 mod common;
 mod config;
 mod dashboard;
+mod gateway;
 mod http;
 mod investigation;
 mod llm;

@@ -1,0 +1,299 @@
+//! `POST /v1/messages` in Anthropic's Messages format, streamed (`message_start` …
+//! `message_stop` events) or not, with tools.
+
+use super::{Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
+use crate::http::AppState;
+use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall, ToolSpec};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+/// Text of `content`: a string, or the text of its `text` blocks.
+fn text_blocks(content: &Value, at: &str) -> Result<String, GatewayError> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => Ok(blocks
+            .iter()
+            .filter(|b| b["type"] == "text")
+            .filter_map(|b| b["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n")),
+        Value::Null => Ok(String::new()),
+        _ => Err(GatewayError::invalid(format!(
+            "{at} must be a string or an array of content blocks"
+        ))),
+    }
+}
+
+/// The provider-agnostic request of a Messages body.
+pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> {
+    let model = body["model"]
+        .as_str()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| GatewayError::invalid("model: Field required"))?
+        .to_owned();
+    let max_tokens = body["max_tokens"]
+        .as_u64()
+        .ok_or_else(|| GatewayError::invalid("max_tokens: Field required"))?;
+    let raw = body["messages"]
+        .as_array()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| GatewayError::invalid("messages: at least one message is required"))?;
+    let mut messages = Vec::new();
+    for (i, m) in raw.iter().enumerate() {
+        let at = format!("messages.{i}");
+        let role = m["role"].as_str();
+        let blocks: Vec<Value> = match &m["content"] {
+            Value::String(s) => vec![json!({"type": "text", "text": s})],
+            Value::Array(b) => b.clone(),
+            _ => {
+                return Err(GatewayError::invalid(format!(
+                    "{at}.content: a string or an array of blocks is required"
+                )));
+            }
+        };
+        match role {
+            Some("user") => {
+                // Tool results come first in a user turn, then any text.
+                let mut text = Vec::new();
+                for (j, b) in blocks.iter().enumerate() {
+                    match b["type"].as_str() {
+                        Some("text") => {
+                            text.push(b["text"].as_str().unwrap_or_default().to_owned())
+                        }
+                        Some("tool_result") => messages.push(Message::Tool {
+                            tool_call_id: b["tool_use_id"]
+                                .as_str()
+                                .ok_or_else(|| {
+                                    GatewayError::invalid(format!(
+                                        "{at}.content.{j}.tool_use_id: Field required"
+                                    ))
+                                })?
+                                .to_owned(),
+                            content: text_blocks(
+                                &b["content"],
+                                &format!("{at}.content.{j}.content"),
+                            )?,
+                            is_error: b["is_error"].as_bool().unwrap_or(false),
+                        }),
+                        Some(other) => {
+                            return Err(GatewayError::invalid(format!(
+                                "{at}.content.{j}: blocks of type {other:?} are not supported (text, tool_result)"
+                            )));
+                        }
+                        None => {
+                            return Err(GatewayError::invalid(format!(
+                                "{at}.content.{j}.type: Field required"
+                            )));
+                        }
+                    }
+                }
+                if !text.is_empty() {
+                    messages.push(Message::User {
+                        content: text.join("\n"),
+                    });
+                }
+            }
+            Some("assistant") => {
+                let mut text = Vec::new();
+                let mut tool_calls = Vec::new();
+                for b in &blocks {
+                    match b["type"].as_str() {
+                        Some("text") => {
+                            text.push(b["text"].as_str().unwrap_or_default().to_owned())
+                        }
+                        Some("tool_use") => tool_calls.push(ToolCall {
+                            id: b["id"].as_str().unwrap_or_default().to_owned(),
+                            name: b["name"].as_str().unwrap_or_default().to_owned(),
+                            input: if b["input"].is_object() {
+                                b["input"].clone()
+                            } else {
+                                json!({})
+                            },
+                        }),
+                        // Thinking blocks and the like are not sent back.
+                        _ => {}
+                    }
+                }
+                messages.push(Message::Assistant {
+                    content: text.join("\n"),
+                    tool_calls,
+                });
+            }
+            _ => {
+                return Err(GatewayError::invalid(format!(
+                    "{at}.role: must be \"user\" or \"assistant\""
+                )));
+            }
+        }
+    }
+    let mut tools = Vec::new();
+    for (i, t) in body["tools"].as_array().into_iter().flatten().enumerate() {
+        tools.push(ToolSpec {
+            name: t["name"]
+                .as_str()
+                .ok_or_else(|| GatewayError::invalid(format!("tools.{i}.name: Field required")))?
+                .to_owned(),
+            description: t["description"].as_str().unwrap_or_default().to_owned(),
+            parameters: if t["input_schema"].is_object() {
+                t["input_schema"].clone()
+            } else {
+                json!({"type": "object", "properties": {}})
+            },
+        });
+    }
+    if body["tool_choice"]["type"] == "none" {
+        tools.clear();
+    }
+    let request = ChatRequest {
+        model: model.clone(),
+        system: match &body["system"] {
+            Value::Null => None,
+            other => Some(text_blocks(other, "system")?).filter(|s| !s.is_empty()),
+        },
+        messages,
+        tools,
+        max_tokens: Some(u32::try_from(max_tokens).unwrap_or(u32::MAX)),
+        temperature: body["temperature"].as_f64().map(|t| t as f32),
+        stop: body["stop_sequences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+        ..Default::default()
+    };
+    Ok((model, request, body["stream"].as_bool().unwrap_or(false)))
+}
+
+fn stop_reason(r: StopReason) -> &'static str {
+    match r {
+        StopReason::ToolUse => "tool_use",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::StopSequence => "stop_sequence",
+        StopReason::Error => "refusal",
+        StopReason::EndTurn => "end_turn",
+    }
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    match handle(&state, &headers, &body).await {
+        Ok(r) => r,
+        Err(e) => e.render(Flavor::Anthropic),
+    }
+}
+
+fn event(name: &str, data: Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+}
+
+async fn handle(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, GatewayError> {
+    let caller = authenticate(state, headers)?;
+    let body = parse_body(body)?;
+    let (model, request, stream) = parse(&body)?;
+    let routes = {
+        let config = state.config.borrow().clone();
+        routes_for(&config.catalog, &caller, &model)?
+    };
+    let started = dispatch(state, &caller, routes, request, "messages").await?;
+    let id = new_id("msg_");
+    let redactor = {
+        let config = state.config.borrow().clone();
+        config.catalog.redactor_for(&caller.policy)
+    };
+    if !stream {
+        let r = llm::collect(started.stream, std::time::Instant::now())
+            .await
+            .map_err(|e| GatewayError::from_llm(&e, &redactor))?;
+        let mut content: Vec<Value> = Vec::new();
+        if !r.text.is_empty() {
+            content.push(json!({"type": "text", "text": r.text}));
+        }
+        for c in &r.tool_calls {
+            content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.input}));
+        }
+        let served = if r.model.is_empty() {
+            started.model.clone()
+        } else {
+            r.model.clone()
+        };
+        return Ok(axum::Json(json!({
+            "id": id, "type": "message", "role": "assistant", "model": served, "content": content,
+            "stop_reason": stop_reason(r.stop_reason), "stop_sequence": null,
+            "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
+        }))
+        .into_response());
+    }
+    // Streamed: a text block opened at the first delta, one block per tool call (its whole
+    // input as one input_json_delta), then message_delta and message_stop.
+    let start = event(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": id, "type": "message", "role": "assistant",
+            "model": started.model, "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 0, "output_tokens": 0}}}),
+    );
+    let mut index: usize = 0;
+    let mut text_open = false;
+    let events = started.stream.flat_map(move |e| {
+        let mut out: Vec<Bytes> = Vec::new();
+        let close_text = |out: &mut Vec<Bytes>, index: &mut usize, text_open: &mut bool| {
+            if *text_open {
+                out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": *index})));
+                *index += 1;
+                *text_open = false;
+            }
+        };
+        match e {
+            Ok(StreamEvent::TextDelta(t)) => {
+                if !text_open {
+                    out.push(event("content_block_start", json!({"type": "content_block_start", "index": index,
+                        "content_block": {"type": "text", "text": ""}})));
+                    text_open = true;
+                }
+                out.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "text_delta", "text": t}})));
+            }
+            Ok(StreamEvent::ToolCall(c)) => {
+                close_text(&mut out, &mut index, &mut text_open);
+                out.push(event("content_block_start", json!({"type": "content_block_start", "index": index,
+                    "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}})));
+                out.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": c.input.to_string()}})));
+                out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+                index += 1;
+            }
+            Ok(StreamEvent::Warning(_)) => {}
+            Ok(StreamEvent::Done { stop_reason: r, usage, .. }) => {
+                close_text(&mut out, &mut index, &mut text_open);
+                out.push(event("message_delta", json!({"type": "message_delta",
+                    "delta": {"stop_reason": stop_reason(r), "stop_sequence": null},
+                    "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}})));
+                out.push(event("message_stop", json!({"type": "message_stop"})));
+            }
+            Err(e) => {
+                let e = GatewayError::from_llm(&e, &redactor);
+                out.push(event("error", json!({"type": "error", "error": {"type": "api_error", "message": e.message}})));
+            }
+        }
+        futures_util::stream::iter(out)
+    });
+    let body = futures_util::stream::once(async move { start })
+        .chain(events)
+        .map(Ok::<_, std::convert::Infallible>);
+    let mut response = Body::from_stream(body).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}

@@ -1,0 +1,711 @@
+//! The gateway for in-cluster applications (SPEC §4): OpenAI- and Anthropic-compatible
+//! endpoints that route to the providers a gateway key's ChatPolicy names — with that
+//! policy's routes and failover, local-only mode, budgets, redaction and the same usage
+//! accounting as chat. Applications keep using their vendor's official SDK, pointed at
+//! Kortex, with a gateway key instead of a provider key.
+
+pub mod anthropic;
+pub mod openai;
+
+use super::AppState;
+use crate::catalog::{Catalog, CredentialKind, ObjectKey, PolicyEntry};
+use crate::govern::route::{self, Role, Route};
+use crate::govern::{Outcome, Reservation, Scope};
+use crate::llm::{self, ChatRequest, ChatStream, ErrorKind, LlmError, StreamEvent};
+use crate::store::NewDecision;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+use std::time::Instant;
+
+/// Which wire format a request came in (and its errors go out in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// OpenAI Chat Completions.
+    OpenAi,
+    /// Anthropic Messages.
+    Anthropic,
+}
+
+/// What went wrong, rendered in the caller's wire format.
+#[derive(Clone, Debug)]
+pub struct GatewayError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// What kind (maps to each vendor's error type).
+    pub kind: ErrorKind,
+    /// For people.
+    pub message: String,
+    /// Machine-readable code (OpenAI's `code`).
+    pub code: &'static str,
+    /// Seconds for `Retry-After`.
+    pub retry_after: Option<u64>,
+    /// Whether the SDK should retry (`x-should-retry`, honoured by both official SDKs).
+    pub should_retry: Option<bool>,
+}
+
+impl GatewayError {
+    fn new(
+        status: StatusCode,
+        kind: ErrorKind,
+        code: &'static str,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            kind,
+            message: message.into(),
+            code,
+            retry_after: None,
+            should_retry: None,
+        }
+    }
+
+    /// 400: a malformed request.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            ErrorKind::BadRequest,
+            "invalid_request",
+            message,
+        )
+    }
+
+    fn unauthorized(message: impl Into<String>) -> Self {
+        let mut e = Self::new(
+            StatusCode::UNAUTHORIZED,
+            ErrorKind::Auth,
+            "invalid_api_key",
+            message,
+        );
+        e.should_retry = Some(false);
+        e
+    }
+
+    fn budget(e: &crate::govern::budget::Exceeded) -> Self {
+        let mut error = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::RateLimited,
+            "budget_exceeded",
+            e.to_string(),
+        );
+        error.retry_after = e.retry_after(crate::store::now_ms());
+        // A spent day or session does not come back within an SDK's retries.
+        error.should_retry = Some(error.retry_after.is_some_and(|s| s <= 60));
+        error
+    }
+
+    fn internal(detail: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "gateway internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Upstream,
+            "internal",
+            "internal error; see the Kortex log",
+        )
+    }
+
+    /// A provider's failure, as the gateway reports it.
+    pub fn from_llm(e: &LlmError, redactor: &crate::redact::Redactor) -> Self {
+        let status = match e.kind {
+            ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::BadRequest | ErrorKind::ContextTooLong => StatusCode::BAD_REQUEST,
+            ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::Auth | ErrorKind::Config => StatusCode::BAD_GATEWAY,
+            _ => StatusCode::BAD_GATEWAY,
+        };
+        let mut out = Self::new(
+            status,
+            e.kind,
+            e.kind.as_str(),
+            redactor.text(&e.to_string()).0,
+        );
+        out.retry_after = e.retry_after.map(|d| d.as_secs().max(1));
+        out
+    }
+
+    /// The error response in `flavor`'s format.
+    pub fn render(&self, flavor: Flavor) -> Response {
+        let body = match flavor {
+            Flavor::OpenAi => {
+                let kind = match self.kind {
+                    ErrorKind::Auth if self.status == StatusCode::UNAUTHORIZED => {
+                        "invalid_request_error"
+                    }
+                    ErrorKind::RateLimited if self.code == "budget_exceeded" => {
+                        "insufficient_quota"
+                    }
+                    ErrorKind::RateLimited => "rate_limit_error",
+                    ErrorKind::BadRequest | ErrorKind::ContextTooLong => "invalid_request_error",
+                    _ if self.status == StatusCode::NOT_FOUND => "invalid_request_error",
+                    _ => "api_error",
+                };
+                json!({"error": {"message": self.message, "type": kind, "param": null, "code": self.code}})
+            }
+            Flavor::Anthropic => {
+                json!({"type": "error", "error": {"type": anthropic_error_type(self), "message": self.message}})
+            }
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        let h = response.headers_mut();
+        if let Some(secs) = self.retry_after {
+            h.insert(header::RETRY_AFTER, secs.into());
+        }
+        if let Some(retry) = self.should_retry {
+            h.insert(
+                "x-should-retry",
+                HeaderValue::from_static(if retry { "true" } else { "false" }),
+            );
+        }
+        response
+    }
+}
+
+fn anthropic_error_type(e: &GatewayError) -> &'static str {
+    match (e.status.as_u16(), e.kind) {
+        (401, _) => "authentication_error",
+        (403, _) => "permission_error",
+        (404, _) => "not_found_error",
+        (429, _) => "rate_limit_error",
+        (400, _) => "invalid_request_error",
+        (_, ErrorKind::Timeout) => "timeout_error",
+        (529, _) | (503, _) => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// A gateway key's holder and the policy that governs it.
+pub struct Caller {
+    /// Team or application (the key's `team`).
+    pub team: String,
+    /// Namespace of the key's policy (and of its providers).
+    pub namespace: String,
+    /// The governing policy.
+    pub policy: PolicyEntry,
+    /// For budgets and accounting.
+    pub scope: Scope,
+}
+
+/// The key from `Authorization: Bearer` or `x-api-key` (both SDKs' conventions).
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| {
+            h.strip_prefix("Bearer ")
+                .or_else(|| h.strip_prefix("bearer "))
+        })
+        .or_else(|| headers.get("x-api-key").and_then(|h| h.to_str().ok()))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+}
+
+/// Authenticates a gateway key (held hashed, compared in constant time, never logged).
+pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, GatewayError> {
+    let key = presented_key(headers).ok_or_else(|| {
+        GatewayError::unauthorized(
+            "missing API key: send a Kortex gateway key as Authorization: Bearer <key> or x-api-key",
+        )
+    })?;
+    let config = state.config.borrow().clone();
+    let credential = config
+        .catalog
+        .credentials
+        .authenticate(CredentialKind::Gateway, key)
+        .ok_or_else(|| GatewayError::unauthorized("invalid API key: not a Kortex gateway key"))?;
+    let namespace = credential.source.namespace.clone();
+    let policy_name = credential.policy.clone().unwrap_or_default();
+    let policy = config
+        .catalog
+        .policies
+        .get(&ObjectKey::new(&namespace, &policy_name))
+        .cloned()
+        .ok_or_else(|| {
+            GatewayError::new(
+                StatusCode::FORBIDDEN,
+                ErrorKind::Auth,
+                "policy_not_found",
+                format!(
+                    "the ChatPolicy {namespace}/{policy_name} named by this key's Secret (annotation kortex.dev/policy) does not exist"
+                ),
+            )
+        })?;
+    let scope = Scope::new(&policy, &credential.principal, None, "gateway");
+    Ok(Caller {
+        team: credential.principal.clone(),
+        namespace,
+        policy,
+        scope,
+    })
+}
+
+/// Every model id a provider is known to serve: its catalog, default and fast models, and
+/// what it listed (`status.models`).
+fn provider_models(catalog: &Catalog, namespace: &str, provider: &str) -> Vec<String> {
+    let Some(entry) = catalog.provider(namespace, provider) else {
+        return Vec::new();
+    };
+    let spec = &entry.object.spec;
+    let mut out: Vec<String> = Vec::new();
+    let listed = entry
+        .object
+        .status
+        .as_ref()
+        .map(|s| s.models.clone())
+        .unwrap_or_default();
+    for id in spec
+        .models
+        .iter()
+        .map(|m| m.id.clone())
+        .chain(spec.default_model.clone())
+        .chain(spec.fast_model.clone())
+        .chain(listed)
+    {
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    }
+    out
+}
+
+/// The models a caller may ask for: `(id, provider)`, bare ids first (the first provider
+/// that serves an id answers for it), then every `provider/model`.
+pub fn available_models(catalog: &Catalog, caller: &Caller) -> Vec<(String, String)> {
+    let plan = route::plan(catalog, &caller.namespace, &caller.policy, Role::Default);
+    let mut bare: Vec<(String, String)> = Vec::new();
+    let mut pinned = Vec::new();
+    for r in &plan.routes {
+        for id in provider_models(catalog, &caller.namespace, &r.provider) {
+            if !bare.iter().any(|(b, _)| *b == id) {
+                bare.push((id.clone(), r.provider.clone()));
+            }
+            pinned.push((format!("{}/{id}", r.provider), r.provider.clone()));
+        }
+    }
+    bare.extend(pinned);
+    bare
+}
+
+/// The routes for a request of `model`: the provider serving it first (with that model),
+/// then the policy's other providers with their own default models (failover). `Err` has
+/// the ids the caller may use.
+pub fn routes_for(
+    catalog: &Catalog,
+    caller: &Caller,
+    model: &str,
+) -> Result<Vec<Route>, GatewayError> {
+    let plan = route::plan(catalog, &caller.namespace, &caller.policy, Role::Default);
+    let known = |p: &str, m: &str| {
+        provider_models(catalog, &caller.namespace, p)
+            .iter()
+            .any(|x| x == m)
+    };
+    let first = match model.split_once('/') {
+        Some((p, m)) if plan.routes.iter().any(|r| r.provider == p) && !m.is_empty() => plan
+            .routes
+            .iter()
+            .find(|r| r.provider == p)
+            .map(|r| (r.clone(), m.to_owned())),
+        _ => plan
+            .routes
+            .iter()
+            .find(|r| known(&r.provider, model))
+            .map(|r| (r.clone(), model.to_owned())),
+    };
+    let Some((first, chosen)) = first else {
+        let ids: Vec<String> = available_models(catalog, caller)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let mut e = GatewayError::new(
+            StatusCode::NOT_FOUND,
+            ErrorKind::BadRequest,
+            "model_not_found",
+            if plan.routes.is_empty() {
+                plan.unavailable(&caller.scope.policy)
+            } else {
+                format!(
+                    "the model {model:?} does not exist or is not served to this key; available: {}",
+                    ids.join(", ")
+                )
+            },
+        );
+        e.should_retry = Some(false);
+        return Err(e);
+    };
+    let mut routes = vec![Route {
+        model: chosen,
+        fast_model: None,
+        ..first.clone()
+    }];
+    routes.extend(
+        plan.routes
+            .into_iter()
+            .filter(|r| r.provider != first.provider)
+            .map(|r| Route {
+                fast_model: None,
+                ..r
+            }),
+    );
+    Ok(routes)
+}
+
+/// A provider call under way.
+pub struct Started {
+    /// Its events.
+    pub stream: ChatStream,
+    /// `LLMProvider` name.
+    pub provider: String,
+    /// The model asked for.
+    pub model: String,
+}
+
+/// Sends `request` through `routes` (failing over on a hard failure before any output),
+/// after admitting the request against the budgets; every attempt is redacted, reserved,
+/// settled and audited. The stream settles the successful attempt when it ends.
+pub async fn dispatch(
+    state: &AppState,
+    caller: &Caller,
+    routes: Vec<Route>,
+    request: ChatRequest,
+    endpoint: &'static str,
+) -> Result<Started, GatewayError> {
+    let governor = state.engine.governor.clone();
+    match governor.admit(&caller.scope).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(exceeded)) => return Err(GatewayError::budget(&exceeded)),
+        Err(e) => return Err(GatewayError::internal(e)),
+    }
+    let config = state.config.borrow().clone();
+    let catalog = &config.catalog;
+    let redactor = catalog.redactor_for(&caller.policy);
+    let mut last: Option<GatewayError> = None;
+    for (i, route) in routes.iter().enumerate() {
+        let Some(adapter) = catalog
+            .provider(&caller.namespace, &route.provider)
+            .and_then(|e| llm::build(e).ok())
+        else {
+            continue;
+        };
+        let mut req = request.clone();
+        req.model = route.model.clone();
+        req.metadata = llm::RequestMetadata {
+            session: None,
+            user: Some(caller.team.clone()),
+            purpose: Some("gateway".into()),
+        };
+        let redactions = redactor.request(&mut req);
+        let max_output = req.max_tokens.unwrap_or(adapter.config().max_tokens);
+        let cost = adapter
+            .models()
+            .iter()
+            .find(|m| m.id == route.model)
+            .and_then(|m| m.cost);
+        let reservation = match governor
+            .reserve(
+                &caller.scope,
+                &route.provider,
+                &route.model,
+                cost.as_ref(),
+                &req,
+                max_output,
+            )
+            .await
+        {
+            Ok(Ok(r)) => r,
+            Ok(Err(exceeded)) => return Err(GatewayError::budget(&exceeded)),
+            Err(e) => return Err(GatewayError::internal(e)),
+        };
+        let started = Instant::now();
+        match adapter.stream(&req).await {
+            Ok(stream) => {
+                let meter = Meter {
+                    state: state.clone(),
+                    team: caller.team.clone(),
+                    namespace: caller.namespace.clone(),
+                    policy: caller
+                        .policy
+                        .object
+                        .metadata
+                        .name
+                        .clone()
+                        .unwrap_or_default(),
+                    provider: route.provider.clone(),
+                    model: route.model.clone(),
+                    endpoint,
+                    redactions,
+                    started,
+                };
+                return Ok(Started {
+                    stream: metered(stream, reservation, meter),
+                    provider: route.provider.clone(),
+                    model: route.model.clone(),
+                });
+            }
+            Err(e) => {
+                let outcome = Outcome {
+                    latency_ms: started.elapsed().as_millis() as i64,
+                    outcome: e.kind.as_str().into(),
+                    ..Default::default()
+                };
+                let _ = governor.settle(reservation, &outcome).await;
+                let policy = caller
+                    .policy
+                    .object
+                    .metadata
+                    .name
+                    .clone()
+                    .unwrap_or_default();
+                let _ = state
+                    .store
+                    .record_decision(&NewDecision {
+                        kind: "llm_call".into(),
+                        namespace: Some(caller.namespace.clone()),
+                        user: Some(caller.team.clone()),
+                        policy: Some(policy.clone()),
+                        subject: format!("{}/{}", route.provider, route.model),
+                        outcome: e.kind.as_str().into(),
+                        detail: json!({"source": "gateway", "endpoint": endpoint, "redactions": redactions,
+                            "error": redactor.text(&e.message).0}),
+                        ..Default::default()
+                    })
+                    .await;
+                if e.is_retryable()
+                    && let Some(next) = routes.get(i + 1)
+                {
+                    governor.failover(&route.provider, &route.model);
+                    let _ = state
+                        .store
+                        .record_decision(&NewDecision {
+                            kind: "failover".into(),
+                            namespace: Some(caller.namespace.clone()),
+                            user: Some(caller.team.clone()),
+                            policy: Some(policy),
+                            subject: format!(
+                                "{}/{} -> {}/{}",
+                                route.provider, route.model, next.provider, next.model
+                            ),
+                            outcome: e.kind.as_str().into(),
+                            detail: json!({"source": "gateway", "error": redactor.text(&e.message).0}),
+                            ..Default::default()
+                        })
+                        .await;
+                    last = Some(GatewayError::from_llm(&e, &redactor));
+                    continue;
+                }
+                return Err(GatewayError::from_llm(&e, &redactor));
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        GatewayError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Upstream,
+            "provider_unavailable",
+            "no provider of this key's policy can answer now; see GET /v1/providers/health",
+        )
+    }))
+}
+
+/// What the accounting of a successful attempt needs when its stream ends.
+struct Meter {
+    state: AppState,
+    team: String,
+    namespace: String,
+    policy: String,
+    provider: String,
+    model: String,
+    endpoint: &'static str,
+    redactions: usize,
+    started: Instant,
+}
+
+impl Meter {
+    async fn settle(
+        &self,
+        reservation: Reservation,
+        usage: llm::Usage,
+        model: &str,
+        outcome: &str,
+    ) {
+        let latency_ms = self.started.elapsed().as_millis() as i64;
+        let served = if model.is_empty() {
+            self.model.clone()
+        } else {
+            model.to_owned()
+        };
+        let result = self
+            .state
+            .engine
+            .governor
+            .settle(
+                reservation,
+                &Outcome {
+                    usage,
+                    model: served.clone(),
+                    latency_ms,
+                    outcome: outcome.to_owned(),
+                },
+            )
+            .await;
+        if let Err(e) = result {
+            tracing::error!(error = %e, "cannot record gateway usage");
+        }
+        let _ = self
+            .state
+            .store
+            .record_decision(&NewDecision {
+                kind: "llm_call".into(),
+                namespace: Some(self.namespace.clone()),
+                user: Some(self.team.clone()),
+                policy: Some(self.policy.clone()),
+                subject: format!("{}/{served}", self.provider),
+                outcome: outcome.to_owned(),
+                detail: json!({"source": "gateway", "endpoint": self.endpoint,
+                    "inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
+                    "latencyMs": latency_ms, "redactions": self.redactions}),
+                ..Default::default()
+            })
+            .await;
+    }
+}
+
+/// `stream`, settling `reservation` from the reported usage when it ends (or fails). A
+/// stream dropped early (the client went away) gives its reservation back.
+fn metered(stream: ChatStream, reservation: Reservation, meter: Meter) -> ChatStream {
+    futures_util::stream::unfold(
+        (stream, Some(reservation), meter),
+        |(mut stream, mut reservation, meter)| async move {
+            let item = stream.next().await;
+            match &item {
+                Some(Ok(StreamEvent::Done { usage, model, .. })) => {
+                    if let Some(r) = reservation.take() {
+                        meter.settle(r, *usage, model, "ok").await;
+                    }
+                }
+                Some(Err(e)) => {
+                    if let Some(r) = reservation.take() {
+                        meter
+                            .settle(r, llm::Usage::default(), "", e.kind.as_str())
+                            .await;
+                    }
+                }
+                None => {
+                    if let Some(r) = reservation.take() {
+                        meter.settle(r, llm::Usage::default(), "", "ok").await;
+                    }
+                }
+                _ => {}
+            }
+            item.map(|i| (i, (stream, reservation, meter)))
+        },
+    )
+    .boxed()
+}
+
+/// `GET /v1/models`: the models this key may use, in OpenAI's list format, or Anthropic's
+/// when the request carries `anthropic-version`.
+pub async fn models(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    headers: HeaderMap,
+) -> Response {
+    let flavor = if headers.contains_key("anthropic-version") {
+        Flavor::Anthropic
+    } else {
+        Flavor::OpenAi
+    };
+    let caller = match authenticate(&state, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.render(flavor),
+    };
+    let config = state.config.borrow().clone();
+    let models = available_models(&config.catalog, &caller);
+    let body = match flavor {
+        Flavor::OpenAi => {
+            json!({"object": "list", "data": models.iter().map(|(id, provider)| json!({
+            "id": id, "object": "model", "created": 0, "owned_by": provider})).collect::<Vec<_>>()})
+        }
+        Flavor::Anthropic => json!({
+            "data": models.iter().map(|(id, _)| json!({"type": "model", "id": id, "display_name": id,
+                "created_at": "1970-01-01T00:00:00Z"})).collect::<Vec<_>>(),
+            "has_more": false,
+            "first_id": models.first().map(|m| m.0.clone()),
+            "last_id": models.last().map(|m| m.0.clone()),
+        }),
+    };
+    axum::Json(body).into_response()
+}
+
+/// `GET /v1/providers/health`: the providers of this key's policy, in failover order, with
+/// availability and the last probe.
+pub async fn health(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    headers: HeaderMap,
+) -> Response {
+    let caller = match authenticate(&state, &headers) {
+        Ok(c) => c,
+        Err(e) => return e.render(Flavor::OpenAi),
+    };
+    let config = state.config.borrow().clone();
+    let plan = route::plan(
+        &config.catalog,
+        &caller.namespace,
+        &caller.policy,
+        Role::Default,
+    );
+    let probes = state.probes.read().map(|b| b.clone()).unwrap_or_default();
+    let mut providers: Vec<Value> = Vec::new();
+    let mut reachable_count = 0;
+    for r in &plan.routes {
+        let probe = probes.get(&ObjectKey::new(&caller.namespace, &r.provider));
+        let reachable = probe.map(|p| p.reachable);
+        if reachable != Some(false) {
+            reachable_count += 1;
+        }
+        providers.push(
+            json!({"name": r.provider, "model": r.model, "locality": r.locality,
+            "available": true, "reachable": reachable,
+            "latencyMs": probe.map(|p| p.latency_ms), "message": probe.map(|p| p.message.clone())}),
+        );
+    }
+    for s in &plan.skipped {
+        providers.push(
+            json!({"name": s.provider, "available": false, "reachable": null, "message": s.reason}),
+        );
+    }
+    let status = match (plan.routes.len(), reachable_count) {
+        (0, _) | (_, 0) => "down",
+        (n, r) if r < n || !plan.skipped.is_empty() => "degraded",
+        _ => "ok",
+    };
+    let code = if status == "down" {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (
+        code,
+        axum::Json(
+            json!({"status": status, "policy": caller.scope.policy, "providers": providers}),
+        ),
+    )
+        .into_response()
+}
+
+/// Parses a JSON request body, or the error in `flavor`'s format.
+pub fn parse_body(body: &[u8]) -> Result<Value, GatewayError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| GatewayError::invalid(format!("the request body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(GatewayError::invalid(
+            "the request body must be a JSON object",
+        ));
+    }
+    Ok(value)
+}
+
+/// A fresh id with `prefix` (`chatcmpl-`, `msg_`).
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}{}", crate::store::new_id().replace('-', ""))
+}

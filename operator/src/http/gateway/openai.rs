@@ -1,0 +1,304 @@
+//! `POST /v1/chat/completions` in OpenAI's Chat Completions format, streamed (`data:`
+//! chunks, `[DONE]`) or not, with tools and `response_format`.
+
+use super::{Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
+use crate::http::AppState;
+use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall, ToolSpec};
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+/// Text of a message's `content`: a string, or an array of parts whose `text` parts count.
+fn text_of(content: &Value, at: &str) -> Result<String, GatewayError> {
+    match content {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for (i, part) in parts.iter().enumerate() {
+                match part["type"].as_str() {
+                    Some("text") => out.push_str(part["text"].as_str().unwrap_or_default()),
+                    Some(other) => {
+                        return Err(GatewayError::invalid(format!(
+                            "{at}.content[{i}]: content parts of type {other:?} are not supported (only text)"
+                        )));
+                    }
+                    None => {
+                        return Err(GatewayError::invalid(format!(
+                            "{at}.content[{i}].type is required"
+                        )));
+                    }
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(GatewayError::invalid(format!(
+            "{at}.content must be a string or an array of parts"
+        ))),
+    }
+}
+
+/// The provider-agnostic request of a Chat Completions body.
+pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool, bool), GatewayError> {
+    let model = body["model"]
+        .as_str()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| GatewayError::invalid("model is required"))?
+        .to_owned();
+    let raw = body["messages"]
+        .as_array()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| GatewayError::invalid("messages must be a non-empty array"))?;
+    let mut system: Vec<String> = Vec::new();
+    let mut messages = Vec::new();
+    for (i, m) in raw.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        match m["role"].as_str() {
+            Some("system" | "developer") => system.push(text_of(&m["content"], &at)?),
+            Some("user") => messages.push(Message::User {
+                content: text_of(&m["content"], &at)?,
+            }),
+            Some("assistant") => {
+                let mut tool_calls = Vec::new();
+                for (j, c) in m["tool_calls"].as_array().into_iter().flatten().enumerate() {
+                    let arguments = c["function"]["arguments"].as_str().unwrap_or("{}");
+                    let input: Value = serde_json::from_str(if arguments.trim().is_empty() {
+                        "{}"
+                    } else {
+                        arguments
+                    })
+                    .map_err(|e| {
+                        GatewayError::invalid(format!(
+                            "{at}.tool_calls[{j}].function.arguments is not JSON: {e}"
+                        ))
+                    })?;
+                    tool_calls.push(ToolCall {
+                        id: c["id"].as_str().unwrap_or_default().to_owned(),
+                        name: c["function"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                        input,
+                    });
+                }
+                messages.push(Message::Assistant {
+                    content: text_of(&m["content"], &at)?,
+                    tool_calls,
+                });
+            }
+            Some("tool") => messages.push(Message::Tool {
+                tool_call_id: m["tool_call_id"]
+                    .as_str()
+                    .ok_or_else(|| GatewayError::invalid(format!("{at}.tool_call_id is required")))?
+                    .to_owned(),
+                content: text_of(&m["content"], &at)?,
+                is_error: false,
+            }),
+            Some(other) => {
+                return Err(GatewayError::invalid(format!(
+                    "{at}.role {other:?} is not supported"
+                )));
+            }
+            None => return Err(GatewayError::invalid(format!("{at}.role is required"))),
+        }
+    }
+    let mut tools = Vec::new();
+    for (i, t) in body["tools"].as_array().into_iter().flatten().enumerate() {
+        if t["type"] != "function" {
+            return Err(GatewayError::invalid(format!(
+                "tools[{i}].type must be \"function\""
+            )));
+        }
+        let f = &t["function"];
+        tools.push(ToolSpec {
+            name: f["name"]
+                .as_str()
+                .ok_or_else(|| {
+                    GatewayError::invalid(format!("tools[{i}].function.name is required"))
+                })?
+                .to_owned(),
+            description: f["description"].as_str().unwrap_or_default().to_owned(),
+            parameters: if f["parameters"].is_object() {
+                f["parameters"].clone()
+            } else {
+                json!({"type": "object", "properties": {}})
+            },
+        });
+    }
+    // `tool_choice: "none"` means: do not offer the tools this time.
+    if body["tool_choice"] == "none" {
+        tools.clear();
+    }
+    let max_tokens = body["max_completion_tokens"]
+        .as_u64()
+        .or_else(|| body["max_tokens"].as_u64())
+        .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    let stop = match &body["stop"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(a) => a
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let response_format = match body["response_format"]["type"].as_str() {
+        None | Some("text") => None,
+        Some("json_object" | "json_schema") => Some(body["response_format"].clone()),
+        Some(other) => {
+            return Err(GatewayError::invalid(format!(
+                "response_format.type {other:?} is not supported (text, json_object, json_schema)"
+            )));
+        }
+    };
+    let request = ChatRequest {
+        model: model.clone(),
+        system: (!system.is_empty()).then(|| system.join("\n\n")),
+        messages,
+        tools,
+        max_tokens,
+        temperature: body["temperature"].as_f64().map(|t| t as f32),
+        stop,
+        response_format,
+        ..Default::default()
+    };
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let include_usage = body["stream_options"]["include_usage"]
+        .as_bool()
+        .unwrap_or(false);
+    Ok((model, request, stream, include_usage))
+}
+
+fn finish_reason(r: StopReason) -> &'static str {
+    match r {
+        StopReason::ToolUse => "tool_calls",
+        StopReason::MaxTokens => "length",
+        StopReason::Error => "content_filter",
+        StopReason::EndTurn | StopReason::StopSequence => "stop",
+    }
+}
+
+fn tool_call_json(c: &ToolCall) -> Value {
+    json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input.to_string()}})
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match handle(&state, &headers, &body).await {
+        Ok(r) => r,
+        Err(e) => e.render(Flavor::OpenAi),
+    }
+}
+
+async fn handle(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, GatewayError> {
+    let caller = authenticate(state, headers)?;
+    let body = parse_body(body)?;
+    let (model, request, stream, include_usage) = parse(&body)?;
+    let routes = {
+        let config = state.config.borrow().clone();
+        routes_for(&config.catalog, &caller, &model)?
+    };
+    let started = dispatch(state, &caller, routes, request, "chat.completions").await?;
+    let id = new_id("chatcmpl-");
+    let created = jiff::Timestamp::now().as_second();
+    let redactor = {
+        let config = state.config.borrow().clone();
+        config.catalog.redactor_for(&caller.policy)
+    };
+    if !stream {
+        let response = llm::collect(started.stream, std::time::Instant::now())
+            .await
+            .map_err(|e| GatewayError::from_llm(&e, &redactor))?;
+        let served = if response.model.is_empty() {
+            started.model.clone()
+        } else {
+            response.model.clone()
+        };
+        let mut message = json!({"role": "assistant", "content": if response.text.is_empty() && !response.tool_calls.is_empty() { Value::Null } else { json!(response.text) }, "refusal": null});
+        if !response.tool_calls.is_empty() {
+            message["tool_calls"] = response.tool_calls.iter().map(tool_call_json).collect();
+        }
+        let usage = response.usage;
+        return Ok(axum::Json(json!({
+            "id": id, "object": "chat.completion", "created": created, "model": served,
+            "choices": [{"index": 0, "message": message, "logprobs": null,
+                "finish_reason": finish_reason(response.stop_reason)}],
+            "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens,
+                "total_tokens": usage.input_tokens + usage.output_tokens},
+            "system_fingerprint": null,
+        }))
+        .into_response());
+    }
+    // Streamed: one chunk per text delta and per tool call, then the finish reason, the
+    // usage when asked for, and [DONE].
+    let model_name = started.model.clone();
+    let base = move |choices: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model_name,
+            "system_fingerprint": null, "choices": choices})
+    };
+    let sse = |v: Value| Bytes::from(format!("data: {v}\n\n"));
+    let chunk = move |delta: Value, finish: Value| {
+        base(json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]))
+    };
+    let first = sse(chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    ));
+    let mut tool_index = 0usize;
+    let events = started.stream.flat_map(move |event| {
+        let out: Vec<Bytes> = match event {
+            Ok(StreamEvent::TextDelta(t)) => vec![sse(chunk(json!({"content": t}), Value::Null))],
+            Ok(StreamEvent::ToolCall(c)) => {
+                let i = tool_index;
+                tool_index += 1;
+                let mut call = tool_call_json(&c);
+                call["index"] = json!(i);
+                vec![sse(chunk(json!({"tool_calls": [call]}), Value::Null))]
+            }
+            Ok(StreamEvent::Warning(_)) => Vec::new(),
+            Ok(StreamEvent::Done { stop_reason, usage, .. }) => {
+                let mut out = vec![sse(chunk(json!({}), json!(finish_reason(stop_reason))))];
+                if include_usage {
+                    let mut u = chunk(json!({}), Value::Null);
+                    u["choices"] = json!([]);
+                    u["usage"] = json!({"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens,
+                        "total_tokens": usage.input_tokens + usage.output_tokens});
+                    out.push(sse(u));
+                }
+                out
+            }
+            Err(e) => {
+                let e = GatewayError::from_llm(&e, &redactor);
+                vec![Bytes::from(format!(
+                    "data: {}\n\n",
+                    json!({"error": {"message": e.message, "type": "api_error", "param": null, "code": e.code}})
+                ))]
+            }
+        };
+        futures_util::stream::iter(out)
+    });
+    let body = futures_util::stream::once(async move { first })
+        .chain(events)
+        .chain(futures_util::stream::once(async {
+            Bytes::from_static(b"data: [DONE]\n\n")
+        }))
+        .map(Ok::<_, std::convert::Infallible>);
+    let mut response = Body::from_stream(body).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(response)
+}

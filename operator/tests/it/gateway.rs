@@ -1,0 +1,191 @@
+//! The gateway with the vendors' official Python SDKs (`openai`, `anthropic`) against the
+//! real binary and a wire-format upstream (tests/fixtures/gateway_sdk.py): completions,
+//! streaming, tool calls, JSON-schema output, models, an unknown model, a bad key and an
+//! exhausted budget — then usage per team and what reached the upstream.
+
+use crate::binary::Server;
+use crate::common::http_client;
+use crate::llm::{Reply, mock, openai, streamed};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::Duration;
+
+const KEY: &str = "kgw-shop-0f9e8d7c6b5a4321";
+const BROKE_KEY: &str = "kgw-broke-1a2b3c4d5e6f7788";
+
+fn responder(body: &Value) -> Option<Reply> {
+    let d = openai();
+    let last = body["messages"].as_array()?.last()?.clone();
+    if body["tools"].as_array().is_some_and(|t| !t.is_empty()) && last["role"] == "user" {
+        return Some(streamed(
+            &d,
+            (d.tools_stream)(&[("call_w1", "get_weather", r#"{"city": "Paris"}"#)]),
+        ));
+    }
+    if body.get("response_format").is_some() {
+        return Some(streamed(
+            &d,
+            (d.text_stream)(&[r#"{"city": "Paris", "#, r#""temp_c": 21}"#]),
+        ));
+    }
+    Some(streamed(
+        &d,
+        (d.text_stream)(&["Hello ", "from ", "upstream"]),
+    ))
+}
+
+fn manifests(dir: &Path, base: &str) {
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: upstream-key}}
+stringData: {{key: sk-upstream-SECRET-42}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway-shop
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: apps}}
+stringData: {{team: shop, key: {KEY}}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway-broke
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: broke}}
+stringData: {{team: broke-team, key: {BROKE_KEY}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: upstream}}
+spec:
+  type: openai-compatible
+  baseUrl: "{base}/v1"
+  apiKeySecretRef: {{name: upstream-key, key: key}}
+  defaultModel: gpt-test
+  timeout: 10s
+  models: [{{id: gpt-test, cost: {{inputUsdPerMTok: 2, outputUsdPerMTok: 8}}}}]
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: apps}}
+spec: {{sessions: ["gateway-apps"], provider: upstream, budget: {{dailyUsdLimit: 5}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: broke}}
+spec: {{sessions: ["gateway-broke"], provider: upstream, budget: {{dailyUsdLimit: 0}}}}
+"#
+    );
+    std::fs::write(dir.join("gateway.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn official_sdks_work_unchanged_against_the_gateway() {
+    let required = std::env::var("KORTEX_REQUIRE_SDK").is_ok_and(|v| v == "1");
+    let python = std::env::var("KORTEX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_sdks = std::process::Command::new(&python)
+        .args(["-c", "import openai, anthropic"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_sdks {
+        assert!(
+            !required,
+            "KORTEX_REQUIRE_SDK=1 but {python} cannot import openai and anthropic"
+        );
+        eprintln!(
+            "skipping: the openai and anthropic SDKs are not installed (scripts/test.sh installs them)"
+        );
+        return;
+    }
+    let (base, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let url = server.url("");
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gateway_sdk.py");
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(fixture)
+            .env("KORTEX_URL", url)
+            .env("KORTEX_KEY", KEY)
+            .env("KORTEX_BROKE_KEY", BROKE_KEY)
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .unwrap_or_else(|_| panic!("the SDK script did not finish in 120 s"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("python: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "SDK checks failed\n--- stdout\n{stdout}\n--- stderr\n{}\n--- server log\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    println!("{stdout}");
+
+    // What reached the upstream: Kortex's own key, the schema passed through, no gateway key.
+    let seen = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let chats: Vec<_> = seen
+        .iter()
+        .filter(|s| s.body.get("messages").is_some())
+        .collect();
+    assert!(chats.iter().all(|s| {
+        s.headers.get("authorization").and_then(|v| v.to_str().ok())
+            == Some("Bearer sk-upstream-SECRET-42")
+    }));
+    assert!(
+        chats
+            .iter()
+            .any(|s| s.body["response_format"]["json_schema"]["name"] == "weather"),
+        "response_format was passed through"
+    );
+    let all = format!(
+        "{:?}",
+        seen.iter()
+            .map(|s| (&s.headers, &s.body))
+            .collect::<Vec<_>>()
+    );
+    assert!(!all.contains(KEY), "the gateway key never goes upstream");
+    // Usage per team, and the refused team spent nothing.
+    let usage: Value = http_client()
+        .get(server.url("/api/v1/usage?by=user"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let shop = usage["items"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["key"] == "shop"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(shop["requests"], json!(chats.len()), "{usage}");
+    assert!(shop["costUsd"].as_f64().unwrap_or(0.0) > 0.0, "{usage}");
+    assert!(
+        !usage["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["key"] == "broke-team"),
+        "{usage}"
+    );
+    let log = server.log();
+    assert!(
+        !log.contains(KEY) && !log.contains("sk-upstream-SECRET-42"),
+        "keys reached the log"
+    );
+    assert!(server.terminate().success());
+}
