@@ -110,6 +110,10 @@ pub fn router(state: AppState) -> Router {
             "/v1/messages",
             axum::routing::post(gateway::anthropic::messages),
         )
+        .route(
+            "/v1/embeddings",
+            axum::routing::post(gateway::openai::embeddings),
+        )
         .route("/v1/models", get(gateway::models))
         .route("/v1/providers/health", get(gateway::health))
         .merge(api)

@@ -278,6 +278,32 @@ pub trait LlmProvider: Send + Sync {
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>>;
     /// The model ids the endpoint lists (also the reachability probe).
     fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>>;
+    /// Embeddings of `inputs` with `model`, where the provider offers them.
+    fn embed<'a>(
+        &'a self,
+        model: &'a str,
+        inputs: &'a [String],
+    ) -> BoxFuture<'a, Result<Embeddings, LlmError>> {
+        let _ = (model, inputs);
+        Box::pin(async move {
+            Err(LlmError::new(
+                ErrorKind::BadRequest,
+                self.name(),
+                "this provider type offers no embeddings endpoint",
+            ))
+        })
+    }
+}
+
+/// The vectors of an embeddings call, in input order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Embeddings {
+    /// One vector per input.
+    pub vectors: Vec<Vec<f32>>,
+    /// Input tokens the provider counted.
+    pub input_tokens: u64,
+    /// Model reported by the provider.
+    pub model: String,
 }
 
 /// Settings shared by every adapter, from the `LLMProvider` spec.

@@ -322,6 +322,50 @@ impl LlmProvider for Ollama {
         let request = self.request(reqwest::Method::GET, "/api/tags");
         Box::pin(wire::list_models(&self.config, request, "models", "name"))
     }
+
+    fn embed<'a>(
+        &'a self,
+        model: &'a str,
+        inputs: &'a [String],
+    ) -> BoxFuture<'a, Result<super::Embeddings, LlmError>> {
+        Box::pin(async move {
+            let body = json!({"model": model, "input": inputs});
+            let response = super::retry::call_with_retry(self.config.retry, || {
+                wire::send(
+                    &self.config,
+                    self.request(reqwest::Method::POST, "/api/embed")
+                        .json(&body),
+                )
+            })
+            .await?;
+            let v: Value = wire::json_body(&self.config, response).await?;
+            let vectors: Vec<Vec<f32>> = v["embeddings"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    e.as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_f64)
+                        .map(|x| x as f32)
+                        .collect()
+                })
+                .collect();
+            if vectors.len() != inputs.len() {
+                return Err(LlmError::new(
+                    super::ErrorKind::Protocol,
+                    &self.config.name,
+                    format!("{} embeddings for {} inputs", vectors.len(), inputs.len()),
+                ));
+            }
+            Ok(super::Embeddings {
+                vectors,
+                input_tokens: v["prompt_eval_count"].as_u64().unwrap_or(0),
+                model: v["model"].as_str().unwrap_or(model).to_owned(),
+            })
+        })
+    }
 }
 
 #[cfg(test)]

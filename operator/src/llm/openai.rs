@@ -443,6 +443,55 @@ impl LlmProvider for OpenAi {
         let request = self.authorized(self.client.get(format!("{}/models", self.config.base_url)));
         Box::pin(wire::list_models(&self.config, request, "data", "id"))
     }
+
+    fn embed<'a>(
+        &'a self,
+        model: &'a str,
+        inputs: &'a [String],
+    ) -> BoxFuture<'a, Result<super::Embeddings, LlmError>> {
+        Box::pin(async move {
+            let body = json!({"model": model, "input": inputs, "encoding_format": "float"});
+            let response = super::retry::call_with_retry(self.config.retry, || {
+                let request = self
+                    .authorized(
+                        self.client
+                            .post(format!("{}/embeddings", self.config.base_url)),
+                    )
+                    .json(&body);
+                wire::send(&self.config, request)
+            })
+            .await?;
+            let v: Value = wire::json_body(&self.config, response).await?;
+            let mut rows: Vec<(u64, Vec<f32>)> = v["data"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|d| {
+                    let vector = d["embedding"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(Value::as_f64)
+                        .map(|x| x as f32)
+                        .collect();
+                    (d["index"].as_u64().unwrap_or(0), vector)
+                })
+                .collect();
+            rows.sort_by_key(|(i, _)| *i);
+            if rows.len() != inputs.len() {
+                return Err(LlmError::new(
+                    super::ErrorKind::Protocol,
+                    &self.config.name,
+                    format!("{} embeddings for {} inputs", rows.len(), inputs.len()),
+                ));
+            }
+            Ok(super::Embeddings {
+                vectors: rows.into_iter().map(|(_, v)| v).collect(),
+                input_tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+                model: v["model"].as_str().unwrap_or(model).to_owned(),
+            })
+        })
+    }
 }
 
 #[cfg(test)]

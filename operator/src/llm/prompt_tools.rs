@@ -194,6 +194,14 @@ impl LlmProvider for PromptTools {
         self.inner.config()
     }
 
+    fn embed<'a>(
+        &'a self,
+        model: &'a str,
+        inputs: &'a [String],
+    ) -> BoxFuture<'a, Result<super::Embeddings, LlmError>> {
+        self.inner.embed(model, inputs)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             native_tools: false,

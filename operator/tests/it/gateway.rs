@@ -15,6 +15,15 @@ const BROKE_KEY: &str = "kgw-broke-1a2b3c4d5e6f7788";
 
 fn responder(body: &Value) -> Option<Reply> {
     let d = openai();
+    if let Some(inputs) = body["input"].as_array() {
+        let data: Vec<Value> = (0..inputs.len())
+            .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.5, -0.25, 0.125]}))
+            .collect();
+        return Some(crate::llm::json_reply(
+            200,
+            &json!({"object": "list", "data": data, "model": "embed-small", "usage": {"prompt_tokens": 4, "total_tokens": 4}}),
+        ));
+    }
     let last = body["messages"].as_array()?.last()?.clone();
     if body["tools"].as_array().is_some_and(|t| !t.is_empty()) && last["role"] == "user" {
         return Some(streamed(
@@ -66,7 +75,9 @@ spec:
   apiKeySecretRef: {{name: upstream-key, key: key}}
   defaultModel: gpt-test
   timeout: 10s
-  models: [{{id: gpt-test, cost: {{inputUsdPerMTok: 2, outputUsdPerMTok: 8}}}}]
+  models:
+    - {{id: gpt-test, cost: {{inputUsdPerMTok: 2, outputUsdPerMTok: 8}}}}
+    - {{id: embed-small, cost: {{inputUsdPerMTok: 0.02, outputUsdPerMTok: 0}}}}
 ---
 apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
@@ -172,7 +183,12 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
         .and_then(|rows| rows.iter().find(|r| r["key"] == "shop"))
         .cloned()
         .unwrap_or_default();
-    assert_eq!(shop["requests"], json!(chats.len()), "{usage}");
+    let embeddings = seen
+        .iter()
+        .filter(|s| s.body.get("input").is_some())
+        .count();
+    assert_eq!(embeddings, 1);
+    assert_eq!(shop["requests"], json!(chats.len() + embeddings), "{usage}");
     assert!(shop["costUsd"].as_f64().unwrap_or(0.0) > 0.0, "{usage}");
     assert!(
         !usage["items"]

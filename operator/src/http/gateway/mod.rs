@@ -83,7 +83,7 @@ impl GatewayError {
         e
     }
 
-    fn budget(e: &crate::govern::budget::Exceeded) -> Self {
+    pub(super) fn budget(e: &crate::govern::budget::Exceeded) -> Self {
         let mut error = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::RateLimited,
@@ -96,7 +96,7 @@ impl GatewayError {
         error
     }
 
-    fn internal(detail: impl std::fmt::Display) -> Self {
+    pub(super) fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(error = %detail, "gateway internal error");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -302,3 +302,170 @@ async fn handle(
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(response)
 }
+
+/// `POST /v1/embeddings`: OpenAI's format, `encoding_format` float or base64 (what the
+/// official SDK asks for by default). Only the provider serving the requested model
+/// answers: vectors of another model would not be comparable, so there is no failover.
+pub async fn embeddings(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match handle_embeddings(&state, &headers, &body).await {
+        Ok(r) => r,
+        Err(e) => e.render(Flavor::OpenAi),
+    }
+}
+
+async fn handle_embeddings(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, GatewayError> {
+    let caller = authenticate(state, headers)?;
+    let body = parse_body(body)?;
+    let model = body["model"]
+        .as_str()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| GatewayError::invalid("model is required"))?
+        .to_owned();
+    let inputs: Vec<String> = match &body["input"] {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) if !items.is_empty() && items.iter().all(Value::is_string) => items
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect(),
+        _ => {
+            return Err(GatewayError::invalid(
+                "input must be a string or a non-empty array of strings (token arrays are not supported)",
+            ));
+        }
+    };
+    let base64 = match body["encoding_format"].as_str() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(GatewayError::invalid(format!(
+                "encoding_format {other:?} is not supported (float, base64)"
+            )));
+        }
+    };
+    let (config, route) = {
+        let config = state.config.borrow().clone();
+        let routes = routes_for(&config.catalog, &caller, &model)?;
+        let route = routes
+            .into_iter()
+            .next()
+            .ok_or_else(|| GatewayError::invalid("no route"))?;
+        (config, route)
+    };
+    let governor = state.engine.governor.clone();
+    match governor.admit(&caller.scope).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return Err(GatewayError::budget(&e)),
+        Err(e) => return Err(GatewayError::internal(e)),
+    }
+    let catalog = &config.catalog;
+    let redactor = catalog.redactor_for(&caller.policy);
+    let adapter = catalog
+        .provider(&caller.namespace, &route.provider)
+        .ok_or_else(|| GatewayError::invalid("the provider is gone"))
+        .and_then(|e| llm::build(e).map_err(|e| GatewayError::from_llm(&e, &redactor)))?;
+    // What is embedded is redacted like anything else sent to a provider.
+    let mut redactions = 0;
+    let inputs: Vec<String> = inputs
+        .iter()
+        .map(|t| {
+            let (out, n) = redactor.text(t);
+            redactions += n;
+            out
+        })
+        .collect();
+    let estimate = ChatRequest {
+        messages: inputs
+            .iter()
+            .map(|t| Message::User { content: t.clone() })
+            .collect(),
+        ..Default::default()
+    };
+    let cost = adapter
+        .models()
+        .iter()
+        .find(|m| m.id == route.model)
+        .and_then(|m| m.cost);
+    let reservation = match governor
+        .reserve(
+            &caller.scope,
+            &route.provider,
+            &route.model,
+            cost.as_ref(),
+            &estimate,
+            0,
+        )
+        .await
+    {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(GatewayError::budget(&e)),
+        Err(e) => return Err(GatewayError::internal(e)),
+    };
+    let started = std::time::Instant::now();
+    let result = adapter.embed(&route.model, &inputs).await;
+    let (usage, served, outcome) = match &result {
+        Ok(e) => (
+            llm::Usage {
+                input_tokens: e.input_tokens,
+                output_tokens: 0,
+            },
+            e.model.clone(),
+            "ok",
+        ),
+        Err(e) => (llm::Usage::default(), String::new(), e.kind.as_str()),
+    };
+    let latency_ms = started.elapsed().as_millis() as i64;
+    let _ = governor
+        .settle(
+            reservation,
+            &crate::govern::Outcome {
+                usage,
+                model: served.clone(),
+                latency_ms,
+                outcome: outcome.into(),
+            },
+        )
+        .await;
+    let _ = state
+        .store
+        .record_decision(&crate::store::NewDecision {
+            kind: "llm_call".into(),
+            namespace: Some(caller.namespace.clone()),
+            user: Some(caller.team.clone()),
+            policy: caller.policy.object.metadata.name.clone(),
+            subject: format!("{}/{}", route.provider, route.model),
+            outcome: outcome.into(),
+            detail: json!({"source": "gateway", "endpoint": "embeddings", "inputs": inputs.len(),
+                "inputTokens": usage.input_tokens, "latencyMs": latency_ms, "redactions": redactions}),
+            ..Default::default()
+        })
+        .await;
+    let embeddings = result.map_err(|e| GatewayError::from_llm(&e, &redactor))?;
+    let data: Vec<Value> = embeddings
+        .vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(crate::redact::base64_bytes(&bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "object": "list", "data": data,
+        "model": if served.is_empty() { route.model } else { served },
+        "usage": {"prompt_tokens": usage.input_tokens, "total_tokens": usage.input_tokens},
+    }))
+    .into_response())
+}
