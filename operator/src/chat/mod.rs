@@ -111,6 +111,8 @@ pub struct Engine {
     pub cluster_auth: std::sync::OnceLock<Arc<crate::operator::auth::ClusterAuth>>,
     /// Budgets and usage accounting of every provider call.
     pub governor: Arc<crate::govern::Governor>,
+    /// Provider adapters, reused while the configuration does not change.
+    pub adapters: crate::llm::AdapterCache,
 }
 
 impl Engine {
@@ -123,6 +125,7 @@ impl Engine {
         let governor = crate::govern::Governor::new(store.clone(), router.metrics());
         Arc::new(Self {
             governor,
+            adapters: crate::llm::AdapterCache::default(),
             store,
             config,
             router,

@@ -199,13 +199,49 @@ impl Governor {
         request: &ChatRequest,
         max_output: u32,
     ) -> Result<Result<Reservation, Exceeded>, StoreError> {
+        self.reserve_inner(scope, provider, model, cost, request, max_output, false)
+            .await
+    }
+
+    /// [`Governor::reserve`] that also counts the call as a request (a gateway call) in
+    /// the same transaction: one database round trip before the provider is called.
+    pub async fn admit_and_reserve(
+        &self,
+        scope: &Scope,
+        provider: &str,
+        model: &str,
+        cost: Option<&ModelCost>,
+        request: &ChatRequest,
+        max_output: u32,
+    ) -> Result<Result<Reservation, Exceeded>, StoreError> {
+        self.reserve_inner(scope, provider, model, cost, request, max_output, true)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn reserve_inner(
+        &self,
+        scope: &Scope,
+        provider: &str,
+        model: &str,
+        cost: Option<&ModelCost>,
+        request: &ChatRequest,
+        max_output: u32,
+        count_request: bool,
+    ) -> Result<Result<Reservation, Exceeded>, StoreError> {
         let now = now_ms();
         let counters = scope.counters(now);
         let input = estimate_tokens(request);
         let micros = budget::estimate_micros(cost, input, u64::from(max_output));
         let tokens = i64::try_from(input + u64::from(max_output)).unwrap_or(i64::MAX);
-        let mut holds = vec![counters.usd.hold(micros, false)];
-        let mut which: Vec<&Counter> = vec![&counters.usd];
+        let mut holds = Vec::new();
+        let mut which: Vec<&Counter> = Vec::new();
+        if count_request {
+            holds.push(counters.requests.hold(1, true));
+            which.push(&counters.requests);
+        }
+        holds.push(counters.usd.hold(micros, false));
+        which.push(&counters.usd);
         if let Some(t) = &counters.tokens {
             holds.push(t.hold(tokens, false));
             which.push(t);

@@ -215,6 +215,11 @@ pub async fn serve(
         let _ = fired_tx.send(true);
     };
     // The peer address is what `--auth-proxy-from` is checked against.
+    // Small streamed writes (SSE) must not wait for delayed ACKs (Nagle).
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<std::net::SocketAddr>(),

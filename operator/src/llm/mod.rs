@@ -331,6 +331,37 @@ pub struct ProviderConfig {
     pub models: Vec<crate::crd::ModelSpec>,
 }
 
+/// Adapters built once per configuration version and provider, so the gateway's hot path
+/// reuses their HTTP clients (connection pools, TLS configuration) instead of building them
+/// for every request.
+#[derive(Default)]
+pub struct AdapterCache {
+    entries: std::sync::Mutex<
+        std::collections::HashMap<crate::catalog::ObjectKey, (u64, Arc<dyn LlmProvider>)>,
+    >,
+}
+
+impl AdapterCache {
+    /// The adapter of `entry` as of configuration `version`.
+    pub fn get(
+        &self,
+        version: u64,
+        key: &crate::catalog::ObjectKey,
+        entry: &ProviderEntry,
+    ) -> Result<Arc<dyn LlmProvider>, LlmError> {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((v, adapter)) = entries.get(key)
+            && *v == version
+        {
+            return Ok(adapter.clone());
+        }
+        let adapter = build(entry)?;
+        entries.retain(|_, (v, _)| *v == version);
+        entries.insert(key.clone(), (version, adapter.clone()));
+        Ok(adapter)
+    }
+}
+
 /// Builds the adapter for a catalog entry (which must be available: its Secrets resolved).
 pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
     let name = entry.object.metadata.name.clone().unwrap_or_default();

@@ -372,19 +372,16 @@ pub async fn dispatch(
     endpoint: &'static str,
 ) -> Result<Started, GatewayError> {
     let governor = state.engine.governor.clone();
-    match governor.admit(&caller.scope).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(exceeded)) => return Err(GatewayError::budget(&exceeded)),
-        Err(e) => return Err(GatewayError::internal(e)),
-    }
     let config = state.config.borrow().clone();
     let catalog = &config.catalog;
     let redactor = catalog.redactor_for(&caller.policy);
     let mut last: Option<GatewayError> = None;
     for (i, route) in routes.iter().enumerate() {
+        let key = ObjectKey::new(&caller.namespace, &route.provider);
         let Some(adapter) = catalog
-            .provider(&caller.namespace, &route.provider)
-            .and_then(|e| llm::build(e).ok())
+            .providers
+            .get(&key)
+            .and_then(|e| state.engine.adapters.get(config.version, &key, e).ok())
         else {
             continue;
         };
@@ -402,17 +399,32 @@ pub async fn dispatch(
             .iter()
             .find(|m| m.id == route.model)
             .and_then(|m| m.cost);
-        let reservation = match governor
-            .reserve(
-                &caller.scope,
-                &route.provider,
-                &route.model,
-                cost.as_ref(),
-                &req,
-                max_output,
-            )
-            .await
-        {
+        // The first attempt is the request (counted with its reservation, in one
+        // transaction); failovers are not new requests.
+        let reserved = if i == 0 {
+            governor
+                .admit_and_reserve(
+                    &caller.scope,
+                    &route.provider,
+                    &route.model,
+                    cost.as_ref(),
+                    &req,
+                    max_output,
+                )
+                .await
+        } else {
+            governor
+                .reserve(
+                    &caller.scope,
+                    &route.provider,
+                    &route.model,
+                    cost.as_ref(),
+                    &req,
+                    max_output,
+                )
+                .await
+        };
+        let reservation = match reserved {
             Ok(Ok(r)) => r,
             Ok(Err(exceeded)) => return Err(GatewayError::budget(&exceeded)),
             Err(e) => return Err(GatewayError::internal(e)),
@@ -509,6 +521,7 @@ pub async fn dispatch(
 }
 
 /// What the accounting of a successful attempt needs when its stream ends.
+#[derive(Clone)]
 struct Meter {
     state: AppState,
     team: String,
@@ -578,22 +591,26 @@ fn metered(stream: ChatStream, reservation: Reservation, meter: Meter) -> ChatSt
         (stream, Some(reservation), meter),
         |(mut stream, mut reservation, meter)| async move {
             let item = stream.next().await;
+            // The books are written beside the response, not before its last bytes.
+            let settle =
+                |r: Reservation, usage: llm::Usage, model: String, outcome: &'static str| {
+                    let m = meter.clone();
+                    tokio::spawn(async move { m.settle(r, usage, &model, outcome).await });
+                };
             match &item {
                 Some(Ok(StreamEvent::Done { usage, model, .. })) => {
                     if let Some(r) = reservation.take() {
-                        meter.settle(r, *usage, model, "ok").await;
+                        settle(r, *usage, model.clone(), "ok");
                     }
                 }
                 Some(Err(e)) => {
                     if let Some(r) = reservation.take() {
-                        meter
-                            .settle(r, llm::Usage::default(), "", e.kind.as_str())
-                            .await;
+                        settle(r, llm::Usage::default(), String::new(), e.kind.as_str());
                     }
                 }
                 None => {
                     if let Some(r) = reservation.take() {
-                        meter.settle(r, llm::Usage::default(), "", "ok").await;
+                        settle(r, llm::Usage::default(), String::new(), "ok");
                     }
                 }
                 _ => {}

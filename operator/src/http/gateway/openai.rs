@@ -360,11 +360,6 @@ async fn handle_embeddings(
         (config, route)
     };
     let governor = state.engine.governor.clone();
-    match governor.admit(&caller.scope).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(GatewayError::budget(&e)),
-        Err(e) => return Err(GatewayError::internal(e)),
-    }
     let catalog = &config.catalog;
     let redactor = catalog.redactor_for(&caller.policy);
     let adapter = catalog
@@ -394,7 +389,7 @@ async fn handle_embeddings(
         .find(|m| m.id == route.model)
         .and_then(|m| m.cost);
     let reservation = match governor
-        .reserve(
+        .admit_and_reserve(
             &caller.scope,
             &route.provider,
             &route.model,
