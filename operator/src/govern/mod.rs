@@ -10,7 +10,7 @@ use crate::catalog::PolicyEntry;
 use crate::crd::{Budget, ModelCost};
 use crate::llm::{ChatRequest, Usage};
 use crate::metrics::{BudgetLabels, LlmCallLabels, LlmLabels, Metrics, TokenLabels};
-use crate::store::{BudgetSettle, Store, StoreError, UsageEvent, new_id, now_ms};
+use crate::store::{BudgetSettle, NewDecision, Store, StoreError, UsageEvent, new_id, now_ms};
 use budget::{Counter, Counters, Exceeded};
 use std::sync::Arc;
 use std::time::Duration;
@@ -133,12 +133,44 @@ pub struct Outcome {
 pub struct Governor {
     store: Store,
     metrics: Arc<Metrics>,
+    /// Books waiting for the background writer.
+    queue: tokio::sync::mpsc::Sender<Deferred>,
+    pending: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Deferred>>>,
+    /// Calls taken from the queue and not yet written.
+    writing: std::sync::atomic::AtomicUsize,
 }
+
+/// What one settled call writes.
+struct Books {
+    id: String,
+    actual: Vec<BudgetSettle>,
+    event: UsageEvent,
+    scope: Scope,
+    counters: Counters,
+}
+
+/// A call's books and audit row, waiting to be written.
+struct Deferred {
+    books: Books,
+    decision: NewDecision,
+}
+
+/// Most calls waiting for the background writer; beyond, callers write their own.
+const QUEUE: usize = 4096;
+/// Most calls written in one transaction.
+const BATCH: usize = 256;
 
 impl Governor {
     /// A governor over `store`.
     pub fn new(store: Store, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Self { store, metrics })
+        let (queue, pending) = tokio::sync::mpsc::channel(QUEUE);
+        Arc::new(Self {
+            store,
+            metrics,
+            queue,
+            pending: std::sync::Mutex::new(Some(pending)),
+            writing: std::sync::atomic::AtomicUsize::new(0),
+        })
     }
 
     fn refused(&self, e: Exceeded) -> Exceeded {
@@ -266,14 +298,9 @@ impl Governor {
         }))
     }
 
-    /// Settles `reservation` with what the call actually used: the usage event and daily
-    /// roll-up, the budget counters and the metrics. Returns the budget alerts this call
-    /// crossed (`alertAtPercent`), each reported once per window across replicas.
-    pub async fn settle(
-        &self,
-        mut reservation: Reservation,
-        outcome: &Outcome,
-    ) -> Result<Vec<String>, StoreError> {
+    /// What settling `reservation` writes: the counters' actual amounts and the usage
+    /// event. Marks the reservation settled and counts the metrics.
+    fn books(&self, reservation: &mut Reservation, outcome: &Outcome) -> Books {
         reservation.settled = true;
         let model = if outcome.model.is_empty() {
             reservation.model.clone()
@@ -312,9 +339,6 @@ impl Governor {
             latency_ms: outcome.latency_ms,
             outcome: outcome.outcome.clone(),
         };
-        self.store
-            .settle_budget(&reservation.id, &actual, Some(&event))
-            .await?;
         let m = &self.metrics;
         m.llm_calls
             .get_or_create(&LlmCallLabels {
@@ -340,10 +364,86 @@ impl Governor {
                 model,
             })
             .inc_by(cost_usd);
+        Books {
+            id: reservation.id.clone(),
+            actual,
+            event,
+            scope: reservation.scope.clone(),
+            counters: reservation.counters.clone(),
+        }
+    }
+
+    /// Settles `reservation` with what the call actually used: the usage event and daily
+    /// roll-up, the budget counters and the metrics. Returns the budget alerts this call
+    /// crossed (`alertAtPercent`), each reported once per window across replicas.
+    pub async fn settle(
+        &self,
+        mut reservation: Reservation,
+        outcome: &Outcome,
+    ) -> Result<Vec<String>, StoreError> {
+        let books = self.books(&mut reservation, outcome);
+        self.store
+            .settle_budget(&books.id, &books.actual, Some(&books.event))
+            .await?;
+        self.alerts_of(&books).await
+    }
+
+    /// Settles like [`Governor::settle`], written behind: the call's books and its audit
+    /// row join the next batch of the background writer (one transaction for many calls,
+    /// off the request path). When the queue is full the caller writes them itself, so
+    /// nothing is dropped. Alerts go to the log (a gateway call has no session to tell).
+    pub async fn settle_later(
+        &self,
+        mut reservation: Reservation,
+        outcome: &Outcome,
+        decision: NewDecision,
+    ) {
+        let books = self.books(&mut reservation, outcome);
+        let item = Deferred { books, decision };
+        if let Err(full) = self.queue.try_send(item) {
+            let item = match full {
+                tokio::sync::mpsc::error::TrySendError::Full(i)
+                | tokio::sync::mpsc::error::TrySendError::Closed(i) => i,
+            };
+            self.write_batch(vec![item]).await;
+        }
+    }
+
+    async fn write_batch(&self, batch: Vec<Deferred>) {
+        let rows: Vec<_> = batch
+            .iter()
+            .map(|d| {
+                (
+                    d.books.id.clone(),
+                    d.books.actual.clone(),
+                    d.books.event.clone(),
+                    d.decision.clone(),
+                )
+            })
+            .collect();
+        if let Err(e) = self.store.settle_batch(&rows).await {
+            // Reservations still expire, so budgets recover; the usage rows are lost.
+            tracing::error!(error = %e, calls = rows.len(), "cannot write usage of gateway calls");
+            return;
+        }
+        for d in &batch {
+            match self.alerts_of(&d.books).await {
+                Ok(alerts) => {
+                    for a in alerts {
+                        tracing::warn!(policy = %d.books.scope.policy, "{a}");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot check budget alerts"),
+            }
+        }
+    }
+
+    async fn alerts_of(&self, books: &Books) -> Result<Vec<String>, StoreError> {
         let mut alerts = Vec::new();
-        self.alert(scope, &c.usd, &mut alerts).await?;
-        if let Some(t) = &c.tokens {
-            self.alert(scope, t, &mut alerts).await?;
+        self.alert(&books.scope, &books.counters.usd, &mut alerts)
+            .await?;
+        if let Some(t) = &books.counters.tokens {
+            self.alert(&books.scope, t, &mut alerts).await?;
         }
         Ok(alerts)
     }
@@ -398,8 +498,37 @@ impl Governor {
         Ok(used as f64 / budget::MICROS)
     }
 
-    /// Releases expired reservations every [`SWEEP_EVERY`] until `stop` turns true.
+    /// The background duties until `stop` turns true: writes deferred books in batches
+    /// (then the rest at stop) and releases expired reservations every [`SWEEP_EVERY`].
     pub async fn sweep(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let writer = pending.map(|mut rx| {
+            let me = self.clone();
+            tokio::spawn(async move {
+                use std::sync::atomic::Ordering;
+                while let Some(first) = rx.recv().await {
+                    me.writing.fetch_add(1, Ordering::SeqCst);
+                    let mut batch = vec![first];
+                    // Calls that arrived while the last batch was written go together.
+                    while batch.len() < BATCH {
+                        match rx.try_recv() {
+                            Ok(item) => {
+                                me.writing.fetch_add(1, Ordering::SeqCst);
+                                batch.push(item);
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    let n = batch.len();
+                    me.write_batch(batch).await;
+                    me.writing.fetch_sub(n, Ordering::SeqCst);
+                }
+            })
+        });
         loop {
             match self.store.sweep_budgets(now_ms()).await {
                 Ok(0) => {}
@@ -411,11 +540,22 @@ impl Governor {
             }
             tokio::select! {
                 _ = tokio::time::sleep(SWEEP_EVERY) => {}
-                _ = stop.changed() => return,
+                _ = stop.changed() => break,
             }
             if *stop.borrow() {
-                return;
+                break;
             }
+        }
+        // Whatever is queued is written before the process ends.
+        if let Some(writer) = writer {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while (self.queue.capacity() < QUEUE
+                || self.writing.load(std::sync::atomic::Ordering::SeqCst) > 0)
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            writer.abort();
         }
     }
 }

@@ -155,6 +155,43 @@ impl Store {
         Ok(())
     }
 
+    /// Settles many calls in one transaction (write-behind accounting): for each, its
+    /// reservation, usage event and audit row, as [`Store::settle_budget`] and
+    /// `record_decision` would one by one.
+    pub async fn settle_batch(
+        &self,
+        items: &[(String, Vec<BudgetSettle>, UsageEvent, super::NewDecision)],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for (id, actual, usage, decision) in items {
+            for s in actual {
+                let released: Option<i64> = sqlx::query_scalar(
+                    "DELETE FROM budget_reservations WHERE id = $1 AND scope = $2 AND window_start = $3 \
+                     RETURNING amount",
+                )
+                .bind(id)
+                .bind(&s.scope)
+                .bind(s.window_start)
+                .fetch_optional(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE budget_counters SET reserved = reserved - $3, used = used + $4 \
+                     WHERE scope = $1 AND window_start = $2",
+                )
+                .bind(&s.scope)
+                .bind(s.window_start)
+                .bind(released.unwrap_or(0))
+                .bind(s.amount)
+                .execute(&mut *tx)
+                .await?;
+            }
+            super::repo::insert_usage(&mut tx, usage).await?;
+            super::repo::insert_decision(&mut tx, decision).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Marks the alert of a counter as sent once its use reaches `threshold`; true for the
     /// one caller (across replicas) that gets to send it.
     pub async fn budget_alert(

@@ -537,41 +537,8 @@ impl Store {
 impl Store {
     /// Records one audit row.
     pub async fn record_decision(&self, new: &NewDecision) -> Result<DecisionRecord, StoreError> {
-        let record = DecisionRecord {
-            id: new_id(),
-            at: now_ms(),
-            kind: new.kind.clone(),
-            namespace: new.namespace.clone(),
-            session_id: new.session_id.clone(),
-            run_id: new.run_id.clone(),
-            user: new.user.clone(),
-            policy: new.policy.clone(),
-            subject: new.subject.clone(),
-            outcome: new.outcome.clone(),
-            detail: if new.detail.is_null() {
-                Value::Object(Default::default())
-            } else {
-                new.detail.clone()
-            },
-        };
-        sqlx::query(
-            "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(&record.id)
-        .bind(record.at)
-        .bind(&record.kind)
-        .bind(&record.namespace)
-        .bind(&record.session_id)
-        .bind(&record.run_id)
-        .bind(&record.user)
-        .bind(&record.policy)
-        .bind(&record.subject)
-        .bind(&record.outcome)
-        .bind(json_text(&record.detail))
-        .execute(&self.pool)
-        .await?;
-        Ok(record)
+        let mut conn = self.pool.acquire().await?;
+        insert_decision(&mut conn, new).await
     }
 
     /// A page of audit rows, newest first. Pass the last row's `(at, id)` as `before` for
@@ -672,6 +639,48 @@ impl Store {
             })
             .collect()
     }
+}
+
+/// Inserts an audit row.
+pub(super) async fn insert_decision(
+    conn: &mut sqlx::AnyConnection,
+    new: &NewDecision,
+) -> Result<DecisionRecord, StoreError> {
+    let record = DecisionRecord {
+        id: new_id(),
+        at: now_ms(),
+        kind: new.kind.clone(),
+        namespace: new.namespace.clone(),
+        session_id: new.session_id.clone(),
+        run_id: new.run_id.clone(),
+        user: new.user.clone(),
+        policy: new.policy.clone(),
+        subject: new.subject.clone(),
+        outcome: new.outcome.clone(),
+        detail: if new.detail.is_null() {
+            Value::Object(Default::default())
+        } else {
+            new.detail.clone()
+        },
+    };
+    sqlx::query(
+        "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(&record.id)
+    .bind(record.at)
+    .bind(&record.kind)
+    .bind(&record.namespace)
+    .bind(&record.session_id)
+    .bind(&record.run_id)
+    .bind(&record.user)
+    .bind(&record.policy)
+    .bind(&record.subject)
+    .bind(&record.outcome)
+    .bind(json_text(&record.detail))
+    .execute(&mut *conn)
+    .await?;
+    Ok(record)
 }
 
 /// Inserts a usage event and adds it to its day's roll-up (O(1): one upsert).

@@ -548,38 +548,31 @@ impl Meter {
         } else {
             model.to_owned()
         };
-        let result = self
-            .state
+        let decision = NewDecision {
+            kind: "llm_call".into(),
+            namespace: Some(self.namespace.clone()),
+            user: Some(self.team.clone()),
+            policy: Some(self.policy.clone()),
+            subject: format!("{}/{served}", self.provider),
+            outcome: outcome.to_owned(),
+            detail: json!({"source": "gateway", "endpoint": self.endpoint,
+                "inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
+                "latencyMs": latency_ms, "redactions": self.redactions}),
+            ..Default::default()
+        };
+        self.state
             .engine
             .governor
-            .settle(
+            .settle_later(
                 reservation,
                 &Outcome {
                     usage,
-                    model: served.clone(),
+                    model: served,
                     latency_ms,
                     outcome: outcome.to_owned(),
                 },
+                decision,
             )
-            .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "cannot record gateway usage");
-        }
-        let _ = self
-            .state
-            .store
-            .record_decision(&NewDecision {
-                kind: "llm_call".into(),
-                namespace: Some(self.namespace.clone()),
-                user: Some(self.team.clone()),
-                policy: Some(self.policy.clone()),
-                subject: format!("{}/{served}", self.provider),
-                outcome: outcome.to_owned(),
-                detail: json!({"source": "gateway", "endpoint": self.endpoint,
-                    "inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
-                    "latencyMs": latency_ms, "redactions": self.redactions}),
-                ..Default::default()
-            })
             .await;
     }
 }
