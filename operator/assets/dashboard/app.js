@@ -363,8 +363,8 @@
       return el;
     }
 
-    function note(text, cls) {
-      transcript.append(h('div', { class: `note ${cls || ''}`, role: cls === 'error' ? 'alert' : null }, text));
+    function note(text, cls, run) {
+      transcript.append(h('div', { class: `note ${cls || ''}`, role: cls === 'error' ? 'alert' : null, 'data-run': run }, text));
       scroll();
     }
 
@@ -419,6 +419,9 @@
     }
     scroll();
 
+    // Runs whose end the stream has already shown (a run can fail before the POST that
+    // started it has answered).
+    const ended = new Set();
     // Live events: replayed from where the stored transcript ends, then followed.
     let lastSeq = session.activeRun ? session.activeRun.afterSeq : (session.eventSeq || 0);
     const handlers = {
@@ -429,10 +432,11 @@
           for (const el of chipsById.values()) {
             if (el.classList.contains('running')) el.setLabel('waiting for the client to run it', 'waiting');
           }
-          note('Waiting for the client to run its tools.');
+          note('Waiting for the client to run its tools.', '', d.runId);
         } else {
+          ended.add(d.runId);
           setStatus(d.state === 'failed' ? 'failed' : 'idle');
-          if (d.state === 'cancelled') note('Cancelled.');
+          if (d.state === 'cancelled') note('Cancelled.', '', d.runId);
           live = { text: null, chips: null };
           if (view.refreshSessions) view.refreshSessions();
         }
@@ -440,7 +444,7 @@
       'step.boundary': () => { live.text = null; live.chips = null; },
       'text.delta': (d) => {
         if (!live.text) {
-          live.text = h('div', { class: 'msg assistant' });
+          live.text = h('div', { class: 'msg assistant', 'data-run': d.runId });
           transcript.append(live.text);
         }
         live.text.append(document.createTextNode(d.text));
@@ -448,7 +452,7 @@
       },
       'tool.start': (d) => {
         if (!live.chips) {
-          live.chips = h('div', { class: 'chips' });
+          live.chips = h('div', { class: 'chips', 'data-run': d.runId });
           transcript.append(live.chips);
         }
         live.chips.append(chip({ id: d.callId, name: d.name, input: d.input }, { cls: 'running', label: 'running…' }));
@@ -465,8 +469,8 @@
         el.setLabel(`${text} · ${seconds(d.durationMs || 0)}`, cls);
         el.querySelector('pre').textContent = d.preview || '';
       },
-      notice: (d) => note(d.message),
-      error: (d) => note(`${d.code}: ${d.message}`, 'error'),
+      notice: (d) => note(d.message, '', d.runId),
+      error: (d) => note(`${d.code}: ${d.message}`, 'error', d.runId),
       'proposal.created': (d) => { addCard(d.proposalId); },
       'proposal.updated': async (d) => {
         const card = await addCard(d.proposalId);
@@ -495,11 +499,18 @@
       if (!content || send.disabled) return;
       send.disabled = true;
       try {
-        await api('POST', `/chat/v1/sessions/${encodeURIComponent(id)}/messages`, { content });
-        transcript.append(h('div', { class: 'msg user' }, content));
+        const started = await api('POST', `/chat/v1/sessions/${encodeURIComponent(id)}/messages`, { content });
+        // The question goes before anything its run has already shown.
+        const first = [...transcript.children].find((el) => el.dataset.run === started.runId);
+        const bubble = h('div', { class: 'msg user' }, content);
+        if (first) first.before(bubble); else transcript.append(bubble);
         input.value = '';
-        live = { text: null, chips: null };
-        setStatus('running');
+        if (!ended.has(started.runId)) {
+          live = { text: null, chips: null };
+          setStatus('running');
+        } else {
+          send.disabled = false;
+        }
         scroll();
       } catch (e) {
         note(`${e.code || 'error'}: ${e.message}`, 'error');

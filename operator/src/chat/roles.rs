@@ -223,6 +223,20 @@ async fn side_call(
             Ok(r) => return Ok(Some(redactor.text(&r.text).0)),
             Err(e) if e.is_retryable() => {
                 engine.governor.failover(&route.provider, &route.model);
+                engine
+                    .store
+                    .record_decision(&NewDecision {
+                        kind: "failover".into(),
+                        namespace: Some(session.namespace.clone()),
+                        session_id: Some(session.id.clone()),
+                        run_id: run_id.map(str::to_owned),
+                        user: Some(session.user.clone()),
+                        policy: Some(policy_name.clone()),
+                        subject: format!("{}/{}", route.provider, route.model),
+                        outcome: e.kind.as_str().into(),
+                        detail: json!({"role": role, "error": redactor.text(&e.message).0}),
+                    })
+                    .await?;
                 continue;
             }
             Err(_) => return Ok(None),

@@ -84,36 +84,99 @@ pub struct Reservation {
     /// The model asked for.
     pub model: String,
     cost: Option<ModelCost>,
+    /// The estimated input tokens: what a call that reached the provider costs at least.
+    estimated_input: u64,
     settled: bool,
     store: Store,
 }
 
 impl Drop for Reservation {
+    /// A reservation dropped unsettled belongs to a request that went away mid-call (the
+    /// client disconnected): the provider has the prompt, so its estimated input is
+    /// charged (outcome `cancelled`) and the rest given back.
     fn drop(&mut self) {
         if self.settled {
             return;
         }
-        let (store, id) = (self.store.clone(), self.id.clone());
-        let holds = release_all(&self.counters);
+        let books = books(
+            self,
+            &Outcome {
+                outcome: "cancelled".into(),
+                ..Default::default()
+            },
+        );
+        let store = self.store.clone();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                if let Err(e) = store.settle_budget(&id, &holds, None).await {
-                    tracing::warn!(error = %e, "cannot release a budget reservation; it expires on its own");
+                if let Err(e) = store
+                    .settle_budget(&books.id, &books.actual, Some(&books.event))
+                    .await
+                {
+                    tracing::warn!(error = %e, "cannot settle a dropped budget reservation; it expires on its own");
                 }
             });
         }
     }
 }
 
-fn release_all(c: &Counters) -> Vec<BudgetSettle> {
-    std::iter::once(&c.usd)
-        .chain(c.tokens.as_ref())
-        .map(|c| BudgetSettle {
-            scope: c.scope.clone(),
-            window_start: c.window_start,
-            amount: 0,
-        })
-        .collect()
+/// What settling `reservation` with `outcome` writes; marks it settled. A call reported
+/// without usage that was not a provider failure (`ok`, `cancelled`: a stream cut short,
+/// a server that sends no usage) is charged its estimated input, never nothing.
+fn books(reservation: &mut Reservation, outcome: &Outcome) -> Books {
+    reservation.settled = true;
+    let model = if outcome.model.is_empty() {
+        reservation.model.clone()
+    } else {
+        outcome.model.clone()
+    };
+    let usage = if outcome.usage == Usage::default()
+        && matches!(outcome.outcome.as_str(), "ok" | "cancelled")
+    {
+        Usage {
+            input_tokens: reservation.estimated_input,
+            output_tokens: 0,
+        }
+    } else {
+        outcome.usage
+    };
+    let cost_usd = crate::llm::cost_usd(reservation.cost.as_ref(), usage);
+    let micros = (cost_usd * budget::MICROS).round() as i64;
+    let tokens = i64::try_from(usage.input_tokens + usage.output_tokens).unwrap_or(i64::MAX);
+    let c = &reservation.counters;
+    let mut actual = vec![BudgetSettle {
+        scope: c.usd.scope.clone(),
+        window_start: c.usd.window_start,
+        amount: micros,
+    }];
+    if let Some(t) = &c.tokens {
+        actual.push(BudgetSettle {
+            scope: t.scope.clone(),
+            window_start: t.window_start,
+            amount: tokens,
+        });
+    }
+    let scope = &reservation.scope;
+    let event = UsageEvent {
+        at: now_ms(),
+        source: scope.source.to_owned(),
+        policy: scope.policy.clone(),
+        session_id: scope.session.clone(),
+        user: scope.user.clone(),
+        provider: reservation.provider.clone(),
+        model,
+        input_tokens: usage.input_tokens as i64,
+        output_tokens: usage.output_tokens as i64,
+        cost_usd,
+        latency_ms: outcome.latency_ms,
+        outcome: outcome.outcome.clone(),
+    };
+    Books {
+        id: reservation.id.clone(),
+        actual,
+        event,
+        scope: reservation.scope.clone(),
+        counters: reservation.counters.clone(),
+    }
 }
 
 /// How a call ended, for the books.
@@ -293,84 +356,38 @@ impl Governor {
             provider: provider.to_owned(),
             model: model.to_owned(),
             cost: cost.copied(),
+            estimated_input: input,
             settled: false,
             store: self.store.clone(),
         }))
     }
 
-    /// What settling `reservation` writes: the counters' actual amounts and the usage
-    /// event. Marks the reservation settled and counts the metrics.
+    /// The books of settling `reservation`, with the metrics counted.
     fn books(&self, reservation: &mut Reservation, outcome: &Outcome) -> Books {
-        reservation.settled = true;
-        let model = if outcome.model.is_empty() {
-            reservation.model.clone()
-        } else {
-            outcome.model.clone()
-        };
-        let cost_usd = crate::llm::cost_usd(reservation.cost.as_ref(), outcome.usage);
-        let micros = (cost_usd * budget::MICROS).round() as i64;
-        let tokens = i64::try_from(outcome.usage.input_tokens + outcome.usage.output_tokens)
-            .unwrap_or(i64::MAX);
-        let c = &reservation.counters;
-        let mut actual = vec![BudgetSettle {
-            scope: c.usd.scope.clone(),
-            window_start: c.usd.window_start,
-            amount: micros,
-        }];
-        if let Some(t) = &c.tokens {
-            actual.push(BudgetSettle {
-                scope: t.scope.clone(),
-                window_start: t.window_start,
-                amount: tokens,
-            });
-        }
-        let scope = &reservation.scope;
-        let event = UsageEvent {
-            at: now_ms(),
-            source: scope.source.to_owned(),
-            policy: scope.policy.clone(),
-            session_id: scope.session.clone(),
-            user: scope.user.clone(),
-            provider: reservation.provider.clone(),
-            model: model.clone(),
-            input_tokens: outcome.usage.input_tokens as i64,
-            output_tokens: outcome.usage.output_tokens as i64,
-            cost_usd,
-            latency_ms: outcome.latency_ms,
-            outcome: outcome.outcome.clone(),
-        };
-        let m = &self.metrics;
+        let books = books(reservation, outcome);
+        let (e, m) = (&books.event, &self.metrics);
         m.llm_calls
             .get_or_create(&LlmCallLabels {
-                provider: reservation.provider.clone(),
-                outcome: outcome.outcome.clone(),
+                provider: e.provider.clone(),
+                outcome: e.outcome.clone(),
             })
             .inc();
-        for (direction, n) in [
-            ("input", outcome.usage.input_tokens),
-            ("output", outcome.usage.output_tokens),
-        ] {
+        for (direction, n) in [("input", e.input_tokens), ("output", e.output_tokens)] {
             m.llm_tokens
                 .get_or_create(&TokenLabels {
-                    provider: reservation.provider.clone(),
-                    model: model.clone(),
+                    provider: e.provider.clone(),
+                    model: e.model.clone(),
                     direction,
                 })
-                .inc_by(n);
+                .inc_by(u64::try_from(n).unwrap_or(0));
         }
         m.llm_cost
             .get_or_create(&LlmLabels {
-                provider: reservation.provider.clone(),
-                model,
+                provider: e.provider.clone(),
+                model: e.model.clone(),
             })
-            .inc_by(cost_usd);
-        Books {
-            id: reservation.id.clone(),
-            actual,
-            event,
-            scope: reservation.scope.clone(),
-            counters: reservation.counters.clone(),
-        }
+            .inc_by(e.cost_usd);
+        books
     }
 
     /// Settles `reservation` with what the call actually used: the usage event and daily
@@ -409,7 +426,18 @@ impl Governor {
         }
     }
 
-    async fn write_batch(&self, batch: Vec<Deferred>) {
+    async fn write_batch(&self, mut batch: Vec<Deferred>) {
+        // Rows are locked in one order (by counter), so two replicas' batches cannot
+        // deadlock each other.
+        batch.sort_by(|a, b| {
+            let key = |d: &Deferred| {
+                d.books
+                    .actual
+                    .first()
+                    .map(|s| (s.scope.clone(), s.window_start))
+            };
+            key(a).cmp(&key(b))
+        });
         let rows: Vec<_> = batch
             .iter()
             .map(|d| {
@@ -422,9 +450,14 @@ impl Governor {
             })
             .collect();
         if let Err(e) = self.store.settle_batch(&rows).await {
-            // Reservations still expire, so budgets recover; the usage rows are lost.
-            tracing::error!(error = %e, calls = rows.len(), "cannot write usage of gateway calls");
-            return;
+            // One bad row must not lose the others: write them one by one.
+            tracing::warn!(error = %e, calls = rows.len(), "a batch of usage rows failed; writing them one by one");
+            for row in &rows {
+                if let Err(e) = self.store.settle_batch(std::slice::from_ref(row)).await {
+                    // Its reservation still expires, so the budget recovers.
+                    tracing::error!(error = %e, reservation = %row.0, "cannot write the usage of a gateway call");
+                }
+            }
         }
         for d in &batch {
             match self.alerts_of(&d.books).await {

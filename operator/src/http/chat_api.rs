@@ -254,9 +254,11 @@ pub async fn get(
     // Where a client that renders `messages` picks up the event stream: after the last
     // event, or — while a run is in progress — just before that run's first event (its
     // assistant messages are then rebuilt from the events, without duplicates).
+    // The sequence number first: a run that starts after it is either the active run
+    // read next, or entirely after `eventSeq`; either way its events are replayed.
+    let seq = state.store.last_event_seq(&id).await.map_err(store_error)?;
     let active = state.store.active_run(&id).await.map_err(store_error)?;
     let messages = state.store.list_messages(&id).await.map_err(store_error)?;
-    let seq = state.store.last_event_seq(&id).await.map_err(store_error)?;
     let mut v = session_json(&session, Some(messages));
     v["eventSeq"] = json!(seq);
     if let Some((run, after)) = active {

@@ -331,14 +331,15 @@ pub struct ProviderConfig {
     pub models: Vec<crate::crd::ModelSpec>,
 }
 
+/// An adapter and the configuration version it was built from.
+type CachedAdapter = (u64, Arc<dyn LlmProvider>);
+
 /// Adapters built once per configuration version and provider, so the gateway's hot path
 /// reuses their HTTP clients (connection pools, TLS configuration) instead of building them
 /// for every request.
 #[derive(Default)]
 pub struct AdapterCache {
-    entries: std::sync::Mutex<
-        std::collections::HashMap<crate::catalog::ObjectKey, (u64, Arc<dyn LlmProvider>)>,
-    >,
+    entries: std::sync::Mutex<std::collections::HashMap<crate::catalog::ObjectKey, CachedAdapter>>,
 }
 
 impl AdapterCache {

@@ -96,9 +96,20 @@ impl Redactor {
                 let mut n = 0;
                 let entries = std::mem::take(map);
                 for (key, mut v) in entries {
+                    // `{"password": "..."}`: the key says what the value is.
+                    if self.credentials
+                        && credential_key(&key)
+                        && v.as_str()
+                            .is_some_and(|s| !s.is_empty() && !s.starts_with("[REDACTED"))
+                    {
+                        v = Value::String(patterns::placeholder("password"));
+                        n += 1;
+                    } else {
+                        n += self.value(&mut v);
+                    }
                     let (key, k) = self.text(&key);
-                    n += k + self.value(&mut v);
                     map.insert(key, v);
+                    n += k;
                 }
                 n
             }
@@ -147,6 +158,33 @@ impl Redactor {
     pub fn is_noop(&self) -> bool {
         self.secrets.is_empty() && !self.credentials && !self.pii
     }
+}
+
+/// Whether an object key names a credential (`password`, `api_key`, `clientSecret`, ...).
+fn credential_key(key: &str) -> bool {
+    let k: String = key
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    matches!(
+        k.as_str(),
+        "password"
+            | "passwd"
+            | "secret"
+            | "clientsecret"
+            | "secretkey"
+            | "secretaccesskey"
+            | "apikey"
+            | "xapikey"
+            | "accesstoken"
+            | "authtoken"
+            | "refreshtoken"
+            | "token"
+            | "bearertoken"
+            | "privatekey"
+            | "authorization"
+    )
 }
 
 #[cfg(test)]
@@ -325,6 +363,13 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<Value>(&out).unwrap_or_default(),
             json!({"env": [{"name": "DB", "value": "[REDACTED:secret]"}], "mail": "[REDACTED:email]"})
+        );
+        // A value under a credential key is one, whatever it looks like.
+        let (out, n) = r.content(r#"{"config": {"password": "s3cr3t-value", "api-key": "k1", "secretName": "db-creds", "replicas": 3}}"#);
+        assert_eq!(n, 2);
+        assert_eq!(
+            serde_json::from_str::<Value>(&out).unwrap_or_default(),
+            json!({"config": {"password": "[REDACTED:password]", "api-key": "[REDACTED:password]", "secretName": "db-creds", "replicas": 3}})
         );
         // Unchanged JSON keeps its exact text.
         let (same, n) = r.content("{ \"a\" : 1 }");

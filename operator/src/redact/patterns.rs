@@ -67,7 +67,7 @@ static CREDENTIALS: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
         ),
         pattern(
             "bearer_token",
-            r"(?i)\b(bearer)([ \t]+)([A-Za-z0-9._~+/-]{12,}=*)",
+            r"(?i)\b(bearer)([ \t]+)([A-Za-z0-9._~+/-]{20,}=*)",
             3,
             None,
         ),
@@ -79,7 +79,7 @@ static CREDENTIALS: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
         ),
         pattern(
             "password",
-            r#"(?i)\b(password|passwd|pwd|client_secret|secret_key|api_?key|access_?token|auth_?token|refresh_?token)(\\?["']?[ \t]*[:=][ \t]*\\?["']?)([^\s"',;&\\\[\]{}<>][^\s"',;&\\]{5,})"#,
+            r#"(?i)\b(password|passwd|client_secret|secret_key|x-api-key|api[_-]?key|access_?token|auth_?token|refresh_?token)(\\?["']?[ \t]*[:=][ \t]*\\?["']?)([^\s"',;&\\\[\]{}<>][^\s"',;&\\]{5,})"#,
             3,
             None,
         ),
@@ -95,7 +95,9 @@ static PII: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
             0,
             None,
         ),
-        pattern("card", r"\b\d(?:[ -]?\d){12,18}\b", 0, Some(luhn)),
+        // Card numbers start with 3 to 6 (Amex, Visa, Mastercard, Discover...): long
+        // millisecond or nanosecond timestamps that pass the Luhn check by chance do not.
+        pattern("card", r"\b[3-6]\d(?:[ -]?\d){11,17}\b", 0, Some(luhn)),
         pattern(
             "phone",
             r"(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]?\d{2,4}){1,4}|\(\d{3}\)[ .-]?\d{3}[ .-]\d{4}|\b\d{3}[.-]\d{3}[.-]\d{4})\b",
@@ -279,7 +281,7 @@ mod tests {
             "token [REDACTED:jwt] end"
         );
         assert_eq!(
-            creds("Authorization: Bearer abcdef0123456789xyz"),
+            creds("Authorization: Bearer abcdef0123456789xyz0123"),
             "Authorization: Bearer [REDACTED:bearer_token]"
         );
         assert_eq!(
@@ -293,6 +295,10 @@ mod tests {
         assert_eq!(
             creds("ghp_0123456789abcdefghijABCDEFGHIJ012345 and xoxb-1234567890-abcdef"),
             "[REDACTED:github_token] and [REDACTED:slack_token]"
+        );
+        assert_eq!(
+            creds("X-API-Key: 9f8e7d6c5b4a39281706"),
+            "X-API-Key: [REDACTED:password]"
         );
         assert_eq!(
             creds("OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwx"),
@@ -330,6 +336,8 @@ mod tests {
             "std::fmt::Display at 10:30:45",
             "image: registry.example.com/shop/api:v1.4.2@sha256:0123abcd",
             "password: [REDACTED:secret]",
+            "Bearer authentication is disabled for this listener",
+            "PWD=/home/app",
         ] {
             assert_eq!(redact(text, true, false), (None, 0), "{text}");
         }
@@ -338,6 +346,7 @@ mod tests {
             "std::fmt::Display",
             "replicas 3/3, revision 12",
             "version 1.2.3",
+            "ts=1795418012500 and 1795418012500123456",
         ] {
             assert_eq!(redact(text, false, true), (None, 0), "{text}");
         }

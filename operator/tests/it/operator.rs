@@ -1192,6 +1192,12 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         undo["spec"]["decision"].is_null(),
         "needs its own approval: {undo}"
     );
+    // The original is linked to its undo right after the undo is created.
+    fake.until("the undo link on the original", |f| {
+        f.get("actionproposals", "shop", &third_name)
+            .is_some_and(|p| !p["metadata"]["annotations"]["kortex.dev/undo-proposal"].is_null())
+    })
+    .await;
     let original = fake
         .get("actionproposals", "shop", &third_name)
         .unwrap_or_default();

@@ -302,7 +302,7 @@ pub fn routes_for(
             .any(|x| x == m)
     };
     let first = match model.split_once('/') {
-        Some((p, m)) if plan.routes.iter().any(|r| r.provider == p) && !m.is_empty() => plan
+        Some((p, m)) if plan.routes.iter().any(|r| r.provider == p) && known(p, m) => plan
             .routes
             .iter()
             .find(|r| r.provider == p)
@@ -334,6 +334,37 @@ pub fn routes_for(
         e.should_retry = Some(false);
         return Err(e);
     };
+    // A model without a price would be counted at $0: under a spending limit it is not
+    // served (the limit could not hold).
+    let limited = caller
+        .policy
+        .object
+        .spec
+        .budget
+        .as_ref()
+        .is_some_and(|b| b.daily_usd_limit.is_some());
+    let priced = catalog
+        .provider(&caller.namespace, &first.provider)
+        .is_some_and(|e| {
+            e.object
+                .spec
+                .models
+                .iter()
+                .any(|m| m.id == chosen && m.cost.is_some())
+        });
+    if limited && !priced {
+        let mut e = GatewayError::new(
+            StatusCode::FORBIDDEN,
+            ErrorKind::BadRequest,
+            "model_without_price",
+            format!(
+                "the model {chosen} of LLMProvider {} has no price (spec.models[].cost), and ChatPolicy {} has a dailyUsdLimit: it cannot be accounted for",
+                first.provider, caller.scope.policy
+            ),
+        );
+        e.should_retry = Some(false);
+        return Err(e);
+    }
     let mut routes = vec![Route {
         model: chosen,
         fast_model: None,
@@ -376,6 +407,8 @@ pub async fn dispatch(
     let catalog = &config.catalog;
     let redactor = catalog.redactor_for(&caller.policy);
     let mut last: Option<GatewayError> = None;
+    // The request is counted once, with the first reservation that is made.
+    let mut admitted = false;
     for (i, route) in routes.iter().enumerate() {
         let key = ObjectKey::new(&caller.namespace, &route.provider);
         let Some(adapter) = catalog
@@ -401,7 +434,7 @@ pub async fn dispatch(
             .and_then(|m| m.cost);
         // The first attempt is the request (counted with its reservation, in one
         // transaction); failovers are not new requests.
-        let reserved = if i == 0 {
+        let reserved = if !admitted {
             governor
                 .admit_and_reserve(
                     &caller.scope,
@@ -425,7 +458,10 @@ pub async fn dispatch(
                 .await
         };
         let reservation = match reserved {
-            Ok(Ok(r)) => r,
+            Ok(Ok(r)) => {
+                admitted = true;
+                r
+            }
             Ok(Err(exceeded)) => return Err(GatewayError::budget(&exceeded)),
             Err(e) => return Err(GatewayError::internal(e)),
         };
