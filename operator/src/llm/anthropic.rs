@@ -74,6 +74,15 @@ impl Anthropic {
         if !request.stop.is_empty() {
             body["stop_sequences"] = json!(request.stop);
         }
+        if body.get("tools").is_some() {
+            match &request.tool_choice {
+                Some(super::ToolChoice::Required) => body["tool_choice"] = json!({"type": "any"}),
+                Some(super::ToolChoice::Tool(name)) => {
+                    body["tool_choice"] = json!({"type": "tool", "name": name});
+                }
+                None => {}
+            }
+        }
         if stream {
             body["stream"] = json!(true);
         }

@@ -124,8 +124,21 @@ pub struct ChatRequest {
     /// to the others.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<Value>,
+    /// Whether the model must call a tool: `None` lets it choose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
     /// Audit and accounting context.
     pub metadata: RequestMetadata,
+}
+
+/// A forced tool call (the default lets the model choose).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// Some tool must be called.
+    Required,
+    /// This tool must be called.
+    Tool(String),
 }
 
 /// The instruction that stands in for `response_format` where a provider has no such

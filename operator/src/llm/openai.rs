@@ -75,6 +75,15 @@ impl OpenAi {
         if let Some(format) = &request.response_format {
             body["response_format"] = format.clone();
         }
+        if body.get("tools").is_some() {
+            match &request.tool_choice {
+                Some(super::ToolChoice::Required) => body["tool_choice"] = json!("required"),
+                Some(super::ToolChoice::Tool(name)) => {
+                    body["tool_choice"] = json!({"type": "function", "function": {"name": name}});
+                }
+                None => {}
+            }
+        }
         if stream {
             body["stream"] = json!(true);
             if self.stream_usage.load(std::sync::atomic::Ordering::Relaxed) {

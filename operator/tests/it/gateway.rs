@@ -162,6 +162,11 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
             .any(|s| s.body["response_format"]["json_schema"]["name"] == "weather"),
         "response_format was passed through"
     );
+    // Forced tool calls reach the provider in its own terms.
+    assert!(chats.iter().any(|s| s.body["tool_choice"] == "required"));
+    assert!(chats.iter().any(|s| {
+        s.body["tool_choice"] == json!({"type": "function", "function": {"name": "get_weather"}})
+    }));
     let all = format!(
         "{:?}",
         seen.iter()

@@ -145,9 +145,17 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
             },
         });
     }
-    if body["tool_choice"]["type"] == "none" {
-        tools.clear();
-    }
+    let tool_choice = match body["tool_choice"]["type"].as_str() {
+        Some("none") => {
+            tools.clear();
+            None
+        }
+        Some("any") => Some(llm::ToolChoice::Required),
+        Some("tool") => body["tool_choice"]["name"]
+            .as_str()
+            .map(|n| llm::ToolChoice::Tool(n.to_owned())),
+        _ => None,
+    };
     let request = ChatRequest {
         model: model.clone(),
         system: match &body["system"] {
@@ -164,6 +172,7 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
             .flatten()
             .filter_map(|s| s.as_str().map(str::to_owned))
             .collect(),
+        tool_choice,
         ..Default::default()
     };
     Ok((model, request, body["stream"].as_bool().unwrap_or(false)))

@@ -128,10 +128,20 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool, bool), GatewayE
             },
         });
     }
-    // `tool_choice: "none"` means: do not offer the tools this time.
-    if body["tool_choice"] == "none" {
-        tools.clear();
-    }
+    // `tool_choice`: "none" offers no tools this time; "required" or a named function
+    // forces a call (passed to providers that take it).
+    let tool_choice = match &body["tool_choice"] {
+        Value::String(s) if s == "none" => {
+            tools.clear();
+            None
+        }
+        Value::String(s) if s == "required" => Some(llm::ToolChoice::Required),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => o
+            .get("function")
+            .and_then(|f| f["name"].as_str())
+            .map(|n| llm::ToolChoice::Tool(n.to_owned())),
+        _ => None,
+    };
     let max_tokens = body["max_completion_tokens"]
         .as_u64()
         .or_else(|| body["max_tokens"].as_u64())
@@ -162,6 +172,7 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool, bool), GatewayE
         temperature: body["temperature"].as_f64().map(|t| t as f32),
         stop,
         response_format,
+        tool_choice,
         ..Default::default()
     };
     let stream = body["stream"].as_bool().unwrap_or(false);
