@@ -629,10 +629,6 @@ async fn answer_step(
             .store
             .record_decision(&NewDecision {
                 kind: "llm_call".into(),
-                namespace: Some(session.namespace.clone()),
-                session_id: Some(session.id.clone()),
-                run_id: Some(run_id.to_owned()),
-                user: Some(session.user.clone()),
                 policy: Some(policy.clone()),
                 subject: format!("{}/{served}", route.provider),
                 outcome,
@@ -640,6 +636,7 @@ async fn answer_step(
                     "outputTokens": out.usage.output_tokens, "latencyMs": latency_ms,
                     "toolCalls": out.calls.len(), "redactions": redactions,
                     "stopReason": out.stop_reason, "fastModel": fast.is_some()}),
+                ..session_decision(session, run_id)
             })
             .await?;
         if *cancel.borrow() {
@@ -687,10 +684,6 @@ async fn answer_step(
                     .store
                     .record_decision(&NewDecision {
                         kind: "escalation".into(),
-                        namespace: Some(session.namespace.clone()),
-                        session_id: Some(session.id.clone()),
-                        run_id: Some(run_id.to_owned()),
-                        user: Some(session.user.clone()),
                         policy: Some(policy.clone()),
                         subject: format!(
                             "{}/{model} -> {}/{}",
@@ -698,6 +691,7 @@ async fn answer_step(
                         ),
                         outcome: "escalated".into(),
                         detail: json!({"step": step, "reason": why}),
+                        ..session_decision(session, run_id)
                     })
                     .await?;
                 continue;
@@ -754,17 +748,26 @@ async fn failover(
         .store
         .record_decision(&NewDecision {
             kind: "failover".into(),
-            namespace: Some(session.namespace.clone()),
-            session_id: Some(session.id.clone()),
-            run_id: Some(run_id.to_owned()),
-            user: Some(session.user.clone()),
             policy: Some(routing.policy.clone()),
             subject: format!("{}/{model} -> {}/{next_model}", route.provider, next.provider),
             outcome: error.kind.as_str().into(),
             detail: json!({"from": route.provider, "to": next.provider, "error": why, "status": error.status}),
+            ..session_decision(session, run_id)
         })
         .await?;
     Ok(true)
+}
+
+/// An audit row about `session`'s run `run_id` (kind, policy, subject, outcome and detail
+/// to fill in).
+fn session_decision(session: &SessionRecord, run_id: &str) -> NewDecision {
+    NewDecision {
+        namespace: Some(session.namespace.clone()),
+        session_id: Some(session.id.clone()),
+        run_id: Some(run_id.to_owned()),
+        user: Some(session.user.clone()),
+        ..Default::default()
+    }
 }
 
 /// Stores a tool result and announces it.

@@ -343,14 +343,7 @@ impl LlmProvider for Ollama {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|e| {
-                    e.as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_f64)
-                        .map(|x| x as f32)
-                        .collect()
-                })
+                .map(wire::vector)
                 .collect();
             if vectors.len() != inputs.len() {
                 return Err(LlmError::new(

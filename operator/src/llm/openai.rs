@@ -476,14 +476,10 @@ impl LlmProvider for OpenAi {
                 .into_iter()
                 .flatten()
                 .map(|d| {
-                    let vector = d["embedding"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(Value::as_f64)
-                        .map(|x| x as f32)
-                        .collect();
-                    (d["index"].as_u64().unwrap_or(0), vector)
+                    (
+                        d["index"].as_u64().unwrap_or(0),
+                        wire::vector(&d["embedding"]),
+                    )
                 })
                 .collect();
             rows.sort_by_key(|(i, _)| *i);

@@ -540,6 +540,16 @@ pub fn parse_arguments(
     })
 }
 
+/// A JSON array of numbers as an embedding vector.
+pub fn vector(v: &serde_json::Value) -> Vec<f32> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_f64)
+        .map(|x| x as f32)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -126,28 +126,7 @@ impl Store {
         usage: Option<&UsageEvent>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        for s in actual {
-            let released: Option<i64> = sqlx::query_scalar(
-                "DELETE FROM budget_reservations WHERE id = $1 AND scope = $2 AND window_start = $3 \
-                 RETURNING amount",
-            )
-            .bind(id)
-            .bind(&s.scope)
-            .bind(s.window_start)
-            .fetch_optional(&mut *tx)
-            .await?;
-            // A reservation already released as expired is not released twice.
-            sqlx::query(
-                "UPDATE budget_counters SET reserved = reserved - $3, used = used + $4 \
-                 WHERE scope = $1 AND window_start = $2",
-            )
-            .bind(&s.scope)
-            .bind(s.window_start)
-            .bind(released.unwrap_or(0))
-            .bind(s.amount)
-            .execute(&mut *tx)
-            .await?;
-        }
+        settle_holds(&mut tx, id, actual).await?;
         if let Some(u) = usage {
             super::repo::insert_usage(&mut tx, u).await?;
         }
@@ -164,27 +143,7 @@ impl Store {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         for (id, actual, usage, decision) in items {
-            for s in actual {
-                let released: Option<i64> = sqlx::query_scalar(
-                    "DELETE FROM budget_reservations WHERE id = $1 AND scope = $2 AND window_start = $3 \
-                     RETURNING amount",
-                )
-                .bind(id)
-                .bind(&s.scope)
-                .bind(s.window_start)
-                .fetch_optional(&mut *tx)
-                .await?;
-                sqlx::query(
-                    "UPDATE budget_counters SET reserved = reserved - $3, used = used + $4 \
-                     WHERE scope = $1 AND window_start = $2",
-                )
-                .bind(&s.scope)
-                .bind(s.window_start)
-                .bind(released.unwrap_or(0))
-                .bind(s.amount)
-                .execute(&mut *tx)
-                .await?;
-            }
+            settle_holds(&mut tx, id, actual).await?;
             super::repo::insert_usage(&mut tx, usage).await?;
             super::repo::insert_decision(&mut tx, decision).await?;
         }
@@ -269,4 +228,35 @@ impl Store {
             .await?;
         Ok(released)
     }
+}
+
+/// Releases the reservations of `id` on each hold and counts the actual amounts as used.
+async fn settle_holds(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    id: &str,
+    actual: &[BudgetSettle],
+) -> Result<(), StoreError> {
+    for s in actual {
+        let released: Option<i64> = sqlx::query_scalar(
+            "DELETE FROM budget_reservations WHERE id = $1 AND scope = $2 AND window_start = $3 \
+             RETURNING amount",
+        )
+        .bind(id)
+        .bind(&s.scope)
+        .bind(s.window_start)
+        .fetch_optional(&mut **tx)
+        .await?;
+        // A reservation already released as expired is not released twice.
+        sqlx::query(
+            "UPDATE budget_counters SET reserved = reserved - $3, used = used + $4 \
+             WHERE scope = $1 AND window_start = $2",
+        )
+        .bind(&s.scope)
+        .bind(s.window_start)
+        .bind(released.unwrap_or(0))
+        .bind(s.amount)
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
 }

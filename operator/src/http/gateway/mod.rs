@@ -751,6 +751,22 @@ pub fn parse_body(body: &[u8]) -> Result<Value, GatewayError> {
     Ok(value)
 }
 
+/// A `text/event-stream` response of `body`.
+pub fn sse_response(
+    body: impl futures_util::Stream<Item = Result<axum::body::Bytes, std::convert::Infallible>>
+    + Send
+    + 'static,
+) -> Response {
+    let mut response = axum::body::Body::from_stream(body).into_response();
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
 /// A fresh id with `prefix` (`chatcmpl-`, `msg_`).
 pub fn new_id(prefix: &str) -> String {
     format!("{prefix}{}", crate::store::new_id().replace('-', ""))

@@ -4,9 +4,9 @@
 use super::{Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
 use crate::http::AppState;
 use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall, ToolSpec};
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -304,14 +304,7 @@ async fn handle(
             Bytes::from_static(b"data: [DONE]\n\n")
         }))
         .map(Ok::<_, std::convert::Infallible>);
-    let mut response = Body::from_stream(body).into_response();
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(response)
+    Ok(super::sse_response(body))
 }
 
 /// `POST /v1/embeddings`: OpenAI's format, `encoding_format` float or base64 (what the
