@@ -49,7 +49,7 @@ pub async fn audit(
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    admins_only(&state, &caller, "the audit log")?;
+    admins_only(&state, &caller, "the audit log", "/kortex/audit").await?;
     let before = match q.cursor.as_deref() {
         None => None,
         Some(c) => {
@@ -96,16 +96,42 @@ pub async fn audit(
 /// Group whose members may read the audit log and usage reports in key mode.
 pub const ADMIN_GROUP: &str = "kortex-admins";
 
-/// Reports about every user's activity are for members of [`ADMIN_GROUP`] in key mode; in
-/// loopback mode the local user may read them.
-pub fn admins_only(state: &AppState, caller: &Caller, what: &str) -> Result<(), ApiError> {
-    if state.auth == super::auth::AuthMode::Keys && !caller.groups.iter().any(|g| g == ADMIN_GROUP)
-    {
-        return Err(ApiError::forbidden(format!(
-            "{what} is for members of the group {ADMIN_GROUP}"
-        )));
+/// Reports about every user's activity (`path`: `/kortex/audit`, `/kortex/usage`) are for
+/// members of [`ADMIN_GROUP`]; in cluster mode also for whoever RBAC lets `get` that
+/// non-resource URL (the `kortex-admin` ClusterRole); in loopback mode the local user may
+/// read them.
+pub async fn admins_only(
+    state: &AppState,
+    caller: &Caller,
+    what: &str,
+    path: &str,
+) -> Result<(), ApiError> {
+    use super::auth::AuthMode;
+    if state.auth == AuthMode::Loopback || caller.groups.iter().any(|g| g == ADMIN_GROUP) {
+        return Ok(());
     }
-    Ok(())
+    if let (AuthMode::Cluster, Some(cluster)) = (state.auth, &state.cluster_auth) {
+        match cluster.may_read(&caller.user, &caller.groups, path).await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {
+                return Err(ApiError::forbidden(format!(
+                    "{what} is for the group {ADMIN_GROUP} or users RBAC allows to get {path} (ClusterRole kortex-admin)"
+                )));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot review access to a report");
+                return Err(ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "auth_unavailable",
+                    "the Kubernetes API server could not check your access; try again",
+                ));
+            }
+        }
+    }
+    // Behind an authenticating proxy in key mode too: the group decides.
+    Err(ApiError::forbidden(format!(
+        "{what} is for members of the group {ADMIN_GROUP}"
+    )))
 }
 
 /// `GET /chat/v1/sessions/{id}/export`: Markdown with `Accept: text/markdown` (or

@@ -158,6 +158,44 @@ impl ClusterAuth {
         Ok(allowed)
     }
 
+    /// Whether `user` may `get` the non-resource URL `path` (Kortex's reports: grant it with
+    /// a ClusterRole rule `nonResourceURLs: ["/kortex/audit", "/kortex/usage"]`).
+    pub async fn may_read(
+        &self,
+        user: &str,
+        groups: &[String],
+        path: &str,
+    ) -> Result<bool, String> {
+        let mut parts = vec!["get", user, path];
+        parts.extend(groups.iter().map(String::as_str));
+        let key = digest(&parts);
+        if let Some(hit) = lookup(&self.access, &key, |v| if *v { CACHE_OK } else { CACHE_NO }) {
+            return Ok(hit);
+        }
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_owned()),
+                groups: Some(groups.to_vec()),
+                non_resource_attributes: Some(
+                    k8s_openapi::api::authorization::v1::NonResourceAttributes {
+                        path: Some(path.to_owned()),
+                        verb: Some("get".into()),
+                    },
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let answer = api
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
+        let allowed = answer.status.is_some_and(|s| s.allowed);
+        store(&self.access, key, allowed);
+        Ok(allowed)
+    }
+
     /// A client that acts as the holder of `token`.
     pub fn client_as(&self, token: &str) -> Result<kube::Client, String> {
         let mut config = self.config.clone();

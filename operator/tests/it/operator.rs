@@ -1339,6 +1339,33 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"namespace": "team-a", "verb": "use", "group": "kortex.dev", "resource": "chatpolicies", "name": "incidents"})
     );
 
+    // Reports about everyone are for whom RBAC lets get /kortex/usage: dave may not.
+    let r = call(
+        reqwest::Method::GET,
+        "/api/v1/usage",
+        Some("dave-token"),
+        Value::Null,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 403);
+    let r = call(
+        reqwest::Method::GET,
+        "/api/v1/usage",
+        Some("alice-token"),
+        Value::Null,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200);
+    let review = fake
+        .seen()
+        .into_iter()
+        .rfind(|s| s.path.ends_with("/subjectaccessreviews"))
+        .map(|s| s.body["spec"]["nonResourceAttributes"].clone())
+        .unwrap_or_default();
+    assert_eq!(review, json!({"path": "/kortex/usage", "verb": "get"}));
+
     // alice's model reads the Deployment: with runToolsAsUser (the default), as alice.
     push(
         &script,
