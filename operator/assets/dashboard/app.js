@@ -26,7 +26,7 @@
   }
 
   function csrf() {
-    const m = document.cookie.match(/(?:^|;\s*)kortex_csrf=([^;]+)/);
+    const m = document.cookie.match(/(?:^|;\s*)(?:__Host-)?kortex_csrf=([^;]+)/);
     return m ? decodeURIComponent(m[1]) : null;
   }
 

@@ -165,8 +165,13 @@ pub const CSRF_COOKIE: &str = "kortex_csrf";
 /// The header a browser's state-changing requests must carry (double-submit).
 pub const CSRF_HEADER: &str = "x-csrf-token";
 
-/// The value of cookie `name` in `headers`.
+/// The value of the dashboard cookie `name`: over HTTPS it is set as `__Host-<name>` (bound
+/// to this host: a sibling subdomain cannot plant or overwrite it), else as `<name>`.
 pub fn cookie<'a>(headers: &'a axum::http::HeaderMap, name: &str) -> Option<&'a str> {
+    raw_cookie(headers, &format!("__Host-{name}")).or_else(|| raw_cookie(headers, name))
+}
+
+fn raw_cookie<'a>(headers: &'a axum::http::HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
@@ -322,7 +327,21 @@ fn check_csrf(
 
 #[cfg(test)]
 mod tests {
-    use super::{Cidr, is_loopback_host};
+    use super::{Cidr, cookie, is_loopback_host};
+
+    #[test]
+    fn host_prefixed_cookies_win_over_plain_ones() {
+        let mut h = axum::http::HeaderMap::new();
+        h.insert(
+            axum::http::header::COOKIE,
+            axum::http::HeaderValue::from_static(
+                "kortex_csrf=planted; __Host-kortex_csrf=real; other=x",
+            ),
+        );
+        assert_eq!(cookie(&h, "kortex_csrf"), Some("real"));
+        assert_eq!(cookie(&h, "other"), Some("x"));
+        assert_eq!(cookie(&h, "kortex_auth"), None);
+    }
 
     #[test]
     fn networks_contain_their_addresses_only() {

@@ -103,7 +103,10 @@ fn secure(headers: &HeaderMap) -> bool {
 }
 
 fn set_cookie(name: &str, value: &str, http_only: bool, max_age: u64, secure: bool) -> HeaderValue {
-    let mut c = format!("{name}={value}; Path=/; SameSite=Strict; Max-Age={max_age}");
+    // Over HTTPS the `__Host-` prefix makes browsers refuse the cookie from anywhere but
+    // this host (no Domain attribute, Path=/, Secure).
+    let prefix = if secure { "__Host-" } else { "" };
+    let mut c = format!("{prefix}{name}={value}; Path=/; SameSite=Strict; Max-Age={max_age}");
     if http_only {
         c.push_str("; HttpOnly");
     }
