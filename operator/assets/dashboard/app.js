@@ -130,9 +130,10 @@
       me = null;
       signIn();
     });
-    who.replaceChildren(
-      h('span', { id: 'user', title: `signed in as ${me.user}${groups}` }, `${me.user}${groups}`),
-      me.mode === 'loopback' || me.proxy ? null : out);
+    const parts = [h('span', { id: 'user', title: `signed in as ${me.user}${groups}` }, `${me.user}${groups}`)];
+    // Nothing to sign out of on loopback or behind an authenticating proxy.
+    if (me.mode !== 'loopback' && !me.proxy) parts.push(out);
+    who.replaceChildren(...parts);
   }
 
   // ---- proposals -----------------------------------------------------------------------
