@@ -88,6 +88,16 @@ impl Counter {
         }
     }
 
+    /// The actual `amount` used on this counter.
+    pub fn settle(&self, amount: i64) -> crate::store::BudgetSettle {
+        crate::store::BudgetSettle {
+            scope: self.scope.clone(),
+            window_start: self.window_start,
+            amount,
+            expires_at: self.expires_at,
+        }
+    }
+
     /// The refusal of a call that needed `wanted` more while `used` is used or reserved.
     pub fn exceeded(&self, policy: &str, used: i64) -> Exceeded {
         Exceeded {

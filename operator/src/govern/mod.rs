@@ -143,17 +143,9 @@ fn books(reservation: &mut Reservation, outcome: &Outcome) -> Books {
     let micros = (cost_usd * budget::MICROS).round() as i64;
     let tokens = i64::try_from(usage.input_tokens + usage.output_tokens).unwrap_or(i64::MAX);
     let c = &reservation.counters;
-    let mut actual = vec![BudgetSettle {
-        scope: c.usd.scope.clone(),
-        window_start: c.usd.window_start,
-        amount: micros,
-    }];
+    let mut actual = vec![c.usd.settle(micros)];
     if let Some(t) = &c.tokens {
-        actual.push(BudgetSettle {
-            scope: t.scope.clone(),
-            window_start: t.window_start,
-            amount: tokens,
-        });
+        actual.push(t.settle(tokens));
     }
     let scope = &reservation.scope;
     let event = UsageEvent {
@@ -268,11 +260,11 @@ impl Governor {
                 }
             }
         }
-        if let Err(refused) = self
-            .store
-            .reserve_budget(&new_id(), &[c.requests.hold(1, true)], now)
-            .await?
-        {
+        let holds: Vec<_> = std::iter::once(&c.requests)
+            .filter(|r| r.limit.is_some())
+            .map(|r| r.hold(1, true))
+            .collect();
+        if let Err(refused) = self.store.reserve_budget(&new_id(), &holds, now).await? {
             return Ok(Err(
                 self.refused(c.requests.exceeded(&scope.policy, refused.used))
             ));
@@ -341,6 +333,13 @@ impl Governor {
             holds.push(t.hold(tokens, false));
             which.push(t);
         }
+        // A budget without a limit has nothing to refuse: it is only counted when the call
+        // settles, so a call under no limit makes no database round trip first.
+        let (holds, which): (Vec<_>, Vec<_>) = holds
+            .into_iter()
+            .zip(which)
+            .filter(|(h, _)| h.limit.is_some())
+            .unzip();
         let id = new_id();
         let hold_until = now + HOLD.as_millis() as i64;
         if let Err(refused) = self.store.reserve_budget(&id, &holds, hold_until).await? {

@@ -39,6 +39,8 @@ pub struct BudgetSettle {
     pub window_start: i64,
     /// The amount actually used.
     pub amount: i64,
+    /// When the counter may be forgotten (it is created if no reservation made it).
+    pub expires_at: i64,
 }
 
 impl Store {
@@ -237,6 +239,16 @@ async fn settle_holds(
     actual: &[BudgetSettle],
 ) -> Result<(), StoreError> {
     for s in actual {
+        // A call under no limit reserved nothing, so its counter may not exist yet.
+        sqlx::query(
+            "INSERT INTO budget_counters (scope, window_start, used, reserved, alerted, expires_at) \
+             VALUES ($1, $2, 0, 0, 0, $3) ON CONFLICT (scope, window_start) DO NOTHING",
+        )
+        .bind(&s.scope)
+        .bind(s.window_start)
+        .bind(s.expires_at)
+        .execute(&mut **tx)
+        .await?;
         let released: Option<i64> = sqlx::query_scalar(
             "DELETE FROM budget_reservations WHERE id = $1 AND scope = $2 AND window_start = $3 \
              RETURNING amount",

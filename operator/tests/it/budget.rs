@@ -296,3 +296,37 @@ async fn alerts_fire_once_per_window_and_dead_reservations_are_released() {
         assert_eq!((used, reserved), (720_000, 0));
     }
 }
+
+#[tokio::test]
+async fn calls_under_no_limit_reserve_nothing_and_are_counted_when_they_settle() {
+    for db in all_dbs().await {
+        let g = Governor::new(db.store.clone(), Arc::new(Metrics::new()));
+        let s = scope(Budget::default(), "alice", Some("s9"));
+        let reservation = g
+            .reserve(&s, "claude", "m", Some(&PRICE), &request(), 1000)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let day = kortex::govern::budget::day_start(kortex::store::now_ms());
+        let usd = kortex::govern::budget::usd_scope("ops/incidents");
+        let before = db
+            .store
+            .budget_used(&usd, day)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            before,
+            (0, 0),
+            "{}: nothing reserved without a limit",
+            db.url
+        );
+        g.settle(reservation, &outcome(100))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let spent = g
+            .spent_today("ops/incidents")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!((spent - 0.03).abs() < 1e-9, "{}: {spent}", db.url);
+    }
+}
