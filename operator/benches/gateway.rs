@@ -146,6 +146,12 @@ fn main() {
         .unwrap_or_else(|e| panic!("{e}"));
     runtime.block_on(async {
         let base = upstream().await;
+        // `KORTEX_BENCH_UNLIMITED=1`: a policy without a budget (no reservation per call).
+        let budget = if std::env::var("KORTEX_BENCH_UNLIMITED").is_ok_and(|v| v == "1") {
+            ""
+        } else {
+            ", budget: {dailyUsdLimit: 1000000}"
+        };
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         std::fs::write(
             dir.path().join("bench.yaml"),
@@ -153,7 +159,7 @@ fn main() {
                 "apiVersion: v1\nkind: Secret\nmetadata: {{name: k}}\nstringData: {{key: sk-upstream-bench}}\n---\n\
                  apiVersion: v1\nkind: Secret\nmetadata: {{name: gw, labels: {{kortex.dev/credentials: gateway}}, annotations: {{kortex.dev/policy: apps}}}}\nstringData: {{team: bench, key: {KEY}}}\n---\n\
                  apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: up}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", apiKeySecretRef: {{name: k, key: key}}, defaultModel: m, models: [{{id: m, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 2}}}}]}}\n---\n\
-                 apiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: apps}}\nspec: {{sessions: [\"none\"], provider: up, budget: {{dailyUsdLimit: 1000000}}}}\n"
+                 apiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: apps}}\nspec: {{sessions: [\"none\"], provider: up{budget}}}\n"
             ),
         )
         .unwrap_or_else(|e| panic!("{e}"));

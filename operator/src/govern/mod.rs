@@ -406,8 +406,10 @@ impl Governor {
 
     /// Settles like [`Governor::settle`], written behind: the call's books and its audit
     /// row join the next batch of the background writer (one transaction for many calls,
-    /// off the request path). When the queue is full the caller writes them itself, so
-    /// nothing is dropped. Alerts go to the log (a gateway call has no session to tell).
+    /// off the request path). When the queue is full the caller waits for room (so memory
+    /// stays bounded and load slows down instead); if the writer is gone (shutting down)
+    /// the caller writes them itself. Nothing is dropped. Alerts go to the log (a gateway
+    /// call has no session to tell).
     pub async fn settle_later(
         &self,
         mut reservation: Reservation,
@@ -416,12 +418,18 @@ impl Governor {
     ) {
         let books = self.books(&mut reservation, outcome);
         let item = Deferred { books, decision };
-        if let Err(full) = self.queue.try_send(item) {
-            let item = match full {
-                tokio::sync::mpsc::error::TrySendError::Full(i)
-                | tokio::sync::mpsc::error::TrySendError::Closed(i) => i,
-            };
+        let running = self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none();
+        if !running {
+            // No background writer (yet): write now.
             self.write_batch(vec![item]).await;
+            return;
+        }
+        if let Err(closed) = self.queue.send(item).await {
+            self.write_batch(vec![closed.0]).await;
         }
     }
 

@@ -557,7 +557,6 @@ pub async fn dispatch(
 }
 
 /// What the accounting of a successful attempt needs when its stream ends.
-#[derive(Clone)]
 struct Meter {
     state: AppState,
     team: String,
@@ -620,29 +619,19 @@ fn metered(stream: ChatStream, reservation: Reservation, meter: Meter) -> ChatSt
         (stream, Some(reservation), meter),
         |(mut stream, mut reservation, meter)| async move {
             let item = stream.next().await;
-            // The books are written beside the response, not before its last bytes.
-            let settle =
-                |r: Reservation, usage: llm::Usage, model: String, outcome: &'static str| {
-                    let m = meter.clone();
-                    tokio::spawn(async move { m.settle(r, usage, &model, outcome).await });
-                };
-            match &item {
+            // The books join the background writer's queue (waiting only when it is full).
+            let outcome = match &item {
                 Some(Ok(StreamEvent::Done { usage, model, .. })) => {
-                    if let Some(r) = reservation.take() {
-                        settle(r, *usage, model.clone(), "ok");
-                    }
+                    Some((*usage, model.clone(), "ok"))
                 }
-                Some(Err(e)) => {
-                    if let Some(r) = reservation.take() {
-                        settle(r, llm::Usage::default(), String::new(), e.kind.as_str());
-                    }
-                }
-                None => {
-                    if let Some(r) = reservation.take() {
-                        settle(r, llm::Usage::default(), String::new(), "ok");
-                    }
-                }
-                _ => {}
+                Some(Err(e)) => Some((llm::Usage::default(), String::new(), e.kind.as_str())),
+                None => Some((llm::Usage::default(), String::new(), "ok")),
+                _ => None,
+            };
+            if let Some((usage, model, outcome)) = outcome
+                && let Some(r) = reservation.take()
+            {
+                meter.settle(r, usage, &model, outcome).await;
             }
             item.map(|i| (i, (stream, reservation, meter)))
         },
