@@ -373,6 +373,37 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
         .cloned()
         .unwrap_or_default();
     assert_eq!(row["outputTokens"], json!(48_000), "{usage}");
+    // The same as a table from the CLI.
+    let url = server.url("");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(["usage", "--server", &url, "--by", "policy", "--since", "1d"])
+            .output()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("POLICY") && lines[0].contains("COST USD"),
+        "{table}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("default/budget") && l.contains("48000")),
+        "{table}"
+    );
+    assert!(
+        lines.last().is_some_and(|l| l.starts_with("TOTAL")),
+        "{table}"
+    );
 }
 
 async fn redaction(server: &Server, backup: &Arc<Script>) {
