@@ -126,36 +126,19 @@ impl ClusterAuth {
         namespace: &str,
         name: &str,
     ) -> Result<bool, String> {
-        let mut parts = vec!["use", user, namespace, name];
-        parts.extend(groups.iter().map(String::as_str));
-        let key = digest(&parts);
-        if let Some(hit) = lookup(&self.access, &key, |v| if *v { CACHE_OK } else { CACHE_NO }) {
-            return Ok(hit);
-        }
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(user.to_owned()),
-                groups: Some(groups.to_vec()),
-                resource_attributes: Some(ResourceAttributes {
-                    namespace: Some(namespace.to_owned()),
-                    verb: Some("use".into()),
-                    group: Some(crate::crd::GROUP.into()),
-                    resource: Some("chatpolicies".into()),
-                    name: Some(name.to_owned()),
-                    ..Default::default()
-                }),
+        let access = SubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                verb: Some("use".into()),
+                group: Some(crate::crd::GROUP.into()),
+                resource: Some("chatpolicies".into()),
+                name: Some(name.to_owned()),
                 ..Default::default()
-            },
+            }),
             ..Default::default()
         };
-        let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
-        let answer = api
-            .create(&PostParams::default(), &review)
+        self.allowed(user, groups, &["use", namespace, name], access)
             .await
-            .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
-        let allowed = answer.status.is_some_and(|s| s.allowed);
-        store(&self.access, key, allowed);
-        Ok(allowed)
     }
 
     /// Whether `user` may `get` the non-resource URL `path` (Kortex's reports: grant it with
@@ -166,7 +149,29 @@ impl ClusterAuth {
         groups: &[String],
         path: &str,
     ) -> Result<bool, String> {
-        let mut parts = vec!["get", user, path];
+        let access = SubjectAccessReviewSpec {
+            non_resource_attributes: Some(
+                k8s_openapi::api::authorization::v1::NonResourceAttributes {
+                    path: Some(path.to_owned()),
+                    verb: Some("get".into()),
+                },
+            ),
+            ..Default::default()
+        };
+        self.allowed(user, groups, &["get", path], access).await
+    }
+
+    /// One SubjectAccessReview of `user` (with `groups`) for the attributes in `access`,
+    /// cached briefly under `what` (which must identify those attributes).
+    async fn allowed(
+        &self,
+        user: &str,
+        groups: &[String],
+        what: &[&str],
+        access: SubjectAccessReviewSpec,
+    ) -> Result<bool, String> {
+        let mut parts = what.to_vec();
+        parts.push(user);
         parts.extend(groups.iter().map(String::as_str));
         let key = digest(&parts);
         if let Some(hit) = lookup(&self.access, &key, |v| if *v { CACHE_OK } else { CACHE_NO }) {
@@ -176,13 +181,7 @@ impl ClusterAuth {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.to_owned()),
                 groups: Some(groups.to_vec()),
-                non_resource_attributes: Some(
-                    k8s_openapi::api::authorization::v1::NonResourceAttributes {
-                        path: Some(path.to_owned()),
-                        verb: Some("get".into()),
-                    },
-                ),
-                ..Default::default()
+                ..access
             },
             ..Default::default()
         };

@@ -214,10 +214,7 @@ async fn handle(
     };
     let started = dispatch(state, &caller, routes, request, "messages").await?;
     let id = new_id("msg_");
-    let redactor = {
-        let config = state.config.borrow().clone();
-        config.catalog.redactor_for(&caller.policy)
-    };
+    let redactor = caller.redactor.clone();
     if !stream {
         let r = llm::collect(started.stream, std::time::Instant::now())
             .await

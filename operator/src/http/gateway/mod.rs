@@ -185,6 +185,8 @@ pub struct Caller {
     pub policy: PolicyEntry,
     /// For budgets and accounting.
     pub scope: Scope,
+    /// The policy's redaction (of what goes upstream and of errors shown).
+    pub redactor: crate::redact::Redactor,
 }
 
 /// The key from `Authorization: Bearer` or `x-api-key` (both SDKs' conventions).
@@ -232,7 +234,9 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, Gat
             )
         })?;
     let scope = Scope::new(&policy, &credential.principal, None, "gateway");
+    let redactor = config.catalog.redactor_for(&policy);
     Ok(Caller {
+        redactor,
         team: credential.principal.clone(),
         namespace,
         policy,
@@ -405,7 +409,7 @@ pub async fn dispatch(
     let governor = state.engine.governor.clone();
     let config = state.config.borrow().clone();
     let catalog = &config.catalog;
-    let redactor = catalog.redactor_for(&caller.policy);
+    let redactor = &caller.redactor;
     let mut last: Option<GatewayError> = None;
     // The request is counted once, with the first reservation that is made.
     let mut admitted = false;
@@ -539,10 +543,10 @@ pub async fn dispatch(
                             ..Default::default()
                         })
                         .await;
-                    last = Some(GatewayError::from_llm(&e, &redactor));
+                    last = Some(GatewayError::from_llm(&e, redactor));
                     continue;
                 }
-                return Err(GatewayError::from_llm(&e, &redactor));
+                return Err(GatewayError::from_llm(&e, redactor));
             }
         }
     }

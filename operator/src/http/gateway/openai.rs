@@ -222,10 +222,7 @@ async fn handle(
     let started = dispatch(state, &caller, routes, request, "chat.completions").await?;
     let id = new_id("chatcmpl-");
     let created = jiff::Timestamp::now().as_second();
-    let redactor = {
-        let config = state.config.borrow().clone();
-        config.catalog.redactor_for(&caller.policy)
-    };
+    let redactor = caller.redactor.clone();
     if !stream {
         let response = llm::collect(started.stream, std::time::Instant::now())
             .await
@@ -365,11 +362,11 @@ async fn handle_embeddings(
     };
     let governor = state.engine.governor.clone();
     let catalog = &config.catalog;
-    let redactor = catalog.redactor_for(&caller.policy);
+    let redactor = &caller.redactor;
     let adapter = catalog
         .provider(&caller.namespace, &route.provider)
         .ok_or_else(|| GatewayError::invalid("the provider is gone"))
-        .and_then(|e| llm::build(e).map_err(|e| GatewayError::from_llm(&e, &redactor)))?;
+        .and_then(|e| llm::build(e).map_err(|e| GatewayError::from_llm(&e, redactor)))?;
     // What is embedded is redacted like anything else sent to a provider.
     let mut redactions = 0;
     let inputs: Vec<String> = inputs
@@ -446,7 +443,7 @@ async fn handle_embeddings(
             ..Default::default()
         })
         .await;
-    let embeddings = result.map_err(|e| GatewayError::from_llm(&e, &redactor))?;
+    let embeddings = result.map_err(|e| GatewayError::from_llm(&e, redactor))?;
     let data: Vec<Value> = embeddings
         .vectors
         .iter()
