@@ -1,5 +1,5 @@
 //! Budget windows, scopes and refusals (SPEC §3 Budgets), as pure functions; the counters
-//! themselves live in the database (`Store::reserve_budget`).
+//! themselves live in the database (`Store::reserve_budget`, leased by [`super::lease`]).
 
 use crate::crd::Budget;
 use crate::store::BudgetHold;
@@ -88,14 +88,30 @@ impl Counter {
         }
     }
 
-    /// The actual `amount` used on this counter.
-    pub fn settle(&self, amount: i64) -> crate::store::BudgetSettle {
+    /// The actual `amount` used on this counter by a call that drew `lease` (if any).
+    pub fn settle(
+        &self,
+        amount: i64,
+        lease: Option<crate::store::LeaseDraw>,
+    ) -> crate::store::BudgetSettle {
         crate::store::BudgetSettle {
             scope: self.scope.clone(),
             window_start: self.window_start,
             amount,
             expires_at: self.expires_at,
+            lease,
         }
+    }
+
+    /// What a call asks of this counter's lease, when it has a limit.
+    pub fn want(&self, amount: i64) -> Option<super::lease::Want> {
+        self.limit.map(|limit| super::lease::Want {
+            scope: self.scope.clone(),
+            window_start: self.window_start,
+            counter_expires_at: self.expires_at,
+            limit,
+            amount,
+        })
     }
 
     /// The refusal of a call that needed `wanted` more while `used` is used or reserved.

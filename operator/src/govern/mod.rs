@@ -4,20 +4,21 @@
 //! a `usage_events` row, the daily roll-up, the budget counters and the metrics, together.
 
 pub mod budget;
+pub mod lease;
 pub mod route;
 
 use crate::catalog::PolicyEntry;
 use crate::crd::{Budget, ModelCost};
 use crate::llm::{ChatRequest, Usage};
 use crate::metrics::{BudgetLabels, LlmCallLabels, LlmLabels, Metrics, TokenLabels};
-use crate::store::{BudgetSettle, NewDecision, Store, StoreError, UsageEvent, new_id, now_ms};
+use crate::store::{
+    BudgetSettle, LeaseDraw, NewDecision, Store, StoreError, UsageEvent, new_id, now_ms,
+};
 use budget::{Counter, Counters, Exceeded};
+use lease::Leases;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long a reservation holds budget when its call never settles (the replica died):
-/// longer than any provider call.
-pub const HOLD: Duration = Duration::from_secs(30 * 60);
 /// How often expired reservations are released.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
@@ -76,9 +77,11 @@ impl Scope {
 /// Budget held for a call in flight. Settle it with [`Governor::settle`]; one dropped
 /// unsettled (a cancelled request) gives its budget back.
 pub struct Reservation {
-    id: String,
     scope: Scope,
     counters: Counters,
+    /// What the call drew from this replica's leases: requests, dollars, tokens.
+    draws: [Option<LeaseDraw>; 3],
+    leases: Arc<Leases>,
     /// `LLMProvider` name.
     pub provider: String,
     /// The model asked for.
@@ -109,7 +112,7 @@ impl Drop for Reservation {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 if let Err(e) = store
-                    .settle_budget(&books.id, &books.actual, Some(&books.event))
+                    .settle_budget(&books.actual, Some(&books.event))
                     .await
                 {
                     tracing::warn!(error = %e, "cannot settle a dropped budget reservation; it expires on its own");
@@ -143,9 +146,18 @@ fn books(reservation: &mut Reservation, outcome: &Outcome) -> Books {
     let micros = (cost_usd * budget::MICROS).round() as i64;
     let tokens = i64::try_from(usage.input_tokens + usage.output_tokens).unwrap_or(i64::MAX);
     let c = &reservation.counters;
-    let mut actual = vec![c.usd.settle(micros)];
+    let [requests, usd, session] = std::mem::take(&mut reservation.draws);
+    let mut actual = Vec::with_capacity(3);
+    if let Some(draw) = requests {
+        // A request is one, whatever the call used.
+        actual.push(c.requests.settle(1, Some(draw)));
+    }
+    actual.push(c.usd.settle(micros, usd));
     if let Some(t) = &c.tokens {
-        actual.push(t.settle(tokens));
+        actual.push(t.settle(tokens, session));
+    }
+    for s in actual.iter().filter(|s| s.lease.is_some()) {
+        reservation.leases.settled(&s.scope, s.window_start);
     }
     let scope = &reservation.scope;
     let event = UsageEvent {
@@ -163,7 +175,6 @@ fn books(reservation: &mut Reservation, outcome: &Outcome) -> Books {
         outcome: outcome.outcome.clone(),
     };
     Books {
-        id: reservation.id.clone(),
         actual,
         event,
         scope: reservation.scope.clone(),
@@ -188,6 +199,8 @@ pub struct Outcome {
 pub struct Governor {
     store: Store,
     metrics: Arc<Metrics>,
+    /// This replica's budget leases.
+    leases: Arc<Leases>,
     /// Books waiting for the background writer.
     queue: tokio::sync::mpsc::Sender<Deferred>,
     pending: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<Deferred>>>,
@@ -197,7 +210,6 @@ pub struct Governor {
 
 /// What one settled call writes.
 struct Books {
-    id: String,
     actual: Vec<BudgetSettle>,
     event: UsageEvent,
     scope: Scope,
@@ -222,6 +234,7 @@ impl Governor {
         Arc::new(Self {
             store,
             metrics,
+            leases: Arc::new(Leases::new()),
             queue,
             pending: std::sync::Mutex::new(Some(pending)),
             writing: std::sync::atomic::AtomicUsize::new(0),
@@ -321,37 +334,39 @@ impl Governor {
         let input = estimate_tokens(request);
         let micros = budget::estimate_micros(cost, input, u64::from(max_output));
         let tokens = i64::try_from(input + u64::from(max_output)).unwrap_or(i64::MAX);
-        let mut holds = Vec::new();
-        let mut which: Vec<&Counter> = Vec::new();
-        if count_request {
-            holds.push(counters.requests.hold(1, true));
-            which.push(&counters.requests);
+        // Only budgets with a limit are drawn on: a budget without one has nothing to
+        // refuse and is counted when the call settles.
+        let asked: [(Option<&Counter>, i64); 3] = [
+            (count_request.then_some(&counters.requests), 1),
+            (Some(&counters.usd), micros),
+            (counters.tokens.as_ref(), tokens),
+        ];
+        let mut wants = Vec::new();
+        let mut slots = Vec::new();
+        for (slot, (counter, amount)) in asked.iter().enumerate() {
+            if let Some(want) = counter.and_then(|c| c.want(*amount)) {
+                wants.push(want);
+                slots.push(slot);
+            }
         }
-        holds.push(counters.usd.hold(micros, false));
-        which.push(&counters.usd);
-        if let Some(t) = &counters.tokens {
-            holds.push(t.hold(tokens, false));
-            which.push(t);
-        }
-        // A budget without a limit has nothing to refuse: it is only counted when the call
-        // settles, so a call under no limit makes no database round trip first.
-        let (holds, which): (Vec<_>, Vec<_>) = holds
-            .into_iter()
-            .zip(which)
-            .filter(|(h, _)| h.limit.is_some())
-            .unzip();
-        let id = new_id();
-        let hold_until = now + HOLD.as_millis() as i64;
-        if let Err(refused) = self.store.reserve_budget(&id, &holds, hold_until).await? {
-            let counter = which[refused.index];
-            return Ok(Err(
-                self.refused(counter.exceeded(&scope.policy, refused.used))
-            ));
+        let drawn = match self.leases.draw(&self.store, &wants, now).await? {
+            Ok(drawn) => drawn,
+            Err(no_room) => {
+                let counter = asked[slots[no_room.index]].0.unwrap_or(&counters.usd);
+                return Ok(Err(
+                    self.refused(counter.exceeded(&scope.policy, no_room.used))
+                ));
+            }
+        };
+        let mut draws: [Option<LeaseDraw>; 3] = Default::default();
+        for (slot, draw) in slots.into_iter().zip(drawn) {
+            draws[slot] = Some(draw);
         }
         Ok(Ok(Reservation {
-            id,
             scope: scope.clone(),
             counters,
+            draws,
+            leases: self.leases.clone(),
             provider: provider.to_owned(),
             model: model.to_owned(),
             cost: cost.copied(),
@@ -399,9 +414,12 @@ impl Governor {
     ) -> Result<Vec<String>, StoreError> {
         let books = self.books(&mut reservation, outcome);
         self.store
-            .settle_budget(&books.id, &books.actual, Some(&books.event))
+            .settle_budget(&books.actual, Some(&books.event))
             .await?;
-        self.alerts_of(&books).await
+        let mut alerts = Vec::new();
+        self.alerts_of(&books.scope, &books.counters, &mut alerts)
+            .await?;
+        Ok(alerts)
     }
 
     /// Settles like [`Governor::settle`], written behind: the call's books and its audit
@@ -433,23 +451,11 @@ impl Governor {
         }
     }
 
-    async fn write_batch(&self, mut batch: Vec<Deferred>) {
-        // Rows are locked in one order (by counter), so two replicas' batches cannot
-        // deadlock each other.
-        batch.sort_by(|a, b| {
-            let key = |d: &Deferred| {
-                d.books
-                    .actual
-                    .first()
-                    .map(|s| (s.scope.clone(), s.window_start))
-            };
-            key(a).cmp(&key(b))
-        });
+    async fn write_batch(&self, batch: Vec<Deferred>) {
         let rows: Vec<_> = batch
             .iter()
             .map(|d| {
                 (
-                    d.books.id.clone(),
                     d.books.actual.clone(),
                     d.books.event.clone(),
                     d.decision.clone(),
@@ -461,14 +467,27 @@ impl Governor {
             tracing::warn!(error = %e, calls = rows.len(), "a batch of usage rows failed; writing them one by one");
             for row in &rows {
                 if let Err(e) = self.store.settle_batch(std::slice::from_ref(row)).await {
-                    // Its reservation still expires, so the budget recovers.
-                    tracing::error!(error = %e, reservation = %row.0, "cannot write the usage of a gateway call");
+                    // Its lease still expires, so the budget recovers.
+                    tracing::error!(error = %e, policy = %row.1.policy, "cannot write the usage of a gateway call");
                 }
             }
         }
+        // Alerts are checked once per counter of the batch, not per call.
+        let mut seen: std::collections::HashSet<(String, i64)> = Default::default();
         for d in &batch {
-            match self.alerts_of(&d.books).await {
-                Ok(alerts) => {
+            let c = &d.books.counters;
+            let fresh = std::iter::once(&c.usd)
+                .chain(c.tokens.as_ref())
+                .any(|c| seen.insert((c.scope.clone(), c.window_start)));
+            if !fresh {
+                continue;
+            }
+            let mut alerts = Vec::new();
+            match self
+                .alerts_of(&d.books.scope, &d.books.counters, &mut alerts)
+                .await
+            {
+                Ok(()) => {
                     for a in alerts {
                         tracing::warn!(policy = %d.books.scope.policy, "{a}");
                     }
@@ -478,14 +497,17 @@ impl Governor {
         }
     }
 
-    async fn alerts_of(&self, books: &Books) -> Result<Vec<String>, StoreError> {
-        let mut alerts = Vec::new();
-        self.alert(&books.scope, &books.counters.usd, &mut alerts)
-            .await?;
-        if let Some(t) = &books.counters.tokens {
-            self.alert(&books.scope, t, &mut alerts).await?;
+    async fn alerts_of(
+        &self,
+        scope: &Scope,
+        counters: &Counters,
+        alerts: &mut Vec<String>,
+    ) -> Result<(), StoreError> {
+        self.alert(scope, &counters.usd, alerts).await?;
+        if let Some(t) = &counters.tokens {
+            self.alert(scope, t, alerts).await?;
         }
-        Ok(alerts)
+        Ok(())
     }
 
     /// Counts a failover away from `provider`.
@@ -570,6 +592,7 @@ impl Governor {
             })
         });
         loop {
+            self.leases.maintain(&self.store, now_ms(), false).await;
             match self.store.sweep_budgets(now_ms()).await {
                 Ok(0) => {}
                 Ok(n) => tracing::warn!(
@@ -597,6 +620,13 @@ impl Governor {
             }
             writer.abort();
         }
+        // What this replica leased and did not use goes back to the other replicas.
+        self.release_leases().await;
+    }
+
+    /// Gives back every unused budget lease (at shutdown; settled calls keep their books).
+    pub async fn release_leases(&self) {
+        self.leases.maintain(&self.store, now_ms(), true).await;
     }
 }
 

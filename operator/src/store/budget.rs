@@ -30,7 +30,7 @@ pub struct BudgetRefused {
     pub used: i64,
 }
 
-/// The actual amount of one reserved hold.
+/// The actual amount of one hold of a call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BudgetSettle {
     /// The hold's scope.
@@ -41,6 +41,44 @@ pub struct BudgetSettle {
     pub amount: i64,
     /// When the counter may be forgotten (it is created if no reservation made it).
     pub expires_at: i64,
+    /// The lease the call drew its reservation from (none under no limit).
+    pub lease: Option<LeaseDraw>,
+}
+
+/// What a call drew from a replica's budget lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseDraw {
+    /// The lease (its row in `budget_reservations`).
+    pub id: String,
+    /// The amount drawn (the call's worst case), released from the lease when it settles.
+    pub drawn: i64,
+}
+
+/// One counter a replica leases budget on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseKey {
+    /// The lease's id (its row in `budget_reservations`).
+    pub id: String,
+    /// The counter's scope.
+    pub scope: String,
+    /// The counter's window.
+    pub window_start: i64,
+}
+
+/// How much a lease may take: at least `need`, plus up to `chunk` more while it leaves
+/// most of what is free to other replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseAsk {
+    /// What the call waiting for it needs.
+    pub need: i64,
+    /// The extra a lease takes when there is room (so most calls need no round trip).
+    pub chunk: i64,
+    /// The counter's limit.
+    pub limit: i64,
+    /// When the counter may be forgotten.
+    pub counter_expires_at: i64,
+    /// When the lease lapses unless renewed (a dead replica's lease is swept then).
+    pub lease_expires_at: i64,
 }
 
 impl Store {
@@ -118,39 +156,168 @@ impl Store {
         Ok(Ok(()))
     }
 
-    /// Settles reservation `id`: each hold's reservation is released and its actual amount
+    /// Settles one call: each hold's draw is released from its lease and its actual amount
     /// counted as used; `usage` (the call's usage event and daily roll-up) is written in
     /// the same transaction, so spend and usage never disagree.
     pub async fn settle_budget(
         &self,
-        id: &str,
         actual: &[BudgetSettle],
         usage: Option<&UsageEvent>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        settle_holds(&mut tx, id, actual).await?;
+        settle_holds(&mut tx, actual.iter()).await?;
         if let Some(u) = usage {
-            super::repo::insert_usage(&mut tx, u).await?;
+            super::repo::insert_usage(&mut tx, std::slice::from_ref(u)).await?;
         }
         tx.commit().await?;
         Ok(())
     }
 
-    /// Settles many calls in one transaction (write-behind accounting): for each, its
-    /// reservation, usage event and audit row, as [`Store::settle_budget`] and
-    /// `record_decision` would one by one.
+    /// Settles many calls in one transaction (write-behind accounting): their holds
+    /// (summed per counter and lease: one update each, however many calls), usage events
+    /// with their daily roll-ups, and audit rows.
     pub async fn settle_batch(
         &self,
-        items: &[(String, Vec<BudgetSettle>, UsageEvent, super::NewDecision)],
+        items: &[(Vec<BudgetSettle>, UsageEvent, super::NewDecision)],
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        for (id, actual, usage, decision) in items {
-            settle_holds(&mut tx, id, actual).await?;
-            super::repo::insert_usage(&mut tx, usage).await?;
-            super::repo::insert_decision(&mut tx, decision).await?;
+        settle_holds(&mut tx, items.iter().flat_map(|(a, _, _)| a)).await?;
+        let usage: Vec<UsageEvent> = items.iter().map(|(_, u, _)| u.clone()).collect();
+        super::repo::insert_usage(&mut tx, &usage).await?;
+        let decisions: Vec<&super::NewDecision> = items.iter().map(|(_, _, d)| d).collect();
+        super::repo::insert_decisions(&mut tx, &decisions).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Extends lease `key` by what `ask` allows, in one transaction: `need` plus up to
+    /// `chunk` (at most a quarter of what is still free), reserved on the counter by a
+    /// conditional update, so replicas together never lease more than the limit. Returns
+    /// the amount added, or what the counter has used and reserved when `need` does not fit.
+    pub async fn extend_lease(
+        &self,
+        key: &LeaseKey,
+        ask: LeaseAsk,
+    ) -> Result<Result<i64, (i64, i64)>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        ensure_counter(
+            &mut tx,
+            &key.scope,
+            key.window_start,
+            ask.counter_expires_at,
+        )
+        .await?;
+        let (used, reserved) = counter_in(&mut tx, &key.scope, key.window_start).await?;
+        let free = ask.limit - used - reserved - ask.need;
+        if free < 0 {
+            tx.rollback().await?;
+            return Ok(Err((used, reserved)));
+        }
+        // What was read may have changed since (another replica): the update is
+        // conditional, and falls back to `need` alone before giving up.
+        let mut granted = None;
+        for amount in [ask.need + ask.chunk.min(free / 4), ask.need] {
+            let done = sqlx::query(
+                "UPDATE budget_counters SET reserved = reserved + $3 \
+                 WHERE scope = $1 AND window_start = $2 AND used + reserved + $3 <= $4",
+            )
+            .bind(&key.scope)
+            .bind(key.window_start)
+            .bind(amount)
+            .bind(ask.limit)
+            .execute(&mut *tx)
+            .await?;
+            if done.rows_affected() > 0 {
+                granted = Some(amount);
+                break;
+            }
+        }
+        let Some(amount) = granted else {
+            let now = counter_in(&mut tx, &key.scope, key.window_start).await?;
+            tx.rollback().await?;
+            return Ok(Err(now));
+        };
+        sqlx::query(
+            "INSERT INTO budget_reservations (id, scope, window_start, amount, expires_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id, scope, window_start) DO UPDATE SET \
+             amount = budget_reservations.amount + excluded.amount, expires_at = excluded.expires_at",
+        )
+        .bind(&key.id)
+        .bind(&key.scope)
+        .bind(key.window_start)
+        .bind(amount)
+        .bind(ask.lease_expires_at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Ok(amount))
+    }
+
+    /// Keeps lease `key` until `expires_at`; false when it is gone (swept as expired).
+    pub async fn renew_lease(&self, key: &LeaseKey, expires_at: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE budget_reservations SET expires_at = $4 \
+             WHERE id = $1 AND scope = $2 AND window_start = $3",
+        )
+        .bind(&key.id)
+        .bind(&key.scope)
+        .bind(key.window_start)
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Gives `unused` of lease `key` back to its counter; the lease row goes when nothing
+    /// is left in it (calls still drawing on it settle against it first).
+    pub async fn release_lease(&self, key: &LeaseKey, unused: i64) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let left: Option<i64> = sqlx::query_scalar(
+            "UPDATE budget_reservations SET amount = amount - $4 \
+             WHERE id = $1 AND scope = $2 AND window_start = $3 AND amount >= $4 RETURNING amount",
+        )
+        .bind(&key.id)
+        .bind(&key.scope)
+        .bind(key.window_start)
+        .bind(unused)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let Some(left) = left {
+            sqlx::query(
+                "UPDATE budget_counters SET reserved = reserved - $3 \
+                 WHERE scope = $1 AND window_start = $2",
+            )
+            .bind(&key.scope)
+            .bind(key.window_start)
+            .bind(unused)
+            .execute(&mut *tx)
+            .await?;
+            if left == 0 {
+                sqlx::query(
+                    "DELETE FROM budget_reservations WHERE id = $1 AND scope = $2 AND window_start = $3",
+                )
+                .bind(&key.id)
+                .bind(&key.scope)
+                .bind(key.window_start)
+                .execute(&mut *tx)
+                .await?;
+            }
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    /// How many leases (of any replica) a counter has.
+    pub async fn leases_of(&self, scope: &str, window_start: i64) -> Result<i64, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM budget_reservations WHERE scope = $1 AND window_start = $2 \
+             AND id LIKE 'lease/%'",
+        )
+        .bind(scope)
+        .bind(window_start)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(n)
     }
 
     /// Marks the alert of a counter as sent once its use reaches `threshold`; true for the
@@ -232,41 +399,92 @@ impl Store {
     }
 }
 
-/// Releases the reservations of `id` on each hold and counts the actual amounts as used.
-async fn settle_holds(
+/// Creates the counter row if it is not there yet.
+async fn ensure_counter(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    id: &str,
-    actual: &[BudgetSettle],
+    scope: &str,
+    window_start: i64,
+    expires_at: i64,
 ) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO budget_counters (scope, window_start, used, reserved, alerted, expires_at) \
+         VALUES ($1, $2, 0, 0, 0, $3) ON CONFLICT (scope, window_start) DO NOTHING",
+    )
+    .bind(scope)
+    .bind(window_start)
+    .bind(expires_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn counter_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    scope: &str,
+    window_start: i64,
+) -> Result<(i64, i64), StoreError> {
+    let row: Option<(i64, i64)> = sqlx::query_as(
+        "SELECT used, reserved FROM budget_counters WHERE scope = $1 AND window_start = $2",
+    )
+    .bind(scope)
+    .bind(window_start)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(row.unwrap_or((0, 0)))
+}
+
+/// Settles holds: their draws are released from their leases and their actual amounts
+/// counted as used, summed per counter and lease first (in a stable order, so two
+/// replicas' batches lock rows in the same order and cannot deadlock).
+async fn settle_holds<'a>(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    actual: impl Iterator<Item = &'a BudgetSettle>,
+) -> Result<(), StoreError> {
+    // (scope, window) -> (expires_at, used, lease id -> drawn)
+    type Sums<'a> = std::collections::BTreeMap<
+        (&'a str, i64),
+        (i64, i64, std::collections::BTreeMap<&'a str, i64>),
+    >;
+    let mut sums: Sums<'a> = Default::default();
     for s in actual {
+        let entry = sums.entry((s.scope.as_str(), s.window_start)).or_insert((
+            s.expires_at,
+            0,
+            Default::default(),
+        ));
+        entry.1 += s.amount;
+        if let Some(lease) = &s.lease {
+            *entry.2.entry(lease.id.as_str()).or_insert(0) += lease.drawn;
+        }
+    }
+    for ((scope, window_start), (expires_at, used, draws)) in sums {
         // A call under no limit reserved nothing, so its counter may not exist yet.
-        sqlx::query(
-            "INSERT INTO budget_counters (scope, window_start, used, reserved, alerted, expires_at) \
-             VALUES ($1, $2, 0, 0, 0, $3) ON CONFLICT (scope, window_start) DO NOTHING",
-        )
-        .bind(&s.scope)
-        .bind(s.window_start)
-        .bind(s.expires_at)
-        .execute(&mut **tx)
-        .await?;
-        let released: Option<i64> = sqlx::query_scalar(
-            "DELETE FROM budget_reservations WHERE id = $1 AND scope = $2 AND window_start = $3 \
-             RETURNING amount",
-        )
-        .bind(id)
-        .bind(&s.scope)
-        .bind(s.window_start)
-        .fetch_optional(&mut **tx)
-        .await?;
-        // A reservation already released as expired is not released twice.
+        ensure_counter(tx, scope, window_start, expires_at).await?;
+        let mut released = 0;
+        for (lease, drawn) in draws {
+            // A lease already swept as expired had its whole amount released then.
+            let left: Option<i64> = sqlx::query_scalar(
+                "UPDATE budget_reservations SET amount = amount - $4 \
+                 WHERE id = $1 AND scope = $2 AND window_start = $3 RETURNING amount",
+            )
+            .bind(lease)
+            .bind(scope)
+            .bind(window_start)
+            .bind(drawn)
+            .fetch_optional(&mut **tx)
+            .await?;
+            if left.is_some() {
+                released += drawn;
+            }
+        }
         sqlx::query(
             "UPDATE budget_counters SET reserved = reserved - $3, used = used + $4 \
              WHERE scope = $1 AND window_start = $2",
         )
-        .bind(&s.scope)
-        .bind(s.window_start)
-        .bind(released.unwrap_or(0))
-        .bind(s.amount)
+        .bind(scope)
+        .bind(window_start)
+        .bind(released)
+        .bind(used)
         .execute(&mut **tx)
         .await?;
     }

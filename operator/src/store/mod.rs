@@ -8,7 +8,7 @@ mod budget;
 mod models;
 mod repo;
 
-pub use budget::{BudgetHold, BudgetRefused, BudgetSettle};
+pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
 pub use models::*;
 pub use repo::utc_day;
 

@@ -588,7 +588,7 @@ impl Store {
     /// so reports read `usage_daily` and never scan the events.
     pub async fn record_usage(&self, u: &UsageEvent) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        insert_usage(&mut tx, u).await?;
+        insert_usage(&mut tx, std::slice::from_ref(u)).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -683,52 +683,137 @@ pub(super) async fn insert_decision(
     Ok(record)
 }
 
-/// Inserts a usage event and adds it to its day's roll-up (O(1): one upsert).
+/// Rows per multi-row `INSERT` (well under both databases' limits on parameters).
+const ROWS_PER_INSERT: usize = 64;
+
+/// `VALUES ($1, ..., $cols), ...` for `rows` rows of `cols` columns.
+fn values_clause(rows: usize, cols: usize) -> String {
+    let mut out = String::from(" VALUES ");
+    for r in 0..rows {
+        if r > 0 {
+            out.push_str(", ");
+        }
+        out.push('(');
+        for c in 0..cols {
+            if c > 0 {
+                out.push_str(", ");
+            }
+            out.push_str(&format!("${}", r * cols + c + 1));
+        }
+        out.push(')');
+    }
+    out
+}
+
+/// Inserts audit rows, many per statement.
+pub(super) async fn insert_decisions(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    news: &[&NewDecision],
+) -> Result<(), StoreError> {
+    for part in news.chunks(ROWS_PER_INSERT) {
+        let sql = format!(
+            "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail){}",
+            values_clause(part.len(), 11)
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for new in part {
+            let detail = if new.detail.is_null() {
+                Value::Object(Default::default())
+            } else {
+                new.detail.clone()
+            };
+            q = q
+                .bind(new_id())
+                .bind(now_ms())
+                .bind(new.kind.clone())
+                .bind(new.namespace.clone())
+                .bind(new.session_id.clone())
+                .bind(new.run_id.clone())
+                .bind(new.user.clone())
+                .bind(new.policy.clone())
+                .bind(new.subject.clone())
+                .bind(new.outcome.clone())
+                .bind(json_text(&detail));
+        }
+        q.execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// Inserts usage events (many per statement) and adds them to their days' roll-ups,
+/// summed per roll-up row first: one upsert per day, policy, provider, model and user.
 pub(super) async fn insert_usage(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    u: &UsageEvent,
+    events: &[UsageEvent],
 ) -> Result<(), StoreError> {
-    let day = utc_day(u.at);
-    sqlx::query(
-        "INSERT INTO usage_events (id, at, day, source, policy, session_id, user_name, provider, model, \
-         input_tokens, output_tokens, cost_usd, latency_ms, outcome) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-    )
-    .bind(new_id())
-    .bind(u.at)
-    .bind(&day)
-    .bind(&u.source)
-    .bind(&u.policy)
-    .bind(&u.session_id)
-    .bind(&u.user)
-    .bind(&u.provider)
-    .bind(&u.model)
-    .bind(u.input_tokens)
-    .bind(u.output_tokens)
-    .bind(u.cost_usd)
-    .bind(u.latency_ms)
-    .bind(&u.outcome)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, output_tokens, cost_usd) \
-         VALUES ($1, $2, $3, $4, $5, 1, $6, $7, $8) \
-         ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
-           requests = usage_daily.requests + 1, \
-           input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
-           output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
-           cost_usd = usage_daily.cost_usd + excluded.cost_usd",
-    )
-    .bind(&day)
-    .bind(&u.policy)
-    .bind(&u.provider)
-    .bind(&u.model)
-    .bind(&u.user)
-    .bind(u.input_tokens)
-    .bind(u.output_tokens)
-    .bind(u.cost_usd)
-    .execute(&mut **tx)
-    .await?;
+    for part in events.chunks(ROWS_PER_INSERT) {
+        let sql = format!(
+            "INSERT INTO usage_events (id, at, day, source, policy, session_id, user_name, provider, model, \
+             input_tokens, output_tokens, cost_usd, latency_ms, outcome){}",
+            values_clause(part.len(), 14)
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for u in part {
+            q = q
+                .bind(new_id())
+                .bind(u.at)
+                .bind(utc_day(u.at))
+                .bind(u.source.clone())
+                .bind(u.policy.clone())
+                .bind(u.session_id.clone())
+                .bind(u.user.clone())
+                .bind(u.provider.clone())
+                .bind(u.model.clone())
+                .bind(u.input_tokens)
+                .bind(u.output_tokens)
+                .bind(u.cost_usd)
+                .bind(u.latency_ms)
+                .bind(u.outcome.clone());
+        }
+        q.execute(&mut **tx).await?;
+    }
+    // (day, policy, provider, model, user) -> (requests, input, output, cost)
+    let mut daily: std::collections::BTreeMap<
+        (String, &str, &str, &str, &str),
+        (i64, i64, i64, f64),
+    > = Default::default();
+    for u in events {
+        let row = daily
+            .entry((
+                utc_day(u.at),
+                u.policy.as_str(),
+                u.provider.as_str(),
+                u.model.as_str(),
+                u.user.as_str(),
+            ))
+            .or_default();
+        row.0 += 1;
+        row.1 += u.input_tokens;
+        row.2 += u.output_tokens;
+        row.3 += u.cost_usd;
+    }
+    for ((day, policy, provider, model, user), (requests, input, output, cost)) in daily {
+        sqlx::query(
+            "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, output_tokens, cost_usd) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
+               requests = usage_daily.requests + excluded.requests, \
+               input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
+               output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
+               cost_usd = usage_daily.cost_usd + excluded.cost_usd",
+        )
+        .bind(day)
+        .bind(policy)
+        .bind(provider)
+        .bind(model)
+        .bind(user)
+        .bind(requests)
+        .bind(input)
+        .bind(output)
+        .bind(cost)
+        .execute(&mut **tx)
+        .await?;
+    }
     Ok(())
 }
 

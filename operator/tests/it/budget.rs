@@ -244,7 +244,9 @@ async fn alerts_fire_once_per_window_and_dead_reservations_are_released() {
             "{}",
             db.url
         );
-        // A reservation dropped unsettled (a cancelled request) gives its budget back.
+        // A reservation dropped unsettled (a cancelled request) gives its budget back: once
+        // its books are written and the replica's unused lease is given back (as at
+        // shutdown), nothing is reserved any more.
         let dropped = g
             .reserve(&s, "claude", "m", Some(&PRICE), &r, 900)
             .await
@@ -255,6 +257,7 @@ async fn alerts_fire_once_per_window_and_dead_reservations_are_released() {
         let day = kortex::govern::budget::day_start(kortex::store::now_ms());
         let mut reserved = -1;
         for _ in 0..50 {
+            g.release_leases().await;
             reserved = db
                 .store
                 .budget_used(&scope_key, day)
@@ -294,6 +297,12 @@ async fn alerts_fire_once_per_window_and_dead_reservations_are_released() {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((used, reserved), (720_000, 0));
+        // And the $0.28 left today fit a $0.27 call again.
+        let again = g
+            .reserve(&s, "claude", "m", Some(&PRICE), &r, 900)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(again.is_ok(), "{}", db.url);
     }
 }
 
@@ -328,5 +337,80 @@ async fn calls_under_no_limit_reserve_nothing_and_are_counted_when_they_settle()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert!((spent - 0.03).abs() < 1e-9, "{}: {spent}", db.url);
+    }
+}
+
+/// Budget leases: a replica reserves a chunk of a limited counter once and serves the
+/// reservations of many calls from it; the database holds the lease, so a lapsed one is
+/// swept like a dead call's and its calls settle without releasing it twice.
+#[tokio::test]
+async fn a_replica_leases_budget_in_chunks_and_a_swept_lease_is_not_released_twice() {
+    for db in all_dbs().await {
+        let g = Governor::new(db.store.clone(), Arc::new(Metrics::new()));
+        let s = scope(
+            Budget {
+                daily_usd_limit: Some(100.0),
+                ..Default::default()
+            },
+            "alice",
+            None,
+        );
+        let r = request();
+        // 40 calls of $0.03 (100 output tokens each) at once.
+        let calls = (0..40).map(|_| g.reserve(&s, "claude", "m", Some(&PRICE), &r, 100));
+        let mut held = Vec::new();
+        for result in futures_util::future::join_all(calls).await {
+            held.push(
+                result
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap_or_else(|e| panic!("{}: {e}", db.url)),
+            );
+        }
+        let day = kortex::govern::budget::day_start(kortex::store::now_ms());
+        let usd = kortex::govern::budget::usd_scope("ops/incidents");
+        let (used, reserved) = db
+            .store
+            .budget_used(&usd, day)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // One lease covers them all: the calls' $1.20 plus a chunk of at most 5 % ($5).
+        assert_eq!(used, 0);
+        assert!(
+            (1_200_000..=6_200_000).contains(&reserved),
+            "{}: {reserved}",
+            db.url
+        );
+        let leases = db
+            .store
+            .leases_of(&usd, day)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(leases, 1, "{}: one lease for 40 calls", db.url);
+        // Half settle; then the lease lapses (as if this replica had stopped renewing it)
+        // and is swept; then the rest settle.
+        let rest = held.split_off(20);
+        for reservation in held {
+            g.settle(reservation, &outcome(50))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let swept = db
+            .store
+            .sweep_budgets(kortex::store::now_ms() + 6 * 60_000)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(swept, 1, "{}", db.url);
+        for reservation in rest {
+            g.settle(reservation, &outcome(50))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let (used, reserved) = db
+            .store
+            .budget_used(&usd, day)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        // 40 calls of 50 output tokens at $300/M: $0.60, and nothing reserved (not less).
+        assert_eq!((used, reserved), (600_000, 0), "{}", db.url);
     }
 }
