@@ -119,25 +119,41 @@ pub fn load(
         .config_reloads
         .get_or_create(&ReloadLabels { result })
         .inc();
-    metrics.config_errors.set(config.errors().count() as i64);
     metrics
         .config_last_reload
         .set(now.as_millisecond() as f64 / 1000.0);
+    record_objects(metrics, &config);
+    config
+}
+
+/// Sets `kortex_config_errors` (documents failing to load, and cluster objects Kortex cannot
+/// read) and `kortex_config_objects` from `config`.
+pub fn record_objects(metrics: &Metrics, config: &LiveConfig) {
+    metrics
+        .config_errors
+        .set((config.errors().count() + config.invalid.len()) as i64);
     let counts = [
         (
             "LLMProvider",
-            c.providers
+            config
+                .catalog
+                .providers
                 .values()
                 .map(|p| p.available)
                 .collect::<Vec<_>>(),
         ),
         (
             "KortexTool",
-            c.tools.values().map(|t| t.available).collect(),
+            config.catalog.tools.values().map(|t| t.available).collect(),
         ),
         (
             "ChatPolicy",
-            c.policies.values().map(|p| p.available).collect(),
+            config
+                .catalog
+                .policies
+                .values()
+                .map(|p| p.available)
+                .collect(),
         ),
     ];
     for (kind, avail) in counts {
@@ -152,7 +168,6 @@ pub fn load(
                 .set(n as i64);
         }
     }
-    config
 }
 
 /// How often the manifest files are checked for changes.

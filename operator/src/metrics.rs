@@ -113,6 +113,45 @@ pub struct Metrics {
     pub llm_failovers: Family<LlmLabels, Counter>,
     /// Calls refused by a budget.
     pub budget_refusals: Family<BudgetLabels, Counter>,
+    /// Whether the last probe reached each available provider (1) or not (0); set when
+    /// `/metrics` is scraped.
+    pub provider_reachable: Family<ProviderLabel, Gauge>,
+    /// Today's (UTC) spend of each policy with a `dailyUsdLimit`; set when scraped.
+    pub budget_daily_spend: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
+    /// The `dailyUsdLimit` of each policy that has one; set when scraped.
+    pub budget_daily_limit: Family<PolicyLabel, Gauge<f64, AtomicU64>>,
+    /// Status writes (and proposal transitions) the leader could not make, by kind.
+    pub reconcile_errors: Family<KindLabel, Counter>,
+    /// Proposals moved by the leader, by the phase they reached.
+    pub proposal_transitions: Family<PhaseLabel, Counter>,
+}
+
+/// Label of per-provider gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabel {
+    /// `namespace/name` of the `LLMProvider`.
+    pub provider: String,
+}
+
+/// Label of per-policy gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyLabel {
+    /// `namespace/name` of the `ChatPolicy`.
+    pub policy: String,
+}
+
+/// Label of `kortex_reconcile_errors_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    /// Kind of the object whose status could not be written.
+    pub kind: &'static str,
+}
+
+/// Label of `kortex_proposal_transitions_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    /// The phase a proposal moved to.
+    pub phase: &'static str,
 }
 
 /// Labels of budget refusals.
@@ -213,8 +252,43 @@ impl Metrics {
             "Calls and requests refused by a ChatPolicy budget",
             budget_refusals.clone(),
         );
+        let provider_reachable = Family::<ProviderLabel, Gauge>::default();
+        registry.register(
+            "provider_reachable",
+            "Whether the last probe reached the provider (1) or not (0), by provider",
+            provider_reachable.clone(),
+        );
+        let budget_daily_spend = Family::<PolicyLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "budget_daily_spend_usd",
+            "Spend today (UTC) of each ChatPolicy that has a dailyUsdLimit",
+            budget_daily_spend.clone(),
+        );
+        let budget_daily_limit = Family::<PolicyLabel, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "budget_daily_limit_usd",
+            "The dailyUsdLimit of each ChatPolicy that has one",
+            budget_daily_limit.clone(),
+        );
+        let reconcile_errors = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "reconcile_errors",
+            "Status writes and proposal transitions that failed (retried with backoff), by kind",
+            reconcile_errors.clone(),
+        );
+        let proposal_transitions = Family::<PhaseLabel, Counter>::default();
+        registry.register(
+            "proposal_transitions",
+            "ActionProposals moved by the leader, by the phase they reached",
+            proposal_transitions.clone(),
+        );
         Self {
             registry,
+            provider_reachable,
+            budget_daily_spend,
+            budget_daily_limit,
+            reconcile_errors,
+            proposal_transitions,
             llm_calls,
             llm_tokens,
             llm_cost,

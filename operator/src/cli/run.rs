@@ -153,9 +153,10 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     let probes = crate::llm::probe::ProbeBoard::default();
     let plugins = channel::channel(Arc::new(crate::tools::PluginSet::default()));
     let proposals = ClusterProposals::new(client.clone(), Some(identity.clone()))
-        .scoped(args.namespace.clone());
+        .scoped(args.namespace.clone())
+        .with_metrics(metrics.clone());
     let duties = LeaderDuties {
-        writer: StatusWriter::new(client.clone(), Some(identity)),
+        writer: StatusWriter::new(client.clone(), Some(identity)).with_metrics(metrics.clone()),
         proposals: proposals.clone(),
         engine: None,
         observed,

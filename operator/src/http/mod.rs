@@ -157,6 +157,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    refresh_gauges(&state).await;
     (
         [(
             header::CONTENT_TYPE,
@@ -165,6 +166,53 @@ async fn metrics(State(state): State<AppState>) -> Response {
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// The gauges that describe the current state rather than count events, set at scrape
+/// time: configuration objects and errors, provider reachability from the last probes, and
+/// today's spend against each policy's `dailyUsdLimit` (from the database, so every replica
+/// reports the same).
+async fn refresh_gauges(state: &AppState) {
+    use crate::metrics::{PolicyLabel, ProviderLabel};
+    let config = state.config.borrow().clone();
+    if config.version > 0 {
+        crate::live::record_objects(&state.metrics, &config);
+    }
+    let m = &state.metrics;
+    m.provider_reachable.clear();
+    if let Ok(board) = state.probes.read() {
+        for (key, result) in board.iter() {
+            m.provider_reachable
+                .get_or_create(&ProviderLabel {
+                    provider: key.to_string(),
+                })
+                .set(i64::from(result.reachable));
+        }
+    }
+    m.budget_daily_spend.clear();
+    m.budget_daily_limit.clear();
+    for (key, entry) in &config.catalog.policies {
+        let Some(limit) = entry
+            .object
+            .spec
+            .budget
+            .as_ref()
+            .and_then(|b| b.daily_usd_limit)
+        else {
+            continue;
+        };
+        let policy = key.to_string();
+        match state.engine.governor.spent_today(&policy).await {
+            Ok(spent) => {
+                let label = PolicyLabel { policy };
+                m.budget_daily_spend.get_or_create(&label).set(spent);
+                m.budget_daily_limit.get_or_create(&label).set(limit);
+            }
+            Err(e) => {
+                tracing::warn!(policy = %policy, error = %e, "cannot read today's spend for /metrics")
+            }
+        }
+    }
 }
 
 async fn not_found(req: Request) -> ApiError {

@@ -203,9 +203,18 @@ pub struct ClusterProposals {
     handled: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// The only namespace watched (`kortex run --namespace`), if any.
     scope: Option<String>,
+    /// Transitions and failed status writes are counted here.
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl ClusterProposals {
+    /// Counts transitions (`kortex_proposal_transitions_total`) and failed status writes
+    /// (`kortex_reconcile_errors_total`).
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// Limits proposals to the one namespace Kortex watches (`--namespace`).
     pub fn scoped(mut self, namespace: Option<String>) -> Self {
         self.scope = namespace;
@@ -235,6 +244,7 @@ impl ClusterProposals {
             client,
             handled: Arc::default(),
             scope: None,
+            metrics: None,
         }
     }
 
@@ -634,9 +644,23 @@ impl ClusterProposals {
         }
         if let Err(e) = self.write_status(&api, &name, None, &status).await {
             tracing::warn!(proposal = %name, error = %e, "cannot write the proposal status; will retry");
+            if let Some(m) = &self.metrics {
+                m.reconcile_errors
+                    .get_or_create(&crate::metrics::KindLabel {
+                        kind: "ActionProposal",
+                    })
+                    .inc();
+            }
             return false;
         }
         tracing::info!(proposal = %name, namespace = %namespace, phase = phase.as_str(), %message, "proposal updated");
+        if let Some(m) = &self.metrics {
+            m.proposal_transitions
+                .get_or_create(&crate::metrics::PhaseLabel {
+                    phase: phase.as_str(),
+                })
+                .inc();
+        }
         self.mirror(engine, p, record, phase, message, undo.as_ref())
             .await;
         let warning = matches!(phase, ProposalPhase::Failed | ProposalPhase::Expired);

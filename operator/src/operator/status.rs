@@ -245,9 +245,16 @@ pub struct StatusWriter {
     recorder: Recorder,
     written: BTreeMap<(&'static str, ObjectKey), (Value, Instant)>,
     failures: BTreeMap<(&'static str, ObjectKey), (u32, Instant)>,
+    metrics: Option<std::sync::Arc<crate::metrics::Metrics>>,
 }
 
 impl StatusWriter {
+    /// Counts failed writes in `kortex_reconcile_errors_total`.
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// A writer whose Events are reported as `reporter` (`kortex`, this pod).
     pub fn new(client: kube::Client, instance: Option<String>) -> Self {
         let reporter = kube::runtime::events::Reporter {
@@ -259,6 +266,7 @@ impl StatusWriter {
             client,
             written: BTreeMap::new(),
             failures: BTreeMap::new(),
+            metrics: None,
         }
     }
 
@@ -295,6 +303,11 @@ impl StatusWriter {
                 Err(e) => {
                     let n = self.failures.get(&id).map_or(0, |(n, _)| n + 1);
                     tracing::warn!(kind = u.kind, object = %u.key, error = %e, retry_in_s = backoff(n).as_secs(), "status write failed");
+                    if let Some(m) = &self.metrics {
+                        m.reconcile_errors
+                            .get_or_create(&crate::metrics::KindLabel { kind: u.kind })
+                            .inc();
+                    }
                     self.failures.insert(id, (n, Instant::now()));
                 }
             }
