@@ -53,6 +53,23 @@ if ! "$venv/bin/python" -c 'import openai, anthropic' 2>/dev/null; then
   echo "==> installing the OpenAI and Anthropic Python SDKs into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-sdk.txt
 fi
+# The Helm chart tests render charts/kortex with Helm 4 (PyPI helm-python-sdk; scripts/helm.py
+# gives it helm's command line) and validate what it renders with kubernetes-validate.
+if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate, yaml' 2>/dev/null; then
+  echo "==> installing helm-python-sdk and kubernetes-validate into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-chart.txt
+fi
+printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$PWD/$venv/bin/python" "$PWD/scripts/helm.py" > "$venv/bin/helm"
+chmod +x "$venv/bin/helm"
+export KORTEX_TEST_HELM="$PWD/$venv/bin/helm"
+export KORTEX_TEST_KUBE_VALIDATE="$PWD/$venv/bin/kubernetes-validate"
+export KORTEX_REQUIRE_HELM=1
+# ... and compare it with `kubectl kustomize config/default` (kubectl works offline for that).
+if command -v kubectl >/dev/null 2>&1; then
+  export KORTEX_TEST_KUBECTL="$(command -v kubectl)"
+else
+  echo "==> kubectl not found: the chart/kustomize comparison is skipped" >&2
+fi
 export KORTEX_TEST_PYTHON="$PWD/$venv/bin/python"
 export KORTEX_REQUIRE_MCP=1
 export KORTEX_REQUIRE_SDK=1

@@ -215,10 +215,13 @@ mod tests {
         );
     }
 
-    /// `crds/` must be exactly what the types generate (CI fails on drift).
+    /// `crds/` must be exactly what the types generate (CI fails on drift). With
+    /// `KORTEX_UPDATE_CRDS` it rewrites `crds/` and the Helm chart's copy in
+    /// `charts/kortex/crds/` (which the chart tests compare byte for byte).
     #[test]
     fn crds_folder_matches_the_types() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+        let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/kortex/crds");
         let update = std::env::var_os("KORTEX_UPDATE_CRDS").is_some();
         let mut expected_files = Vec::new();
         for crd in all_crds() {
@@ -227,8 +230,10 @@ mod tests {
             let path = dir.join(crd_file_name(&crd));
             expected_files.push(crd_file_name(&crd));
             if update {
-                std::fs::write(&path, &expected)
-                    .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+                for path in [path, chart.join(crd_file_name(&crd))] {
+                    std::fs::write(&path, &expected)
+                        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+                }
                 continue;
             }
             let actual = std::fs::read_to_string(&path).unwrap_or_default();

@@ -3,6 +3,7 @@
 mod admission;
 mod binary;
 mod budget;
+mod chart;
 mod chat;
 mod cluster;
 mod common;
@@ -12,6 +13,7 @@ mod gateway;
 mod http;
 mod investigation;
 mod llm;
+mod manifests;
 mod operator;
 mod plugins;
 mod policy;
