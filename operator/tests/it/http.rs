@@ -371,3 +371,74 @@ async fn key_mode_shows_proposals_only_to_their_user_and_possible_deciders() {
         "{body}"
     );
 }
+
+/// `/metrics` reports the state the alerts watch, read at scrape time: provider
+/// reachability from the last probes, today's spend against each `dailyUsdLimit`, and the
+/// objects served.
+#[tokio::test]
+async fn metrics_report_reachability_and_budgets_at_scrape_time() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        "apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {name: ollama}
+spec: {type: ollama, baseUrl: 'http://127.0.0.1:9'}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {name: capped}
+spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
+",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut source = ManifestSource::new(vec![dir.path().to_path_buf()], Box::new(|_| None))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let metrics = Arc::new(Metrics::new());
+    let config = live::load(&mut source, None, &metrics);
+    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));
+    let db = sqlite().await;
+    let probes = kortex::llm::probe::ProbeBoard::default();
+    if let Ok(mut board) = probes.write() {
+        board.insert(
+            kortex::catalog::ObjectKey::new("default", "ollama"),
+            kortex::llm::probe::ProbeResult {
+                reachable: false,
+                ok: false,
+                reason: "Unreachable",
+                message: "connection refused".into(),
+                models: vec![],
+                latency_ms: 0,
+                checked_at: jiff::Timestamp::now(),
+            },
+        );
+    }
+    let app = router(AppState {
+        config: rx.clone(),
+        store: db.store.clone(),
+        probes,
+        engine: kortex::chat::Engine::new(
+            db.store.clone(),
+            rx.clone(),
+            Arc::new(kortex::tools::Router::new(Arc::new(Metrics::new()))),
+        ),
+        metrics,
+        auth: AuthMode::Loopback,
+        cluster_auth: None,
+        auth_proxy: None,
+    });
+    let (status, _, body) = call(&app, get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    for line in [
+        "kortex_provider_reachable{provider=\"default/ollama\"} 0",
+        "kortex_budget_daily_limit_usd{policy=\"default/capped\"} 25",
+        "kortex_budget_daily_spend_usd{policy=\"default/capped\"} 0",
+        "kortex_config_objects{kind=\"ChatPolicy\",available=\"true\"} 1",
+        "kortex_config_errors 0",
+    ] {
+        assert!(
+            body.lines().any(|l| l.starts_with(line)),
+            "{line} missing:\n{body}"
+        );
+    }
+}
