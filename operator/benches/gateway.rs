@@ -1,11 +1,23 @@
 //! Gateway overhead benchmark (`cargo bench -p kortex --bench gateway`): the added latency
-//! (p50/p99) and throughput of `POST /v1/chat/completions` through the real `kortex`
-//! binary against a fast local upstream, streamed and not, at several concurrencies, and
-//! the server's resident memory growth under load. The same requests are sent straight to
-//! the upstream for the baseline; "added" is the difference. Results: docs/benchmarks.md.
+//! (p50/p99), throughput and CPU time per request of `POST /v1/chat/completions` through
+//! the real `kortex` binary against a fast local upstream, streamed and not, at several
+//! concurrencies, and the server's resident memory growth under load. The same requests are
+//! sent straight to the upstream for the baseline; "added" is the difference. Results:
+//! docs/benchmarks.md.
 //!
+//! Three upstreams: one that answers after 15 to 25 ms (a fast model: the requests are in
+//! flight together, as an application's are), one that answers after exactly 20 ms (the
+//! workers fall into step and their requests arrive in bursts of the whole concurrency),
+//! and one that answers at once (every worker sends back to back: the three processes
+//! saturate the machine, which measures the ceiling).
 //! Everything runs on this machine: the load generator and the upstream share the cores
 //! with Kortex, so the numbers are an upper bound of what Kortex adds.
+//!
+//! `KORTEX_BENCH_UNLIMITED=1`: the gateway key's policy has no budget.
+//! `KORTEX_BENCH_SECONDS=N`: seconds per row (default 6).
+//! `KORTEX_BENCH_DATABASE_URL=postgres://...`: Kortex's database (default: a new SQLite file).
+//! `KORTEX_BENCH_ONLY=m20/plain/50`: only the rows whose `model/mode/concurrency` contains
+//! this (`m20`, `m20s` or `m`; `plain` or `stream`), e.g. to profile one of them.
 
 use axum::body::Body;
 use axum::response::Response;
@@ -14,7 +26,35 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const KEY: &str = "kgw-bench-key-0123456789";
-const SECONDS: u64 = 6;
+/// The model name that makes the upstream wait 15 to 25 ms (uniformly) before it answers.
+const SLOW_MODEL: &str = "m20";
+/// The model name that makes the upstream wait exactly 20 ms: the workers fall into step,
+/// and their requests arrive in bursts of the whole concurrency at once.
+const LOCKSTEP_MODEL: &str = "m20s";
+
+/// Whether the JSON `body` asks for `model`.
+fn asks_for(body: &[u8], model: &str) -> bool {
+    let quoted = format!("\"model\":\"{model}\"");
+    body.windows(quoted.len()).any(|w| w == quoted.as_bytes())
+}
+
+/// A delay uniform in 15..25 ms (a cheap generator: only the spread matters).
+fn jittered_delay() -> Duration {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STATE: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
+    let mut x = STATE.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    Duration::from_micros(15_000 + x % 10_000)
+}
+
+fn seconds() -> u64 {
+    std::env::var("KORTEX_BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(6)
+}
 
 fn upstream_reply(stream: bool) -> Response {
     if stream {
@@ -44,6 +84,11 @@ async fn upstream() -> String {
             "/v1/chat/completions",
             axum::routing::post(|body: axum::body::Bytes| async move {
                 let stream = body.windows(13).any(|w| w == b"\"stream\":true");
+                if asks_for(&body, SLOW_MODEL) {
+                    tokio::time::sleep(jittered_delay()).await;
+                } else if asks_for(&body, LOCKSTEP_MODEL) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
                 upstream_reply(stream)
             }),
         )
@@ -72,37 +117,58 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// User plus system CPU time of process `pid`, in microseconds.
+fn cpu_us(pid: u32) -> f64 {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which may contain spaces): utime is the 12th.
+            let rest = s.rsplit_once(')')?.1.to_owned();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .unwrap_or(0.0);
+    // The kernel counts in USER_HZ, 100 on Linux.
+    ticks * 10_000.0
+}
+
 struct Run {
     p50_us: f64,
     p99_us: f64,
     rps: f64,
     errors: usize,
+    requests: usize,
 }
 
-async fn load(url: &str, key: Option<&str>, stream: bool, concurrency: usize) -> Run {
+async fn load(url: &str, key: Option<&str>, model: &str, stream: bool, concurrency: usize) -> Run {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let body = if stream {
-        r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#
-    } else {
-        r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#
-    };
-    let deadline = Instant::now() + Duration::from_secs(SECONDS);
+    let body = format!(
+        r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]{}}}"#,
+        if stream { r#","stream":true"# } else { "" }
+    );
+    let seconds = seconds();
+    // The first second warms connections up and is not counted.
+    let start = Instant::now();
+    let counted_from = start + Duration::from_secs(1);
+    let deadline = counted_from + Duration::from_secs(seconds);
     let workers = (0..concurrency).map(|_| {
         let client = client.clone();
         let url = format!("{url}/v1/chat/completions");
         let key = key.map(str::to_owned);
+        let body = body.clone();
         async move {
             let mut latencies = Vec::new();
             let mut errors = 0;
+            let mut done = 0usize;
             while Instant::now() < deadline {
                 let started = Instant::now();
                 let mut r = client
                     .post(&url)
                     .header("content-type", "application/json")
-                    .body(body);
+                    .body(body.clone());
                 if let Some(k) = &key {
                     r = r.bearer_auth(k);
                 }
@@ -113,17 +179,21 @@ async fn load(url: &str, key: Option<&str>, stream: bool, concurrency: usize) ->
                             errors += 1;
                             continue;
                         }
-                        latencies.push(started.elapsed());
+                        done += 1;
+                        if started >= counted_from {
+                            latencies.push(started.elapsed());
+                        }
                     }
                     _ => errors += 1,
                 }
             }
-            (latencies, errors)
+            (latencies, errors, done)
         }
     });
     let results = futures_util::future::join_all(workers).await;
-    let mut all: Vec<Duration> = results.iter().flat_map(|(l, _)| l.clone()).collect();
-    let errors = results.iter().map(|(_, e)| e).sum();
+    let mut all: Vec<Duration> = results.iter().flat_map(|(l, _, _)| l.clone()).collect();
+    let errors = results.iter().map(|(_, e, _)| e).sum();
+    let requests = results.iter().map(|(_, _, d)| d).sum();
     all.sort();
     let pct = |p: f64| {
         all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
@@ -132,8 +202,9 @@ async fn load(url: &str, key: Option<&str>, stream: bool, concurrency: usize) ->
     Run {
         p50_us: pct(0.50),
         p99_us: pct(0.99),
-        rps: all.len() as f64 / SECONDS as f64,
+        rps: all.len() as f64 / seconds as f64,
         errors,
+        requests,
     }
 }
 
@@ -158,12 +229,13 @@ fn main() {
             format!(
                 "apiVersion: v1\nkind: Secret\nmetadata: {{name: k}}\nstringData: {{key: sk-upstream-bench}}\n---\n\
                  apiVersion: v1\nkind: Secret\nmetadata: {{name: gw, labels: {{kortex.dev/credentials: gateway}}, annotations: {{kortex.dev/policy: apps}}}}\nstringData: {{team: bench, key: {KEY}}}\n---\n\
-                 apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: up}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", apiKeySecretRef: {{name: k, key: key}}, defaultModel: m, models: [{{id: m, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 2}}}}]}}\n---\n\
+                 apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: up}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", apiKeySecretRef: {{name: k, key: key}}, defaultModel: m, models: [{{id: m, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 2}}}}, {{id: {SLOW_MODEL}, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 2}}}}, {{id: {LOCKSTEP_MODEL}, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 2}}}}]}}\n---\n\
                  apiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: apps}}\nspec: {{sessions: [\"none\"], provider: up{budget}}}\n"
             ),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let db = format!("sqlite://{}", dir.path().join("bench.db").display());
+        let db = std::env::var("KORTEX_BENCH_DATABASE_URL")
+            .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("bench.db").display()));
         let mut child = Command::new(env!("CARGO_BIN_EXE_kortex"))
             .args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
             .arg(dir.path())
@@ -184,28 +256,45 @@ fn main() {
         let kortex = format!("http://{addr}");
         let pid = child.id();
         // Warm up (connections, first database writes).
-        load(&kortex, Some(KEY), false, 4).await;
+        load(&kortex, Some(KEY), "m", false, 4).await;
         let rss_before = rss_kib(pid);
         let mut rss_peak = rss_before;
-        println!("| mode | concurrency | direct p50 / p99 (µs) | via Kortex p50 / p99 (µs) | added p50 / p99 (µs) | Kortex req/s | errors |");
-        println!("|---|---|---|---|---|---|---|");
-        for stream in [false, true] {
-            for concurrency in [1, 10, 50] {
-                let direct = load(&base, None, stream, concurrency).await;
-                let via = load(&kortex, Some(KEY), stream, concurrency).await;
-                rss_peak = rss_peak.max(rss_kib(pid));
-                println!(
-                    "| {} | {concurrency} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {} |",
-                    if stream { "streamed" } else { "not streamed" },
-                    direct.p50_us,
-                    direct.p99_us,
-                    via.p50_us,
-                    via.p99_us,
-                    via.p50_us - direct.p50_us,
-                    via.p99_us - direct.p99_us,
-                    via.rps,
-                    via.errors + direct.errors,
-                );
+        for (model, title) in [
+            (SLOW_MODEL, "Upstream answering after 15 to 25 ms"),
+            (LOCKSTEP_MODEL, "Upstream answering after exactly 20 ms (requests in bursts)"),
+            ("m", "Upstream answering at once (saturation)"),
+        ] {
+            println!("\n{title}:\n");
+            println!("| mode | concurrency | direct p50 / p99 (µs) | via Kortex p50 / p99 (µs) | added p50 / p99 (µs) | Kortex req/s | Kortex CPU µs/req | errors |");
+            println!("|---|---|---|---|---|---|---|---|");
+            for stream in [false, true] {
+                for concurrency in [1, 10, 50] {
+                    let row = format!(
+                        "{model}/{}/{concurrency}",
+                        if stream { "stream" } else { "plain" }
+                    );
+                    if std::env::var("KORTEX_BENCH_ONLY").is_ok_and(|only| !row.contains(&only)) {
+                        continue;
+                    }
+                    let direct = load(&base, None, model, stream, concurrency).await;
+                    let cpu_before = cpu_us(pid);
+                    let via = load(&kortex, Some(KEY), model, stream, concurrency).await;
+                    let cpu = cpu_us(pid) - cpu_before;
+                    rss_peak = rss_peak.max(rss_kib(pid));
+                    println!(
+                        "| {} | {concurrency} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.0} | {} |",
+                        if stream { "streamed" } else { "not streamed" },
+                        direct.p50_us,
+                        direct.p99_us,
+                        via.p50_us,
+                        via.p99_us,
+                        via.p50_us - direct.p50_us,
+                        via.p99_us - direct.p99_us,
+                        via.rps,
+                        cpu / via.requests.max(1) as f64,
+                        via.errors + direct.errors,
+                    );
+                }
             }
         }
         let rss_after = rss_kib(pid);

@@ -222,10 +222,14 @@ struct Deferred {
     decision: NewDecision,
 }
 
-/// Most calls waiting for the background writer; beyond, callers write their own.
+/// Most calls waiting for the background writer; beyond, callers wait for room.
 const QUEUE: usize = 4096;
 /// Most calls written in one transaction.
-const BATCH: usize = 256;
+const BATCH: usize = 1024;
+/// How long the writer lets calls gather after the first one of a batch: one transaction
+/// for every call of that time (a few pages of the database written, instead of a few per
+/// call). Books reach the database this much later.
+const LINGER: Duration = Duration::from_millis(50);
 
 impl Governor {
     /// A governor over `store`.
@@ -575,7 +579,11 @@ impl Governor {
                 while let Some(first) = rx.recv().await {
                     me.writing.fetch_add(1, Ordering::SeqCst);
                     let mut batch = vec![first];
-                    // Calls that arrived while the last batch was written go together.
+                    // Calls that arrive meanwhile go together (unless the queue fills up).
+                    let until = tokio::time::Instant::now() + LINGER;
+                    while rx.len() < QUEUE / 2 && tokio::time::Instant::now() < until {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
                     while batch.len() < BATCH {
                         match rx.try_recv() {
                             Ok(item) => {

@@ -683,8 +683,10 @@ pub(super) async fn insert_decision(
     Ok(record)
 }
 
-/// Rows per multi-row `INSERT` (well under both databases' limits on parameters).
-const ROWS_PER_INSERT: usize = 64;
+/// Rows per multi-row `INSERT`: SQLite looks parameters up by name in a list, so a
+/// statement with n parameters costs O(n²) to bind; a few rows per statement keep most of
+/// the saving of fewer statements.
+const ROWS_PER_INSERT: usize = 8;
 
 /// `VALUES ($1, ..., $cols), ...` for `rows` rows of `cols` columns.
 fn values_clause(rows: usize, cols: usize) -> String {
@@ -773,10 +775,9 @@ pub(super) async fn insert_usage(
         q.execute(&mut **tx).await?;
     }
     // (day, policy, provider, model, user) -> (requests, input, output, cost)
-    let mut daily: std::collections::BTreeMap<
-        (String, &str, &str, &str, &str),
-        (i64, i64, i64, f64),
-    > = Default::default();
+    type DailyKey<'a> = (String, &'a str, &'a str, &'a str, &'a str);
+    let mut daily: std::collections::BTreeMap<DailyKey<'_>, (i64, i64, i64, f64)> =
+        Default::default();
     for u in events {
         let row = daily
             .entry((

@@ -174,25 +174,33 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
             .collect::<Vec<_>>()
     );
     assert!(!all.contains(KEY), "the gateway key never goes upstream");
-    // Usage per team, and the refused team spent nothing.
-    let usage: Value = http_client()
-        .get(server.url("/api/v1/usage?by=user"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let shop = usage["items"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|r| r["key"] == "shop"))
-        .cloned()
-        .unwrap_or_default();
+    // Usage per team (written behind, within a moment), and the refused team spent nothing.
     let embeddings = seen
         .iter()
         .filter(|s| s.body.get("input").is_some())
         .count();
     assert_eq!(embeddings, 1);
+    let mut usage = Value::Null;
+    let mut shop = Value::Null;
+    for _ in 0..50 {
+        usage = http_client()
+            .get(server.url("/api/v1/usage?by=user"))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .json()
+            .await
+            .unwrap_or_default();
+        shop = usage["items"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["key"] == "shop"))
+            .cloned()
+            .unwrap_or_default();
+        if shop["requests"] == json!(chats.len() + embeddings) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     assert_eq!(shop["requests"], json!(chats.len() + embeddings), "{usage}");
     assert!(shop["costUsd"].as_f64().unwrap_or(0.0) > 0.0, "{usage}");
     assert!(
