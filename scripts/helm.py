@@ -123,7 +123,9 @@ def main():
                 wait="watcher" if args.wait else None,
                 timeout=int(args.timeout.rstrip("s")),
             )
-            print(f"NAME: {args.name}\nNAMESPACE: {args.namespace}\nSTATUS: {release.get('info', {}).get('status', '?') if isinstance(release, dict) else release}")
+            print(f"NAME: {args.name}\nNAMESPACE: {args.namespace}\nSTATUS: {release.get('status', '?')}")
+            if release.get("notes"):
+                print(f"NOTES:\n{release['notes']}")
         elif args.cmd == "uninstall":
             helm.Config(namespace=args.namespace).uninstall(args.name)
             print(f'release "{args.name}" uninstalled')

@@ -9,6 +9,7 @@ mod cluster;
 mod common;
 mod config;
 mod dashboard;
+mod docs;
 mod gateway;
 mod http;
 mod investigation;
