@@ -198,6 +198,8 @@ fn metrics_reference_describes_every_metric() {
 fn troubleshooting_covers_every_condition_reason() {
     let doc = std::fs::read_to_string(root().join("docs/troubleshooting.md")).unwrap_or_default();
     let mut reasons = Vec::new();
+    let re = regex::Regex::new(r#"pub const [A-Z_]+: &str = "([A-Za-z]+)";"#)
+        .unwrap_or_else(|e| panic!("{e}"));
     for (file, module) in [
         ("operator/src/crd/conditions.rs", "pub mod reasons"),
         ("operator/src/llm/probe.rs", "pub mod reasons"),
@@ -206,8 +208,6 @@ fn troubleshooting_covers_every_condition_reason() {
         let start = source
             .find(module)
             .unwrap_or_else(|| panic!("{file}: no {module}"));
-        let re = regex::Regex::new(r#"pub const [A-Z_]+: &str = "([A-Za-z]+)";"#)
-            .unwrap_or_else(|e| panic!("{e}"));
         let body = &source[start..];
         let end = body.find("\n}\n").unwrap_or(body.len());
         reasons.extend(re.captures_iter(&body[..end]).map(|c| c[1].to_owned()));
