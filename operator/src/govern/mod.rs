@@ -223,7 +223,7 @@ struct Deferred {
 }
 
 /// Most calls waiting for the background writer; beyond, callers wait for room.
-const QUEUE: usize = 4096;
+const QUEUE: usize = 2048;
 /// Most calls written in one transaction.
 const BATCH: usize = 1024;
 /// How long the writer lets calls gather after the first one of a batch: one transaction
