@@ -95,15 +95,7 @@ impl Store {
         }
         let mut tx = self.pool.begin().await?;
         for (index, hold) in holds.iter().enumerate() {
-            sqlx::query(
-                "INSERT INTO budget_counters (scope, window_start, used, reserved, alerted, expires_at) \
-                 VALUES ($1, $2, 0, 0, 0, $3) ON CONFLICT (scope, window_start) DO NOTHING",
-            )
-            .bind(&hold.scope)
-            .bind(hold.window_start)
-            .bind(hold.expires_at)
-            .execute(&mut *tx)
-            .await?;
+            ensure_counter(&mut tx, &hold.scope, hold.window_start, hold.expires_at).await?;
             let column = if hold.settled { "used" } else { "reserved" };
             let done = match hold.limit {
                 Some(limit) => {
@@ -207,7 +199,7 @@ impl Store {
             ask.counter_expires_at,
         )
         .await?;
-        let (used, reserved) = counter_in(&mut tx, &key.scope, key.window_start).await?;
+        let (used, reserved) = counter_in(&mut *tx, &key.scope, key.window_start).await?;
         let free = ask.limit - used - reserved - ask.need;
         if free < 0 {
             tx.rollback().await?;
@@ -233,7 +225,7 @@ impl Store {
             }
         }
         let Some(amount) = granted else {
-            let now = counter_in(&mut tx, &key.scope, key.window_start).await?;
+            let now = counter_in(&mut *tx, &key.scope, key.window_start).await?;
             tx.rollback().await?;
             return Ok(Err(now));
         };
@@ -346,14 +338,7 @@ impl Store {
         scope: &str,
         window_start: i64,
     ) -> Result<(i64, i64), StoreError> {
-        let row: Option<(i64, i64)> = sqlx::query_as(
-            "SELECT used, reserved FROM budget_counters WHERE scope = $1 AND window_start = $2",
-        )
-        .bind(scope)
-        .bind(window_start)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.unwrap_or((0, 0)))
+        counter_in(&self.pool, scope, window_start).await
     }
 
     /// Releases reservations that expired before `now` (their replica died mid-call) and
@@ -418,8 +403,9 @@ async fn ensure_counter(
     Ok(())
 }
 
-async fn counter_in(
-    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+/// What a counter has used and reserved, read through `db` (the pool or a transaction).
+async fn counter_in<'e>(
+    db: impl sqlx::Executor<'e, Database = sqlx::Any>,
     scope: &str,
     window_start: i64,
 ) -> Result<(i64, i64), StoreError> {
@@ -428,7 +414,7 @@ async fn counter_in(
     )
     .bind(scope)
     .bind(window_start)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(db)
     .await?;
     Ok(row.unwrap_or((0, 0)))
 }
