@@ -458,13 +458,7 @@ impl Governor {
     async fn write_batch(&self, batch: Vec<Deferred>) {
         let rows: Vec<_> = batch
             .iter()
-            .map(|d| {
-                (
-                    d.books.actual.clone(),
-                    d.books.event.clone(),
-                    d.decision.clone(),
-                )
-            })
+            .map(|d| (d.books.actual.as_slice(), &d.books.event, &d.decision))
             .collect();
         if let Err(e) = self.store.settle_batch(&rows).await {
             // One bad row must not lose the others: write them one by one.

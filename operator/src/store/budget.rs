@@ -159,7 +159,7 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         settle_holds(&mut tx, actual.iter()).await?;
         if let Some(u) = usage {
-            super::repo::insert_usage(&mut tx, std::slice::from_ref(u)).await?;
+            super::repo::insert_usage(&mut tx, &[u]).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -170,13 +170,13 @@ impl Store {
     /// with their daily roll-ups, and audit rows.
     pub async fn settle_batch(
         &self,
-        items: &[(Vec<BudgetSettle>, UsageEvent, super::NewDecision)],
+        items: &[(&[BudgetSettle], &UsageEvent, &super::NewDecision)],
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        settle_holds(&mut tx, items.iter().flat_map(|(a, _, _)| a)).await?;
-        let usage: Vec<UsageEvent> = items.iter().map(|(_, u, _)| u.clone()).collect();
+        settle_holds(&mut tx, items.iter().flat_map(|(a, _, _)| a.iter())).await?;
+        let usage: Vec<&UsageEvent> = items.iter().map(|(_, u, _)| *u).collect();
         super::repo::insert_usage(&mut tx, &usage).await?;
-        let decisions: Vec<&super::NewDecision> = items.iter().map(|(_, _, d)| d).collect();
+        let decisions: Vec<&super::NewDecision> = items.iter().map(|(_, _, d)| *d).collect();
         super::repo::insert_decisions(&mut tx, &decisions).await?;
         tx.commit().await?;
         Ok(())

@@ -588,7 +588,7 @@ impl Store {
     /// so reports read `usage_daily` and never scan the events.
     pub async fn record_usage(&self, u: &UsageEvent) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        insert_usage(&mut tx, std::slice::from_ref(u)).await?;
+        insert_usage(&mut tx, &[u]).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -746,7 +746,7 @@ pub(super) async fn insert_decisions(
 /// summed per roll-up row first: one upsert per day, policy, provider, model and user.
 pub(super) async fn insert_usage(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    events: &[UsageEvent],
+    events: &[&UsageEvent],
 ) -> Result<(), StoreError> {
     for part in events.chunks(ROWS_PER_INSERT) {
         let sql = format!(
