@@ -1,9 +1,9 @@
 //! Helpers for the end-to-end suite, which runs against the cluster named by `KUBECONFIG`
 //! and is skipped when it is unset.
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use std::time::{Duration, Instant};
 
@@ -94,4 +94,60 @@ pub fn rejection<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
         Err(kube::Error::Api(status)) => status.message.clone(),
         Err(e) => panic!("expected a validation error, got {e}"),
     }
+}
+
+/// The ServiceAccount (namespace, name) the shipped admission policy trusts as Kortex
+/// (`config/admission/policy.yaml`, and the chart's default release): `kortex/kortex`, or
+/// `KORTEX_E2E_SERVICE_ACCOUNT=namespace/name` for a cluster whose Kortex runs as another.
+/// The suite acts as Kortex under this name, so it passes whether or not a Kortex (and its
+/// cluster-wide policy) is installed.
+pub fn kortex_service_account() -> (String, String) {
+    let value =
+        std::env::var("KORTEX_E2E_SERVICE_ACCOUNT").unwrap_or_else(|_| "kortex/kortex".into());
+    match value.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() => (ns.to_owned(), name.to_owned()),
+        _ => panic!("KORTEX_E2E_SERVICE_ACCOUNT must be namespace/name, not {value:?}"),
+    }
+}
+
+/// The username of [`kortex_service_account`].
+pub fn kortex_username() -> String {
+    let (ns, name) = kortex_service_account();
+    format!("system:serviceaccount:{ns}:{name}")
+}
+
+/// A client of the same cluster that impersonates `user` with `groups` (the API server
+/// adds `system:authenticated`): what a person or a ServiceAccount sends, as the admission
+/// policy sees it. Needs impersonation rights (cluster-admin has them).
+pub async fn impersonating(user: &str, groups: &[&str]) -> anyhow::Result<Client> {
+    let mut config = kube::Config::infer().await?;
+    config.auth_info.impersonate = Some(user.to_owned());
+    config.auth_info.impersonate_groups = Some(groups.iter().map(|g| (*g).to_owned()).collect());
+    Ok(Client::try_from(config)?)
+}
+
+/// A client acting as Kortex's ServiceAccount (see [`kortex_service_account`]).
+pub async fn as_kortex() -> anyhow::Result<Client> {
+    let (ns, _) = kortex_service_account();
+    let user = kortex_username();
+    let ns_group = format!("system:serviceaccounts:{ns}");
+    impersonating(&user, &["system:serviceaccounts", &ns_group]).await
+}
+
+/// How many nodes are Ready. Tests that need running pods skip (saying so) on a control
+/// plane without nodes instead of waiting for pods that cannot start.
+pub async fn ready_nodes(client: &Client) -> anyhow::Result<usize> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    Ok(nodes
+        .items
+        .iter()
+        .filter(|n| {
+            n.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count())
 }

@@ -1,8 +1,13 @@
 //! The generated CRDs on a real API server: they install, accept the samples, and enforce
-//! the CEL rules (one-of http/mcp, immutable proposals, decisions set once).
+//! the CEL rules (one-of http/mcp, immutable proposals, decisions set once). Proposals are
+//! written as Kortex's ServiceAccount, as in a real install, so the test passes with or
+//! without Kortex's admission policy on the cluster.
 
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kortex::crd::{ActionProposal, KortexTool, LLMProvider};
-use kortex_e2e::{TempNamespace, client, install_crds, rejection};
+use kortex_e2e::{
+    MANAGER, TempNamespace, as_kortex, client, install_crds, kortex_service_account, rejection,
+};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -43,7 +48,11 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         "{message}"
     );
 
-    let proposals: Api<ActionProposal> = Api::namespaced(client.clone(), ns);
+    // Proposals are written as Kortex's ServiceAccount (granted here), so the rules below
+    // are the CRD's own whether or not Kortex's admission policy is installed.
+    grant_kortex_proposals(client, ns).await?;
+    let kortex = as_kortex().await?;
+    let proposals: Api<ActionProposal> = Api::namespaced(kortex, ns);
     let proposal: ActionProposal = serde_json::from_value(json!({
         "apiVersion": "kortex.dev/v1alpha1", "kind": "ActionProposal", "metadata": {"name": "restart-api"},
         "spec": {"action": "restart", "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": ns, "name": "api"},
@@ -77,6 +86,14 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         message.contains("spec is immutable except spec.decision"),
         "params too: {message}"
     );
+    // A decision only while Pending (the admission policy's rule, when installed).
+    proposals
+        .patch_status(
+            "restart-api",
+            &PatchParams::default(),
+            &merge(json!({"status": {"phase": "Pending"}})),
+        )
+        .await?;
     proposals
         .patch(
             "restart-api",
@@ -97,5 +114,39 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         message.contains("spec.decision is final once set"),
         "{message}"
     );
+    Ok(())
+}
+
+/// Lets Kortex's ServiceAccount write proposals in `ns` (what its ClusterRole grants), for
+/// a cluster where Kortex is not installed; removed with the namespace.
+async fn grant_kortex_proposals(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    let (sa_ns, sa_name) = kortex_service_account();
+    let roles: Api<Role> = Api::namespaced(client.clone(), ns);
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "kortex-proposals", "namespace": ns},
+        "rules": [
+            {"apiGroups": ["kortex.dev"], "resources": ["actionproposals"], "verbs": ["get", "list", "watch", "create", "patch"]},
+            {"apiGroups": ["kortex.dev"], "resources": ["actionproposals/status"], "verbs": ["patch"]}]
+    }))?;
+    roles
+        .patch(
+            "kortex-proposals",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&role),
+        )
+        .await?;
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "kortex-proposals", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kortex-proposals"},
+        "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]
+    }))?;
+    bindings
+        .patch(
+            "kortex-proposals",
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&binding),
+        )
+        .await?;
     Ok(())
 }

@@ -1,20 +1,27 @@
-//! `kortex run` against a real cluster: the CRDs and the shipped admission policy installed,
-//! Kortex running (on this machine) as its own ServiceAccount with the shipped RBAC, a
-//! wire-format provider on 127.0.0.1; the objects become Ready, a broken Secret is reported
-//! and its fix followed, a chat makes a proposal, approving it in someone else's name is
-//! refused by the API server, `kubectl kortex approve` approves it as the current user,
-//! the decision cannot be changed afterwards, and the Deployment is restarted.
+//! `kortex run` against a real cluster, with the shipped admission policy and RBAC: Kortex
+//! runs (on this machine) as the ServiceAccount the shipped policy trusts; a wire-format
+//! provider on 127.0.0.1; the objects become Ready, a broken Secret is reported and its fix
+//! followed; a chat makes a proposal that Kortex creates and marks Pending; the admin
+//! (outside the policy's approverGroups) cannot forge a decision or a status, or decide;
+//! alice, a person with only the shipped approver role, rejects it with `kubectl kortex
+//! reject`, approves a second one with `kubectl kortex approve`, and Kortex restarts the
+//! Deployment; the decision is final and only Kortex creates proposals.
 //!
 //! Needs `KUBECONFIG` with cluster-admin rights (it installs a ClusterRole and an admission
-//! policy, removed at the end) and Kubernetes 1.30+. The workload runs `KORTEX_E2E_IMAGE`
-//! (default `busybox:1.36`).
+//! policy, removed at the end, and impersonates alice) and Kubernetes 1.30+. No pod needs
+//! to run: the Deployment's restart is a change to its template. Passes beside an installed
+//! Kortex and its cluster-wide policy (both trust `kortex/kortex`, or
+//! `KORTEX_E2E_SERVICE_ACCOUNT`).
 
 use axum::Json;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kortex::crd::{ActionProposal, LLMProvider};
-use kortex_e2e::{MANAGER, TempNamespace, client, install_crds, rejection};
+use kortex_e2e::{
+    MANAGER, TempNamespace, client, install_crds, kortex_service_account, kortex_username,
+    rejection,
+};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
     PatchParams, PostParams,
@@ -23,7 +30,6 @@ use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -88,10 +94,9 @@ async fn delete(client: &kube::Client, api_version: &str, kind: &str, plural: &s
     let _ = api.delete(name, &DeleteParams::default()).await;
 }
 
-/// An OpenAI-compatible provider on 127.0.0.1: the first chat answer proposes restarting
-/// `ticker` in `namespace`, every later one says it is done.
+/// An OpenAI-compatible provider on 127.0.0.1: a run's first answer proposes restarting
+/// `ticker` in `namespace`, its next (after the tool result) says it is done.
 async fn provider(namespace: String) -> anyhow::Result<String> {
-    let calls = Arc::new(AtomicUsize::new(0));
     let app = axum::Router::new()
         .route(
             "/v1/models",
@@ -100,12 +105,10 @@ async fn provider(namespace: String) -> anyhow::Result<String> {
         .route(
             "/v1/chat/completions",
             axum::routing::post(move |Json(body): Json<Value>| {
-                let calls = calls.clone();
                 let namespace = namespace.clone();
                 async move {
-                    let n = calls.fetch_add(1, Ordering::SeqCst);
                     let has_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-                    let message = if n == 0 && !has_result {
+                    let message = if !has_result {
                         let args = json!({"action": "restart", "rationale": "ticker is stuck",
                             "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": namespace, "name": "ticker"}});
                         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
@@ -183,7 +186,7 @@ fn start_kortex(kubeconfig: &Path, ns: &str, db: &Path) -> anyhow::Result<Runnin
             "--listen",
             "127.0.0.1:0",
             "--auth",
-            "none",
+            "kubernetes",
             "--namespace",
             ns,
             "--kortex-namespace",
@@ -257,54 +260,255 @@ async fn operator_reconciles_and_executes_an_approved_proposal() -> anyhow::Resu
     install_crds(&admin).await?;
     let ns = TempNamespace::create(&admin, "operator").await?;
     let tag = format!("kortex-e2e-{}", std::process::id());
-    let result = run(&admin, &ns.name, &tag).await;
-    delete(
-        &admin,
-        "admissionregistration.k8s.io/v1",
-        "ValidatingAdmissionPolicyBinding",
-        "validatingadmissionpolicybindings",
-        &tag,
-    )
-    .await;
-    delete(
-        &admin,
-        "admissionregistration.k8s.io/v1",
-        "ValidatingAdmissionPolicy",
-        "validatingadmissionpolicies",
-        &tag,
-    )
-    .await;
-    delete(
-        &admin,
-        "rbac.authorization.k8s.io/v1",
-        "ClusterRoleBinding",
-        "clusterrolebindings",
-        &tag,
-    )
-    .await;
-    delete(
-        &admin,
-        "rbac.authorization.k8s.io/v1",
-        "ClusterRole",
-        "clusterroles",
-        &tag,
-    )
-    .await;
+    let mut cleanup = Cleanup::default();
+    let result = run(&admin, &ns.name, &tag, &mut cleanup).await;
+    for (api_version, kind, plural) in [
+        (
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicyBinding",
+            "validatingadmissionpolicybindings",
+        ),
+        (
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicy",
+            "validatingadmissionpolicies",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            "clusterroles",
+        ),
+    ] {
+        delete(&admin, api_version, kind, plural, &tag).await;
+    }
+    cleanup.undo(&admin).await;
     ns.delete().await?;
     result
 }
 
-async fn run(admin: &kube::Client, ns: &str, tag: &str) -> anyhow::Result<()> {
-    let sa_user = format!("system:serviceaccount:{ns}:kortex");
-    // The shipped admission policy, for Kortex's ServiceAccount in this namespace, bound to
-    // this namespace only (other tests create proposals directly).
+/// What the test created outside its namespace only because it was missing (Kortex's
+/// ServiceAccount and its namespace), removed at the end; what was there stays.
+#[derive(Default)]
+struct Cleanup {
+    service_account: Option<(String, String)>,
+    namespace: Option<String>,
+}
+
+impl Cleanup {
+    async fn undo(self, admin: &kube::Client) {
+        if let Some((ns, name)) = self.service_account {
+            let _ = Api::<ServiceAccount>::namespaced(admin.clone(), &ns)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        }
+        if let Some(ns) = self.namespace {
+            let _ = Api::<Namespace>::all(admin.clone())
+                .delete(&ns, &DeleteParams::default())
+                .await;
+        }
+    }
+}
+
+/// A kubeconfig for the admin's cluster and credentials that acts as `user` in `groups`
+/// (`as`/`as-groups`): how the test runs `kubectl kortex` as a person other than the admin.
+async fn kubeconfig_as(user: &str, groups: &[&str], path: &Path) -> anyhow::Result<()> {
+    let mut config = kube::config::Kubeconfig::read()?;
+    let context = config
+        .current_context
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("KUBECONFIG has no current context"))?;
+    let auth_name = config
+        .contexts
+        .iter()
+        .find(|c| c.name == context)
+        .and_then(|c| c.context.as_ref())
+        .and_then(|c| c.user.clone())
+        .ok_or_else(|| anyhow::anyhow!("context {context} has no user"))?;
+    for auth in &mut config.auth_infos {
+        if auth.name == auth_name
+            && let Some(info) = auth.auth_info.as_mut()
+        {
+            info.impersonate = Some(user.to_owned());
+            info.impersonate_groups = Some(groups.iter().map(|g| (*g).to_owned()).collect());
+        }
+    }
+    std::fs::write(path, serde_json::to_string(&config)?)?;
+    Ok(())
+}
+
+/// Runs `kubectl kortex ARGS` (off the test's runtime, which keeps serving the mock
+/// provider meanwhile) with `kubeconfig`; its output, or its failure.
+async fn kubectl_kortex(kubeconfig: Option<&Path>, args: &[&str]) -> anyhow::Result<String> {
+    let mut command = Command::new(binary("kubectl-kortex"));
+    command.args(args);
+    if let Some(k) = kubeconfig {
+        command.env("KUBECONFIG", k);
+    }
+    let shown = args.join(" ");
+    let out = tokio::task::spawn_blocking(move || command.output()).await??;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    anyhow::ensure!(
+        out.status.success(),
+        "kubectl kortex {shown} failed: {text}"
+    );
+    Ok(text)
+}
+
+/// A ServiceAccount `name` in `ns` and a token for it: a person (or a bot) who signs in to
+/// Kortex's API with a Kubernetes token.
+async fn service_account_token(
+    admin: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<String> {
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
+    if sas.get_opt(name).await?.is_none() {
+        sas.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}}))?,
+        )
+        .await?;
+    }
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
+    let token: TokenRequest = sas
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await?;
+    Ok(token.status.map(|s| s.token).unwrap_or_default())
+}
+
+/// Sends one chat message in a new session; the mock provider answers with a proposal.
+async fn chat(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let session: Value = http
+        .post(format!("{base}/chat/v1/sessions"))
+        .bearer_auth(token)
+        .json(&json!({"name": name, "namespace": ns}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    anyhow::ensure!(!id.is_empty(), "no session: {session}");
+    let r = http
+        .post(format!("{base}/chat/v1/sessions/{id}/messages"))
+        .bearer_auth(token)
+        .json(&json!({"content": "ticker is stuck"}))
+        .send()
+        .await?;
+    anyhow::ensure!(
+        r.status().as_u16() == 202,
+        "message refused: {}",
+        r.status()
+    );
+    Ok(())
+}
+
+/// The name of the one Pending proposal, once there is one.
+async fn pending_proposal(proposals: &Api<ActionProposal>) -> anyhow::Result<String> {
+    let mut name = String::new();
+    wait_for("a Pending proposal", Duration::from_secs(60), async || {
+        let list = proposals.list(&ListParams::default()).await?;
+        if let Some(p) = list.items.iter().find(|p| {
+            p.status
+                .as_ref()
+                .is_some_and(|s| s.phase == kortex::crd::ProposalPhase::Pending)
+        }) {
+            name = p.metadata.name.clone().unwrap_or_default();
+            return Ok(true);
+        }
+        Ok(false)
+    })
+    .await?;
+    Ok(name)
+}
+
+async fn wait_phase(
+    proposals: &Api<ActionProposal>,
+    name: &str,
+    phase: kortex::crd::ProposalPhase,
+) -> anyhow::Result<()> {
+    wait_for(
+        &format!("{name} to be {}", phase.as_str()),
+        Duration::from_secs(60),
+        async || {
+            let p = proposals.get(name).await?;
+            Ok(p.status.is_some_and(|s| s.phase == phase))
+        },
+    )
+    .await
+}
+
+async fn run(
+    admin: &kube::Client,
+    ns: &str,
+    tag: &str,
+    cleanup: &mut Cleanup,
+) -> anyhow::Result<()> {
+    // Kortex runs as the ServiceAccount the shipped policy trusts (kortex/kortex), created
+    // if this cluster has no Kortex, so the test passes beside an installed Kortex and
+    // its cluster-wide policy as well as on a bare cluster.
+    let (sa_ns, sa_name) = kortex_service_account();
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    // (A namespace an earlier run removed may still be terminating.)
+    wait_for(
+        &format!("namespace {sa_ns} to finish terminating"),
+        Duration::from_secs(120),
+        async || {
+            Ok(namespaces
+                .get_opt(&sa_ns)
+                .await?
+                .is_none_or(|n| n.status.and_then(|s| s.phase).as_deref() != Some("Terminating")))
+        },
+    )
+    .await?;
+    if namespaces.get_opt(&sa_ns).await?.is_none() {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": sa_ns}}))?,
+            )
+            .await?;
+        cleanup.namespace = Some(sa_ns.clone());
+    }
+    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), &sa_ns);
+    if sas.get_opt(&sa_name).await?.is_none() {
+        sas.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": sa_name}}))?,
+        )
+        .await?;
+        if cleanup.namespace.is_none() {
+            cleanup.service_account = Some((sa_ns.clone(), sa_name.clone()));
+        }
+    }
+
+    // The shipped admission policy as it is (only its name changed), bound to this
+    // namespace; where Kortex is installed, its own copy applies cluster-wide too, and both
+    // trust the same ServiceAccount.
     let mut docs = yaml_docs("config/admission/policy.yaml")?;
     let mut policy = docs.remove(0);
     let mut binding = docs.remove(0);
-    let variables = policy["spec"]["variables"]
-        .as_array_mut()
-        .ok_or_else(|| anyhow::anyhow!("variables"))?;
-    variables[0]["expression"] = json!(format!("request.userInfo.username == '{sa_user}'"));
+    let shipped_user = "system:serviceaccount:kortex:kortex";
+    let kortex_expression = policy["spec"]["variables"][0]["expression"]
+        .as_str()
+        .unwrap_or_default()
+        .replace(shipped_user, &kortex_username());
+    policy["spec"]["variables"][0]["expression"] = json!(kortex_expression);
     policy["metadata"]["name"] = json!(tag);
     binding["metadata"]["name"] = json!(tag);
     binding["spec"]["policyName"] = json!(tag);
@@ -313,35 +517,71 @@ async fn run(admin: &kube::Client, ns: &str, tag: &str) -> anyhow::Result<()> {
     apply(admin, None, &policy).await?;
     apply(admin, None, &binding).await?;
 
-    // Kortex's ServiceAccount with the shipped ClusterRole (bound cluster-wide) and Role.
-    apply(admin, Some(ns), &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "kortex", "namespace": ns}})).await?;
+    // Kortex's ClusterRole (bound cluster-wide) and its leader-election Role here.
     let roles = yaml_docs("config/rbac/role.yaml")?;
     let mut cluster_role = roles[0].clone();
     cluster_role["metadata"]["name"] = json!(tag);
     apply(admin, None, &cluster_role).await?;
+    let subject = json!([{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]);
     apply(admin, None, &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": tag}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": tag},
-        "subjects": [{"kind": "ServiceAccount", "name": "kortex", "namespace": ns}]})).await?;
+        "subjects": subject})).await?;
     let mut lease_role = roles[1].clone();
     lease_role["metadata"]["namespace"] = json!(ns);
     apply(admin, Some(ns), &lease_role).await?;
     apply(admin, Some(ns), &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": "kortex-leader-election", "namespace": ns},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kortex-leader-election"},
-        "subjects": [{"kind": "ServiceAccount", "name": "kortex", "namespace": ns}]})).await?;
-    let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
-    let request: TokenRequest =
-        serde_json::from_value(json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))?;
-    let token: TokenRequest = sas
-        .create_subresource("token", "kortex", &PostParams::default(), &request)
-        .await?;
-    let token = token.status.map(|s| s.token).unwrap_or_default();
+        "subjects": subject})).await?;
+    let token = service_account_token(admin, &sa_ns, &sa_name).await?;
     let dir = std::env::temp_dir().join(tag);
     std::fs::create_dir_all(&dir)?;
     let kubeconfig = dir.join("kortex.kubeconfig");
     kubeconfig_with_token(&kube::Config::infer().await?, &token, &kubeconfig)?;
 
-    // The workload, the provider and the policy.
+    // The people. alice, on call in `sre`, uses kubectl with exactly the shipped approver
+    // role here and the right to restart Deployments here (Kortex checks that the approver
+    // may act). The ServiceAccount `oncall` signs in to Kortex's API with its token and may
+    // do the same; `reporter` only chats (the shipped user role).
+    let approvers = yaml_docs("config/rbac/approver_role.yaml")?;
+    let users = yaml_docs("config/rbac/user_role.yaml")?;
+    for (name, role) in [
+        ("kortex-approver", &approvers[0]),
+        ("kortex-user", &users[0]),
+    ] {
+        let mut role = role.clone();
+        role["kind"] = json!("Role");
+        role["metadata"] = json!({"name": name, "namespace": ns});
+        apply(admin, Some(ns), &role).await?;
+    }
+    apply(admin, Some(ns), &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "restart-deployments", "namespace": ns},
+        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]}]})).await?;
+    let oncall_sa = json!({"kind": "ServiceAccount", "name": "oncall", "namespace": ns});
+    let reporter_sa = json!({"kind": "ServiceAccount", "name": "reporter", "namespace": ns});
+    let sre = json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "sre"});
+    for (role, subjects) in [
+        ("kortex-approver", json!([sre, oncall_sa])),
+        ("restart-deployments", json!([sre, oncall_sa])),
+        ("kortex-user", json!([reporter_sa, oncall_sa])),
+    ] {
+        apply(
+            admin,
+            Some(ns),
+            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": subjects}),
+        )
+        .await?;
+    }
+    let alice = dir.join("alice.kubeconfig");
+    kubeconfig_as("alice", &["sre"], &alice).await?;
+    let reporter = service_account_token(admin, ns, "reporter").await?;
+    let oncall = service_account_token(admin, ns, "oncall").await?;
+    let oncall_user = format!("system:serviceaccount:{ns}:oncall");
+
+    // The workload, the provider and the policy (only `sre` may decide).
     let image = std::env::var("KORTEX_E2E_IMAGE").unwrap_or_else(|_| "busybox:1.36".into());
     apply(admin, Some(ns), &json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "ticker", "namespace": ns},
@@ -369,14 +609,22 @@ async fn run(admin: &kube::Client, ns: &str, tag: &str) -> anyhow::Result<()> {
             "apiKeySecretRef": {"name": "llm-keys", "key": "openai"}}}),
     )
     .await?;
-    apply(admin, Some(ns), &json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+    apply(
+        admin,
+        Some(ns),
+        &json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "incidents", "namespace": ns},
         "spec": {"sessions": ["*"], "provider": "local", "runToolsAsUser": false,
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": [ns], "execute": true, "requireDistinctApprover": true}}})).await?;
+            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": [ns], "execute": true,
+                "requireDistinctApprover": true,
+                "approverGroups": ["sre", format!("system:serviceaccounts:{ns}")]}}}),
+    )
+    .await?;
 
     let kortex = start_kortex(&kubeconfig, ns, &dir.join("kortex.db"))?;
     let http = reqwest::Client::new();
-    let url = |path: &str| format!("http://{}{path}", kortex.addr);
+    let base = format!("http://{}", kortex.addr);
+    let groups = format!("sre,system:serviceaccounts:{ns}");
 
     // Conditions written by the leader.
     let providers: Api<LLMProvider> = Api::namespaced(admin.clone(), ns);
@@ -415,121 +663,175 @@ async fn run(admin: &kube::Client, ns: &str, tag: &str) -> anyhow::Result<()> {
     )
     .await?;
 
-    // A chat makes a proposal.
-    let session: Value = http
-        .post(url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-e2e", "namespace": ns}))
+    // A chat makes a proposal: Kortex created it and wrote its status (Pending).
+    chat(&http, &base, &reporter, ns, "incident-e2e-1").await?;
+    let proposals: Api<ActionProposal> = Api::namespaced(admin.clone(), ns);
+    let first = pending_proposal(&proposals).await?;
+
+    // What the API server refuses the admin (a client certificate in system:masters,
+    // beyond RBAC but not beyond the policy), each with the policy's own message (an
+    // expression that failed to evaluate would say "resulted in error" instead).
+    let refused = |what: &str, message: String, expected: &str| {
+        anyhow::ensure!(
+            message.contains(expected) && !message.contains("resulted in error"),
+            "{what}: unexpected refusal: {message}"
+        );
+        Ok(())
+    };
+    let forged = json!({"spec": {"decision": {"verdict": "Approve", "by": "someone-else"}}});
+    refused(
+        "a decision in someone else's name",
+        rejection(
+            proposals
+                .patch(&first, &PatchParams::default(), &Patch::Merge(&forged))
+                .await,
+        ),
+        "your own username",
+    )?;
+    let forged_status = json!({"status": {"phase": "Approved"}});
+    refused(
+        "a forged status",
+        rejection(
+            proposals
+                .patch_status(
+                    &first,
+                    &PatchParams::default(),
+                    &Patch::Merge(&forged_status),
+                )
+                .await,
+        ),
+        "only Kortex writes the status",
+    )?;
+    // The admin is not in `sre`: `kubectl kortex approve` as the admin is refused.
+    let err = kubectl_kortex(None, &["approve", &first, "-n", ns, "--no-wait"])
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    refused(
+        "the admin, outside approverGroups",
+        err,
+        &format!("only members of {groups} may decide"),
+    )?;
+
+    // alice rejects it with `kubectl kortex reject`, as herself.
+    let out = kubectl_kortex(
+        Some(&alice),
+        &["reject", &first, "-n", ns, "--reason", "not now"],
+    )
+    .await?;
+    anyhow::ensure!(out.contains("rejected by alice"), "{out}");
+    wait_phase(&proposals, &first, kortex::crd::ProposalPhase::Rejected).await?;
+
+    // A second proposal, approved through Kortex's API (what the dashboard does) by
+    // `oncall` with its own token: Kortex writes the decision as oncall, the API server
+    // judges oncall, and Kortex restarts ticker.
+    chat(&http, &base, &reporter, ns, "incident-e2e-2").await?;
+    let second = pending_proposal(&proposals).await?;
+    let listed: Value = http
+        .get(format!("{base}/chat/v1/proposals?phase=Pending"))
+        .bearer_auth(&oncall)
         .send()
         .await?
         .json()
         .await?;
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
-    anyhow::ensure!(!id.is_empty(), "no session: {session}");
-    let r = http
-        .post(url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "ticker is stuck"}))
+    let id = listed["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == second.as_str())
+        .and_then(|p| p["id"].as_str())
+        .ok_or_else(|| anyhow::anyhow!("{second} not listed by the API: {listed}"))?
+        .to_owned();
+    // The reporter may not decide their own proposal (Kortex refuses before asking).
+    let own = http
+        .post(format!("{base}/chat/v1/proposals/{id}/approve"))
+        .bearer_auth(&reporter)
         .send()
         .await?;
     anyhow::ensure!(
-        r.status().as_u16() == 202,
-        "message refused: {}",
-        r.status()
+        own.status().as_u16() == 403,
+        "own approval: {}",
+        own.status()
     );
-    let proposals: Api<ActionProposal> = Api::namespaced(admin.clone(), ns);
-    let mut name = String::new();
-    wait_for("a Pending proposal", Duration::from_secs(60), async || {
-        let list = proposals.list(&ListParams::default()).await?;
-        if let Some(p) = list.items.iter().find(|p| {
-            p.status
-                .as_ref()
-                .is_some_and(|s| s.phase == kortex::crd::ProposalPhase::Pending)
-        }) {
-            name = p.metadata.name.clone().unwrap_or_default();
-            return Ok(true);
-        }
-        Ok(false)
-    })
-    .await?;
+    let r = http
+        .post(format!("{base}/chat/v1/proposals/{id}/approve"))
+        .bearer_auth(&oncall)
+        .json(&json!({"reason": "through the API"}))
+        .send()
+        .await?;
+    let status = r.status();
+    let body = r.text().await?;
+    anyhow::ensure!(status.is_success(), "API approval refused: {status} {body}");
+    wait_phase(&proposals, &second, kortex::crd::ProposalPhase::Succeeded).await?;
+    let decision = proposals
+        .get(&second)
+        .await?
+        .spec
+        .decision
+        .ok_or_else(|| anyhow::anyhow!("no decision"))?;
+    anyhow::ensure!(decision.by == oncall_user, "{decision:?}");
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+    let restarted_at = async || -> anyhow::Result<Option<String>> {
+        let ticker = deployments.get("ticker").await?;
+        Ok(ticker
+            .spec
+            .and_then(|s| s.template.metadata)
+            .and_then(|m| m.annotations)
+            .and_then(|a| a.get("kubectl.kubernetes.io/restartedAt").cloned()))
+    };
+    let first_restart = restarted_at()
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("ticker was not restarted"))?;
 
-    // Approving in someone else's name is refused by the API server.
-    let forged = json!({"spec": {"decision": {"verdict": "Approve", "by": "someone-else"}}});
-    let message = rejection(
-        proposals
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&forged))
-            .await,
-    );
-    anyhow::ensure!(
-        message.contains("your own username"),
-        "unexpected refusal: {message}"
-    );
-
-    // `kubectl kortex approve` approves as the current user, and Kortex executes it.
-    // Off the test's runtime, which keeps serving the mock provider meanwhile.
-    let (plugin, approve_args) = (
-        binary("kubectl-kortex"),
-        [
-            "approve".to_owned(),
-            name.clone(),
-            "-n".into(),
-            ns.to_owned(),
-            "--reason".into(),
-            "e2e".into(),
-        ],
-    );
-    let out = tokio::task::spawn_blocking(move || Command::new(plugin).args(approve_args).output())
-        .await??;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    anyhow::ensure!(
-        out.status.success(),
-        "kubectl kortex approve failed: {text}"
-    );
-    wait_for(
-        "the proposal to succeed",
-        Duration::from_secs(60),
-        async || {
-            let p = proposals.get(&name).await?;
-            Ok(p.status
-                .is_some_and(|s| s.phase == kortex::crd::ProposalPhase::Succeeded))
-        },
+    // A third: alice approves it with `kubectl kortex approve`, as herself.
+    chat(&http, &base, &reporter, ns, "incident-e2e-3").await?;
+    let third = pending_proposal(&proposals).await?;
+    let out = kubectl_kortex(
+        Some(&alice),
+        &["approve", &third, "-n", ns, "--reason", "e2e"],
     )
     .await?;
-    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
-    let ticker = deployments.get("ticker").await?;
-    let annotations = ticker
+    anyhow::ensure!(out.contains("approved by alice"), "{out}");
+    wait_phase(&proposals, &third, kortex::crd::ProposalPhase::Succeeded).await?;
+    let decision = proposals
+        .get(&third)
+        .await?
         .spec
-        .and_then(|s| s.template.metadata)
-        .and_then(|m| m.annotations)
-        .unwrap_or_default();
-    anyhow::ensure!(
-        annotations.contains_key("kubectl.kubernetes.io/restartedAt"),
-        "not restarted: {annotations:?}"
-    );
+        .decision
+        .ok_or_else(|| anyhow::anyhow!("no decision"))?;
+    anyhow::ensure!(decision.by == "alice", "{decision:?}");
+    anyhow::ensure!(decision.groups.iter().any(|g| g == "sre"), "{decision:?}");
+    wait_for("a second restart", Duration::from_secs(30), async || {
+        Ok(restarted_at().await?.is_some_and(|t| t != first_restart))
+    })
+    .await?;
+    let second = third;
 
-    // The decision is final.
-    let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "someone-else"}}});
+    // The decision is final (the CRD's rule, before the policy is asked).
+    let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "alice"}}});
     let message = rejection(
         proposals
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&changed))
+            .patch(&second, &PatchParams::default(), &Patch::Merge(&changed))
             .await,
     );
-    anyhow::ensure!(!message.is_empty());
+    anyhow::ensure!(
+        message.contains("spec.decision is final once set"),
+        "unexpected refusal: {message}"
+    );
     // Only Kortex creates proposals.
-    let mut copy = proposals.get(&name).await?;
+    let mut copy = proposals.get(&second).await?;
     copy.metadata = kube::api::ObjectMeta {
-        name: Some(format!("{name}-copy")),
+        name: Some(format!("{second}-copy")),
         ..Default::default()
     };
     copy.spec.decision = None;
     copy.status = None;
-    let message = rejection(proposals.create(&PostParams::default(), &copy).await);
-    anyhow::ensure!(
-        message.contains("only Kortex"),
-        "unexpected refusal: {message}"
-    );
+    refused(
+        "a proposal created by the admin",
+        rejection(proposals.create(&PostParams::default(), &copy).await),
+        "only Kortex's ServiceAccount creates ActionProposals",
+    )?;
     drop(kortex);
     Ok(())
 }

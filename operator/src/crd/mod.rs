@@ -15,7 +15,9 @@ pub use proposal::*;
 pub use provider::*;
 pub use tool::*;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use kube::CustomResourceExt;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -74,12 +76,93 @@ pub struct HeaderValueFrom {
 
 /// Every Kortex CRD, sorted by name (the order of `kortex crds` and of the files in `crds/`).
 pub fn all_crds() -> Vec<CustomResourceDefinition> {
-    vec![
+    let mut crds = vec![
         ActionProposal::crd(),
         ChatPolicy::crd(),
         KortexTool::crd(),
         LLMProvider::crd(),
-    ]
+    ];
+    for crd in &mut crds {
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+            {
+                strip_unrecognized_formats(schema);
+            }
+        }
+    }
+    crds
+}
+
+/// String formats the API server validates (Kubernetes 1.30; its spelling without dashes).
+const STRING_FORMATS: &[&str] = &[
+    "bsonobjectid",
+    "uri",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "cidr",
+    "mac",
+    "uuid",
+    "uuid3",
+    "uuid4",
+    "uuid5",
+    "isbn",
+    "isbn10",
+    "isbn13",
+    "creditcard",
+    "ssn",
+    "hexcolor",
+    "rgbcolor",
+    "byte",
+    "password",
+    "date",
+    "duration",
+    "datetime",
+];
+
+/// Whether the API server recognizes `format` on a schema of `type_` (anything else earns
+/// a `Warning: unrecognized format "uint32"` on every apply of the CRD).
+fn format_recognized(type_: Option<&str>, format: &str) -> bool {
+    match type_ {
+        None | Some("string") => STRING_FORMATS.contains(&format.replace('-', "").as_str()),
+        Some("integer") => matches!(format, "int32" | "int64"),
+        Some("number") => matches!(format, "float" | "double"),
+        Some(_) => false,
+    }
+}
+
+/// Drops the formats schemars writes for Rust types (`uint8`, `uint32`, `uint64`) that the
+/// API server does not know; their bounds (`minimum`, `maximum`) stay.
+fn strip_unrecognized_formats(schema: &mut JSONSchemaProps) {
+    if schema
+        .format
+        .as_deref()
+        .is_some_and(|f| !format_recognized(schema.type_.as_deref(), f))
+    {
+        schema.format = None;
+    }
+    for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
+        strip_unrecognized_formats(child);
+    }
+    match schema.items.as_mut() {
+        Some(JSONSchemaPropsOrArray::Schema(s)) => strip_unrecognized_formats(s),
+        Some(JSONSchemaPropsOrArray::Schemas(list)) => {
+            list.iter_mut().for_each(strip_unrecognized_formats)
+        }
+        None => {}
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(s)) = schema.additional_properties.as_mut() {
+        strip_unrecognized_formats(s);
+    }
+    for list in [&mut schema.all_of, &mut schema.any_of, &mut schema.one_of] {
+        list.iter_mut()
+            .flatten()
+            .for_each(strip_unrecognized_formats);
+    }
 }
 
 /// The first line of every file in `crds/`.
@@ -212,6 +295,176 @@ mod tests {
         assert!(
             validate_cel_update(&old, &decided).is_err(),
             "a decision cannot be removed"
+        );
+    }
+
+    /// Keeps only the properties `schema` requires, recursively: the smallest object a
+    /// person may write.
+    fn required_only(schema: &serde_json::Value, value: &serde_json::Value) -> serde_json::Value {
+        match (value, schema.get("properties")) {
+            (serde_json::Value::Object(map), Some(props)) => {
+                let required: Vec<&str> = schema["required"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r.as_str())
+                    .collect();
+                map.iter()
+                    .filter(|(k, _)| {
+                        required.contains(&k.as_str())
+                            || matches!(k.as_str(), "apiVersion" | "kind" | "metadata")
+                    })
+                    .map(|(k, v)| (k.clone(), required_only(&props[k.as_str()], v)))
+                    .collect()
+            }
+            (serde_json::Value::Array(items), _) if schema.get("items").is_some() => items
+                .iter()
+                .map(|i| required_only(&schema["items"], i))
+                .collect(),
+            _ => value.clone(),
+        }
+    }
+
+    /// Sets every `nullable` property to null, recursively: what the API server stores when
+    /// a client writes `field: null` (kept for nullable fields, pruned for others).
+    fn nulled(schema: &serde_json::Value, value: &serde_json::Value) -> serde_json::Value {
+        match (value, schema.get("properties")) {
+            (serde_json::Value::Object(map), Some(props)) => {
+                let mut out = serde_json::Map::new();
+                for (k, s) in props.as_object().into_iter().flatten() {
+                    if s["nullable"] == true && !matches!(k.as_str(), "status") {
+                        out.insert(k.clone(), serde_json::Value::Null);
+                    } else if let Some(v) = map.get(k) {
+                        out.insert(k.clone(), nulled(s, v));
+                    }
+                }
+                for k in ["apiVersion", "kind", "metadata"] {
+                    if let Some(v) = map.get(k) {
+                        out.insert(k.into(), v.clone());
+                    }
+                }
+                serde_json::Value::Object(out)
+            }
+            (serde_json::Value::Array(items), _) if schema.get("items").is_some() => {
+                items.iter().map(|i| nulled(&schema["items"], i)).collect()
+            }
+            _ => value.clone(),
+        }
+    }
+
+    /// Every CEL rule of every CRD evaluates to a verdict, never an error ("no such key"
+    /// on an absent optional field fails the write on a real API server), on the shapes a
+    /// real API server hands it: the samples as written, with only their required fields,
+    /// and with every nullable field null; on create and on every update between them.
+    #[test]
+    fn cel_rules_evaluate_on_every_shape_an_api_server_stores() {
+        use kube_cel::{ErrorKind, Validator};
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples");
+        let mut samples: Vec<serde_json::Value> = Vec::new();
+        for dir in [root.clone(), root.join("local")] {
+            let mut files: Vec<_> = std::fs::read_dir(&dir)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+                .collect();
+            files.sort();
+            for file in files {
+                let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{e}"));
+                for doc in text.split("\n---") {
+                    let v: serde_json::Value =
+                        serde_saphyr::from_str(doc).unwrap_or(serde_json::Value::Null);
+                    if v["apiVersion"] == API_VERSION {
+                        samples.push(v);
+                    }
+                }
+            }
+        }
+        samples.push(serde_json::json!({"apiVersion": API_VERSION, "kind": "ActionProposal",
+            "metadata": {"name": "p", "namespace": "shop"},
+            "spec": {"action": "scale", "rationale": "r", "params": {"replicas": 3},
+                "blastRadius": "one Deployment", "reversible": true, "model": {"provider": "p", "model": "m"},
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+                "session": {"id": "s", "name": "incident-1", "user": "alice"},
+                "decision": {"verdict": "Approve", "by": "bob", "groups": ["sre"], "reason": "ok"}}}));
+        let validator = Validator::new();
+        let mut checked = 0;
+        for crd in all_crds() {
+            let kind = crd.spec.names.kind.clone();
+            let schema = serde_json::to_value(
+                crd.spec.versions[0]
+                    .schema
+                    .as_ref()
+                    .and_then(|s| s.open_api_v3_schema.as_ref()),
+            )
+            .unwrap_or_default();
+            let of_kind: Vec<_> = samples.iter().filter(|s| s["kind"] == kind).collect();
+            assert!(!of_kind.is_empty(), "no sample of {kind}");
+            let shapes: Vec<serde_json::Value> = of_kind
+                .iter()
+                .flat_map(|s| [(*s).clone(), required_only(&schema, s), nulled(&schema, s)])
+                .collect();
+            for object in &shapes {
+                for old in std::iter::once(None).chain(shapes.iter().map(Some)) {
+                    let result = validator.validate(&schema, object, old);
+                    for e in result.err().into_iter().flatten() {
+                        assert!(
+                            e.kind == ErrorKind::ValidationFailure,
+                            "{kind}: rule '{}' did not evaluate ({:?}: {}) on\n{object}\nold: {old:?}",
+                            e.rule,
+                            e.kind,
+                            e.message
+                        );
+                    }
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 100, "{checked}");
+    }
+
+    /// Every `format` in the CRDs is one the API server recognizes, so applying them prints
+    /// no `Warning: unrecognized format` (seen on kube-apiserver 1.36 for `uint32`).
+    #[test]
+    fn crds_carry_only_formats_the_api_server_recognizes() {
+        fn walk(v: &serde_json::Value, path: &str, bad: &mut Vec<String>) {
+            match v {
+                serde_json::Value::Object(map) => {
+                    if let Some(f) = map.get("format").and_then(|f| f.as_str())
+                        && !format_recognized(map.get("type").and_then(|t| t.as_str()), f)
+                    {
+                        bad.push(format!("{path}: {f}"));
+                    }
+                    for (k, child) in map {
+                        walk(child, &format!("{path}.{k}"), bad);
+                    }
+                }
+                serde_json::Value::Array(items) => {
+                    for (i, child) in items.iter().enumerate() {
+                        walk(child, &format!("{path}[{i}]"), bad);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut bad = Vec::new();
+        for crd in all_crds() {
+            let v = serde_json::to_value(&crd.spec).unwrap_or_default();
+            walk(&v, &crd.spec.names.kind, &mut bad);
+        }
+        assert!(bad.is_empty(), "unrecognized formats: {bad:?}");
+        assert!(!format_recognized(Some("integer"), "uint32"));
+        assert!(format_recognized(Some("string"), "date-time"));
+        // Bounds survive: an unsigned field keeps its minimum.
+        let policy = all_crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == "ChatPolicy")
+            .map(|c| serde_json::to_value(c.spec).unwrap_or_default())
+            .unwrap_or_default();
+        assert!(
+            policy.to_string().contains("\"minimum\":0.0")
+                || policy.to_string().contains("\"minimum\":0"),
+            "minimum kept"
         );
     }
 

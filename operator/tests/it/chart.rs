@@ -1146,3 +1146,28 @@ fn dockerfile_builds_both_binaries_statically_as_non_root() {
         std::fs::read_to_string(root().join("operator/src/http/dashboard.rs")).unwrap_or_default();
     assert!(sources.contains("../../assets/dashboard/"));
 }
+
+/// The chart's admission policy, as rendered for the default release and for another
+/// release in another namespace: every expression evaluates on requests shaped as the API
+/// server builds them, and the trust rules hold for the ServiceAccount the chart runs
+/// Kortex as (admission.rs has the requests and the rules).
+#[test]
+fn chart_admission_policy_evaluates_and_enforces_the_trust_rules() {
+    use super::admission::{Policy, User, enforces_the_trust_rules, evaluates_everywhere};
+    let Some(helm) = helm() else { return };
+    for (release, namespace) in [("kortex", NAMESPACE), ("ops", "platform")] {
+        let text = run(
+            &helm,
+            &["template", release, CHART, "--namespace", namespace],
+        )
+        .unwrap_or_else(|e| panic!("helm template {release}: {e}"));
+        let objects = parse(&text, &format!("helm template {release}"));
+        let sa = one(&objects, "ServiceAccount")["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let policy = Policy::from_object(one(&objects, "ValidatingAdmissionPolicy"));
+        evaluates_everywhere(&policy);
+        enforces_the_trust_rules(&policy, &User::service_account(namespace, &sa));
+    }
+}
