@@ -124,6 +124,9 @@ pub struct Metrics {
     pub reconcile_errors: Family<KindLabel, Counter>,
     /// Proposals moved by the leader, by the phase they reached.
     pub proposal_transitions: Family<PhaseLabel, Counter>,
+    /// Whether the admission policy that authenticates decisions is enforced where Kortex
+    /// executes (1) or not (0: approved proposals are not executed); set by the leader.
+    pub admission_policy_enforced: Gauge,
 }
 
 /// Label of per-provider gauges.
@@ -282,8 +285,15 @@ impl Metrics {
             "ActionProposals moved by the leader, by the phase they reached",
             proposal_transitions.clone(),
         );
+        let admission_policy_enforced = Gauge::default();
+        registry.register(
+            "admission_policy_enforced",
+            "Whether the admission policy that authenticates proposal decisions is enforced (1) or not (0: approved proposals are not executed)",
+            admission_policy_enforced.clone(),
+        );
         Self {
             registry,
+            admission_policy_enforced,
             provider_reachable,
             budget_daily_spend,
             budget_daily_limit,

@@ -251,6 +251,7 @@ async fn leader_duties(mut d: LeaderDuties) {
                         &d.observed.proposals.state(),
                         "ActionProposal",
                     );
+                    d.proposals.check_admission().await;
                     d.proposals.reconcile(engine, &proposals).await;
                 }
             }

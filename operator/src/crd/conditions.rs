@@ -20,6 +20,9 @@ pub mod types {
 
 /// Condition reasons (CamelCase, stable: scripts match on them).
 pub mod reasons {
+    /// `Executing=False` on an ActionProposal: approved, but not executed because the
+    /// admission policy that authenticates decisions is not enforced.
+    pub const ADMISSION_POLICY_NOT_ENFORCED: &str = "AdmissionPolicyNotEnforced";
     /// Everything needed is in place.
     pub const AVAILABLE: &str = "Available";
     /// All referenced Secrets resolved.

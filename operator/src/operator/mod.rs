@@ -2,6 +2,7 @@
 //! Secrets they reference are watched and compiled into the live configuration the chat
 //! server runs on; statuses and Events are written by the leader.
 
+pub mod admission_guard;
 pub mod auth;
 pub mod executor;
 pub mod lease;

@@ -12,6 +12,7 @@
 //! sent to the proposing session as `proposal.updated`; Events record decisions and
 //! executions on the object.
 
+use super::admission_guard::AdmissionGuard;
 use super::executor::{self, Action, Executor};
 use crate::chat::Engine;
 use crate::chat::proposals::event;
@@ -55,6 +56,9 @@ pub enum Transition {
 
 /// Condition type marking when execution started.
 pub const EXECUTING_CONDITION: &str = "Executing";
+/// Reason of `Executing=False` when the admission policy is not enforced.
+pub const NOT_ENFORCED_REASON: &str =
+    crate::crd::conditions::reasons::ADMISSION_POLICY_NOT_ENFORCED;
 /// How long an execution may take before another leader calls it interrupted: longer than
 /// any restart, scale or rollback call and than a lease hand-over.
 pub const EXECUTION_GRACE: jiff::SignedDuration = jiff::SignedDuration::from_secs(120);
@@ -205,6 +209,10 @@ pub struct ClusterProposals {
     scope: Option<String>,
     /// Transitions and failed status writes are counted here.
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Whether the API server authenticates decisions (the admission policy).
+    guard: AdmissionGuard,
+    /// The last result of [`ClusterProposals::check_admission`]: 1, 0, or -1 before any.
+    admission_state: Arc<std::sync::atomic::AtomicI8>,
 }
 
 impl ClusterProposals {
@@ -241,10 +249,34 @@ impl ClusterProposals {
         Self {
             executor: Executor::new(client.clone()),
             recorder: Arc::new(Recorder::new(client.clone(), reporter)),
+            guard: AdmissionGuard::new(client.clone()),
+            admission_state: Arc::new(std::sync::atomic::AtomicI8::new(-1)),
             client,
             handled: Arc::default(),
             scope: None,
             metrics: None,
+        }
+    }
+
+    /// Checks (at most every 30 s) that the admission policy is enforced where Kortex
+    /// executes (its `--namespace`, or every namespace) and sets
+    /// `kortex_admission_policy_enforced`; logs once each time that changes.
+    pub async fn check_admission(&self) {
+        let why = self.guard.unenforced(self.scope.as_deref()).await;
+        let enforced = i8::from(why.is_none());
+        if let Some(m) = &self.metrics {
+            m.admission_policy_enforced.set(i64::from(enforced));
+        }
+        let before = self
+            .admission_state
+            .swap(enforced, std::sync::atomic::Ordering::Relaxed);
+        if before != enforced {
+            match &why {
+                Some(why) => tracing::error!(%why, "approved proposals will not be executed"),
+                None => tracing::info!(
+                    "the admission policy is enforced: approved proposals are executed"
+                ),
+            }
         }
     }
 
@@ -493,6 +525,12 @@ impl ClusterProposals {
     ) -> bool {
         let decision = p.spec.decision.clone();
         let by = decision.as_ref().map(|d| d.by.clone()).unwrap_or_default();
+        // `decision.by` and `groups` are the decider's only if the API server checked them.
+        if let Some(why) = self.guard.unenforced(p.namespace().as_deref()).await {
+            return self
+                .approved_not_executed(engine, p, record, &by, &why)
+                .await;
+        }
         // Kortex's rights are never lent: the approver must be allowed the action.
         match self.approver_may(&action, decision.as_ref()).await {
             Ok(true) => {}
@@ -579,6 +617,38 @@ impl ClusterProposals {
             tokio::time::sleep(std::time::Duration::from_secs(1 << attempt)).await;
         }
         true
+    }
+
+    /// Stops an approved proposal at `Approved`: its decision cannot be trusted because the
+    /// admission policy is not enforced. The `Executing` condition (False) says why.
+    async fn approved_not_executed(
+        &self,
+        engine: &Engine,
+        p: &ActionProposal,
+        record: Option<&crate::store::ProposalRecord>,
+        by: &str,
+        why: &str,
+    ) -> bool {
+        let message = format!("approved by {by}; not executed: {why}");
+        let mut status =
+            serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
+        let mut conditions: Vec<Value> = status["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c["type"] != EXECUTING_CONDITION)
+            .collect();
+        conditions.push(json!({"type": EXECUTING_CONDITION, "status": "False",
+            "reason": NOT_ENFORCED_REASON, "message": crate::operator::event_note(why),
+            "lastTransitionTime": jiff::Timestamp::now().to_string(),
+            "observedGeneration": p.metadata.generation}));
+        status["conditions"] = json!(conditions);
+        // Written with the phase, message and Event as for any decision.
+        let mut p = p.clone();
+        p.status = serde_json::from_value(status).ok();
+        self.finish(engine, &p, record, ProposalPhase::Approved, &message, None)
+            .await
     }
 
     /// Whether the decider may carry out the action themselves.

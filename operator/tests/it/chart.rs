@@ -894,7 +894,7 @@ fn chart_values_map_to_real_flags_and_variables() {
         .flatten()
         .flat_map(|g| g["rules"].as_array().into_iter().flatten())
         .collect();
-    assert_eq!(alerts.len(), 4, "{alerts:#?}");
+    assert_eq!(alerts.len(), 5, "{alerts:#?}");
     for a in &alerts {
         assert_eq!(a["for"], "5m");
         assert_eq!(a["labels"]["severity"], "critical");

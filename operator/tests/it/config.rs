@@ -60,6 +60,19 @@ pub const CALLS: &[(&str, &str, &str)] = &[
     ("update", "coordination.k8s.io", "leases"),
     ("create", "authentication.k8s.io", "tokenreviews"),
     ("create", "authorization.k8s.io", "subjectaccessreviews"),
+    // the admission guard: is the policy that authenticates decisions enforced?
+    ("create", "authentication.k8s.io", "selfsubjectreviews"),
+    (
+        "list",
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicies",
+    ),
+    (
+        "list",
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicybindings",
+    ),
+    ("get", "", "namespaces"),
     // executor
     ("get", "apps", "deployments"),
     ("patch", "apps", "deployments"),
@@ -92,6 +105,16 @@ pub const FORBIDDEN: &[(&str, &str, &str)] = &[
     ("update", "apps", "deployments/scale"),
     ("update", "kortex.dev", "llmproviders/status"),
     ("create", "", "events"),
+    (
+        "update",
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicies",
+    ),
+    (
+        "delete",
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicybindings",
+    ),
 ];
 
 /// Whether one of `roles` (ClusterRoles or Roles) grants `verb` on `group/resource`.

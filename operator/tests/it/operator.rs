@@ -141,7 +141,23 @@ impl FakeApi {
             let _ = axum::serve(listener, app).await;
         });
         fake.url = format!("http://{addr}");
+        // As in a real install: the shipped admission policy, trusting the identity Kortex
+        // runs as here (the token of `write_kubeconfig`), bound everywhere. Without it the
+        // leader executes nothing.
+        let (policy, binding) = admission_policy("not-a-real");
+        fake.apply("validatingadmissionpolicies", policy);
+        fake.apply("validatingadmissionpolicybindings", binding);
         fake
+    }
+
+    /// Removes an object (as `kubectl delete` would), announcing it to watches.
+    pub(crate) fn remove(&self, plural: &str, namespace: Option<&str>, name: &str) {
+        let mut st = self.lock();
+        st.objects.retain(|(p, o)| {
+            !(p == plural
+                && o["metadata"]["namespace"].as_str() == namespace
+                && o["metadata"]["name"] == name)
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -820,6 +836,20 @@ async fn kubectl_kortex(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, S
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+/// `config/admission/policy.yaml` (policy and binding) trusting `user`.
+pub(crate) fn admission_policy(user: &str) -> (Value, Value) {
+    let text =
+        std::fs::read_to_string(crate::manifests::root().join("config/admission/policy.yaml"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let text = text.replace("system:serviceaccount:kortex:kortex", user);
+    let mut docs = text
+        .split("\n---\n")
+        .map(|d| serde_saphyr::from_str::<Value>(d).unwrap_or_else(|e| panic!("{e}")));
+    let policy = docs.next().unwrap_or_default();
+    let binding = docs.next().unwrap_or_default();
+    (policy, binding)
 }
 
 fn deployment() -> Value {
@@ -1533,4 +1563,119 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
         }
         assert!(server.terminate().success());
     }
+}
+
+/// Without the admission policy that authenticates decisions (here: its binding deleted),
+/// a decision cannot be trusted: the approved proposal stops at `Approved`, saying why,
+/// nothing is executed (not even the SubjectAccessReview is asked), and
+/// `kortex_admission_policy_enforced` is 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_admission_policy_approved_proposals_are_not_executed() {
+    use crate::investigation::{tool_calls, wait_idle};
+    use crate::llm::{openai, push, streamed};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    fake.remove(
+        "validatingadmissionpolicybindings",
+        None,
+        "kortex-actionproposals",
+    );
+    let (llm, script) = crate::llm::mock().await;
+    fake.apply("deployments", deployment());
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+    );
+    fake.allow("bob");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run(&fake, dir.path(), &llm).await;
+    let client = crate::common::http_client();
+    let target =
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
+    push(
+        &script,
+        tool_calls(&[(
+            "p1",
+            "propose_action",
+            json!({"action": "restart", "target": target, "rationale": "stuck"}),
+        )]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+    );
+    let session: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-10", "namespace": "team-a"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "api is stuck"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    fake.until("the proposal", |f| {
+        proposal_named(f, "restart-api-").is_some()
+    })
+    .await;
+    let name = proposal_named(&fake, "restart-api-")
+        .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    fake.until("Pending", |f| phase(f, &name) == "Pending")
+        .await;
+
+    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--no-wait"]).await;
+    assert!(ok, "{out}");
+    fake.until("Approved", |f| phase(f, &name) == "Approved")
+        .await;
+    let p = fake
+        .get("actionproposals", "shop", &name)
+        .unwrap_or_default();
+    let message = p["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("approved by bob; not executed: the admission policy that authenticates decisions is not enforced")
+            && message.contains("kortex-actionproposals has no ValidatingAdmissionPolicyBinding"),
+        "{message}"
+    );
+    assert_eq!(
+        condition(&Some(p.clone()), "Executing"),
+        Some(("False".into(), "AdmissionPolicyNotEnforced".into())),
+        "{p}"
+    );
+    // Nothing was done, and nobody's rights were even looked up.
+    let api = fake.get("deployments", "shop", "api").unwrap_or_default();
+    assert!(
+        api["spec"]["template"]["metadata"]["annotations"].is_null(),
+        "{api}"
+    );
+    assert!(
+        !fake
+            .seen()
+            .iter()
+            .any(|s| s.path.ends_with("/subjectaccessreviews")),
+        "no SubjectAccessReview for an untrusted decision"
+    );
+    let (_, metrics) = server.get("/metrics").await;
+    assert!(
+        metrics.contains("kortex_admission_policy_enforced 0"),
+        "{metrics}"
+    );
+    assert!(
+        server
+            .log()
+            .contains("approved proposals will not be executed"),
+        "{}",
+        server.log()
+    );
 }
