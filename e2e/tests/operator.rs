@@ -5,7 +5,8 @@
 //! (outside the policy's approverGroups) cannot forge a decision or a status, or decide;
 //! alice, a person with only the shipped approver role, rejects it with `kubectl kortex
 //! reject`, approves a second one with `kubectl kortex approve`, and Kortex restarts the
-//! Deployment; the decision is final and only Kortex creates proposals.
+//! Deployment; the decision is final and only Kortex creates proposals; last, without the
+//! policy's binding, an approved proposal stops at Approved, not executed.
 //!
 //! Needs `KUBECONFIG` with cluster-admin rights (it installs a ClusterRole and an admission
 //! policy, removed at the end, and impersonates alice) and Kubernetes 1.30+. No pod needs
@@ -832,6 +833,79 @@ async fn run(
         rejection(proposals.create(&PostParams::default(), &copy).await),
         "only Kortex's ServiceAccount creates ActionProposals",
     )?;
+
+    // Last (it removes the policy's binding): without it, decisions are not authenticated,
+    // and Kortex stops them at Approved.
+    not_executed_without_the_policy(admin, &http, &base, &reporter, &alice, ns, tag).await?;
     drop(kortex);
+    Ok(())
+}
+
+/// Deletes the test's policy binding; a decision made then is recorded but not executed
+/// (`Executing=False`, `AdmissionPolicyNotEnforced`). Skipped, saying so, when the
+/// cluster has an admission policy of its own for proposals (an installed Kortex's), which
+/// still guards the namespace.
+async fn not_executed_without_the_policy(
+    admin: &kube::Client,
+    http: &reqwest::Client,
+    base: &str,
+    reporter: &str,
+    alice: &Path,
+    ns: &str,
+    tag: &str,
+) -> anyhow::Result<()> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        ),
+        "validatingadmissionpolicybindings",
+    );
+    let bindings: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+    let others: Vec<String> = bindings
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|b| {
+            b.metadata.name.as_deref() != Some(tag)
+                && b.data["spec"]["policyName"]
+                    .as_str()
+                    .is_some_and(|p| p.ends_with("actionproposals"))
+        })
+        .filter_map(|b| b.metadata.name.clone())
+        .collect();
+    if !others.is_empty() {
+        eprintln!(
+            "skipping the check without an admission policy: this cluster has its own ({others:?})"
+        );
+        return Ok(());
+    }
+    bindings.delete(tag, &DeleteParams::default()).await?;
+    // The leader reads the policies at most every 30 s.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    chat(http, base, reporter, ns, "incident-e2e-4").await?;
+    let proposals: Api<ActionProposal> = Api::namespaced(admin.clone(), ns);
+    let fourth = pending_proposal(&proposals).await?;
+    kubectl_kortex(Some(alice), &["approve", &fourth, "-n", ns, "--no-wait"]).await?;
+    wait_phase(&proposals, &fourth, kortex::crd::ProposalPhase::Approved).await?;
+    let status = proposals
+        .get(&fourth)
+        .await?
+        .status
+        .ok_or_else(|| anyhow::anyhow!("no status"))?;
+    let message = status.message.clone().unwrap_or_default();
+    anyhow::ensure!(
+        message.contains("not executed")
+            && message.contains("has no ValidatingAdmissionPolicyBinding"),
+        "{message}"
+    );
+    let executing = kortex::crd::conditions::find(&status.conditions, "Executing")
+        .ok_or_else(|| anyhow::anyhow!("no Executing condition: {status:?}"))?;
+    anyhow::ensure!(
+        executing.status == "False" && executing.reason == "AdmissionPolicyNotEnforced",
+        "{executing:?}"
+    );
     Ok(())
 }
