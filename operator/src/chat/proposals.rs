@@ -194,7 +194,7 @@ pub async fn propose(
         let expires_at = jiff::Timestamp::from_millisecond(record.expires_at)
             .map_err(|e| format!("invalid expiry: {e}"))?;
         let base = base.to_ascii_lowercase();
-        let (name, preview) = cluster
+        let (name, preview, params) = cluster
             .create(
                 &record.id,
                 base.trim_end_matches('-'),
@@ -206,6 +206,8 @@ pub async fn propose(
             .await?;
         record.name = name;
         record.preview = Some(preview);
+        // With the target's state pinned by the operator.
+        record.params = params;
     }
     engine
         .store

@@ -15,6 +15,14 @@ pub const FIELD_MANAGER: &str = "kortex";
 /// The annotation `kubectl rollout restart` sets.
 const RESTARTED_AT: &str = "kubectl.kubernetes.io/restartedAt";
 
+/// Parameters Kortex adds when a proposal is made, pinning what the preview showed: the
+/// target's `metadata.generation` (every verb) and, for `scale`, the replicas it had. A
+/// rollback also gets the `toRevision` it chose. Before executing, the target must still
+/// be as pinned; otherwise the action is not carried out.
+pub const EXPECT_GENERATION: &str = "expectGeneration";
+/// See [`EXPECT_GENERATION`].
+pub const EXPECT_REPLICAS: &str = "expectReplicas";
+
 /// The actions Kortex can carry out.
 pub const EXECUTABLE: &[&str] = &["restart", "scale", "rollback"];
 
@@ -109,7 +117,45 @@ pub fn validate(action: &Action) -> Result<(), String> {
         }
         _ => {}
     }
+    for key in [EXPECT_GENERATION, EXPECT_REPLICAS] {
+        if let Some(v) = action.params.get(key)
+            && v.as_i64().is_none_or(|n| n < 0)
+        {
+            return Err(format!("params.{key} must be a non-negative integer"));
+        }
+    }
     Ok(())
+}
+
+/// Why `current` (the target now) is not what the proposal pinned, if it is not: the
+/// decision was about the object as the preview showed it.
+pub fn moved(action: &Action, current: &Value) -> Option<String> {
+    let what = format!(
+        "{} {}/{}",
+        action.target.kind,
+        action.target.namespace.as_deref().unwrap_or_default(),
+        action.target.name
+    );
+    let Some(generation) = action.params.get(EXPECT_GENERATION).and_then(Value::as_i64) else {
+        return Some(format!(
+            "the proposal does not pin the state of {what} it was made for (params.{EXPECT_GENERATION}: made when the target could not be read, or by an older Kortex); propose it again"
+        ));
+    };
+    let now = current["metadata"]["generation"].as_i64().unwrap_or(0);
+    if now != generation {
+        return Some(format!(
+            "{what} changed since the proposal was made (generation {now}, was {generation}): what was approved is not what it would do now; propose it again"
+        ));
+    }
+    if let Some(replicas) = action.params.get(EXPECT_REPLICAS).and_then(Value::as_i64) {
+        let now = current["spec"]["replicas"].as_i64().unwrap_or(1);
+        if now != replicas {
+            return Some(format!(
+                "{what} has {now} replicas, not the {replicas} it had when the proposal was made (an autoscaler or someone else scaled it); propose it again"
+            ));
+        }
+    }
+    None
 }
 
 /// Runs actions against a cluster.
@@ -156,13 +202,48 @@ impl Executor {
         }))
     }
 
+    /// The action's parameters with the target's state pinned ([`EXPECT_GENERATION`],
+    /// [`EXPECT_REPLICAS`], and the `toRevision` a rollback would choose now), for the
+    /// proposal and its preview.
+    pub async fn pin(&self, action: &Action) -> Result<Value, String> {
+        validate(action)?;
+        let api = self.api(action)?;
+        let current = read(&api, action).await?;
+        let value = serde_json::to_value(&current).unwrap_or_default();
+        let mut params = match &action.params {
+            Value::Object(m) => m.clone(),
+            _ => serde_json::Map::new(),
+        };
+        params.insert(
+            EXPECT_GENERATION.into(),
+            json!(value["metadata"]["generation"].as_i64().unwrap_or(0)),
+        );
+        match action.verb.as_str() {
+            "scale" => {
+                params.insert(
+                    EXPECT_REPLICAS.into(),
+                    json!(value["spec"]["replicas"].as_i64().unwrap_or(1)),
+                );
+            }
+            "rollback" => {
+                let (revision, _) = self.rollback_target(action, &current).await?;
+                params.insert("toRevision".into(), json!(revision));
+            }
+            _ => {}
+        }
+        Ok(Value::Object(params))
+    }
+
     /// Carries the action out: a dry run first, then the real change. Returns what was done
-    /// and how to undo it.
+    /// and how to undo it. The target must still be as the proposal pinned it.
     pub async fn execute(&self, action: &Action) -> Result<Executed, String> {
         validate(action)?;
         let api = self.api(action)?;
         let name = &action.target.name;
         let current = read(&api, action).await?;
+        if let Some(why) = moved(action, &serde_json::to_value(&current).unwrap_or_default()) {
+            return Err(format!("not executed: {why}"));
+        }
         self.apply(&api, &current, action, true).await?;
         let after = self.apply(&api, &current, action, false).await?;
         let target = json!(action.target);
@@ -261,13 +342,22 @@ impl Executor {
         })
     }
 
-    /// The pod template of the revision to go back to: `toRevision`, or the newest one
-    /// before the current revision.
+    /// The pod template of the revision to go back to.
     async fn rollback_template(
         &self,
         action: &Action,
         deployment: &DynamicObject,
     ) -> Result<Value, String> {
+        Ok(self.rollback_target(action, deployment).await?.1)
+    }
+
+    /// The revision to go back to and its pod template: `toRevision`, or the newest one
+    /// before the current revision.
+    async fn rollback_target(
+        &self,
+        action: &Action,
+        deployment: &DynamicObject,
+    ) -> Result<(i64, Value), String> {
         let namespace = action.target.namespace.as_deref().unwrap_or("default");
         let current = revision(&serde_json::to_value(deployment).unwrap_or_default()).unwrap_or(0);
         let uid = deployment.metadata.uid.clone().unwrap_or_default();
@@ -318,7 +408,7 @@ impl Executor {
         if let Some(labels) = template["metadata"]["labels"].as_object_mut() {
             labels.remove("pod-template-hash");
         }
-        Ok(template)
+        Ok((chosen.0, template))
     }
 
     async fn hpa_warnings(&self, action: &Action) -> Vec<String> {
@@ -493,6 +583,44 @@ mod tests {
         assert_eq!(
             required_access(&action("rollback", "Deployment", json!({}))).map(|a| a.0),
             Ok("update")
+        );
+    }
+
+    /// What was approved is what is done: the target's generation (and, for scale, its
+    /// replicas) must still be what the proposal pinned.
+    #[test]
+    fn a_target_that_moved_since_the_proposal_is_not_acted_on() {
+        let deployment = |generation: i64, replicas: i64| json!({"metadata": {"generation": generation}, "spec": {"replicas": replicas}});
+        let restart = action("restart", "Deployment", json!({EXPECT_GENERATION: 4}));
+        assert_eq!(moved(&restart, &deployment(4, 2)), None);
+        let why = moved(&restart, &deployment(5, 2)).unwrap_or_default();
+        assert!(
+            why.contains("changed since the proposal was made (generation 5, was 4)"),
+            "{why}"
+        );
+        let scale = action(
+            "scale",
+            "Deployment",
+            json!({"replicas": 5, EXPECT_GENERATION: 4, EXPECT_REPLICAS: 2}),
+        );
+        assert_eq!(moved(&scale, &deployment(4, 2)), None);
+        // Replicas are compared on their own too.
+        let why = moved(&scale, &deployment(4, 3)).unwrap_or_default();
+        assert!(why.contains("has 3 replicas, not the 2"), "{why}");
+        // Unpinned (the target could not be read when it was made): never executed.
+        let why = moved(
+            &action("restart", "Deployment", json!({})),
+            &deployment(1, 1),
+        )
+        .unwrap_or_default();
+        assert!(why.contains("does not pin"), "{why}");
+        assert!(
+            validate(&action(
+                "restart",
+                "Deployment",
+                json!({EXPECT_GENERATION: -1})
+            ))
+            .is_err()
         );
     }
 

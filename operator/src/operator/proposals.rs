@@ -291,7 +291,25 @@ impl ClusterProposals {
         spec: ActionProposalSpec,
         policy: &ChatPolicySpec,
         expires_at: jiff::Timestamp,
-    ) -> Result<(String, Value), String> {
+    ) -> Result<(String, Value, Option<Value>), String> {
+        let mut spec = spec;
+        // The target's state is pinned in the (immutable) params: what is approved is what
+        // the preview showed, or nothing (executor::moved).
+        if executor::EXECUTABLE.contains(&spec.action.as_str())
+            && let Some(target) = spec.target.clone()
+        {
+            let action = Action {
+                verb: spec.action.clone(),
+                target,
+                params: spec.params.clone().unwrap_or(json!({})),
+            };
+            match self.executor.pin(&action).await {
+                Ok(params) => spec.params = Some(params),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot pin the target of a proposal; it will not be executed")
+                }
+            }
+        }
         let mut object = ActionProposal::new("", spec);
         object.metadata.name = None;
         object.metadata.generate_name = Some(format!("{base_name}-"));
@@ -337,7 +355,7 @@ impl ClusterProposals {
             // The leader fills in a missing status; the proposal is not lost.
             tracing::warn!(proposal = %name, error = %e, "cannot write the initial proposal status");
         }
-        Ok((name, preview))
+        Ok((name, preview, created.spec.params.clone()))
     }
 
     /// The dry-run preview of a proposal (or why there is none).
@@ -859,14 +877,14 @@ impl ClusterProposals {
             )
             .await
         {
-            Ok((name, preview)) => {
+            Ok((name, preview, params)) => {
                 if let Some(r) = record {
                     let copy = crate::store::ProposalRecord {
                         id,
                         name: name.clone(),
                         action: spec.action.clone(),
                         target: serde_json::to_value(&spec.target).ok(),
-                        params: spec.params.clone(),
+                        params,
                         rationale: spec.rationale.clone(),
                         user: requester.clone(),
                         phase: "Pending".into(),

@@ -1217,7 +1217,13 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         })
         .unwrap_or_default();
     assert_eq!(undo["spec"]["action"], "scale");
-    assert_eq!(undo["spec"]["params"], json!({"replicas": 2}));
+    // The inverse, pinned to the Deployment as it is now (3 replicas).
+    assert_eq!(undo["spec"]["params"]["replicas"], 2, "{undo}");
+    assert_eq!(undo["spec"]["params"]["expectReplicas"], 3, "{undo}");
+    assert!(
+        undo["spec"]["params"]["expectGeneration"].is_i64(),
+        "{undo}"
+    );
     assert!(
         undo["spec"]["decision"].is_null(),
         "needs its own approval: {undo}"
@@ -1234,6 +1240,35 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
     assert_eq!(
         original["metadata"]["annotations"]["kortex.dev/undo-proposal"],
         undo["metadata"]["name"]
+    );
+
+    // Someone changes the Deployment before the undo is approved: what was approved is no
+    // longer what it would do, so nothing is done.
+    let undo_name = undo["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    fake.until("the undo's status", |f| phase(f, &undo_name) == "Pending")
+        .await;
+    let mut moved = fake.get("deployments", "shop", "api").unwrap_or_default();
+    moved["spec"]["replicas"] = json!(5);
+    fake.apply("deployments", moved);
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &undo_name]).await;
+    assert!(!ok && out.contains("Failed"), "{out}");
+    let failed = fake
+        .get("actionproposals", "shop", &undo_name)
+        .unwrap_or_default();
+    assert!(
+        failed["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("changed since the proposal was made"),
+        "{failed}"
+    );
+    assert_eq!(
+        fake.get("deployments", "shop", "api").unwrap_or_default()["spec"]["replicas"],
+        5,
+        "untouched"
     );
 
     // The database mirror and the session saw every change.
