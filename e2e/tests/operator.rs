@@ -5,7 +5,8 @@
 //! (outside the policy's approverGroups) cannot forge a decision or a status, or decide;
 //! alice, a person with only the shipped approver role, rejects it with `kubectl kortex
 //! reject`, approves a second one with `kubectl kortex approve`, and Kortex restarts the
-//! Deployment; the decision is final and only Kortex creates proposals; last, without the
+//! Deployment; a rollback proposal pins its revision and rolls back to it; the decision
+//! is final and only Kortex creates proposals; last, without the
 //! policy's binding, an approved proposal stops at Approved, not executed.
 //!
 //! Needs `KUBECONFIG` with cluster-admin rights (it installs a ClusterRole and an admission
@@ -96,7 +97,8 @@ async fn delete(client: &kube::Client, api_version: &str, kind: &str, plural: &s
 }
 
 /// An OpenAI-compatible provider on 127.0.0.1: a run's first answer proposes restarting
-/// `ticker` in `namespace`, its next (after the tool result) says it is done.
+/// `ticker` in `namespace` (rolling it back when the user says "roll back"), its next
+/// (after the tool result) says it is done.
 async fn provider(namespace: String) -> anyhow::Result<String> {
     let app = axum::Router::new()
         .route(
@@ -110,7 +112,10 @@ async fn provider(namespace: String) -> anyhow::Result<String> {
                 async move {
                     let has_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
                     let message = if !has_result {
-                        let args = json!({"action": "restart", "rationale": "ticker is stuck",
+                        // "roll back" in the user's message asks for a rollback.
+                        let rollback = body["messages"].to_string().contains("roll back");
+                        let action = if rollback { "rollback" } else { "restart" };
+                        let args = json!({"action": action, "rationale": "ticker is stuck",
                             "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": namespace, "name": "ticker"}});
                         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
                             "function": {"name": "propose_action", "arguments": args.to_string()}}]})
@@ -395,6 +400,18 @@ async fn chat(
     ns: &str,
     name: &str,
 ) -> anyhow::Result<()> {
+    say(http, base, token, ns, name, "ticker is stuck").await
+}
+
+/// Sends `content` in a new session.
+async fn say(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    ns: &str,
+    name: &str,
+    content: &str,
+) -> anyhow::Result<()> {
     let session: Value = http
         .post(format!("{base}/chat/v1/sessions"))
         .bearer_auth(token)
@@ -408,7 +425,7 @@ async fn chat(
     let r = http
         .post(format!("{base}/chat/v1/sessions/{id}/messages"))
         .bearer_auth(token)
-        .json(&json!({"content": "ticker is stuck"}))
+        .json(&json!({"content": content}))
         .send()
         .await?;
     anyhow::ensure!(
@@ -557,7 +574,7 @@ async fn run(
     }
     apply(admin, Some(ns), &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "restart-deployments", "namespace": ns},
-        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]}]})).await?;
+        "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch", "update"]}]})).await?;
     let oncall_sa = json!({"kind": "ServiceAccount", "name": "oncall", "namespace": ns});
     let reporter_sa = json!({"kind": "ServiceAccount", "name": "reporter", "namespace": ns});
     let sre = json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "sre"});
@@ -616,7 +633,7 @@ async fn run(
         &json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "incidents", "namespace": ns},
         "spec": {"sessions": ["*"], "provider": "local", "runToolsAsUser": false,
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": [ns], "execute": true,
+            "proposals": {"allowedActions": ["restart", "rollback"], "allowedNamespaces": [ns], "execute": true,
                 "requireDistinctApprover": true,
                 "approverGroups": ["sre", format!("system:serviceaccounts:{ns}")]}}}),
     )
@@ -809,6 +826,11 @@ async fn run(
     .await?;
     let second = third;
 
+    // Each restart made a revision (the controller's ReplicaSets): a rollback proposal pins
+    // the revision before the current one, which the preview shows, and alice's approval
+    // rolls back to exactly that one.
+    rollback(admin, &http, &base, &reporter, &alice, ns).await?;
+
     // The decision is final (the CRD's rule, before the policy is asked).
     let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "alice"}}});
     let message = rejection(
@@ -906,6 +928,79 @@ async fn not_executed_without_the_policy(
     anyhow::ensure!(
         executing.status == "False" && executing.reason == "AdmissionPolicyNotEnforced",
         "{executing:?}"
+    );
+    Ok(())
+}
+
+/// The revision annotation of `ticker`.
+async fn revision_of(deployments: &Api<Deployment>) -> anyhow::Result<i64> {
+    Ok(deployments
+        .get("ticker")
+        .await?
+        .metadata
+        .annotations
+        .and_then(|a| a.get("deployment.kubernetes.io/revision").cloned())
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0))
+}
+
+async fn rollback(
+    admin: &kube::Client,
+    http: &reqwest::Client,
+    base: &str,
+    reporter: &str,
+    alice: &Path,
+    ns: &str,
+) -> anyhow::Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+    wait_for(
+        "revision 3 of ticker",
+        Duration::from_secs(60),
+        async || Ok(revision_of(&deployments).await? == 3),
+    )
+    .await?;
+    say(
+        http,
+        base,
+        reporter,
+        ns,
+        "incident-e2e-rollback",
+        "please roll back ticker",
+    )
+    .await?;
+    let proposals: Api<ActionProposal> = Api::namespaced(admin.clone(), ns);
+    let name = pending_proposal(&proposals).await?;
+    let p = proposals.get(&name).await?;
+    anyhow::ensure!(p.spec.action == "rollback", "{:?}", p.spec);
+    let params = p.spec.params.clone().unwrap_or_default();
+    anyhow::ensure!(params["toRevision"] == 2, "pinned: {params}");
+    anyhow::ensure!(params["expectGeneration"].is_i64(), "pinned: {params}");
+    let preview = p.status.and_then(|s| s.preview).unwrap_or_default();
+    anyhow::ensure!(
+        preview["dryRun"] == true && preview["before"]["revision"] == 3,
+        "{preview}"
+    );
+    kubectl_kortex(
+        Some(alice),
+        &["approve", &name, "-n", ns, "--reason", "e2e rollback"],
+    )
+    .await?;
+    wait_phase(&proposals, &name, kortex::crd::ProposalPhase::Succeeded).await?;
+    // The controller re-uses revision 2's ReplicaSet as revision 4.
+    wait_for(
+        "revision 4 of ticker",
+        Duration::from_secs(60),
+        async || Ok(revision_of(&deployments).await? == 4),
+    )
+    .await?;
+    let status = proposals.get(&name).await?.status.unwrap_or_default();
+    anyhow::ensure!(
+        status
+            .undo
+            .as_ref()
+            .is_some_and(|u| u["params"]["toRevision"] == 3),
+        "undo: {:?}",
+        status.undo
     );
     Ok(())
 }
