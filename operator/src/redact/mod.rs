@@ -118,11 +118,23 @@ impl Redactor {
     }
 
     /// Redacts a whole provider request in place: system prompt, every message, tool-call
-    /// arguments and tool results. Returns how many replacements.
+    /// arguments and tool results, and what a caller can put elsewhere in it (tool
+    /// descriptions and schemas, stop sequences, the response format). Returns how many
+    /// replacements.
     pub fn request(&self, request: &mut ChatRequest) -> usize {
         let mut n = 0;
         if let Some(system) = &mut request.system {
             n += self.replace(system, false);
+        }
+        for tool in &mut request.tools {
+            n += self.replace(&mut tool.description, false);
+            n += self.value(&mut tool.parameters);
+        }
+        for stop in &mut request.stop {
+            n += self.replace(stop, false);
+        }
+        if let Some(format) = &mut request.response_format {
+            n += self.value(format);
         }
         for message in &mut request.messages {
             match message {
@@ -333,11 +345,19 @@ mod tests {
                         is_error: false,
                     },
                 ],
+                // Parts a gateway caller fills in too.
+                tools: vec![crate::llm::ToolSpec {
+                    name: "lookup".into(),
+                    description: random_text(&mut rng),
+                    parameters: random_value(&mut rng, 0),
+                }],
+                stop: vec![random_text(&mut rng)],
+                response_format: Some(serde_json::json!({"type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": random_value(&mut rng, 0)}})),
                 ..Default::default()
             };
             r.request(&mut request);
-            let body = serde_json::to_string(&request.messages).unwrap_or_default()
-                + request.system.as_deref().unwrap_or_default();
+            let body = serde_json::to_string(&request).unwrap_or_default();
             assert!(
                 leaks(&body).is_empty(),
                 "case {i}: {:?} leaked in {body}",
