@@ -61,11 +61,32 @@ pub async fn list(
         .await
         .map_err(ApiError::internal)?;
     // A proposal carries what the model saw in a private session: show it to its user and to
-    // those who may decide it.
+    // those who may decide it. In cluster mode that also takes the right to read
+    // ActionProposals in its namespace (a SubjectAccessReview per namespace, cached), the
+    // same right `kubectl kortex list` needs: a policy without approverGroups does not make
+    // every signed-in user a reader of every proposal.
     let config = state.config.borrow().clone();
+    let mut readable = std::collections::HashMap::<String, bool>::new();
+    if let Some(cluster) = &state.cluster_auth
+        && state.auth != super::auth::AuthMode::Loopback
+    {
+        for p in rows.iter().filter(|p| p.user != caller.user) {
+            if readable.contains_key(&p.namespace) {
+                continue;
+            }
+            let allowed = cluster
+                .may_get_proposals(&caller.user, &caller.groups, &p.namespace)
+                .await
+                .map_err(ApiError::internal)?;
+            readable.insert(p.namespace.clone(), allowed);
+        }
+    }
     let visible = |p: &ProposalRecord| {
         if state.auth == super::auth::AuthMode::Loopback || p.user == caller.user {
             return true;
+        }
+        if state.cluster_auth.is_some() && readable.get(&p.namespace) != Some(&true) {
+            return false;
         }
         let policy = p.policy.as_deref().and_then(|qualified| {
             let (ns, name) = qualified.split_once('/')?;

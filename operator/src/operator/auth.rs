@@ -141,6 +141,28 @@ impl ClusterAuth {
             .await
     }
 
+    /// Whether `user` may `get` ActionProposals in `namespace` (who may see others'
+    /// proposals, with their rationale and preview, through Kortex's API).
+    pub async fn may_get_proposals(
+        &self,
+        user: &str,
+        groups: &[String],
+        namespace: &str,
+    ) -> Result<bool, String> {
+        let access = SubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_owned()),
+                verb: Some("get".into()),
+                group: Some(crate::crd::GROUP.into()),
+                resource: Some("actionproposals".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.allowed(user, groups, &["get-actionproposals", namespace], access)
+            .await
+    }
+
     /// Whether `user` may `get` the non-resource URL `path` (Kortex's reports: grant it with
     /// a ClusterRole rule `nonResourceURLs: ["/kortex/audit", "/kortex/usage"]`).
     pub async fn may_read(

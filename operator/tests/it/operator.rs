@@ -1523,6 +1523,30 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
     fake.until("its status", |f| phase(f, &name) == "Pending")
         .await;
 
+    // dave, signed in but without the right to read ActionProposals in shop, is not shown
+    // alice's proposal (its rationale and preview), though the policy has no approverGroups.
+    let r = call(
+        reqwest::Method::GET,
+        "/chat/v1/proposals",
+        Some("dave-token"),
+        Value::Null,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let list: Value = r.json().await.unwrap_or_default();
+    assert_eq!(list["items"], json!([]), "{list}");
+    let review = fake
+        .seen()
+        .into_iter()
+        .rfind(|s| s.path.ends_with("/subjectaccessreviews"))
+        .map(|s| s.body["spec"].clone())
+        .unwrap_or_default();
+    assert_eq!(review["user"], "dave");
+    assert_eq!(
+        review["resourceAttributes"],
+        json!({"namespace": "shop", "verb": "get", "group": "kortex.dev", "resource": "actionproposals"})
+    );
+
     // An API key bot or anyone without a Kubernetes identity cannot decide; bob decides
     // through the API, and the decision is written with bob's own token.
     let r = call(
