@@ -585,16 +585,10 @@ impl ClusterProposals {
             serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
         status["phase"] = json!("Executing");
         status["message"] = json!(format!("approved by {by}; executing"));
-        let mut conditions: Vec<Value> = status["conditions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c["type"] != EXECUTING_CONDITION)
-            .collect();
-        conditions.push(json!({"type": EXECUTING_CONDITION, "status": "True", "reason": "Approved",
-            "message": format!("approved by {by}"), "lastTransitionTime": jiff::Timestamp::now().to_string()}));
-        status["conditions"] = json!(conditions);
+        set_executing(
+            &mut status,
+            json!({"status": "True", "reason": "Approved", "message": format!("approved by {by}")}),
+        );
         // Conditioned on the version read: of two leaders, only one gets here.
         match self
             .write_status(&api, &name, p.metadata.resource_version.as_deref(), &status)
@@ -650,18 +644,11 @@ impl ClusterProposals {
         let message = format!("approved by {by}; not executed: {why}");
         let mut status =
             serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
-        let mut conditions: Vec<Value> = status["conditions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c["type"] != EXECUTING_CONDITION)
-            .collect();
-        conditions.push(json!({"type": EXECUTING_CONDITION, "status": "False",
-            "reason": NOT_ENFORCED_REASON, "message": crate::operator::event_note(why),
-            "lastTransitionTime": jiff::Timestamp::now().to_string(),
-            "observedGeneration": p.metadata.generation}));
-        status["conditions"] = json!(conditions);
+        set_executing(
+            &mut status,
+            json!({"status": "False", "reason": NOT_ENFORCED_REASON,
+                "message": crate::operator::event_note(why), "observedGeneration": p.metadata.generation}),
+        );
         // Written with the phase, message and Event as for any decision.
         let mut p = p.clone();
         p.status = serde_json::from_value(status).ok();
@@ -925,6 +912,22 @@ impl ClusterProposals {
 }
 
 /// Parameters as compared: absent, `null` and `{}` are the same.
+/// Replaces the `Executing` condition of a status (as JSON) with `condition` (its status,
+/// reason, message, ...), stamped now.
+fn set_executing(status: &mut Value, mut condition: Value) {
+    condition["type"] = json!(EXECUTING_CONDITION);
+    condition["lastTransitionTime"] = json!(jiff::Timestamp::now().to_string());
+    let mut conditions: Vec<Value> = status["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c["type"] != EXECUTING_CONDITION)
+        .collect();
+    conditions.push(condition);
+    status["conditions"] = json!(conditions);
+}
+
 fn normalized(params: Option<&serde_json::Value>) -> serde_json::Value {
     match params {
         None | Some(serde_json::Value::Null) => json!({}),
