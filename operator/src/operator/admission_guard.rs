@@ -210,11 +210,10 @@ fn binding_differs(
     if spec["policyName"].as_str() != Some(policy_name) {
         return Some("binds another policy".into());
     }
-    if !contains_any(&spec["validationActions"], &["Deny"])
-        || spec["validationActions"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|v| v == "*"))
-    {
+    let denies = spec["validationActions"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|v| v == "Deny"));
+    if !denies {
         return Some(format!(
             "binding {} does not Deny",
             binding["metadata"]["name"].as_str().unwrap_or_default()
@@ -258,15 +257,12 @@ pub fn unenforced(
     let mut reasons = Vec::new();
     for policy in policies {
         let name = policy["metadata"]["name"].as_str().unwrap_or_default();
-        if !contains_any(
-            &policy["spec"]["matchConstraints"]["resourceRules"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|r| r["resources"].as_array().cloned().unwrap_or_default())
-                .collect::<Value>(),
-            &["actionproposals"],
-        ) {
+        let about_proposals = policy["spec"]["matchConstraints"]["resourceRules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| contains_any(&r["resources"], &["actionproposals"]));
+        if !about_proposals {
             continue;
         }
         if let Some(why) = policy_differs(policy, expected) {

@@ -280,19 +280,19 @@ impl ClusterProposals {
         }
     }
 
-    /// Creates the object, with its dry-run preview and initial status. Returns its name
-    /// and the preview.
+    /// Creates the object, with the target's state pinned in its params, its dry-run
+    /// preview and initial status. Returns its name, the preview and the params as created
+    /// (the database record keeps those, so the leader's comparison holds).
     #[allow(clippy::too_many_arguments)]
     pub async fn create(
         &self,
         id: &str,
         base_name: &str,
         namespace: &str,
-        spec: ActionProposalSpec,
+        mut spec: ActionProposalSpec,
         policy: &ChatPolicySpec,
         expires_at: jiff::Timestamp,
     ) -> Result<(String, Value, Option<Value>), String> {
-        let mut spec = spec;
         // The target's state is pinned in the (immutable) params: what is approved is what
         // the preview showed, or nothing (executor::moved).
         if executor::EXECUTABLE.contains(&spec.action.as_str())
@@ -911,7 +911,6 @@ impl ClusterProposals {
     }
 }
 
-/// Parameters as compared: absent, `null` and `{}` are the same.
 /// Replaces the `Executing` condition of a status (as JSON) with `condition` (its status,
 /// reason, message, ...), stamped now.
 fn set_executing(status: &mut Value, mut condition: Value) {
@@ -928,6 +927,7 @@ fn set_executing(status: &mut Value, mut condition: Value) {
     status["conditions"] = json!(conditions);
 }
 
+/// Parameters as compared: absent, `null` and `{}` are the same.
 fn normalized(params: Option<&serde_json::Value>) -> serde_json::Value {
     match params {
         None | Some(serde_json::Value::Null) => json!({}),

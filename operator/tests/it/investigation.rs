@@ -31,6 +31,37 @@ fn tool_result(body: &Value, call_id: &str) -> Option<String> {
         .and_then(|m| m["content"].as_str().map(str::to_owned))
 }
 
+/// Opens a session with `session` (its `name`, `namespace`...), sends `content` and waits
+/// until the run is over; the session's id.
+pub(crate) async fn chat_once(
+    client: &reqwest::Client,
+    server: &crate::binary::Server,
+    session: Value,
+    content: &str,
+) -> String {
+    let created: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&session)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session: {created}"))
+        .to_owned();
+    client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": content}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_idle(client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    id
+}
+
 pub(crate) async fn wait_idle(client: &reqwest::Client, url: &str) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -162,23 +193,13 @@ spec:
             (openai().text_stream)(&["Pods were OOMKilled after 2.3; rolled back checkout."]),
         ),
     );
-    let old: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-march"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let old_id = old["id"].as_str().unwrap_or_default().to_owned();
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{old_id}/messages")))
-        .json(&json!({"content": "checkout pods are OOMKilled"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{old_id}"))).await;
+    chat_once(
+        &client,
+        &server,
+        json!({"name": "incident-march"}),
+        "checkout pods are OOMKilled",
+    )
+    .await;
 
     // Step 1: the first page of logs and the incident history.
     push(

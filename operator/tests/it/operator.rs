@@ -1630,7 +1630,7 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
 /// `kortex_admission_policy_enforced` is 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_admission_policy_approved_proposals_are_not_executed() {
-    use crate::investigation::{tool_calls, wait_idle};
+    use crate::investigation::{chat_once, tool_calls};
     use crate::llm::{openai, push, streamed};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
@@ -1666,23 +1666,13 @@ async fn without_the_admission_policy_approved_proposals_are_not_executed() {
         &script,
         streamed(&openai(), (openai().text_stream)(&["Proposed."])),
     );
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-10", "namespace": "team-a"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "api is stuck"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    chat_once(
+        &client,
+        &server,
+        json!({"name": "incident-10", "namespace": "team-a"}),
+        "api is stuck",
+    )
+    .await;
     fake.until("the proposal", |f| {
         proposal_named(f, "restart-api-").is_some()
     })
