@@ -800,25 +800,6 @@ async fn finish_call(
     Ok(())
 }
 
-/// How much of the pending text may be sent now: up to its last whitespace, so a token or
-/// key split across two deltas is redacted whole (credentials have no whitespace inside);
-/// everything once the held-back tail passes 512 bytes.
-fn ready_to_send(pending: &str) -> usize {
-    const MAX_HELD: usize = 512;
-    match pending.rfind(char::is_whitespace) {
-        Some(i) => {
-            let end = i + pending[i..].chars().next().map_or(1, char::len_utf8);
-            if pending.len() - end > MAX_HELD {
-                pending.len()
-            } else {
-                end
-            }
-        }
-        None if pending.len() > MAX_HELD => pending.len(),
-        None => 0,
-    }
-}
-
 /// What one provider call produced.
 #[derive(Default)]
 struct StepOutcome {
@@ -863,7 +844,9 @@ async fn stream_step(
         },
         _ = cancel.changed() => return Ok(out),
     };
-    let mut pending = String::new();
+    // What is sent never shows what the stored copy redacts: text waits while a
+    // credential or personal data could still be forming at its end.
+    let mut pending = crate::redact::StreamRedactor::new(redactor);
     let mut flush_at: Option<tokio::time::Instant> = None;
     loop {
         let next = tokio::select! {
@@ -872,16 +855,10 @@ async fn stream_step(
             _ = cancel.changed() => break,
             _ = async { if let Some(at) = flush_at { tokio::time::sleep_until(at).await } else { std::future::pending::<()>().await } } => {
                 flush_at = None;
-                // Redaction must see a credential whole: the text after the last
-                // whitespace waits for the next flush (unless it grows long).
-                let cut = ready_to_send(&pending);
-                if cut == 0 {
-                    flush_at = Some(tokio::time::Instant::now() + COALESCE);
-                    continue;
+                let chunk = pending.ready();
+                if !chunk.is_empty() {
+                    engine.emit(&session.id, run_id, event::TEXT_DELTA, json!({"runId": run_id, "text": chunk})).await?;
                 }
-                let rest = pending.split_off(cut);
-                let chunk = redactor.text(&std::mem::replace(&mut pending, rest)).0;
-                engine.emit(&session.id, run_id, event::TEXT_DELTA, json!({"runId": run_id, "text": chunk})).await?;
                 if !pending.is_empty() {
                     flush_at = Some(tokio::time::Instant::now() + COALESCE);
                 }
@@ -893,7 +870,7 @@ async fn stream_step(
                 out.text.push_str(&t);
                 if live {
                     out.output_started = true;
-                    pending.push_str(&t);
+                    pending.push(&t);
                     flush_at.get_or_insert_with(|| tokio::time::Instant::now() + COALESCE);
                 }
             }
@@ -920,8 +897,8 @@ async fn stream_step(
             None => break,
         }
     }
-    if !pending.is_empty() {
-        let chunk = redactor.text(&pending).0;
+    let chunk = pending.finish();
+    if !chunk.is_empty() {
         engine
             .emit(
                 &session.id,
@@ -932,20 +909,4 @@ async fn stream_step(
             .await?;
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ready_to_send;
-
-    #[test]
-    fn text_is_sent_up_to_its_last_whitespace() {
-        assert_eq!(ready_to_send("the key is sk-live-01"), "the key is ".len());
-        assert_eq!(ready_to_send("sk-live-0123"), 0);
-        assert_eq!(ready_to_send("done.\n"), 6);
-        assert_eq!(ready_to_send("é x"), "é ".len());
-        let long = "x".repeat(600);
-        assert_eq!(ready_to_send(&long), 600);
-        assert_eq!(ready_to_send(&format!("a {long}")), 602);
-    }
 }

@@ -11,8 +11,10 @@
 
 pub mod patterns;
 mod secrets;
+mod stream;
 
 pub use secrets::{MIN_SECRET_LEN, SECRET_PLACEHOLDER, SecretRedactor, base64, base64_bytes};
+pub use stream::StreamRedactor;
 
 use crate::crd::Privacy;
 use crate::llm::{ChatRequest, Message};

@@ -114,6 +114,130 @@ static PII: LazyLock<Vec<Pattern>> = LazyLock::new(|| {
     ]
 });
 
+/// What a stream holds back for: a lazy DFA per pattern set that tells, from a position,
+/// whether more text could still make a match there (`MatchKind::All`, so every pattern
+/// and every length counts; the checks such as Luhn are not applied, so it over-holds).
+/// `\b` becomes ASCII `(?-u:\b)`: a Unicode boundary in front of or after an ASCII word
+/// character is always an ASCII one, so this never misses a match the Unicode patterns
+/// make, and it works on any text without the lazy DFA giving up on non-ASCII bytes.
+pub(crate) struct Liveness {
+    dfa: regex_automata::hybrid::dfa::DFA,
+}
+
+/// A PEM private key as far as [`private_keys`] takes one: the BEGIN line, key material,
+/// and the END line that completes it.
+const PEM_LIVE: &str = r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----(?:-{0,4}[A-Za-z0-9+/=:,\\\s])*(?:-----END (?:[A-Z0-9]+ )*PRIVATE KEY-----)?";
+
+pub(crate) static CREDENTIALS_LIVE: LazyLock<Option<Liveness>> = LazyLock::new(|| {
+    Liveness::new(
+        CREDENTIALS
+            .iter()
+            .filter_map(|p| p.regex.as_ref().map(|r| ascii_boundaries(r.as_str())))
+            .chain([PEM_LIVE.to_owned()]),
+    )
+});
+
+pub(crate) static PII_LIVE: LazyLock<Option<Liveness>> = LazyLock::new(|| {
+    Liveness::new(
+        PII.iter()
+            .filter_map(|p| p.regex.as_ref().map(|r| ascii_boundaries(r.as_str()))),
+    )
+});
+
+/// `\b` outside classes as `(?-u:\b)`.
+fn ascii_boundaries(re: &str) -> String {
+    let mut out = String::with_capacity(re.len() + 16);
+    let mut chars = re.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('b') => out.push_str("(?-u:\\b)"),
+            Some(next) => {
+                out.push(c);
+                out.push(next);
+            }
+            None => out.push(c),
+        }
+    }
+    out
+}
+
+impl Liveness {
+    fn new(patterns: impl Iterator<Item = String>) -> Option<Self> {
+        use regex_automata::hybrid::dfa::DFA;
+        let patterns: Vec<String> = patterns.collect();
+        let dfa = DFA::builder()
+            .configure(DFA::config().match_kind(regex_automata::MatchKind::All))
+            .build_many(&patterns)
+            .ok()?;
+        Some(Self { dfa })
+    }
+
+    pub(crate) fn cache(&self) -> regex_automata::hybrid::dfa::Cache {
+        self.dfa.create_cache()
+    }
+
+    /// Every stretch of `text` from `from` on (`from` a character boundary; `text[..from]`
+    /// is look-behind only, for `\b`) that a match might cover: `(start, end)` for the
+    /// longest match starting there that the text so far makes, and `(start, usize::MAX)`
+    /// where more text could still make or extend one (the last stretch listed).
+    pub(crate) fn spans(
+        &self,
+        cache: &mut regex_automata::hybrid::dfa::Cache,
+        text: &str,
+        from: usize,
+        out: &mut Vec<(usize, usize)>,
+    ) {
+        use regex_automata::{Anchored, Input};
+        let bytes = text.as_bytes();
+        for start in (from..bytes.len()).filter(|i| text.is_char_boundary(*i)) {
+            let input = Input::new(bytes)
+                .span(start..bytes.len())
+                .anchored(Anchored::Yes);
+            // Any failure of the lazy DFA counts as "could match": it holds, never leaks.
+            let Ok(mut state) = self.dfa.start_state_forward(cache, &input) else {
+                out.push((start, usize::MAX));
+                return;
+            };
+            let mut end = None;
+            let mut at = start;
+            let alive = loop {
+                let Some(b) = bytes.get(at) else {
+                    break true;
+                };
+                match self.dfa.next_state(cache, state, *b) {
+                    Ok(next) if next.is_quit() => break true,
+                    Ok(next) => {
+                        // Matches are reported one byte late: this one ends at `at`.
+                        if next.is_match() {
+                            end = Some(at);
+                        }
+                        if next.is_dead() {
+                            break false;
+                        }
+                        state = next;
+                    }
+                    Err(_) => {
+                        cache.reset(&self.dfa);
+                        break true;
+                    }
+                }
+                at += 1;
+            };
+            if alive {
+                // Nothing from here on can be sent yet: no need to look further.
+                out.push((start, usize::MAX));
+                return;
+            } else if let Some(end) = end.filter(|e| *e > start) {
+                out.push((start, end));
+            }
+        }
+    }
+}
+
 /// Whether the digits of `text` pass the Luhn check (payment card numbers).
 pub fn luhn(text: &str) -> bool {
     let digits: Vec<u32> = text.chars().filter_map(|c| c.to_digit(10)).collect();

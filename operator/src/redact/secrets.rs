@@ -20,6 +20,8 @@ pub const MIN_SECRET_LEN: usize = 4;
 #[derive(Clone, Default)]
 pub struct SecretRedactor {
     matcher: Option<AhoCorasick>,
+    /// What the matcher finds, for [`SecretRedactor::partial_at_end`].
+    forms: std::sync::Arc<[String]>,
 }
 
 impl std::fmt::Debug for SecretRedactor {
@@ -57,7 +59,30 @@ impl SecretRedactor {
             .match_kind(MatchKind::LeftmostLongest)
             .build(&patterns)
             .ok();
-        Self { matcher }
+        Self {
+            matcher,
+            forms: patterns.into(),
+        }
+    }
+
+    /// Every stretch of `text` a form covers, as `(start, end)`, and `(start, usize::MAX)`
+    /// for a tail that more text could make into one (a proper prefix of a form).
+    pub(crate) fn spans(&self, text: &str, out: &mut Vec<(usize, usize)>) {
+        let Some(matcher) = &self.matcher else {
+            return;
+        };
+        out.extend(matcher.find_iter(text).map(|m| (m.start(), m.end())));
+        let longest = self.forms.iter().map(String::len).max().unwrap_or(0);
+        let from = text.len().saturating_sub(longest);
+        let tail = (from..text.len())
+            .filter(|i| text.is_char_boundary(*i))
+            .find(|i| {
+                let tail = &text.as_bytes()[*i..];
+                self.forms
+                    .iter()
+                    .any(|f| f.len() > tail.len() && f.as_bytes().starts_with(tail))
+            });
+        out.extend(tail.map(|i| (i, usize::MAX)));
     }
 
     /// `text` with every occurrence replaced, and how many there were.

@@ -454,6 +454,60 @@ async fn redaction(server: &Server, backup: &Arc<Script>) {
         json!(0),
         "the stored question was already redacted"
     );
+
+    // An answer whose credentials and personal data arrive split across slow deltas (each
+    // flushed before the next): what is streamed hides what the stored copy hides.
+    let d = openai();
+    let pieces = [
+        "Found it. The password: ",
+        "hunter2-s3cr",
+        "et-77 and the header Bearer ",
+        "abcdef0123456789",
+        "xyz0123 and ",
+        "the key sk-backup-TEST",
+        "KEY-5678; mail jane.",
+        "doe@example.com; card 4111 1111 ",
+        "1111 1111; -----BEGIN PRIVATE KEY-----\nMIIEvQIBADAN",
+        "BgkqhkiG9w0\n-----END PRIVATE KEY----- done.",
+    ];
+    let mut reply = streamed(&d, (d.text_stream)(&pieces));
+    reply.chunk_delay = Some(std::time::Duration::from_millis(120));
+    push(backup, reply);
+    let events = ask(server, &id, "what is in the config?").await;
+    assert_eq!(state(&events), json!("completed"));
+    let deltas = events.iter().filter(|e| e.event == "text.delta").count();
+    assert!(deltas > 3, "the answer was streamed in pieces: {deltas}");
+    let streamed_text = text(&events);
+    let stored = get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
+    let answer = stored["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "assistant"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    for leaked in [
+        "hunter2",
+        "s3cret",
+        "et-77",
+        "0123456789xyz",
+        "xyz0123",
+        "KEY-5678",
+        "jane.doe",
+        "1111 1111",
+        "MIIEvQ",
+        "BgkqhkiG9w0",
+    ] {
+        assert!(!answer.contains(leaked), "{leaked} stored: {answer}");
+        assert!(
+            !streamed_text.contains(leaked),
+            "{leaked} streamed: {streamed_text}"
+        );
+    }
+    assert_eq!(streamed_text, answer, "what is streamed is what is stored");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
