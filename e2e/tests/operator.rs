@@ -623,7 +623,9 @@ async fn run(
         Some(ns),
         &json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
         "metadata": {"name": "local", "namespace": ns},
+        // The scripted model listens on this machine's loopback: allowed explicitly.
         "spec": {"type": "openai-compatible", "baseUrl": base_url, "defaultModel": "e2e-model",
+            "allowPrivateTargets": true,
             "apiKeySecretRef": {"name": "llm-keys", "key": "openai"}}}),
     )
     .await?;

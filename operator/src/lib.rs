@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod chat;
 pub mod cli;
 pub mod crd;
+pub mod egress;
 pub mod glob;
 pub mod govern;
 pub mod http;

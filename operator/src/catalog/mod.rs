@@ -93,6 +93,39 @@ pub struct ObjectSet {
     pub proposals: Vec<ActionProposal>,
     /// Secrets (referenced ones and credential Secrets).
     pub secrets: Vec<Secret>,
+    /// Header names no provider or tool may send besides [`RESERVED_HEADERS`]: the
+    /// identity headers of the authenticating proxy in front of Kortex (`--auth-proxy-header`).
+    pub reserved_headers: Vec<String>,
+}
+
+/// Headers no `LLMProvider` or `KortexTool` may send (case-insensitive; a trailing `*` is a
+/// prefix): the identities that authenticating proxies and the Kubernetes API server trust
+/// (a resource could otherwise speak as someone else to whatever trusts them), and the
+/// marker of Kortex's own requests.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "x-forwarded-user",
+    "x-forwarded-groups",
+    "x-forwarded-email",
+    "x-forwarded-preferred-username",
+    "x-auth-request-user",
+    "x-auth-request-groups",
+    "x-auth-request-email",
+    "x-auth-request-preferred-username",
+    "x-remote-user",
+    "x-remote-group",
+    "x-remote-extra-*",
+    "remote-user",
+    "impersonate-*",
+    crate::egress::VIA_HEADER,
+];
+
+/// Whether `name` is a reserved header (see [`RESERVED_HEADERS`]) or one of `extra`.
+pub fn reserved_header(name: &str, extra: &[String]) -> bool {
+    let name = name.trim().to_ascii_lowercase();
+    RESERVED_HEADERS.iter().any(|r| match r.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *r,
+    }) || extra.iter().any(|e| e.trim().eq_ignore_ascii_case(&name))
 }
 
 /// A provider as served: the object with its computed status, and its resolved secrets.
@@ -299,13 +332,13 @@ pub fn compile(objects: &ObjectSet, now: jiff::Timestamp) -> Catalog {
         .providers
         .iter()
         .map(|p| {
-            let entry = compile_provider(p, &secrets, now);
+            let entry = compile_provider(p, &secrets, &objects.reserved_headers, now);
             used_values.extend(entry.secrets.values().map(|v| Arc::from(v.expose())));
             (ObjectKey::of(p), entry)
         })
         .collect();
 
-    let tools = compile_tools(&objects.tools, &secrets, now);
+    let tools = compile_tools(&objects.tools, &secrets, &objects.reserved_headers, now);
     for t in tools.values() {
         used_values.extend(t.secrets.values().map(|v| Arc::from(v.expose())));
     }
@@ -378,6 +411,7 @@ fn resolve_all(
 fn compile_provider(
     p: &LLMProvider,
     secrets: &SecretIndex<'_>,
+    objects_reserved: &[String],
     now: jiff::Timestamp,
 ) -> ProviderEntry {
     let ns = p.namespace().unwrap_or_else(|| "default".into());
@@ -408,9 +442,16 @@ fn compile_provider(
         }
     }
     spec_problems.extend(header_problems(&spec.headers, "spec.headers"));
+    let reserved = reserved_problems(
+        spec.headers.iter().map(|h| h.name.as_str()),
+        "spec.headers",
+        objects_reserved,
+    );
 
     let has_model = spec.default_model.is_some() || !spec.models.is_empty();
-    let ready = if !spec_problems.is_empty() {
+    let ready = if !reserved.is_empty() {
+        Desired::fail(types::READY, reasons::RESERVED_HEADER, reserved.join("; "))
+    } else if !spec_problems.is_empty() {
         Desired::fail(
             types::READY,
             reasons::INVALID_SPEC,
@@ -524,6 +565,7 @@ fn compile_provider(
 fn compile_tools(
     tools: &[KortexTool],
     secrets: &SecretIndex<'_>,
+    objects_reserved: &[String],
     now: jiff::Timestamp,
 ) -> BTreeMap<ObjectKey, ToolEntry> {
     // The older resource keeps a contested name: order by creation, then namespace/name.
@@ -593,8 +635,17 @@ fn compile_tools(
             (None, Some(m)) => Some(("spec.mcp", &m.headers, &m.auth)),
             (None, None) => None,
         };
+        let mut reserved = Vec::new();
         if let Some((path, headers, auth)) = backend {
             spec_problems.extend(header_problems(headers, &format!("{path}.headers")));
+            reserved = reserved_problems(
+                headers
+                    .iter()
+                    .map(|h| h.name.as_str())
+                    .chain(auth.as_ref().and_then(|a| a.header.as_deref())),
+                &format!("{path}.headers"),
+                objects_reserved,
+            );
             if let Some(a) = auth
                 && a.auth_type == crate::crd::AuthType::ApiKey
                 && a.header.is_none()
@@ -603,7 +654,13 @@ fn compile_tools(
             }
         }
 
-        let accepted = if !spec_problems.is_empty() {
+        let accepted = if !reserved.is_empty() {
+            Desired::fail(
+                types::ACCEPTED,
+                reasons::RESERVED_HEADER,
+                reserved.join("; "),
+            )
+        } else if !spec_problems.is_empty() {
             Desired::fail(
                 types::ACCEPTED,
                 reasons::INVALID_SPEC,
@@ -679,6 +736,22 @@ fn compile_tools(
         );
     }
     out
+}
+
+/// Headers a resource may not send (see [`RESERVED_HEADERS`]).
+fn reserved_problems<'a>(
+    names: impl Iterator<Item = &'a str>,
+    path: &str,
+    extra: &[String],
+) -> Vec<String> {
+    names
+        .filter(|n| reserved_header(n, extra))
+        .map(|n| {
+            format!(
+                "{path}: header {n} is reserved (it carries an identity that proxies or the API server trust, or marks Kortex's own requests); Kortex never sends it for a resource"
+            )
+        })
+        .collect()
 }
 
 /// The one-of rule of header specs (also a CEL rule of the CRD).

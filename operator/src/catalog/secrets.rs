@@ -12,6 +12,21 @@ use std::sync::Arc;
 /// environment variables: `key=VAR,key2=VAR2`. Lets the catalog say why a key is missing.
 pub const UNSET_ENV_ANNOTATION: &str = "kortex.dev/unset-env";
 
+/// The label a Secret carries (value `"true"`) to let Kortex read it for an `LLMProvider` or
+/// `KortexTool`: a resource may only name Secrets their owner opted in, so nobody can have
+/// Kortex read and send a Secret they could not read themselves.
+pub const USE_LABEL: &str = "kortex.dev/use";
+
+/// Whether `secret` opted in to use by Kortex ([`USE_LABEL`]).
+pub fn opted_in(secret: &Secret) -> bool {
+    secret
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(USE_LABEL))
+        .is_some_and(|v| v == "true")
+}
+
 /// A resolved secret value. `Debug` and `Display` never show it, and it is not `Serialize`,
 /// so it cannot reach a log line or an API response by accident.
 #[derive(Clone, PartialEq, Eq)]
@@ -82,6 +97,15 @@ impl<'a> SecretIndex<'a> {
                 ),
             });
         };
+        if !opted_in(secret) {
+            return Err(SecretProblem {
+                reason: crate::crd::conditions::reasons::SECRET_NOT_OPTED_IN,
+                message: format!(
+                    "secret {} key {}: Secret {} is not labelled {USE_LABEL}: \"true\"; Kortex reads only Secrets their owner opted in (kubectl label secret {} {USE_LABEL}=true -n {namespace})",
+                    r.name, r.key, r.name, r.name
+                ),
+            });
+        }
         let raw: Option<Vec<u8>> = secret
             .string_data
             .as_ref()
@@ -180,6 +204,7 @@ mod tests {
         s.metadata.namespace = Some("default".into());
         s.metadata.uid = Some(format!("uid-{name}"));
         s.metadata.resource_version = Some("1".into());
+        s.metadata.labels = Some([(USE_LABEL.to_owned(), "true".to_owned())].into());
         if !string_data.is_empty() {
             s.string_data = Some(
                 string_data

@@ -42,7 +42,7 @@ fn policy(name: &str, spec: serde_json::Value) -> ChatPolicy {
 fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
     obj(serde_json::json!({
         "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": name, "namespace": "default", "uid": "u1", "resourceVersion": "7"},
+        "metadata": {"name": name, "namespace": "default", "uid": "u1", "resourceVersion": "7", "labels": {"kortex.dev/use": "true"}},
         "stringData": data.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect::<serde_json::Map<_, _>>()
     }))
 }

@@ -281,6 +281,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         with_engine: None,
         cluster_auth: None,
         auth_proxy: None,
+        egress: Arc::new(crate::egress::Egress::standalone(crate::egress::Own {
+            ports: vec![args.listen.port()],
+            ..Default::default()
+        })),
     })
     .await
 }
@@ -310,6 +314,8 @@ struct Server {
     cluster_auth: Option<Arc<crate::operator::auth::ClusterAuth>>,
     /// An authenticating proxy's identity headers.
     auth_proxy: Option<Arc<crate::http::auth::AuthProxy>>,
+    /// Where tools and providers may send requests.
+    egress: Arc<crate::egress::Egress>,
 }
 
 /// Cluster mode's hook on the engine.
@@ -334,9 +340,10 @@ async fn run_server(server: Server) -> Result<(), String> {
         with_engine,
         cluster_auth,
         auth_proxy,
+        egress,
     } = server;
     let config_rx = config_tx.subscribe();
-    let mut egress = crate::tools::egress::Egress::from_env();
+    let egress = crate::egress::install(egress);
     let mut router = crate::tools::Router::new(metrics.clone());
     match cluster {
         Some((client, url)) => {
@@ -349,7 +356,7 @@ async fn run_server(server: Server) -> Result<(), String> {
                 router.add(tool);
             }
             // Service names may resolve anywhere (ExternalName): the egress guard applies.
-            let guarded = Arc::new(egress.clone()).client(false)?;
+            let guarded = egress.plugin_client(false)?;
             router.add(Arc::new(crate::tools::admin_info::AdminInfo::new(
                 guarded,
                 &tools.cluster_domain,
@@ -373,7 +380,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         }
         tracing::info!(url = %url, "Prometheus tools read {url}");
     }
-    let plugin_host = crate::tools::plugins::PluginHost::new(egress)?;
+    let plugin_host = crate::tools::plugins::PluginHost::new(egress.clone())?;
     let plugins = tokio::spawn(crate::tools::plugins::run(
         config_rx.clone(),
         plugins_tx,
@@ -397,6 +404,12 @@ async fn run_server(server: Server) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, "listening on http://{local}");
+    // The port really bound (`:0` picks one): no tool or provider may call it.
+    let mut own = egress.own();
+    if !own.ports.contains(&local.port()) {
+        own.ports.push(local.port());
+        egress.set_own(own);
+    }
 
     // Standalone: proposals live in the database and expire there. Cluster mode: the
     // leader moves the ActionProposal objects and mirrors them.

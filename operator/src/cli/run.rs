@@ -39,6 +39,11 @@ pub struct RunArgs {
     /// This replica's identity in the leader Lease (default: `POD_NAME`, then the host name).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// This pod's addresses (the downward API's `status.podIPs`, comma-separated): no tool
+    /// or provider may target them. Default: the address this pod reaches the API server
+    /// from.
+    #[arg(long, env = "POD_IPS", value_delimiter = ',', value_name = "IP")]
+    pub pod_ips: Vec<std::net::IpAddr>,
     /// How API callers authenticate: `auto` (none on a loopback address, otherwise
     /// Kubernetes tokens and chat keys), `kubernetes` (tokens and chat keys, wherever it
     /// listens) or `none` (loopback addresses only).
@@ -55,6 +60,19 @@ pub struct RunArgs {
     /// from anywhere else are ignored.
     #[arg(long = "auth-proxy-from", value_name = "CIDR")]
     pub auth_proxy_from: Vec<crate::http::auth::Cidr>,
+    /// A shared secret the proxy must send in `--auth-proxy-secret-header` as well (from
+    /// a Secret, through the environment): recommended wherever other workloads can reach
+    /// Kortex from the proxy's network.
+    #[arg(
+        long,
+        env = "KORTEX_AUTH_PROXY_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub auth_proxy_secret: Option<String>,
+    /// The header carrying the shared secret.
+    #[arg(long, default_value = "X-Kortex-Proxy-Secret", value_name = "HEADER")]
+    pub auth_proxy_secret_header: String,
     /// Tool settings.
     #[command(flatten)]
     pub tools: ToolArgs,
@@ -78,6 +96,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         "kortex run needs a cluster: run it in a pod (in-cluster service account) or set KUBECONFIG; without a cluster use kortex serve".to_owned()
     })?;
     let url = kube_config.cluster_url.to_string();
+    let api_host = kube_config.cluster_url.host().map(str::to_owned);
     let client = kube::Client::try_from(kube_config.clone())
         .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
     let own_namespace = args
@@ -88,6 +107,15 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     let scope = Scope {
         namespace: args.namespace.clone(),
         own_namespace: own_namespace.clone(),
+        reserved_headers: args
+            .auth_proxy_header
+            .iter()
+            .chain([
+                &args.auth_proxy_groups_header,
+                &args.auth_proxy_secret_header,
+            ])
+            .cloned()
+            .collect(),
     };
     tracing::info!(
         server = %url,
@@ -125,6 +153,16 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
             user_header: header.clone(),
             groups_header: args.auth_proxy_groups_header.clone(),
             from: args.auth_proxy_from.clone(),
+            secret: args
+                .auth_proxy_secret
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .map(|s| {
+                    (
+                        args.auth_proxy_secret_header.clone(),
+                        crate::catalog::SecretValue::new(s),
+                    )
+                }),
         })),
         (None, _) => None,
     };
@@ -148,6 +186,22 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         client.clone(),
         LeaseConfig::new(&own_namespace, &identity),
         leader_tx,
+        stop_rx.clone(),
+    ));
+    // Kortex itself is never a target of a tool or a provider.
+    let egress = Arc::new(crate::egress::Egress::cluster(
+        crate::egress::Own {
+            ips: crate::operator::own_addresses::pod_ips(&args.pod_ips, api_host.as_deref()),
+            ports: vec![args.listen.port()],
+            ..Default::default()
+        },
+        &crate::operator::own_addresses::marker(&url, &own_namespace),
+    ));
+    let own_addresses = tokio::spawn(crate::operator::own_addresses::run(
+        client.clone(),
+        egress.clone(),
+        own_namespace.clone(),
+        args.tools.cluster_domain.clone(),
         stop_rx.clone(),
     ));
     let probes = crate::llm::probe::ProbeBoard::default();
@@ -188,10 +242,11 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         probes,
         plugins,
         stop: (stop_tx, stop_rx),
-        tasks: vec![compile, election],
+        tasks: vec![compile, election, own_addresses],
         with_engine: Some(with_engine),
         cluster_auth: Some(cluster_auth),
         auth_proxy,
+        egress,
     })
     .await
 }

@@ -39,6 +39,11 @@ pub mod reasons {
     pub const SECRET_NOT_RESOLVED: &str = "SecretNotResolved";
     /// The name is already taken.
     pub const NAME_CONFLICT: &str = "NameConflict";
+    /// A header names an identity (an authenticating proxy's, impersonation) or Kortex's
+    /// own marker: Kortex will not send it for a resource.
+    pub const RESERVED_HEADER: &str = "ReservedHeader";
+    /// A referenced Secret is not labelled `kortex.dev/use: "true"`.
+    pub const SECRET_NOT_OPTED_IN: &str = "SecretNotOptedIn";
     /// The spec is invalid in a way the schema cannot express.
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// The object was accepted.

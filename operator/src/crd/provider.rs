@@ -60,6 +60,11 @@ pub struct LLMProviderSpec {
     /// Extra PEM certificates to trust for this endpoint (internal CAs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle_secret_ref: Option<SecretKeyRef>,
+    /// Allow link-local and metadata addresses, the Kubernetes API server and (in cluster
+    /// mode) loopback as the endpoint, e.g. a model server in a sidecar. Kortex itself is
+    /// never allowed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_private_targets: bool,
     /// Known models with their context sizes and prices. `ollama` and `openai-compatible`
     /// providers may discover more.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -63,7 +63,8 @@ pub struct KortexToolSpec {
     #[serde(default = "all_sessions")]
     #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
     pub allowed_sessions: Vec<String>,
-    /// Allow link-local and metadata addresses and the Kubernetes API server as targets.
+    /// Allow link-local and metadata addresses, the Kubernetes API server and (in cluster
+    /// mode) loopback as targets. Kortex itself is never allowed.
     #[serde(default)]
     pub allow_private_targets: bool,
     /// Per-call timeout (default `10s`, never more than `5m`).

@@ -216,7 +216,7 @@ mod tests {
             secrets: vec![
                 serde_json::from_value(json!({
                     "apiVersion": "v1", "kind": "Secret",
-                    "metadata": {"name": "keys", "namespace": "ops"}, "stringData": {"a": "sk-a-123456"}
+                    "metadata": {"name": "keys", "namespace": "ops", "labels": {"kortex.dev/use": "true"}}, "stringData": {"a": "sk-a-123456"}
                 }))
                 .unwrap_or_else(|e| panic!("{e}")),
             ],

@@ -45,6 +45,9 @@ pub struct AuthProxy {
     pub groups_header: String,
     /// Networks the proxy connects from.
     pub from: Vec<Cidr>,
+    /// A shared secret the proxy must also send (header name, value): an address alone is
+    /// weak proof when other workloads share the network.
+    pub secret: Option<(String, crate::catalog::SecretValue)>,
 }
 
 /// An IP network, `10.0.0.0/8` or `fd00::/8` (a bare address is a /32 or /128).
@@ -103,6 +106,11 @@ impl Cidr {
     }
 }
 
+/// Compares without stopping at the first difference (the shared secret of a proxy).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// The caller an authenticating proxy vouches for, when the request comes from it.
 fn proxied(proxy: &AuthProxy, req: &Request) -> Option<Caller> {
     let peer = req
@@ -120,6 +128,12 @@ fn proxied(proxy: &AuthProxy, req: &Request) -> Option<Caller> {
             .map(str::trim)
             .filter(|v| !v.is_empty())
     };
+    if let Some((name, secret)) = &proxy.secret {
+        let sent = header(name).unwrap_or_default();
+        if !constant_time_eq(sent.as_bytes(), secret.expose().as_bytes()) {
+            return None;
+        }
+    }
     let user = header(&proxy.user_header)?;
     let groups = header(&proxy.groups_header)
         .map(|g| {

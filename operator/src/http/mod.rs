@@ -119,6 +119,7 @@ pub fn router(state: AppState) -> Router {
         .merge(api)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(refuse_own_requests))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -229,6 +230,26 @@ async fn method_not_allowed(req: Request) -> ApiError {
         "method_not_allowed",
         format!("{} is not allowed on {}", req.method(), req.uri().path()),
     )
+}
+
+/// Refuses what Kortex's own tools and providers send (they carry this installation's
+/// marker, see [`crate::egress`]): whatever route leads back here, a `KortexTool` or an
+/// `LLMProvider` cannot make Kortex call itself, let alone as someone else.
+async fn refuse_own_requests(req: Request, next: Next) -> Response {
+    let egress = crate::egress::current();
+    let ours = req
+        .headers()
+        .get_all(crate::egress::VIA_HEADER)
+        .iter()
+        .any(|v| v.as_bytes() == egress.marker().as_bytes());
+    if ours {
+        tracing::warn!(path = %req.uri().path(), "refused a request made by one of Kortex's own tools or providers");
+        return ApiError::forbidden(
+            "this request was made by a Kortex tool or provider: Kortex does not serve its own tools and providers",
+        )
+        .into_response();
+    }
+    next.run(req).await
 }
 
 async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {

@@ -418,7 +418,7 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         retry: RetryPolicy::default(),
         models: spec.models.clone(),
     };
-    let client = wire::client(&config, ca_bundle)?;
+    let client = wire::client(&config, ca_bundle, spec.allow_private_targets)?;
     let adapter: Arc<dyn LlmProvider> = match spec.provider_type {
         ProviderType::Anthropic => Arc::new(anthropic::Anthropic::new(config, client)),
         ProviderType::OpenAi => Arc::new(openai::OpenAi::new(config, client, false)),

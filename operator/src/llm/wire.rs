@@ -1,6 +1,7 @@
-//! HTTP plumbing shared by the adapters: the client (timeouts, CA bundle, proxies from the
-//! environment), error mapping, and the two streaming framings — Server-Sent Events
-//! (Anthropic, OpenAI) and newline-delimited JSON (Ollama) — as pure decoders.
+//! HTTP plumbing shared by the adapters: the client (the egress guard, timeouts, CA bundle,
+//! proxies from the environment), error mapping, bounded reads, and the two streaming
+//! framings — Server-Sent Events (Anthropic, OpenAI) and newline-delimited JSON (Ollama) —
+//! as pure decoders.
 
 use super::{ChatStream, ErrorKind, LlmError, ProviderConfig, StreamEvent};
 use crate::catalog::SecretValue;
@@ -10,13 +11,34 @@ use std::time::Duration;
 
 /// Longest error body read from a provider.
 const MAX_ERROR_BODY: usize = 16 * 1024;
+/// Longest JSON answer read (an embeddings batch is the largest a provider sends).
+pub const MAX_BODY: usize = 64 * 1024 * 1024;
+/// Longest SSE or NDJSON line of a stream.
+pub const MAX_LINE: usize = 4 * 1024 * 1024;
+/// Most bytes one streamed answer may take.
+pub const MAX_STREAM: usize = 64 * 1024 * 1024;
 
-/// The HTTP client of one provider. reqwest reads `HTTPS_PROXY`, `HTTP_PROXY` and
-/// `NO_PROXY` from the environment by default.
+/// The HTTP client of one provider, behind the egress guard ([`crate::egress`]): its
+/// endpoint may not be a metadata service, the API server or (in cluster mode) loopback
+/// unless `allow_private` (`allowPrivateTargets`), and never Kortex itself; redirects are
+/// not followed. `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY` of the environment (set by whoever
+/// deploys Kortex, not by an `LLMProvider`) are honoured.
 pub fn client(
     config: &ProviderConfig,
     ca_bundle: Option<&SecretValue>,
+    allow_private: bool,
 ) -> Result<reqwest::Client, LlmError> {
+    let egress = crate::egress::current();
+    let base = reqwest::Url::parse(&config.base_url).map_err(|e| {
+        LlmError::new(
+            ErrorKind::Config,
+            &config.name,
+            format!("spec.baseUrl {:?} is not a URL: {e}", config.base_url),
+        )
+    })?;
+    egress
+        .check_url(&base, allow_private)
+        .map_err(|e| LlmError::new(ErrorKind::Config, &config.name, e))?;
     let mut builder = reqwest::Client::builder()
         .connect_timeout(config.timeout.min(Duration::from_secs(10)))
         .user_agent(concat!("kortex/", env!("CARGO_PKG_VERSION")));
@@ -33,13 +55,18 @@ pub fn client(
             builder = builder.add_root_certificate(cert);
         }
     }
-    builder.build().map_err(|e| {
-        LlmError::new(
-            ErrorKind::Config,
-            &config.name,
-            format!("cannot build HTTP client: {e}"),
-        )
-    })
+    egress
+        .client(allow_private, builder, true)
+        .map_err(|e| LlmError::new(ErrorKind::Config, &config.name, e))
+}
+
+/// The error of a provider answer over a size limit.
+fn too_large(config: &ProviderConfig, what: &str, limit: usize) -> LlmError {
+    LlmError::new(
+        ErrorKind::Upstream,
+        &config.name,
+        format!("{what} exceeded {} MiB; the rest was not read", limit >> 20),
+    )
 }
 
 /// Maps a transport error.
@@ -85,6 +112,24 @@ pub async fn send(
     let status = response.status();
     if status.is_success() {
         return Ok(response);
+    }
+    if status.is_redirection() {
+        // Redirects are not followed: one could lead anywhere, past the egress guard.
+        let to = response
+            .headers()
+            .get(reqwest::header::LOCATION)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("elsewhere");
+        let to = reqwest::Url::parse(to)
+            .map(|u| format!("{}://{}", u.scheme(), u.host_str().unwrap_or_default()))
+            .unwrap_or_else(|_| "another address".to_owned());
+        return Err(LlmError::new(
+            ErrorKind::Config,
+            &config.name,
+            format!(
+                "the endpoint answered {status} and redirects to {to}; Kortex does not follow redirects: set spec.baseUrl to the final address"
+            ),
+        ));
     }
     let retry_after = response
         .headers()
@@ -136,7 +181,25 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
     config: &ProviderConfig,
     response: reqwest::Response,
 ) -> Result<T, LlmError> {
-    let bytes = match tokio::time::timeout(config.timeout, response.bytes()).await {
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_BODY as u64)
+    {
+        return Err(too_large(config, "the response body", MAX_BODY));
+    }
+    let mut bytes = Vec::new();
+    let mut body = response.bytes_stream();
+    let read = async {
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| transport_error(config, &e))?;
+            if bytes.len() + chunk.len() > MAX_BODY {
+                return Err(too_large(config, "the response body", MAX_BODY));
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(config.timeout, read).await {
         Err(_) => {
             return Err(LlmError::new(
                 ErrorKind::Timeout,
@@ -144,9 +207,9 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
                 "response body not received in time",
             ));
         }
-        Ok(Err(e)) => return Err(transport_error(config, &e)),
-        Ok(Ok(b)) => b,
-    };
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(())) => {}
+    }
     serde_json::from_slice(&bytes).map_err(|e| {
         LlmError::new(
             ErrorKind::Protocol,
@@ -294,6 +357,11 @@ impl SseDecoder {
         }
     }
 
+    /// How many bytes wait for the end of their line or event.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len() + self.pending.len() + self.event.data.len()
+    }
+
     /// Whatever event was left without its blank line at the end of the stream.
     pub fn finish(&mut self) -> Option<SseEvent> {
         let rest = std::mem::take(&mut self.buffer);
@@ -325,6 +393,11 @@ impl NdjsonDecoder {
             }
         }
         out
+    }
+
+    /// How many bytes wait for the end of their line.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
     }
 
     /// A last line without a newline.
@@ -372,6 +445,8 @@ fn frames<T: Send + 'static>(
         ended: bool,
         config: ProviderConfig,
         framing: Framing,
+        /// Bytes read so far.
+        total: usize,
     }
     let state = State {
         body: response.bytes_stream().boxed(),
@@ -381,6 +456,7 @@ fn frames<T: Send + 'static>(
         ended: false,
         config: config.clone(),
         framing,
+        total: 0,
     };
     futures_util::stream::unfold(state, move |mut st| async move {
         loop {
@@ -406,14 +482,34 @@ fn frames<T: Send + 'static>(
                     let e = transport_error(&st.config, &e);
                     return Some((Err(e), st));
                 }
-                Ok(Some(Ok(bytes))) => match st.framing {
-                    Framing::Sse => st
-                        .queue
-                        .extend(st.sse.push(&bytes).into_iter().map(Frame::Sse)),
-                    Framing::Ndjson => st
-                        .queue
-                        .extend(st.nd.push(&bytes).into_iter().map(Frame::Line)),
-                },
+                Ok(Some(Ok(bytes))) => {
+                    st.total += bytes.len();
+                    let line = match st.framing {
+                        Framing::Sse => {
+                            st.queue
+                                .extend(st.sse.push(&bytes).into_iter().map(Frame::Sse));
+                            st.sse.buffered()
+                        }
+                        Framing::Ndjson => {
+                            st.queue
+                                .extend(st.nd.push(&bytes).into_iter().map(Frame::Line));
+                            st.nd.buffered()
+                        }
+                    };
+                    // An endless answer or line ends the stream instead of the memory.
+                    let over = if st.total > MAX_STREAM {
+                        Some(too_large(&st.config, "the streamed answer", MAX_STREAM))
+                    } else if line > MAX_LINE {
+                        Some(too_large(&st.config, "a line of the stream", MAX_LINE))
+                    } else {
+                        None
+                    };
+                    if let Some(e) = over {
+                        st.ended = true;
+                        st.queue.clear();
+                        return Some((Err(e), st));
+                    }
+                }
                 Ok(None) => {
                     st.ended = true;
                     match st.framing {

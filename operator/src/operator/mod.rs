@@ -6,6 +6,7 @@ pub mod admission_guard;
 pub mod auth;
 pub mod executor;
 pub mod lease;
+pub mod own_addresses;
 pub mod proposals;
 pub mod status;
 pub mod watch;

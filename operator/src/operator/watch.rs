@@ -33,6 +33,9 @@ pub struct Scope {
     pub namespace: Option<String>,
     /// Kortex's own namespace: the only one whose credential Secrets are trusted.
     pub own_namespace: String,
+    /// Headers no resource may send besides the usual identity headers: those of the
+    /// authenticating proxy in front of Kortex.
+    pub reserved_headers: Vec<String>,
 }
 
 impl Scope {
@@ -368,15 +371,30 @@ pub async fn compile_loop(
             .into_iter()
             .map(|m| (ObjectKey::of(m.as_ref()), m))
             .collect();
+        // A referenced Secret is read only when its owner opted it in: otherwise the
+        // catalog sees its metadata alone and says so (`SecretNotOptedIn`).
+        let mut not_opted_in: BTreeMap<ObjectKey, Arc<PartialObjectMeta<Secret>>> = BTreeMap::new();
         for key in referenced_secrets(&providers, &tools) {
             if let Some(meta) = metas.get(&key) {
-                wanted.insert(key, meta.clone());
+                let opted_in = meta
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(catalog::secrets::USE_LABEL))
+                    .is_some_and(|v| v == "true");
+                if opted_in {
+                    wanted.insert(key, meta.clone());
+                } else {
+                    not_opted_in.insert(key, meta.clone());
+                }
             }
         }
         for meta in observed.credentials.state() {
-            wanted.insert(ObjectKey::of(meta.as_ref()), meta);
+            let key = ObjectKey::of(meta.as_ref());
+            not_opted_in.remove(&key);
+            wanted.insert(key, meta);
         }
-        for (key, meta) in &wanted {
+        for (key, meta) in wanted.iter().chain(&not_opted_in) {
             inputs.0.insert((
                 "Secret".into(),
                 key.namespace.clone(),
@@ -391,6 +409,10 @@ pub async fn compile_loop(
 
         if last_inputs.as_ref() != Some(&inputs) {
             let mut secrets = cache.refresh(&client, &wanted).await;
+            secrets.extend(not_opted_in.values().map(|meta| Secret {
+                metadata: meta.metadata.clone(),
+                ..Default::default()
+            }));
             // Only Kortex's own namespace may issue credentials.
             for s in &mut secrets {
                 if s.metadata.namespace.as_deref() != Some(scope.own_namespace.as_str())
@@ -405,6 +427,7 @@ pub async fn compile_loop(
                 policies,
                 proposals,
                 secrets,
+                reserved_headers: scope.reserved_headers.clone(),
             };
             let previous = tx.borrow().clone();
             let mut config = build(&objects, previous.version + 1);

@@ -260,7 +260,14 @@ impl ManifestSource {
                 Object::KortexTool(o) => set.tools.push(*o),
                 Object::ChatPolicy(o) => set.policies.push(*o),
                 Object::ActionProposal(o) => set.proposals.push(*o),
-                Object::Secret(o) => set.secrets.push(*o),
+                Object::Secret(mut o) => {
+                    // Whoever writes the manifest folder owns its Secrets: they are opted in.
+                    o.metadata.labels.get_or_insert_default().insert(
+                        crate::catalog::secrets::USE_LABEL.to_owned(),
+                        "true".to_owned(),
+                    );
+                    set.secrets.push(*o)
+                }
             }
         }
         snapshot

@@ -111,9 +111,7 @@ impl McpServer {
             .as_ref()
             .ok_or_else(|| "not an mcp tool".to_owned())?;
         let url = reqwest::Url::parse(&mcp.url).map_err(|e| format!("spec.mcp.url: {e}"))?;
-        if !spec.allow_private_targets {
-            host.egress.check_url(&url)?;
-        }
+        host.egress.check_url(&url, spec.allow_private_targets)?;
         let (map, basic) = request_headers(entry, &mcp.headers, mcp.auth.as_ref())?;
         let mut headers: HashMap<_, _> = map.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         if let Some((user, password)) = basic {

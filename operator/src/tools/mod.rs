@@ -7,7 +7,6 @@
 pub mod admin_info;
 mod chunks;
 pub mod cluster;
-pub mod egress;
 mod history;
 pub mod mcp;
 pub mod plugin_http;

@@ -179,7 +179,9 @@ pub struct HttpTool {
     /// The client (guarded unless `allowPrivateTargets`).
     pub client: reqwest::Client,
     /// The egress rules (literal addresses are checked here, names by the client).
-    pub egress: Option<Arc<super::egress::Egress>>,
+    pub egress: Arc<crate::egress::Egress>,
+    /// `allowPrivateTargets`.
+    pub open: bool,
 }
 
 impl Tool for HttpTool {
@@ -215,9 +217,9 @@ impl HttpTool {
         };
         apply_defaults(&self.spec.parameters, &mut args);
         let mut url = self.url.expand(&args)?;
-        if let Some(egress) = &self.egress {
-            egress.check_url(&url).map_err(ToolError::Denied)?;
-        }
+        self.egress
+            .check_url(&url, self.open)
+            .map_err(ToolError::Denied)?;
         for name in &self.url.placeholders {
             args.remove(name);
         }

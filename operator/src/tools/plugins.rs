@@ -5,12 +5,12 @@
 //! Tools belong to the namespace of their `KortexTool` and are offered only to sessions of
 //! that namespace whose name matches `allowedSessions`.
 
-use super::egress::Egress;
 use super::mcp::{self, McpServer};
 use super::plugin_http::{HttpTool, UrlTemplate};
 use super::{Registered, Tool};
 use crate::catalog::{ObjectKey, ToolEntry};
 use crate::crd::{AuthSpec, AuthType, HeaderSpec};
+use crate::egress::Egress;
 use crate::live::LiveConfig;
 use crate::llm::ToolSpec;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -71,11 +71,10 @@ pub struct PluginHost {
 
 impl PluginHost {
     /// Builds the clients.
-    pub fn new(egress: Egress) -> Result<Self, String> {
-        let egress = Arc::new(egress);
+    pub fn new(egress: Arc<Egress>) -> Result<Self, String> {
         Ok(Self {
-            guarded: egress.client(false)?,
-            open: egress.client(true)?,
+            guarded: egress.plugin_client(false)?,
+            open: egress.plugin_client(true)?,
             egress,
         })
     }
@@ -167,7 +166,8 @@ fn http_tool(entry: &ToolEntry, host: &PluginHost) -> Result<HttpTool, String> {
         timeout: entry.timeout(),
         max_bytes: entry.max_result_bytes() as usize,
         client: host.client(spec.allow_private_targets),
-        egress: (!spec.allow_private_targets).then(|| host.egress.clone()),
+        egress: host.egress.clone(),
+        open: spec.allow_private_targets,
     })
 }
 

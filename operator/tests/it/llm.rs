@@ -481,7 +481,7 @@ fn provider_with(d: &Dialect, base: &str, timeout: &str, tool_mode: &str) -> Arc
         }))
         .unwrap_or_else(|e| panic!("{e}"))],
         secrets: vec![serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": "default"},
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": "default", "labels": {"kortex.dev/use": "true"}},
             "stringData": {"k": KEY, "h": "header-from-secret"}
         }))
         .unwrap_or_else(|e| panic!("{e}"))],
@@ -1445,7 +1445,7 @@ async fn ca_bundle_secret_makes_an_internal_tls_endpoint_trusted() {
                 "metadata": {"name": "internal", "namespace": "default"}, "spec": spec}))
             .unwrap_or_else(|e| panic!("{e}"))],
             secrets: vec![serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "corp-ca", "namespace": "default"}, "stringData": {"ca.crt": pem}}))
+                "metadata": {"name": "corp-ca", "namespace": "default", "labels": {"kortex.dev/use": "true"}}, "stringData": {"ca.crt": pem}}))
             .unwrap_or_else(|e| panic!("{e}"))],
             ..Default::default()
         };

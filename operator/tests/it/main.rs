@@ -10,6 +10,7 @@ mod common;
 mod config;
 mod dashboard;
 mod docs;
+mod egress;
 mod gateway;
 mod http;
 mod investigation;

@@ -513,7 +513,9 @@ fn tokio_stream_of<T: Clone + Send + 'static>(
 fn provider(base: &str) -> Value {
     json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
         "metadata": {"name": "gpt", "namespace": "team-a"},
+        // A model server beside Kortex on loopback (like a sidecar): allowed explicitly.
         "spec": {"type": "openai-compatible", "baseUrl": format!("{base}/v1"), "defaultModel": "m1",
+            "allowPrivateTargets": true,
             "apiKeySecretRef": {"name": "llm-keys", "key": "openai"}}})
 }
 
@@ -522,7 +524,7 @@ fn secret(key: Option<&str>) -> Value {
         Some(k) => json!({"openai": base64(k)}),
         None => json!({}),
     };
-    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": "team-a"},
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": "team-a", "labels": {"kortex.dev/use": "true"}},
         "type": "Opaque", "data": data})
 }
 
@@ -565,6 +567,15 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
     fake.apply("secrets", json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "unrelated", "namespace": "team-a"}, "data": {"x": base64("never-read")}}));
     fake.apply("llmproviders", provider(&llm));
+    // A provider naming a Secret its owner did not opt in: Kortex must not read it for them.
+    fake.apply(
+        "llmproviders",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
+        "metadata": {"name": "sneaky", "namespace": "team-a"},
+        "spec": {"type": "openai-compatible", "baseUrl": format!("{llm}/v1"), "defaultModel": "m1",
+            "allowPrivateTargets": true,
+            "apiKeySecretRef": {"name": "unrelated", "key": "x"}}}),
+    );
     fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
     // Accepted by a lenient API server, but not by Kortex: reported, not fatal.
@@ -690,6 +701,18 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
             .is_some_and(|(s, _)| s == "True")
     })
     .await;
+    fake.until("sneaky's status", |f| {
+        condition(&f.get("llmproviders", "team-a", "sneaky"), "SecretResolved")
+            == Some(("False".into(), "SecretNotOptedIn".into()))
+    })
+    .await;
+    assert!(
+        !fake
+            .seen()
+            .iter()
+            .any(|s| s.method == "GET" && s.path.ends_with("/secrets/unrelated")),
+        "a Secret that did not opt in is never read"
+    );
     fake.until("the broken tool's status", |f| {
         condition(&f.get("kortextools", "team-a", "broken"), "Ready")
             == Some(("False".into(), "InvalidManifest".into()))

@@ -112,7 +112,7 @@ impl Plugins {
         let (config_tx, config_rx) = watch::channel(Arc::new(config));
         let (set_tx, set_rx) = watch::channel(Arc::new(PluginSet::default()));
         let (stop_tx, stop_rx) = watch::channel(false);
-        let host = PluginHost::new(kortex::tools::egress::Egress::default())
+        let host = PluginHost::new(std::sync::Arc::new(kortex::egress::Egress::default()))
             .unwrap_or_else(|e| panic!("{e}"));
         tokio::spawn(kortex::tools::plugins::run(
             config_rx, set_tx, host, stop_rx,
