@@ -127,7 +127,12 @@ pub struct Metrics {
     /// Whether the admission policy that authenticates decisions is enforced where Kortex
     /// executes (1) or not (0: approved proposals are not executed); set by the leader.
     pub admission_policy_enforced: Gauge,
+    /// Unix time the leader's loop last came round (0: not leading).
+    pub leader_loop_last_run: Gauge<f64, AtomicU64>,
 }
+
+/// A leader loop that has not come round for this long fails the liveness probe.
+pub const LEADER_STALL: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Label of per-provider gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -291,9 +296,16 @@ impl Metrics {
             "Whether the admission policy that authenticates proposal decisions is enforced (1) or not (0: approved proposals are not executed)",
             admission_policy_enforced.clone(),
         );
+        let leader_loop_last_run = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "leader_loop_last_run_timestamp_seconds",
+            "When the leader's loop (statuses, proposals, executions) last came round; 0 when not leading",
+            leader_loop_last_run.clone(),
+        );
         Self {
             registry,
             admission_policy_enforced,
+            leader_loop_last_run,
             provider_reachable,
             budget_daily_spend,
             budget_daily_limit,
@@ -314,6 +326,21 @@ impl Metrics {
         }
     }
 
+    /// Records that the leader's loop came round at `at` (`None`: not leading).
+    pub fn leader_heartbeat(&self, at: Option<jiff::Timestamp>) {
+        self.leader_loop_last_run
+            .set(at.map_or(0.0, |t| t.as_millisecond() as f64 / 1000.0));
+    }
+
+    /// Why the process should be restarted, if it should: the leader's loop stalled (a
+    /// hung call or a deadlock) while the Lease, renewed elsewhere, keeps others out.
+    pub fn stalled(&self, now: jiff::Timestamp, limit: std::time::Duration) -> Option<String> {
+        let last = self.leader_loop_last_run.get();
+        let age = now.as_millisecond() as f64 / 1000.0 - last;
+        (last > 0.0 && age > limit.as_secs_f64())
+            .then(|| format!("the leader's loop has not come round for {age:.0}s"))
+    }
+
     /// The text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -321,5 +348,32 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stalled_leader_loop_fails_liveness() {
+        let m = Metrics::new();
+        let t0 = jiff::Timestamp::from_second(1_800_000_000).unwrap_or_default();
+        let later = |s: i64| t0 + jiff::SignedDuration::from_secs(s);
+        assert_eq!(m.stalled(later(999), LEADER_STALL), None, "not leading");
+        m.leader_heartbeat(Some(t0));
+        assert_eq!(m.stalled(later(60), LEADER_STALL), None);
+        assert_eq!(
+            m.stalled(later(121), LEADER_STALL).as_deref(),
+            Some("the leader's loop has not come round for 121s")
+        );
+        m.leader_heartbeat(Some(later(121)));
+        assert_eq!(m.stalled(later(122), LEADER_STALL), None);
+        m.leader_heartbeat(None);
+        assert_eq!(m.stalled(later(999), LEADER_STALL), None, "lost the lead");
+        assert!(
+            m.render()
+                .contains("kortex_leader_loop_last_run_timestamp_seconds")
+        );
     }
 }

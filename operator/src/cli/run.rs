@@ -89,6 +89,10 @@ pub enum RunAuth {
     None,
 }
 
+/// The deadline of every Kubernetes API call except watches.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+const CALL_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// `kortex run`.
 pub async fn run(args: RunArgs) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new());
@@ -97,6 +101,15 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     })?;
     let url = kube_config.cluster_url.to_string();
     let api_host = kube_config.cluster_url.host().map(str::to_owned);
+    // Every API call but the watches has a deadline: one hung request must not stop the
+    // leader's work while its Lease keeps renewing. Watches keep the client's long read
+    // timeout (the API server ends them itself).
+    let mut kube_config = kube_config;
+    let watches = kube::Client::try_from(kube_config.clone())
+        .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
+    kube_config.connect_timeout = Some(CALL_CONNECT_TIMEOUT);
+    kube_config.read_timeout = Some(CALL_TIMEOUT);
+    kube_config.write_timeout = Some(CALL_TIMEOUT);
     let client = kube::Client::try_from(kube_config.clone())
         .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
     let own_namespace = args
@@ -172,7 +185,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     ));
     let (stop_tx, stop_rx) = channel::channel(false);
     let (config_tx, _) = channel::channel(Arc::new(LiveConfig::default()));
-    let observed = Observed::start(&client, &scope, &stop_rx);
+    let observed = Observed::start(&watches, &scope, &stop_rx);
     let compile = tokio::spawn(watch::compile_loop(
         client.clone(),
         scope,
@@ -219,6 +232,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         plugins: plugins.1.clone(),
         leader: leader_rx,
         stop: stop_rx.clone(),
+        metrics: metrics.clone(),
     };
     let auth_for_engine = cluster_auth.clone();
     let with_engine: super::EngineHook = Box::new(move |engine| {
@@ -274,6 +288,7 @@ struct LeaderDuties {
     plugins: channel::Receiver<Arc<crate::tools::PluginSet>>,
     leader: channel::Receiver<bool>,
     stop: channel::Receiver<bool>,
+    metrics: Arc<Metrics>,
 }
 
 /// What only the leader does: write statuses (and their Events) and move proposals
@@ -283,6 +298,9 @@ async fn leader_duties(mut d: LeaderDuties) {
     let mut changes = d.observed.changed.subscribe();
     loop {
         let leading = *d.leader.borrow_and_update();
+        // The liveness probe fails if this loop stops coming round while leading.
+        d.metrics
+            .leader_heartbeat(leading.then(jiff::Timestamp::now));
         if leading {
             let config = d.config.borrow_and_update().clone();
             if config.version > 0 {

@@ -127,8 +127,16 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn healthz() -> &'static str {
-    "ok"
+/// Liveness: fails when the leader's loop stalled, so the kubelet restarts the pod and
+/// another replica takes the Lease.
+async fn healthz(State(state): State<AppState>) -> Response {
+    match state
+        .metrics
+        .stalled(jiff::Timestamp::now(), crate::metrics::LEADER_STALL)
+    {
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+        None => "ok".into_response(),
+    }
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {

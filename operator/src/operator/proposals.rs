@@ -213,7 +213,14 @@ pub struct ClusterProposals {
     guard: AdmissionGuard,
     /// The last result of [`ClusterProposals::check_admission`]: 1, 0, or -1 before any.
     admission_state: Arc<std::sync::atomic::AtomicI8>,
+    /// Executions running at once.
+    executions: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many approved proposals are executed at once.
+const EXECUTIONS: usize = 8;
+/// How long one execution (its checks, dry run, write and status) may take.
+const EXECUTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl ClusterProposals {
     /// Counts transitions (`kortex_proposal_transitions_total`) and failed status writes
@@ -251,6 +258,7 @@ impl ClusterProposals {
             recorder: Arc::new(Recorder::new(client.clone(), reporter)),
             guard: AdmissionGuard::new(client.clone()),
             admission_state: Arc::new(std::sync::atomic::AtomicI8::new(-1)),
+            executions: Arc::new(tokio::sync::Semaphore::new(EXECUTIONS)),
             client,
             handled: Arc::default(),
             scope: None,
@@ -422,7 +430,7 @@ impl ClusterProposals {
     }
 
     /// One pass of the leader over every proposal.
-    pub async fn reconcile(&self, engine: &Engine, proposals: &[ActionProposal]) {
+    pub async fn reconcile(&self, engine: &Arc<Engine>, proposals: &[ActionProposal]) {
         let config = engine.config.borrow().clone();
         let now = jiff::Timestamp::now();
         // Forget what was done to objects that are gone.
@@ -518,10 +526,26 @@ impl ClusterProposals {
                         }
                         continue;
                     }
-                    if self.first_time(&p, "decide")
-                        && !self.execute(engine, &p, record.as_ref(), action).await
-                    {
-                        self.forget(&p, "decide");
+                    // Each execution runs on its own (at most EXECUTIONS at once, each
+                    // within EXECUTION_TIMEOUT): a slow or hung one holds up neither the
+                    // others nor status writes.
+                    if self.first_time(&p, "decide") {
+                        let (this, engine, p) = (self.clone(), engine.clone(), p.clone());
+                        let record = record.clone();
+                        tokio::spawn(async move {
+                            let Ok(_permit) = this.executions.clone().acquire_owned().await else {
+                                return;
+                            };
+                            let run = this.execute(&engine, &p, record.as_ref(), action);
+                            match tokio::time::timeout(EXECUTION_TIMEOUT, run).await {
+                                Ok(true) => {}
+                                Ok(false) => this.forget(&p, "decide"),
+                                Err(_) => {
+                                    tracing::warn!(proposal = %p.name_any(), "the execution did not finish in time; it is retried");
+                                    this.forget(&p, "decide");
+                                }
+                            }
+                        });
                     }
                 }
             }
