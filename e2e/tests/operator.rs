@@ -607,14 +607,14 @@ async fn run(
             "template": {"metadata": {"labels": {"app": "ticker"}},
                 "spec": {"terminationGracePeriodSeconds": 1, "containers": [{"name": "app", "image": image, "command": ["sleep", "3600"]}]}}}})).await?;
     let base_url = provider(ns.to_owned()).await?;
-    // `data`, not `stringData`: server-side apply does not track the keys `stringData`
+    // Opted in for Kortex (`kortex.dev/use`). `data`, not `stringData`: server-side apply does not track the keys `stringData`
     // becomes, so a later apply could never remove one (kubernetes/kubernetes#108008).
     let secret = |key: Option<&str>| match key {
         Some(k) => {
-            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": ns}, "data": {"openai": kortex::redact::base64(k)}})
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": ns, "labels": {"kortex.dev/use": "true"}}, "data": {"openai": kortex::redact::base64(k)}})
         }
         None => {
-            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": ns}, "data": {"other": kortex::redact::base64("x")}})
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": ns, "labels": {"kortex.dev/use": "true"}}, "data": {"other": kortex::redact::base64("x")}})
         }
     };
     apply(admin, Some(ns), &secret(Some("sk-e2e-1"))).await?;
