@@ -254,14 +254,7 @@ pub(crate) async fn fake_api_server() -> (String, Arc<Mutex<Vec<String>>>) {
             answer(&path, &query).into_response()
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), seen)
+    (crate::common::serve(app).await, seen)
 }
 
 struct Harness {

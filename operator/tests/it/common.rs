@@ -70,6 +70,18 @@ fn uuid_like() -> String {
 }
 
 /// An HTTP client (with the one TLS crypto provider Kortex uses installed).
+/// Serves `app` on a free port of 127.0.0.1 until the test ends; its `http://` URL.
+pub async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
 pub fn http_client() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()

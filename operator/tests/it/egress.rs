@@ -3,13 +3,13 @@
 //! speak with an identity header, reach a metadata address, follow a redirect, or exhaust
 //! memory with an endless answer.
 
-use crate::chat::{Sse, get_json, read_sse, run_ended};
+use crate::chat::{Sse, get_json, run_ended};
 use crate::common::http_client;
 use crate::investigation::tool_calls;
 use crate::llm::{Reply, mock, openai, push, streamed};
 use axum::extract::State;
 use axum::response::IntoResponse;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,52 +54,13 @@ async fn redirector(to: String) -> String {
         let to = to.clone();
         async move { (axum::http::StatusCode::FOUND, [("location", to)], "").into_response() }
     });
-    serve(app).await
+    crate::common::serve(app).await
 }
 
-async fn serve(app: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    format!("http://{addr}")
-}
-
-async fn ask(server: &crate::binary::Server, session: &str, content: &str) -> Vec<Sse> {
-    let client = http_client();
-    let created = get_created(&client, server, session).await;
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{created}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": content}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status().as_u16(), 202);
-    read_sse(r, run_ended).await
-}
-
-async fn get_created(
-    client: &reqwest::Client,
-    server: &crate::binary::Server,
-    name: &str,
-) -> String {
-    let v: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": name}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    v["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no session: {v}"))
-        .to_owned()
+/// Opens the session `name` and asks once; the run's events.
+async fn ask(server: &crate::binary::Server, name: &str, content: &str) -> Vec<Sse> {
+    let id = crate::policy::session(server, name).await;
+    crate::policy::ask(server, &id, content).await
 }
 
 fn error_message(events: &[Sse]) -> String {
@@ -128,7 +89,7 @@ fn tool_result(script: &crate::llm::Script, call_id: &str) -> String {
 async fn no_resource_can_reach_kortex_itself_speak_as_someone_or_flood_it() {
     let (base, script) = mock().await;
     let state = Arc::new(Relay::default());
-    let relay_url = serve(
+    let relay_url = crate::common::serve(
         axum::Router::new()
             .fallback(relay)
             .with_state(state.clone()),

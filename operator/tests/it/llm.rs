@@ -154,14 +154,7 @@ pub(crate) async fn mock() -> (String, Arc<Script>) {
     let app = axum::Router::new()
         .fallback(handle)
         .with_state(script.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), script)
+    (crate::common::serve(app).await, script)
 }
 
 /// `(id, name, arguments JSON)` of scripted tool calls.

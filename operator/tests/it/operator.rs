@@ -133,14 +133,8 @@ impl FakeApi {
             let fake = handler.clone();
             async move { fake.handle(req).await }
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        fake.url = format!("http://{addr}");
+        let url = crate::common::serve(app).await;
+        fake.url = url;
         // As in a real install: the shipped admission policy, trusting the identity Kortex
         // runs as here (the token of `write_kubeconfig`), bound everywhere. Without it the
         // leader executes nothing.

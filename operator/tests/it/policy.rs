@@ -104,7 +104,7 @@ fn chats(script: &Script) -> Vec<Value> {
         .collect()
 }
 
-async fn session(server: &Server, name: &str) -> String {
+pub(crate) async fn session(server: &Server, name: &str) -> String {
     let r = http_client()
         .post(server.url("/chat/v1/sessions"))
         .json(&json!({"name": name}))
@@ -116,7 +116,7 @@ async fn session(server: &Server, name: &str) -> String {
     v["id"].as_str().unwrap_or_default().to_owned()
 }
 
-async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
+pub(crate) async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
     let r = http_client()
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
         .header("accept", "text/event-stream")

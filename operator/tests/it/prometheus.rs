@@ -161,14 +161,8 @@ pub(crate) async fn server() -> (String, Seens) {
             answer(&s)
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}/prom/"), seen)
+    let url = crate::common::serve(app).await;
+    (format!("{url}/prom/"), seen)
 }
 
 struct Setup {
