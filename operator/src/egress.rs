@@ -37,8 +37,10 @@ pub struct Egress {
     /// API server endpoints (from `KUBERNETES_SERVICE_HOST`/`_PORT`, the kubeconfig, and
     /// the `kubernetes` Service's endpoints).
     api_servers: RwLock<Vec<(ApiHost, u16)>>,
-    /// Kortex itself.
+    /// Kortex itself (refreshed from the cluster).
     own: RwLock<Own>,
+    /// The ports Kortex listens on (refused on loopback and unspecified addresses).
+    own_ports: RwLock<Vec<u16>>,
     /// Cluster mode: loopback is Kortex's own pod.
     cluster: bool,
     /// This installation's marker (the value of [`VIA_HEADER`]).
@@ -52,8 +54,6 @@ pub struct Own {
     pub ips: Vec<IpAddr>,
     /// The names of those Services (`svc`, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.<domain>`).
     pub names: Vec<String>,
-    /// The ports it listens on (refused on loopback and unspecified addresses).
-    pub ports: Vec<u16>,
 }
 
 /// The host part of an API server endpoint.
@@ -107,7 +107,7 @@ enum Refusal {
 
 impl Egress {
     /// The rules of `kortex serve`: loopback (a local model server) is allowed, Kortex's
-    /// own `ports` on it are not.
+    /// own ports on it ([`Egress::add_own_port`]) are not.
     pub fn standalone(own: Own) -> Self {
         Self {
             own: RwLock::new(own),
@@ -158,6 +158,14 @@ impl Egress {
     pub fn set_own(&self, own: Own) {
         let mut current = self.own.write().unwrap_or_else(|e| e.into_inner());
         *current = own;
+    }
+
+    /// Also refuses `port` on loopback: Kortex listens on it.
+    pub fn add_own_port(&self, port: u16) {
+        let mut ports = self.own_ports.write().unwrap_or_else(|e| e.into_inner());
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
     }
 
     /// What is known of Kortex itself.
@@ -226,11 +234,6 @@ impl Egress {
         None
     }
 
-    /// Why the host name `name` is refused, if it is (before resolution).
-    pub fn refuse_name(&self, name: &str) -> Option<&'static str> {
-        self.refusal_for_name(name).map(Refusal::what)
-    }
-
     /// Whether `host:port` is a configured API server endpoint (`localhost` counting as
     /// the loopback addresses, for development clusters on this machine).
     fn is_api_server(&self, host: &url::Host<&str>, port: u16) -> bool {
@@ -271,10 +274,9 @@ impl Egress {
         };
         local
             && self
-                .own
+                .own_ports
                 .read()
                 .unwrap_or_else(|e| e.into_inner())
-                .ports
                 .contains(&port)
     }
 
@@ -470,13 +472,21 @@ mod tests {
                 "kortex.ops.svc".into(),
                 "kortex.ops.svc.cluster.local".into(),
             ],
-            ports: vec![8080],
         }
+    }
+
+    /// Kortex listening on 8080.
+    fn listening(e: Egress) -> Egress {
+        e.add_own_port(8080);
+        e
     }
 
     #[test]
     fn kortex_itself_is_never_a_target() {
-        for e in [Egress::standalone(own()), Egress::cluster(own(), "m")] {
+        for e in [
+            listening(Egress::standalone(own())),
+            listening(Egress::cluster(own(), "m")),
+        ] {
             for url in [
                 "http://127.0.0.1:8080/chat/v1/sessions",
                 "http://localhost:8080/api/v1/proposals",

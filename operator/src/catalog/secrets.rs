@@ -17,10 +17,9 @@ pub const UNSET_ENV_ANNOTATION: &str = "kortex.dev/unset-env";
 /// Kortex read and send a Secret they could not read themselves.
 pub const USE_LABEL: &str = "kortex.dev/use";
 
-/// Whether `secret` opted in to use by Kortex ([`USE_LABEL`]).
-pub fn opted_in(secret: &Secret) -> bool {
-    secret
-        .metadata
+/// Whether a Secret (its metadata) opted in to use by Kortex ([`USE_LABEL`]).
+pub fn opted_in(metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    metadata
         .labels
         .as_ref()
         .and_then(|l| l.get(USE_LABEL))
@@ -97,7 +96,7 @@ impl<'a> SecretIndex<'a> {
                 ),
             });
         };
-        if !opted_in(secret) {
+        if !opted_in(&secret.metadata) {
             return Err(SecretProblem {
                 reason: crate::crd::conditions::reasons::SECRET_NOT_OPTED_IN,
                 message: format!(

@@ -281,10 +281,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         with_engine: None,
         cluster_auth: None,
         auth_proxy: None,
-        egress: Arc::new(crate::egress::Egress::standalone(crate::egress::Own {
-            ports: vec![args.listen.port()],
-            ..Default::default()
-        })),
+        egress: Arc::new(crate::egress::Egress::standalone(
+            crate::egress::Own::default(),
+        )),
     })
     .await
 }
@@ -405,11 +404,7 @@ async fn run_server(server: Server) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, "listening on http://{local}");
     // The port really bound (`:0` picks one): no tool or provider may call it.
-    let mut own = egress.own();
-    if !own.ports.contains(&local.port()) {
-        own.ports.push(local.port());
-        egress.set_own(own);
-    }
+    egress.add_own_port(local.port());
 
     // Standalone: proposals live in the database and expire there. Cluster mode: the
     // leader moves the ActionProposal objects and mirrors them.

@@ -205,7 +205,6 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     let egress = Arc::new(crate::egress::Egress::cluster(
         crate::egress::Own {
             ips: crate::operator::own_addresses::pod_ips(&args.pod_ips, api_host.as_deref()),
-            ports: vec![args.listen.port()],
             ..Default::default()
         },
         &crate::operator::own_addresses::marker(&url, &own_namespace),

@@ -107,8 +107,6 @@ pub async fn refresh(
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
     let services: Api<Service> = Api::namespaced(client.clone(), namespace);
     let mut own = base.clone();
-    // The listening ports are the server's to say.
-    own.ports = egress.own().ports;
     for name in services_of(&slices.list(&ListParams::default()).await?.items, &base.ips) {
         if let Some(service) = services.get_opt(&name).await? {
             let spec = service.spec.unwrap_or_default();

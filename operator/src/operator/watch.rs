@@ -376,13 +376,7 @@ pub async fn compile_loop(
         let mut not_opted_in: BTreeMap<ObjectKey, Arc<PartialObjectMeta<Secret>>> = BTreeMap::new();
         for key in referenced_secrets(&providers, &tools) {
             if let Some(meta) = metas.get(&key) {
-                let opted_in = meta
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(catalog::secrets::USE_LABEL))
-                    .is_some_and(|v| v == "true");
-                if opted_in {
+                if catalog::secrets::opted_in(&meta.metadata) {
                     wanted.insert(key, meta.clone());
                 } else {
                     not_opted_in.insert(key, meta.clone());
