@@ -348,6 +348,27 @@ impl Egress {
     }
 }
 
+/// Reads at most `limit` bytes of a response body; whether there was more (the rest is not
+/// read). One reader for every answer Kortex takes from outside (providers, tools).
+pub async fn read_capped(
+    response: reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    use futures_util::StreamExt;
+    let mut body = Vec::new();
+    let mut stream = response.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk?;
+        let room = limit.saturating_sub(body.len());
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
+
 fn is_localhost(name: &str) -> bool {
     name == "localhost" || name.ends_with(".localhost")
 }

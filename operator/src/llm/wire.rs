@@ -187,19 +187,12 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
     {
         return Err(too_large(config, "the response body", MAX_BODY));
     }
-    let mut bytes = Vec::new();
-    let mut body = response.bytes_stream();
-    let read = async {
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| transport_error(config, &e))?;
-            if bytes.len() + chunk.len() > MAX_BODY {
-                return Err(too_large(config, "the response body", MAX_BODY));
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        Ok(())
-    };
-    match tokio::time::timeout(config.timeout, read).await {
+    let bytes = match tokio::time::timeout(
+        config.timeout,
+        crate::egress::read_capped(response, MAX_BODY),
+    )
+    .await
+    {
         Err(_) => {
             return Err(LlmError::new(
                 ErrorKind::Timeout,
@@ -207,9 +200,10 @@ pub async fn json_body<T: serde::de::DeserializeOwned>(
                 "response body not received in time",
             ));
         }
-        Ok(Err(e)) => return Err(e),
-        Ok(Ok(())) => {}
-    }
+        Ok(Err(e)) => return Err(transport_error(config, &e)),
+        Ok(Ok((_, true))) => return Err(too_large(config, "the response body", MAX_BODY)),
+        Ok(Ok((bytes, false))) => bytes,
+    };
     serde_json::from_slice(&bytes).map_err(|e| {
         LlmError::new(
             ErrorKind::Protocol,

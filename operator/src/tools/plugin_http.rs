@@ -9,7 +9,6 @@
 use super::{Tool, ToolContext, ToolError};
 use crate::crd::HttpMethod;
 use crate::llm::{BoxFuture, ToolSpec};
-use futures_util::StreamExt;
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -322,25 +321,19 @@ pub(crate) async fn read_limited(
     response: reqwest::Response,
     limit: usize,
 ) -> Result<(Vec<u8>, bool), ToolError> {
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(transport_error)?;
-        let room = limit - body.len();
-        if chunk.len() > room {
-            body.extend_from_slice(&chunk[..room]);
-            // Do not cut inside a UTF-8 sequence.
-            while !body.is_empty() && std::str::from_utf8(&body).is_err() {
-                match std::str::from_utf8(&body) {
-                    Err(e) if e.error_len().is_none() => body.truncate(e.valid_up_to()),
-                    _ => break,
-                }
+    let (mut body, cut) = crate::egress::read_capped(response, limit)
+        .await
+        .map_err(transport_error)?;
+    if cut {
+        // Do not cut inside a UTF-8 sequence.
+        while !body.is_empty() && std::str::from_utf8(&body).is_err() {
+            match std::str::from_utf8(&body) {
+                Err(e) if e.error_len().is_none() => body.truncate(e.valid_up_to()),
+                _ => break,
             }
-            return Ok((body, true));
         }
-        body.extend_from_slice(&chunk);
     }
-    Ok((body, false))
+    Ok((body, cut))
 }
 
 /// An error with its sources, e.g. `error sending request: refused: … allowPrivateTargets`.

@@ -19,7 +19,6 @@
 use super::plugin_http::error_chain;
 use super::{Tool, ToolContext, ToolError, window};
 use crate::llm::{BoxFuture, ToolSpec};
-use futures_util::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -182,19 +181,9 @@ async fn read_body(
     response: reqwest::Response,
     limit: usize,
 ) -> Result<(Vec<u8>, bool), ToolError> {
-    let mut body = Vec::new();
-    let mut stream = response.bytes_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk =
-            chunk.map_err(|e| ToolError::Upstream(format!("prometheus: {}", error_chain(&e))))?;
-        let room = limit.saturating_sub(body.len());
-        if chunk.len() > room {
-            body.extend_from_slice(&chunk[..room]);
-            return Ok((body, true));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok((body, false))
+    crate::egress::read_capped(response, limit)
+        .await
+        .map_err(|e| ToolError::Upstream(format!("prometheus: {}", error_chain(&e))))
 }
 
 /// The start of a body for an error message.
