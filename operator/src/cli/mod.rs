@@ -351,12 +351,14 @@ async fn run_server(server: Server) -> Result<(), String> {
             {
                 egress.add_api_server(host, port);
             }
-            for tool in crate::tools::cluster::Cluster::new(client).tools() {
+            let kube = crate::tools::cluster::Cluster::new(client);
+            for tool in kube.tools() {
                 router.add(tool);
             }
             // Service names may resolve anywhere (ExternalName): the egress guard applies.
             let guarded = egress.plugin_client(false)?;
             router.add(Arc::new(crate::tools::admin_info::AdminInfo::new(
+                kube,
                 guarded,
                 &tools.cluster_domain,
             )));

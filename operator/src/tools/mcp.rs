@@ -37,6 +37,16 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Names providers accept for functions.
 const MAX_NAME: usize = 64;
+/// Room for the JSON-RPC envelope and JSON escaping on top of a result's cap, and the
+/// smallest bound (a `tools/list` of a large server runs to hundreds of KiB).
+const ENVELOPE: usize = 1 << 20;
+
+/// The most the transport reads of one answer (a JSON body or one SSE event): four times
+/// the result cap (JSON escaping, structured content beside the text) plus 1 MiB. Larger
+/// answers fail as they arrive, before they are held in memory whole.
+pub fn read_limit(max_result_bytes: usize) -> usize {
+    max_result_bytes.saturating_mul(4).saturating_add(ENVELOPE)
+}
 
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
@@ -177,7 +187,8 @@ async fn maintain(target: Target, generation: u64, found: mpsc::Sender<Found>) {
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
         // Calls that could not reach the server ask for an immediate check.
         let check = Arc::new(Notify::new());
-        let error = match connect(&target, changed_tx).await {
+        let refused = Arc::new(AtomicU64::new(0));
+        let error = match connect(&target, changed_tx, &refused).await {
             Err(e) => e,
             Ok(mut service) => {
                 let closed = || service.is_closed() || service.peer().is_transport_closed();
@@ -191,7 +202,8 @@ async fn maintain(target: Target, generation: u64, found: mpsc::Sender<Found>) {
                         Ok(Ok(tools)) => {
                             // Only a server that answers resets the backoff.
                             backoff = Duration::from_secs(1);
-                            let (tools, skipped) = expose(&target, service.peer(), &check, tools);
+                            let (tools, skipped) =
+                                expose(&target, service.peer(), &check, &refused, tools);
                             last = tools.clone();
                             discovered_at = Some(jiff::Timestamp::now());
                             let report = Found {
@@ -267,10 +279,18 @@ impl ClientHandler for Handler {
 async fn connect(
     target: &Target,
     changed: mpsc::UnboundedSender<()>,
+    refused: &Arc<AtomicU64>,
 ) -> Result<RunningService<RoleClient, Handler>, String> {
+    let limit = read_limit(target.max_bytes);
     let config = StreamableHttpClientTransportConfig::with_uri(target.url.clone())
-        .custom_headers(target.headers.clone());
-    let transport = StreamableHttpClientTransport::with_client(target.client.clone(), config);
+        .custom_headers(target.headers.clone())
+        .max_json_response_size(limit)
+        .max_sse_event_size(limit);
+    let client = Capped {
+        inner: target.client.clone(),
+        refused: refused.clone(),
+    };
+    let transport = StreamableHttpClientTransport::with_client(client, config);
     let service = tokio::time::timeout(HANDSHAKE_TIMEOUT, Handler { changed }.serve(transport))
         .await
         .map_err(|_| "initialize timed out".to_owned())?
@@ -288,6 +308,7 @@ fn expose(
     target: &Target,
     peer: &Peer<RoleClient>,
     check: &Arc<Notify>,
+    refused: &Arc<AtomicU64>,
     tools: Vec<rmcp::model::Tool>,
 ) -> (Vec<Arc<dyn Tool>>, Vec<String>) {
     let mut out: Vec<Arc<dyn Tool>> = Vec::new();
@@ -335,9 +356,148 @@ fn expose(
             timeout: target.timeout,
             max_bytes: target.max_bytes,
             check: check.clone(),
+            refused: refused.clone(),
         }));
     }
     (out, skipped)
+}
+
+/// The reqwest client of one connection, noting each answer the transport refused for its
+/// size so that a call failed by it can say why (rmcp reports only "transport closed").
+#[derive(Clone)]
+struct Capped {
+    inner: reqwest::Client,
+    refused: Arc<AtomicU64>,
+}
+
+mod capped {
+    use super::Capped;
+    use futures_util::StreamExt;
+    use reqwest::header::{HeaderName, HeaderValue};
+    use rmcp::model::ClientJsonRpcMessage;
+    use rmcp::transport::common::client_side_sse::BoxedSseResponse;
+    use rmcp::transport::streamable_http_client::{
+        SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+        StreamableHttpResponseLimits,
+    };
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+
+    type Result<T> = std::result::Result<T, StreamableHttpError<reqwest::Error>>;
+
+    impl Capped {
+        fn note(&self) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+        }
+
+        fn too_large(error: &SseError) -> bool {
+            matches!(error, SseError::Body(e) if e.to_string().starts_with("SSE event exceeded the maximum size"))
+        }
+    }
+
+    impl StreamableHttpClient for Capped {
+        type Error = reqwest::Error;
+
+        async fn post_message(
+            &self,
+            uri: Arc<str>,
+            message: ClientJsonRpcMessage,
+            session_id: Option<Arc<str>>,
+            auth_header: Option<String>,
+            custom_headers: HashMap<HeaderName, HeaderValue>,
+        ) -> Result<StreamableHttpPostResponse> {
+            self.inner
+                .post_message(uri, message, session_id, auth_header, custom_headers)
+                .await
+        }
+
+        async fn post_message_with_response_limits(
+            &self,
+            uri: Arc<str>,
+            message: ClientJsonRpcMessage,
+            session_id: Option<Arc<str>>,
+            auth_header: Option<String>,
+            custom_headers: HashMap<HeaderName, HeaderValue>,
+            limits: StreamableHttpResponseLimits,
+        ) -> Result<StreamableHttpPostResponse> {
+            let response = self
+                .inner
+                .post_message_with_response_limits(
+                    uri,
+                    message,
+                    session_id,
+                    auth_header,
+                    custom_headers,
+                    limits,
+                )
+                .await;
+            match response {
+                Err(e @ StreamableHttpError::ResponseBodyTooLarge { .. }) => {
+                    self.note();
+                    Err(e)
+                }
+                Ok(StreamableHttpPostResponse::Sse(stream, id)) => {
+                    let me = self.clone();
+                    let stream = stream.inspect(move |item| {
+                        if let Err(e) = item
+                            && Self::too_large(e)
+                        {
+                            me.note();
+                        }
+                    });
+                    Ok(StreamableHttpPostResponse::Sse(stream.boxed(), id))
+                }
+                other => other,
+            }
+        }
+
+        async fn delete_session(
+            &self,
+            uri: Arc<str>,
+            session_id: Arc<str>,
+            auth_header: Option<String>,
+            custom_headers: HashMap<HeaderName, HeaderValue>,
+        ) -> Result<()> {
+            self.inner
+                .delete_session(uri, session_id, auth_header, custom_headers)
+                .await
+        }
+
+        async fn get_stream(
+            &self,
+            uri: Arc<str>,
+            session_id: Option<Arc<str>>,
+            last_event_id: Option<String>,
+            auth_header: Option<String>,
+            custom_headers: HashMap<HeaderName, HeaderValue>,
+        ) -> Result<BoxedSseResponse> {
+            self.inner
+                .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+                .await
+        }
+
+        async fn get_stream_with_max_sse_event_size(
+            &self,
+            uri: Arc<str>,
+            session_id: Option<Arc<str>>,
+            last_event_id: Option<String>,
+            auth_header: Option<String>,
+            custom_headers: HashMap<HeaderName, HeaderValue>,
+            max_sse_event_size: usize,
+        ) -> Result<BoxedSseResponse> {
+            self.inner
+                .get_stream_with_max_sse_event_size(
+                    uri,
+                    session_id,
+                    last_event_id,
+                    auth_header,
+                    custom_headers,
+                    max_sse_event_size,
+                )
+                .await
+        }
+    }
 }
 
 /// One remote tool.
@@ -348,6 +508,8 @@ struct McpTool {
     timeout: Duration,
     max_bytes: usize,
     check: Arc<Notify>,
+    /// Answers the transport refused for their size (see [`Capped`]).
+    refused: Arc<AtomicU64>,
 }
 
 impl Tool for McpTool {
@@ -369,7 +531,10 @@ impl Tool for McpTool {
         let params = CallToolRequestParams::new(self.remote.clone())
             .with_arguments(input.as_object().cloned().unwrap_or_default());
         let max_bytes = self.max_bytes;
+        let refused = self.refused.clone();
+        let remote = self.remote.clone();
         Box::pin(async move {
+            let before = refused.load(Ordering::Relaxed);
             match peer.call_tool(params).await {
                 Ok(result) => {
                     let failed = result.is_error.unwrap_or(false);
@@ -388,6 +553,14 @@ impl Tool for McpTool {
                     "MCP error {}: {}",
                     e.code.0, e.message
                 ))),
+                Err(ServiceError::TransportSend(_) | ServiceError::TransportClosed)
+                    if refused.load(Ordering::Relaxed) != before =>
+                {
+                    Err(ToolError::Upstream(format!(
+                        "the MCP server's answer to {remote} is larger than {} bytes, the most Kortex reads of one answer (4 × maxResultBytes + 1 MiB); ask for less, or raise the KortexTool's maxResultBytes",
+                        read_limit(max_bytes)
+                    )))
+                }
                 Err(e @ (ServiceError::TransportSend(_) | ServiceError::TransportClosed)) => {
                     // One failed request is not a dead session: the connection task lists
                     // the tools at once, and reconnects only if that fails too.

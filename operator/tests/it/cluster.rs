@@ -794,43 +794,95 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
     assert!(server.terminate().success());
 }
 
+/// A kube client of `url` that authenticates with `token` (none: Kortex's own).
+fn kube_client(url: &str, token: Option<&str>) -> kube::Client {
+    let mut config = kube::Config::new(url.parse().unwrap_or_else(|e| panic!("{e}")));
+    if let Some(token) = token {
+        config.headers.push((
+            axum::http::header::AUTHORIZATION,
+            axum::http::HeaderValue::from_str(&format!("Bearer {token}"))
+                .unwrap_or_else(|e| panic!("{e}")),
+        ));
+    }
+    kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn admin_info_reads_only_a_services_admin_endpoint() {
+async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let reads: Arc<Mutex<usize>> = Arc::default();
+    let counted = reads.clone();
     let app = axum::Router::new()
         .route(
             "/admin/info",
-            axum::routing::get(|| async {
-                axum::Json(json!({"version": "2.3.0", "build": "abc123", "features": {"newCheckout": true}}))
+            axum::routing::get(move || {
+                if let Ok(mut n) = counted.lock() {
+                    *n += 1;
+                }
+                async {
+                    axum::Json(
+                        json!({"version": "2.3.0", "build": "abc123", "features": {"newCheckout": true}}),
+                    )
+                }
             }),
         )
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
+    let url = crate::common::serve(app).await;
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{url}"));
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    // The API server: Kortex (no token) and alice may read Services in shop, bob may not.
+    let api = axum::Router::new().fallback(move |req: Request<Body>| async move {
+        let token = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        if token == "Bearer bob-token" {
+            return status(403, "services is forbidden: User \"bob\" cannot get resource \"services\" in API group \"\" in the namespace \"shop\"").into_response();
+        }
+        let service = |ports: &[u16]| {
+            let ports: Vec<Value> = ports.iter().map(|p| json!({"port": p})).collect();
+            json!({"apiVersion": "v1", "kind": "Service", "spec": {"type": "ClusterIP", "ports": ports}})
+        };
+        match req.uri().path() {
+            "/api/v1/namespaces/shop/services/checkout" => axum::Json(service(&[port])).into_response(),
+            "/api/v1/namespaces/shop/services/multi" => axum::Json(service(&[8080, 9090])).into_response(),
+            "/api/v1/namespaces/shop/services/down" => axum::Json(service(&[9])).into_response(),
+            "/api/v1/namespaces/shop/services/outside" => axum::Json(json!({"apiVersion": "v1", "kind": "Service",
+                "spec": {"type": "ExternalName", "externalName": "checkout.shop.svc.cluster.local"}})).into_response(),
+            _ => status(404, "services \"ghost\" not found").into_response(),
+        }
     });
+    let api = crate::common::serve(api).await;
     // The Service's DNS name resolves to the local server, as cluster DNS would.
     let client = reqwest::Client::builder()
         .resolve("checkout.shop.svc.cluster.local", addr)
         .resolve(
-            "ghost.shop.svc.cluster.local",
+            "down.shop.svc.cluster.local",
             std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
         )
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
     let mut router = Router::new(Arc::new(Metrics::default()));
     router.add(Arc::new(kortex::tools::admin_info::AdminInfo::new(
+        kortex::tools::cluster::Cluster::new(kube_client(&api, None)),
         client,
         "cluster.local",
     )));
     let db = sqlite().await;
-    let ctx = crate::common::tool_context(&db.store, "s").await;
-    let call = |input: Value| {
+    let kortex_ctx = crate::common::tool_context(&db.store, "s").await;
+    let as_user = |token: &str| {
+        let mut ctx = kortex_ctx.clone();
+        ctx.kube = kortex::tools::KubeIdentity::User(kube_client(&api, Some(token)));
+        ctx
+    };
+    let call = |ctx: ToolContext, input: Value| {
         let router = &router;
-        let ctx = ctx.clone();
         async move {
             router
                 .execute(
@@ -846,27 +898,88 @@ async fn admin_info_reads_only_a_services_admin_endpoint() {
                 .await
         }
     };
-    let out = call(json!({"namespace": "shop", "service": "checkout", "port": addr.port()})).await;
+    let reads_so_far = || reads.lock().map(|n| *n).unwrap_or_default();
+    // The Service's only port is the default.
+    let out = call(
+        kortex_ctx.clone(),
+        json!({"namespace": "shop", "service": "checkout"}),
+    )
+    .await;
     assert!(!out.is_error, "{out:?}");
     let v: Value = serde_json::from_str(&out.content).unwrap_or_default();
     assert_eq!(v["info"]["version"], "2.3.0");
     assert_eq!(
         v["url"],
-        format!(
-            "http://checkout.shop.svc.cluster.local:{}/admin/info",
-            addr.port()
-        )
+        format!("http://checkout.shop.svc.cluster.local:{port}/admin/info")
     );
+    assert_eq!(reads_so_far(), 1);
     // Only DNS labels: no way to point it at another host or path.
     for bad in [
         json!({"namespace": "shop", "service": "evil.example.com/x"}),
         json!({"namespace": "shop#", "service": "checkout"}),
         json!({"namespace": "shop", "service": "checkout", "path": "/debug"}),
     ] {
-        let out = call(bad).await;
+        let out = call(kortex_ctx.clone(), bad).await;
         assert_eq!(out.error_kind, Some("validation"), "{out:?}");
     }
-    // An unknown service is an upstream error, not a crash.
-    let out = call(json!({"namespace": "shop", "service": "ghost", "port": 9})).await;
+    // Only a port the Service declares; no default among several ports but 80.
+    let out = call(
+        kortex_ctx.clone(),
+        json!({"namespace": "shop", "service": "checkout", "port": 22}),
+    )
+    .await;
+    assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+    assert!(out.content.contains(&format!("[{port}]")), "{out:?}");
+    let out = call(
+        kortex_ctx.clone(),
+        json!({"namespace": "shop", "service": "multi"}),
+    )
+    .await;
+    assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+    assert!(out.content.contains("8080, 9090"), "{out:?}");
+    // A name that is not a Service is refused before any connection.
+    let out = call(
+        kortex_ctx.clone(),
+        json!({"namespace": "shop", "service": "ghost"}),
+    )
+    .await;
+    assert_eq!(out.error_kind, Some("validation"), "{out:?}");
+    assert!(out.content.contains("no Service shop/ghost"), "{out:?}");
+    // An ExternalName Service points outside the cluster: refused.
+    let out = call(
+        kortex_ctx.clone(),
+        json!({"namespace": "shop", "service": "outside"}),
+    )
+    .await;
+    assert_eq!(out.error_kind, Some("denied"), "{out:?}");
+    // A Service with nothing listening is an upstream error, not a crash.
+    let out = call(
+        kortex_ctx.clone(),
+        json!({"namespace": "shop", "service": "down"}),
+    )
+    .await;
     assert_eq!(out.error_kind, Some("upstream"), "{out:?}");
+    assert_eq!(reads_so_far(), 1);
+
+    // With runToolsAsUser the Service is read as the user: alice may, bob may not, and
+    // bob's call never reaches the admin endpoint.
+    let out = call(
+        as_user("alice-token"),
+        json!({"namespace": "shop", "service": "checkout"}),
+    )
+    .await;
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(reads_so_far(), 2);
+    let out = call(
+        as_user("bob-token"),
+        json!({"namespace": "shop", "service": "checkout"}),
+    )
+    .await;
+    assert_eq!(out.error_kind, Some("denied"), "{out:?}");
+    assert!(out.content.contains("cannot get resource"), "{out:?}");
+    let mut missing = kortex_ctx.clone();
+    missing.kube = kortex::tools::KubeIdentity::Missing("signed in with an API key".into());
+    let out = call(missing, json!({"namespace": "shop", "service": "checkout"})).await;
+    assert_eq!(out.error_kind, Some("denied"), "{out:?}");
+    assert_eq!(reads_so_far(), 2, "refused calls never reach the Service");
 }

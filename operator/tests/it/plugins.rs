@@ -504,7 +504,7 @@ spec:
   mcp:
     url: {url}
     auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
-    exclude: [slow, secret_header]
+    exclude: [slow, secret_header, big]
   timeout: 20s
 ---
 apiVersion: kortex.dev/v1alpha1
@@ -638,6 +638,71 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     assert_eq!(
         (out.is_error, out.content.as_str()),
         (false, "back"),
+        "{out:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_answers_are_read_within_a_bound_and_a_huge_one_fails_alone() {
+    let Some(server) = mcp_server("t0ken") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let manifests = format!(
+        r#"apiVersion: v1
+kind: Secret
+metadata: {{name: mcp}}
+stringData: {{token: t0ken}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: files}}
+spec:
+  mcp:
+    url: {}
+    auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
+    include: [big, echo]
+  maxResultBytes: 1000
+"#,
+        server.url
+    );
+    let mut plugins = Plugins::start(config(dir.path(), &manifests));
+    plugins
+        .wait("discovery", |s| s.get("default", "files__big").is_some())
+        .await;
+    let db = sqlite().await;
+    let ctx = crate::common::tool_context(&db.store, "s").await;
+    // Over maxResultBytes but within the read bound: cut, and the model is told.
+    let out = call(&plugins.router, &ctx, "files__big", json!({"size": 3000})).await;
+    assert!(!out.is_error, "{out:?}");
+    assert!(out.content.starts_with(&"x".repeat(1000)), "{out:?}");
+    assert!(out.content.contains("[truncated"), "{out:?}");
+    // Over the read bound (4 × maxResultBytes + 1 MiB): refused as it arrives, with the
+    // reason, instead of held whole.
+    let limit = kortex::tools::mcp::read_limit(1000);
+    let out = call(
+        &plugins.router,
+        &ctx,
+        "files__big",
+        json!({"size": limit + 1000}),
+    )
+    .await;
+    assert_eq!(out.error_kind, Some("upstream"), "{out:?}");
+    assert!(
+        out.content.contains(&limit.to_string()),
+        "the error names the bound: {out:?}"
+    );
+    // The connection survives: the next call works.
+    let out = call(
+        &plugins.router,
+        &ctx,
+        "files__echo",
+        json!({"text": "still here"}),
+    )
+    .await;
+    assert_eq!(
+        (out.is_error, out.content.as_str()),
+        (false, "still here"),
         "{out:?}"
     );
 }

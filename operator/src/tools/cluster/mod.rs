@@ -53,7 +53,10 @@ impl Cluster {
     /// The cluster as the call's identity sees it: the session user's own client when the
     /// policy runs tools as the user (`runToolsAsUser`), Kortex's otherwise; refused when
     /// the user has no Kubernetes identity.
-    fn as_caller(self: &Arc<Self>, ctx: &super::ToolContext) -> Result<Arc<Self>, ToolError> {
+    pub(in crate::tools) fn as_caller(
+        self: &Arc<Self>,
+        ctx: &super::ToolContext,
+    ) -> Result<Arc<Self>, ToolError> {
         match &ctx.kube {
             super::KubeIdentity::Kortex => Ok(self.clone()),
             super::KubeIdentity::User(client) => Ok(Arc::new(Self {
@@ -77,7 +80,7 @@ impl Cluster {
     }
 
     /// `GET path` as JSON.
-    async fn get_json(&self, path: &str) -> Result<Value, ToolError> {
+    pub(in crate::tools) async fn get_json(&self, path: &str) -> Result<Value, ToolError> {
         let request = Request::get(path)
             .body(Vec::new())
             .map_err(|e| ToolError::Validation(format!("invalid request path: {e}")))?;
