@@ -34,6 +34,8 @@ struct State {
     seen: Vec<Seen>,
     /// Users a SubjectAccessReview allows.
     allowed: Vec<String>,
+    /// Paths whose writes (PATCH, not dry-run) never answer.
+    hung: Vec<String>,
 }
 
 /// RFC 7386 JSON merge patch.
@@ -215,6 +217,12 @@ impl FakeApi {
             .map(|(_, o)| o.clone())
     }
 
+    /// Makes writes (PATCH, not dry-run) of `path` hang forever, as a wedged API server or
+    /// webhook would.
+    pub(crate) fn hang(&self, path: &str) {
+        self.lock().hung.push(path.to_owned());
+    }
+
     /// Lets SubjectAccessReviews allow `user`.
     pub(crate) fn allow(&self, user: &str) {
         self.lock().allowed.push(user.to_owned());
@@ -288,6 +296,12 @@ impl FakeApi {
             accept,
             body: body.clone(),
         });
+        if method == Method::PATCH
+            && query_param(&query, "dryRun").is_none()
+            && self.lock().hung.contains(&path)
+        {
+            return std::future::pending().await;
+        }
         let Some((plural, namespace, name, sub)) = parse(&path) else {
             return status(404, "NotFound", &format!("no such path {path}"));
         };
@@ -1744,4 +1758,98 @@ async fn without_the_admission_policy_approved_proposals_are_not_executed() {
         "{}",
         server.log()
     );
+}
+
+/// One Kubernetes write that never answers holds up neither another proposal's execution
+/// nor its status, and the pod stays live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_execution_holds_up_no_other_proposal() {
+    use crate::investigation::{chat_once, tool_calls};
+    use crate::llm::{openai, push, streamed};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, script) = crate::llm::mock().await;
+    fake.apply("deployments", deployment());
+    let mut stuck = deployment();
+    stuck["metadata"]["name"] = json!("stuck");
+    fake.apply("deployments", stuck);
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+    );
+    fake.allow("bob");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run(&fake, dir.path(), &llm).await;
+    let client = crate::common::http_client();
+    let target = |name: &str| json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": name});
+    push(
+        &script,
+        tool_calls(&[
+            (
+                "p1",
+                "propose_action",
+                json!({"action": "restart", "target": target("stuck"), "rationale": "wedged"}),
+            ),
+            (
+                "p2",
+                "propose_action",
+                json!({"action": "restart", "target": target("api"), "rationale": "stale"}),
+            ),
+        ]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Proposed both."])),
+    );
+    chat_once(
+        &client,
+        &server,
+        json!({"name": "incident-11", "namespace": "team-a"}),
+        "restart both",
+    )
+    .await;
+    let name_of = |prefix: &str| {
+        proposal_named(&fake, prefix)
+            .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .unwrap_or_default()
+    };
+    fake.until("both proposals pending", |f| {
+        ["restart-stuck-", "restart-api-"].iter().all(|prefix| {
+            proposal_named(f, prefix)
+                .is_some_and(|p| p["status"]["phase"].as_str() == Some("Pending"))
+        })
+    })
+    .await;
+    let (stuck, api) = (name_of("restart-stuck-"), name_of("restart-api-"));
+    // The stuck Deployment's write never answers (a wedged webhook, say).
+    fake.hang("/apis/apps/v1/namespaces/shop/deployments/stuck");
+    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &stuck, "--no-wait"]).await;
+    assert!(ok, "{out}");
+    fake.until("the hung write", |f| {
+        f.seen().iter().any(|s| {
+            s.method == "PATCH"
+                && s.path == "/apis/apps/v1/namespaces/shop/deployments/stuck"
+                && !s.query.contains("dryRun")
+        })
+    })
+    .await;
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &api, "--no-wait"]).await;
+    assert!(ok, "{out}");
+    // The other proposal executes and its status is written while the first hangs.
+    fake.until("api Succeeded", |f| phase(f, &api) == "Succeeded")
+        .await;
+    let restarted = fake.get("deployments", "shop", "api").unwrap_or_default();
+    assert!(
+        !restarted["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
+            .is_null(),
+        "{restarted}"
+    );
+    assert_ne!(phase(&fake, &stuck), "Succeeded");
+    // The leader loop keeps running: the pod is live.
+    let (code, body) = server.get("/healthz").await;
+    assert_eq!(code, 200, "{body}");
 }
