@@ -32,9 +32,9 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     }))?;
     let created = providers.create(&PostParams::default(), &provider).await?;
     assert_eq!(
-        created.spec.tool_mode,
+        created.spec.tool_mode(),
         kortex::crd::ToolMode::Native,
-        "schema default applied"
+        "anthropic defaults to native tools"
     );
 
     let tools: Api<KortexTool> = Api::namespaced(client.clone(), ns);

@@ -46,9 +46,11 @@ pub struct LLMProviderSpec {
     /// `cloud` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub locality: Option<Locality>,
-    /// How tools are offered to the model.
-    #[serde(default)]
-    pub tool_mode: ToolMode,
+    /// How tools are offered to the model. Default: `auto` for `openai-compatible` and
+    /// `ollama` (open models on local servers often write calls as text), `native` for
+    /// `openai` and `anthropic`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_mode: Option<ToolMode>,
     /// Model used when a policy names none. Default: the first of `models`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
@@ -151,11 +153,14 @@ pub enum Locality {
 }
 
 /// How tools are offered to the model.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ToolMode {
+    /// Native tool calling, and calls the model wrote as text in a known open-model format
+    /// (JSON with `name`/`arguments`, `<tool_call>`, `<|python_tag|>`, `[TOOL_CALLS]`) are
+    /// recovered as calls.
+    Auto,
     /// The provider's native tool calling.
-    #[default]
     Native,
     /// Tools described in the prompt and parsed from the answer (models without tool calling).
     Prompt,
@@ -230,6 +235,15 @@ pub struct LLMProviderStatus {
 }
 
 impl LLMProviderSpec {
+    /// The tool mode in force: `spec.toolMode`, else `auto` for `openai-compatible` and
+    /// `ollama`, `native` for the others.
+    pub fn tool_mode(&self) -> ToolMode {
+        self.tool_mode.unwrap_or(match self.provider_type {
+            ProviderType::OpenAiCompatible | ProviderType::Ollama => ToolMode::Auto,
+            ProviderType::OpenAi | ProviderType::Anthropic => ToolMode::Native,
+        })
+    }
+
     /// Every Secret key this provider reads, for resolution and for watching.
     pub fn secret_refs(&self) -> Vec<&SecretKeyRef> {
         let mut refs: Vec<&SecretKeyRef> = self.api_key_secret_ref.iter().collect();

@@ -176,7 +176,7 @@ pub async fn providers(
                 "type": spec.provider_type.as_str(),
                 "baseUrl": p.base_url(),
                 "locality": p.locality(),
-                "toolMode": spec.tool_mode,
+                "toolMode": spec.tool_mode(),
                 "defaultModel": p.default_model(),
                 "fastModel": spec.fast_model,
                 "models": spec.models,

@@ -12,6 +12,7 @@ mod ollama;
 mod openai;
 pub mod probe;
 mod prompt_tools;
+pub mod recover;
 mod retry;
 mod wire;
 
@@ -248,7 +249,7 @@ pub trait LlmProvider: Send + Sync {
     fn capabilities(&self) -> Capabilities {
         let mode = self.config().tool_mode;
         Capabilities {
-            native_tools: mode == ToolMode::Native,
+            native_tools: matches!(mode, ToolMode::Native | ToolMode::Auto),
             tools: mode != ToolMode::None,
             streaming: true,
         }
@@ -414,7 +415,7 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         default_model: entry.default_model().map(str::to_owned),
         max_tokens: entry.max_tokens(),
         timeout: entry.timeout(),
-        tool_mode: spec.tool_mode,
+        tool_mode: spec.tool_mode(),
         retry: RetryPolicy::default(),
         models: spec.models.clone(),
     };
@@ -425,8 +426,9 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         ProviderType::OpenAiCompatible => Arc::new(openai::OpenAi::new(config, client, true)),
         ProviderType::Ollama => Arc::new(ollama::Ollama::new(config, client)),
     };
-    Ok(match spec.tool_mode {
+    Ok(match spec.tool_mode() {
         ToolMode::Prompt => Arc::new(prompt_tools::PromptTools::new(adapter)),
+        ToolMode::Auto => Arc::new(recover::Recovering::new(adapter)),
         ToolMode::Native | ToolMode::None => adapter,
     })
 }

@@ -105,7 +105,9 @@ fn messages(system: Option<&str>, history: &[Message]) -> Vec<Value> {
         out.push(match m {
             Message::User { content } => json!({"role": "user", "content": content}),
             Message::Assistant { content, tool_calls } => {
-                let mut v = json!({"role": "assistant", "content": if content.is_empty() { Value::Null } else { json!(content) }});
+                // Always a string: OpenAI accepts "" beside tool calls, and llama.cpp's
+                // servers answer 500 to `null`.
+                let mut v = json!({"role": "assistant", "content": content});
                 if !tool_calls.is_empty() {
                     v["tool_calls"] = tool_calls
                         .iter()

@@ -1,14 +1,16 @@
 //! `toolMode: prompt`, for models without native tool calling: the tools are described in
 //! the system prompt, earlier calls and results are written into the conversation as text,
-//! and calls are parsed from `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
-//! markers in the answer. Best effort, so every response carries a warning saying so.
+//! and calls are asked for as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+//! and read from the answer in that and every other format [`super::recover`] knows. Best
+//! effort, so every response carries a warning saying so.
 
+use super::recover::{Extracted, Recognizer};
 use super::{
     BoxFuture, Capabilities, ChatRequest, ChatResponse, ChatStream, LlmError, LlmProvider, Message,
-    StopReason, StreamEvent, ToolCall,
+    StopReason, StreamEvent,
 };
 use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::sync::Arc;
 
 const OPEN: &str = "<tool_call>";
@@ -74,101 +76,6 @@ pub fn rewrite(request: &ChatRequest) -> ChatRequest {
     }
 }
 
-/// Pulls `<tool_call>` blocks out of streamed text.
-#[derive(Default)]
-pub struct Extractor {
-    buffer: String,
-    inside: bool,
-    calls: usize,
-}
-
-/// What one piece of text turned into.
-#[derive(Default, Debug, PartialEq)]
-pub struct Extracted {
-    /// Text outside any marker.
-    pub text: String,
-    /// Parsed calls.
-    pub calls: Vec<ToolCall>,
-    /// Blocks that could not be parsed (kept as text too).
-    pub warnings: Vec<String>,
-}
-
-impl Extractor {
-    /// Feeds text.
-    pub fn push(&mut self, text: &str) -> Extracted {
-        self.buffer.push_str(text);
-        let mut out = Extracted::default();
-        loop {
-            if self.inside {
-                let Some(end) = self.buffer.find(CLOSE) else {
-                    break;
-                };
-                let body: String = self.buffer.drain(..end + CLOSE.len()).collect();
-                self.inside = false;
-                self.parse(&body[..end], &mut out);
-            } else if let Some(start) = self.buffer.find(OPEN) {
-                out.text.extend(self.buffer.drain(..start));
-                self.buffer.drain(..OPEN.len());
-                self.inside = true;
-            } else {
-                // Hold back a tail that could be the start of a marker.
-                let keep = (1..OPEN.len())
-                    .rev()
-                    .find(|n| self.buffer.ends_with(&OPEN[..*n]))
-                    .unwrap_or(0);
-                let emit = self.buffer.len() - keep;
-                out.text.extend(self.buffer.drain(..emit));
-                break;
-            }
-        }
-        out
-    }
-
-    /// The end of the text: an unterminated block is parsed as if closed.
-    pub fn finish(&mut self) -> Extracted {
-        let mut out = Extracted::default();
-        let rest = std::mem::take(&mut self.buffer);
-        if self.inside {
-            self.inside = false;
-            self.parse(&rest, &mut out);
-        } else {
-            out.text = rest;
-        }
-        out
-    }
-
-    fn parse(&mut self, body: &str, out: &mut Extracted) {
-        let parsed: Option<(String, Value)> = serde_json::from_str::<Value>(body.trim())
-            .ok()
-            .and_then(|v| {
-                let name = v.get("name")?.as_str()?.to_owned();
-                let args = v
-                    .get("arguments")
-                    .or_else(|| v.get("input"))
-                    .cloned()
-                    .unwrap_or_else(|| json!({}));
-                Some((name, args))
-            });
-        match parsed {
-            Some((name, input)) => {
-                out.calls.push(ToolCall {
-                    id: format!("call_{}", self.calls),
-                    name,
-                    input,
-                });
-                self.calls += 1;
-            }
-            None => {
-                out.warnings.push(format!(
-                    "could not parse a tool call block: {}",
-                    body.trim().chars().take(200).collect::<String>()
-                ));
-                out.text.push_str(&format!("{OPEN}{body}{CLOSE}"));
-            }
-        }
-    }
-}
-
 fn events(extracted: Extracted) -> Vec<Result<StreamEvent, LlmError>> {
     let mut out = Vec::new();
     if !extracted.text.is_empty() {
@@ -178,7 +85,7 @@ fn events(extracted: Extracted) -> Vec<Result<StreamEvent, LlmError>> {
         extracted
             .calls
             .into_iter()
-            .map(|c| Ok(StreamEvent::ToolCall(c))),
+            .map(|c| Ok(StreamEvent::ToolCall(c.call))),
     );
     out.extend(
         extracted
@@ -220,7 +127,7 @@ impl LlmProvider for PromptTools {
             }
             let rewritten = rewrite(request);
             let inner = self.inner.stream(&rewritten).await?;
-            let mut extractor = Extractor::default();
+            let mut extractor = Recognizer::new(request.tools.iter().map(|t| t.name.clone()));
             let mut saw_call = false;
             let head =
                 futures_util::stream::iter(vec![Ok(StreamEvent::Warning(WARNING.to_owned()))]);
@@ -266,14 +173,14 @@ impl LlmProvider for PromptTools {
                 return self.inner.complete(request).await;
             }
             let mut response = self.inner.complete(&rewrite(request)).await?;
-            let mut extractor = Extractor::default();
+            let mut extractor = Recognizer::new(request.tools.iter().map(|t| t.name.clone()));
             let mut first = extractor.push(&response.text);
             let rest = extractor.finish();
             first.text.push_str(&rest.text);
             first.calls.extend(rest.calls);
             first.warnings.extend(rest.warnings);
             response.text = first.text;
-            response.tool_calls = first.calls;
+            response.tool_calls = first.calls.into_iter().map(|c| c.call).collect();
             response.warnings.push(WARNING.to_owned());
             response.warnings.extend(first.warnings);
             if !response.tool_calls.is_empty() && response.stop_reason == StopReason::EndTurn {
@@ -290,48 +197,8 @@ impl LlmProvider for PromptTools {
 
 #[cfg(test)]
 mod tests {
+    use super::super::ToolCall;
     use super::*;
-
-    #[test]
-    fn extracts_calls_split_across_deltas() {
-        let mut x = Extractor::default();
-        let mut all = Extracted::default();
-        for piece in [
-            "Let me check.<tool",
-            "_call>{\"name\": \"get_logs\", \"argu",
-            "ments\": {\"ns\": \"shop\"}}</tool_c",
-            "all> done",
-            " <tool_call>not json</tool_call>",
-        ] {
-            let e = x.push(piece);
-            all.text.push_str(&e.text);
-            all.calls.extend(e.calls);
-            all.warnings.extend(e.warnings);
-        }
-        let e = x.finish();
-        all.text.push_str(&e.text);
-        assert_eq!(
-            all.calls,
-            vec![ToolCall {
-                id: "call_0".into(),
-                name: "get_logs".into(),
-                input: json!({"ns": "shop"})
-            }]
-        );
-        assert_eq!(
-            all.text,
-            "Let me check. done <tool_call>not json</tool_call>"
-        );
-        assert_eq!(all.warnings.len(), 1);
-    }
-
-    #[test]
-    fn unterminated_block_at_the_end_still_counts() {
-        let mut x = Extractor::default();
-        let e = x.push("<tool_call>{\"name\": \"get_events\", \"arguments\": {}}");
-        assert!(e.calls.is_empty() && e.text.is_empty());
-        assert_eq!(x.finish().calls.len(), 1);
-    }
 
     #[test]
     fn history_becomes_text() {

@@ -15,6 +15,7 @@ mod gateway;
 mod http;
 mod investigation;
 mod llm;
+mod local_models;
 mod manifests;
 mod operator;
 mod plugins;

@@ -128,7 +128,7 @@ pub(crate) async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
     read_sse(r, run_ended).await
 }
 
-fn text(events: &[Sse]) -> String {
+pub(crate) fn text(events: &[Sse]) -> String {
     events
         .iter()
         .filter(|e| e.event == "text.delta")
@@ -136,7 +136,7 @@ fn text(events: &[Sse]) -> String {
         .collect()
 }
 
-fn notices(events: &[Sse]) -> Vec<String> {
+pub(crate) fn notices(events: &[Sse]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e.event == "notice")
@@ -144,7 +144,7 @@ fn notices(events: &[Sse]) -> Vec<String> {
         .collect()
 }
 
-fn state(events: &[Sse]) -> Value {
+pub(crate) fn state(events: &[Sse]) -> Value {
     events
         .iter()
         .rev()

@@ -1,0 +1,196 @@
+//! Open models on local servers (`toolMode: auto`, the default of `openai-compatible` and
+//! `ollama`): a tool call the model writes as text is run as a call, in chat and through the
+//! gateway, against the real binary and a wire-format upstream.
+
+use crate::binary::Server;
+use crate::chat::get_json;
+use crate::common::http_client;
+use crate::llm::{mock, openai, push, streamed};
+use crate::policy::{ask, notices, session, state, text};
+use serde_json::{Value, json};
+
+const KEY: &str = "kx-local-gateway-KEY-1";
+
+fn manifests(dir: &std::path::Path, base: &str) {
+    let yaml = format!(
+        r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: llama}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: qwen, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: private}}
+spec:
+  sessions: ["*"]
+  provider: llama
+  mode: local-only
+  tools: {{deny: [propose_action]}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway-local
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: private}}
+stringData: {{team: local, key: {KEY}}}
+"#
+    );
+    std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let d = openai();
+
+    // The model writes the call as a fenced JSON block, split across deltas.
+    let written = "I will search past incidents.\n```json\n{\"name\": \"get_incident_history\", \"arguments\": {\"query\": \"checkout\"}}\n```";
+    let pieces: Vec<&str> = written
+        .as_bytes()
+        .chunks(9)
+        .map(|c| std::str::from_utf8(c).unwrap_or_default())
+        .collect();
+    push(&script, streamed(&d, (d.text_stream)(&pieces)));
+    push(
+        &script,
+        streamed(&d, (d.text_stream)(&["No similar incident was recorded."])),
+    );
+    let id = session(&server, "incident-42").await;
+    let events = ask(&server, &id, "has checkout failed before?").await;
+    assert_eq!(state(&events), json!("completed"), "{events:?}");
+    let shown = text(&events);
+    assert!(
+        !shown.contains("\"arguments\""),
+        "the call is not shown: {shown}"
+    );
+    assert!(
+        shown.contains("No similar incident was recorded."),
+        "{shown}"
+    );
+    assert!(
+        notices(&events)
+            .iter()
+            .any(|n| n.contains("wrote a tool call as text") && n.contains("get_incident_history")),
+        "{:?}",
+        notices(&events)
+    );
+    let started: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.event == "tool.start")
+        .map(|e| &e.data)
+        .collect();
+    assert!(
+        started
+            .iter()
+            .any(|e| e.to_string().contains("get_incident_history")),
+        "the tool ran: {events:?}"
+    );
+    // The second step carries the call natively, the assistant text as a string (never
+    // null: llama.cpp answers 500 to that), and the tool's result.
+    let second = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|s| s.path.ends_with("/chat/completions"))
+        .nth(1)
+        .map(|s| s.body.clone())
+        .unwrap_or_default();
+    let messages = second["messages"].as_array().cloned().unwrap_or_default();
+    let assistant = messages
+        .iter()
+        .find(|m| m["role"] == "assistant")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        assistant["tool_calls"][0]["function"]["name"], "get_incident_history",
+        "{second}"
+    );
+    assert!(assistant["content"].is_string(), "{assistant}");
+    assert!(
+        messages.iter().any(|m| m["role"] == "tool"),
+        "the result went back: {second}"
+    );
+
+    // A denied tool is not offered, so a call of it written as text stays text.
+    push(
+        &script,
+        streamed(
+            &d,
+            (d.text_stream)(&[
+                "{\"name\": \"propose_action\", \"arguments\": {\"action\": \"restart\"}}",
+            ]),
+        ),
+    );
+    let events = ask(&server, &id, "restart it").await;
+    assert_eq!(state(&events), json!("completed"));
+    assert!(text(&events).contains("propose_action"), "{events:?}");
+    let stored = get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
+    let tool_messages = stored["messages"]
+        .as_array()
+        .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
+        .unwrap_or_default();
+    assert_eq!(tool_messages, 1, "only the recovered call ran: {stored}");
+
+    // Through the gateway: the client's tools go upstream, and the text call comes back
+    // as a native tool call (non-streamed and streamed).
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    for stream in [false, true] {
+        push(
+            &script,
+            streamed(
+                &d,
+                (d.text_stream)(&[
+                    "<tool_call>\n{\"name\": \"get_weather\", ",
+                    "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+                ]),
+            ),
+        );
+        let r = http_client()
+            .post(server.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&json!({"model": "qwen", "stream": stream, "tools": tools,
+                "messages": [{"role": "user", "content": "weather in Paris?"}]}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 200);
+        let body = r.text().await.unwrap_or_default();
+        if stream {
+            assert!(body.contains("\"tool_calls\""), "{body}");
+            assert!(
+                body.contains("get_weather") && body.contains("Paris"),
+                "{body}"
+            );
+            assert!(body.contains("\"finish_reason\":\"tool_calls\""), "{body}");
+            assert!(!body.contains("<tool_call>"), "{body}");
+        } else {
+            let v: Value = serde_json::from_str(&body).unwrap_or_default();
+            let choice = &v["choices"][0];
+            assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+            assert_eq!(
+                choice["message"]["tool_calls"][0]["function"]["name"],
+                "get_weather"
+            );
+            let args: Value = serde_json::from_str(
+                choice["message"]["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .unwrap_or_default(),
+            )
+            .unwrap_or_default();
+            assert_eq!(args, json!({"city": "Paris"}));
+        }
+    }
+    assert!(server.terminate().success());
+}
