@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 /// What the server currently runs on.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct LiveConfig {
     /// The compiled catalog.
     pub catalog: Catalog,

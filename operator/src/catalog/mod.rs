@@ -162,14 +162,21 @@ impl ProviderEntry {
             .unwrap_or(self.provider_type().default_locality())
     }
 
-    /// `defaultModel`, else the first catalog model.
+    /// `defaultModel`, else the first catalog model, else the first model the endpoint
+    /// listed (`openai-compatible` and `ollama` without `models`).
     pub fn default_model(&self) -> Option<&str> {
-        self.object.spec.default_model.as_deref().or(self
-            .object
+        self.object
             .spec
-            .models
-            .first()
-            .map(|m| m.id.as_str()))
+            .default_model
+            .as_deref()
+            .or(self.object.spec.models.first().map(|m| m.id.as_str()))
+            .or_else(|| {
+                self.object
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.discovered_models.first())
+                    .map(String::as_str)
+            })
     }
 
     /// The API key, if one is configured and resolved.
@@ -408,6 +415,41 @@ fn resolve_all(
     (values, condition)
 }
 
+/// The models a provider's spec names: `models`, then `defaultModel` and `fastModel`.
+fn declared_models(spec: &crate::crd::LLMProviderSpec) -> Vec<String> {
+    let mut models: Vec<String> = spec.models.iter().map(|m| m.id.clone()).collect();
+    for extra in [&spec.default_model, &spec.fast_model]
+        .into_iter()
+        .flatten()
+    {
+        if !models.contains(extra) {
+            models.push(extra.clone());
+        }
+    }
+    models
+}
+
+/// Records what a probe of the provider listed: `discoveredModels` becomes `listed` (for
+/// types that discover models) and `models` the declared ones followed by those.
+pub fn set_discovered(
+    status: &mut LLMProviderStatus,
+    spec: &crate::crd::LLMProviderSpec,
+    listed: &[String],
+) {
+    let mut models = declared_models(spec);
+    status.discovered_models = if spec.provider_type.discovers_models() {
+        listed.to_vec()
+    } else {
+        Vec::new()
+    };
+    for m in &status.discovered_models {
+        if !models.contains(m) {
+            models.push(m.clone());
+        }
+    }
+    status.models = models;
+}
+
 fn compile_provider(
     p: &LLMProvider,
     secrets: &SecretIndex<'_>,
@@ -488,15 +530,7 @@ fn compile_provider(
     };
     let available = ready.status;
 
-    let mut models: Vec<String> = spec.models.iter().map(|m| m.id.clone()).collect();
-    for extra in [&spec.default_model, &spec.fast_model]
-        .into_iter()
-        .flatten()
-    {
-        if !models.contains(extra) {
-            models.push(extra.clone());
-        }
-    }
+    let models = declared_models(spec);
     // Usage and budgets count a model without a price at $0: say so on cloud providers.
     let unpriced: Vec<&str> = models
         .iter()
@@ -529,12 +563,18 @@ fn compile_provider(
         )
     };
     let previous = p.status.as_ref();
-    // Discovered models (written by the provider probe) are kept.
-    for m in previous.map(|s| s.models.as_slice()).unwrap_or_default() {
-        if !models.contains(m) && spec.provider_type.discovers_models() {
-            models.push(m.clone());
-        }
-    }
+    // What the probe last discovered is kept (never a model the spec no longer lists).
+    let mut status = LLMProviderStatus {
+        models,
+        ..Default::default()
+    };
+    set_discovered(
+        &mut status,
+        spec,
+        previous
+            .map(|s| s.discovered_models.as_slice())
+            .unwrap_or_default(),
+    );
     let generation = p.metadata.generation;
     let previous_conditions = previous
         .map(|s| s.conditions.as_slice())
@@ -552,8 +592,8 @@ fn compile_provider(
     object.status = Some(LLMProviderStatus {
         observed_generation: generation,
         conditions,
-        models,
         secret_hash: secrets.hash_of(&ns, &refs),
+        ..status
     });
     ProviderEntry {
         object,

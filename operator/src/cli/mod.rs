@@ -424,7 +424,7 @@ async fn run_server(server: Server) -> Result<(), String> {
     let maintainer = tokio::spawn(state.engine.clone().maintain(sole_replica, stop_rx.clone()));
     let sweeper = tokio::spawn(state.engine.governor.clone().sweep(stop_rx.clone()));
     let prober = tokio::spawn(crate::llm::probe::run(
-        config_rx,
+        config_tx.clone(),
         probes,
         probe_interval,
         stop_rx,

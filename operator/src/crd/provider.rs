@@ -229,6 +229,10 @@ pub struct LLMProviderStatus {
     /// Catalog and discovered model ids.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub models: Vec<String>,
+    /// The model ids the endpoint listed at the last successful probe (`openai-compatible`
+    /// and `ollama`); replaced by every probe, so a model removed from the server goes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub discovered_models: Vec<String>,
     /// `sha256:` of the referenced Secrets' uid and resourceVersion (never of their values).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_hash: Option<String>,

@@ -160,10 +160,8 @@ pub async fn providers(
                 status
                     .conditions
                     .push(probe.condition(p.object.metadata.generation));
-                for m in &probe.models {
-                    if !status.models.contains(m) {
-                        status.models.push(m.clone());
-                    }
+                if probe.ok {
+                    crate::catalog::set_discovered(&mut status, spec, &probe.models);
                 }
             }
             let common = Common {

@@ -129,17 +129,60 @@ pub async fn probe_all(catalog: &Catalog, board: &ProbeBoard) {
     }
 }
 
+/// Writes the models each probe listed into the live catalog (`discoveredModels`), so that
+/// a provider without `models` serves what its endpoint lists, and a model the endpoint no
+/// longer lists goes. Whether anything changed.
+pub fn fold(config: &watch::Sender<Arc<LiveConfig>>, board: &ProbeBoard) -> bool {
+    let Ok(board) = board.read().map(|b| b.clone()) else {
+        return false;
+    };
+    config.send_if_modified(|live| {
+        let stale: Vec<ObjectKey> = live
+            .catalog
+            .providers
+            .iter()
+            .filter(|(key, entry)| {
+                entry.object.spec.provider_type.discovers_models()
+                    && board.get(*key).is_some_and(|p| {
+                        p.ok && entry.object.status.as_ref().map(|s| &s.discovered_models)
+                            != Some(&p.models)
+                    })
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        if stale.is_empty() {
+            return false;
+        }
+        let mut next = LiveConfig::clone(live);
+        for key in stale {
+            if let (Some(entry), Some(probe)) =
+                (next.catalog.providers.get_mut(&key), board.get(&key))
+            {
+                let status = entry.object.status.get_or_insert_default();
+                crate::catalog::set_discovered(status, &entry.object.spec, &probe.models);
+            }
+        }
+        *live = Arc::new(next);
+        true
+    })
+}
+
 /// Probes at start-up, after every configuration change, and every `interval`, until
-/// `shutdown` flips.
+/// `shutdown` flips; what the probes list is folded into the live catalog.
 pub async fn run(
-    mut config: watch::Receiver<Arc<LiveConfig>>,
+    config_tx: watch::Sender<Arc<LiveConfig>>,
     board: ProbeBoard,
     interval: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut config = config_tx.subscribe();
     loop {
         let current = config.borrow_and_update().clone();
         probe_all(&current.catalog, &board).await;
+        if fold(&config_tx, &board) {
+            // Our own change needs no new probe.
+            config.borrow_and_update();
+        }
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
             changed = config.changed() => if changed.is_err() { return },

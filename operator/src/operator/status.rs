@@ -137,12 +137,8 @@ pub fn plan(
                 probe.checked_at,
             );
             status.conditions.extend(reachable);
-            if entry.object.spec.provider_type.discovers_models() {
-                for m in &probe.models {
-                    if !status.models.contains(m) {
-                        status.models.push(m.clone());
-                    }
-                }
+            if probe.ok {
+                crate::catalog::set_discovered(&mut status, &entry.object.spec, &probe.models);
             }
         } else if let Some(previous) = seen
             .as_ref()

@@ -194,3 +194,101 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     }
     assert!(server.terminate().success());
 }
+
+/// The model ids the gateway lists to `KEY`.
+async fn listed(server: &Server) -> Vec<String> {
+    let v = http_client()
+        .get(server.url("/v1/models"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json::<Value>()
+        .await
+        .unwrap_or_default();
+    v["data"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn until_listed(server: &Server, check: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let now = listed(server).await;
+        if check(&now) {
+            return now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "listed: {now:?}\n{}",
+            server.log()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones() {
+    let (base, script) = mock().await;
+    for _ in 0..50 {
+        crate::llm::push_get(
+            &script,
+            crate::llm::json_reply(
+                200,
+                &json!({"object": "list", "data": [{"id": "qwen-local", "object": "model"}]}),
+            ),
+        );
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let write = |models: &str| {
+        manifests(&m, &base);
+        let path = m.join("all.yaml");
+        let yaml = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .replace("defaultModel: qwen, ", models);
+        std::fs::write(&path, yaml).unwrap_or_else(|e| panic!("{e}"));
+    };
+    // No models and no defaultModel: what the server lists is used.
+    write("");
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let now = until_listed(&server, |l| l.iter().any(|m| m == "qwen-local")).await;
+    assert_eq!(now, ["qwen-local", "llama/qwen-local"]);
+    let d = openai();
+    push(&script, streamed(&d, (d.text_stream)(&["Hello."])));
+    let id = session(&server, "s-1").await;
+    let events = ask(&server, &id, "hi").await;
+    assert_eq!(state(&events), json!("completed"), "{events:?}");
+    let model = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .rev()
+        .find(|s| s.path.ends_with("/chat/completions"))
+        .map(|s| s.body["model"].clone())
+        .unwrap_or_default();
+    assert_eq!(model, "qwen-local");
+
+    // The catalog says gemma, then qwen: gemma goes.
+    write("models: [{id: gemma}], ");
+    until_listed(&server, |l| l.iter().any(|m| m == "gemma")).await;
+    write("models: [{id: qwen}], ");
+    let now = until_listed(&server, |l| l.iter().any(|m| m == "qwen")).await;
+    assert!(!now.iter().any(|m| m.ends_with("gemma")), "{now:?}");
+    let r = http_client()
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&json!({"model": "gemma", "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.status().is_client_error(), "{}", r.status());
+    assert!(server.terminate().success());
+}
