@@ -4,33 +4,9 @@
 
 use crate::llm::Message;
 
-/// A rough token estimate (about 4 characters a token, plus per-message overhead): enough
-/// to stay clear of the window without a tokenizer per vendor.
+/// A rough token estimate of a conversation (see [`crate::llm::estimate_messages`]).
 pub fn estimate(messages: &[Message]) -> u64 {
-    messages
-        .iter()
-        .map(|m| {
-            let chars = match m {
-                Message::User { content } => content.len(),
-                Message::Assistant {
-                    content,
-                    tool_calls,
-                } => {
-                    content.len()
-                        + tool_calls
-                            .iter()
-                            .map(|c| c.name.len() + c.input.to_string().len())
-                            .sum::<usize>()
-                }
-                Message::Tool {
-                    content,
-                    tool_call_id,
-                    ..
-                } => content.len() + tool_call_id.len(),
-            };
-            chars as u64 / 4 + 8
-        })
-        .sum()
+    crate::llm::estimate_messages(messages)
 }
 
 /// Drops whole turns from the front until the rest fits `budget` tokens; the last turn is

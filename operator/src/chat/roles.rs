@@ -216,7 +216,7 @@ async fn side_call(
                 outcome,
                 detail: json!({"role": role, "inputTokens": usage.input_tokens,
                     "outputTokens": usage.output_tokens, "latencyMs": latency_ms,
-                    "redactions": redactions}),
+                    "redactions": redactions, "estimated": usage.estimated}),
             })
             .await?;
         match result {

@@ -635,7 +635,8 @@ async fn answer_step(
                 detail: json!({"step": step, "inputTokens": out.usage.input_tokens,
                     "outputTokens": out.usage.output_tokens, "latencyMs": latency_ms,
                     "toolCalls": out.calls.len(), "redactions": redactions,
-                    "stopReason": out.stop_reason, "fastModel": fast.is_some()}),
+                    "stopReason": out.stop_reason, "fastModel": fast.is_some(),
+                    "estimated": out.usage.estimated}),
                 ..session_decision(session, run_id)
             })
             .await?;

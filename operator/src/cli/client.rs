@@ -380,9 +380,21 @@ pub fn usage_table(by: &str, rows: &[crate::store::UsageRow]) -> String {
         } else {
             r.key.as_str()
         };
+        // `*`: some of these calls reported no usage, and Kortex estimated it.
+        let requests = if r.estimated_requests > 0 {
+            format!("{}*", r.requests)
+        } else {
+            r.requests.to_string()
+        };
         out.push_str(&format!(
-            "{key:<width$}  {:>9}  {:>13}  {:>13}  {:>11.4}\n",
-            r.requests, r.input_tokens, r.output_tokens, r.cost_usd
+            "{key:<width$}  {requests:>9}  {:>13}  {:>13}  {:>11.4}\n",
+            r.input_tokens, r.output_tokens, r.cost_usd
+        ));
+    }
+    if total.estimated_requests > 0 {
+        out.push_str(&format!(
+            "* {} request(s) reported no token usage: their tokens are estimated from the text (about 4 characters a token) and charged to budgets\n",
+            total.estimated_requests
         ));
     }
     out

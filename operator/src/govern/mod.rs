@@ -138,6 +138,7 @@ fn books(reservation: &mut Reservation, outcome: &Outcome) -> Books {
         Usage {
             input_tokens: reservation.estimated_input,
             output_tokens: 0,
+            estimated: true,
         }
     } else {
         outcome.usage
@@ -173,6 +174,7 @@ fn books(reservation: &mut Reservation, outcome: &Outcome) -> Books {
         cost_usd,
         latency_ms: outcome.latency_ms,
         outcome: outcome.outcome.clone(),
+        estimated: usage.estimated,
     };
     Books {
         actual,
@@ -635,11 +637,5 @@ impl Governor {
 /// Estimated input tokens of `request` (the same estimate as the context budget's), plus
 /// the system prompt and tool definitions.
 pub fn estimate_tokens(request: &ChatRequest) -> u64 {
-    let fixed = request.system.as_deref().map_or(0, str::len)
-        + request
-            .tools
-            .iter()
-            .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
-            .sum::<usize>();
-    crate::chat::context::estimate(&request.messages) + (fixed as u64).div_ceil(4)
+    crate::llm::estimate_input(request)
 }

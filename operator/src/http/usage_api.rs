@@ -89,8 +89,10 @@ pub fn totals(rows: &[UsageRow]) -> UsageRow {
             input_tokens: 0,
             output_tokens: 0,
             cost_usd: 0.0,
+            estimated_requests: 0,
         },
         |mut t, r| {
+            t.estimated_requests += r.estimated_requests;
             t.requests += r.requests;
             t.input_tokens += r.input_tokens;
             t.output_tokens += r.output_tokens;

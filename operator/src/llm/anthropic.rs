@@ -198,6 +198,7 @@ impl TokenCounts {
         Usage {
             input_tokens: self.input + self.cache_creation + self.cache_read,
             output_tokens: self.output,
+            ..Default::default()
         }
     }
 }
@@ -565,7 +566,8 @@ mod tests {
                     stop_reason: StopReason::ToolUse,
                     usage: Usage {
                         input_tokens: 12,
-                        output_tokens: 30
+                        output_tokens: 30,
+                        ..Default::default()
                     },
                     model: "claude-x".into()
                 },
@@ -604,7 +606,8 @@ mod tests {
                 Some(StreamEvent::Done {
                     usage: Usage {
                         input_tokens: 100,
-                        output_tokens: 7
+                        output_tokens: 7,
+                        ..
                     },
                     ..
                 })

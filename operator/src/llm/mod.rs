@@ -14,10 +14,12 @@ pub mod probe;
 mod prompt_tools;
 pub mod recover;
 mod retry;
+mod usage;
 mod wire;
 
 pub use error::{ErrorKind, LlmError};
 pub use retry::RetryPolicy;
+pub use usage::{estimate_input, estimate_messages, estimate_text};
 pub use wire::{SseDecoder, SseEvent};
 
 use crate::catalog::ProviderEntry;
@@ -182,6 +184,10 @@ pub struct Usage {
     pub input_tokens: u64,
     /// Completion tokens.
     pub output_tokens: u64,
+    /// The provider reported no (or only part of the) usage, and Kortex estimated the rest
+    /// from the text ([`estimate_messages`]): charged to budgets all the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 /// A complete answer.
@@ -426,11 +432,12 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         ProviderType::OpenAiCompatible => Arc::new(openai::OpenAi::new(config, client, true)),
         ProviderType::Ollama => Arc::new(ollama::Ollama::new(config, client)),
     };
-    Ok(match spec.tool_mode() {
+    let adapter: Arc<dyn LlmProvider> = match spec.tool_mode() {
         ToolMode::Prompt => Arc::new(prompt_tools::PromptTools::new(adapter)),
         ToolMode::Auto => Arc::new(recover::Recovering::new(adapter)),
         ToolMode::Native | ToolMode::None => adapter,
-    })
+    };
+    Ok(Arc::new(usage::Estimating::new(adapter)))
 }
 
 /// Cost in USD of `usage` at `cost` (0 when the model has no price).
@@ -482,6 +489,7 @@ mod tests {
         let usage = Usage {
             input_tokens: 2_000,
             output_tokens: 1_000,
+            ..Default::default()
         };
         assert!((cost_usd(Some(&price), usage) - 0.105).abs() < 1e-12);
         assert_eq!(cost_usd(None, usage), 0.0);

@@ -166,6 +166,7 @@ fn usage(v: &Value) -> Usage {
             .and_then(Value::as_u64)
             .unwrap_or(0),
         output_tokens: v.get("eval_count").and_then(Value::as_u64).unwrap_or(0),
+        ..Default::default()
     }
 }
 
@@ -389,7 +390,8 @@ mod tests {
                     stop_reason: StopReason::ToolUse,
                     usage: Usage {
                         input_tokens: 26,
-                        output_tokens: 9
+                        output_tokens: 9,
+                        ..Default::default()
                     },
                     model: "qwen3".into()
                 },

@@ -142,6 +142,7 @@ fn usage(v: &Value) -> Option<Usage> {
             .get("completion_tokens")
             .and_then(Value::as_u64)
             .unwrap_or(0),
+        ..Default::default()
     })
 }
 
@@ -570,7 +571,8 @@ mod tests {
                     stop_reason: StopReason::ToolUse,
                     usage: Usage {
                         input_tokens: 50,
-                        output_tokens: 20
+                        output_tokens: 20,
+                        ..Default::default()
                     },
                     model: "gpt-x".into()
                 },

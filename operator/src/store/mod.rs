@@ -33,6 +33,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "budgets",
         include_str!("../../../migrations/0003_budgets.sql"),
     ),
+    (
+        4,
+        "estimated_usage",
+        include_str!("../../../migrations/0004_estimated_usage.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

@@ -199,6 +199,8 @@ pub struct UsageEvent {
     pub latency_ms: i64,
     /// `ok` or an error kind.
     pub outcome: String,
+    /// The provider reported no usage: Kortex estimated it from the text.
+    pub estimated: bool,
 }
 
 /// How to group usage.
@@ -230,6 +232,9 @@ pub struct UsageRow {
     pub output_tokens: i64,
     /// USD.
     pub cost_usd: f64,
+    /// Calls whose usage Kortex estimated (the provider reported none).
+    #[serde(default)]
+    pub estimated_requests: i64,
 }
 
 /// A stored proposal.

@@ -635,6 +635,7 @@ impl Store {
                     input_tokens: row.try_get("input_tokens")?,
                     output_tokens: row.try_get("output_tokens")?,
                     cost_usd: row.try_get("cost_usd")?,
+                    estimated_requests: row.try_get("estimated_requests")?,
                 })
             })
             .collect()
@@ -751,8 +752,8 @@ pub(super) async fn insert_usage(
     for part in events.chunks(ROWS_PER_INSERT) {
         let sql = format!(
             "INSERT INTO usage_events (id, at, day, source, policy, session_id, user_name, provider, model, \
-             input_tokens, output_tokens, cost_usd, latency_ms, outcome){}",
-            values_clause(part.len(), 14)
+             input_tokens, output_tokens, cost_usd, latency_ms, outcome, estimated){}",
+            values_clause(part.len(), 15)
         );
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
         for u in part {
@@ -770,13 +771,14 @@ pub(super) async fn insert_usage(
                 .bind(u.output_tokens)
                 .bind(u.cost_usd)
                 .bind(u.latency_ms)
-                .bind(u.outcome.clone());
+                .bind(u.outcome.clone())
+                .bind(u.estimated);
         }
         q.execute(&mut **tx).await?;
     }
-    // (day, policy, provider, model, user) -> (requests, input, output, cost)
+    // (day, policy, provider, model, user) -> (requests, input, output, cost, estimated)
     type DailyKey<'a> = (String, &'a str, &'a str, &'a str, &'a str);
-    let mut daily: std::collections::BTreeMap<DailyKey<'_>, (i64, i64, i64, f64)> =
+    let mut daily: std::collections::BTreeMap<DailyKey<'_>, (i64, i64, i64, f64, i64)> =
         Default::default();
     for u in events {
         let row = daily
@@ -792,16 +794,19 @@ pub(super) async fn insert_usage(
         row.1 += u.input_tokens;
         row.2 += u.output_tokens;
         row.3 += u.cost_usd;
+        row.4 += i64::from(u.estimated);
     }
-    for ((day, policy, provider, model, user), (requests, input, output, cost)) in daily {
+    for ((day, policy, provider, model, user), (requests, input, output, cost, estimated)) in daily
+    {
         sqlx::query(
-            "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, output_tokens, cost_usd) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+            "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, output_tokens, cost_usd, estimated_requests) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
                requests = usage_daily.requests + excluded.requests, \
                input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
                output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
-               cost_usd = usage_daily.cost_usd + excluded.cost_usd",
+               cost_usd = usage_daily.cost_usd + excluded.cost_usd, \
+               estimated_requests = usage_daily.estimated_requests + excluded.estimated_requests",
         )
         .bind(day)
         .bind(policy)
@@ -812,6 +817,7 @@ pub(super) async fn insert_usage(
         .bind(input)
         .bind(output)
         .bind(cost)
+        .bind(estimated)
         .execute(&mut **tx)
         .await?;
     }
@@ -824,7 +830,8 @@ macro_rules! usage_by {
             "SELECT ",
             $col,
             " AS k, CAST(SUM(requests) AS BIGINT) AS requests, CAST(SUM(input_tokens) AS BIGINT) AS input_tokens, \
-             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, CAST(SUM(cost_usd) AS DOUBLE PRECISION) AS cost_usd \
+             CAST(SUM(output_tokens) AS BIGINT) AS output_tokens, CAST(SUM(cost_usd) AS DOUBLE PRECISION) AS cost_usd, \
+             CAST(SUM(estimated_requests) AS BIGINT) AS estimated_requests \
              FROM usage_daily WHERE day >= $1 GROUP BY ",
             $col,
             " ORDER BY cost_usd DESC, k"

@@ -42,6 +42,7 @@ fn outcome(output_tokens: u64) -> Outcome {
         usage: Usage {
             input_tokens: 100,
             output_tokens,
+            ..Default::default()
         },
         model: "m".into(),
         latency_ms: 10,

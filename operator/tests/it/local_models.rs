@@ -292,3 +292,50 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
     assert!(r.status().is_client_error(), "{}", r.status());
     assert!(server.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() {
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let d = openai();
+    let answer = "The pod was OOM-killed: its memory limit is 128Mi and it uses 300Mi.";
+    let mut reply = streamed(&d, (d.text_stream)(&[answer]));
+    // llama.cpp's servers send no usage in streams.
+    reply.chunks.retain(|c| !c.contains("\"usage\""));
+    push(&script, reply);
+    let id = session(&server, "s-usage").await;
+    let events = ask(&server, &id, "why does the pod restart?").await;
+    assert_eq!(state(&events), json!("completed"));
+    let mut row = Value::Null;
+    for _ in 0..100 {
+        let usage = get_json(&http_client(), server.url("/api/v1/usage?by=provider")).await;
+        row = usage["items"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["key"] == "llama"))
+            .cloned()
+            .unwrap_or_default();
+        if row["requests"] == json!(1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(row["estimatedRequests"], json!(1), "{row}");
+    assert_eq!(
+        row["outputTokens"],
+        json!((answer.len() as u64).div_ceil(4)),
+        "output estimated from the text: {row}"
+    );
+    assert!(row["inputTokens"].as_u64().unwrap_or_default() > 0, "{row}");
+    let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=llm_call")).await;
+    let call = audit["items"]
+        .as_array()
+        .and_then(|r| r.first())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(call["detail"]["estimated"], json!(true), "{call}");
+    assert!(server.terminate().success());
+}

@@ -596,7 +596,8 @@ impl Meter {
             outcome: outcome.to_owned(),
             detail: json!({"source": "gateway", "endpoint": self.endpoint,
                 "inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
-                "latencyMs": latency_ms, "redactions": self.redactions}),
+                "latencyMs": latency_ms, "redactions": self.redactions,
+                "estimated": usage.estimated}),
             ..Default::default()
         };
         self.state

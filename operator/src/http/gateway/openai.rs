@@ -411,6 +411,7 @@ async fn handle_embeddings(
             llm::Usage {
                 input_tokens: e.input_tokens,
                 output_tokens: 0,
+                ..Default::default()
             },
             e.model.clone(),
             "ok",
