@@ -76,6 +76,7 @@ impl Anthropic {
         }
         if body.get("tools").is_some() {
             match &request.tool_choice {
+                Some(super::ToolChoice::Auto) => body["tool_choice"] = json!({"type": "auto"}),
                 Some(super::ToolChoice::Required) => body["tool_choice"] = json!({"type": "any"}),
                 Some(super::ToolChoice::Tool(name)) => {
                     body["tool_choice"] = json!({"type": "tool", "name": name});

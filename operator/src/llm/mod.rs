@@ -138,6 +138,8 @@ pub struct ChatRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolChoice {
+    /// The model decides (said explicitly: passed on as the client sent it).
+    Auto,
     /// Some tool must be called.
     Required,
     /// This tool must be called.
@@ -438,6 +440,33 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         ToolMode::Native | ToolMode::None => adapter,
     };
     Ok(Arc::new(usage::Estimating::new(adapter)))
+}
+
+/// A whole answer as the events a stream of it would carry.
+pub fn response_stream(response: ChatResponse) -> ChatStream {
+    use futures_util::StreamExt;
+    let mut events = Vec::new();
+    events.extend(
+        response
+            .warnings
+            .into_iter()
+            .map(|w| Ok(StreamEvent::Warning(w))),
+    );
+    if !response.text.is_empty() {
+        events.push(Ok(StreamEvent::TextDelta(response.text)));
+    }
+    events.extend(
+        response
+            .tool_calls
+            .into_iter()
+            .map(|c| Ok(StreamEvent::ToolCall(c))),
+    );
+    events.push(Ok(StreamEvent::Done {
+        stop_reason: response.stop_reason,
+        usage: response.usage,
+        model: response.model,
+    }));
+    futures_util::stream::iter(events).boxed()
 }
 
 /// Cost in USD of `usage` at `cost` (0 when the model has no price).

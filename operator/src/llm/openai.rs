@@ -77,6 +77,7 @@ impl OpenAi {
         }
         if body.get("tools").is_some() {
             match &request.tool_choice {
+                Some(super::ToolChoice::Auto) => body["tool_choice"] = json!("auto"),
                 Some(super::ToolChoice::Required) => body["tool_choice"] = json!("required"),
                 Some(super::ToolChoice::Tool(name)) => {
                     body["tool_choice"] = json!({"type": "function", "function": {"name": name}});

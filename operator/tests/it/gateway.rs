@@ -25,22 +25,27 @@ fn responder(body: &Value) -> Option<Reply> {
         ));
     }
     let last = body["messages"].as_array()?.last()?.clone();
+    // A client that asked for no stream gets a non-streamed upstream call.
+    let whole = body["stream"] != json!(true);
+    let text = |parts: &[&str]| {
+        if whole {
+            crate::llm::json_reply(200, &(d.text_json)(&parts.concat()))
+        } else {
+            streamed(&d, (d.text_stream)(parts))
+        }
+    };
     if body["tools"].as_array().is_some_and(|t| !t.is_empty()) && last["role"] == "user" {
-        return Some(streamed(
-            &d,
-            (d.tools_stream)(&[("call_w1", "get_weather", r#"{"city": "Paris"}"#)]),
-        ));
+        let call = [("call_w1", "get_weather", r#"{"city": "Paris"}"#)];
+        return Some(if whole {
+            crate::llm::json_reply(200, &(d.tools_json)(&call))
+        } else {
+            streamed(&d, (d.tools_stream)(&call))
+        });
     }
     if body.get("response_format").is_some() {
-        return Some(streamed(
-            &d,
-            (d.text_stream)(&[r#"{"city": "Paris", "#, r#""temp_c": 21}"#]),
-        ));
+        return Some(text(&[r#"{"city": "Paris", "#, r#""temp_c": 21}"#]));
     }
-    Some(streamed(
-        &d,
-        (d.text_stream)(&["Hello ", "from ", "upstream"]),
-    ))
+    Some(text(&["Hello ", "from ", "upstream"]))
 }
 
 fn manifests(dir: &Path, base: &str) {

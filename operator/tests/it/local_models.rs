@@ -147,26 +147,43 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     let tools = json!([{"type": "function", "function": {"name": "get_weather",
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
     for stream in [false, true] {
+        let parts = [
+            "<tool_call>\n{\"name\": \"get_weather\", ",
+            "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        ];
         push(
             &script,
-            streamed(
-                &d,
-                (d.text_stream)(&[
-                    "<tool_call>\n{\"name\": \"get_weather\", ",
-                    "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
-                ]),
-            ),
+            if stream {
+                streamed(&d, (d.text_stream)(&parts))
+            } else {
+                // A client that asks for no stream gets a non-streamed upstream call.
+                crate::llm::json_reply(200, &(d.text_json)(&parts.concat()))
+            },
         );
         let r = http_client()
             .post(server.url("/v1/chat/completions"))
             .bearer_auth(KEY)
-            .json(&json!({"model": "qwen", "stream": stream, "tools": tools,
-                "messages": [{"role": "user", "content": "weather in Paris?"}]}))
+            .json(
+                &json!({"model": "qwen", "stream": stream, "tools": tools, "tool_choice": "auto",
+                "messages": [{"role": "user", "content": "weather in Paris?"}]}),
+            )
             .send()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.status().as_u16(), 200);
         let body = r.text().await.unwrap_or_default();
+        // Upstream: streamed only when the client streams, and an explicit "auto" kept.
+        let upstream = script
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .rev()
+            .find(|s| s.path.ends_with("/chat/completions"))
+            .map(|s| s.body.clone())
+            .unwrap_or_default();
+        assert_eq!(upstream["stream"] == json!(true), stream, "{upstream}");
+        assert_eq!(upstream["tool_choice"], "auto", "{upstream}");
         if stream {
             assert!(body.contains("\"tool_calls\""), "{body}");
             assert!(

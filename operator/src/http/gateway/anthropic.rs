@@ -150,6 +150,7 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
             tools.clear();
             None
         }
+        Some("auto") => Some(llm::ToolChoice::Auto),
         Some("any") => Some(llm::ToolChoice::Required),
         Some("tool") => body["tool_choice"]["name"]
             .as_str()
@@ -212,7 +213,7 @@ async fn handle(
         let config = state.config.borrow().clone();
         routes_for(&config.catalog, &caller, &model)?
     };
-    let started = dispatch(state, &caller, routes, request, "messages").await?;
+    let started = dispatch(state, &caller, routes, request, "messages", stream).await?;
     let id = new_id("msg_");
     let redactor = caller.redactor.clone();
     if !stream {

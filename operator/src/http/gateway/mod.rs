@@ -399,12 +399,16 @@ pub struct Started {
 /// Sends `request` through `routes` (failing over on a hard failure before any output),
 /// after admitting the request against the budgets; every attempt is redacted, reserved,
 /// settled and audited. The stream settles the successful attempt when it ends.
+///
+/// A client that asked for no stream gets a non-streamed upstream call (`streamed: false`):
+/// servers that send no usage in streams report it in whole answers.
 pub async fn dispatch(
     state: &AppState,
     caller: &Caller,
     routes: Vec<Route>,
     request: ChatRequest,
     endpoint: &'static str,
+    streamed: bool,
 ) -> Result<Started, GatewayError> {
     let governor = state.engine.governor.clone();
     let config = state.config.borrow().clone();
@@ -470,7 +474,12 @@ pub async fn dispatch(
             Err(e) => return Err(GatewayError::internal(e)),
         };
         let started = Instant::now();
-        match adapter.stream(&req).await {
+        let called = if streamed {
+            adapter.stream(&req).await
+        } else {
+            adapter.complete(&req).await.map(llm::response_stream)
+        };
+        match called {
             Ok(stream) => {
                 let meter = Meter {
                     state: state.clone(),

@@ -135,6 +135,7 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool, bool), GatewayE
             tools.clear();
             None
         }
+        Value::String(s) if s == "auto" => Some(llm::ToolChoice::Auto),
         Value::String(s) if s == "required" => Some(llm::ToolChoice::Required),
         Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => o
             .get("function")
@@ -219,7 +220,7 @@ async fn handle(
         let config = state.config.borrow().clone();
         routes_for(&config.catalog, &caller, &model)?
     };
-    let started = dispatch(state, &caller, routes, request, "chat.completions").await?;
+    let started = dispatch(state, &caller, routes, request, "chat.completions", stream).await?;
     let id = new_id("chatcmpl-");
     let created = jiff::Timestamp::now().as_second();
     let redactor = caller.redactor.clone();
