@@ -76,6 +76,11 @@ pub struct LLMProviderSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1_000_000))]
     pub max_tokens: Option<u32>,
+    /// Sampling temperature of calls that set none (chat runs never do; gateway clients
+    /// may): e.g. `0` for repeatable answers from a local model. Default: the server's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 2.0))]
+    pub temperature: Option<f32>,
     /// Per-request timeout, e.g. `60s` (Go duration syntax).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,

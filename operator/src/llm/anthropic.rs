@@ -68,7 +68,7 @@ impl Anthropic {
                 .map(|t| json!({"name": t.name, "description": t.description, "input_schema": t.parameters}))
                 .collect();
         }
-        if let Some(t) = request.temperature {
+        if let Some(t) = request.temperature.or(self.config.temperature) {
             body["temperature"] = json!(t);
         }
         if !request.stop.is_empty() {

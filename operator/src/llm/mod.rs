@@ -343,6 +343,8 @@ pub struct ProviderConfig {
     pub default_model: Option<String>,
     /// Default output token limit.
     pub max_tokens: u32,
+    /// Sampling temperature of requests that set none (`spec.temperature`).
+    pub temperature: Option<f32>,
     /// Per-request timeout.
     pub timeout: Duration,
     /// How tools are offered.
@@ -422,6 +424,7 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         headers,
         default_model: entry.default_model().map(str::to_owned),
         max_tokens: entry.max_tokens(),
+        temperature: spec.temperature,
         timeout: entry.timeout(),
         tool_mode: spec.tool_mode(),
         retry: RetryPolicy::default(),

@@ -40,7 +40,7 @@ impl Ollama {
         };
         let mut options =
             json!({"num_predict": request.max_tokens.unwrap_or(self.config.max_tokens)});
-        if let Some(t) = request.temperature {
+        if let Some(t) = request.temperature.or(self.config.temperature) {
             options["temperature"] = json!(t);
         }
         if !request.stop.is_empty() {

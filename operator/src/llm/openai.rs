@@ -66,7 +66,7 @@ impl OpenAi {
                 .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
                 .collect();
         }
-        if let Some(t) = request.temperature {
+        if let Some(t) = request.temperature.or(self.config.temperature) {
             body["temperature"] = json!(t);
         }
         if !request.stop.is_empty() {
