@@ -26,6 +26,8 @@ enum End {
     Failed {
         code: &'static str,
         message: String,
+        /// The transport's own words (the error event's `detail` and the log).
+        detail: Option<String>,
     },
 }
 
@@ -57,6 +59,7 @@ pub async fn run(
         Err(e) => End::Failed {
             code: "internal",
             message: format!("the run could not be stored: {e}"),
+            detail: None,
         },
     };
     let (state, session_status, reason) = match &end {
@@ -67,15 +70,18 @@ pub async fn run(
             "idle",
             Some("cancelled by the user".to_owned()),
         ),
-        End::Failed { code, message } => {
-            let _ = engine
-                .emit(
-                    &session.id,
-                    run_id,
-                    event::ERROR,
-                    json!({"runId": run_id, "code": code, "message": message}),
-                )
-                .await;
+        End::Failed {
+            code,
+            message,
+            detail,
+        } => {
+            // Who, where and why; never the conversation.
+            tracing::warn!(session = %session.id, run = run_id, code, reason = %message, detail = detail.as_deref().unwrap_or(""), "run failed");
+            let mut data = json!({"runId": run_id, "code": code, "message": message});
+            if let Some(d) = detail {
+                data["detail"] = json!(d);
+            }
+            let _ = engine.emit(&session.id, run_id, event::ERROR, data).await;
             ("failed", "failed", Some(message.clone()))
         }
     };
@@ -221,6 +227,7 @@ async fn steps(
                 "no ChatPolicy in namespace {} matches session {}",
                 session.namespace, session.name
             ),
+            detail: None,
         });
     };
     let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
@@ -234,6 +241,7 @@ async fn steps(
                 "{}; see GET /api/v1/llm/providers",
                 plan.unavailable(&policy_name)
             ),
+            detail: None,
         });
     }
     let mut routing = Routing {
@@ -353,10 +361,24 @@ async fn steps(
                 .await?;
         }
         if let Some(e) = error {
+            let mut message = redactor.text(&e.to_string()).0;
+            if !text.is_empty() {
+                message.push_str("; the partial answer is kept");
+            }
             return Ok(End::Failed {
                 code: "provider_error",
-                message: redactor.text(&e.to_string()).0,
+                message,
+                detail: e.detail.as_deref().map(|d| redactor.text(d).0),
             });
+        }
+        if calls.is_empty() && text.trim().is_empty() {
+            notice(
+                engine,
+                session,
+                run_id,
+                &format!("{provider_name} returned an empty answer (model {served_model})"),
+            )
+            .await?;
         }
         if calls.is_empty() {
             return Ok(End::Completed);
@@ -520,6 +542,7 @@ async fn answer_step(
                 return Ok(Err(End::Failed {
                     code: "provider_unavailable",
                     message: e.to_string(),
+                    detail: None,
                 }));
             }
         };
@@ -583,6 +606,7 @@ async fn answer_step(
                 return Ok(Err(End::Failed {
                     code: "budget_exceeded",
                     message: exceeded.to_string(),
+                    detail: None,
                 }));
             }
         };

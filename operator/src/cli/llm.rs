@@ -304,11 +304,20 @@ pub async fn ask(args: AskArgs) -> Result<(), String> {
         for c in &response.tool_calls {
             println!("→ tool call {} {} {}", c.id, c.name, c.input);
         }
+        // The stop reason as the docs and the API spell it (`end_turn`).
+        let stop = serde_json::to_value(response.stop_reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
         eprintln!(
-            "[{name} {model_id}: {:?}, {} in / {} out tokens, ${cost:.6}, {} ms]",
-            response.stop_reason,
+            "[{name} {model_id}: {stop}, {} in / {} out tokens{}, ${cost:.6}, {} ms]",
             response.usage.input_tokens,
             response.usage.output_tokens,
+            if response.usage.estimated {
+                " (estimated)"
+            } else {
+                ""
+            },
             started.elapsed().as_millis()
         );
     }

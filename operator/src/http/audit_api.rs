@@ -164,9 +164,37 @@ pub async fn export(
             .map(|t| t.to_string())
             .unwrap_or_default()
     };
+    let unfinished = state
+        .store
+        .unfinished_runs(&id)
+        .await
+        .map_err(ApiError::internal)?;
     if !wants_markdown {
-        return Ok(Json(json!({"session": session, "messages": messages})).into_response());
+        let runs: Vec<Value> = unfinished
+            .iter()
+            .map(|(run, status, reason, at)| {
+                json!({"runId": run, "state": status, "reason": reason, "finishedAt": at})
+            })
+            .collect();
+        return Ok(
+            Json(json!({"session": session, "messages": messages, "unfinishedRuns": runs}))
+                .into_response(),
+        );
     }
+    // The last message of a run that failed or was cancelled is where it broke off.
+    let last_of_run: std::collections::HashMap<&str, usize> = messages
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| m.run_id.as_deref().map(|r| (r, i)))
+        .collect();
+    let ends: std::collections::HashMap<usize, (&str, &str)> = unfinished
+        .iter()
+        .filter_map(|(run, status, reason, _)| {
+            last_of_run
+                .get(run.as_str())
+                .map(|i| (*i, (status.as_str(), reason.as_deref().unwrap_or(""))))
+        })
+        .collect();
     let mut md = format!(
         "# {}\n\n- Session: `{}` (namespace `{}`, policy `{}`)\n- User: {}\n- Created: {}\n\n",
         session.title.as_deref().unwrap_or(&session.name),
@@ -176,7 +204,7 @@ pub async fn export(
         session.user,
         time(session.created_at)
     );
-    for m in &messages {
+    for (i, m) in messages.iter().enumerate() {
         match m.role.as_str() {
             "user" => md.push_str(&format!(
                 "## {} — {}\n\n{}\n\n",
@@ -212,6 +240,19 @@ pub async fn export(
                     m.content.replace("```", "'''")
                 ));
             }
+        }
+        if let Some((status, reason)) = ends.get(&i) {
+            let what = if *status == "cancelled" {
+                "Run cancelled"
+            } else {
+                "Run failed"
+            };
+            let cut = if m.role == "assistant" {
+                " — the answer above is cut off"
+            } else {
+                ""
+            };
+            md.push_str(&format!("> **{what}**{cut}: {reason}\n\n"));
         }
     }
     Ok(([(header::CONTENT_TYPE, "text/markdown; charset=utf-8")], md).into_response())

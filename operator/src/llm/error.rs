@@ -57,6 +57,9 @@ pub struct LlmError {
     pub status: Option<u16>,
     /// How long the provider asked us to wait.
     pub retry_after: Option<Duration>,
+    /// The transport's own words, when `message` says it for a user (events' `detail`
+    /// field and the log; key removed too).
+    pub detail: Option<String>,
 }
 
 impl LlmError {
@@ -68,7 +71,14 @@ impl LlmError {
             message: message.into(),
             status: None,
             retry_after: None,
+            detail: None,
         }
+    }
+
+    /// With the transport's own words kept beside the message.
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
     }
 
     /// Worth another attempt (before any output was streamed)?
@@ -117,6 +127,7 @@ impl LlmError {
             message,
             status: Some(status),
             retry_after,
+            detail: None,
         }
     }
 

@@ -441,6 +441,8 @@ fn frames<T: Send + 'static>(
         framing: Framing,
         /// Bytes read so far.
         total: usize,
+        /// When the answer began.
+        started: std::time::Instant,
     }
     let state = State {
         body: response.bytes_stream().boxed(),
@@ -451,6 +453,7 @@ fn frames<T: Send + 'static>(
         config: config.clone(),
         framing,
         total: 0,
+        started: std::time::Instant::now(),
     };
     futures_util::stream::unfold(state, move |mut st| async move {
         loop {
@@ -473,7 +476,15 @@ fn frames<T: Send + 'static>(
                 }
                 Ok(Some(Err(e))) => {
                     st.ended = true;
-                    let e = transport_error(&st.config, &e);
+                    // Mid-answer: said in words a user acts on; reqwest's chain is detail.
+                    let raw = transport_error(&st.config, &e);
+                    let secs = st.started.elapsed().as_secs_f64();
+                    let e = LlmError::new(
+                        raw.kind,
+                        &st.config.name,
+                        format!("closed the connection {secs:.1} s into the answer"),
+                    )
+                    .with_detail(raw.message);
                     return Some((Err(e), st));
                 }
                 Ok(Some(Ok(bytes))) => {

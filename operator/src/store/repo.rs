@@ -330,6 +330,31 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
+    /// The session's runs that did not complete, in order: `(run id, status, reason,
+    /// finished at)` (for exports).
+    pub async fn unfinished_runs(
+        &self,
+        session_id: &str,
+    ) -> Result<Vec<(String, String, Option<String>, Option<i64>)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, status, reason, finished_at FROM chat_runs \
+             WHERE session_id = $1 AND status IN ('failed', 'cancelled') ORDER BY started_at",
+        )
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("id")?,
+                    r.try_get("status")?,
+                    r.try_get("reason")?,
+                    r.try_get("finished_at")?,
+                ))
+            })
+            .collect()
+    }
+
     /// The status of a run.
     pub async fn run_status(&self, run_id: &str) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT status FROM chat_runs WHERE id = $1")

@@ -356,3 +356,61 @@ async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() 
     assert_eq!(call["detail"]["estimated"], json!(true), "{call}");
     assert!(server.terminate().success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let d = openai();
+    // An empty answer completes, with a notice.
+    push(&script, streamed(&d, (d.text_stream)(&[""])));
+    let id = session(&server, "s-empty").await;
+    let events = ask(&server, &id, "anything?").await;
+    assert_eq!(state(&events), json!("completed"));
+    assert!(
+        notices(&events)
+            .iter()
+            .any(|n| n.contains("returned an empty answer")),
+        "{:?}",
+        notices(&events)
+    );
+    // A refusal (400 is not retried) fails the run: logged without the conversation, and
+    // the export says so where it happened.
+    push(
+        &script,
+        crate::llm::json_reply(
+            400,
+            &json!({"error": {"message": "the prompt is too long", "type": "invalid_request_error"}}),
+        ),
+    );
+    let events = ask(&server, &id, "the secret question 42").await;
+    assert_eq!(state(&events), json!("failed"), "{events:?}");
+    let md = http_client()
+        .get(server.url(&format!("/chat/v1/sessions/{id}/export?format=markdown")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
+    assert!(md.contains("> **Run failed**"), "{md}");
+    assert!(md.contains("the prompt is too long"), "{md}");
+    let log = server.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("run failed"))
+        .unwrap_or_else(|| panic!("no log line for the failed run:\n{log}"));
+    assert!(
+        line.contains(&id) && line.contains("the prompt is too long"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("secret question"),
+        "never the content: {line}"
+    );
+    assert!(server.terminate().success());
+}
