@@ -212,6 +212,25 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     assert!(server.terminate().success());
 }
 
+/// The usage row of `provider` once it counts `requests` calls (books are written behind;
+/// gives up after 5 s and returns what it has).
+pub(crate) async fn provider_usage(server: &Server, provider: &str, requests: i64) -> Value {
+    let mut row = Value::Null;
+    for _ in 0..100 {
+        let usage = get_json(&http_client(), server.url("/api/v1/usage?by=provider")).await;
+        row = usage["items"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["key"] == provider))
+            .cloned()
+            .unwrap_or_default();
+        if row["requests"].as_i64() >= Some(requests) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    row
+}
+
 /// The model ids the gateway lists to `KEY`.
 async fn listed(server: &Server) -> Vec<String> {
     let v = http_client()
@@ -327,19 +346,7 @@ async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() 
     let id = session(&server, "s-usage").await;
     let events = ask(&server, &id, "why does the pod restart?").await;
     assert_eq!(state(&events), json!("completed"));
-    let mut row = Value::Null;
-    for _ in 0..100 {
-        let usage = get_json(&http_client(), server.url("/api/v1/usage?by=provider")).await;
-        row = usage["items"]
-            .as_array()
-            .and_then(|r| r.iter().find(|r| r["key"] == "llama"))
-            .cloned()
-            .unwrap_or_default();
-        if row["requests"] == json!(1) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let row = provider_usage(&server, "llama", 1).await;
     assert_eq!(row["estimatedRequests"], json!(1), "{row}");
     assert_eq!(
         row["outputTokens"],

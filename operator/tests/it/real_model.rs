@@ -240,19 +240,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     assert_eq!(sdk["tool"]["finish"], "tool_calls", "{sdk}");
 
     // Usage: every call recorded; the streamed ones (no usage from this server) estimated.
-    let mut row = Value::Null;
-    for _ in 0..100 {
-        let usage = get_json(&http_client(), server.url("/api/v1/usage?by=provider")).await;
-        row = usage["items"]
-            .as_array()
-            .and_then(|r| r.iter().find(|r| r["key"] == "llama"))
-            .cloned()
-            .unwrap_or_default();
-        if row["requests"].as_i64() >= Some(5) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let row = crate::local_models::provider_usage(&server, "llama", 5).await;
     assert!(row["requests"].as_i64() >= Some(5), "{row}");
     assert!(row["estimatedRequests"].as_i64() >= Some(1), "{row}");
     assert!(row["outputTokens"].as_i64() > Some(0), "{row}");
