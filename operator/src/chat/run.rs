@@ -873,6 +873,8 @@ async fn stream_step(
     // credential or personal data could still be forming at its end.
     let mut pending = crate::redact::StreamRedactor::new(redactor);
     let mut flush_at: Option<tokio::time::Instant> = None;
+    // The first text goes out at once (time to first token); later text is coalesced.
+    let mut first = true;
     loop {
         let next = tokio::select! {
             item = stream.next() => item,
@@ -896,7 +898,9 @@ async fn stream_step(
                 if live {
                     out.output_started = true;
                     pending.push(&t);
-                    flush_at.get_or_insert_with(|| tokio::time::Instant::now() + COALESCE);
+                    let delay = if first { Duration::ZERO } else { COALESCE };
+                    first = false;
+                    flush_at.get_or_insert_with(|| tokio::time::Instant::now() + delay);
                 }
             }
             Some(Ok(StreamEvent::ToolCall(c))) => {
