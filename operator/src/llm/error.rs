@@ -81,7 +81,9 @@ impl LlmError {
         self
     }
 
-    /// Worth another attempt (before any output was streamed)?
+    /// Worth another attempt (before any output was streamed)? Only what can succeed on a
+    /// retry: rate limits, server faults (not 501 Not Implemented or 505), connection
+    /// failures and timeouts. A 500 is retried once (see `retry`).
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.kind,
@@ -89,7 +91,7 @@ impl LlmError {
                 | ErrorKind::Upstream
                 | ErrorKind::Connection
                 | ErrorKind::Timeout
-        )
+        ) && !matches!(self.status, Some(501 | 505))
     }
 
     /// The error for an HTTP status and the provider's message.

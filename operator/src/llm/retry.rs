@@ -54,6 +54,7 @@ where
     Fut: std::future::Future<Output = Result<ChatStream, LlmError>>,
 {
     let mut n = 0;
+    let mut internal = 0u32;
     loop {
         let error = match attempt().await {
             Ok(mut stream) => match stream.next().await {
@@ -68,7 +69,9 @@ where
             Err(e) => e,
         };
         n += 1;
-        if !error.is_retryable() || n >= policy.attempts {
+        internal += u32::from(error.status == Some(500));
+        // A second 500 in a row is the server failing on this request, not a passing fault.
+        if !error.is_retryable() || n >= policy.attempts || internal >= 2 {
             return Err(error);
         }
         let wait = policy.delay(n - 1, &error);
@@ -84,17 +87,65 @@ where
     Fut: std::future::Future<Output = Result<T, LlmError>>,
 {
     let mut n = 0;
+    let mut internal = 0u32;
     loop {
         let error = match attempt().await {
             Ok(v) => return Ok(v),
             Err(e) => e,
         };
         n += 1;
-        if !error.is_retryable() || n >= policy.attempts {
+        internal += u32::from(error.status == Some(500));
+        // A second 500 in a row is the server failing on this request, not a passing fault.
+        if !error.is_retryable() || n >= policy.attempts || internal >= 2 {
             return Err(error);
         }
         let wait = policy.delay(n - 1, &error);
         tracing::warn!(provider = %error.provider, error = %error, attempt = n, wait_ms = wait.as_millis() as u64, "retrying provider call");
         tokio::time::sleep(wait).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::ErrorKind;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    fn status(code: u16) -> LlmError {
+        LlmError::from_status("p", code, String::new(), None)
+    }
+
+    /// How many attempts a call failing with `codes` (then succeeding) takes, and its result.
+    async fn run(codes: &[u16]) -> (u32, Result<(), LlmError>) {
+        let policy = RetryPolicy {
+            attempts: 3,
+            base: Duration::from_millis(1),
+            max_delay: Duration::from_millis(2),
+        };
+        let calls = AtomicU32::new(0);
+        let result = call_with_retry(policy, || {
+            let i = calls.fetch_add(1, Ordering::Relaxed) as usize;
+            let code = codes.get(i).copied();
+            async move { code.map_or(Ok(()), |c| Err(status(c))) }
+        })
+        .await;
+        (calls.load(Ordering::Relaxed), result)
+    }
+
+    #[tokio::test]
+    async fn only_what_can_succeed_is_retried() {
+        // Passing faults: retried up to three attempts.
+        assert_eq!(run(&[503, 502]).await.0, 3);
+        assert!(run(&[503, 502]).await.1.is_ok());
+        assert_eq!(run(&[429, 500]).await.0, 3);
+        // A 500 twice in a row is the server failing on this request: no third attempt.
+        let (calls, result) = run(&[500, 500]).await;
+        assert_eq!(calls, 2);
+        assert_eq!(result.map_err(|e| e.status), Err(Some(500)));
+        // Never retried.
+        for code in [400, 401, 404, 413, 501] {
+            assert_eq!(run(&[code]).await.0, 1, "{code}");
+        }
+        assert_eq!(status(501).kind, ErrorKind::Upstream);
     }
 }
