@@ -93,18 +93,24 @@ pub async fn list(
         if state.cluster_auth.is_some() && readable.get(&p.namespace) != Some(&true) {
             return false;
         }
-        let policy = p.policy.as_deref().and_then(|qualified| {
-            let (ns, name) = qualified.split_once('/')?;
-            config.catalog.policies.get(&ObjectKey::new(ns, name))
-        });
-        policy.is_some_and(|policy| {
-            let groups = &policy.object.spec.proposals.approver_groups;
-            groups.is_empty() || caller.groups.iter().any(|g| groups.contains(g))
-        })
+        may_decide(p, &caller, &config.catalog)
     };
     Ok(Json(
         json!({"items": rows.iter().filter(|p| visible(p)).map(view).collect::<Vec<_>>()}),
     ))
+}
+
+/// Whether the policy of `p` (as it is now) lets `caller` decide it: no `approverGroups`,
+/// or the caller is in one of them.
+fn may_decide(p: &ProposalRecord, caller: &Caller, catalog: &crate::catalog::Catalog) -> bool {
+    let policy = p.policy.as_deref().and_then(|qualified| {
+        let (ns, name) = qualified.split_once('/')?;
+        catalog.policies.get(&ObjectKey::new(ns, name))
+    });
+    policy.is_some_and(|policy| {
+        let groups = &policy.object.spec.proposals.approver_groups;
+        groups.is_empty() || caller.groups.iter().any(|g| groups.contains(g))
+    })
 }
 
 /// Body of approve/reject.
@@ -161,6 +167,14 @@ async fn decide(
         .await
         .map_err(ApiError::internal)?
         .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
+    // Someone who may not see a proposal learns nothing of it, not even that it exists.
+    let config = state.config.borrow().clone();
+    if state.auth != super::auth::AuthMode::Loopback
+        && p.user != caller.user
+        && !may_decide(&p, &caller, &config.catalog)
+    {
+        return Err(ApiError::not_found(format!("proposal {id} not found")));
+    }
     if p.phase != "Pending" {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -172,7 +186,6 @@ async fn decide(
         ));
     }
     // The rules of the policy as it is now.
-    let config = state.config.borrow().clone();
     let policy = p.policy.as_deref().and_then(|qualified| {
         let (ns, name) = qualified.split_once('/')?;
         config.catalog.policies.get(&ObjectKey::new(ns, name))

@@ -54,6 +54,13 @@ apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {name: default, namespace: team-a}
 spec: {sessions: ['*'], provider: nope, proposals: {allowedActions: [restart], approverGroups: [sre]}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: bob-key
+  labels: {kortex.dev/credentials: chat}
+stringData: {user: bob, key: chat-key-bob}
 ";
 
 struct Harness {
@@ -361,13 +368,19 @@ async fn key_mode_shows_proposals_only_to_their_user_and_possible_deciders() {
         vec!["p-alice".to_owned()],
         "bob's proposal is not alice's to see: she is not in the approver group"
     );
+    // Not hers to see, so not hers to decide: 404, as if it did not exist.
     let (status, _, body) = call(&h.app, authed("POST", "/chat/v1/proposals/p-bob/approve")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // Her own proposal, which someone else must decide: she knows it exists, so the
+    // refusal says why.
+    let (status, _, body) =
+        call(&h.app, authed("POST", "/chat/v1/proposals/p-alice/approve")).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     assert!(
         json(&body)["error"]["message"]
             .as_str()
             .unwrap_or_default()
-            .contains("sre"),
+            .contains("someone else"),
         "{body}"
     );
 }
@@ -441,4 +454,127 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
             "{line} missing:\n{body}"
         );
     }
+}
+
+/// Tenancy: whatever bob asks about alice's session, run or proposal, the answer is 404 —
+/// never 403 (which would confirm it exists) and never her data.
+#[tokio::test]
+async fn another_users_sessions_runs_and_proposals_are_404() {
+    let h = harness(AuthMode::Keys).await;
+    let as_user = |key: &str, method: &str, path: &str, body: Option<Value>| {
+        let b = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "kortex.example")
+            .header(header::AUTHORIZATION, format!("Bearer {key}"))
+            .header(header::CONTENT_TYPE, "application/json");
+        b.body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let alice = "chat-key-alice";
+    let bob = "chat-key-bob";
+    let (status, _, body) = call(
+        &h.app,
+        as_user(
+            alice,
+            "POST",
+            "/chat/v1/sessions",
+            Some(serde_json::json!({"name": "incident-9", "namespace": "team-a"})),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = json(&body)["id"].as_str().unwrap_or_default().to_owned();
+    // A run (it fails at once: the policy's provider does not exist) leaves events.
+    let (status, _, body) = call(
+        &h.app,
+        as_user(
+            alice,
+            "POST",
+            &format!("/chat/v1/sessions/{id}/messages"),
+            Some(serde_json::json!({"content": "alice's private question"})),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    let now = kortex::store::now_ms();
+    h.db.store
+        .insert_proposal(&kortex::store::ProposalRecord {
+            id: "p-7".into(),
+            name: "restart-api-p".into(),
+            namespace: "team-a".into(),
+            session_id: Some(id.clone()),
+            session_name: "incident-9".into(),
+            user: "alice".into(),
+            policy: Some("team-a/default".into()),
+            action: "restart".into(),
+            target: None,
+            params: None,
+            rationale: "alice's private rationale".into(),
+            blast_radius: None,
+            reversible: None,
+            provider: None,
+            model: None,
+            phase: "Pending".into(),
+            decision: None,
+            message: None,
+            preview: None,
+            undo: None,
+            expires_at: now + 600_000,
+            created_at: now,
+            updated_at: now,
+            version: 1,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let session = format!("/chat/v1/sessions/{id}");
+    let matrix: Vec<(&str, String, Option<Value>)> = vec![
+        ("GET", session.clone(), None),
+        ("GET", format!("{session}/events"), None),
+        ("GET", format!("{session}/export"), None),
+        ("GET", format!("{session}/export?format=markdown"), None),
+        (
+            "POST",
+            format!("{session}/messages"),
+            Some(serde_json::json!({"content": "hi"})),
+        ),
+        ("POST", format!("{session}/cancel"), None),
+        (
+            "POST",
+            format!("{session}/tool-results"),
+            Some(serde_json::json!({"results": [{"toolCallId": "c1", "content": "x"}]})),
+        ),
+        ("DELETE", session.clone(), None),
+        (
+            "POST",
+            "/chat/v1/proposals/p-7/approve".into(),
+            Some(serde_json::json!({})),
+        ),
+        (
+            "POST",
+            "/chat/v1/proposals/p-7/reject".into(),
+            Some(serde_json::json!({"reason": "no"})),
+        ),
+    ];
+    for (method, path, body) in &matrix {
+        let (status, _, text) = call(&h.app, as_user(bob, method, path, body.clone())).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "bob {method} {path}: {text}");
+        assert!(
+            !text.contains("alice") && !text.contains("private") && !text.contains("incident-9"),
+            "bob {method} {path} sees alice's data: {text}"
+        );
+    }
+    // Lists leave her things out.
+    for path in ["/chat/v1/sessions", "/chat/v1/proposals"] {
+        let (status, _, text) = call(&h.app, as_user(bob, "GET", path, None)).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert!(
+            !text.contains(&id) && !text.contains("p-7"),
+            "{path}: {text}"
+        );
+    }
+    // And all of it is still alice's.
+    let (status, _, text) = call(&h.app, as_user(alice, "GET", &session, None)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(text.contains("alice's private question"), "{text}");
 }
