@@ -20,7 +20,7 @@ mod wire;
 pub use error::{ErrorKind, LlmError};
 pub use retry::RetryPolicy;
 pub use usage::{estimate_input, estimate_messages, estimate_text};
-pub use wire::{SseDecoder, SseEvent};
+pub use wire::{NdjsonDecoder, SseDecoder, SseEvent, parse_arguments};
 
 use crate::catalog::ProviderEntry;
 use crate::crd::{ModelCost, ProviderType, ToolMode};

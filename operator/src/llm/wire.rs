@@ -299,12 +299,24 @@ impl SseDecoder {
     /// Feeds bytes; returns the events completed by them.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
         self.pending.extend_from_slice(bytes);
-        // Only decode complete UTF-8 sequences; keep a split code point for the next chunk.
-        let valid = match std::str::from_utf8(&self.pending) {
-            Ok(s) => s.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
-            Err(e) => e.valid_up_to() + e.error_len().unwrap_or(1),
-        };
+        // Decode everything but a code point split at the end (kept for the next chunk);
+        // invalid bytes become U+FFFD, the same however the bytes arrive.
+        let mut valid = 0;
+        loop {
+            match std::str::from_utf8(&self.pending[valid..]) {
+                Ok(s) => {
+                    valid += s.len();
+                    break;
+                }
+                Err(e) => match e.error_len() {
+                    None => {
+                        valid += e.valid_up_to();
+                        break;
+                    }
+                    Some(n) => valid += e.valid_up_to() + n,
+                },
+            }
+        }
         let chunk: Vec<u8> = self.pending.drain(..valid).collect();
         self.buffer.push_str(&String::from_utf8_lossy(&chunk));
         let mut out = Vec::new();
@@ -358,6 +370,8 @@ impl SseDecoder {
 
     /// Whatever event was left without its blank line at the end of the stream.
     pub fn finish(&mut self) -> Option<SseEvent> {
+        let pending = std::mem::take(&mut self.pending);
+        self.buffer.push_str(&String::from_utf8_lossy(&pending));
         let rest = std::mem::take(&mut self.buffer);
         let mut out = Vec::new();
         if !rest.is_empty() {

@@ -11,6 +11,7 @@ mod config;
 mod dashboard;
 mod docs;
 mod egress;
+mod fuzz;
 mod gateway;
 mod http;
 mod investigation;

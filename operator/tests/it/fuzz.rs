@@ -1,0 +1,223 @@
+//! Hostile input: property-based fuzzing (proptest, stable Rust) of the parsers that take
+//! outside bytes — the SSE and NDJSON decoders of provider streams, tool-call arguments,
+//! manifest files, glob patterns, text tool calls and redaction. No panic, bounded buffers,
+//! and the same answer however the bytes are split.
+//!
+//! Budget: `KORTEX_FUZZ_CASES` cases per property (default 256, what CI runs; set it to
+//! 100000 for a long run). Failures found are kept in `proptest-regressions/` and replayed
+//! first on every run; the hand-made corpus below (YAML bombs, deep nesting, huge strings)
+//! runs every time.
+
+use kortex::llm::{NdjsonDecoder, SseDecoder, recover::Recognizer};
+use proptest::prelude::*;
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("KORTEX_FUZZ_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(256);
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
+/// Bytes that look like a provider stream more often than random bytes would.
+fn stream_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let piece = prop_oneof![
+        Just(b"data: ".to_vec()),
+        Just(b"event: message\n".to_vec()),
+        Just(b"\n\n".to_vec()),
+        Just(b"\r\n".to_vec()),
+        Just(b"\r".to_vec()),
+        Just(b": keep-alive\n".to_vec()),
+        Just(b"data: [DONE]\n\n".to_vec()),
+        Just(b"{\"choices\": [{\"delta\": {\"content\": \"x\"}}]}".to_vec()),
+        Just(vec![0xff, 0xfe, 0x00]),
+        proptest::collection::vec(any::<u8>(), 0..32),
+    ];
+    proptest::collection::vec(piece, 0..40).prop_map(|p| p.concat())
+}
+
+/// Splits `bytes` at `cuts` (positions taken modulo the length).
+fn split(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut at: Vec<usize> = cuts
+        .iter()
+        .map(|c| if bytes.is_empty() { 0 } else { c % bytes.len() })
+        .collect();
+    at.sort_unstable();
+    at.dedup();
+    let mut out = Vec::new();
+    let mut start = 0;
+    for a in at {
+        out.push(bytes[start..a].to_vec());
+        start = a;
+    }
+    out.push(bytes[start..].to_vec());
+    out
+}
+
+fn sse_events(chunks: &[Vec<u8>]) -> Vec<(String, String)> {
+    let mut d = SseDecoder::default();
+    let mut out: Vec<(String, String)> = Vec::new();
+    for c in chunks {
+        out.extend(d.push(c).into_iter().map(|e| (e.event, e.data)));
+    }
+    out.extend(d.finish().map(|e| (e.event, e.data)));
+    out
+}
+
+fn ndjson_lines(chunks: &[Vec<u8>]) -> Vec<String> {
+    let mut d = NdjsonDecoder::default();
+    let mut out = Vec::new();
+    for c in chunks {
+        out.extend(d.push(c));
+    }
+    out.extend(d.finish());
+    out
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Any bytes, however split: no panic, and the same events as in one piece.
+    #[test]
+    fn sse_decoding_does_not_depend_on_how_the_bytes_arrive(
+        bytes in stream_bytes(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let whole = sse_events(std::slice::from_ref(&bytes));
+        let pieces = sse_events(&split(&bytes, &cuts));
+        prop_assert_eq!(whole, pieces);
+    }
+
+    #[test]
+    fn ndjson_decoding_does_not_depend_on_how_the_bytes_arrive(
+        bytes in stream_bytes(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let whole = ndjson_lines(std::slice::from_ref(&bytes));
+        let pieces = ndjson_lines(&split(&bytes, &cuts));
+        prop_assert_eq!(whole, pieces);
+    }
+
+    /// Tool-call arguments from a provider: an object, `{}` for nothing, or a protocol error.
+    #[test]
+    fn tool_arguments_parse_or_fail_cleanly(raw in "\\PC{0,64}|\\{[\"a-z:, 0-9\\[\\]{}]{0,40}") {
+        match kortex::llm::parse_arguments("p", "t", &raw) {
+            Ok(v) => {
+                let empty = serde_json::json!({});
+                prop_assert!(!raw.trim().is_empty() || v == empty, "{}", v);
+            }
+            Err(e) => prop_assert!(e.message.contains("not valid JSON"), "{}", e.message),
+        }
+    }
+
+    /// Manifest files of any text: loaded or refused with problems, never a panic.
+    #[test]
+    fn manifests_of_any_text_load_or_explain(text in "(\\PC|\\n|---\\n|: |- |\\{|\\}|\\[|\\]|&a |\\*a){0,200}") {
+        let _ = kortex::source::manifest::parse_file(std::path::Path::new("f.yaml"), &text, &|_| None);
+    }
+
+    /// Glob patterns from policies: any pattern against any text, and `*` matches all.
+    #[test]
+    fn globs_never_panic_and_star_matches_everything(pattern in "[a-z*?\\-\\[\\]]{0,12}", text in "\\PC{0,24}") {
+        let _ = kortex::glob::matches(&pattern, &text);
+        prop_assert!(kortex::glob::matches("*", &text));
+        if !pattern.contains('*') && !pattern.contains('?') && !pattern.contains('[') {
+            prop_assert_eq!(kortex::glob::matches(&pattern, &text), pattern == text);
+        }
+    }
+
+    /// Text a model writes, split anywhere: what is not a call comes through unchanged.
+    #[test]
+    fn text_without_calls_comes_through_unchanged(
+        text in "(\\PC|\\n|```|\\{|\\}|\\[|<tool_call>|</tool_call>|<\\|python_tag\\|>|\\[TOOL_CALLS\\]|\"name\": ){0,60}",
+        cuts in proptest::collection::vec(any::<usize>(), 0..6),
+    ) {
+        let mut r = Recognizer::new(vec!["get_logs".to_owned()]);
+        let mut shown = String::new();
+        let mut calls = 0;
+        let bytes = text.as_bytes();
+        let mut pieces = Vec::new();
+        let mut start = 0;
+        let mut at: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
+        at.sort_unstable();
+        for a in at {
+            if a >= start && text.is_char_boundary(a) {
+                pieces.push(&text[start..a]);
+                start = a;
+            }
+        }
+        pieces.push(&text[start..]);
+        for p in pieces {
+            let e = r.push(p);
+            shown.push_str(&e.text);
+            calls += e.calls.len();
+        }
+        let e = r.finish();
+        shown.push_str(&e.text);
+        calls += e.calls.len();
+        if calls == 0 {
+            prop_assert_eq!(shown, text);
+        }
+    }
+
+    /// Redaction of any text: no panic, and a planted secret never survives.
+    #[test]
+    fn redaction_never_lets_a_planted_secret_through(before in "\\PC{0,80}", after in "\\PC{0,80}") {
+        let secret = kortex::catalog::SecretValue::new("canary-Zq7xW2-value");
+        let redactor = kortex::redact::Redactor::new(
+            kortex::redact::SecretRedactor::new([&secret]),
+            &kortex::crd::Privacy { redact_secrets: true, redact_pii: true },
+        );
+        let (out, _) = redactor.text(&format!("{before}canary-Zq7xW2-value{after}"));
+        prop_assert!(!out.contains("canary-Zq7xW2-value"), "{}", out);
+    }
+}
+
+/// The hand-made corpus: inputs known to hurt parsers, every run.
+#[test]
+fn hostile_manifests_are_refused_not_fatal() {
+    let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let bomb = "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n\
+        b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n\
+        d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n\
+        f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]\n\
+        h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]\ni: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]\n"
+        .to_owned();
+    let huge = format!(
+        "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: p}}\nspec: {{type: ollama, defaultModel: \"{}\"}}\n",
+        "m".repeat(4 << 20)
+    );
+    let duplicate = "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nkind: ChatPolicy\nmetadata: {name: p}\nspec: {type: ollama}\n";
+    for (what, text) in [
+        ("deep nesting", deep.as_str()),
+        ("billion laughs", bomb.as_str()),
+        ("a 4 MiB string", huge.as_str()),
+        ("duplicate keys", duplicate),
+    ] {
+        let outcome =
+            kortex::source::manifest::parse_file(std::path::Path::new("f.yaml"), text, &|_| None);
+        let problems = format!("{:?}", outcome.problems);
+        assert!(
+            !outcome.problems.is_empty() || what == "a 4 MiB string",
+            "{what}: accepted without a word"
+        );
+        assert!(problems.len() < 64 * 1024, "{what}: a bounded message");
+    }
+}
+
+/// A stream line that never ends is bounded by the decoder's caller (4 MiB, see
+/// `llm/wire.rs`): the decoder reports what it holds, so the cap can be applied.
+#[test]
+fn an_endless_line_is_visible_to_the_cap() {
+    let mut d = SseDecoder::default();
+    for _ in 0..64 {
+        assert!(d.push(&[b'x'; 1024]).is_empty());
+    }
+    assert!(d.buffered() >= 64 * 1024);
+    let mut n = NdjsonDecoder::default();
+    assert!(n.push(&[b'{'; 4096]).is_empty());
+    assert!(n.buffered() >= 4096);
+}
