@@ -3,6 +3,7 @@
 mod admission;
 mod binary;
 mod budget;
+mod canaries;
 mod chart;
 mod chat;
 mod cluster;
