@@ -61,7 +61,20 @@ impl ApiError {
     }
 
     /// 500 `internal`; the detail is logged, not sent.
-    pub fn internal(detail: impl std::fmt::Display) -> Self {
+    pub fn internal<E: std::fmt::Display + 'static>(detail: E) -> Self {
+        // A database that cannot be reached is not a bug: say so, and that it will pass.
+        let any: &dyn std::any::Any = &detail;
+        if any
+            .downcast_ref::<crate::store::StoreError>()
+            .is_some_and(crate::store::StoreError::is_unavailable)
+        {
+            tracing::warn!(error = %detail, "the database is unavailable");
+            return Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                "the database cannot be reached; retry in a moment",
+            );
+        }
         tracing::error!(error = %detail, "internal error");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -82,6 +82,30 @@ pub enum StoreError {
     Conflict(String),
 }
 
+impl StoreError {
+    /// Whether the database could not be reached (down, restarting, the pool exhausted),
+    /// rather than the query being wrong: worth a retry in a moment.
+    pub fn is_unavailable(&self) -> bool {
+        let e = match self {
+            Self::Connect { .. } => return true,
+            Self::Query(e) => e,
+            _ => return false,
+        };
+        match e {
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_) => true,
+            // PostgreSQL: connection exceptions (08…) and operator intervention (57P…,
+            // e.g. an administrator shutdown).
+            sqlx::Error::Database(d) => d
+                .code()
+                .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+            _ => false,
+        }
+    }
+}
+
 /// The database, shared by every part of the server.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -125,7 +149,9 @@ impl Store {
         } else {
             return Err(StoreError::UnsupportedUrl(redact_url(url)));
         };
-        let mut options = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(10));
+        // A database that is down is said within 5 s (503 `database_unavailable`), not after a
+        // long wait.
+        let mut options = AnyPoolOptions::new().acquire_timeout(Duration::from_secs(5));
         options = match backend {
             // One writer at a time anyway; a few connections let reads proceed under WAL.
             Backend::Sqlite => options.max_connections(4).after_connect(|conn, _| {

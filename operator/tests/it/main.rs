@@ -12,6 +12,7 @@ mod config;
 mod dashboard;
 mod docs;
 mod egress;
+mod faults;
 mod fuzz;
 mod gateway;
 mod http;

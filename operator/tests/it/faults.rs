@@ -1,0 +1,213 @@
+//! Faults injected from outside into the real binary and real servers (docs/reliability.md).
+
+use crate::binary::Server;
+use crate::common::http_client;
+use crate::llm::{mock, openai, push, streamed};
+use crate::policy::{ask, session, state};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// A PostgreSQL of this test's own (Debian's binaries), so that stopping it disturbs no
+/// other test.
+struct Postgres {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+/// Runs `cmd` as the `postgres` user when we are root (PostgreSQL refuses to run as root).
+fn as_postgres(cmd: &str) -> bool {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    let status = if root {
+        Command::new("su").args(["postgres", "-c", cmd]).status()
+    } else {
+        Command::new("sh").args(["-c", cmd]).status()
+    };
+    status.is_ok_and(|s| s.success())
+}
+
+impl Postgres {
+    fn start() -> Option<Self> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()?
+            .filter_map(Result::ok)
+            .map(|e| e.path().join("bin"))
+            .filter(|b| b.join("initdb").exists())
+            .max()?;
+        let dir = tempfile::tempdir().ok()?;
+        let _ = Command::new("chown")
+            .args(["postgres:postgres", &dir.path().display().to_string()])
+            .status();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .ok()?;
+        let data = dir.path().join("data");
+        let ok = as_postgres(&format!(
+            "{}/initdb -D {} -A trust -U kortex --no-sync >/dev/null",
+            bin.display(),
+            data.display()
+        ));
+        assert!(ok, "initdb failed");
+        let pg = Self { bin, dir, port };
+        pg.up();
+        Some(pg)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn up(&self) {
+        let ok = as_postgres(&format!(
+            "{}/pg_ctl -D {} -w -l {}/log -o '-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off' start >/dev/null",
+            self.bin.display(),
+            self.data().display(),
+            self.dir.path().display(),
+            self.port,
+            self.dir.path().display()
+        ));
+        assert!(ok, "PostgreSQL did not start");
+    }
+
+    fn down(&self) {
+        let _ = as_postgres(&format!(
+            "{}/pg_ctl -D {} -m immediate stop >/dev/null",
+            self.bin.display(),
+            self.data().display()
+        ));
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://kortex@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+fn manifests(dir: &Path, base: &str) {
+    std::fs::write(
+        dir.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: model}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: all}}
+spec: {{sessions: ["*"], provider: model}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// PostgreSQL stops and comes back: while it is down the API says so (503
+/// `database_unavailable`, `/readyz` 503) instead of failing as a bug or hanging; once it is
+/// back Kortex serves again without a restart, and nothing stored before is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_and_started_again() {
+    let Some(pg) = Postgres::start() else {
+        assert!(
+            std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
+            "no PostgreSQL binaries under /usr/lib/postgresql"
+        );
+        eprintln!("skipped: no PostgreSQL binaries");
+        return;
+    };
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base);
+    let server = Server::start_with_url(&m, &pg.url(), &[]);
+    let d = openai();
+    push(
+        &script,
+        streamed(&d, (d.text_stream)(&["Before the outage."])),
+    );
+    let id = session(&server, "s-1").await;
+    let events = ask(&server, &id, "first question").await;
+    assert_eq!(state(&events), json!("completed"));
+
+    pg.down();
+    let client = http_client();
+    let r = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "s-2"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 503);
+    let body: Value = r.json().await.unwrap_or_default();
+    assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
+    let r = client
+        .get(server.url("/readyz"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 503);
+    // Liveness is not readiness: the process is fine, the pod is not restarted for this.
+    let r = client
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200);
+
+    pg.up();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = client
+            .post(server.url("/chat/v1/sessions"))
+            .json(&json!({"name": "s-2"}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        if r.status().as_u16() == 201 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not back: {}\n{}",
+            r.status(),
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    push(
+        &script,
+        streamed(&d, (d.text_stream)(&["After the outage."])),
+    );
+    let events = ask(&server, &id, "second question").await;
+    assert_eq!(state(&events), json!("completed"), "{events:?}");
+    let stored =
+        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let texts: Vec<&str> = stored["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["content"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        texts,
+        [
+            "first question",
+            "Before the outage.",
+            "second question",
+            "After the outage."
+        ],
+        "{stored}"
+    );
+    assert_ne!(stored["status"], "running");
+    assert!(server.terminate().success());
+}
