@@ -103,6 +103,12 @@ impl Server {
         self.log.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
+    /// SIGKILL: the process dies at once, as in a node failure or an OOM kill.
+    pub(crate) fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM, then the exit status (killing it if it hangs).
     pub(crate) fn terminate(mut self) -> std::process::ExitStatus {
         let _ = Command::new("kill")

@@ -211,3 +211,113 @@ async fn postgres_stopped_and_started_again() {
     assert_ne!(stored["status"], "running");
     assert!(server.terminate().success());
 }
+
+/// `kill -9` of Kortex in the middle of an answer and in the middle of a tool call, then a
+/// restart on the same SQLite database: every accepted message is in the transcript, the
+/// interrupted runs end `failed` with a reason (they are not resumed: what the provider was
+/// saying is gone), and the tool call has a result, so the session can go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
+    let (base, script) = mock().await;
+    let (bridge, _) = crate::plugins::upstream().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base);
+    std::fs::write(
+        m.join("tool.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: slow}}
+spec:
+  name: slow_lookup
+  description: A lookup that takes a while.
+  http: {{method: GET, url: "{bridge}/slow"}}
+  timeout: 30s
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let db = dir.path().join("k.db");
+    let d = openai();
+    let client = http_client();
+    let post = |server: &Server, id: &str, content: &str| {
+        client
+            .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+            .json(&json!({"content": content}))
+            .send()
+    };
+
+    // Mid-answer: the provider streams a little, then stalls; Kortex dies meanwhile.
+    let server = Server::start(&m, &db, &[]);
+    let mut stalled = streamed(&d, (d.text_stream)(&["Half an ans"]));
+    stalled.chunks.truncate(1);
+    stalled.stall = Some(Duration::from_secs(60));
+    push(&script, stalled);
+    let answer = session(&server, "s-answer").await;
+    let r = post(&server, &answer, "question one")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Mid-tool-call: the model calls the slow tool; Kortex dies while it runs.
+    push(
+        &script,
+        crate::investigation::tool_calls(&[("c1", "slow_lookup", json!({}))]),
+    );
+    let tool = session(&server, "s-tool").await;
+    let r = post(&server, &tool, "question two")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    server.kill9();
+
+    // Restart on the same database.
+    let server = Server::start(&m, &db, &[]);
+    for id in [&answer, &tool] {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let stored = loop {
+            let s = crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+                .await;
+            if s["status"] != "running" {
+                break s;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "still running: {s}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(stored["status"], "failed", "{stored}");
+        let messages = stored["messages"].as_array().cloned().unwrap_or_default();
+        assert_eq!(messages[0]["role"], "user", "{stored}");
+        // Every tool call has a result.
+        let calls: Vec<String> = messages
+            .iter()
+            .filter_map(|m| m["toolCalls"].as_array())
+            .flatten()
+            .filter_map(|c| c["id"].as_str().map(str::to_owned))
+            .collect();
+        if id == &tool {
+            assert_eq!(calls.len(), 1, "the interrupted call was stored: {stored}");
+        }
+        for call in &calls {
+            assert!(
+                messages
+                    .iter()
+                    .any(|m| m["role"] == "tool" && m["toolCallId"] == call.as_str()),
+                "{call} has no result: {stored}"
+            );
+        }
+        // The session goes on.
+        push(&script, streamed(&d, (d.text_stream)(&["Fine now."])));
+        let events = ask(&server, id, "again").await;
+        assert_eq!(state(&events), json!("completed"), "{events:?}");
+    }
+    let tool_session =
+        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{tool}"))).await;
+    assert!(
+        tool_session.to_string().contains("slow_lookup"),
+        "the interrupted call is in the transcript: {tool_session}"
+    );
+    assert!(server.terminate().success());
+}
