@@ -321,3 +321,82 @@ spec:
     );
     assert!(server.terminate().success());
 }
+
+/// The Secret holding a provider's key is deleted while the provider is in use, then put
+/// back: runs meanwhile fail at once saying which Secret is missing, nothing else breaks,
+/// and the provider serves again as soon as the Secret is back (no restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_deleted_while_in_use_then_restored() {
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: model}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, apiKeySecretRef: {{name: keys, key: model}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: all}}
+spec: {{sessions: ["*"], provider: model}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let secret = m.join("secret.yaml");
+    let secret_yaml =
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: keys}\nstringData: {model: sk-in-use-1}\n";
+    std::fs::write(&secret, secret_yaml).unwrap_or_else(|e| panic!("{e}"));
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let client = http_client();
+    let d = openai();
+    let id = session(&server, "s-1").await;
+    push(&script, streamed(&d, (d.text_stream)(&["ok"])));
+    assert_eq!(state(&ask(&server, &id, "one").await), json!("completed"));
+
+    let available = |want: bool| {
+        let client = client.clone();
+        let url = server.url("/api/v1/llm/providers");
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+            loop {
+                let v = crate::chat::get_json(&client, url.as_str()).await;
+                let p = v["items"]
+                    .as_array()
+                    .and_then(|i| i.iter().find(|p| p["name"] == "model").cloned())
+                    .unwrap_or_default();
+                if p["available"] == want {
+                    return p;
+                }
+                assert!(tokio::time::Instant::now() < deadline, "{v}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    std::fs::remove_file(&secret).unwrap_or_else(|e| panic!("{e}"));
+    let p = available(false).await;
+    assert!(
+        p.to_string().contains("keys"),
+        "the missing Secret is named: {p}"
+    );
+    let events = ask(&server, &id, "two").await;
+    assert_eq!(state(&events), json!("failed"), "{events:?}");
+    let error = events
+        .iter()
+        .find(|e| e.event == "error")
+        .map(|e| e.data.to_string())
+        .unwrap_or_default();
+    assert!(
+        error.contains("provider_unavailable") && error.contains("model"),
+        "{error}"
+    );
+    std::fs::write(&secret, secret_yaml).unwrap_or_else(|e| panic!("{e}"));
+    available(true).await;
+    push(&script, streamed(&d, (d.text_stream)(&["back"])));
+    assert_eq!(state(&ask(&server, &id, "three").await), json!("completed"));
+    assert!(server.terminate().success());
+}
