@@ -299,13 +299,15 @@ pub fn unenforced(
 }
 
 /// What the guard last read of the cluster.
-#[derive(Clone, Debug, Default)]
-struct Reading {
-    expected: Option<Expected>,
-    policies: Vec<Value>,
-    bindings: Vec<Value>,
-    /// Why nothing could be read, if so.
-    error: Option<String>,
+#[derive(Clone, Debug)]
+enum Reading {
+    Read {
+        expected: Expected,
+        policies: Vec<Value>,
+        bindings: Vec<Value>,
+    },
+    /// Why nothing could be read.
+    Failed(String),
 }
 
 /// Reads and caches the cluster's admission policies for the leader.
@@ -331,14 +333,11 @@ impl AdmissionGuard {
         {
             return reading.clone();
         }
-        let reading = match self.fetch().await {
-            Ok(r) => r,
-            Err(e) => Reading {
-                error: Some(e),
-                ..Default::default()
-            },
-        };
-        *cache = Some((Instant::now(), reading.clone()));
+        let reading = self.fetch().await.unwrap_or_else(Reading::Failed);
+        // A failed reading is not kept: the next check asks the API server again.
+        if matches!(reading, Reading::Read { .. }) {
+            *cache = Some((Instant::now(), reading.clone()));
+        }
         reading
     }
 
@@ -376,42 +375,46 @@ impl AdmissionGuard {
         .list(&ListParams::default())
         .await
         .map_err(|e| format!("cannot list ValidatingAdmissionPolicyBindings: {e}"))?;
-        Ok(Reading {
-            expected: Some(expected(&user)?),
+        Ok(Reading::Read {
+            expected: expected(&user)?,
             policies: values(policies.items),
             bindings: values(bindings.items),
-            error: None,
         })
     }
 
     /// Why a decision on a proposal in `namespace` (`None`: any namespace) must not be
-    /// executed, or `None` when the API server enforces the rules there.
-    pub async fn unenforced(&self, namespace: Option<&str>) -> Option<String> {
+    /// executed (`Ok(Some)`), `Ok(None)` when the API server enforces the rules there, or
+    /// `Err` when that could not be checked now (a passing fault: ask again later, decide
+    /// nothing final on it).
+    pub async fn unenforced(&self, namespace: Option<&str>) -> Result<Option<String>, String> {
         let reading = self.read().await;
-        if let Some(e) = reading.error {
-            return Some(format!(
-                "cannot check that the admission policy is enforced: {e}"
-            ));
-        }
-        let expected = reading.expected?;
+        let (policies, bindings, expected) = match reading {
+            Reading::Read {
+                policies,
+                bindings,
+                expected,
+            } => (policies, bindings, expected),
+            Reading::Failed(e) => {
+                return Err(format!(
+                    "cannot check that the admission policy is enforced: {e}"
+                ));
+            }
+        };
         // Labels are read only when no binding covers every namespace.
-        let why = unenforced(&expected, &reading.policies, &reading.bindings, None)?;
+        let Some(why) = unenforced(&expected, &policies, &bindings, None) else {
+            return Ok(None);
+        };
         let Some(namespace) = namespace else {
-            return Some(why);
+            return Ok(Some(why));
         };
         let labels = match Api::<Namespace>::all(self.client.clone())
-            .get(namespace)
+            .get_opt(namespace)
             .await
         {
-            Ok(ns) => ns.metadata.labels.unwrap_or_default(),
-            Err(e) => return Some(format!("{why} (namespace {namespace}: {e})")),
+            Ok(ns) => ns.and_then(|n| n.metadata.labels).unwrap_or_default(),
+            Err(e) => return Err(format!("cannot read namespace {namespace}'s labels: {e}")),
         };
-        unenforced(
-            &expected,
-            &reading.policies,
-            &reading.bindings,
-            Some(&labels),
-        )
+        Ok(unenforced(&expected, &policies, &bindings, Some(&labels)))
     }
 }
 

@@ -270,7 +270,13 @@ impl ClusterProposals {
     /// executes (its `--namespace`, or every namespace) and sets
     /// `kortex_admission_policy_enforced`; logs once each time that changes.
     pub async fn check_admission(&self) {
-        let why = self.guard.unenforced(self.scope.as_deref()).await;
+        // Not knowing counts as not enforced here (the metric and alert say so); executions
+        // ask again themselves.
+        let why = self
+            .guard
+            .unenforced(self.scope.as_deref())
+            .await
+            .unwrap_or_else(Some);
         let enforced = i8::from(why.is_none());
         if let Some(m) = &self.metrics {
             m.admission_policy_enforced.set(i64::from(enforced));
@@ -568,10 +574,18 @@ impl ClusterProposals {
         let decision = p.spec.decision.clone();
         let by = decision.as_ref().map(|d| d.by.clone()).unwrap_or_default();
         // `decision.by` and `groups` are the decider's only if the API server checked them.
-        if let Some(why) = self.guard.unenforced(p.namespace().as_deref()).await {
-            return self
-                .approved_not_executed(engine, p, record, &by, &why)
-                .await;
+        match self.guard.unenforced(p.namespace().as_deref()).await {
+            Ok(None) => {}
+            Ok(Some(why)) => {
+                return self
+                    .approved_not_executed(engine, p, record, &by, &why)
+                    .await;
+            }
+            // A passing fault must not end the proposal: it is tried again.
+            Err(e) => {
+                tracing::warn!(proposal = %p.name_any(), error = %e, "not executing yet; retrying");
+                return false;
+            }
         }
         // Kortex's rights are never lent: the approver must be allowed the action.
         match self.approver_may(&action, decision.as_ref()).await {

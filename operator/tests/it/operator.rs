@@ -36,6 +36,8 @@ struct State {
     allowed: Vec<String>,
     /// Paths whose writes (PATCH, not dry-run) never answer.
     hung: Vec<String>,
+    /// Paths whose reads answer 500.
+    failing: Vec<String>,
 }
 
 /// RFC 7386 JSON merge patch.
@@ -223,6 +225,15 @@ impl FakeApi {
         self.lock().hung.push(path.to_owned());
     }
 
+    /// Makes reads of `path` answer 500 (`true`) or work again (`false`).
+    pub(crate) fn fail(&self, path: &str, failing: bool) {
+        let mut st = self.lock();
+        st.failing.retain(|p| p != path);
+        if failing {
+            st.failing.push(path.to_owned());
+        }
+    }
+
     /// Lets SubjectAccessReviews allow `user`.
     pub(crate) fn allow(&self, user: &str) {
         self.lock().allowed.push(user.to_owned());
@@ -301,6 +312,9 @@ impl FakeApi {
             && self.lock().hung.contains(&path)
         {
             return std::future::pending().await;
+        }
+        if method == Method::GET && self.lock().failing.contains(&path) {
+            return status(500, "InternalError", "the fake fails this path");
         }
         let Some((plural, namespace, name, sub)) = parse(&path) else {
             return status(404, "NotFound", &format!("no such path {path}"));
@@ -946,6 +960,70 @@ fn phase(fake: &FakeApi, name: &str) -> String {
     fake.get("actionproposals", "shop", name)
         .and_then(|p| p["status"]["phase"].as_str().map(str::to_owned))
         .unwrap_or_default()
+}
+
+/// Deployments `targets` in shop, the ChatPolicy `incidents` (restart in shop), bob allowed
+/// to restart, `kortex run` started, and a chat whose model proposes restarting each
+/// target: returns the server and the names of the Pending proposals, in `targets` order.
+async fn pending_restarts(
+    fake: &FakeApi,
+    dir: &std::path::Path,
+    targets: &[&str],
+) -> (crate::binary::Server, Vec<String>) {
+    use crate::investigation::{chat_once, tool_calls};
+    use crate::llm::{openai, push, streamed};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (llm, script) = crate::llm::mock().await;
+    for name in targets {
+        let mut d = deployment();
+        d["metadata"]["name"] = json!(name);
+        fake.apply("deployments", d);
+    }
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+    );
+    fake.allow("bob");
+    let server = start_run(fake, dir, &llm).await;
+    let calls: Vec<(String, Value)> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            (format!("p{i}"), json!({"action": "restart", "rationale": "stuck",
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": name}}))
+        })
+        .collect();
+    let calls: Vec<(&str, &str, Value)> = calls
+        .iter()
+        .map(|(id, input)| (id.as_str(), "propose_action", input.clone()))
+        .collect();
+    push(&script, tool_calls(&calls));
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+    );
+    chat_once(
+        &crate::common::http_client(),
+        &server,
+        json!({"name": "incident-10", "namespace": "team-a"}),
+        "restart them",
+    )
+    .await;
+    let name_of = |f: &FakeApi, target: &str| {
+        proposal_named(f, &format!("restart-{target}-"))
+            .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+    };
+    fake.until("the proposals pending", |f| {
+        targets
+            .iter()
+            .all(|t| name_of(f, t).is_some_and(|n| phase(f, &n) == "Pending"))
+    })
+    .await;
+    let names = targets.iter().filter_map(|t| name_of(fake, t)).collect();
+    (server, names)
 }
 
 /// A model's proposal becomes an ActionProposal with a dry-run preview; a decision written
@@ -1661,58 +1739,15 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
 /// `kortex_admission_policy_enforced` is 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_admission_policy_approved_proposals_are_not_executed() {
-    use crate::investigation::{chat_once, tool_calls};
-    use crate::llm::{openai, push, streamed};
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     fake.remove(
         "validatingadmissionpolicybindings",
         None,
         "kortex-actionproposals",
     );
-    let (llm, script) = crate::llm::mock().await;
-    fake.apply("deployments", deployment());
-    fake.apply(
-        "chatpolicies",
-        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
-    );
-    fake.allow("bob");
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let server = start_run(&fake, dir.path(), &llm).await;
-    let client = crate::common::http_client();
-    let target =
-        json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
-    push(
-        &script,
-        tool_calls(&[(
-            "p1",
-            "propose_action",
-            json!({"action": "restart", "target": target, "rationale": "stuck"}),
-        )]),
-    );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
-    chat_once(
-        &client,
-        &server,
-        json!({"name": "incident-10", "namespace": "team-a"}),
-        "api is stuck",
-    )
-    .await;
-    fake.until("the proposal", |f| {
-        proposal_named(f, "restart-api-").is_some()
-    })
-    .await;
-    let name = proposal_named(&fake, "restart-api-")
-        .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    fake.until("Pending", |f| phase(f, &name) == "Pending")
-        .await;
+    let (server, names) = pending_restarts(&fake, dir.path(), &["api"]).await;
+    let name = names.concat();
 
     let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--no-wait"]).await;
@@ -1764,66 +1799,10 @@ async fn without_the_admission_policy_approved_proposals_are_not_executed() {
 /// nor its status, and the pod stays live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_execution_holds_up_no_other_proposal() {
-    use crate::investigation::{chat_once, tool_calls};
-    use crate::llm::{openai, push, streamed};
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, script) = crate::llm::mock().await;
-    fake.apply("deployments", deployment());
-    let mut stuck = deployment();
-    stuck["metadata"]["name"] = json!("stuck");
-    fake.apply("deployments", stuck);
-    fake.apply(
-        "chatpolicies",
-        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
-    );
-    fake.allow("bob");
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let server = start_run(&fake, dir.path(), &llm).await;
-    let client = crate::common::http_client();
-    let target = |name: &str| json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": name});
-    push(
-        &script,
-        tool_calls(&[
-            (
-                "p1",
-                "propose_action",
-                json!({"action": "restart", "target": target("stuck"), "rationale": "wedged"}),
-            ),
-            (
-                "p2",
-                "propose_action",
-                json!({"action": "restart", "target": target("api"), "rationale": "stale"}),
-            ),
-        ]),
-    );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed both."])),
-    );
-    chat_once(
-        &client,
-        &server,
-        json!({"name": "incident-11", "namespace": "team-a"}),
-        "restart both",
-    )
-    .await;
-    let name_of = |prefix: &str| {
-        proposal_named(&fake, prefix)
-            .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
-            .unwrap_or_default()
-    };
-    fake.until("both proposals pending", |f| {
-        ["restart-stuck-", "restart-api-"].iter().all(|prefix| {
-            proposal_named(f, prefix)
-                .is_some_and(|p| p["status"]["phase"].as_str() == Some("Pending"))
-        })
-    })
-    .await;
-    let (stuck, api) = (name_of("restart-stuck-"), name_of("restart-api-"));
+    let (server, names) = pending_restarts(&fake, dir.path(), &["stuck", "api"]).await;
+    let (stuck, api) = (names[0].clone(), names[1].clone());
     // The stuck Deployment's write never answers (a wedged webhook, say).
     fake.hang("/apis/apps/v1/namespaces/shop/deployments/stuck");
     let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
@@ -1852,4 +1831,49 @@ async fn a_hung_execution_holds_up_no_other_proposal() {
     // The leader loop keeps running: the pod is live.
     let (code, body) = server.get("/healthz").await;
     assert_eq!(code, 200, "{body}");
+}
+
+/// The admission policy cannot be read for a while (the API server fails those reads): an
+/// approved proposal waits instead of ending as "not executed", and executes once the
+/// policy can be checked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_check_that_fails_for_a_while_delays_an_execution_not_ends_it() {
+    const POLICIES: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies";
+    let fake = FakeApi::start().await;
+    fake.fail(POLICIES, true);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (server, names) = pending_restarts(&fake, dir.path(), &["api"]).await;
+    let name = names.concat();
+    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--no-wait"]).await;
+    assert!(ok, "{out}");
+    // The leader tries, and fails to check, more than once after the decision.
+    fake.until("checks after the decision", |f| {
+        let seen = f.seen();
+        let decided = seen.iter().position(|s| {
+            s.method == "PATCH" && s.path.ends_with(&format!("/actionproposals/{name}"))
+        });
+        decided.is_some_and(|d| {
+            seen[d..]
+                .iter()
+                .filter(|s| s.method == "GET" && s.path == POLICIES)
+                .count()
+                >= 2
+        })
+    })
+    .await;
+    let p = fake
+        .get("actionproposals", "shop", &name)
+        .unwrap_or_default();
+    assert!(
+        !p["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not executed"),
+        "a passing fault must not end the proposal: {p}"
+    );
+    fake.fail(POLICIES, false);
+    fake.until("Succeeded", |f| phase(f, &name) == "Succeeded")
+        .await;
+    drop(server);
 }
