@@ -93,6 +93,19 @@ pub struct ProposalTarget {
     pub name: String,
 }
 
+/// `Kind namespace/name` (`Kind /name` for cluster-scoped objects), as messages name it.
+impl std::fmt::Display for ProposalTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}/{}",
+            self.kind,
+            self.namespace.as_deref().unwrap_or_default(),
+            self.name
+        )
+    }
+}
+
 /// The session a proposal came from.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -130,12 +130,7 @@ pub fn validate(action: &Action) -> Result<(), String> {
 /// Why `current` (the target now) is not what the proposal pinned, if it is not: the
 /// decision was about the object as the preview showed it.
 pub fn moved(action: &Action, current: &Value) -> Option<String> {
-    let what = format!(
-        "{} {}/{}",
-        action.target.kind,
-        action.target.namespace.as_deref().unwrap_or_default(),
-        action.target.name
-    );
+    let what = action.target.to_string();
     let Some(generation) = action.params.get(EXPECT_GENERATION).and_then(Value::as_i64) else {
         return Some(format!(
             "the proposal does not pin the state of {what} it was made for (params.{EXPECT_GENERATION}: made when the target could not be read, or by an older Kortex); propose it again"
@@ -239,7 +234,6 @@ impl Executor {
     pub async fn execute(&self, action: &Action) -> Result<Executed, String> {
         validate(action)?;
         let api = self.api(action)?;
-        let name = &action.target.name;
         let current = read(&api, action).await?;
         if let Some(why) = moved(action, &serde_json::to_value(&current).unwrap_or_default()) {
             return Err(format!("not executed: {why}"));
@@ -248,12 +242,7 @@ impl Executor {
         let after = self.apply(&api, &current, action, false).await?;
         let target = json!(action.target);
         let current_value = serde_json::to_value(&current).unwrap_or_default();
-        let what = format!(
-            "{} {}/{}",
-            action.target.kind,
-            action.target.namespace.as_deref().unwrap_or_default(),
-            name
-        );
+        let what = action.target.to_string();
         Ok(match action.verb.as_str() {
             "restart" => Executed {
                 message: format!(

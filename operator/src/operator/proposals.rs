@@ -219,7 +219,8 @@ pub struct ClusterProposals {
 
 /// How many approved proposals are executed at once.
 const EXECUTIONS: usize = 8;
-/// How long one execution (its checks, dry run, write and status) may take.
+/// How long the action itself (its dry run and write) may take; the checks before it and
+/// the status writes after it have their own per-call deadlines.
 const EXECUTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl ClusterProposals {
@@ -532,7 +533,7 @@ impl ClusterProposals {
                         }
                         continue;
                     }
-                    // Each execution runs on its own (at most EXECUTIONS at once, each
+                    // Each execution runs on its own (at most EXECUTIONS at once, the action
                     // within EXECUTION_TIMEOUT): a slow or hung one holds up neither the
                     // others nor status writes.
                     if self.first_time(&p, "decide") {
@@ -542,14 +543,8 @@ impl ClusterProposals {
                             let Ok(_permit) = this.executions.clone().acquire_owned().await else {
                                 return;
                             };
-                            let run = this.execute(&engine, &p, record.as_ref(), action);
-                            match tokio::time::timeout(EXECUTION_TIMEOUT, run).await {
-                                Ok(true) => {}
-                                Ok(false) => this.forget(&p, "decide"),
-                                Err(_) => {
-                                    tracing::warn!(proposal = %p.name_any(), "the execution did not finish in time; it is retried");
-                                    this.forget(&p, "decide");
-                                }
+                            if !this.execute(&engine, &p, record.as_ref(), action).await {
+                                this.forget(&p, "decide");
                             }
                         });
                     }
@@ -649,9 +644,24 @@ impl ClusterProposals {
             None,
         )
         .await;
-        let (phase, message, undo) = match self.executor.execute(&action).await {
-            Ok(done) => (ProposalPhase::Succeeded, done.message, done.undo),
-            Err(e) => (ProposalPhase::Failed, e, None),
+        // Once `Executing` is written the action is never started again; a hung one fails.
+        let (phase, message, undo) = match tokio::time::timeout(
+            EXECUTION_TIMEOUT,
+            self.executor.execute(&action),
+        )
+        .await
+        {
+            Ok(Ok(done)) => (ProposalPhase::Succeeded, done.message, done.undo),
+            Ok(Err(e)) => (ProposalPhase::Failed, e, None),
+            Err(_) => (
+                ProposalPhase::Failed,
+                format!(
+                    "the action did not finish within {} s, so whether it took effect is unknown: check {} before proposing it again",
+                    EXECUTION_TIMEOUT.as_secs(),
+                    action.target
+                ),
+                None,
+            ),
         };
         // Carried out: the result is written, retried here, never by executing again.
         for attempt in 0..5 {
