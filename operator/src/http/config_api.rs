@@ -160,9 +160,7 @@ pub async fn providers(
                 status
                     .conditions
                     .push(probe.condition(p.object.metadata.generation));
-                if probe.ok {
-                    crate::catalog::set_discovered(&mut status, spec, &probe.models);
-                }
+                // The discovered models are in the live catalog already (`probe::fold`).
             }
             let common = Common {
                 available: p.available,

@@ -179,8 +179,10 @@ pub async fn run(
     loop {
         let current = config.borrow_and_update().clone();
         probe_all(&current.catalog, &board).await;
-        if fold(&config_tx, &board) {
-            // Our own change needs no new probe.
+        // A change that arrived during the round (a reload, a new provider) is probed next;
+        // only our own fold needs no new probe.
+        let external = config.has_changed().unwrap_or(false);
+        if fold(&config_tx, &board) && !external {
             config.borrow_and_update();
         }
         tokio::select! {
