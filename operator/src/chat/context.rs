@@ -4,11 +4,6 @@
 
 use crate::llm::Message;
 
-/// A rough token estimate of a conversation (see [`crate::llm::estimate_messages`]).
-pub fn estimate(messages: &[Message]) -> u64 {
-    crate::llm::estimate_messages(messages)
-}
-
 /// Drops whole turns from the front until the rest fits `budget` tokens; the last turn is
 /// always kept (if even that does not fit, the provider says so). Returns the kept
 /// messages and how many were dropped.
@@ -21,7 +16,7 @@ pub fn fit(messages: Vec<Message>, budget: u64) -> (Vec<Message>, usize) {
         .collect();
     for start in std::iter::once(0).chain(starts.iter().copied().filter(|s| *s > 0)) {
         let is_last_turn = starts.last().is_none_or(|last| start >= *last);
-        if is_last_turn || estimate(&messages[start..]) <= budget {
+        if is_last_turn || crate::llm::estimate_messages(&messages[start..]) <= budget {
             let dropped = start;
             return (messages.into_iter().skip(start).collect(), dropped);
         }
@@ -62,7 +57,7 @@ mod tests {
     #[test]
     fn oldest_turns_go_first_and_calls_stay_with_results() {
         let messages: Vec<Message> = (0..3).flat_map(|n| turn(n, 400)).collect();
-        let one_turn = estimate(&turn(0, 400));
+        let one_turn = crate::llm::estimate_messages(&turn(0, 400));
         let (kept, dropped) = fit(messages.clone(), one_turn * 2 + 10);
         assert_eq!(dropped, 4);
         assert!(matches!(&kept[0], Message::User { content } if content.starts_with("question 1")));

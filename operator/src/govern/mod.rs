@@ -337,7 +337,7 @@ impl Governor {
     ) -> Result<Result<Reservation, Exceeded>, StoreError> {
         let now = now_ms();
         let counters = scope.counters(now);
-        let input = estimate_tokens(request);
+        let input = crate::llm::estimate_input(request);
         let micros = budget::estimate_micros(cost, input, u64::from(max_output));
         let tokens = i64::try_from(input + u64::from(max_output)).unwrap_or(i64::MAX);
         // Only budgets with a limit are drawn on: a budget without one has nothing to
@@ -632,10 +632,4 @@ impl Governor {
     pub async fn release_leases(&self) {
         self.leases.maintain(&self.store, now_ms(), true).await;
     }
-}
-
-/// Estimated input tokens of `request` (the same estimate as the context budget's), plus
-/// the system prompt and tool definitions.
-pub fn estimate_tokens(request: &ChatRequest) -> u64 {
-    crate::llm::estimate_input(request)
 }

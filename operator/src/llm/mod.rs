@@ -6,6 +6,30 @@
 //! Errors are typed and never carry the key; retries happen only while nothing has been
 //! streamed; dropping a stream drops its HTTP request.
 
+/// The part of [`LlmProvider`] a wrapping adapter (`self.inner`) leaves as it is: its
+/// settings, embeddings and model list. (`capabilities` follows from the settings.)
+macro_rules! delegate_to_inner {
+    () => {
+        fn config(&self) -> &$crate::llm::ProviderConfig {
+            self.inner.config()
+        }
+
+        fn embed<'a>(
+            &'a self,
+            model: &'a str,
+            inputs: &'a [String],
+        ) -> $crate::llm::BoxFuture<'a, Result<$crate::llm::Embeddings, $crate::llm::LlmError>> {
+            self.inner.embed(model, inputs)
+        }
+
+        fn list_models(
+            &self,
+        ) -> $crate::llm::BoxFuture<'_, Result<Vec<String>, $crate::llm::LlmError>> {
+            self.inner.list_models()
+        }
+    };
+}
+
 mod anthropic;
 mod error;
 mod ollama;
@@ -19,7 +43,7 @@ mod wire;
 
 pub use error::{ErrorKind, LlmError};
 pub use retry::RetryPolicy;
-pub use usage::{estimate_input, estimate_messages, estimate_text};
+pub use usage::{estimate_input, estimate_messages};
 pub use wire::{NdjsonDecoder, SseDecoder, SseEvent, parse_arguments};
 
 use crate::catalog::ProviderEntry;

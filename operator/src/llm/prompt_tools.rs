@@ -4,10 +4,9 @@
 //! and read from the answer in that and every other format [`super::recover`] knows. Best
 //! effort, so every response carries a warning saying so.
 
-use super::recover::{Extracted, Recognizer};
+use super::recover::{read_response, read_stream};
 use super::{
-    BoxFuture, Capabilities, ChatRequest, ChatResponse, ChatStream, LlmError, LlmProvider, Message,
-    StopReason, StreamEvent,
+    BoxFuture, ChatRequest, ChatResponse, ChatStream, LlmError, LlmProvider, Message, StreamEvent,
 };
 use futures_util::StreamExt;
 use serde_json::json;
@@ -76,46 +75,8 @@ pub fn rewrite(request: &ChatRequest) -> ChatRequest {
     }
 }
 
-fn events(extracted: Extracted) -> Vec<Result<StreamEvent, LlmError>> {
-    let mut out = Vec::new();
-    if !extracted.text.is_empty() {
-        out.push(Ok(StreamEvent::TextDelta(extracted.text)));
-    }
-    out.extend(
-        extracted
-            .calls
-            .into_iter()
-            .map(|c| Ok(StreamEvent::ToolCall(c.call))),
-    );
-    out.extend(
-        extracted
-            .warnings
-            .into_iter()
-            .map(|w| Ok(StreamEvent::Warning(w))),
-    );
-    out
-}
-
 impl LlmProvider for PromptTools {
-    fn config(&self) -> &super::ProviderConfig {
-        self.inner.config()
-    }
-
-    fn embed<'a>(
-        &'a self,
-        model: &'a str,
-        inputs: &'a [String],
-    ) -> BoxFuture<'a, Result<super::Embeddings, LlmError>> {
-        self.inner.embed(model, inputs)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            native_tools: false,
-            tools: true,
-            streaming: true,
-        }
-    }
+    delegate_to_inner!();
 
     fn stream<'a>(
         &'a self,
@@ -125,42 +86,10 @@ impl LlmProvider for PromptTools {
             if request.tools.is_empty() {
                 return self.inner.stream(request).await;
             }
-            let rewritten = rewrite(request);
-            let inner = self.inner.stream(&rewritten).await?;
-            let mut extractor = Recognizer::new(request.tools.iter().map(|t| t.name.clone()));
-            let mut saw_call = false;
+            let inner = self.inner.stream(&rewrite(request)).await?;
             let head =
                 futures_util::stream::iter(vec![Ok(StreamEvent::Warning(WARNING.to_owned()))]);
-            let body = inner.flat_map(move |item| {
-                let out = match item {
-                    Ok(StreamEvent::TextDelta(t)) => events(extractor.push(&t)),
-                    Ok(StreamEvent::Done {
-                        mut stop_reason,
-                        usage,
-                        model,
-                    }) => {
-                        let mut out = events(extractor.finish());
-                        saw_call |= out
-                            .iter()
-                            .any(|e| matches!(e, Ok(StreamEvent::ToolCall(_))));
-                        if saw_call && stop_reason == StopReason::EndTurn {
-                            stop_reason = StopReason::ToolUse;
-                        }
-                        out.push(Ok(StreamEvent::Done {
-                            stop_reason,
-                            usage,
-                            model,
-                        }));
-                        out
-                    }
-                    other => vec![other],
-                };
-                saw_call |= out
-                    .iter()
-                    .any(|e| matches!(e, Ok(StreamEvent::ToolCall(_))));
-                futures_util::stream::iter(out)
-            });
-            Ok(head.chain(body).boxed())
+            Ok(head.chain(read_stream(inner, request, false)).boxed())
         })
     }
 
@@ -173,25 +102,10 @@ impl LlmProvider for PromptTools {
                 return self.inner.complete(request).await;
             }
             let mut response = self.inner.complete(&rewrite(request)).await?;
-            let mut extractor = Recognizer::new(request.tools.iter().map(|t| t.name.clone()));
-            let mut first = extractor.push(&response.text);
-            let rest = extractor.finish();
-            first.text.push_str(&rest.text);
-            first.calls.extend(rest.calls);
-            first.warnings.extend(rest.warnings);
-            response.text = first.text;
-            response.tool_calls = first.calls.into_iter().map(|c| c.call).collect();
             response.warnings.push(WARNING.to_owned());
-            response.warnings.extend(first.warnings);
-            if !response.tool_calls.is_empty() && response.stop_reason == StopReason::EndTurn {
-                response.stop_reason = StopReason::ToolUse;
-            }
+            read_response(&mut response, request, false);
             Ok(response)
         })
-    }
-
-    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
-        self.inner.list_models()
     }
 }
 

@@ -423,18 +423,110 @@ fn offered(request: &ChatRequest) -> Vec<String> {
     request.tools.iter().map(|t| t.name.clone()).collect()
 }
 
-impl LlmProvider for Recovering {
-    fn config(&self) -> &super::ProviderConfig {
-        self.inner.config()
-    }
+/// Reads the calls of `request`'s tools written as text out of a stream: the calls come
+/// at its end (before `Done`, which then says `tool_use`), announced by a notice when
+/// `notice`. Text that looked like a call stays text when the answer also has native
+/// calls; held text is shown when the stream breaks.
+pub(super) fn read_stream(inner: ChatStream, request: &ChatRequest, notice: bool) -> ChatStream {
+    let mut recognizer = Recognizer::new(offered(request));
+    let mut recovered: Vec<Recovered> = Vec::new();
+    let mut native = false;
+    inner
+        .flat_map(move |item| {
+            let mut out: Vec<Result<StreamEvent, LlmError>> = Vec::new();
+            let mut take = |e: Extracted, out: &mut Vec<Result<StreamEvent, LlmError>>| {
+                if !e.text.is_empty() {
+                    out.push(Ok(StreamEvent::TextDelta(e.text)));
+                }
+                recovered.extend(e.calls);
+                out.extend(e.warnings.into_iter().map(|w| Ok(StreamEvent::Warning(w))));
+            };
+            match item {
+                Ok(StreamEvent::TextDelta(t)) => take(recognizer.push(&t), &mut out),
+                Ok(StreamEvent::ToolCall(c)) => {
+                    native = true;
+                    out.push(Ok(StreamEvent::ToolCall(c)));
+                }
+                Ok(StreamEvent::Done {
+                    mut stop_reason,
+                    usage,
+                    model,
+                }) => {
+                    take(recognizer.finish(), &mut out);
+                    let calls = std::mem::take(&mut recovered);
+                    if native {
+                        // The model called natively: text that looked like a call is
+                        // just text.
+                        let raw: String = calls.iter().map(|c| c.raw.as_str()).collect();
+                        if !raw.is_empty() {
+                            out.push(Ok(StreamEvent::TextDelta(raw)));
+                        }
+                    } else if !calls.is_empty() {
+                        if notice {
+                            out.push(Ok(StreamEvent::Warning(self::notice(&calls))));
+                        }
+                        out.extend(calls.into_iter().map(|c| Ok(StreamEvent::ToolCall(c.call))));
+                        stop_reason = calling(stop_reason);
+                    }
+                    out.push(Ok(StreamEvent::Done {
+                        stop_reason,
+                        usage,
+                        model,
+                    }));
+                }
+                Err(e) => {
+                    // The answer breaks off: what was held is shown as written.
+                    let rest = recognizer.finish();
+                    let mut text = rest.text;
+                    for c in std::mem::take(&mut recovered).iter().chain(&rest.calls) {
+                        text.push_str(&c.raw);
+                    }
+                    if !text.is_empty() {
+                        out.push(Ok(StreamEvent::TextDelta(text)));
+                    }
+                    out.push(Err(e));
+                }
+                other => out.push(other),
+            }
+            futures_util::stream::iter(out)
+        })
+        .boxed()
+}
 
-    fn embed<'a>(
-        &'a self,
-        model: &'a str,
-        inputs: &'a [String],
-    ) -> BoxFuture<'a, Result<super::Embeddings, LlmError>> {
-        self.inner.embed(model, inputs)
+/// [`read_stream`] for a whole answer that has no native calls.
+pub(super) fn read_response(response: &mut ChatResponse, request: &ChatRequest, notice: bool) {
+    if !response.tool_calls.is_empty() {
+        return;
     }
+    let mut recognizer = Recognizer::new(offered(request));
+    let mut all = recognizer.push(&response.text);
+    let rest = recognizer.finish();
+    all.text.push_str(&rest.text);
+    all.calls.extend(rest.calls);
+    response
+        .warnings
+        .extend(all.warnings.into_iter().chain(rest.warnings));
+    if all.calls.is_empty() {
+        return;
+    }
+    response.text = all.text;
+    if notice {
+        response.warnings.push(self::notice(&all.calls));
+    }
+    response.tool_calls = all.calls.into_iter().map(|c| c.call).collect();
+    response.stop_reason = calling(response.stop_reason);
+}
+
+/// The stop reason of an answer that turned out to call tools.
+fn calling(stop_reason: StopReason) -> StopReason {
+    match stop_reason {
+        StopReason::EndTurn | StopReason::StopSequence => StopReason::ToolUse,
+        other => other,
+    }
+}
+
+impl LlmProvider for Recovering {
+    delegate_to_inner!();
 
     fn stream<'a>(
         &'a self,
@@ -445,71 +537,7 @@ impl LlmProvider for Recovering {
             if request.tools.is_empty() {
                 return Ok(inner);
             }
-            let mut recognizer = Recognizer::new(offered(request));
-            let mut recovered: Vec<Recovered> = Vec::new();
-            let mut native = false;
-            let body = inner.flat_map(move |item| {
-                let mut out: Vec<Result<StreamEvent, LlmError>> = Vec::new();
-                let mut take = |e: Extracted, out: &mut Vec<Result<StreamEvent, LlmError>>| {
-                    if !e.text.is_empty() {
-                        out.push(Ok(StreamEvent::TextDelta(e.text)));
-                    }
-                    recovered.extend(e.calls);
-                    out.extend(e.warnings.into_iter().map(|w| Ok(StreamEvent::Warning(w))));
-                };
-                match item {
-                    Ok(StreamEvent::TextDelta(t)) => take(recognizer.push(&t), &mut out),
-                    Ok(StreamEvent::ToolCall(c)) => {
-                        native = true;
-                        out.push(Ok(StreamEvent::ToolCall(c)));
-                    }
-                    Ok(StreamEvent::Done {
-                        mut stop_reason,
-                        usage,
-                        model,
-                    }) => {
-                        take(recognizer.finish(), &mut out);
-                        let calls = std::mem::take(&mut recovered);
-                        if native {
-                            // The model called natively: text that looked like a call is
-                            // just text.
-                            let raw: String = calls.iter().map(|c| c.raw.as_str()).collect();
-                            if !raw.is_empty() {
-                                out.push(Ok(StreamEvent::TextDelta(raw)));
-                            }
-                        } else if !calls.is_empty() {
-                            out.push(Ok(StreamEvent::Warning(notice(&calls))));
-                            out.extend(
-                                calls.into_iter().map(|c| Ok(StreamEvent::ToolCall(c.call))),
-                            );
-                            if matches!(stop_reason, StopReason::EndTurn | StopReason::StopSequence)
-                            {
-                                stop_reason = StopReason::ToolUse;
-                            }
-                        }
-                        out.push(Ok(StreamEvent::Done {
-                            stop_reason,
-                            usage,
-                            model,
-                        }));
-                    }
-                    Err(e) => {
-                        // The answer breaks off: what was held is shown as written.
-                        let rest = recognizer.finish();
-                        let mut text = rest.text;
-                        for c in std::mem::take(&mut recovered).iter().chain(&rest.calls) {
-                            text.push_str(&c.raw);
-                        }
-                        if !text.is_empty() {
-                            out.push(Ok(StreamEvent::TextDelta(text)));
-                        }
-                        out.push(Err(e));
-                    }
-                    other => out.push(other),
-                }
-                futures_util::stream::iter(out)
-            });
-            Ok(body.boxed())
+            Ok(read_stream(inner, request, true))
         })
     }
 
@@ -519,32 +547,11 @@ impl LlmProvider for Recovering {
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
         Box::pin(async move {
             let mut response = self.inner.complete(request).await?;
-            if request.tools.is_empty() || !response.tool_calls.is_empty() {
-                return Ok(response);
-            }
-            let mut recognizer = Recognizer::new(offered(request));
-            let mut all = recognizer.push(&response.text);
-            let rest = recognizer.finish();
-            all.text.push_str(&rest.text);
-            all.calls.extend(rest.calls);
-            all.warnings.extend(rest.warnings);
-            if !all.calls.is_empty() {
-                response.text = all.text;
-                response.warnings.push(notice(&all.calls));
-                response.tool_calls = all.calls.into_iter().map(|c| c.call).collect();
-                if matches!(
-                    response.stop_reason,
-                    StopReason::EndTurn | StopReason::StopSequence
-                ) {
-                    response.stop_reason = StopReason::ToolUse;
-                }
+            if !request.tools.is_empty() {
+                read_response(&mut response, request, true);
             }
             Ok(response)
         })
-    }
-
-    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
-        self.inner.list_models()
     }
 }
 
@@ -631,11 +638,7 @@ fn could_be_json(s: &str) -> bool {
 fn find_closing_fence(content: &str) -> Option<(usize, usize)> {
     let mut at = 0;
     for line in content.split_inclusive('\n') {
-        if line.trim() == FENCE && line.ends_with('\n') {
-            return Some((at, line.len()));
-        }
         if line.trim() == FENCE {
-            // The last line, with no break yet: the fence may still get more backticks.
             return Some((at, line.len()));
         }
         at += line.len();
@@ -821,6 +824,40 @@ mod tests {
         assert_eq!(calls, one("get_logs", json!({})));
         let (_, calls, _) = feed(&["```json\n{\"name\": \"get_logs\", \"arguments\": {}}\n"]);
         assert_eq!(calls, one("get_logs", json!({})));
+    }
+
+    #[tokio::test]
+    async fn held_text_is_shown_when_the_stream_breaks_in_either_mode() {
+        use futures_util::StreamExt;
+        let request = ChatRequest {
+            tools: vec![super::super::ToolSpec {
+                name: "get_logs".into(),
+                description: String::new(),
+                parameters: json!({"type": "object"}),
+            }],
+            ..Default::default()
+        };
+        for notice in [true, false] {
+            let inner = futures_util::stream::iter(vec![
+                Ok(StreamEvent::TextDelta("Checking:\n{\"name\": \"get_l".into())),
+                Err(LlmError::new(
+                    super::super::ErrorKind::Connection,
+                    "p",
+                    "closed",
+                )),
+            ])
+            .boxed();
+            let out: Vec<_> = read_stream(inner, &request, notice).collect().await;
+            let text: String = out
+                .iter()
+                .filter_map(|e| match e {
+                    Ok(StreamEvent::TextDelta(t)) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(text, "Checking:\n{\"name\": \"get_l", "notice {notice}");
+            assert!(matches!(out.last(), Some(Err(_))), "{out:?}");
+        }
     }
 
     #[test]

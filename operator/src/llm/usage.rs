@@ -10,9 +10,9 @@ use super::{
 use futures_util::StreamExt;
 use std::sync::Arc;
 
-/// Tokens of `chars` characters of text.
-pub fn estimate_text(chars: usize) -> u64 {
-    (chars as u64).div_ceil(4)
+/// Tokens of `bytes` bytes of text.
+fn estimate_text(bytes: usize) -> u64 {
+    (bytes as u64).div_ceil(4)
 }
 
 /// A rough token estimate of a conversation (about 4 characters a token, plus per-message
@@ -56,15 +56,15 @@ pub fn estimate_input(request: &ChatRequest) -> u64 {
     estimate_messages(&request.messages) + estimate_text(fixed)
 }
 
-/// Fills what the provider did not report: input from the request, output from what was
-/// written (`chars`), only when something was written or read.
-fn complete_usage(mut usage: Usage, request: &ChatRequest, chars: usize) -> Usage {
-    if usage.output_tokens == 0 && chars > 0 {
-        usage.output_tokens = estimate_text(chars);
+/// Fills what the provider did not report: input from the request's estimate, output from
+/// the bytes written, only when something was written.
+fn complete_usage(mut usage: Usage, input: u64, written: usize) -> Usage {
+    if usage.output_tokens == 0 && written > 0 {
+        usage.output_tokens = estimate_text(written);
         usage.estimated = true;
     }
     if usage.input_tokens == 0 {
-        usage.input_tokens = estimate_input(request);
+        usage.input_tokens = input;
         usage.estimated = true;
     }
     usage
@@ -83,21 +83,7 @@ impl Estimating {
 }
 
 impl LlmProvider for Estimating {
-    fn config(&self) -> &super::ProviderConfig {
-        self.inner.config()
-    }
-
-    fn capabilities(&self) -> super::Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn embed<'a>(
-        &'a self,
-        model: &'a str,
-        inputs: &'a [String],
-    ) -> BoxFuture<'a, Result<super::Embeddings, LlmError>> {
-        self.inner.embed(model, inputs)
-    }
+    delegate_to_inner!();
 
     fn stream<'a>(
         &'a self,
@@ -105,16 +91,16 @@ impl LlmProvider for Estimating {
     ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
         Box::pin(async move {
             let inner = self.inner.stream(request).await?;
-            let request = request.clone();
-            let mut chars = 0usize;
+            let input = estimate_input(request);
+            let mut written = 0usize;
             Ok(inner
                 .map(move |item| match item {
                     Ok(StreamEvent::TextDelta(t)) => {
-                        chars += t.chars().count();
+                        written += t.len();
                         Ok(StreamEvent::TextDelta(t))
                     }
                     Ok(StreamEvent::ToolCall(c)) => {
-                        chars += c.name.len() + c.input.to_string().len();
+                        written += c.name.len() + c.input.to_string().len();
                         Ok(StreamEvent::ToolCall(c))
                     }
                     Ok(StreamEvent::Done {
@@ -123,7 +109,7 @@ impl LlmProvider for Estimating {
                         model,
                     }) => Ok(StreamEvent::Done {
                         stop_reason,
-                        usage: complete_usage(usage, &request, chars),
+                        usage: complete_usage(usage, input, written),
                         model,
                     }),
                     other => other,
@@ -138,19 +124,15 @@ impl LlmProvider for Estimating {
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
         Box::pin(async move {
             let mut response = self.inner.complete(request).await?;
-            let chars = response.text.chars().count()
+            let written = response.text.len()
                 + response
                     .tool_calls
                     .iter()
                     .map(|c| c.name.len() + c.input.to_string().len())
                     .sum::<usize>();
-            response.usage = complete_usage(response.usage, request, chars);
+            response.usage = complete_usage(response.usage, estimate_input(request), written);
             Ok(response)
         })
-    }
-
-    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
-        self.inner.list_models()
     }
 }
 
@@ -171,8 +153,11 @@ mod tests {
             output_tokens: 5,
             estimated: false,
         };
-        assert_eq!(complete_usage(reported, &request, 80), reported);
-        let none = complete_usage(Usage::default(), &request, 80);
+        assert_eq!(
+            complete_usage(reported, estimate_input(&request), 80),
+            reported
+        );
+        let none = complete_usage(Usage::default(), estimate_input(&request), 80);
         assert_eq!(
             none,
             Usage {
@@ -186,7 +171,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            complete_usage(input_only, &request, 8),
+            complete_usage(input_only, estimate_input(&request), 8),
             Usage {
                 input_tokens: 10,
                 output_tokens: 2,
