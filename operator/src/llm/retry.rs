@@ -44,6 +44,18 @@ impl RetryPolicy {
     }
 }
 
+/// Whether attempt `n` failing with `error` is the last: not retryable, out of attempts,
+/// or a second 500 in a row (`internal` counts them: the server failing on this request,
+/// not a passing fault).
+fn gives_up(policy: RetryPolicy, error: &LlmError, n: u32, internal: &mut u32) -> bool {
+    *internal = if error.status == Some(500) {
+        *internal + 1
+    } else {
+        0
+    };
+    !error.is_retryable() || n >= policy.attempts || *internal >= 2
+}
+
 /// Runs `attempt` until it yields a stream whose first event is not a retryable error.
 pub async fn stream_with_retry<F, Fut>(
     policy: RetryPolicy,
@@ -69,9 +81,7 @@ where
             Err(e) => e,
         };
         n += 1;
-        internal += u32::from(error.status == Some(500));
-        // A second 500 in a row is the server failing on this request, not a passing fault.
-        if !error.is_retryable() || n >= policy.attempts || internal >= 2 {
+        if gives_up(policy, &error, n, &mut internal) {
             return Err(error);
         }
         let wait = policy.delay(n - 1, &error);
@@ -94,9 +104,7 @@ where
             Err(e) => e,
         };
         n += 1;
-        internal += u32::from(error.status == Some(500));
-        // A second 500 in a row is the server failing on this request, not a passing fault.
-        if !error.is_retryable() || n >= policy.attempts || internal >= 2 {
+        if gives_up(policy, &error, n, &mut internal) {
             return Err(error);
         }
         let wait = policy.delay(n - 1, &error);

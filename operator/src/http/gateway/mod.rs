@@ -638,7 +638,11 @@ fn metered(stream: ChatStream, reservation: Reservation, meter: Meter) -> ChatSt
                 Some(Ok(StreamEvent::Done { usage, model, .. })) => {
                     Some((*usage, model.clone(), "ok"))
                 }
-                Some(Err(e)) => Some((llm::Usage::default(), String::new(), e.kind.as_str())),
+                Some(Err(e)) => {
+                    // The client gets the error in words; the transport's own, here.
+                    tracing::warn!(provider = %meter.provider, error = %e, detail = e.detail.as_deref().unwrap_or(""), "gateway call failed mid-answer");
+                    Some((llm::Usage::default(), String::new(), e.kind.as_str()))
+                }
                 None => Some((llm::Usage::default(), String::new(), "ok")),
                 _ => None,
             };
