@@ -839,7 +839,9 @@ mod tests {
         };
         for notice in [true, false] {
             let inner = futures_util::stream::iter(vec![
-                Ok(StreamEvent::TextDelta("Checking:\n{\"name\": \"get_l".into())),
+                Ok(StreamEvent::TextDelta(
+                    "Checking:\n{\"name\": \"get_l".into(),
+                )),
                 Err(LlmError::new(
                     super::super::ErrorKind::Connection,
                     "p",

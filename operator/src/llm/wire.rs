@@ -457,6 +457,8 @@ fn frames<T: Send + 'static>(
         total: usize,
         /// When the answer began.
         started: std::time::Instant,
+        /// The error that ends the stream once the complete items before it are out.
+        error: Option<LlmError>,
     }
     let state = State {
         body: response.bytes_stream().boxed(),
@@ -468,11 +470,15 @@ fn frames<T: Send + 'static>(
         framing,
         total: 0,
         started: std::time::Instant::now(),
+        error: None,
     };
     futures_util::stream::unfold(state, move |mut st| async move {
         loop {
             if let Some(frame) = st.queue.pop_front() {
                 return Some((Ok(convert(frame)), st));
+            }
+            if let Some(e) = st.error.take() {
+                return Some((Err(e), st));
             }
             if st.ended {
                 return None;
@@ -523,10 +529,10 @@ fn frames<T: Send + 'static>(
                     } else {
                         None
                     };
+                    // What was complete before the limit still goes out, then the error.
                     if let Some(e) = over {
                         st.ended = true;
-                        st.queue.clear();
-                        return Some((Err(e), st));
+                        st.error = Some(e);
                     }
                 }
                 Ok(None) => {
