@@ -74,7 +74,7 @@ pub async fn audit(
             limit,
         })
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     let next = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|r| format!("{}.{}", r.at, r.id)))
         .flatten();
@@ -147,13 +147,13 @@ pub async fn export(
         .store
         .get_session(&id, &caller.user)
         .await
-        .map_err(ApiError::internal)?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::not_found(format!("session {id} not found")))?;
     let messages = state
         .store
         .list_messages(&id)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     let wants_markdown = q.get("format").map(String::as_str) == Some("markdown")
         || headers
             .get(header::ACCEPT)
@@ -168,7 +168,7 @@ pub async fn export(
         .store
         .unfinished_runs(&id)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     if !wants_markdown {
         let runs: Vec<Value> = unfinished
             .iter()

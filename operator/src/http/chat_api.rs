@@ -24,14 +24,10 @@ impl From<ChatError> for ApiError {
             ChatError::Busy(_) => {
                 ApiError::new(StatusCode::CONFLICT, "session_busy", e.to_string())
             }
-            ChatError::Store(e) => ApiError::internal(e),
+            ChatError::Store(e) => ApiError::from(e),
             ChatError::Budget(e) => ApiError::budget(&e),
         }
     }
-}
-
-fn store_error(e: crate::store::StoreError) -> ApiError {
-    ApiError::internal(e)
 }
 
 fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
@@ -118,7 +114,7 @@ pub async fn create(
             dynamic_tools,
         })
         .await
-        .map_err(store_error)?;
+        .map_err(ApiError::from)?;
     Ok((StatusCode::CREATED, Json(session_json(&session, None))).into_response())
 }
 
@@ -229,7 +225,7 @@ pub async fn list(
         .store
         .list_sessions(&caller.user)
         .await
-        .map_err(store_error)?;
+        .map_err(ApiError::from)?;
     Ok(Json(
         json!({"items": sessions.iter().map(|s| session_json(s, None)).collect::<Vec<_>>()}),
     ))
@@ -240,7 +236,7 @@ async fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<SessionRec
         .store
         .get_session(id, &caller.user)
         .await
-        .map_err(store_error)?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::not_found(format!("session {id} not found")))
 }
 
@@ -256,9 +252,17 @@ pub async fn get(
     // assistant messages are then rebuilt from the events, without duplicates).
     // The sequence number first: a run that starts after it is either the active run
     // read next, or entirely after `eventSeq`; either way its events are replayed.
-    let seq = state.store.last_event_seq(&id).await.map_err(store_error)?;
-    let active = state.store.active_run(&id).await.map_err(store_error)?;
-    let messages = state.store.list_messages(&id).await.map_err(store_error)?;
+    let seq = state
+        .store
+        .last_event_seq(&id)
+        .await
+        .map_err(ApiError::from)?;
+    let active = state.store.active_run(&id).await.map_err(ApiError::from)?;
+    let messages = state
+        .store
+        .list_messages(&id)
+        .await
+        .map_err(ApiError::from)?;
     let mut v = session_json(&session, Some(messages));
     v["eventSeq"] = json!(seq);
     if let Some((run, after)) = active {
@@ -277,7 +281,7 @@ pub async fn delete(
         .store
         .delete_session(&id, &caller.user)
         .await
-        .map_err(store_error)?
+        .map_err(ApiError::from)?
     {
         state.engine.cancel(&id);
         Ok(StatusCode::NO_CONTENT)
@@ -324,7 +328,11 @@ pub async fn post_message(
         .is_some_and(|v| v.contains("text/event-stream"));
     // Subscribe before the run starts, so no event is missed.
     let live = state.engine.subscribe(&id);
-    let after = state.store.last_event_seq(&id).await.map_err(store_error)?;
+    let after = state
+        .store
+        .last_event_seq(&id)
+        .await
+        .map_err(ApiError::from)?;
     let run_id = state.engine.start_run(&session, &body.content).await?;
     if !wants_stream {
         return Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response());
@@ -528,7 +536,11 @@ pub async fn tool_results(
     if session.status != "requires_action" {
         return Err(not_waiting(&id));
     }
-    let messages = state.store.list_messages(&id).await.map_err(store_error)?;
+    let messages = state
+        .store
+        .list_messages(&id)
+        .await
+        .map_err(ApiError::from)?;
     let (pending, run_id) = pending_calls(&messages);
     let expected: std::collections::BTreeSet<&str> =
         pending.iter().map(|c| c.id.as_str()).collect();
@@ -555,13 +567,19 @@ pub async fn tool_results(
         .store
         .transition_session(&id, &["requires_action"], "running")
         .await
-        .map_err(store_error)?
+        .map_err(ApiError::from)?
     {
         return Err(not_waiting(&id));
     }
     // The calls checked above must still be the ones waiting (a cancel and a new run could
     // have come in between the check and the status change).
-    let now_pending = pending_calls(&state.store.list_messages(&id).await.map_err(store_error)?);
+    let now_pending = pending_calls(
+        &state
+            .store
+            .list_messages(&id)
+            .await
+            .map_err(ApiError::from)?,
+    );
     if now_pending.1.as_deref() != Some(run_id.as_str())
         || now_pending
             .0
@@ -574,7 +592,7 @@ pub async fn tool_results(
             .store
             .transition_session(&id, &["running"], "requires_action")
             .await
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         return Err(not_waiting(&id));
     }
     let redactor = {
@@ -602,7 +620,7 @@ pub async fn tool_results(
         let (content, truncated) =
             crate::tools::cap(&state.store, &id, &r.tool_call_id, &name, content)
                 .await
-                .map_err(store_error)?;
+                .map_err(ApiError::from)?;
         let message = crate::store::NewMessage {
             run_id: Some(run_id.clone()),
             role: "tool".into(),
@@ -615,7 +633,7 @@ pub async fn tool_results(
             .store
             .append_message(&id, &message)
             .await
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         let preview: String = content.chars().take(200).collect();
         let data = json!({"runId": run_id, "callId": r.tool_call_id, "name": name, "ok": !r.is_error,
             "isError": r.is_error, "durationMs": 0, "truncated": truncated, "preview": preview});
@@ -623,7 +641,7 @@ pub async fn tool_results(
             .engine
             .emit(&id, &run_id, event::TOOL_END, data)
             .await
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
     }
     state.engine.resume_run(&session, &run_id).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response())
@@ -644,37 +662,45 @@ pub async fn cancel(
             .store
             .transition_session(&id, &["requires_action"], "running")
             .await
-            .map_err(store_error)?
+            .map_err(ApiError::from)?
     {
-        let messages = state.store.list_messages(&id).await.map_err(store_error)?;
+        let messages = state
+            .store
+            .list_messages(&id)
+            .await
+            .map_err(ApiError::from)?;
         let run_id = pending_calls(&messages).1.unwrap_or_default();
         let reason = "cancelled by the user before the client returned a result";
         crate::chat::answer_pending(&state.engine, &id, &run_id, reason)
             .await
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         state
             .store
             .finish_run(&run_id, "cancelled", Some("cancelled by the user"))
             .await
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         state
             .store
             .transition_session(&id, &["running"], "idle")
             .await
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         let data =
             json!({"runId": run_id, "state": "cancelled", "reason": "cancelled by the user"});
         state
             .engine
             .emit(&id, &run_id, event::RUN_LIFECYCLE, data)
             .await
-            .map_err(store_error)?;
+            .map_err(ApiError::from)?;
         return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());
     }
     // On this replica: stop it now; elsewhere: ask through the database (its owner polls).
     let asked = session.status == "running"
         && (state.engine.cancel(&id)
-            || state.store.request_cancel(&id).await.map_err(store_error)?);
+            || state
+                .store
+                .request_cancel(&id)
+                .await
+                .map_err(ApiError::from)?);
     if !asked {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

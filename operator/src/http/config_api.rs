@@ -301,7 +301,7 @@ pub async fn policies(
             .governor
             .spent_today(&format!("{ns}/{name}"))
             .await
-            .map_err(ApiError::internal)?;
+            .map_err(ApiError::from)?;
         let limit = entry
             .object
             .spec
@@ -314,7 +314,7 @@ pub async fn policies(
             .store
             .policy_spend_by_day(&format!("{ns}/{name}"), &since)
             .await
-            .map_err(ApiError::internal)?
+            .map_err(ApiError::from)?
             .into_iter()
             .map(|(day, provider, cost)| json!({"day": day, "provider": provider, "costUsd": cost}))
             .collect();

@@ -61,20 +61,7 @@ impl ApiError {
     }
 
     /// 500 `internal`; the detail is logged, not sent.
-    pub fn internal<E: std::fmt::Display + 'static>(detail: E) -> Self {
-        // A database that cannot be reached is not a bug: say so, and that it will pass.
-        let any: &dyn std::any::Any = &detail;
-        if any
-            .downcast_ref::<crate::store::StoreError>()
-            .is_some_and(crate::store::StoreError::is_unavailable)
-        {
-            tracing::warn!(error = %detail, "the database is unavailable");
-            return Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "database_unavailable",
-                "the database cannot be reached; retry in a moment",
-            );
-        }
+    pub fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(error = %detail, "internal error");
         Self::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -100,5 +87,21 @@ impl IntoResponse for ApiError {
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         response
+    }
+}
+
+/// A store error: 503 `database_unavailable` when the database cannot be reached (it will
+/// pass), 500 `internal` otherwise.
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "the database is unavailable");
+            return Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                "the database cannot be reached; retry in a moment",
+            );
+        }
+        Self::internal(e)
     }
 }

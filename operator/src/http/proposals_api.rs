@@ -53,13 +53,13 @@ pub async fn list(
     if state.engine.cluster.get().is_none() {
         crate::chat::proposals::expire(&state.engine)
             .await
-            .map_err(ApiError::internal)?;
+            .map_err(ApiError::from)?;
     }
     let rows = state
         .store
         .list_proposals(q.phase.as_deref(), 500)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     // A proposal carries what the model saw in a private session: show it to its user and to
     // those who may decide it. In cluster mode that also takes the right to read
     // ActionProposals in its namespace (a SubjectAccessReview per namespace, cached), the
@@ -160,12 +160,12 @@ async fn decide(
     }
     crate::chat::proposals::expire(&state.engine)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     let p = state
         .store
         .get_proposal(&id)
         .await
-        .map_err(ApiError::internal)?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
     // Someone who may not see a proposal learns nothing of it, not even that it exists.
     let config = state.config.borrow().clone();
@@ -235,7 +235,7 @@ async fn decide(
         Err(StoreError::Conflict(m)) => {
             return Err(ApiError::new(StatusCode::CONFLICT, "proposal_final", m));
         }
-        Err(e) => return Err(ApiError::internal(e)),
+        Err(e) => return Err(ApiError::from(e)),
     };
     audit(
         &state,
@@ -273,7 +273,7 @@ async fn decide_in_cluster(
         .store
         .get_proposal(id)
         .await
-        .map_err(ApiError::internal)?
+        .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
     let (Some(token), Some(cluster)) = (&caller.token, &state.cluster_auth) else {
         return Err(ApiError::new(

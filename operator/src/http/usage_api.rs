@@ -71,7 +71,7 @@ pub async fn usage(
         .store
         .usage_summary(&since, group)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     Ok(Json(json!({
         "since": since,
         "by": by,
