@@ -320,6 +320,12 @@ impl Catalog {
     pub fn provider(&self, namespace: &str, name: &str) -> Option<&ProviderEntry> {
         self.providers.get(&ObjectKey::new(namespace, name))
     }
+
+    /// The policy a record names as `namespace/name` (proposals keep it so), as it is now.
+    pub fn policy_named(&self, qualified: &str) -> Option<&PolicyEntry> {
+        let (namespace, name) = qualified.split_once('/')?;
+        self.policies.get(&ObjectKey::new(namespace, name))
+    }
 }
 
 fn positive(d: Option<kube::core::Duration>) -> Option<std::time::Duration> {

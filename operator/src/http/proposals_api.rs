@@ -6,7 +6,6 @@
 use super::AppState;
 use super::auth::Caller;
 use super::error::ApiError;
-use crate::catalog::ObjectKey;
 use crate::chat::proposals::event;
 use crate::store::{NewDecision, ProposalRecord, StoreError};
 use axum::extract::{Path, Query, State};
@@ -103,10 +102,7 @@ pub async fn list(
 /// Whether the policy of `p` (as it is now) lets `caller` decide it: no `approverGroups`,
 /// or the caller is in one of them.
 fn may_decide(p: &ProposalRecord, caller: &Caller, catalog: &crate::catalog::Catalog) -> bool {
-    let policy = p.policy.as_deref().and_then(|qualified| {
-        let (ns, name) = qualified.split_once('/')?;
-        catalog.policies.get(&ObjectKey::new(ns, name))
-    });
+    let policy = p.policy.as_deref().and_then(|q| catalog.policy_named(q));
     policy.is_some_and(|policy| {
         let groups = &policy.object.spec.proposals.approver_groups;
         groups.is_empty() || caller.groups.iter().any(|g| groups.contains(g))
@@ -186,10 +182,10 @@ async fn decide(
         ));
     }
     // The rules of the policy as it is now.
-    let policy = p.policy.as_deref().and_then(|qualified| {
-        let (ns, name) = qualified.split_once('/')?;
-        config.catalog.policies.get(&ObjectKey::new(ns, name))
-    });
+    let policy = p
+        .policy
+        .as_deref()
+        .and_then(|q| config.catalog.policy_named(q));
     if let Some(policy) = policy {
         let rules = &policy.object.spec.proposals;
         if rules.require_distinct_approver && caller.user == p.user {

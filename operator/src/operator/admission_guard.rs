@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 /// The shipped policy, compiled in: the rules a policy on the cluster must carry.
-pub const SHIPPED_POLICY: &str = include_str!("../../../config/admission/policy.yaml");
+const SHIPPED_POLICY: &str = include_str!("../../../config/admission/policy.yaml");
 /// The username the shipped policy trusts; replaced by Kortex's own when comparing.
 const SHIPPED_USER: &str = "system:serviceaccount:kortex:kortex";
 /// How long a reading of the cluster's policies is used.
-pub const REFRESH: Duration = Duration::from_secs(30);
+const REFRESH: Duration = Duration::from_secs(30);
 
 /// The rules a policy must carry, for Kortex's username.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +35,7 @@ pub struct Expected {
 }
 
 /// The shipped rules with `kortex_user` as the trusted identity.
-pub fn expected(kortex_user: &str) -> Result<Expected, String> {
+fn expected(kortex_user: &str) -> Result<Expected, String> {
     let doc = SHIPPED_POLICY
         .split("\n---\n")
         .next()
@@ -68,7 +68,7 @@ pub fn expected(kortex_user: &str) -> Result<Expected, String> {
 
 /// Whether a label selector (`matchLabels`, `matchExpressions`) selects `labels`; an
 /// absent or empty selector selects everything.
-pub fn selects(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
+fn selects(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
     let by_label = selector["matchLabels"]
         .as_object()
         .into_iter()
@@ -199,17 +199,11 @@ fn policy_differs(policy: &Value, expected: &Expected) -> Option<String> {
     None
 }
 
-/// Why `binding` does not apply `policy_name` with `Deny` to proposals in a namespace with
-/// `labels` (`None` for the labels: only a binding for every namespace will do).
-fn binding_differs(
-    binding: &Value,
-    policy_name: &str,
-    labels: Option<&BTreeMap<String, String>>,
-) -> Option<String> {
+/// Why `binding` (of the policy in question) does not apply it with `Deny` to proposals in
+/// a namespace with `labels` (`None` for the labels: only a binding for every namespace
+/// will do).
+fn binding_differs(binding: &Value, labels: Option<&BTreeMap<String, String>>) -> Option<String> {
     let spec = &binding["spec"];
-    if spec["policyName"].as_str() != Some(policy_name) {
-        return Some("binds another policy".into());
-    }
     let denies = spec["validationActions"]
         .as_array()
         .is_some_and(|a| a.iter().any(|v| v == "Deny"));
@@ -272,7 +266,7 @@ pub fn unenforced(
         let bound: Vec<Option<String>> = bindings
             .iter()
             .filter(|b| b["spec"]["policyName"].as_str() == Some(name))
-            .map(|b| binding_differs(b, name, labels))
+            .map(|b| binding_differs(b, labels))
             .collect();
         if bound.iter().any(Option::is_none) {
             return None;

@@ -126,18 +126,7 @@ impl ClusterAuth {
         namespace: &str,
         name: &str,
     ) -> Result<bool, String> {
-        let access = SubjectAccessReviewSpec {
-            resource_attributes: Some(ResourceAttributes {
-                namespace: Some(namespace.to_owned()),
-                verb: Some("use".into()),
-                group: Some(crate::crd::GROUP.into()),
-                resource: Some("chatpolicies".into()),
-                name: Some(name.to_owned()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        self.allowed(user, groups, &["use", namespace, name], access)
+        self.may(user, groups, "use", "chatpolicies", namespace, Some(name))
             .await
     }
 
@@ -149,18 +138,33 @@ impl ClusterAuth {
         groups: &[String],
         namespace: &str,
     ) -> Result<bool, String> {
+        self.may(user, groups, "get", "actionproposals", namespace, None)
+            .await
+    }
+
+    /// Whether `user` may `verb` Kortex's `resource` (named `name`, or any) in `namespace`.
+    async fn may(
+        &self,
+        user: &str,
+        groups: &[String],
+        verb: &str,
+        resource: &str,
+        namespace: &str,
+        name: Option<&str>,
+    ) -> Result<bool, String> {
         let access = SubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
                 namespace: Some(namespace.to_owned()),
-                verb: Some("get".into()),
+                verb: Some(verb.to_owned()),
                 group: Some(crate::crd::GROUP.into()),
-                resource: Some("actionproposals".into()),
+                resource: Some(resource.to_owned()),
+                name: name.map(str::to_owned),
                 ..Default::default()
             }),
             ..Default::default()
         };
-        self.allowed(user, groups, &["get-actionproposals", namespace], access)
-            .await
+        let key = [verb, resource, namespace, name.unwrap_or("")];
+        self.allowed(user, groups, &key, access).await
     }
 
     /// Whether `user` may `get` the non-resource URL `path` (Kortex's reports: grant it with

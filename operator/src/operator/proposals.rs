@@ -56,9 +56,6 @@ pub enum Transition {
 
 /// Condition type marking when execution started.
 pub const EXECUTING_CONDITION: &str = "Executing";
-/// Reason of `Executing=False` when the admission policy is not enforced.
-pub const NOT_ENFORCED_REASON: &str =
-    crate::crd::conditions::reasons::ADMISSION_POLICY_NOT_ENFORCED;
 /// How long an execution may take before another leader calls it interrupted: longer than
 /// any restart, scale or rollback call and than a lease hand-over.
 pub const EXECUTION_GRACE: jiff::SignedDuration = jiff::SignedDuration::from_secs(120);
@@ -694,7 +691,7 @@ impl ClusterProposals {
             serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
         set_executing(
             &mut status,
-            json!({"status": "False", "reason": NOT_ENFORCED_REASON,
+            json!({"status": "False", "reason": crate::crd::conditions::reasons::ADMISSION_POLICY_NOT_ENFORCED,
                 "message": crate::operator::event_note(why), "observedGeneration": p.metadata.generation}),
         );
         // Written with the phase, message and Event as for any decision.
@@ -989,11 +986,7 @@ fn policy_of<'a>(
     config: &'a crate::live::LiveConfig,
     record: Option<&crate::store::ProposalRecord>,
 ) -> Option<&'a crate::catalog::PolicyEntry> {
-    let (ns, name) = record?.policy.as_deref()?.split_once('/')?;
-    config
-        .catalog
-        .policies
-        .get(&crate::catalog::ObjectKey::new(ns, name))
+    config.catalog.policy_named(record?.policy.as_deref()?)
 }
 
 fn kube_error(e: &kube::Error) -> String {
