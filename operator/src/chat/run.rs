@@ -376,7 +376,7 @@ async fn steps(
                 engine,
                 session,
                 run_id,
-                &format!("{provider_name} returned an empty answer (model {served_model})"),
+                &format!("{provider_name} returned an empty answer (model {served_model}); ask again, and if it repeats check the model server's log or the provider's maxTokens"),
             )
             .await?;
         }

@@ -201,14 +201,15 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         leader_tx,
         stop_rx.clone(),
     ));
-    // Kortex itself is never a target of a tool or a provider.
-    let egress = Arc::new(crate::egress::Egress::cluster(
+    // Kortex itself is never a target of a tool or a provider. Installed before anything
+    // can ask for the process's rules, so every client and the refresher share these.
+    let egress = crate::egress::install(Arc::new(crate::egress::Egress::cluster(
         crate::egress::Own {
             ips: crate::operator::own_addresses::pod_ips(&args.pod_ips, api_host.as_deref()),
             ..Default::default()
         },
         &crate::operator::own_addresses::marker(&url, &own_namespace),
-    ));
+    )));
     let own_addresses = tokio::spawn(crate::operator::own_addresses::run(
         client.clone(),
         egress.clone(),

@@ -271,7 +271,7 @@ impl Recognizer {
                 None => Resolution::Text(
                     len,
                     Some(format!(
-                        "could not read a [TOOL_CALLS] block as a call of an offered tool: {}",
+                        "could not read a [TOOL_CALLS] block as a call of an offered tool, so it is shown as text (the server's tool-call parser, or toolMode: prompt, may help): {}",
                         excerpt(&b[..len])
                     )),
                 ),
@@ -358,7 +358,7 @@ impl Recognizer {
             None => Resolution::Text(
                 len,
                 Some(format!(
-                    "could not read a tool call block as a call of an offered tool: {}",
+                    "could not read a tool call block as a call of an offered tool, so it is shown as text (the server's tool-call parser, or toolMode: prompt, may help): {}",
                     excerpt(inner)
                 )),
             ),

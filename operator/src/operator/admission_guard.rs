@@ -361,14 +361,14 @@ impl AdmissionGuard {
         let policies = list("ValidatingAdmissionPolicy", "validatingadmissionpolicies")
             .list(&ListParams::default())
             .await
-            .map_err(|e| format!("cannot list ValidatingAdmissionPolicies: {e}"))?;
+            .map_err(|e| format!("cannot list ValidatingAdmissionPolicies ({e}); Kortex's ClusterRole needs list on validatingadmissionpolicies (config/rbac, the chart's rbac.yaml)"))?;
         let bindings = list(
             "ValidatingAdmissionPolicyBinding",
             "validatingadmissionpolicybindings",
         )
         .list(&ListParams::default())
         .await
-        .map_err(|e| format!("cannot list ValidatingAdmissionPolicyBindings: {e}"))?;
+        .map_err(|e| format!("cannot list ValidatingAdmissionPolicyBindings ({e}); Kortex's ClusterRole needs list on validatingadmissionpolicybindings (config/rbac, the chart's rbac.yaml)"))?;
         Ok(Reading::Read {
             expected: expected(&user)?,
             policies: values(policies.items),

@@ -156,11 +156,13 @@ pub async fn run(
             Ok(Ok(())) => warned = false,
             Ok(Err(e)) if !warned => {
                 warned = true;
-                tracing::warn!(error = %e, "cannot read the Services in front of Kortex or the API server's endpoints; the egress guard knows only the pod's own addresses");
+                tracing::warn!(error = %e, "cannot read the Services in front of Kortex or the API server's endpoints; the egress guard knows only the pod's own addresses until the next try in a minute (Kortex's ClusterRole needs get and list on services and endpointslices: config/rbac/role.yaml, the chart's rbac.yaml)");
             }
             Err(_) if !warned => {
                 warned = true;
-                tracing::warn!("reading the Services in front of Kortex timed out");
+                tracing::warn!(
+                    "reading the Services in front of Kortex timed out; the egress guard keeps the addresses it knew and tries again in a minute"
+                );
             }
             _ => {}
         }

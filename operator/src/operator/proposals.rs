@@ -686,7 +686,9 @@ impl ClusterProposals {
         by: &str,
         why: &str,
     ) -> bool {
-        let message = format!("approved by {by}; not executed: {why}");
+        let message = format!(
+            "approved by {by}; not executed: {why}. This proposal stays Approved: once the policy is enforced, ask for the action again"
+        );
         let mut status =
             serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
         set_executing(
