@@ -1,7 +1,7 @@
 //! Faults injected from outside into the real binary and real servers (docs/reliability.md).
 
 use crate::binary::Server;
-use crate::common::http_client;
+use crate::common::{eventually, http_client};
 use crate::llm::{mock, openai, push, streamed};
 use crate::policy::{ask, session, state};
 use serde_json::{Value, json};
@@ -94,14 +94,15 @@ impl Drop for Postgres {
     }
 }
 
-fn manifests(dir: &Path, base: &str) {
+/// The provider `model` at `base` (with `extra` spec fields) and a policy for every session.
+fn manifests(dir: &Path, base: &str, extra: &str) {
     std::fs::write(
         dir.join("all.yaml"),
         format!(
             r#"apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
 metadata: {{name: model}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local{extra}}}
 ---
 apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
@@ -130,7 +131,7 @@ async fn postgres_stopped_and_started_again() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    manifests(&m, &base);
+    manifests(&m, &base, "");
     let server = Server::start_with_url(&m, &pg.url(), &[]);
     let d = openai();
     push(
@@ -152,40 +153,24 @@ async fn postgres_stopped_and_started_again() {
     assert_eq!(r.status().as_u16(), 503);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
-    let r = client
-        .get(server.url("/readyz"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(server.get("/readyz").await.0, 503);
     // Liveness is not readiness: the process is fine, the pod is not restarted for this.
-    let r = client
-        .get(server.url("/healthz"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(server.get("/healthz").await.0, 200);
 
     pg.up();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually("PostgreSQL back", || async {
         let r = client
             .post(server.url("/chat/v1/sessions"))
             .json(&json!({"name": "s-2"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        if r.status().as_u16() == 201 {
-            break;
+            .map_err(|e| e.to_string())?;
+        match r.status().as_u16() {
+            201 => Ok(()),
+            code => Err(format!("{code}: {}", r.text().await.unwrap_or_default())),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not back: {}\n{}",
-            r.status(),
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await;
     push(
         &script,
         streamed(&d, (d.text_stream)(&["After the outage."])),
@@ -219,11 +204,11 @@ async fn postgres_stopped_and_started_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let (base, script) = mock().await;
-    let (bridge, _) = crate::plugins::upstream().await;
+    let (bridge, bridge_seen) = crate::plugins::upstream().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    manifests(&m, &base);
+    manifests(&m, &base, "");
     std::fs::write(
         m.join("tool.yaml"),
         format!(
@@ -260,7 +245,25 @@ spec:
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status().as_u16(), 202);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let streaming = || {
+        let seen = &script.seen;
+        async move {
+            let chats = seen
+                .lock()
+                .map(|s| {
+                    s.iter()
+                        .filter(|x| x.path.ends_with("/chat/completions"))
+                        .count()
+                })
+                .unwrap_or_default();
+            if chats >= 1 {
+                Ok(())
+            } else {
+                Err(format!("{chats} chat requests"))
+            }
+        }
+    };
+    eventually("the answer under way", streaming).await;
     // Mid-tool-call: the model calls the slow tool; Kortex dies while it runs.
     push(
         &script,
@@ -271,22 +274,33 @@ spec:
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status().as_u16(), 202);
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    eventually("the tool call under way", || async {
+        let slow = bridge_seen
+            .lock()
+            .map(|s| s.iter().any(|x| x.target.starts_with("/slow")))
+            .unwrap_or_default();
+        if slow {
+            Ok(())
+        } else {
+            Err("no request to /slow yet".into())
+        }
+    })
+    .await;
     server.kill9();
 
     // Restart on the same database.
     let server = Server::start(&m, &db, &[]);
     for id in [&answer, &tool] {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        let stored = loop {
-            let s = crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
-                .await;
-            if s["status"] != "running" {
-                break s;
+        let url = server.url(&format!("/chat/v1/sessions/{id}"));
+        let stored = eventually("the interrupted run ended", || async {
+            let s = crate::chat::get_json(&client, url.as_str()).await;
+            if s["status"] == "running" {
+                Err(s.to_string())
+            } else {
+                Ok(s)
             }
-            assert!(tokio::time::Instant::now() < deadline, "still running: {s}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        })
+        .await;
         assert_eq!(stored["status"], "failed", "{stored}");
         let messages = stored["messages"].as_array().cloned().unwrap_or_default();
         assert_eq!(messages[0]["role"], "user", "{stored}");
@@ -302,10 +316,10 @@ spec:
         }
         for call in &calls {
             assert!(
-                messages
-                    .iter()
-                    .any(|m| m["role"] == "tool" && m["toolCallId"] == call.as_str()),
-                "{call} has no result: {stored}"
+                messages.iter().any(|m| m["role"] == "tool"
+                    && m["toolCallId"] == call.as_str()
+                    && m["isError"] == true),
+                "{call} has no error result: {stored}"
             );
         }
         // The session goes on.
@@ -331,22 +345,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(
-        m.join("all.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: model}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, apiKeySecretRef: {{name: keys, key: model}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: all}}
-spec: {{sessions: ["*"], provider: model}}
-"#
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base, ", apiKeySecretRef: {name: keys, key: model}");
     let secret = m.join("secret.yaml");
     let secret_yaml =
         "apiVersion: v1\nkind: Secret\nmetadata: {name: keys}\nstringData: {model: sk-in-use-1}\n";
@@ -358,29 +357,35 @@ spec: {{sessions: ["*"], provider: model}}
     push(&script, streamed(&d, (d.text_stream)(&["ok"])));
     assert_eq!(state(&ask(&server, &id, "one").await), json!("completed"));
 
+    let url = &server.url("/api/v1/llm/providers");
+    let client = &client;
     let available = |want: bool| {
-        let client = client.clone();
-        let url = server.url("/api/v1/llm/providers");
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-            loop {
-                let v = crate::chat::get_json(&client, url.as_str()).await;
-                let p = v["items"]
-                    .as_array()
-                    .and_then(|i| i.iter().find(|p| p["name"] == "model").cloned())
-                    .unwrap_or_default();
-                if p["available"] == want {
-                    return p;
-                }
-                assert!(tokio::time::Instant::now() < deadline, "{v}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        eventually("the provider's availability", move || async move {
+            let v = crate::chat::get_json(client, url.as_str()).await;
+            let p = v["items"]
+                .as_array()
+                .and_then(|i| i.iter().find(|p| p["name"] == "model").cloned())
+                .unwrap_or_default();
+            if p["available"] == want {
+                Ok(p)
+            } else {
+                Err(v.to_string())
             }
-        }
+        })
     };
     std::fs::remove_file(&secret).unwrap_or_else(|e| panic!("{e}"));
     let p = available(false).await;
+    let resolved = p["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "SecretResolved"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(resolved["status"], "False", "{p}");
     assert!(
-        p.to_string().contains("keys"),
+        resolved["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("keys"),
         "the missing Secret is named: {p}"
     );
     let events = ask(&server, &id, "two").await;
