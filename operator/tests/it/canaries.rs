@@ -173,17 +173,16 @@ spec:
                 crate::llm::json_reply(200, &(d.text_json)("hi"))
             },
         );
-        let body = client
+        let r = client
             .post(server.url("/v1/chat/completions"))
             .bearer_auth(GATEWAY_KEY)
             .json(&json!({"model": "m1", "stream": stream,
                 "messages": [{"role": "user", "content": "hello"}]}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .bytes()
-            .await
-            .unwrap_or_default();
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 200, "gateway (stream {stream})");
+        let body = r.bytes().await.unwrap_or_default();
         responses.push((format!("gateway (stream {stream})"), body.to_vec()));
     }
 
@@ -204,25 +203,18 @@ spec:
         "/healthz",
         "/readyz",
     ] {
-        let body = client
-            .get(server.url(path))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .bytes()
-            .await
-            .unwrap_or_default();
-        responses.push((format!("GET {path}"), body.to_vec()));
+        let (code, body) = server.get(path).await;
+        assert_eq!(code, 200, "GET {path}: {body}");
+        responses.push((format!("GET {path}"), body.into_bytes()));
     }
-    let models = client
+    let r = client
         .get(server.url("/v1/models"))
         .bearer_auth(GATEWAY_KEY)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .bytes()
-        .await
-        .unwrap_or_default();
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200, "GET /v1/models");
+    let models = r.bytes().await.unwrap_or_default();
     responses.push(("GET /v1/models".into(), models.to_vec()));
     // The event log, replayed.
     let mut replay = client
@@ -236,6 +228,9 @@ spec:
     let until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
     while let Ok(Ok(Some(chunk))) = tokio::time::timeout_at(until, replay.chunk()).await {
         replayed.extend_from_slice(&chunk);
+        if String::from_utf8_lossy(&replayed).contains("\"state\":\"completed\"") {
+            break;
+        }
     }
     assert!(
         String::from_utf8_lossy(&replayed).contains("tool.end"),
@@ -248,28 +243,61 @@ spec:
         assert!(!body.is_empty(), "{place} answered nothing");
         scan(place, body, &mut hits);
     }
-    // What reached the provider: bodies only (its own key rightly travels in a header).
-    let bodies: Vec<String> = script
+    // What reached the provider: its own key, in the header only; every body scanned.
+    let seen: Vec<(String, String)> = script
         .seen
         .lock()
-        .map(|s| s.iter().map(|x| x.body.to_string()).collect())
+        .map(|s| {
+            s.iter()
+                .map(|x| {
+                    let auth = x
+                        .headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    (auth, x.body.to_string())
+                })
+                .collect()
+        })
         .unwrap_or_default();
-    assert!(bodies.len() >= 3, "{bodies:?}");
-    for body in &bodies {
+    let chats = seen
+        .iter()
+        .filter(|(_, b)| b.contains("\"messages\""))
+        .count();
+    assert!(chats >= 4, "two chat steps and two gateway calls: {seen:?}");
+    for (auth, body) in &seen {
+        assert_eq!(auth, &format!("Bearer {PROVIDER_KEY}"));
         scan("a provider request body", body.as_bytes(), &mut hits);
     }
     // The tool's upstream gets its own token in a header, and nothing else planted.
-    let tool_bodies: Vec<String> = bridge_seen
+    let tool_calls: Vec<(String, String)> = bridge_seen
         .lock()
-        .map(|s| s.iter().map(|x| x.body.clone()).collect())
+        .map(|s| {
+            s.iter()
+                .map(|x| {
+                    let auth = x
+                        .headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    (auth, x.body.clone())
+                })
+                .collect()
+        })
         .unwrap_or_default();
-    for body in &tool_bodies {
+    for (auth, body) in &tool_calls {
+        assert_eq!(auth, &format!("Bearer {TOOL_TOKEN}"));
         scan("a tool request body", body.as_bytes(), &mut hits);
     }
     let log = server.log();
     assert!(server.terminate().success());
     scan("the log", log.as_bytes(), &mut hits);
-    for file in ["k.db", "k.db-wal", "k.db-shm"] {
+    let db = std::fs::read(dir.path().join("k.db")).unwrap_or_else(|e| panic!("k.db: {e}"));
+    scan("the database file", &db, &mut hits);
+    // The WAL and its index exist only until the last connection checkpoints them.
+    for file in ["k.db-wal", "k.db-shm"] {
         if let Ok(bytes) = std::fs::read(dir.path().join(file)) {
             scan(&format!("the database file {file}"), &bytes, &mut hits);
         }
