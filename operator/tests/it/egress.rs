@@ -48,11 +48,19 @@ async fn relay(
         .into_response()
 }
 
-/// A server answering every request with a redirect to `to`.
+/// A server answering every request with a redirect to `to` (307: a client that followed it
+/// would send the same method and body there).
 async fn redirector(to: String) -> String {
     let app = axum::Router::new().fallback(move || {
         let to = to.clone();
-        async move { (axum::http::StatusCode::FOUND, [("location", to)], "").into_response() }
+        async move {
+            (
+                axum::http::StatusCode::TEMPORARY_REDIRECT,
+                [("location", to)],
+                "",
+            )
+                .into_response()
+        }
     });
     crate::common::serve(app).await
 }
@@ -71,17 +79,14 @@ fn error_message(events: &[Sse]) -> String {
         .unwrap_or_else(|| panic!("no error event: {events:?}"))
 }
 
-/// The tool results a provider server was sent, by call id.
+/// The tool result a provider server was sent for `call_id`.
 fn tool_result(script: &crate::llm::Script, call_id: &str) -> String {
     script
         .seen
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .filter_map(|s| s.body["messages"].as_array().cloned())
-        .flatten()
-        .find(|m| m["role"] == "tool" && m["tool_call_id"] == call_id)
-        .and_then(|m| m["content"].as_str().map(str::to_owned))
+        .find_map(|s| crate::investigation::tool_result(&s.body, call_id))
         .unwrap_or_else(|| panic!("no result for {call_id}"))
 }
 
@@ -213,14 +218,14 @@ spec:
     let events = ask(&server, "hop-1", "hello").await;
     let message = error_message(&events);
     assert!(message.contains("does not follow redirects"), "{message}");
-    assert!(
-        elsewhere_seen
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .all(|s| s.body.get("messages").is_none()),
-        "the redirect was followed"
+    let followed = elsewhere_seen
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .len();
+    assert_eq!(
+        followed, 0,
+        "the redirect (of a chat call or a probe) was followed"
     );
 
     // An endless line: the stream ends with a clear error, the server keeps serving.

@@ -23,7 +23,7 @@ pub(crate) fn tool_calls(calls: &[(&str, &str, Value)]) -> Reply {
 }
 
 /// The content of the tool result for `call_id` in a chat request body.
-fn tool_result(body: &Value, call_id: &str) -> Option<String> {
+pub(crate) fn tool_result(body: &Value, call_id: &str) -> Option<String> {
     body["messages"]
         .as_array()?
         .iter()
