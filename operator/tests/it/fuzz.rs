@@ -101,7 +101,8 @@ proptest! {
         prop_assert_eq!(whole, pieces);
     }
 
-    /// Tool-call arguments from a provider: an object, `{}` for nothing, or a protocol error.
+    /// Tool-call arguments from a provider: parsed JSON, `{}` for nothing, or a protocol error
+    /// naming the tool (whether it is an object is the tool's schema check, later).
     #[test]
     fn tool_arguments_parse_or_fail_cleanly(raw in "\\PC{0,64}|\\{[\"a-z:, 0-9\\[\\]{}]{0,40}") {
         match kortex::llm::parse_arguments("p", "t", &raw) {
@@ -116,7 +117,9 @@ proptest! {
     /// Manifest files of any text: loaded or refused with problems, never a panic.
     #[test]
     fn manifests_of_any_text_load_or_explain(text in "(\\PC|\\n|---\\n|: |- |\\{|\\}|\\[|\\]|&a |\\*a){0,200}") {
-        let _ = kortex::source::manifest::parse_file(std::path::Path::new("f.yaml"), &text, &|_| None);
+        let outcome = kortex::source::manifest::parse_file(std::path::Path::new("f.yaml"), &text, &|_| None);
+        // Every document that failed is explained.
+        prop_assert!(outcome.failed.is_empty() || !outcome.problems.is_empty());
     }
 
     /// Glob patterns from policies: any pattern against any text, and `*` matches all.

@@ -231,41 +231,37 @@ pub(crate) async fn provider_usage(server: &Server, provider: &str, requests: i6
     row
 }
 
-/// The model ids the gateway lists to `KEY`.
-async fn listed(server: &Server) -> Vec<String> {
-    let v = http_client()
-        .get(server.url("/v1/models"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json::<Value>()
-        .await
-        .unwrap_or_default();
-    v["data"]
-        .as_array()
-        .map(|d| {
-            d.iter()
-                .filter_map(|m| m["id"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-async fn until_listed(server: &Server, check: impl Fn(&[String]) -> bool) -> Vec<String> {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let now = listed(server).await;
-        if check(&now) {
-            return now;
+/// Waits until the model ids the gateway lists to `key` satisfy `check`; returns them.
+pub(crate) async fn until_listed(
+    server: &Server,
+    key: &str,
+    check: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
+    crate::common::eventually("the gateway's model list", || async {
+        let v = http_client()
+            .get(server.url("/v1/models"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json::<Value>()
+            .await
+            .unwrap_or_default();
+        let ids: Vec<String> = v["data"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if check(&ids) {
+            Ok(ids)
+        } else {
+            Err(format!("{ids:?}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "listed: {now:?}\n{}",
-            server.log()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,7 +290,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
     // No models and no defaultModel: what the server lists is used.
     write("");
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
-    let now = until_listed(&server, |l| l.iter().any(|m| m == "qwen-local")).await;
+    let now = until_listed(&server, KEY, |l| l.iter().any(|m| m == "qwen-local")).await;
     assert_eq!(now, ["qwen-local", "llama/qwen-local"]);
     let d = openai();
     push(&script, streamed(&d, (d.text_stream)(&["Hello."])));
@@ -314,9 +310,9 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
 
     // The catalog says gemma, then qwen: gemma goes.
     write("models: [{id: gemma}], ");
-    until_listed(&server, |l| l.iter().any(|m| m == "gemma")).await;
+    until_listed(&server, KEY, |l| l.iter().any(|m| m == "gemma")).await;
     write("models: [{id: qwen}], ");
-    let now = until_listed(&server, |l| l.iter().any(|m| m == "qwen")).await;
+    let now = until_listed(&server, KEY, |l| l.iter().any(|m| m == "qwen")).await;
     assert!(!now.iter().any(|m| m.ends_with("gemma")), "{now:?}");
     let r = http_client()
         .post(server.url("/v1/chat/completions"))

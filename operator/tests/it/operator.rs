@@ -148,7 +148,8 @@ impl FakeApi {
         fake
     }
 
-    /// Removes an object (as `kubectl delete` would), announcing it to watches.
+    /// Removes an object (as `kubectl delete` would; watches are not told: what removes
+    /// objects here is read by listing).
     pub(crate) fn remove(&self, plural: &str, namespace: Option<&str>, name: &str) {
         let mut st = self.lock();
         st.objects.retain(|(p, o)| {

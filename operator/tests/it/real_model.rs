@@ -14,7 +14,6 @@ use crate::chat::get_json;
 use crate::common::http_client;
 use crate::policy::{ask, notices, session, state};
 use serde_json::{Value, json};
-use std::io::Write;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -154,27 +153,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
 
     // The model the server lists is discovered and served.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let models = http_client()
-            .get(server.url("/v1/models"))
-            .bearer_auth(KEY)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .text()
-            .await
-            .unwrap_or_default();
-        if models.contains("\"smollm2\"") {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not discovered: {models}\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    crate::local_models::until_listed(&server, KEY, |ids| ids.iter().any(|m| m == "smollm2")).await;
 
     // Chat: the model writes the call as text; it runs, and the next step (which carries
     // the call and its result back to the server) is accepted.
@@ -291,6 +270,5 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         .unwrap_or_default()
         .to_owned();
     assert!(!partial.is_empty(), "the partial answer is kept: {stored}");
-    let _ = std::io::stderr().flush();
     assert!(server.terminate().success());
 }
