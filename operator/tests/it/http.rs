@@ -127,6 +127,59 @@ fn get(path: &str) -> Request<Body> {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A request with a chat key (`Bearer {key}`), and a JSON body when given.
+fn request_as(key: &str, method: &str, path: &str, body: Option<Value>) -> Request<Body> {
+    Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, "kortex.example")
+        .header(header::AUTHORIZATION, format!("Bearer {key}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A Pending restart proposal `id` of `user` under the policy `team-a/default`, stored.
+async fn pending_proposal(
+    h: &Harness,
+    id: &str,
+    user: &str,
+    session_id: Option<String>,
+    rationale: &str,
+) {
+    let now = kortex::store::now_ms();
+    let record = kortex::store::ProposalRecord {
+        id: id.into(),
+        name: format!("restart-api-{id}"),
+        namespace: "team-a".into(),
+        session_id,
+        session_name: "incident-9".into(),
+        user: user.into(),
+        policy: Some("team-a/default".into()),
+        action: "restart".into(),
+        target: None,
+        params: None,
+        rationale: rationale.into(),
+        blast_radius: None,
+        reversible: None,
+        provider: None,
+        model: None,
+        phase: "Pending".into(),
+        decision: None,
+        message: None,
+        preview: None,
+        undo: None,
+        expires_at: now + 600_000,
+        created_at: now,
+        updated_at: now,
+        version: 1,
+    };
+    h.db.store
+        .insert_proposal(&record)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
@@ -311,48 +364,10 @@ async fn key_mode_needs_a_chat_key() {
 #[tokio::test]
 async fn key_mode_shows_proposals_only_to_their_user_and_possible_deciders() {
     let h = harness(AuthMode::Keys).await;
-    let now = kortex::store::now_ms();
     for (id, user) in [("p-alice", "alice"), ("p-bob", "bob")] {
-        let record = kortex::store::ProposalRecord {
-            id: id.into(),
-            name: format!("restart-api-{id}"),
-            namespace: "team-a".into(),
-            session_id: None,
-            session_name: "incident-1".into(),
-            user: user.into(),
-            policy: Some("team-a/default".into()),
-            action: "restart".into(),
-            target: None,
-            params: None,
-            rationale: "logs from a private session".into(),
-            blast_radius: None,
-            reversible: None,
-            provider: None,
-            model: None,
-            phase: "Pending".into(),
-            decision: None,
-            message: None,
-            preview: None,
-            undo: None,
-            expires_at: now + 600_000,
-            created_at: now,
-            updated_at: now,
-            version: 1,
-        };
-        h.db.store
-            .insert_proposal(&record)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        pending_proposal(&h, id, user, None, "logs from a private session").await;
     }
-    let authed = |method: &str, path: &str| {
-        Request::builder()
-            .method(method)
-            .uri(path)
-            .header(header::HOST, "kortex.example")
-            .header(header::AUTHORIZATION, "Bearer chat-key-alice")
-            .body(Body::empty())
-            .unwrap_or_else(|e| panic!("{e}"))
-    };
+    let authed = |method: &str, path: &str| request_as("chat-key-alice", method, path, None);
     let (status, _, body) = call(&h.app, authed("GET", "/chat/v1/proposals")).await;
     assert_eq!(status, StatusCode::OK);
     let ids: Vec<String> = json(&body)["items"]
@@ -461,21 +476,11 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
 #[tokio::test]
 async fn another_users_sessions_runs_and_proposals_are_404() {
     let h = harness(AuthMode::Keys).await;
-    let as_user = |key: &str, method: &str, path: &str, body: Option<Value>| {
-        let b = Request::builder()
-            .method(method)
-            .uri(path)
-            .header(header::HOST, "kortex.example")
-            .header(header::AUTHORIZATION, format!("Bearer {key}"))
-            .header(header::CONTENT_TYPE, "application/json");
-        b.body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
-            .unwrap_or_else(|e| panic!("{e}"))
-    };
     let alice = "chat-key-alice";
     let bob = "chat-key-bob";
     let (status, _, body) = call(
         &h.app,
-        as_user(
+        request_as(
             alice,
             "POST",
             "/chat/v1/sessions",
@@ -488,7 +493,7 @@ async fn another_users_sessions_runs_and_proposals_are_404() {
     // A run (it fails at once: the policy's provider does not exist) leaves events.
     let (status, _, body) = call(
         &h.app,
-        as_user(
+        request_as(
             alice,
             "POST",
             &format!("/chat/v1/sessions/{id}/messages"),
@@ -497,36 +502,14 @@ async fn another_users_sessions_runs_and_proposals_are_404() {
     )
     .await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
-    let now = kortex::store::now_ms();
-    h.db.store
-        .insert_proposal(&kortex::store::ProposalRecord {
-            id: "p-7".into(),
-            name: "restart-api-p".into(),
-            namespace: "team-a".into(),
-            session_id: Some(id.clone()),
-            session_name: "incident-9".into(),
-            user: "alice".into(),
-            policy: Some("team-a/default".into()),
-            action: "restart".into(),
-            target: None,
-            params: None,
-            rationale: "alice's private rationale".into(),
-            blast_radius: None,
-            reversible: None,
-            provider: None,
-            model: None,
-            phase: "Pending".into(),
-            decision: None,
-            message: None,
-            preview: None,
-            undo: None,
-            expires_at: now + 600_000,
-            created_at: now,
-            updated_at: now,
-            version: 1,
-        })
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    pending_proposal(
+        &h,
+        "p-7",
+        "alice",
+        Some(id.clone()),
+        "alice's private rationale",
+    )
+    .await;
     let session = format!("/chat/v1/sessions/{id}");
     let matrix: Vec<(&str, String, Option<Value>)> = vec![
         ("GET", session.clone(), None),
@@ -557,7 +540,7 @@ async fn another_users_sessions_runs_and_proposals_are_404() {
         ),
     ];
     for (method, path, body) in &matrix {
-        let (status, _, text) = call(&h.app, as_user(bob, method, path, body.clone())).await;
+        let (status, _, text) = call(&h.app, request_as(bob, method, path, body.clone())).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "bob {method} {path}: {text}");
         assert!(
             !text.contains("alice") && !text.contains("private") && !text.contains("incident-9"),
@@ -566,7 +549,7 @@ async fn another_users_sessions_runs_and_proposals_are_404() {
     }
     // Lists leave her things out.
     for path in ["/chat/v1/sessions", "/chat/v1/proposals"] {
-        let (status, _, text) = call(&h.app, as_user(bob, "GET", path, None)).await;
+        let (status, _, text) = call(&h.app, request_as(bob, "GET", path, None)).await;
         assert_eq!(status, StatusCode::OK, "{path}");
         assert!(
             !text.contains(&id) && !text.contains("p-7"),
@@ -574,7 +557,7 @@ async fn another_users_sessions_runs_and_proposals_are_404() {
         );
     }
     // And all of it is still alice's.
-    let (status, _, text) = call(&h.app, as_user(alice, "GET", &session, None)).await;
+    let (status, _, text) = call(&h.app, request_as(alice, "GET", &session, None)).await;
     assert_eq!(status, StatusCode::OK);
     assert!(text.contains("alice's private question"), "{text}");
 }
