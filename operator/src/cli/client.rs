@@ -399,3 +399,31 @@ pub fn usage_table(by: &str, rows: &[crate::store::UsageRow]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::usage_table;
+    use crate::store::UsageRow;
+
+    #[test]
+    fn estimated_usage_is_marked_in_the_table() {
+        let row = |key: &str, estimated_requests| UsageRow {
+            key: key.into(),
+            requests: 3,
+            input_tokens: 100,
+            output_tokens: 20,
+            cost_usd: 0.0,
+            estimated_requests,
+        };
+        let table = usage_table("provider", &[row("cloud", 0), row("llama", 2)]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[1].starts_with("cloud") && !lines[1].contains('*'), "{table}");
+        assert!(lines[2].starts_with("llama") && lines[2].contains("3*"), "{table}");
+        assert!(
+            table.contains("* 2 request(s) reported no token usage"),
+            "{table}"
+        );
+        let plain = usage_table("provider", &[row("cloud", 0)]);
+        assert!(!plain.contains('*'), "{plain}");
+    }
+}
