@@ -417,8 +417,14 @@ mod tests {
         };
         let table = usage_table("provider", &[row("cloud", 0), row("llama", 2)]);
         let lines: Vec<&str> = table.lines().collect();
-        assert!(lines[1].starts_with("cloud") && !lines[1].contains('*'), "{table}");
-        assert!(lines[2].starts_with("llama") && lines[2].contains("3*"), "{table}");
+        assert!(
+            lines[1].starts_with("cloud") && !lines[1].contains('*'),
+            "{table}"
+        );
+        assert!(
+            lines[2].starts_with("llama") && lines[2].contains("3*"),
+            "{table}"
+        );
         assert!(
             table.contains("* 2 request(s) reported no token usage"),
             "{table}"

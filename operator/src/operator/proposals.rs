@@ -315,12 +315,13 @@ impl ClusterProposals {
                 target,
                 params: spec.params.clone().unwrap_or(json!({})),
             };
-            match self.executor.pin(&action).await {
-                Ok(params) => spec.params = Some(params),
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot pin the target of a proposal; it will not be executed")
-                }
-            }
+            // A proposal whose target cannot be read now could never be executed: it is
+            // not made, and the model is told why.
+            let params =
+                self.executor.pin(&action).await.map_err(|e| {
+                    format!("cannot propose to {} {}: {e}", action.verb, action.target)
+                })?;
+            spec.params = Some(params);
         }
         let mut object = ActionProposal::new("", spec);
         object.metadata.name = None;

@@ -1878,3 +1878,55 @@ async fn an_admission_check_that_fails_for_a_while_delays_an_execution_not_ends_
         .await;
     drop(server);
 }
+
+/// A proposal whose target cannot be read is not made (it could never be executed, and an
+/// approver would decide it in vain): the model is told why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
+    use crate::investigation::{chat_once, tool_calls, tool_result};
+    use crate::llm::{openai, push, streamed};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, script) = crate::llm::mock().await;
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run(&fake, dir.path(), &llm).await;
+    push(
+        &script,
+        tool_calls(&[(
+            "p1",
+            "propose_action",
+            json!({"action": "restart", "rationale": "stuck",
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "ghost"}}),
+        )]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["It does not exist."])),
+    );
+    chat_once(
+        &crate::common::http_client(),
+        &server,
+        json!({"name": "incident-12", "namespace": "team-a"}),
+        "restart ghost",
+    )
+    .await;
+    let result = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find_map(|s| tool_result(&s.body, "p1"))
+        .unwrap_or_default();
+    assert!(
+        result.contains("cannot propose to restart Deployment shop/ghost"),
+        "{result}"
+    );
+    assert!(fake.list("actionproposals").is_empty());
+}
