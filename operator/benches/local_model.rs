@@ -107,12 +107,25 @@ async fn recorder(seen: Arc<Mutex<Option<serde_json::Value>>>) -> String {
     format!("http://{addr}")
 }
 
+#[derive(Default)]
 struct Row {
     direct: Vec<f64>,
     via: Vec<f64>,
+    /// Calls that gave no first token (failed, or ended without content).
+    errors: usize,
 }
 
 impl Row {
+    /// Keeps one round's pair of samples, counting a missing one as an error.
+    fn add(&mut self, direct: Option<f64>, via: Option<f64>) {
+        for (sample, into) in [(direct, &mut self.direct), (via, &mut self.via)] {
+            match sample {
+                Some(ms) => into.push(ms),
+                None => self.errors += 1,
+            }
+        }
+    }
+
     fn print(&mut self, path: &str) {
         self.direct.sort_by(f64::total_cmp);
         self.via.sort_by(f64::total_cmp);
@@ -122,10 +135,11 @@ impl Row {
         );
         let (v50, v99) = (percentile(&self.via, 0.5), percentile(&self.via, 0.99));
         println!(
-            "| {path} | {} | {d50:.1} / {d99:.1} | {v50:.1} / {v99:.1} | {:.1} / {:.1} |",
+            "| {path} | {} | {d50:.1} / {d99:.1} | {v50:.1} / {v99:.1} | {:.1} / {:.1} | {} |",
             self.via.len().min(self.direct.len()),
             v50 - d50,
-            v99 - d99
+            v99 - d99,
+            self.errors
         );
     }
 }
@@ -247,14 +261,8 @@ fn main() {
         let gateway_body = serde_json::json!({"model": "smollm2", "stream": true, "max_tokens": 8,
             "temperature": 0, "messages": [{"role": "user", "content": QUESTION}]});
         let content = "\"content\":";
-        let mut gateway = Row {
-            direct: Vec::new(),
-            via: Vec::new(),
-        };
-        let mut chat = Row {
-            direct: Vec::new(),
-            via: Vec::new(),
-        };
+        let mut gateway = Row::default();
+        let mut chat = Row::default();
         for round in 0..rounds + 3 {
             let keep = round >= 3; // three warm-up rounds
             let direct_url = format!("{llama_url}/v1/chat/completions");
@@ -280,8 +288,7 @@ fn main() {
                 (direct().await, v)
             };
             if keep {
-                gateway.direct.extend(d);
-                gateway.via.extend(v);
+                gateway.add(d, v);
             }
             let id = new_session(format!("chat-{round}")).await;
             let messages = format!("{base}/chat/v1/sessions/{id}/messages");
@@ -301,13 +308,12 @@ fn main() {
                 (chat_direct().await, v)
             };
             if keep {
-                chat.direct.extend(direct);
-                chat.via.extend(via);
+                chat.add(direct, via);
             }
         }
         println!("Time to first token, ms (llama-cpp-python 0.3.36, SmolLM2-135M-Instruct Q4_1, 2 cores):\n");
-        println!("| path | rounds | direct p50 / p99 | via Kortex p50 / p99 | added p50 / p99 |");
-        println!("|---|---|---|---|---|");
+        println!("| path | rounds | direct p50 / p99 | via Kortex p50 / p99 | added p50 / p99 | errors |");
+        println!("|---|---|---|---|---|---|");
         gateway.print("gateway, streamed");
         chat.print("chat run (first text.delta)");
         let _ = kortex.kill();

@@ -570,10 +570,7 @@ fn compile_provider(
     };
     let previous = p.status.as_ref();
     // What the probe last discovered is kept (never a model the spec no longer lists).
-    let mut status = LLMProviderStatus {
-        models,
-        ..Default::default()
-    };
+    let mut status = LLMProviderStatus::default();
     set_discovered(
         &mut status,
         spec,
