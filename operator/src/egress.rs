@@ -19,17 +19,17 @@ use std::sync::{Arc, OnceLock, RwLock};
 /// The header every outbound request of a tool or provider carries.
 pub const VIA_HEADER: &str = "kortex-via";
 
-/// Host names that always mean a metadata service or the API server.
-const REFUSED_NAMES: &[&str] = &[
+/// Host names that always mean a cloud metadata service.
+const METADATA_NAMES: &[&str] = &[
     "metadata",
     "metadata.google.internal",
     "metadata.azure.internal",
     "instance-data",
     "instance-data.ec2.internal",
-    "kubernetes",
-    "kubernetes.default",
-    "kubernetes.default.svc",
 ];
+
+/// Host names that always mean the API server (and `kubernetes.default.svc.<domain>`).
+const API_SERVER_NAMES: &[&str] = &["kubernetes", "kubernetes.default", "kubernetes.default.svc"];
 
 /// What tools and providers may not reach.
 #[derive(Debug, Default)]
@@ -220,12 +220,11 @@ impl Egress {
             return Some(Refusal::Kortex);
         }
         drop(own);
-        if name.starts_with("kubernetes.default.svc.")
-            || REFUSED_NAMES[5..].contains(&name.as_str())
+        if name.starts_with("kubernetes.default.svc.") || API_SERVER_NAMES.contains(&name.as_str())
         {
             return Some(Refusal::Private("the Kubernetes API server"));
         }
-        if REFUSED_NAMES[..5].contains(&name.as_str()) {
+        if METADATA_NAMES.contains(&name.as_str()) {
             return Some(Refusal::Private("a cloud metadata service"));
         }
         if self.cluster && (name == "localhost" || name.ends_with(".localhost")) {
