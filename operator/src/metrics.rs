@@ -129,6 +129,8 @@ pub struct Metrics {
     pub admission_policy_enforced: Gauge,
     /// Unix time the leader's loop last came round (0: not leading).
     pub leader_loop_last_run: Gauge<f64, AtomicU64>,
+    /// Requests and connections refused by a limit (`docs/reliability.md#limits`), by limit.
+    pub limit_rejections: Family<LimitLabel, Counter>,
 }
 
 /// A leader loop that has not come round for this long fails the liveness probe.
@@ -160,6 +162,23 @@ pub struct KindLabel {
 pub struct PhaseLabel {
     /// The phase a proposal moved to.
     pub phase: &'static str,
+}
+
+/// Label of `kortex_limit_rejections_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabel {
+    /// `request_bytes`, `header_bytes`, `header_timeout`, `streams_per_user`,
+    /// `sessions_per_user` or `concurrent_runs`.
+    pub limit: &'static str,
+}
+
+impl Metrics {
+    /// Counts one refusal by `limit`.
+    pub fn refused(&self, limit: &'static str) {
+        self.limit_rejections
+            .get_or_create(&LimitLabel { limit })
+            .inc();
+    }
 }
 
 /// Labels of budget refusals.
@@ -290,6 +309,12 @@ impl Metrics {
             "ActionProposals moved by the leader, by the phase they reached",
             proposal_transitions.clone(),
         );
+        let limit_rejections = Family::<LimitLabel, Counter>::default();
+        registry.register(
+            "limit_rejections",
+            "Requests and connections refused by a limit, by limit",
+            limit_rejections.clone(),
+        );
         let admission_policy_enforced = Gauge::default();
         registry.register(
             "admission_policy_enforced",
@@ -305,6 +330,7 @@ impl Metrics {
         Self {
             registry,
             admission_policy_enforced,
+            limit_rejections,
             leader_loop_last_run,
             provider_reachable,
             budget_daily_spend,

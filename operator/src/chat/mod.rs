@@ -44,6 +44,16 @@ pub enum ChatError {
     /// A budget of the session's policy is used up.
     #[error("{0}")]
     Budget(crate::govern::budget::Exceeded),
+    /// The session's policy has its `maxConcurrentRuns` in flight.
+    #[error(
+        "ChatPolicy {policy} already has {max} runs in flight (budget.maxConcurrentRuns); retry when one ends"
+    )]
+    TooManyRuns {
+        /// `namespace/name` of the policy.
+        policy: String,
+        /// Its `maxConcurrentRuns`.
+        max: u32,
+    },
 }
 
 /// Gives every tool call of the last assistant message that has no result an error result
@@ -263,6 +273,33 @@ impl Engine {
                 ),
             }
         };
+        // A policy's runs in flight: checked before the run counts against any budget, and
+        // again, atomically, when it is recorded.
+        let limit = scope.as_ref().map(|s| {
+            let max = s.budget.as_ref().and_then(|b| b.max_concurrent_runs);
+            (s.policy.as_str(), max)
+        });
+        let too_many = |policy: &str, max: u32| {
+            self.governor.metrics().refused("concurrent_runs");
+            ChatError::TooManyRuns {
+                policy: policy.to_owned(),
+                max,
+            }
+        };
+        if let Some((policy, Some(max))) = limit {
+            let refused = match self.store.runs_in_flight(policy).await {
+                Ok(n) if n >= u64::from(max) => Some(too_many(policy, max)),
+                Ok(_) => None,
+                Err(e) => Some(e.into()),
+            };
+            if let Some(e) = refused {
+                let _ = self
+                    .store
+                    .transition_session(&session.id, &["running"], &session.status)
+                    .await;
+                return Err(e);
+            }
+        }
         let mut notices = Vec::new();
         if let Some(scope) = &scope {
             let admitted = match self.governor.admit(scope).await {
@@ -291,10 +328,18 @@ impl Engine {
             ..Default::default()
         };
         let stored = async {
+            if !self
+                .store
+                .create_run(&run_id, &session.id, &self.replica, limit)
+                .await?
+            {
+                let (policy, max) = limit.unwrap_or_default();
+                return Err(too_many(policy, max.unwrap_or_default()));
+            }
             self.store
-                .create_run(&run_id, &session.id, &self.replica)
-                .await?;
-            self.store.append_message(&session.id, &message).await
+                .append_message(&session.id, &message)
+                .await
+                .map_err(ChatError::from)
         };
         if let Err(e) = stored.await {
             // Give the session back rather than leave it running with no run behind it.
@@ -302,7 +347,7 @@ impl Engine {
                 .store
                 .transition_session(&session.id, &["running"], &session.status)
                 .await;
-            return Err(e.into());
+            return Err(e);
         }
         self.spawn(session, &run_id, false, notices);
         Ok(run_id)

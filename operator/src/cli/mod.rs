@@ -96,6 +96,9 @@ pub struct ServeArgs {
     /// Tool settings.
     #[command(flatten)]
     pub tools: ToolArgs,
+    /// Limits on what one client may send or hold open.
+    #[command(flatten)]
+    pub limits: crate::http::limits::LimitArgs,
 }
 
 /// Settings of the built-in tools.
@@ -149,7 +152,7 @@ pub async fn cluster_config(
     Ok(Some(config))
 }
 
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     let d: kube::core::Duration = s
         .parse()
         .map_err(|e| format!("{s:?} is not a duration like 30s or 5m: {e}"))?;
@@ -274,6 +277,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         probe_interval: args.probe_interval,
         cluster,
         tools: args.tools,
+        limits: args.limits,
         probes: crate::llm::probe::ProbeBoard::default(),
         plugins: watch::channel(Arc::new(crate::tools::PluginSet::default())),
         stop: (stop_tx, stop_rx),
@@ -299,6 +303,7 @@ struct Server {
     probe_interval: std::time::Duration,
     cluster: Option<(kube::Client, String)>,
     tools: ToolArgs,
+    limits: crate::http::limits::LimitArgs,
     probes: crate::llm::probe::ProbeBoard,
     plugins: (
         watch::Sender<Arc<crate::tools::PluginSet>>,
@@ -332,6 +337,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         probe_interval,
         cluster,
         tools,
+        limits,
         probes,
         plugins: (plugins_tx, plugins_rx),
         stop: (stop_tx, stop_rx),
@@ -398,6 +404,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         engine: crate::chat::Engine::new(store.clone(), config_rx.clone(), Arc::new(router)),
         cluster_auth,
         auth_proxy,
+        limits: crate::http::limits::Limits::new(limits.clone()),
     };
 
     let listener = tokio::net::TcpListener::bind(listen)
@@ -430,7 +437,14 @@ async fn run_server(server: Server) -> Result<(), String> {
         stop_rx,
     ));
 
-    let result = http::serve(listener, http::router(state), shutdown_signal()).await;
+    let result = http::serve(
+        listener,
+        http::router(state),
+        &limits,
+        metrics.clone(),
+        shutdown_signal(),
+    )
+    .await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     for task in tasks {

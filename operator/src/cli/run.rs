@@ -76,6 +76,9 @@ pub struct RunArgs {
     /// Tool settings.
     #[command(flatten)]
     pub tools: ToolArgs,
+    /// Limits on what one client may send or hold open.
+    #[command(flatten)]
+    pub limits: crate::http::limits::LimitArgs,
 }
 
 /// `--auth`.
@@ -253,6 +256,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         probe_interval: args.probe_interval,
         cluster: Some((client, url)),
         tools: args.tools,
+        limits: args.limits,
         probes,
         plugins,
         stop: (stop_tx, stop_rx),

@@ -190,6 +190,11 @@ pub struct Budget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub per_session_token_cap: Option<u64>,
+    /// Runs of this policy's sessions in flight at once, over all replicas; another gets
+    /// 429 `too_many_runs` until one ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_concurrent_runs: Option<u32>,
     /// A notice is sent when this share of a limit is used.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]

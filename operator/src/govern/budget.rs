@@ -277,6 +277,7 @@ mod tests {
             per_user_hourly_requests: Some(30),
             per_session_token_cap: Some(200_000),
             alert_at_percent: Some(80),
+            ..Default::default()
         };
         let c = Counters::new("ops/incidents", Some(&budget), "alice", Some("s1"), NOW);
         assert_eq!(c.usd.scope, "usd/ops/incidents");

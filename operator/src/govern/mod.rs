@@ -235,6 +235,11 @@ const LINGER: Duration = Duration::from_millis(50);
 
 impl Governor {
     /// A governor over `store`.
+    /// The metrics the governor counts in.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     pub fn new(store: Store, metrics: Arc<Metrics>) -> Arc<Self> {
         let (queue, pending) = tokio::sync::mpsc::channel(QUEUE);
         Arc::new(Self {

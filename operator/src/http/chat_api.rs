@@ -26,6 +26,15 @@ impl From<ChatError> for ApiError {
             }
             ChatError::Store(e) => ApiError::from(e),
             ChatError::Budget(e) => ApiError::budget(&e),
+            ChatError::TooManyRuns { .. } => {
+                let mut error = ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_runs",
+                    e.to_string(),
+                );
+                error.retry_after = Some(5);
+                error
+            }
         }
     }
 }
@@ -104,6 +113,18 @@ pub async fn create(
     may_use(&state, &caller, policy).await?;
     let dynamic_tools =
         validate_dynamic_tools(&body.dynamic_tools, &config.catalog, &namespace, policy)?;
+    let max = state.limits.args.max_sessions_per_user;
+    if state.store.count_sessions(&caller.user).await? >= max {
+        state.metrics.refused("sessions_per_user");
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_sessions",
+            format!(
+                "{} has {max} sessions, the most one user may have (--max-sessions-per-user); delete some and retry",
+                caller.user
+            ),
+        ));
+    }
     let session = state
         .store
         .create_session(&NewSession {
@@ -326,6 +347,13 @@ pub async fn post_message(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
+    // A stream slot is taken before the run starts: a run is not started for a stream
+    // that would be refused.
+    let slot = if wants_stream {
+        Some(state.limits.open_stream(&caller.user, &state.metrics)?)
+    } else {
+        None
+    };
     // Subscribe before the run starts, so no event is missed.
     let live = state.engine.subscribe(&id);
     let after = state
@@ -337,7 +365,7 @@ pub async fn post_message(
     if !wants_stream {
         return Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response());
     }
-    let stream = follow(state.clone(), id, after, live, Some(run_id.clone()));
+    let stream = follow(state.clone(), id, after, live, Some(run_id.clone()), slot);
     let mut response = Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response();
@@ -379,8 +407,9 @@ pub async fn events(
         }
     };
     let after = header_after.or(q.after).unwrap_or(0).max(0);
+    let slot = state.limits.open_stream(&caller.user, &state.metrics)?;
     let live = state.engine.subscribe(&id);
-    let stream = follow(state, id, after, live, None);
+    let stream = follow(state, id, after, live, None, slot);
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())
@@ -411,8 +440,11 @@ fn follow(
     after: i64,
     live: tokio::sync::broadcast::Receiver<EventRecord>,
     until_run: Option<String>,
+    slot: impl Into<Option<super::limits::StreamSlot>>,
 ) -> BoxStream<'static, Result<Event, Infallible>> {
     struct St {
+        /// Freed when the stream ends or its client goes away.
+        _slot: Option<super::limits::StreamSlot>,
         state: AppState,
         session: String,
         last: i64,
@@ -422,6 +454,7 @@ fn follow(
         done: bool,
     }
     let st = St {
+        _slot: slot.into(),
         state,
         session,
         last: after,

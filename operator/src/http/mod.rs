@@ -11,6 +11,7 @@ pub mod auth;
 mod chat_api;
 mod config_api;
 pub mod error;
+pub mod limits;
 mod proposals_api;
 
 use crate::live::LiveConfig;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub cluster_auth: Option<Arc<crate::operator::auth::ClusterAuth>>,
     /// Identity headers of an authenticating proxy (`--auth-proxy-header`).
     pub auth_proxy: Option<Arc<auth::AuthProxy>>,
+    /// Limits on what one client may send or hold open.
+    pub limits: Arc<limits::Limits>,
 }
 
 /// All routes.
@@ -120,6 +123,12 @@ pub fn router(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(refuse_own_requests))
+        // The body is read (within its limit) before any handler: theirs is off.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limits::limit_body,
+        ))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             count_requests,
@@ -280,42 +289,7 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
     response
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then finishes in-flight requests.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    app: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let (fired_tx, mut fired) = tokio::sync::watch::channel(false);
-    let signal = async move {
-        shutdown.await;
-        let _ = fired_tx.send(true);
-    };
-    // The peer address is what `--auth-proxy-from` is checked against.
-    // Small streamed writes (SSE) must not wait for delayed ACKs (Nagle).
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(signal);
-    // Event streams never finish on their own: after the signal, requests get DRAIN to
-    // complete, then the process goes on stopping (clients reconnect with Last-Event-ID).
-    let drained = async move {
-        let _ = fired.wait_for(|f| *f).await;
-        tokio::time::sleep(DRAIN).await;
-    };
-    tokio::select! {
-        result = server => result,
-        _ = drained => {
-            tracing::info!("open connections (event streams) closed after {}s", DRAIN.as_secs());
-            Ok(())
-        }
-    }
-}
+pub use limits::serve;
 
 /// How long open requests may finish after a shutdown signal.
 pub const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);

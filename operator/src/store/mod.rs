@@ -38,6 +38,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "estimated_usage",
         include_str!("../../../migrations/0004_estimated_usage.sql"),
     ),
+    (
+        5,
+        "runs_per_policy",
+        include_str!("../../../migrations/0005_runs_per_policy.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

@@ -250,24 +250,61 @@ impl Store {
 
 /// Runs.
 impl Store {
-    /// Records a run owned by `owner` (a replica id), started now.
+    /// Records a run owned by `owner` (a replica id), started now, under `policy`
+    /// (`namespace/name` and its `maxConcurrentRuns`). Returns `false`, recording nothing,
+    /// when that policy already has its maximum of runs in flight.
     pub async fn create_run(
         &self,
         run_id: &str,
         session_id: &str,
         owner: &str,
-    ) -> Result<(), StoreError> {
+        policy: Option<(&str, Option<u32>)>,
+    ) -> Result<bool, StoreError> {
         let now = now_ms();
-        sqlx::query(
-            "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at) VALUES ($1, $2, 'running', $3, $4, $4)",
+        // One statement: the count and the insert cannot be split by another start on the
+        // same database (SQLite); on PostgreSQL two replicas starting at the same instant
+        // may each see the other's run not yet committed, so the limit can be passed by
+        // the replicas that race.
+        let (policy, max) = match policy {
+            Some((name, max)) => (Some(name), max.map_or(i64::MAX, i64::from)),
+            None => (None, i64::MAX),
+        };
+        let done = sqlx::query(
+            "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at, policy) \
+             SELECT $1, $2, 'running', $3, $4, $4, $5 \
+             WHERE (SELECT count(*) FROM chat_runs WHERE policy = $5 AND status IN ('running', 'cancelling')) < $6",
         )
         .bind(run_id)
         .bind(session_id)
         .bind(owner)
         .bind(now)
+        .bind(policy)
+        .bind(max)
         .execute(&self.pool)
         .await?;
-        Ok(())
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Runs of `policy` (`namespace/name`) in flight, on every replica.
+    pub async fn runs_in_flight(&self, policy: &str) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM chat_runs WHERE policy = $1 AND status IN ('running', 'cancelling')",
+        )
+        .bind(policy)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Sessions of `user` that are not deleted.
+    pub async fn count_sessions(&self, user: &str) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM chat_sessions WHERE user_name = $1 AND deleted_at IS NULL",
+        )
+        .bind(user)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Refreshes the heartbeat of the runs `owner` executes whose task is alive (`live`);

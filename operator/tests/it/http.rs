@@ -96,6 +96,7 @@ async fn harness(auth: AuthMode) -> Harness {
         auth,
         cluster_auth: None,
         auth_proxy: None,
+        limits: kortex::http::limits::Limits::new(Default::default()),
     });
     Harness { app, db, _dir: dir }
 }
@@ -454,6 +455,7 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
         auth: AuthMode::Loopback,
         cluster_auth: None,
         auth_proxy: None,
+        limits: kortex::http::limits::Limits::new(Default::default()),
     });
     let (status, _, body) = call(&app, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);

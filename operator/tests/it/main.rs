@@ -17,6 +17,7 @@ mod fuzz;
 mod gateway;
 mod http;
 mod investigation;
+mod limits;
 mod llm;
 mod local_models;
 mod manifests;

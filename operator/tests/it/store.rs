@@ -466,7 +466,7 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
                 .await
                 .unwrap_or_else(|e| panic!("{e}"))
         );
-        s.create_run("run-1", &session.id, "dead-replica")
+        s.create_run("run-1", &session.id, "dead-replica", None)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         s.append_message(

@@ -1,0 +1,420 @@
+//! The limits on what one client may send or hold open (docs/reliability.md#limits), on
+//! the real binary: each refuses with its own error and counts in
+//! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
+
+use crate::binary::Server;
+use crate::common::{eventually, http_client};
+use crate::llm::{mock, openai, push, streamed};
+use crate::policy::{ask, session, state};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+/// A provider at `base` and one policy for every session, with `budget` (YAML flow map).
+fn manifests(dir: &Path, base: &str, budget: &str) {
+    std::fs::write(
+        dir.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: model}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: all}}
+spec: {{sessions: ["*"], provider: model, budget: {budget}}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// `kortex serve` with `args` on a fresh SQLite database and the provider at `base`.
+fn start(base: &str, budget: &str, args: &[&str]) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, base, budget);
+    let server = Server::start_with_args(&m, &dir.path().join("k.db"), args);
+    (server, dir)
+}
+
+/// The value of `kortex_limit_rejections_total{limit="<limit>"}` (0 when absent).
+async fn refused(server: &Server, limit: &str) -> u64 {
+    let (_, body) = server.get("/metrics").await;
+    let prefix = format!("kortex_limit_rejections_total{{limit=\"{limit}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `(status, error code, Retry-After)` of a response.
+async fn refusal(r: reqwest::Response) -> (u16, String, Option<String>) {
+    let status = r.status().as_u16();
+    let retry = r
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let body: Value = r.json().await.unwrap_or_default();
+    (
+        status,
+        body["error"]["code"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+        retry,
+    )
+}
+
+/// The `host:port` the server listens on.
+fn addr(server: &Server) -> String {
+    server
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_bodies_and_heads_past_their_limits_are_refused() {
+    let (base, _script) = mock().await;
+    let (server, _dir) = start(
+        &base,
+        "{}",
+        &[
+            "--max-request-bytes",
+            "65536",
+            "--max-header-bytes",
+            "16384",
+        ],
+    );
+    let client = http_client();
+    // Declared too large: refused from the Content-Length alone.
+    let big = json!({"name": "x".repeat(100_000)}).to_string();
+    let r = client
+        .post(server.url("/chat/v1/sessions"))
+        .header("content-type", "application/json")
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        refusal(r).await,
+        (413, "request_too_large".to_owned(), None)
+    );
+    // Chunked, no length given: refused once the bytes pass the limit.
+    let chunks: Vec<Result<String, std::io::Error>> = big
+        .as_bytes()
+        .chunks(4096)
+        .map(|c| Ok(String::from_utf8_lossy(c).into_owned()))
+        .collect();
+    let r = client
+        .post(server.url("/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(refusal(r).await.0, 413);
+    assert_eq!(refused(&server, "request_bytes").await, 2);
+    // Under the limit the same route works.
+    let id = session(&server, "small").await;
+    assert!(!id.is_empty());
+
+    // A request head of 20 KiB: 431 from the HTTP layer, before any route.
+    let mut tcp = std::net::TcpStream::connect(addr(&server)).unwrap_or_else(|e| panic!("{e}"));
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(20 * 1024)
+    );
+    tcp.write_all(head.as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut answer = String::new();
+    let _ = tcp.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 431"),
+        "{}",
+        answer.lines().next().unwrap_or_default()
+    );
+    assert_eq!(refused(&server, "header_bytes").await, 1);
+    assert_eq!(server.get("/healthz").await.0, 200);
+    assert!(server.terminate().success());
+}
+
+/// Slow-loris: clients that send their request head a byte at a time, or not at all, are
+/// disconnected after `--header-timeout`, while everyone else is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_disconnected_after_the_header_timeout() {
+    let (base, _script) = mock().await;
+    let (server, _dir) = start(&base, "{}", &["--header-timeout", "1s"]);
+    let address = addr(&server);
+    let slow: Vec<std::net::TcpStream> = (0..20)
+        .map(|_| {
+            let mut tcp = std::net::TcpStream::connect(&address).unwrap_or_else(|e| panic!("{e}"));
+            tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ")
+                .unwrap_or_else(|e| panic!("{e}"));
+            tcp
+        })
+        .collect();
+    // Served while they hang on.
+    assert_eq!(server.get("/healthz").await.0, 200);
+    // Each keeps trickling a byte every 200 ms, which buys no more time.
+    let trickler = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut closed = 0;
+        for mut tcp in slow {
+            let _ = tcp.set_read_timeout(Some(Duration::from_millis(200)));
+            let mut buf = [0u8; 256];
+            while std::time::Instant::now() < deadline {
+                let _ = tcp.write_all(b"b");
+                match tcp.read(&mut buf) {
+                    // Closed (or answered and closed) by the server.
+                    Ok(_) => {
+                        closed += 1;
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                        closed += 1;
+                        break;
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        closed
+    });
+    let closed = tokio::task::spawn_blocking(move || trickler.join().unwrap_or(0))
+        .await
+        .unwrap_or(0);
+    assert_eq!(closed, 20, "every slow client was disconnected");
+    eventually("the header timeouts counted", || async {
+        match refused(&server, "header_timeout").await {
+            20 => Ok(()),
+            n => Err(format!("{n} counted")),
+        }
+    })
+    .await;
+    assert_eq!(server.get("/healthz").await.0, 200);
+    assert!(server.terminate().success());
+}
+
+/// Event streams per user: past the limit 429 `too_many_streams` with `Retry-After`; a
+/// stream that ends (its client went away) frees its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_streams_and_sessions_per_user_are_limited() {
+    let (base, _script) = mock().await;
+    let (server, _dir) = start(
+        &base,
+        "{}",
+        &[
+            "--max-streams-per-user",
+            "2",
+            "--max-sessions-per-user",
+            "3",
+        ],
+    );
+    let client = http_client();
+    let id = session(&server, "s-1").await;
+    let events = server.url(&format!("/chat/v1/sessions/{id}/events"));
+    let open = || client.get(&events).send();
+    let first = open().await.unwrap_or_else(|e| panic!("{e}"));
+    let second = open().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (first.status().as_u16(), second.status().as_u16()),
+        (200, 200)
+    );
+    let third = open().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        refusal(third).await,
+        (429, "too_many_streams".to_owned(), Some("5".to_owned()))
+    );
+    // A streamed message is a stream too: refused before any run starts.
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "hello"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(refusal(r).await.1, "too_many_streams");
+    let stored =
+        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    assert_eq!(
+        stored["messages"],
+        json!([]),
+        "no run was started: {stored}"
+    );
+    assert_eq!(refused(&server, "streams_per_user").await, 2);
+    drop(first);
+    let again = eventually("a freed stream slot", || async {
+        let r = open().await.map_err(|e| e.to_string())?;
+        match r.status().as_u16() {
+            200 => Ok(r),
+            code => Err(format!("{code}")),
+        }
+    })
+    .await;
+    drop((second, again));
+
+    // Sessions: the limit counts the ones not deleted.
+    session(&server, "s-2").await;
+    let third = session(&server, "s-3").await;
+    let r = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "s-4"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        refusal(r).await,
+        (429, "too_many_sessions".to_owned(), None)
+    );
+    assert_eq!(refused(&server, "sessions_per_user").await, 1);
+    let r = client
+        .delete(server.url(&format!("/chat/v1/sessions/{third}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.status().is_success());
+    session(&server, "s-4").await;
+    assert!(server.terminate().success());
+}
+
+/// `budget.maxConcurrentRuns`: a policy's runs in flight; one more gets 429
+/// `too_many_runs` and is not stored, and once a run ends the next one starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_runs_at_most_its_concurrent_runs() {
+    let (base, script) = mock().await;
+    let (server, _dir) = start(&base, "{maxConcurrentRuns: 1}", &[]);
+    let client = http_client();
+    let d = openai();
+    // The first run's provider says a word and then nothing for a minute.
+    let mut stalled = streamed(&d, (d.text_stream)(&["Thinking"]));
+    stalled.chunks.pop();
+    stalled.stall = Some(Duration::from_secs(60));
+    push(&script, stalled);
+    let busy = session(&server, "busy").await;
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{busy}/messages")))
+        .json(&json!({"content": "a long question"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+
+    let other = session(&server, "other").await;
+    let post = || {
+        client
+            .post(server.url(&format!("/chat/v1/sessions/{other}/messages")))
+            .json(&json!({"content": "meanwhile"}))
+            .send()
+    };
+    let (status, code, retry) = refusal(post().await.unwrap_or_else(|e| panic!("{e}"))).await;
+    assert_eq!(
+        (status, code.as_str(), retry.as_deref()),
+        (429, "too_many_runs", Some("5"))
+    );
+    let stored =
+        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{other}"))).await;
+    assert_eq!(stored["messages"], json!([]), "{stored}");
+    assert_eq!(stored["status"], "idle", "{stored}");
+    assert_eq!(refused(&server, "concurrent_runs").await, 1);
+
+    // The first run ends (cancelled); the other session's run may start.
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{busy}/cancel")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.status().is_success());
+    eventually("the cancelled run ended", || async {
+        let s =
+            crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{busy}"))).await;
+        match s["status"].as_str() {
+            Some("running") => Err(s.to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    push(&script, streamed(&d, (d.text_stream)(&["Now it runs."])));
+    let events = ask(&server, &other, "meanwhile").await;
+    assert_eq!(state(&events), json!("completed"), "{events:?}");
+    assert!(server.terminate().success());
+}
+
+/// One run whose answer is 32 MiB, in 8 KiB deltas, read to its end by a streaming client.
+async fn firehose(server: &Server, script: &crate::llm::Script, id: &str) {
+    use futures_util::StreamExt;
+    let d = openai();
+    let piece = "x".repeat(8 * 1024);
+    let pieces: Vec<&str> = std::iter::repeat_n(piece.as_str(), 4096).collect();
+    let mut reply = streamed(&d, (d.text_stream)(&pieces));
+    reply.chunk_delay = Some(Duration::ZERO);
+    push(script, reply);
+    let r = http_client()
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "tell me everything"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut body = r.bytes_stream();
+    let mut received = 0usize;
+    let mut tail = String::new();
+    while let Ok(Some(Ok(chunk))) =
+        tokio::time::timeout(Duration::from_secs(120), body.next()).await
+    {
+        received += chunk.len();
+        tail.push_str(&String::from_utf8_lossy(&chunk));
+        if tail.len() > 4096 {
+            tail.drain(..tail.len() - 4096);
+        }
+        if tail.contains("\"completed\"") {
+            break;
+        }
+    }
+    assert!(
+        tail.contains("\"completed\""),
+        "the reader got the whole run: {tail}"
+    );
+    assert!(received > 32 << 20, "{received} bytes read");
+}
+
+/// A client that opens the event stream and never reads it holds no more than the socket
+/// buffers. The same 32 MiB answer goes by twice (in two sessions), read in full by another
+/// client: the second time with a client that never reads following the session too. The server
+/// grows by much less than the answer it did not deliver (the first time sets the
+/// baseline: the run itself holds its answer to store it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_its_stream_costs_bounded_memory() {
+    let (base, script) = mock().await;
+    let (server, _dir) = start(&base, "{}", &[]);
+    // Two sessions: a second run in the first would send its 32 MiB history upstream.
+    let first = session(&server, "firehose-1").await;
+    firehose(&server, &script, &first).await;
+    let id = session(&server, "firehose-2").await;
+    let baseline = server.rss_bytes();
+    let mut stuck = std::net::TcpStream::connect(addr(&server)).unwrap_or_else(|e| panic!("{e}"));
+    write!(
+        stuck,
+        "GET /chat/v1/sessions/{id}/events?after=1000000 HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    firehose(&server, &script, &id).await;
+    let grown = server.rss_bytes().saturating_sub(baseline);
+    eprintln!("RSS grew by {} KiB with a client not reading", grown / 1024);
+    assert!(
+        grown < 16 << 20,
+        "the server grew by {} MiB while a client did not read 32 MiB",
+        grown >> 20
+    );
+    drop(stuck);
+    assert_eq!(server.get("/healthz").await.0, 200);
+    assert!(server.terminate().success());
+}
