@@ -64,7 +64,9 @@ pub async fn answer_pending(
     run_id: &str,
     why: &str,
 ) -> Result<(), StoreError> {
-    let messages = engine.store.list_messages(session_id).await?;
+    let messages =
+        crate::store::patiently("the transcript", || engine.store.list_messages(session_id))
+            .await?;
     let Some(last) = messages.iter().rposition(|m| m.role == "assistant") else {
         return Ok(());
     };
@@ -88,7 +90,7 @@ pub async fn answer_pending(
             is_error: true,
             ..Default::default()
         };
-        engine.store.append_message(session_id, &message).await?;
+        engine.append(session_id, &message).await?;
     }
     Ok(())
 }
@@ -191,7 +193,21 @@ impl Engine {
             .subscribe()
     }
 
-    /// Persists an event, then publishes it to live followers.
+    /// Appends a message of a run to its session's transcript, waiting for the database
+    /// while it is unreachable ([`crate::store::patiently`]).
+    pub async fn append(
+        &self,
+        session_id: &str,
+        message: &crate::store::NewMessage,
+    ) -> Result<crate::store::MessageRecord, StoreError> {
+        crate::store::patiently("a message", || {
+            self.store.append_message(session_id, message)
+        })
+        .await
+    }
+
+    /// Persists an event of a run, then publishes it to live followers. While the database
+    /// is unreachable the run waits for it ([`crate::store::patiently`]).
     pub async fn emit(
         &self,
         session_id: &str,
@@ -199,18 +215,20 @@ impl Engine {
         event_type: &str,
         data: Value,
     ) -> Result<EventRecord, StoreError> {
-        self.publish(session_id, Some(run_id), event_type, data)
+        self.publish(session_id, Some(run_id), event_type, data, true)
             .await
     }
 
-    /// Persists and publishes an event that belongs to no run (e.g. a proposal decision).
+    /// Persists and publishes an event that belongs to no run (e.g. a proposal decision),
+    /// failing at once when the database is unreachable (a request is waiting).
     pub async fn emit_session(
         &self,
         session_id: &str,
         event_type: &str,
         data: Value,
     ) -> Result<EventRecord, StoreError> {
-        self.publish(session_id, None, event_type, data).await
+        self.publish(session_id, None, event_type, data, false)
+            .await
     }
 
     /// Persists an event (the database issues its sequence number), then hands it to the
@@ -221,11 +239,17 @@ impl Engine {
         run_id: Option<&str>,
         event_type: &str,
         data: Value,
+        patient: bool,
     ) -> Result<EventRecord, StoreError> {
-        let record = self
-            .store
-            .append_event(session_id, run_id, event_type, &data)
-            .await?;
+        let append = || {
+            self.store
+                .append_event(session_id, run_id, event_type, &data)
+        };
+        let record = if patient {
+            crate::store::patiently("a run's event", append).await?
+        } else {
+            append().await?
+        };
         let sender = self
             .hub
             .lock()

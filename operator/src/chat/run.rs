@@ -95,16 +95,18 @@ pub async fn run(
     }
     // Only the run that still owns the session ends it (another replica may have failed it
     // as stale meanwhile).
-    match engine
-        .store
-        .finish_run(run_id, state, reason.as_deref())
-        .await
+    match crate::store::patiently("the end of a run", || {
+        engine.store.finish_run(run_id, state, reason.as_deref())
+    })
+    .await
     {
         Ok(true) => {
-            if let Err(e) = engine
-                .store
-                .transition_session(&session.id, &["running"], session_status)
-                .await
+            if let Err(e) = crate::store::patiently("the session's status", || {
+                engine
+                    .store
+                    .transition_session(&session.id, &["running"], session_status)
+            })
+            .await
             {
                 tracing::error!(session = %session.id, error = %e, "cannot record the session status");
             }
@@ -289,7 +291,10 @@ async fn steps(
                 json!({"runId": run_id, "step": step}),
             )
             .await?;
-        let history = history(&engine.store.list_messages(&session.id).await?);
+        let history = history(
+            &crate::store::patiently("the transcript", || engine.store.list_messages(&session.id))
+                .await?,
+        );
         let tools: Vec<llm::ToolSpec> = if std::mem::take(&mut without_tools) {
             Vec::new()
         } else {
@@ -337,7 +342,7 @@ async fn steps(
                     content: redactor.text(&text).0,
                     ..Default::default()
                 };
-                engine.store.append_message(&session.id, &partial).await?;
+                engine.append(&session.id, &partial).await?;
             }
             return Ok(End::Cancelled);
         }
@@ -347,8 +352,7 @@ async fn steps(
         }
         if !text.is_empty() || !calls.is_empty() {
             engine
-                .store
-                .append_message(
+                .append(
                     &session.id,
                     &NewMessage {
                         run_id: Some(run_id.to_owned()),
@@ -477,8 +481,7 @@ async fn steps(
         )
         .await?;
     engine
-        .store
-        .append_message(
+        .append(
             &session.id,
             &NewMessage {
                 run_id: Some(run_id.to_owned()),
@@ -811,7 +814,7 @@ async fn finish_call(
         is_error: outcome.is_error,
         ..Default::default()
     };
-    engine.store.append_message(&session.id, &message).await?;
+    engine.append(&session.id, &message).await?;
     let preview: String = outcome.content.chars().take(200).collect();
     let mut data = json!({"runId": run_id, "callId": call.id, "name": call.name, "ok": !outcome.is_error,
         "isError": outcome.is_error, "durationMs": outcome.duration.as_millis() as u64,

@@ -111,6 +111,44 @@ impl StoreError {
     }
 }
 
+/// How long a run waits for an unreachable database before it gives a write up: shorter
+/// than [`crate::chat::STALE_AFTER`], so a run either goes on or ends itself before another
+/// replica takes it for dead.
+pub const WRITE_PATIENCE: Duration = Duration::from_secs(45);
+
+/// Runs `op` again while the database is unreachable ([`StoreError::is_unavailable`]), with
+/// backoff (250 ms doubling to 5 s; each try itself waits up to the pool's 5 s), for at
+/// most [`WRITE_PATIENCE`]. For the writes of a run, which no client is waiting on and
+/// which must not be lost to a database restart; requests answer 503 at once instead.
+pub async fn patiently<T, F, Fut>(what: &str, mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + WRITE_PATIENCE;
+    let mut wait = Duration::from_millis(250);
+    let mut warned = false;
+    loop {
+        match op().await {
+            Err(e) if e.is_unavailable() && tokio::time::Instant::now() + wait < deadline => {
+                if !warned {
+                    tracing::warn!(what, error = %e, "the database is unavailable; retrying for up to {}s", WRITE_PATIENCE.as_secs());
+                    warned = true;
+                }
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            Ok(v) => {
+                if warned {
+                    tracing::info!(what, "the database is back; the write went through");
+                }
+                return Ok(v);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// The database, shared by every part of the server.
 #[derive(Clone, Debug)]
 pub struct Store {

@@ -197,6 +197,91 @@ async fn postgres_stopped_and_started_again() {
     assert!(server.terminate().success());
 }
 
+/// PostgreSQL stops while a run is answering and comes back 8 s later: the run waits for
+/// it (its writes are retried for up to 45 s) and then finishes, so the accepted question
+/// and the whole answer are in the transcript and the run is not left `running`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_during_a_run() {
+    let Some(pg) = Postgres::start() else {
+        assert!(
+            std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
+            "no PostgreSQL binaries under /usr/lib/postgresql"
+        );
+        eprintln!("skipped: no PostgreSQL binaries");
+        return;
+    };
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base, "");
+    let server = Server::start_with_url(&m, &pg.url(), &[]);
+    let d = openai();
+    let mut slow = streamed(
+        &d,
+        (d.text_stream)(&["Slow ", "and ", "steady ", "answer."]),
+    );
+    slow.chunk_delay = Some(Duration::from_millis(1500));
+    push(&script, slow);
+    let id = session(&server, "s-1").await;
+    let client = http_client();
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "a question"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    pg.down();
+    // Down in the middle of the answer: requests are refused meanwhile.
+    let (status, _) = server.get(&format!("/chat/v1/sessions/{id}")).await;
+    assert_eq!(status, 503);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    pg.up();
+    let stored = eventually("the run ended", || async {
+        let r = client
+            .get(server.url(&format!("/chat/v1/sessions/{id}")))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let s: Value = r.json().await.map_err(|e| e.to_string())?;
+        match s["status"].as_str() {
+            Some("idle") => Ok(s),
+            _ => Err(s.to_string()),
+        }
+    })
+    .await;
+    let texts: Vec<&str> = stored["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["content"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(texts, ["a question", "Slow and steady answer."], "{stored}");
+    // The run's events are all there for a client that follows it afterwards.
+    let r = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events =
+        crate::chat::read_sse(r, |e| !matches!(state(e).as_str(), None | Some("started"))).await;
+    let text: String = events
+        .iter()
+        .filter(|e| e.event == "text.delta")
+        .filter_map(|e| e.data["text"].as_str())
+        .collect();
+    assert_eq!(text, "Slow and steady answer.", "{events:?}");
+    assert_eq!(state(&events), json!("completed"), "{events:?}");
+    assert!(
+        server
+            .log()
+            .contains("the database is unavailable; retrying"),
+        "{}",
+        server.log()
+    );
+    assert!(server.terminate().success());
+}
+
 /// `kill -9` of Kortex in the middle of an answer and in the middle of a tool call, then a
 /// restart on the same SQLite database: every accepted message is in the transcript, the
 /// interrupted runs end `failed` with a reason (they are not resumed: what the provider was
