@@ -366,7 +366,16 @@ impl Engine {
                 .map_err(ChatError::from)
         };
         if let Err(e) = stored.await {
-            // Give the session back rather than leave it running with no run behind it.
+            // Give the session back rather than leave it running with no run behind it, and
+            // end the run if it was recorded (best effort: the sweep ends it otherwise).
+            let _ = self
+                .store
+                .finish_run(
+                    &run_id,
+                    "failed",
+                    Some("not started: the message could not be stored"),
+                )
+                .await;
             let _ = self
                 .store
                 .transition_session(&session.id, &["running"], &session.status)

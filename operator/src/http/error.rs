@@ -91,7 +91,7 @@ impl IntoResponse for ApiError {
 }
 
 /// A store error: 503 `database_unavailable` when the database cannot be reached (it will
-/// pass), 500 `internal` otherwise.
+/// pass), 507 `storage_full` when its disk is full, 500 `internal` otherwise.
 impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> Self {
         if e.is_unavailable() {
@@ -100,6 +100,14 @@ impl From<crate::store::StoreError> for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE,
                 "database_unavailable",
                 "the database cannot be reached; retry in a moment",
+            );
+        }
+        if e.is_full() {
+            tracing::error!(error = %e, "the database's disk is full");
+            return Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "storage_full",
+                "the database's disk is full: nothing was stored; free space (or grow the volume) and retry",
             );
         }
         Self::internal(e)

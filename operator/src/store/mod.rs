@@ -88,6 +88,21 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the database's disk is full (SQLite `SQLITE_FULL`, PostgreSQL `53100`, or
+    /// `ENOSPC`): nothing was written, and retrying is useless until space is freed.
+    pub fn is_full(&self) -> bool {
+        let Self::Query(e) = self else {
+            return false;
+        };
+        match e {
+            sqlx::Error::Database(d) => d
+                .code()
+                .is_some_and(|c| c == "53100" || c.parse::<i64>().is_ok_and(|n| n & 0xff == 13)),
+            sqlx::Error::Io(io) => io.raw_os_error() == Some(28),
+            _ => false,
+        }
+    }
+
     /// Whether the database could not be reached (down, restarting, the pool exhausted),
     /// rather than the query being wrong: worth a retry in a moment.
     pub fn is_unavailable(&self) -> bool {

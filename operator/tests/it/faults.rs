@@ -282,6 +282,142 @@ async fn postgres_stopped_during_a_run() {
     assert!(server.terminate().success());
 }
 
+/// A tmpfs of its own, unmounted when dropped: a disk this test can fill.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// `None` where this test may not mount (not root, no `CAP_SYS_ADMIN`).
+    fn mount(size: &str) -> Option<Self> {
+        let dir = tempfile::tempdir().ok()?;
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        mounted.then_some(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes a file until the disk says it is full.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.path().join("filler");
+        let mut f = std::fs::File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+        let block = vec![0u8; 16 * 1024];
+        while f.write_all(&block).and_then(|()| f.flush()).is_ok() {}
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// SQLite's disk fills up: a request that would write gets 507 `storage_full` saying so
+/// (not 500), reads and the other requests go on, nothing is half-written; once space is
+/// freed Kortex writes again without a restart, and the database passes SQLite's
+/// integrity check with everything stored before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_on_a_full_disk() {
+    let Some(disk) = Tmpfs::mount("4m") else {
+        eprintln!("skipped: cannot mount a tmpfs here (needs root)");
+        return;
+    };
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base, "");
+    let db = disk.path().join("k.db");
+    let server = Server::start_with_args(&m, &db, &[]);
+    let d = openai();
+    push(&script, streamed(&d, (d.text_stream)(&["Stored before."])));
+    let id = session(&server, "s-1").await;
+    let events = ask(&server, &id, "before").await;
+    assert_eq!(state(&events), json!("completed"));
+
+    let filler = disk.fill();
+    let client = http_client();
+    let refused = |r: reqwest::Response| async move {
+        let status = r.status().as_u16();
+        let body: Value = r.json().await.unwrap_or_default();
+        (status, body)
+    };
+    let (status, body) = refused(
+        client
+            .post(server.url("/chat/v1/sessions"))
+            .json(&json!({"name": "s-2"}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (507, &json!("storage_full")),
+        "{body}"
+    );
+    let (status, body) = refused(
+        client
+            .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+            .json(&json!({"content": "while full"}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (507, &json!("storage_full")),
+        "{body}"
+    );
+    // Reads go on, and the session is not left running.
+    let stored =
+        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    assert_eq!(stored["status"], "idle", "{stored}");
+    assert_eq!(server.get("/healthz").await.0, 200);
+
+    std::fs::remove_file(&filler).unwrap_or_else(|e| panic!("{e}"));
+    push(&script, streamed(&d, (d.text_stream)(&["Stored after."])));
+    let events = ask(&server, &id, "after").await;
+    assert_eq!(state(&events), json!("completed"), "{events:?}");
+    assert!(server.terminate().success());
+
+    let store = kortex::store::Store::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let pool = sqlx::AnyPool::connect(&format!("sqlite://{}", db.display()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let check: String = sqlx::query_scalar("PRAGMA integrity_check")
+        .fetch_one(&pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(check, "ok");
+    let texts: Vec<String> = store
+        .list_messages(&id)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(
+        texts,
+        ["before", "Stored before.", "after", "Stored after."]
+    );
+}
+
 /// `kill -9` of Kortex in the middle of an answer and in the middle of a tool call, then a
 /// restart on the same SQLite database: every accepted message is in the transcript, the
 /// interrupted runs end `failed` with a reason (they are not resumed: what the provider was
