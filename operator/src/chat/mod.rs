@@ -485,17 +485,27 @@ impl Engine {
         Ok(recovered)
     }
 
-    /// Keeps this replica's runs alive (heartbeat every `HEARTBEAT`) and recovers runs of
-    /// replicas that stopped beating for `STALE_AFTER`, until `shutdown` flips. With
-    /// `sole_replica` (SQLite) every run found running at start-up is recovered at once.
-    pub async fn maintain(
-        self: Arc<Self>,
-        sole_replica: bool,
-        mut shutdown: watch::Receiver<bool>,
-    ) {
-        if sole_replica && let Err(e) = self.recover(crate::store::now_ms() + 1).await {
+    /// A sole replica (SQLite) at start-up, before it serves: every run found running and
+    /// every budget reservation belong to a process that ended without finishing them (a
+    /// crash, `kill -9`), so the runs end `failed` and the reservations are released now
+    /// rather than when they would have gone stale.
+    pub async fn recover_sole_replica(&self) {
+        if let Err(e) = self.recover(crate::store::now_ms() + 1).await {
             tracing::warn!(error = %e, "recovering interrupted runs failed");
         }
+        match self.store.release_reservations(i64::MAX).await {
+            Ok(0) => {}
+            Ok(n) => tracing::warn!(
+                released = n,
+                "released the budget reservations of a server that stopped without settling them"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot release budget reservations"),
+        }
+    }
+
+    /// Keeps this replica's runs alive (heartbeat every `HEARTBEAT`) and recovers runs of
+    /// replicas that stopped beating for `STALE_AFTER`, until `shutdown` flips.
+    pub async fn maintain(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(HEARTBEAT) => {}

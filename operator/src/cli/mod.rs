@@ -427,8 +427,10 @@ async fn run_server(server: Server) -> Result<(), String> {
             stop_rx.clone(),
         ))),
     };
-    let sole_replica = store.backend() == crate::store::Backend::Sqlite;
-    let maintainer = tokio::spawn(state.engine.clone().maintain(sole_replica, stop_rx.clone()));
+    if store.backend() == crate::store::Backend::Sqlite {
+        state.engine.recover_sole_replica().await;
+    }
+    let maintainer = tokio::spawn(state.engine.clone().maintain(stop_rx.clone()));
     let sweeper = tokio::spawn(state.engine.governor.clone().sweep(stop_rx.clone()));
     let prober = tokio::spawn(crate::llm::probe::run(
         config_tx.clone(),

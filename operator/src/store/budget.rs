@@ -344,10 +344,22 @@ impl Store {
     /// Releases reservations that expired before `now` (their replica died mid-call) and
     /// forgets counters whose window is long over. Returns how many reservations went.
     pub async fn sweep_budgets(&self, now: i64) -> Result<u64, StoreError> {
+        let released = self.release_reservations(now).await?;
+        sqlx::query("DELETE FROM budget_counters WHERE expires_at < $1")
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        Ok(released)
+    }
+
+    /// Releases the reservations (calls in flight and leases) that expire before `before`;
+    /// with `i64::MAX` every one, which a sole replica does at start-up: whatever is reserved
+    /// then belongs to a process that is gone. Returns how many went.
+    pub async fn release_reservations(&self, before: i64) -> Result<u64, StoreError> {
         let expired: Vec<(String, String, i64)> = sqlx::query_as(
             "SELECT id, scope, window_start FROM budget_reservations WHERE expires_at < $1 LIMIT 1000",
         )
-        .bind(now)
+        .bind(before)
         .fetch_all(&self.pool)
         .await?;
         let mut released = 0;
@@ -376,10 +388,6 @@ impl Store {
             }
             tx.commit().await?;
         }
-        sqlx::query("DELETE FROM budget_counters WHERE expires_at < $1")
-            .bind(now)
-            .execute(&self.pool)
-            .await?;
         Ok(released)
     }
 }

@@ -96,6 +96,11 @@ impl Drop for Postgres {
 
 /// The provider `model` at `base` (with `extra` spec fields) and a policy for every session.
 fn manifests(dir: &Path, base: &str, extra: &str) {
+    manifests_with(dir, base, extra, "");
+}
+
+/// As [`manifests`], with `policy` (more policy spec fields, e.g. a budget).
+fn manifests_with(dir: &Path, base: &str, extra: &str, policy: &str) {
     std::fs::write(
         dir.join("all.yaml"),
         format!(
@@ -107,7 +112,7 @@ spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, localit
 apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {{name: all}}
-spec: {{sessions: ["*"], provider: model}}
+spec: {{sessions: ["*"], provider: model{policy}}}
 "#
         ),
     )
@@ -282,6 +287,14 @@ async fn postgres_stopped_during_a_run() {
     assert!(server.terminate().success());
 }
 
+/// A connection of the test's own to the SQLite database at `path` (read beside Kortex).
+async fn sqlite_pool(path: &Path) -> sqlx::AnyPool {
+    sqlx::any::install_default_drivers();
+    sqlx::AnyPool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// A tmpfs of its own, unmounted when dropped: a disk this test can fill.
 struct Tmpfs {
     dir: tempfile::TempDir,
@@ -397,9 +410,7 @@ async fn sqlite_on_a_full_disk() {
     let store = kortex::store::Store::connect(&format!("sqlite://{}", db.display()))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let pool = sqlx::AnyPool::connect(&format!("sqlite://{}", db.display()))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let pool = sqlite_pool(&db).await;
     let check: String = sqlx::query_scalar("PRAGMA integrity_check")
         .fetch_one(&pool)
         .await
@@ -421,7 +432,8 @@ async fn sqlite_on_a_full_disk() {
 /// `kill -9` of Kortex in the middle of an answer and in the middle of a tool call, then a
 /// restart on the same SQLite database: every accepted message is in the transcript, the
 /// interrupted runs end `failed` with a reason (they are not resumed: what the provider was
-/// saying is gone), and the tool call has a result, so the session can go on.
+/// saying is gone), the tool call has a result, so the session can go on, and the budget
+/// the dead process had reserved is released at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let (base, script) = mock().await;
@@ -429,7 +441,13 @@ async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    manifests(&m, &base, "");
+    // A priced model under a daily limit: every call reserves budget first.
+    manifests_with(
+        &m,
+        &base,
+        ", models: [{id: m1, cost: {inputUsdPerMTok: 1, outputUsdPerMTok: 2}}]",
+        ", budget: {dailyUsdLimit: 100}",
+    );
     std::fs::write(
         m.join("tool.yaml"),
         format!(
@@ -508,9 +526,36 @@ spec:
     })
     .await;
     server.kill9();
+    let reserved = || async {
+        let pool = sqlite_pool(&db).await;
+        let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM budget_reservations")
+            .fetch_one(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let total: i64 = sqlx::query_scalar(
+            "SELECT CAST(COALESCE(SUM(reserved), 0) AS BIGINT) FROM budget_counters",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        pool.close().await;
+        (rows, total)
+    };
+    let (rows, total) = reserved().await;
+    assert!(
+        rows > 0 && total > 0,
+        "the killed server held budget: {rows} rows, {total}"
+    );
 
-    // Restart on the same database.
+    // Restart on the same database: what the dead process held is released before it
+    // serves (not when its lease would have run out, minutes later).
     let server = Server::start(&m, &db, &[]);
+    assert_eq!(server.get("/healthz").await.0, 200);
+    assert_eq!(
+        reserved().await,
+        (0, 0),
+        "budget left reserved after the restart"
+    );
     for id in [&answer, &tool] {
         let url = server.url(&format!("/chat/v1/sessions/{id}"));
         let stored = eventually("the interrupted run ended", || async {
