@@ -114,7 +114,8 @@ async fn client(context: Option<&str>) -> Result<Client, String> {
         }
         Err(e) => return Err(format!("kubeconfig: {e}")),
     };
-    Client::try_from(config).map_err(|e| format!("cannot build the Kubernetes client: {e}"))
+    crate::operator::kube_client(config)
+        .map_err(|e| format!("cannot build the Kubernetes client: {e}"))
 }
 
 async fn run(cli: Cli) -> Result<(), String> {

@@ -122,7 +122,7 @@ pub async fn cluster_client(
         return Ok(None);
     };
     let url = config.cluster_url.to_string();
-    let client = kube::Client::try_from(config)
+    let client = crate::operator::kube_client(config)
         .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
     Ok(Some((client, url)))
 }

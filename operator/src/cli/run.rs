@@ -108,12 +108,12 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     // leader's work while its Lease keeps renewing. Watches keep the client's long read
     // timeout (the API server ends them itself).
     let mut kube_config = kube_config;
-    let watches = kube::Client::try_from(kube_config.clone())
+    let watches = crate::operator::kube_client(kube_config.clone())
         .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
     kube_config.connect_timeout = Some(CALL_CONNECT_TIMEOUT);
     kube_config.read_timeout = Some(CALL_TIMEOUT);
     kube_config.write_timeout = Some(CALL_TIMEOUT);
-    let client = kube::Client::try_from(kube_config.clone())
+    let client = crate::operator::kube_client(kube_config.clone())
         .map_err(|e| format!("cannot build the Kubernetes client: {e}"))?;
     let own_namespace = args
         .kortex_namespace

@@ -228,7 +228,6 @@ impl ClusterAuth {
             token: Some(token.to_owned().into()),
             ..Default::default()
         };
-        kube::Client::try_from(config)
-            .map_err(|e| format!("cannot build a client for the caller: {e}"))
+        super::kube_client(config).map_err(|e| format!("cannot build a client for the caller: {e}"))
     }
 }

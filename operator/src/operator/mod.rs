@@ -35,3 +35,22 @@ mod tests {
         assert_eq!(super::event_note("short"), "short");
     }
 }
+
+/// A Kubernetes client for `config` that retries 429, 503 and 504 briefly (3 tries, 0.5 s
+/// doubling to 5 s, as kube's `RetryPolicy::default`) instead of kube's default of 15 tries
+/// backing off towards minutes: an overloaded or unreachable API server is then an error
+/// within seconds (a tool's answer to the model, a status write retried later) rather than a
+/// call that hangs until its deadline. Watches and the Lease retry on their own schedules.
+pub fn kube_client(mut config: kube::Config) -> Result<kube::Client, kube::Error> {
+    config.default_retry = false;
+    // Retrying needs a service it can clone: the buffer's handle (its worker only hands
+    // requests on; their responses are awaited concurrently).
+    let layers = tower::ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(
+            kube::client::retry::RetryPolicy::default(),
+        ))
+        .layer(tower::buffer::BufferLayer::new(1024));
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&layers)
+        .build())
+}

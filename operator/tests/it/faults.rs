@@ -671,3 +671,188 @@ async fn a_secret_deleted_while_in_use_then_restored() {
     assert_eq!(state(&ask(&server, &id, "three").await), json!("completed"));
     assert!(server.terminate().success());
 }
+
+/// Cluster mode: the API server is away for 20 s (every request 503, open watches cut).
+/// Chat goes on with the configuration it had; a Kubernetes tool answers the model with a
+/// clear error instead of hanging; an object applied meanwhile is picked up once the
+/// watches are back (they relist), and its status is written: nothing is missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_api_server_unreachable_then_back() {
+    use crate::investigation::{chat_once, tool_calls};
+    use crate::operator::{FakeApi, condition, provider, start_run};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, script) = mock().await;
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "all", "namespace": "team-a"},
+            "spec": {"sessions": ["*"], "provider": "gpt", "runToolsAsUser": false}}),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run(&fake, dir.path(), &llm).await;
+    let client = http_client();
+    let d = openai();
+    let transcript = |id: String| {
+        let client = client.clone();
+        let url = server.url(&format!("/chat/v1/sessions/{id}"));
+        async move { crate::chat::get_json(&client, url).await }
+    };
+    push(&script, streamed(&d, (d.text_stream)(&["Before."])));
+    let id = chat_once(
+        &client,
+        &server,
+        json!({"name": "before", "namespace": "team-a"}),
+        "hi",
+    )
+    .await;
+    assert_eq!(transcript(id).await["messages"][1]["content"], "Before.");
+
+    fake.outage(true);
+    let down = tokio::time::Instant::now();
+    push(
+        &script,
+        tool_calls(&[("c1", "get_events", json!({"namespace": "shop"}))]),
+    );
+    push(
+        &script,
+        streamed(&d, (d.text_stream)(&["The cluster is unreachable."])),
+    );
+    let id = chat_once(
+        &client,
+        &server,
+        json!({"name": "during", "namespace": "team-a"}),
+        "what happened?",
+    )
+    .await;
+    let stored = transcript(id).await;
+    let messages = stored["messages"].as_array().cloned().unwrap_or_default();
+    let result = messages
+        .iter()
+        .find(|m| m["toolCallId"] == "c1")
+        .unwrap_or_else(|| panic!("no tool result: {stored}"));
+    assert_eq!(result["isError"], true, "{stored}");
+    let text = result["content"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("503") || text.contains("unavailable"),
+        "{text}"
+    );
+    assert_eq!(
+        messages.last().map(|m| m["content"].clone()),
+        Some(json!("The cluster is unreachable.")),
+        "{stored}"
+    );
+    assert_eq!(server.get("/healthz").await.0, 200);
+    // Applied while Kortex cannot see it: the watch event is lost with the cut stream.
+    let mut second = provider(&llm);
+    second["metadata"]["name"] = json!("gpt-b");
+    fake.apply("llmproviders", second);
+    tokio::time::sleep_until(down + Duration::from_secs(20)).await;
+    fake.outage(false);
+
+    let back = tokio::time::Instant::now();
+    loop {
+        let object = fake.get("llmproviders", "team-a", "gpt-b");
+        if condition(&object, "Ready").is_some_and(|(status, _)| status == "True") {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(60),
+            "gpt-b never got a status after the outage: {object:?}\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "status written {:?} after the API server came back",
+        back.elapsed()
+    );
+    push(&script, streamed(&d, (d.text_stream)(&["After."])));
+    let id = chat_once(
+        &client,
+        &server,
+        json!({"name": "after", "namespace": "team-a"}),
+        "hi",
+    )
+    .await;
+    assert_eq!(transcript(id).await["messages"][1]["content"], "After.");
+    assert!(server.terminate().success());
+}
+
+/// Cluster mode: the leader dies (`kill -9`) while its execution of an approved proposal
+/// hangs. Another replica takes the Lease once it expires and never starts the action
+/// again: within the grace period it waits (the old leader may still be finishing), and
+/// after it the proposal ends `Failed` as interrupted. The target was written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_leader_lost_mid_execution_executes_once() {
+    use crate::operator::{FakeApi, kubectl_kortex, pending_restarts, phase, start_run_with};
+    const STUCK: &str = "/apis/apps/v1/namespaces/shop/deployments/stuck";
+    let fake = FakeApi::start().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (leader, names) = pending_restarts(&fake, dir.path(), &["stuck"]).await;
+    let stuck = names[0].clone();
+    fake.hang(STUCK);
+    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &stuck, "--no-wait"]).await;
+    assert!(ok, "{out}");
+    let writes = |f: &FakeApi| {
+        f.seen()
+            .iter()
+            .filter(|s| s.method == "PATCH" && s.path == STUCK && !s.query.contains("dryRun"))
+            .count()
+    };
+    fake.until("the hung write", |f| writes(f) == 1).await;
+    assert_eq!(phase(&fake, &stuck), "Executing");
+    leader.kill9();
+
+    let other = start_run_with(
+        &fake,
+        dir.path(),
+        "http://127.0.0.1:9",
+        &["--identity", "pod-b"],
+    )
+    .await;
+    let started = tokio::time::Instant::now();
+    loop {
+        let lease = fake
+            .get("leases", "kortex", "kortex-leader")
+            .unwrap_or_default();
+        if lease["spec"]["holderIdentity"] == "pod-b" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "pod-b never led: {lease}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A few turns of the new leader's loop: the proposal is left Executing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(phase(&fake, &stuck), "Executing");
+    assert_eq!(writes(&fake), 1, "the action was started again");
+
+    // Past the grace period (the Executing condition made older, as time would).
+    let mut object = fake
+        .get("actionproposals", "shop", &stuck)
+        .unwrap_or_default();
+    if let Some(conditions) = object["status"]["conditions"].as_array_mut() {
+        for c in conditions.iter_mut().filter(|c| c["type"] == "Executing") {
+            c["lastTransitionTime"] = json!(
+                (jiff::Timestamp::now() - jiff::SignedDuration::from_secs(600))
+                    .strftime("%Y-%m-%dT%H:%M:%SZ")
+                    .to_string()
+            );
+        }
+    }
+    fake.apply("actionproposals", object);
+    fake.until("the interrupted execution Failed", |f| {
+        phase(f, &stuck) == "Failed"
+    })
+    .await;
+    let failed = fake
+        .get("actionproposals", "shop", &stuck)
+        .unwrap_or_default();
+    assert!(failed.to_string().contains("interrupted"), "{failed}");
+    assert_eq!(writes(&fake), 1, "the action was started again");
+    assert!(other.terminate().success());
+}

@@ -38,6 +38,9 @@ struct State {
     hung: Vec<String>,
     /// Paths whose reads answer 500.
     failing: Vec<String>,
+    /// Every watch event sent, so that a watch resumed from a `resourceVersion` gets what
+    /// it missed, as from a real API server's watch cache.
+    history: Vec<(String, Value)>,
 }
 
 /// RFC 7386 JSON merge patch.
@@ -61,6 +64,8 @@ fn merge(target: &mut Value, patch: &Value) {
 pub(crate) struct FakeApi {
     state: Arc<Mutex<State>>,
     events: broadcast::Sender<(String, Value)>,
+    /// `true` while the API server is "down": every request gets 503 and open watches end.
+    outage: Arc<tokio::sync::watch::Sender<bool>>,
     pub(crate) url: String,
 }
 
@@ -130,6 +135,7 @@ impl FakeApi {
         let mut fake = Self {
             state: Arc::default(),
             events,
+            outage: Arc::new(tokio::sync::watch::channel(false).0),
             url: String::new(),
         };
         let handler = fake.clone();
@@ -201,10 +207,10 @@ impl FakeApi {
             st.objects.push((plural.to_owned(), object.clone()));
             "ADDED"
         };
+        let event = (plural.to_owned(), json!({"type": kind, "object": object}));
+        st.history.push(event.clone());
         drop(st);
-        let _ = self
-            .events
-            .send((plural.to_owned(), json!({"type": kind, "object": object})));
+        let _ = self.events.send(event);
     }
 
     /// The object, as stored.
@@ -233,6 +239,12 @@ impl FakeApi {
         if failing {
             st.failing.push(path.to_owned());
         }
+    }
+
+    /// Takes the API server away (`true`: every request answers 503 as a load balancer with
+    /// no backend would, and open watches are cut) or brings it back (`false`).
+    pub(crate) fn outage(&self, down: bool) {
+        self.outage.send_replace(down);
     }
 
     /// Lets SubjectAccessReviews allow `user`.
@@ -308,6 +320,13 @@ impl FakeApi {
             accept,
             body: body.clone(),
         });
+        if *self.outage.borrow() {
+            return status(
+                503,
+                "ServiceUnavailable",
+                "the API server is down (fake outage)",
+            );
+        }
         if method == Method::PATCH
             && query_param(&query, "dryRun").is_none()
             && self.lock().hung.contains(&path)
@@ -334,7 +353,34 @@ impl FakeApi {
                 if query_param(&query, "watch").as_deref() == Some("true") =>
             {
                 let selector = query_param(&query, "labelSelector").unwrap_or_default();
-                let rx = tokio_stream_of(self.events.subscribe());
+                // Live events after the missed ones (subscribed first, so none falls between).
+                let live = self.events.subscribe();
+                let version = |event: &Value| -> u64 {
+                    event["object"]["metadata"]["resourceVersion"]
+                        .as_str()
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0)
+                };
+                let from: u64 = query_param(&query, "resourceVersion")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                let missed: Vec<(String, Value)> = if from == 0 {
+                    Vec::new()
+                } else {
+                    self.lock()
+                        .history
+                        .iter()
+                        .filter(|(_, e)| version(e) > from)
+                        .cloned()
+                        .collect()
+                };
+                let seen_up_to = missed.last().map_or(from, |(_, e)| version(e));
+                let rx = futures_util::stream::iter(missed).chain(tokio_stream_of(live).filter(
+                    move |(_, e)| {
+                        let newer = version(e) > seen_up_to;
+                        async move { newer }
+                    },
+                ));
                 let ns = namespace.clone();
                 let stream = rx.filter_map(move |(p, event)| {
                     let keep = p == plural
@@ -351,6 +397,11 @@ impl FakeApi {
                     });
                     async move { line }
                 });
+                let mut outage = self.outage.subscribe();
+                let cut = async move {
+                    let _ = outage.wait_for(|down| *down).await;
+                };
+                let stream = futures_util::StreamExt::take_until(stream, Box::pin(cut));
                 Response::builder()
                     .header("content-type", "application/json")
                     .body(Body::from_stream(stream))
@@ -533,7 +584,7 @@ fn tokio_stream_of<T: Clone + Send + 'static>(
     })
 }
 
-fn provider(base: &str) -> Value {
+pub(crate) fn provider(base: &str) -> Value {
     json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
         "metadata": {"name": "gpt", "namespace": "team-a"},
         // A model server beside Kortex on loopback (like a sidecar): allowed explicitly.
@@ -555,14 +606,14 @@ fn base64(text: &str) -> String {
     kortex::redact::base64(text)
 }
 
-fn status_patches(fake: &FakeApi, plural: &str, name: &str) -> Vec<Seen> {
+pub(crate) fn status_patches(fake: &FakeApi, plural: &str, name: &str) -> Vec<Seen> {
     fake.seen()
         .into_iter()
         .filter(|s| s.method == "PATCH" && s.path.ends_with(&format!("/{plural}/{name}/status")))
         .collect()
 }
 
-fn condition(object: &Option<Value>, type_: &str) -> Option<(String, String)> {
+pub(crate) fn condition(object: &Option<Value>, type_: &str) -> Option<(String, String)> {
     object.as_ref().and_then(|o| {
         o["status"]["conditions"]
             .as_array()?
@@ -862,7 +913,7 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
 }
 
 /// Runs `kubectl-kortex` with `kubeconfig`; whether it succeeded, and its output.
-async fn kubectl_kortex(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+pub(crate) async fn kubectl_kortex(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
     let (kubeconfig, args): (std::path::PathBuf, Vec<String>) = (
         kubeconfig.to_path_buf(),
         args.iter().map(|a| (*a).to_owned()).collect(),
@@ -898,7 +949,7 @@ pub(crate) fn admission_policy(user: &str) -> (Value, Value) {
     (policy, binding)
 }
 
-fn deployment() -> Value {
+pub(crate) fn deployment() -> Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "api", "namespace": "shop", "annotations": {"deployment.kubernetes.io/revision": "4"}},
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "api"}},
@@ -906,11 +957,15 @@ fn deployment() -> Value {
 }
 
 /// Starts `kortex run` on `fake` with a provider answering from `llm`; returns once ready.
-async fn start_run(fake: &FakeApi, dir: &std::path::Path, llm: &str) -> crate::binary::Server {
+pub(crate) async fn start_run(
+    fake: &FakeApi,
+    dir: &std::path::Path,
+    llm: &str,
+) -> crate::binary::Server {
     start_run_with(fake, dir, llm, &[]).await
 }
 
-async fn start_run_with(
+pub(crate) async fn start_run_with(
     fake: &FakeApi,
     dir: &std::path::Path,
     llm: &str,
@@ -930,11 +985,12 @@ async fn start_run_with(
         &db,
         "--kortex-namespace",
         "kortex",
-        "--identity",
-        "pod-a",
         "--probe-interval",
         "3600s",
     ];
+    if !extra.contains(&"--identity") {
+        args.extend(["--identity", "pod-a"]);
+    }
     args.extend(extra);
     let server = crate::binary::Server::spawn(&args, &[("KUBECONFIG", kubeconfig.as_str())]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
@@ -949,7 +1005,7 @@ async fn start_run_with(
     server
 }
 
-fn proposal_named(fake: &FakeApi, prefix: &str) -> Option<Value> {
+pub(crate) fn proposal_named(fake: &FakeApi, prefix: &str) -> Option<Value> {
     fake.list("actionproposals").into_iter().find(|p| {
         p["metadata"]["name"]
             .as_str()
@@ -957,7 +1013,7 @@ fn proposal_named(fake: &FakeApi, prefix: &str) -> Option<Value> {
     })
 }
 
-fn phase(fake: &FakeApi, name: &str) -> String {
+pub(crate) fn phase(fake: &FakeApi, name: &str) -> String {
     fake.get("actionproposals", "shop", name)
         .and_then(|p| p["status"]["phase"].as_str().map(str::to_owned))
         .unwrap_or_default()
@@ -966,7 +1022,7 @@ fn phase(fake: &FakeApi, name: &str) -> String {
 /// Deployments `targets` in shop, the ChatPolicy `incidents` (restart in shop), bob allowed
 /// to restart, `kortex run` started, and a chat whose model proposes restarting each
 /// target: returns the server and the names of the Pending proposals, in `targets` order.
-async fn pending_restarts(
+pub(crate) async fn pending_restarts(
     fake: &FakeApi,
     dir: &std::path::Path,
     targets: &[&str],
