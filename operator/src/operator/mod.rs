@@ -25,17 +25,6 @@ pub fn event_note(text: &str) -> String {
     format!("{}…", &text[..cut])
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn event_notes_fit_in_a_kibibyte() {
-        let long = "é".repeat(900);
-        let note = super::event_note(&long);
-        assert!(note.len() <= 1024 && note.ends_with('…'), "{}", note.len());
-        assert_eq!(super::event_note("short"), "short");
-    }
-}
-
 /// A Kubernetes client for `config` that retries 429, 503 and 504 briefly (3 tries, 0.5 s
 /// doubling to 5 s, as kube's `RetryPolicy::default`) instead of kube's default of 15 tries
 /// backing off towards minutes: an overloaded or unreachable API server is then an error
@@ -53,4 +42,15 @@ pub fn kube_client(mut config: kube::Config) -> Result<kube::Client, kube::Error
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&layers)
         .build())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn event_notes_fit_in_a_kibibyte() {
+        let long = "é".repeat(900);
+        let note = super::event_note(&long);
+        assert!(note.len() <= 1024 && note.ends_with('…'), "{}", note.len());
+        assert_eq!(super::event_note("short"), "short");
+    }
 }
