@@ -675,7 +675,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
 /// Cluster mode: the API server is away for 20 s (every request 503, open watches cut).
 /// Chat goes on with the configuration it had; a Kubernetes tool answers the model with a
 /// clear error instead of hanging; an object applied meanwhile is picked up once the
-/// watches are back (they relist), and its status is written: nothing is missed.
+/// watches are back (they resume where they were), and its status is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_then_back() {
     use crate::investigation::{chat_once, tool_calls};
@@ -855,4 +855,113 @@ async fn cluster_leader_lost_mid_execution_executes_once() {
     assert!(failed.to_string().contains("interrupted"), "{failed}");
     assert_eq!(writes(&fake), 1, "the action was started again");
     assert!(other.terminate().success());
+}
+
+/// Cluster mode: the Secret holding the provider's key is deleted while the provider is in
+/// use, then created again: the provider's status says which Secret is missing, runs
+/// meanwhile fail at once with `provider_unavailable`, and it serves again as soon as the
+/// Secret is back, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_secret_deleted_while_in_use_then_restored() {
+    use crate::investigation::chat_once;
+    use crate::operator::{FakeApi, condition, secret, start_run};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, script) = mock().await;
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "all", "namespace": "team-a"},
+            "spec": {"sessions": ["*"], "provider": "gpt"}}),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run(&fake, dir.path(), &llm).await;
+    let client = http_client();
+    let d = openai();
+    push(&script, streamed(&d, (d.text_stream)(&["Keyed."])));
+    let id = chat_once(
+        &client,
+        &server,
+        json!({"name": "s", "namespace": "team-a"}),
+        "hi",
+    )
+    .await;
+    let url = server.url(&format!("/chat/v1/sessions/{id}"));
+    assert_eq!(
+        crate::chat::get_json(&client, url.as_str()).await["messages"][1]["content"],
+        "Keyed."
+    );
+
+    fake.remove("secrets", Some("team-a"), "llm-keys");
+    let resolved = |want: &'static str| {
+        let fake = fake.clone();
+        async move {
+            fake.until("SecretResolved", |f| {
+                condition(&f.get("llmproviders", "team-a", "gpt"), "SecretResolved")
+                    .is_some_and(|(status, _)| status == want)
+            })
+            .await;
+        }
+    };
+    resolved("False").await;
+    let provider = fake
+        .get("llmproviders", "team-a", "gpt")
+        .unwrap_or_default();
+    assert!(
+        provider["status"].to_string().contains("llm-keys"),
+        "the Secret is named: {provider}"
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "still there?"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events =
+        crate::chat::read_sse(r, |e| !matches!(state(e).as_str(), None | Some("started"))).await;
+    assert_eq!(state(&events), json!("failed"), "{events:?}");
+    let error = events
+        .iter()
+        .find(|e| e.event == "error")
+        .map(|e| e.data.to_string())
+        .unwrap_or_default();
+    assert!(error.contains("provider_unavailable"), "{error}");
+
+    fake.apply("secrets", secret(Some("sk-cluster-456")));
+    resolved("True").await;
+    push(&script, streamed(&d, (d.text_stream)(&["Back."])));
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "and now?"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events =
+        crate::chat::read_sse(r, |e| !matches!(state(e).as_str(), None | Some("started"))).await;
+    assert_eq!(state(&events), json!("completed"), "{events:?}");
+    // The new key is the one sent.
+    let keys: Vec<String> = script
+        .seen
+        .lock()
+        .map(|s| {
+            s.iter()
+                .filter(|x| x.path.ends_with("/chat/completions"))
+                .filter_map(|x| {
+                    x.headers
+                        .get("authorization")?
+                        .to_str()
+                        .ok()
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        keys.last().map(String::as_str),
+        Some("Bearer sk-cluster-456"),
+        "{keys:?}"
+    );
+    assert!(server.terminate().success());
 }

@@ -154,15 +154,26 @@ impl FakeApi {
         fake
     }
 
-    /// Removes an object (as `kubectl delete` would; watches are not told: what removes
-    /// objects here is read by listing).
+    /// Removes an object (as `kubectl delete` would), announcing it to watches.
     pub(crate) fn remove(&self, plural: &str, namespace: Option<&str>, name: &str) {
         let mut st = self.lock();
-        st.objects.retain(|(p, o)| {
-            !(p == plural
+        let Some(i) = st.objects.iter().position(|(p, o)| {
+            p == plural
                 && o["metadata"]["namespace"].as_str() == namespace
-                && o["metadata"]["name"] == name)
-        });
+                && o["metadata"]["name"] == name
+        }) else {
+            return;
+        };
+        let (_, mut object) = st.objects.remove(i);
+        st.version += 1;
+        object["metadata"]["resourceVersion"] = json!(st.version.to_string());
+        let event = (
+            plural.to_owned(),
+            json!({"type": "DELETED", "object": object}),
+        );
+        st.history.push(event.clone());
+        drop(st);
+        let _ = self.events.send(event);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -593,7 +604,7 @@ pub(crate) fn provider(base: &str) -> Value {
             "apiKeySecretRef": {"name": "llm-keys", "key": "openai"}}})
 }
 
-fn secret(key: Option<&str>) -> Value {
+pub(crate) fn secret(key: Option<&str>) -> Value {
     let data = match key {
         Some(k) => json!({"openai": base64(k)}),
         None => json!({}),
