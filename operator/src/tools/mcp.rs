@@ -581,7 +581,7 @@ impl Tool for McpTool {
 
 /// The result for the model: text blocks as they are, other blocks described, structured
 /// content when there is no text; cut at `max_bytes` with a flag.
-fn render(result: &CallToolResult, max_bytes: usize) -> String {
+pub fn render(result: &CallToolResult, max_bytes: usize) -> String {
     let mut parts: Vec<String> = Vec::new();
     for block in &result.content {
         match block {

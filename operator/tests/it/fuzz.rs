@@ -1,6 +1,7 @@
 //! Hostile input: property-based fuzzing (proptest, stable Rust) of the parsers that take
 //! outside bytes — the SSE and NDJSON decoders of provider streams, tool-call arguments,
-//! manifest files, glob patterns, text tool calls and redaction. No panic, bounded buffers,
+//! manifest files, glob patterns, text tool calls, redaction, the HTTP API's request bodies,
+//! MCP messages and HTTP tools' URL templates. No panic, bounded buffers, a specific error,
 //! and the same answer however the bytes are split.
 //!
 //! Budget: `KORTEX_FUZZ_CASES` cases per property (default 256, what CI runs; set it to
@@ -223,4 +224,209 @@ fn an_endless_line_is_visible_to_the_cap() {
     let mut n = NdjsonDecoder::default();
     assert!(n.push(&[b'{'; 4096]).is_empty());
     assert!(n.buffered() >= 4096);
+}
+
+/// JSON values of any shape, with the strings and numbers hostile input likes.
+fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::{Value, json};
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(|n| json!(n)),
+        any::<f64>().prop_map(|f| json!(f)),
+        Just(json!(u64::MAX)),
+        "\\PC{0,40}".prop_map(Value::String),
+        Just(json!("../../etc/passwd")),
+        Just(json!("\u{0000}\u{202e}\u{feff}")),
+        Just(json!("*")),
+        Just(json!("x".repeat(70_000))),
+    ];
+    leaf.prop_recursive(4, 32, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+            prop::collection::btree_map(
+                prop_oneof![
+                    Just("name".to_owned()),
+                    Just("namespace".to_owned()),
+                    Just("content".to_owned()),
+                    Just("results".to_owned()),
+                    Just("toolCallId".to_owned()),
+                    Just("reason".to_owned()),
+                    Just("clientTools".to_owned()),
+                    Just("dynamicTools".to_owned()),
+                    "[a-zA-Z]{1,8}",
+                ],
+                inner,
+                0..6
+            )
+            .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// A request body: JSON of any shape, or bytes that are not JSON at all.
+fn body() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        4 => json_value().prop_map(|v| v.to_string().into_bytes()),
+        1 => prop::collection::vec(any::<u8>(), 0..256),
+        1 => Just(format!("{}{}", "[".repeat(10_000), "]".repeat(10_000)).into_bytes()),
+        1 => Just(b"{\"content\": \"\xff\xfe\"}".to_vec()),
+    ]
+}
+
+/// Every HTTP API endpoint that takes a body, fed any body with and without a JSON content
+/// type: the answer is a 2xx or a specific 4xx with a JSON error code — never a 5xx, a
+/// panic or a hang — and the server keeps serving.
+#[test]
+fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
+    use axum::body::Body;
+    use axum::http::{Request, header};
+    use kortex::http::auth::AuthMode;
+    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
+    let h = rt.block_on(crate::http::harness(AuthMode::Loopback));
+    let post = |path: &str, content_type: &str, body: Vec<u8>| {
+        Request::post(path)
+            .header(header::HOST, "127.0.0.1:8080")
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from(body))
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let (status, _, created) = rt.block_on(crate::http::call(
+        &h.app,
+        post(
+            "/chat/v1/sessions",
+            "application/json",
+            br#"{"name": "fuzz", "namespace": "team-a"}"#.to_vec(),
+        ),
+    ));
+    assert_eq!(status.as_u16(), 201, "{created}");
+    let id = serde_json::from_str::<serde_json::Value>(&created).unwrap_or_default()["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let paths = [
+        "/chat/v1/sessions".to_owned(),
+        format!("/chat/v1/sessions/{id}/messages"),
+        format!("/chat/v1/sessions/{id}/tool-results"),
+        format!("/chat/v1/sessions/{id}/cancel"),
+        "/chat/v1/proposals/p-1/approve".to_owned(),
+        "/chat/v1/proposals/p-1/reject".to_owned(),
+        "/auth/v1/login".to_owned(),
+    ];
+    let mut runner = proptest::test_runner::TestRunner::new(config());
+    let strategy = (
+        0..paths.len(),
+        body(),
+        prop_oneof![Just("application/json"), Just("text/plain"), Just("")],
+    );
+    runner
+        .run(&strategy, |(path, body, content_type)| {
+            let path = &paths[path];
+            let (status, _, text) = rt.block_on(async {
+                tokio::time::timeout(
+                    std::time::Duration::from_secs(10),
+                    crate::http::call(&h.app, post(path, content_type, body)),
+                )
+                .await
+                .unwrap_or_else(|_| panic!("{path}: no answer within 10 s"))
+            });
+            prop_assert!(status.as_u16() < 500, "{path}: {status} {text}");
+            if status.is_client_error() {
+                let error: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                prop_assert!(
+                    error["error"]["code"].is_string(),
+                    "{path}: {status} without a JSON error: {text}"
+                );
+            }
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (status, _, _) = rt.block_on(crate::http::call(
+        &h.app,
+        Request::get("/healthz")
+            .body(Body::empty())
+            .unwrap_or_else(|e| panic!("{e}")),
+    ));
+    assert_eq!(status.as_u16(), 200);
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// HTTP tool URL templates: any template parses or is refused with a reason; any
+    /// argument values expand to a URL on the template's own scheme, host and port with no
+    /// `.`/`..` segment from the values, or are refused as invalid.
+    #[test]
+    fn url_templates_keep_their_host_whatever_the_arguments(
+        raw in prop_oneof![
+            "https?://[a-z.]{1,12}(:[0-9]{1,5})?(/[a-z{}_]{0,10}){0,4}(\\?[a-z=&{}]{0,12})?",
+            "\\PC{0,40}",
+        ],
+        values in prop::collection::vec(
+            prop_oneof![
+                "\\PC{0,24}",
+                Just("..".to_owned()),
+                Just("a/../../b".to_owned()),
+                Just("@evil.example".to_owned()),
+                Just("//evil.example/x".to_owned()),
+                Just("%2e%2e".to_owned()),
+                Just("?x=1#y".to_owned()),
+                Just("\\..\\x".to_owned()),
+            ],
+            0..4,
+        ),
+    ) {
+        use kortex::tools::plugin_http::UrlTemplate;
+        let Ok(template) = UrlTemplate::parse(&raw) else { return Ok(()) };
+        let args: serde_json::Map<String, serde_json::Value> = template
+            .placeholders
+            .iter()
+            .zip(values.iter().cycle())
+            .map(|(name, v)| (name.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        let base = reqwest::Url::parse(&raw.replace(['{', '}'], "")).ok();
+        match template.expand(&args) {
+            Ok(url) => {
+                if let Some(base) = base {
+                    prop_assert_eq!(
+                        (url.scheme(), url.host_str(), url.port_or_known_default()),
+                        (base.scheme(), base.host_str(), base.port_or_known_default()),
+                        "{} with {:?}", raw, args
+                    );
+                }
+                prop_assert!(
+                    !url.path().split('/').any(|s| s == ".." || s == "%2e%2e"),
+                    "{} climbed: {}", raw, url
+                );
+            }
+            Err(e) => prop_assert!(matches!(e, kortex::tools::ToolError::Validation(ref m) if !m.is_empty()), "{:?}", e),
+        }
+    }
+
+    /// MCP messages from a server: any JSON either is a JSON-RPC message rmcp reads or is
+    /// refused by it, without a panic; a tool result of any content renders within
+    /// `maxResultBytes` plus the truncation note.
+    #[test]
+    fn mcp_messages_parse_or_fail_and_results_render_within_bounds(
+        value in json_value(),
+        texts in prop::collection::vec("\\PC{0,200}", 0..5),
+        max in 1usize..512,
+    ) {
+        let _ = serde_json::from_value::<rmcp::model::ServerJsonRpcMessage>(value.clone());
+        let message = serde_json::json!({"jsonrpc": "2.0", "id": 1, "result": value});
+        let _ = serde_json::from_value::<rmcp::model::ServerJsonRpcMessage>(message);
+        let content: Vec<serde_json::Value> = texts
+            .iter()
+            .map(|t| serde_json::json!({"type": "text", "text": t}))
+            .collect();
+        let result: rmcp::model::CallToolResult = serde_json::from_value(
+            serde_json::json!({"content": content, "structuredContent": value}),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let rendered = kortex::tools::mcp::render(&result, max);
+        let note = format!(
+            "\n[truncated: the result is longer than maxResultBytes ({max} bytes)]"
+        );
+        prop_assert!(rendered.len() <= max + note.len(), "{} > {}", rendered.len(), max);
+    }
 }

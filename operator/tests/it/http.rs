@@ -63,13 +63,13 @@ metadata:
 stringData: {user: bob, key: chat-key-bob}
 ";
 
-struct Harness {
-    app: axum::Router,
+pub(crate) struct Harness {
+    pub(crate) app: axum::Router,
     db: crate::common::TestDb,
     _dir: tempfile::TempDir,
 }
 
-async fn harness(auth: AuthMode) -> Harness {
+pub(crate) async fn harness(auth: AuthMode) -> Harness {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(dir.path().join("all.yaml"), MANIFESTS).unwrap_or_else(|e| panic!("{e}"));
     let env: kortex::source::EnvLookup =
@@ -101,7 +101,7 @@ async fn harness(auth: AuthMode) -> Harness {
     Harness { app, db, _dir: dir }
 }
 
-async fn call(
+pub(crate) async fn call(
     app: &axum::Router,
     req: Request<Body>,
 ) -> (StatusCode, axum::http::HeaderMap, String) {
