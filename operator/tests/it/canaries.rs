@@ -1,8 +1,11 @@
 //! Secret canaries: distinct values planted in every place a credential lives — a provider
-//! key, a KortexTool bearer token, a Kubernetes Secret a tool reads, a chat key and a
-//! gateway key — then a chat with tool calls, gateway calls and every read endpoint, and a
-//! scan of every log line, API response, SSE event, provider request body and database
-//! byte (the SQLite file and its WAL) for each value, raw, base64 and URL-encoded: zero hits.
+//! key, an HTTP and an MCP KortexTool's bearer tokens, a Kubernetes Secret a tool reads, a
+//! chat key, a gateway key and (cluster mode) an authenticating proxy's shared secret —
+//! then chats with tool calls, gateway calls and every read endpoint, and a scan of every
+//! log line, API response, SSE event, provider and tool request body, MCP result, database
+//! byte (the SQLite file and its WAL) and, in cluster mode, every request Kortex made to the
+//! API server (status fields, Events, reviews) and every object's status, for each value,
+//! raw, base64 and URL-encoded: zero hits.
 
 use crate::binary::Server;
 use crate::common::http_client;
@@ -16,6 +19,8 @@ const PROVIDER_KEY: &str = "sk-canary/Prov+Q9x7Lm2Pz";
 const TOOL_TOKEN: &str = "tok-canary/Tool+Hh5Vb3Nc";
 const CHAT_KEY: &str = "kc-canary/Chat+Tt4Gg6Yy";
 const GATEWAY_KEY: &str = "kgw-canary/Gw+Pp2Ll9Qq";
+const MCP_TOKEN: &str = "mcp-canary/Mcp+Rr8Kk1Ww";
+const PROXY_SECRET: &str = "px-canary/Proxy+Zz3Jj7Ee";
 /// The value of the Secret `shop/db` in the fake API server (`cluster.rs`).
 const CLUSTER_SECRET: &str = "hunter2-plain";
 
@@ -38,6 +43,8 @@ fn forms() -> Vec<(String, String)> {
         ("tool token", TOOL_TOKEN),
         ("chat key", CHAT_KEY),
         ("gateway key", GATEWAY_KEY),
+        ("MCP token", MCP_TOKEN),
+        ("proxy secret", PROXY_SECRET),
         ("cluster Secret", CLUSTER_SECRET),
     ] {
         out.push((format!("{what} (raw)"), value.to_owned()));
@@ -66,6 +73,23 @@ async fn no_planted_secret_appears_anywhere() {
     let (api, _) = crate::cluster::fake_api_server().await;
     let (bridge, bridge_seen) = crate::plugins::upstream().await;
     let (base, script) = mock().await;
+    // The real MCP server (Python SDK), when installed (required in CI).
+    let mcp = crate::plugins::mcp_server(MCP_TOKEN);
+    let mcp_tool = mcp.as_ref().map_or_else(String::new, |m| {
+        format!(
+            r#"---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: grafana}}
+spec:
+  mcp:
+    url: {}
+    auth: {{type: bearer, secretRef: {{name: keys, key: mcp}}}}
+    include: [echo]
+"#,
+            m.url
+        )
+    });
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let kubeconfig = crate::cluster::write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
@@ -76,7 +100,7 @@ async fn no_planted_secret_appears_anywhere() {
             r#"apiVersion: v1
 kind: Secret
 metadata: {{name: keys}}
-stringData: {{provider: "{PROVIDER_KEY}", tool: "{TOOL_TOKEN}"}}
+stringData: {{provider: "{PROVIDER_KEY}", tool: "{TOOL_TOKEN}", mcp: "{MCP_TOKEN}"}}
 ---
 apiVersion: v1
 kind: Secret
@@ -119,7 +143,7 @@ spec:
     url: {bridge}/tickets
     auth: {{type: bearer, secretRef: {{name: keys, key: tool}}}}
   parameters: {{type: object, properties: {{q: {{type: string}}}}, required: [q]}}
-"#
+{mcp_tool}"#
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -130,19 +154,29 @@ spec:
     );
     let client = http_client();
     let mut responses: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut calls = vec![
+        (
+            "c1",
+            "get_resource",
+            json!({"kind": "Secret", "namespace": "shop", "name": "db"}),
+        ),
+        ("c2", "ticket_search", json!({"q": "checkout"})),
+    ];
+    if mcp.is_some() {
+        crate::common::eventually("the MCP tool discovered", || async {
+            let (_, tools) = server.get("/api/v1/tools").await;
+            if tools.contains("grafana__echo") {
+                Ok(())
+            } else {
+                Err(tools)
+            }
+        })
+        .await;
+        calls.push(("c3", "grafana__echo", json!({"text": "mcp result here"})));
+    }
 
-    // A chat whose model reads the Secret, calls the HTTP tool, and answers.
-    push(
-        &script,
-        tool_calls(&[
-            (
-                "c1",
-                "get_resource",
-                json!({"kind": "Secret", "namespace": "shop", "name": "db"}),
-            ),
-            ("c2", "ticket_search", json!({"q": "checkout"})),
-        ]),
-    );
+    // A chat whose model reads the Secret, calls the HTTP and MCP tools, and answers.
+    push(&script, tool_calls(&calls));
     let d = openai();
     push(
         &script,
@@ -160,6 +194,20 @@ spec:
     );
     for e in &events {
         responses.push((format!("SSE {}", e.event), e.data.to_string().into_bytes()));
+    }
+    if mcp.is_some() {
+        let transcript =
+            crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        let result = transcript["messages"]
+            .as_array()
+            .and_then(|m| m.iter().find(|m| m["toolCallId"] == "c3"))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            result["content"], "mcp result here",
+            "the MCP tool answered: {transcript}"
+        );
+        responses.push(("the MCP result".into(), result.to_string().into_bytes()));
     }
 
     // The gateway, whole and streamed.
@@ -316,4 +364,180 @@ spec:
     );
     scan("a probe", url_encoded(CHAT_KEY).as_bytes(), &mut probe);
     assert_eq!(probe.len(), 2, "{probe:?}");
+}
+
+/// Cluster mode (`kortex run` against the fake API server): the provider's key in a
+/// Kubernetes Secret, a chat key in a credentials Secret and the authenticating proxy's
+/// shared secret; chats through the proxy and with the chat key; then every request Kortex
+/// made to the API server (status patches, Events, reviews, proposals), every object's
+/// status, every response, provider request body, log line and database byte is scanned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
+    use crate::operator::{FakeApi, secret, start_run_with};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, script) = mock().await;
+    fake.apply("secrets", secret(Some(PROVIDER_KEY)));
+    fake.apply(
+        "secrets",
+        json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "chat-alice", "namespace": "kortex",
+                "labels": {"kortex.dev/credentials": "chat"}},
+            "type": "Opaque",
+            "data": {"user": kortex::redact::base64("alice"), "key": kortex::redact::base64(CHAT_KEY)}}),
+    );
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "all", "namespace": "team-a"},
+            "spec": {"sessions": ["*"], "provider": "gpt"}}),
+    );
+    fake.allow("erin");
+    fake.allow("alice");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run_with(
+        &fake,
+        dir.path(),
+        &llm,
+        &[
+            "--auth",
+            "kubernetes",
+            "--auth-proxy-header",
+            "X-Forwarded-User",
+            "--auth-proxy-from",
+            "127.0.0.1/32",
+            "--auth-proxy-secret",
+            PROXY_SECRET,
+        ],
+    )
+    .await;
+    let client = http_client();
+    let d = openai();
+    let mut responses: Vec<(String, Vec<u8>)> = Vec::new();
+    let as_erin = |r: reqwest::RequestBuilder| {
+        r.header("X-Forwarded-User", "erin")
+            .header("X-Kortex-Proxy-Secret", PROXY_SECRET)
+    };
+    let as_alice = |r: reqwest::RequestBuilder| r.bearer_auth(CHAT_KEY);
+    for (who, sign) in [("erin", &as_erin as &dyn Fn(_) -> _), ("alice", &as_alice)] {
+        let r = sign(client.post(server.url("/chat/v1/sessions")))
+            .json(&json!({"name": format!("incident-{who}"), "namespace": "team-a"}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 201, "{who}");
+        let created: serde_json::Value = r.json().await.unwrap_or_default();
+        let id = created["id"].as_str().unwrap_or_default().to_owned();
+        push(&script, streamed(&d, (d.text_stream)(&["All quiet."])));
+        let r = sign(client.post(server.url(&format!("/chat/v1/sessions/{id}/messages"))))
+            .header("accept", "text/event-stream")
+            .json(&json!({"content": "status?"}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let events =
+            crate::chat::read_sse(r, |e| !matches!(state(e).as_str(), None | Some("started")))
+                .await;
+        assert_eq!(state(&events), json!("completed"), "{who}: {events:?}");
+        for e in &events {
+            responses.push((
+                format!("SSE {} ({who})", e.event),
+                e.data.to_string().into_bytes(),
+            ));
+        }
+        for path in [
+            "/chat/v1/sessions".to_owned(),
+            format!("/chat/v1/sessions/{id}"),
+            format!("/chat/v1/sessions/{id}/export"),
+            "/api/v1/llm/providers".to_owned(),
+            "/api/v1/policies".to_owned(),
+            "/auth/v1/me".to_owned(),
+        ] {
+            let r = sign(client.get(server.url(&path)))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.status().as_u16(), 200, "GET {path} ({who})");
+            responses.push((
+                format!("GET {path} ({who})"),
+                r.bytes().await.unwrap_or_default().to_vec(),
+            ));
+        }
+    }
+    // The statuses are written (the provider's key hashed into secretHash, never itself).
+    fake.until("the provider's status", |f| {
+        crate::operator::condition(&f.get("llmproviders", "team-a", "gpt"), "Ready").is_some()
+    })
+    .await;
+    let (_, metrics) = server.get("/metrics").await;
+    responses.push(("GET /metrics".into(), metrics.into_bytes()));
+
+    let mut hits = Vec::new();
+    for (place, body) in &responses {
+        scan(place, body, &mut hits);
+    }
+    for seen in fake.seen() {
+        // The reads of the Secrets themselves answer with their data, as the API server's do;
+        // what Kortex sends is what is scanned.
+        scan(
+            &format!(
+                "a request to the API server ({} {})",
+                seen.method, seen.path
+            ),
+            seen.body.to_string().as_bytes(),
+            &mut hits,
+        );
+    }
+    for plural in [
+        "llmproviders",
+        "kortextools",
+        "chatpolicies",
+        "actionproposals",
+        "events",
+        "leases",
+    ] {
+        for object in fake.list(plural) {
+            scan(
+                &format!("the status of a {plural} object"),
+                object["status"].to_string().as_bytes(),
+                &mut hits,
+            );
+        }
+    }
+    let provider_bodies: Vec<(String, String)> = script
+        .seen
+        .lock()
+        .map(|s| {
+            s.iter()
+                .filter(|x| x.path.ends_with("/chat/completions"))
+                .map(|x| {
+                    let auth = x
+                        .headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    (auth, x.body.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(provider_bodies.len(), 2, "two chats");
+    for (auth, body) in &provider_bodies {
+        assert_eq!(auth, &format!("Bearer {PROVIDER_KEY}"));
+        scan("a provider request body", body.as_bytes(), &mut hits);
+    }
+    let log = server.log();
+    assert!(server.terminate().success());
+    scan("the log", log.as_bytes(), &mut hits);
+    for file in ["k.db", "k.db-wal", "k.db-shm"] {
+        if let Ok(bytes) = std::fs::read(dir.path().join(file)) {
+            scan(&format!("the database file {file}"), &bytes, &mut hits);
+        }
+    }
+    assert!(
+        hits.is_empty(),
+        "planted secrets found:\n{}",
+        hits.join("\n")
+    );
 }

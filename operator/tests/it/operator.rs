@@ -983,7 +983,10 @@ pub(crate) async fn start_run_with(
     extra: &[&str],
 ) -> crate::binary::Server {
     fake.apply("llmproviders", provider(llm));
-    fake.apply("secrets", secret(Some("sk-cluster-123")));
+    // A test that planted its own key keeps it.
+    if fake.get("secrets", "team-a", "llm-keys").is_none() {
+        fake.apply("secrets", secret(Some("sk-cluster-123")));
+    }
     let kubeconfig = crate::cluster::write_kubeconfig(dir, &fake.url)
         .display()
         .to_string();
