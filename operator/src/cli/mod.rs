@@ -350,6 +350,7 @@ async fn run_server(server: Server) -> Result<(), String> {
     let config_rx = config_tx.subscribe();
     let egress = crate::egress::install(egress);
     let mut router = crate::tools::Router::new(metrics.clone());
+    router.set_result_cap(limits.max_tool_result_bytes);
     match cluster {
         Some((client, url)) => {
             if let Ok(u) = url.parse::<reqwest::Url>()

@@ -650,10 +650,19 @@ pub async fn tool_results(
             .map(|c| c.name.clone())
             .unwrap_or_default();
         // Client results obey the same cap as any tool's.
-        let (content, truncated) =
-            crate::tools::cap(&state.store, &id, &r.tool_call_id, &name, content)
-                .await
-                .map_err(ApiError::from)?;
+        let (content, truncated) = crate::tools::cap(
+            &state.store,
+            &id,
+            &r.tool_call_id,
+            &name,
+            content,
+            state.engine.router.result_cap(),
+        )
+        .await
+        .map_err(ApiError::from)?;
+        if truncated {
+            state.metrics.refused("tool_result_bytes");
+        }
         let message = crate::store::NewMessage {
             run_id: Some(run_id.clone()),
             role: "tool".into(),

@@ -49,6 +49,12 @@ pub struct LimitArgs {
         value_name = "N"
     )]
     pub max_sessions_per_user: u64,
+    /// The largest tool result (built-in, plugin or client-executed) the model gets whole,
+    /// in bytes, at least 1024; a larger one is stored and the model gets an index to read
+    /// it in chunks (`read_result_chunk`).
+    #[arg(long, env = "KORTEX_MAX_TOOL_RESULT_BYTES", default_value_t = crate::tools::DEFAULT_MAX_RESULT_BYTES,
+          value_name = "BYTES", value_parser = parse_result_bytes)]
+    pub max_tool_result_bytes: usize,
 }
 
 impl Default for LimitArgs {
@@ -59,8 +65,21 @@ impl Default for LimitArgs {
             header_timeout: Duration::from_secs(30),
             max_streams_per_user: 16,
             max_sessions_per_user: 1000,
+            max_tool_result_bytes: crate::tools::DEFAULT_MAX_RESULT_BYTES,
         }
     }
+}
+
+fn parse_result_bytes(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a number of bytes: {e}"))?;
+    if n < 1024 {
+        return Err(format!(
+            "{n} is too small: a tool result cap is at least 1024 bytes"
+        ));
+    }
+    Ok(n)
 }
 
 fn parse_header_bytes(s: &str) -> Result<usize, String> {

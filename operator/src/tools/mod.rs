@@ -28,7 +28,7 @@ pub use plugins::PluginSet;
 
 pub use chunks::ReadResultChunk;
 
-/// Default result cap (bytes).
+/// Default result cap (bytes): `--max-tool-result-bytes`.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 65_536;
 /// After this long a still-running tool produces a notice.
 pub const SLOW_NOTICE_AFTER: Duration = Duration::from_secs(30);
@@ -114,6 +114,8 @@ pub struct Router {
     tools: BTreeMap<String, Registered>,
     plugins: watch::Receiver<Arc<PluginSet>>,
     metrics: Arc<Metrics>,
+    /// The largest result the model gets whole; larger ones are stored and indexed.
+    result_cap: usize,
 }
 
 /// A tool with what is derived from it once: its spec and its compiled argument schema.
@@ -156,10 +158,22 @@ impl Router {
             tools: BTreeMap::new(),
             plugins,
             metrics,
+            result_cap: DEFAULT_MAX_RESULT_BYTES,
         };
         router.add(Arc::new(ReadResultChunk));
         router.add(Arc::new(history::IncidentHistory));
         router
+    }
+
+    /// Results over `bytes` reach the model as an index to read in chunks
+    /// (`--max-tool-result-bytes`).
+    pub fn set_result_cap(&mut self, bytes: usize) {
+        self.result_cap = bytes;
+    }
+
+    /// The largest result the model gets whole.
+    pub fn result_cap(&self) -> usize {
+        self.result_cap
     }
 
     /// Serves the plugin tools published on `plugins`.
@@ -278,11 +292,23 @@ impl Router {
             Err(ToolError::Internal(m)) => (m, true, Some("internal")),
         };
         let (content, redactions) = ctx.redactor.content(&content);
-        let (content, truncated) =
-            match cap(&ctx.store, &ctx.session.id, &call.id, &call.name, content).await {
-                Ok(v) => v,
-                Err(e) => (format!("the result could not be stored: {e}"), false),
-            };
+        let (content, truncated) = match cap(
+            &ctx.store,
+            &ctx.session.id,
+            &call.id,
+            &call.name,
+            content,
+            self.result_cap,
+        )
+        .await
+        {
+            Ok((content, true)) => {
+                self.metrics.refused("tool_result_bytes");
+                (content, true)
+            }
+            Ok(v) => v,
+            Err(e) => (format!("the result could not be stored: {e}"), false),
+        };
         let status = error_kind.unwrap_or("ok");
         self.metrics
             .tool_calls
@@ -383,22 +409,24 @@ async fn run(
     }
 }
 
-/// Results over the cap are kept whole; the model gets an index to read them in chunks.
+/// Results over `max` bytes are kept whole; the model gets an index to read them in chunks.
 pub async fn cap(
     store: &Store,
     session_id: &str,
     call_id: &str,
     tool: &str,
     content: String,
+    max: usize,
 ) -> Result<(String, bool), crate::store::StoreError> {
-    if content.len() <= DEFAULT_MAX_RESULT_BYTES {
+    if content.len() <= max {
         return Ok((content, false));
     }
     let id = store
         .put_tool_result(session_id, call_id, tool, &content)
         .await?;
     let chunks = chunks::count(&content, chunks::CHUNK_BYTES);
-    let preview: String = content.chars().take(2000).collect();
+    // The index itself stays well under the cap.
+    let preview: String = content.chars().take((max / 4).min(2000)).collect();
     let index = json!({
         "truncated": true,
         "resultId": id,
