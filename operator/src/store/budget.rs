@@ -93,7 +93,7 @@ impl Store {
         if holds.is_empty() {
             return Ok(Ok(()));
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         for (index, hold) in holds.iter().enumerate() {
             ensure_counter(&mut tx, &hold.scope, hold.window_start, hold.expires_at).await?;
             let column = if hold.settled { "used" } else { "reserved" };
@@ -156,7 +156,7 @@ impl Store {
         actual: &[BudgetSettle],
         usage: Option<&UsageEvent>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         settle_holds(&mut tx, actual.iter()).await?;
         if let Some(u) = usage {
             super::repo::insert_usage(&mut tx, &[u]).await?;
@@ -172,7 +172,7 @@ impl Store {
         &self,
         items: &[(&[BudgetSettle], &UsageEvent, &super::NewDecision)],
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         settle_holds(&mut tx, items.iter().flat_map(|(a, _, _)| a.iter())).await?;
         let usage: Vec<&UsageEvent> = items.iter().map(|(_, u, _)| *u).collect();
         super::repo::insert_usage(&mut tx, &usage).await?;
@@ -191,7 +191,7 @@ impl Store {
         key: &LeaseKey,
         ask: LeaseAsk,
     ) -> Result<Result<i64, (i64, i64)>, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         ensure_counter(
             &mut tx,
             &key.scope,
@@ -263,7 +263,7 @@ impl Store {
     /// Gives `unused` of lease `key` back to its counter; the lease row goes when nothing
     /// is left in it (calls still drawing on it settle against it first).
     pub async fn release_lease(&self, key: &LeaseKey, unused: i64) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let left: Option<i64> = sqlx::query_scalar(
             "UPDATE budget_reservations SET amount = amount - $4 \
              WHERE id = $1 AND scope = $2 AND window_start = $3 AND amount >= $4 RETURNING amount",
@@ -364,7 +364,7 @@ impl Store {
         .await?;
         let mut released = 0;
         for (id, scope, window_start) in expired {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let amount: Option<i64> = sqlx::query_scalar(
                 "DELETE FROM budget_reservations WHERE id = $1 AND scope = $2 AND window_start = $3 \
                  RETURNING amount",

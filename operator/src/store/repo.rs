@@ -190,7 +190,7 @@ impl Store {
         session_id: &str,
         new: &NewMessage,
     ) -> Result<MessageRecord, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let next: i64 = sqlx::query(
             "SELECT COALESCE(MAX(seq), 0) + 1 AS next FROM chat_messages WHERE session_id = $1",
         )
@@ -515,7 +515,7 @@ impl Store {
         event_type: &str,
         data: &Value,
     ) -> Result<EventRecord, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let seq: Option<i64> = sqlx::query(
             "UPDATE chat_sessions SET last_event_seq = last_event_seq + 1 WHERE id = $1 RETURNING last_event_seq",
         )
@@ -649,7 +649,7 @@ impl Store {
     /// Records one provider call and adds it to the day's roll-up in the same transaction,
     /// so reports read `usage_daily` and never scan the events.
     pub async fn record_usage(&self, u: &UsageEvent) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         insert_usage(&mut tx, &[u]).await?;
         tx.commit().await?;
         Ok(())

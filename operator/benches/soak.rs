@@ -1,0 +1,429 @@
+//! Soak benchmark (`cargo bench -p kortex --bench soak`): the real `kortex` binary (release
+//! build, `kortex serve`, embedded SQLite unless `KORTEX_BENCH_DATABASE_URL` names a
+//! PostgreSQL) holds 1 000 chat sessions, each followed by an open SSE event stream, while
+//! 100 runs are in flight at all times against a scripted streaming provider, for 10
+//! minutes. Every minute it reports the runs finished, the errors, the latency of the text
+//! events (from the provider writing a delta to the event reaching its SSE client, p50 and
+//! p99) and the server's resident memory. Results: docs/benchmarks.md.
+//!
+//! The provider answers each call with 20 deltas 100 ms apart (a run lasts about 2 s); each
+//! delta carries the time it was written, which the SSE clients read back. Everything runs
+//! on this machine: the provider, the 1 100 clients and Kortex share its cores.
+//!
+//! `KORTEX_SOAK_SECONDS=N` (default 600), `KORTEX_SOAK_SESSIONS=N` (default 1000),
+//! `KORTEX_SOAK_RUNS=N` runs in flight (default 100).
+
+use axum::body::Body;
+use axum::response::Response;
+use futures_util::StreamExt;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// When the benchmark started: the clock the deltas' timestamps are read against.
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+fn now_us() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The provider: 20 deltas, 100 ms apart, each `t=<µs since EPOCH>;`.
+async fn provider() -> String {
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(|| async {
+                let deltas = futures_util::stream::unfold(0u32, |i| async move {
+                    if i > 20 {
+                        return None;
+                    }
+                    if i > 0 {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    let frame = if i < 20 {
+                        format!(
+                            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t={};\"}},\"finish_reason\":null}}]}}\n\n",
+                            now_us()
+                        )
+                    } else {
+                        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":20}}\n\ndata: [DONE]\n\n".to_owned()
+                    };
+                    Some((Ok::<_, std::io::Error>(frame), i + 1))
+                });
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(deltas))
+                    .unwrap_or_default()
+            }),
+        )
+        .route(
+            "/v1/models",
+            axum::routing::get(|| async { r#"{"data":[{"id":"m"}]}"# }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// What every client records, read and reset once a minute.
+#[derive(Default)]
+struct Tally {
+    /// Text event latencies (µs) in this window.
+    latencies: Mutex<Vec<u64>>,
+    runs: AtomicU64,
+    errors: AtomicU64,
+    events: AtomicU64,
+}
+
+/// Follows one session's event stream for the whole benchmark: records the latency of every
+/// text delta and hands each run's end state to the session's worker.
+async fn follow(
+    client: reqwest::Client,
+    url: String,
+    ends: tokio::sync::mpsc::UnboundedSender<String>,
+    tally: Arc<Tally>,
+    errors: Arc<Mutex<Vec<String>>>,
+) {
+    let resp = match client
+        .get(&url)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+    {
+        Ok(r) if r.status().is_success() => r,
+        Ok(r) => {
+            tally.errors.fetch_add(1, Ordering::Relaxed);
+            errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(format!("events: {}", r.status()));
+            return;
+        }
+        Err(e) => {
+            tally.errors.fetch_add(1, Ordering::Relaxed);
+            errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(format!("events: {e}"));
+            return;
+        }
+    };
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    while let Some(chunk) = body.next().await {
+        let Ok(chunk) = chunk else {
+            tally.errors.fetch_add(1, Ordering::Relaxed);
+            errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push("an event stream broke".into());
+            return;
+        };
+        let received = now_us();
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            let event = frame
+                .lines()
+                .find_map(|l| l.strip_prefix("event: "))
+                .unwrap_or_default();
+            let data = frame
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap_or_default();
+            if event.is_empty() {
+                continue;
+            }
+            tally.events.fetch_add(1, Ordering::Relaxed);
+            if event == "text.delta" {
+                let mut lat = tally.latencies.lock().unwrap_or_else(|e| e.into_inner());
+                for part in data.split("t=").skip(1) {
+                    if let Some(sent) = part.split(';').next().and_then(|n| n.parse::<u64>().ok()) {
+                        lat.push(received.saturating_sub(sent));
+                    }
+                }
+            } else if event == "run.lifecycle" {
+                let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+                if let Some(state) = v["state"].as_str()
+                    && state != "started"
+                {
+                    let _ = ends.send(state.to_owned());
+                }
+            }
+        }
+    }
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
+        .map_or(0.0, |&v| v as f64 / 1000.0)
+}
+
+fn main() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let seconds = env_or("KORTEX_SOAK_SECONDS", 600);
+    let sessions = env_or("KORTEX_SOAK_SESSIONS", 1000) as usize;
+    let in_flight = (env_or("KORTEX_SOAK_RUNS", 100) as usize).clamp(1, sessions);
+    let open_files = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|l| {
+            l.lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3)?.parse::<usize>().ok())
+        })
+        .unwrap_or(usize::MAX);
+    assert!(
+        open_files > 2 * sessions + 1000,
+        "{open_files} open files allowed: raise it (ulimit -n {}) for {sessions} streams",
+        4 * sessions
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    runtime.block_on(async move {
+        now_us();
+        let base = provider().await;
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(
+            dir.path().join("soak.yaml"),
+            format!(
+                "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: up}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m, locality: local}}\n---\n\
+                 apiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: up}}\n"
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let db = std::env::var("KORTEX_BENCH_DATABASE_URL")
+            .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("soak.db").display()));
+        let streams = (sessions + 16).to_string();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
+            .arg(dir.path())
+            .args(["--database-url", &db])
+            .args(["--max-streams-per-user", &streams, "--max-sessions-per-user", &streams])
+            .env("RUST_LOG", "warn,kortex::cli=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+        let mut lines = BufReader::new(stderr).lines();
+        let mut addr = String::new();
+        for line in lines.by_ref().map_while(Result::ok) {
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                addr = a.split_whitespace().next().unwrap_or_default().to_owned();
+                break;
+            }
+        }
+        // The server's warnings and errors, counted (and the first few shown).
+        let warnings = Arc::new(Mutex::new(Vec::<String>::new()));
+        let w = warnings.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                w.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
+        let kortex = format!("http://{addr}");
+        let pid = child.id();
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(in_flight + 16)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+
+        // The sessions and their event streams.
+        let tally = Arc::new(Tally::default());
+        let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+        let mut ids = Vec::with_capacity(sessions);
+        let mut ends: HashMap<String, tokio::sync::mpsc::UnboundedReceiver<String>> = HashMap::new();
+        let opened = Instant::now();
+        for i in 0..sessions {
+            let created: serde_json::Value = client
+                .post(format!("{kortex}/chat/v1/sessions"))
+                .json(&serde_json::json!({"name": format!("soak-{i}")}))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .json()
+                .await
+                .unwrap_or_default();
+            let id = created["id"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no session: {created}"))
+                .to_owned();
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            // Each stream on a connection of its own, as 1 000 browsers would.
+            let own = reqwest::Client::new();
+            tokio::spawn(follow(
+                own,
+                format!("{kortex}/chat/v1/sessions/{id}/events"),
+                tx,
+                tally.clone(),
+                errors.clone(),
+            ));
+            ends.insert(id.clone(), rx);
+            ids.push(id);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let rss_idle = rss_kib(pid);
+        println!(
+            "{sessions} sessions created and followed in {:.1} s; Kortex resident memory {:.1} MiB\n",
+            opened.elapsed().as_secs_f64(),
+            rss_idle as f64 / 1024.0
+        );
+
+        // `in_flight` workers, each running its share of the sessions back to back.
+        let deadline = Instant::now() + Duration::from_secs(seconds);
+        let mut shares: Vec<Vec<(String, tokio::sync::mpsc::UnboundedReceiver<String>)>> =
+            (0..in_flight).map(|_| Vec::new()).collect();
+        for (i, id) in ids.iter().enumerate() {
+            let rx = ends.remove(id).unwrap_or_else(|| panic!("no channel"));
+            shares[i % in_flight].push((id.clone(), rx));
+        }
+        let durations = Arc::new(Mutex::new(Vec::<u64>::new()));
+        for mut share in shares {
+            let client = client.clone();
+            let kortex = kortex.clone();
+            let tally = tally.clone();
+            let errors = errors.clone();
+            let durations = durations.clone();
+            tokio::spawn(async move {
+                let mut next = 0;
+                let n = share.len();
+                while Instant::now() < deadline {
+                    let (id, ends) = &mut share[next % n];
+                    next += 1;
+                    let started = Instant::now();
+                    let r = client
+                        .post(format!("{kortex}/chat/v1/sessions/{id}/messages"))
+                        .json(&serde_json::json!({"content": "how is it going?"}))
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) if r.status().as_u16() == 202 => {}
+                        Ok(r) => {
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                            let status = r.status();
+                            let text = r.text().await.unwrap_or_default();
+                            errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("post: {status} {text}"));
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            continue;
+                        }
+                        Err(e) => {
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                            errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("post: {e}"));
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            continue;
+                        }
+                    }
+                    match tokio::time::timeout(Duration::from_secs(60), ends.recv()).await {
+                        Ok(Some(state)) if state == "completed" => {
+                            tally.runs.fetch_add(1, Ordering::Relaxed);
+                            durations
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(started.elapsed().as_micros() as u64);
+                        }
+                        other => {
+                            tally.errors.fetch_add(1, Ordering::Relaxed);
+                            errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("run end: {other:?}"));
+                        }
+                    }
+                }
+            });
+        }
+
+        println!("| minute | runs finished | errors | events | text event latency p50 / p99 (ms) | run p50 / p99 (s) | Kortex RSS (MiB) |");
+        println!("|---|---|---|---|---|---|---|");
+        let mut minute = 0;
+        let mut rss_first = 0;
+        let mut rss_peak = 0;
+        let mut all_latencies: Vec<u64> = Vec::new();
+        let (mut total_runs, mut total_errors, mut total_events) = (0, 0, 0);
+        while Instant::now() < deadline + Duration::from_secs(3) {
+            let window = Duration::from_secs(60).min(
+                (deadline + Duration::from_secs(3)).saturating_duration_since(Instant::now()),
+            );
+            tokio::time::sleep(window).await;
+            minute += 1;
+            let mut lat = std::mem::take(&mut *tally.latencies.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut dur = std::mem::take(&mut *durations.lock().unwrap_or_else(|e| e.into_inner()));
+            lat.sort_unstable();
+            dur.sort_unstable();
+            let runs = tally.runs.swap(0, Ordering::Relaxed);
+            let errs = tally.errors.swap(0, Ordering::Relaxed);
+            let events = tally.events.swap(0, Ordering::Relaxed);
+            let rss = rss_kib(pid);
+            if minute == 1 {
+                rss_first = rss;
+            }
+            rss_peak = rss_peak.max(rss);
+            println!(
+                "| {minute} | {runs} | {errs} | {events} | {:.1} / {:.1} | {:.2} / {:.2} | {:.1} |",
+                pct(&lat, 0.5),
+                pct(&lat, 0.99),
+                pct(&dur, 0.5) / 1000.0,
+                pct(&dur, 0.99) / 1000.0,
+                rss as f64 / 1024.0
+            );
+            total_runs += runs;
+            total_errors += errs;
+            total_events += events;
+            all_latencies.extend(lat);
+        }
+        all_latencies.sort_unstable();
+        let rss_end = rss_kib(pid);
+        println!(
+            "\n{seconds} s, {sessions} sessions with open event streams, {in_flight} runs in flight: \
+             {total_runs} runs, {total_events} events, {total_errors} errors; text event latency \
+             p50 {:.1} ms, p99 {:.1} ms; Kortex resident memory {:.1} MiB idle with the streams open, \
+             {:.1} MiB after the first minute, {:.1} MiB peak, {:.1} MiB at the end (growth after \
+             the first minute {:.1} MiB)",
+            pct(&all_latencies, 0.5),
+            pct(&all_latencies, 0.99),
+            rss_idle as f64 / 1024.0,
+            rss_first as f64 / 1024.0,
+            rss_peak as f64 / 1024.0,
+            rss_end as f64 / 1024.0,
+            rss_end.saturating_sub(rss_first) as f64 / 1024.0,
+        );
+        let errors = errors.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for e in errors.iter().take(10) {
+            println!("error: {e}");
+        }
+        let warnings = warnings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        println!("Kortex logged {} warnings or errors", warnings.len());
+        for w in warnings.iter().take(10) {
+            println!("  {w}");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    });
+}
