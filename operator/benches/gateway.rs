@@ -19,10 +19,11 @@
 //! `KORTEX_BENCH_ONLY=m20/plain/50`: only the rows whose `model/mode/concurrency` contains
 //! this (`m20`, `m20s` or `m`; `plain` or `stream`), e.g. to profile one of them.
 
+mod common;
+
 use axum::body::Body;
 use axum::response::Response;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use common::{Kortex, rss_kib};
 use std::time::{Duration, Instant};
 
 const KEY: &str = "kgw-bench-key-0123456789";
@@ -96,25 +97,7 @@ async fn upstream() -> String {
             "/v1/models",
             axum::routing::get(|| async { r#"{"data":[{"id":"m"}]}"# }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    format!("http://{addr}")
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    common::serve(app).await
 }
 
 /// User plus system CPU time of process `pid`, in microseconds.
@@ -236,25 +219,9 @@ fn main() {
         .unwrap_or_else(|e| panic!("{e}"));
         let db = std::env::var("KORTEX_BENCH_DATABASE_URL")
             .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("bench.db").display()));
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
-            .arg(dir.path())
-            .args(["--database-url", &db])
-            .env("RUST_LOG", "warn,kortex::cli=info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
-        let mut addr = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(a) = line.split("listening on http://").nth(1) {
-                addr = a.split_whitespace().next().unwrap_or_default().to_owned();
-                break;
-            }
-        }
-        let kortex = format!("http://{addr}");
-        let pid = child.id();
+        let server = Kortex::start(dir.path(), &db, &[]);
+        let kortex = server.url.clone();
+        let pid = server.pid();
         // Warm up (connections, first database writes).
         load(&kortex, Some(KEY), "m", false, 4).await;
         let rss_before = rss_kib(pid);
@@ -305,7 +272,6 @@ fn main() {
             rss_after as f64 / 1024.0,
             (rss_peak.saturating_sub(rss_before)) as f64 / 1024.0
         );
-        let _ = child.kill();
-        let _ = child.wait();
+        server.stop();
     });
 }

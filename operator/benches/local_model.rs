@@ -20,7 +20,9 @@
 //! `llama-cpp-python[server]`), as `scripts/test.sh` sets them up; without them it says so
 //! and exits. `KORTEX_BENCH_ROUNDS=N`: rounds per path (default 40).
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::Kortex;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -97,14 +99,7 @@ async fn recorder(seen: Arc<Mutex<Option<serde_json::Value>>>) -> String {
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    format!("http://{addr}")
+    common::serve(app).await
 }
 
 #[derive(Default)]
@@ -206,25 +201,12 @@ fn main() {
             ),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let mut kortex = Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
-            .arg(dir.path())
-            .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.path().join("bench.db").display()))
-            .env("RUST_LOG", "warn,kortex::cli=info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let stderr = kortex.stderr.take().unwrap_or_else(|| panic!("no stderr"));
-        let mut addr = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Some(a) = line.split("listening on http://").nth(1) {
-                addr = a.split_whitespace().next().unwrap_or_default().to_owned();
-                break;
-            }
-        }
-        let base = format!("http://{addr}");
+        let kortex = Kortex::start(
+            dir.path(),
+            &format!("sqlite://{}", dir.path().join("bench.db").display()),
+            &[],
+        );
+        let base = kortex.url.clone();
         let new_session = |name: String| {
             let client = client.clone();
             let base = base.clone();
@@ -316,8 +298,7 @@ fn main() {
         println!("|---|---|---|---|---|---|");
         gateway.print("gateway, streamed");
         chat.print("chat run (first text.delta)");
-        let _ = kortex.kill();
-        let _ = kortex.wait();
+        kortex.stop();
         let _ = llama.kill();
         let _ = llama.wait();
     });

@@ -13,12 +13,13 @@
 //! `KORTEX_SOAK_SECONDS=N` (default 600), `KORTEX_SOAK_SESSIONS=N` (default 1000),
 //! `KORTEX_SOAK_RUNS=N` runs in flight (default 100).
 
+mod common;
+
 use axum::body::Body;
 use axum::response::Response;
+use common::{Kortex, rss_kib};
 use futures_util::StreamExt;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -70,25 +71,7 @@ async fn provider() -> String {
             "/v1/models",
             axum::routing::get(|| async { r#"{"data":[{"id":"m"}]}"# }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    format!("http://{addr}")
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    common::serve(app).await
 }
 
 /// What every client records, read and reset once a minute.
@@ -224,35 +207,13 @@ fn main() {
         let db = std::env::var("KORTEX_BENCH_DATABASE_URL")
             .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("soak.db").display()));
         let streams = (sessions + 16).to_string();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
-            .arg(dir.path())
-            .args(["--database-url", &db])
-            .args(["--max-streams-per-user", &streams, "--max-sessions-per-user", &streams])
-            .env("RUST_LOG", "warn,kortex::cli=info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
-        let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
-        let mut lines = BufReader::new(stderr).lines();
-        let mut addr = String::new();
-        for line in lines.by_ref().map_while(Result::ok) {
-            if let Some(a) = line.split("listening on http://").nth(1) {
-                addr = a.split_whitespace().next().unwrap_or_default().to_owned();
-                break;
-            }
-        }
-        // The server's warnings and errors, counted (and the first few shown).
-        let warnings = Arc::new(Mutex::new(Vec::<String>::new()));
-        let w = warnings.clone();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                w.lock().unwrap_or_else(|e| e.into_inner()).push(line);
-            }
-        });
-        let kortex = format!("http://{addr}");
-        let pid = child.id();
+        let server = Kortex::start(
+            dir.path(),
+            &db,
+            &["--max-streams-per-user", &streams, "--max-sessions-per-user", &streams],
+        );
+        let kortex = server.url.clone();
+        let pid = server.pid();
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(in_flight + 16)
             .build()
@@ -418,12 +379,11 @@ fn main() {
         for e in errors.iter().take(10) {
             println!("error: {e}");
         }
-        let warnings = warnings.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let warnings = server.log.lock().unwrap_or_else(|e| e.into_inner()).clone();
         println!("Kortex logged {} warnings or errors", warnings.len());
         for w in warnings.iter().take(10) {
             println!("  {w}");
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        server.stop();
     });
 }

@@ -59,6 +59,27 @@ fn forms() -> Vec<(String, String)> {
     out
 }
 
+/// What the scripted provider was sent: `(path, Authorization header, body)`.
+fn provider_requests(script: &crate::llm::Script) -> Vec<(String, String, String)> {
+    script
+        .seen
+        .lock()
+        .map(|s| {
+            s.iter()
+                .map(|x| {
+                    let auth = x
+                        .headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    (x.path.clone(), auth, x.body.to_string())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn scan(place: &str, text: &[u8], hits: &mut Vec<String>) {
     let text = String::from_utf8_lossy(text);
     for (what, form) in forms() {
@@ -292,23 +313,10 @@ spec:
         scan(place, body, &mut hits);
     }
     // What reached the provider: its own key, in the header only; every body scanned.
-    let seen: Vec<(String, String)> = script
-        .seen
-        .lock()
-        .map(|s| {
-            s.iter()
-                .map(|x| {
-                    let auth = x
-                        .headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
-                    (auth, x.body.to_string())
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let seen: Vec<(String, String)> = provider_requests(&script)
+        .into_iter()
+        .map(|(_, auth, body)| (auth, body))
+        .collect();
     let chats = seen
         .iter()
         .filter(|(_, b)| b.contains("\"messages\""))
@@ -504,24 +512,11 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             );
         }
     }
-    let provider_bodies: Vec<(String, String)> = script
-        .seen
-        .lock()
-        .map(|s| {
-            s.iter()
-                .filter(|x| x.path.ends_with("/chat/completions"))
-                .map(|x| {
-                    let auth = x
-                        .headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
-                    (auth, x.body.to_string())
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let provider_bodies: Vec<(String, String)> = provider_requests(&script)
+        .into_iter()
+        .filter(|(path, _, _)| path.ends_with("/chat/completions"))
+        .map(|(_, auth, body)| (auth, body))
+        .collect();
     assert_eq!(provider_bodies.len(), 2, "two chats");
     for (auth, body) in &provider_bodies {
         assert_eq!(auth, &format!("Bearer {PROVIDER_KEY}"));

@@ -119,18 +119,21 @@ spec: {{sessions: ["*"], provider: model{policy}}}
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// PostgreSQL stops and comes back: while it is down the API says so (503
-/// `database_unavailable`, `/readyz` 503) instead of failing as a bug or hanging; once it is
-/// back Kortex serves again without a restart, and nothing stored before is lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_stopped_and_started_again() {
+/// `kortex serve` on a PostgreSQL of the test's own, with the provider `model` (a scripted
+/// mock) for every session; `None` (the test is skipped) without PostgreSQL's binaries.
+async fn on_own_postgres() -> Option<(
+    Postgres,
+    Server,
+    std::sync::Arc<crate::llm::Script>,
+    tempfile::TempDir,
+)> {
     let Some(pg) = Postgres::start() else {
         assert!(
             std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
             "no PostgreSQL binaries under /usr/lib/postgresql"
         );
         eprintln!("skipped: no PostgreSQL binaries");
-        return;
+        return None;
     };
     let (base, script) = mock().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -138,6 +141,17 @@ async fn postgres_stopped_and_started_again() {
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
     manifests(&m, &base, "");
     let server = Server::start_with_url(&m, &pg.url(), &[]);
+    Some((pg, server, script, dir))
+}
+
+/// PostgreSQL stops and comes back: while it is down the API says so (503
+/// `database_unavailable`, `/readyz` 503) instead of failing as a bug or hanging; once it is
+/// back Kortex serves again without a restart, and nothing stored before is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_and_started_again() {
+    let Some((pg, server, script, _dir)) = on_own_postgres().await else {
+        return;
+    };
     let d = openai();
     push(
         &script,
@@ -207,20 +221,9 @@ async fn postgres_stopped_and_started_again() {
 /// and the whole answer are in the transcript and the run is not left `running`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_during_a_run() {
-    let Some(pg) = Postgres::start() else {
-        assert!(
-            std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
-            "no PostgreSQL binaries under /usr/lib/postgresql"
-        );
-        eprintln!("skipped: no PostgreSQL binaries");
+    let Some((pg, server, script, _dir)) = on_own_postgres().await else {
         return;
     };
-    let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    manifests(&m, &base, "");
-    let server = Server::start_with_url(&m, &pg.url(), &[]);
     let d = openai();
     let mut slow = streamed(
         &d,
@@ -293,6 +296,87 @@ async fn sqlite_pool(path: &Path) -> sqlx::AnyPool {
     sqlx::AnyPool::connect(&format!("sqlite://{}", path.display()))
         .await
         .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Two replicas on one PostgreSQL; the one running a run is killed (`kill -9`) in the middle
+/// of the answer. The other sees the run's heartbeat stop and, after `STALE_AFTER` (60 s),
+/// ends it `failed` with `run_interrupted`; the session then goes on there. (Per SPEC a run
+/// is owned by the replica that runs it; it is not resumed elsewhere: what the provider was
+/// saying is gone.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
+    let Some((pg, a, script, dir)) = on_own_postgres().await else {
+        return;
+    };
+    let b = Server::start_with_url(&dir.path().join("m"), &pg.url(), &[]);
+    let d = openai();
+    let mut stalled = streamed(&d, (d.text_stream)(&["Half an ans"]));
+    stalled.chunks.truncate(1);
+    stalled.stall = Some(Duration::from_secs(300));
+    push(&script, stalled);
+    let id = session(&a, "s-1").await;
+    let client = http_client();
+    let r = client
+        .post(a.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "a question"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    eventually("the answer under way", || async {
+        let chats = script
+            .seen
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .filter(|x| x.path.ends_with("/chat/completions"))
+                    .count()
+            })
+            .unwrap_or_default();
+        if chats >= 1 {
+            Ok(())
+        } else {
+            Err("no chat request yet".to_owned())
+        }
+    })
+    .await;
+    a.kill9();
+    let killed = tokio::time::Instant::now();
+
+    let url = b.url(&format!("/chat/v1/sessions/{id}"));
+    let stored = loop {
+        let s = crate::chat::get_json(&client, url.as_str()).await;
+        if s["status"] != "running" {
+            break s;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(100),
+            "the run was never ended: {s}\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!(
+        "ended by the other replica {:?} after the kill",
+        killed.elapsed()
+    );
+    assert_eq!(stored["status"], "failed", "{stored}");
+    assert_eq!(stored["messages"][0]["content"], "a question", "{stored}");
+    let r = client
+        .get(b.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = crate::chat::read_sse(r, |e| state(e) == json!("failed")).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.event == "error" && e.data["code"] == "run_interrupted"),
+        "{events:?}"
+    );
+    push(&script, streamed(&d, (d.text_stream)(&["Here now."])));
+    assert_eq!(state(&ask(&b, &id, "again").await), json!("completed"));
+    assert!(b.terminate().success());
 }
 
 /// A tmpfs of its own, unmounted when dropped: a disk this test can fill.

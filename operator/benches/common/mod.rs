@@ -1,0 +1,90 @@
+//! What the benchmarks share: a local HTTP server, the real `kortex` binary started on a
+//! manifest folder, and a process's resident memory. Each bench uses part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+/// Serves `app` on a free port of 127.0.0.1; its `http://` URL.
+pub async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{addr}")
+}
+
+/// A running `kortex serve`.
+pub struct Kortex {
+    pub child: Child,
+    /// Its `http://` URL.
+    pub url: String,
+    /// The rest of its log (warnings and errors: `RUST_LOG=warn`), read as it comes so that
+    /// a full pipe never blocks the server.
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Kortex {
+    /// `kortex serve` (the release build) on `manifests` and `database_url`, with `extra`
+    /// arguments, once it says where it listens.
+    pub fn start(manifests: &Path, database_url: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
+            .arg(manifests)
+            .args(["--database-url", database_url])
+            .args(extra)
+            .env("RUST_LOG", "warn,kortex::cli=info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+        let mut log = BufReader::new(stderr).lines();
+        let mut addr = String::new();
+        for line in log.by_ref().map_while(Result::ok) {
+            if let Some(a) = line.split("listening on http://").nth(1) {
+                addr = a.split_whitespace().next().unwrap_or_default().to_owned();
+                break;
+            }
+        }
+        assert!(!addr.is_empty(), "kortex never said where it listens");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in log.map_while(Result::ok) {
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+            }
+        });
+        Self {
+            child,
+            url: format!("http://{addr}"),
+            log: lines,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Resident memory of process `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
