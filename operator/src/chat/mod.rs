@@ -58,15 +58,20 @@ pub enum ChatError {
 
 /// Gives every tool call of the last assistant message that has no result an error result
 /// saying `why`, so the transcript stays valid for providers.
+/// With `patient` (a run's own end) the writes wait out an unreachable database; a request
+/// or the recovery sweep fails at once instead.
 pub async fn answer_pending(
     engine: &Engine,
     session_id: &str,
     run_id: &str,
     why: &str,
+    patient: bool,
 ) -> Result<(), StoreError> {
-    let messages =
-        crate::store::patiently("the transcript", || engine.store.list_messages(session_id))
-            .await?;
+    let messages = if patient {
+        crate::store::patiently("the transcript", || engine.store.list_messages(session_id)).await?
+    } else {
+        engine.store.list_messages(session_id).await?
+    };
     let Some(last) = messages.iter().rposition(|m| m.role == "assistant") else {
         return Ok(());
     };
@@ -90,7 +95,11 @@ pub async fn answer_pending(
             is_error: true,
             ..Default::default()
         };
-        engine.append(session_id, &message).await?;
+        if patient {
+            engine.append(session_id, &message).await?;
+        } else {
+            engine.store.append_message(session_id, &message).await?;
+        }
     }
     Ok(())
 }
@@ -225,6 +234,19 @@ impl Engine {
         data: Value,
     ) -> Result<EventRecord, StoreError> {
         self.publish(session_id, Some(run_id), event_type, data, true)
+            .await
+    }
+
+    /// [`Self::emit`] for a request or a sweep: fails at once when the database is
+    /// unreachable (someone is waiting for the answer, or the sweep comes round again).
+    pub async fn emit_now(
+        &self,
+        session_id: &str,
+        run_id: &str,
+        event_type: &str,
+        data: Value,
+    ) -> Result<EventRecord, StoreError> {
+        self.publish(session_id, Some(run_id), event_type, data, false)
             .await
     }
 
@@ -478,16 +500,24 @@ impl Engine {
                 continue;
             }
             recovered += 1;
-            answer_pending(self, &session_id, &run_id, &format!("no result: {reason}")).await?;
+            answer_pending(
+                self,
+                &session_id,
+                &run_id,
+                &format!("no result: {reason}"),
+                false,
+            )
+            .await?;
             self.store
                 .transition_session(&session_id, &["running"], "failed")
                 .await?;
             let error =
                 serde_json::json!({"runId": run_id, "code": "run_interrupted", "message": reason});
-            self.emit(&session_id, &run_id, event::ERROR, error).await?;
+            self.emit_now(&session_id, &run_id, event::ERROR, error)
+                .await?;
             let lifecycle =
                 serde_json::json!({"runId": run_id, "state": "failed", "reason": reason});
-            self.emit(&session_id, &run_id, event::RUN_LIFECYCLE, lifecycle)
+            self.emit_now(&session_id, &run_id, event::RUN_LIFECYCLE, lifecycle)
                 .await?;
             tracing::warn!(run = %run_id, session = %session_id, "recovered a run whose owner stopped");
         }
@@ -502,13 +532,23 @@ impl Engine {
         if let Err(e) = self.recover(crate::store::now_ms() + 1).await {
             tracing::warn!(error = %e, "recovering interrupted runs failed");
         }
-        match self.store.release_reservations(i64::MAX).await {
-            Ok(0) => {}
-            Ok(n) => tracing::warn!(
-                released = n,
+        // In pages of up to 1 000, until none is left.
+        let mut released = 0;
+        loop {
+            match self.store.release_reservations(i64::MAX).await {
+                Ok(0) => break,
+                Ok(n) => released += n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot release budget reservations");
+                    break;
+                }
+            }
+        }
+        if released > 0 {
+            tracing::warn!(
+                released,
                 "released the budget reservations of a server that stopped without settling them"
-            ),
-            Err(e) => tracing::warn!(error = %e, "cannot release budget reservations"),
+            );
         }
     }
 

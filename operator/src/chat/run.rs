@@ -89,7 +89,7 @@ pub async fn run(
     // be refused.
     if matches!(end, End::Failed { .. } | End::Cancelled) {
         let why = format!("no result: {}", reason.clone().unwrap_or_default());
-        if let Err(e) = super::answer_pending(engine, &session.id, run_id, &why).await {
+        if let Err(e) = super::answer_pending(engine, &session.id, run_id, &why, true).await {
             tracing::error!(run = run_id, error = %e, "cannot answer pending tool calls");
         }
     }

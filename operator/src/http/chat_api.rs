@@ -39,9 +39,19 @@ impl From<ChatError> for ApiError {
     }
 }
 
-fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    body.map(|Json(v)| v)
-        .map_err(|e| ApiError::invalid(e.body_text()))
+pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    body.map(|Json(v)| v).map_err(|e| {
+        // Over `--max-request-bytes`: kept 413, which `limits::limit_body` words and counts.
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request_too_large",
+                e.body_text(),
+            )
+        } else {
+            ApiError::invalid(e.body_text())
+        }
+    })
 }
 
 /// `POST /chat/v1/sessions` body.
@@ -681,7 +691,7 @@ pub async fn tool_results(
             "isError": r.is_error, "durationMs": 0, "truncated": truncated, "preview": preview});
         state
             .engine
-            .emit(&id, &run_id, event::TOOL_END, data)
+            .emit_now(&id, &run_id, event::TOOL_END, data)
             .await
             .map_err(ApiError::from)?;
     }
@@ -713,7 +723,7 @@ pub async fn cancel(
             .map_err(ApiError::from)?;
         let run_id = pending_calls(&messages).1.unwrap_or_default();
         let reason = "cancelled by the user before the client returned a result";
-        crate::chat::answer_pending(&state.engine, &id, &run_id, reason)
+        crate::chat::answer_pending(&state.engine, &id, &run_id, reason, false)
             .await
             .map_err(ApiError::from)?;
         state
@@ -730,7 +740,7 @@ pub async fn cancel(
             json!({"runId": run_id, "state": "cancelled", "reason": "cancelled by the user"});
         state
             .engine
-            .emit(&id, &run_id, event::RUN_LIFECYCLE, data)
+            .emit_now(&id, &run_id, event::RUN_LIFECYCLE, data)
             .await
             .map_err(ApiError::from)?;
         return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());

@@ -124,7 +124,7 @@ pub async fn login(
     headers: HeaderMap,
     body: Result<Json<Login>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(body) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let body = super::chat_api::json_body(body)?;
     if state.auth == AuthMode::Loopback {
         check_loopback(&headers)?;
         let caller = Caller {

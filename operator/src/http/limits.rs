@@ -28,8 +28,11 @@ pub struct LimitArgs {
     #[arg(long, env = "KORTEX_MAX_HEADER_BYTES", default_value_t = 64 << 10, value_name = "BYTES",
           value_parser = parse_header_bytes)]
     pub max_header_bytes: usize,
-    /// How long a client may take to send a request head; a slower one is disconnected.
-    #[arg(long, env = "KORTEX_HEADER_TIMEOUT", default_value = "30s", value_parser = crate::cli::parse_duration)]
+    /// How long a client may take to send a request head, and how long a keep-alive
+    /// connection may stay idle; a slower one is disconnected. The default stays above the
+    /// 60 s idle timeout of common load balancers and ingress controllers, which reuse idle
+    /// connections (a backend closing them first causes occasional 502s).
+    #[arg(long, env = "KORTEX_HEADER_TIMEOUT", default_value = "75s", value_parser = crate::cli::parse_duration)]
     pub header_timeout: Duration,
     /// Event streams one user may hold open at once on each replica; more get 429
     /// `too_many_streams`.
@@ -62,7 +65,7 @@ impl Default for LimitArgs {
         Self {
             max_request_bytes: 8 << 20,
             max_header_bytes: 64 << 10,
-            header_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(75),
             max_streams_per_user: 16,
             max_sessions_per_user: 1000,
             max_tool_result_bytes: crate::tools::DEFAULT_MAX_RESULT_BYTES,
@@ -180,9 +183,12 @@ fn too_large(state: &AppState, max: usize) -> Response {
     .into_response()
 }
 
-/// Reads the request body up to `--max-request-bytes` before any handler sees it: a larger
-/// one is refused as soon as its `Content-Length` or its bytes pass the limit, and is
-/// never held in full.
+/// Bounds the request body at `--max-request-bytes`: one that declares more in its
+/// `Content-Length` is refused at once; otherwise the body is handed on wrapped in a limit,
+/// and read only when a handler reads it (after authentication, for the API), so nothing
+/// is buffered for a request that is refused anyway. A handler that reads past the limit
+/// gets an error its extractor answers with 413, which is said here as
+/// `request_too_large` and counted.
 pub async fn limit_body(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let max = state.limits.args.max_request_bytes;
     let declared = req
@@ -194,19 +200,12 @@ pub async fn limit_body(State(state): State<AppState>, req: Request, next: Next)
         return too_large(&state, max);
     }
     let (parts, body) = req.into_parts();
-    let bytes = match axum::body::to_bytes(body, max).await {
-        Ok(bytes) => bytes,
-        Err(e) => {
-            let over = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if over {
-                return too_large(&state, max);
-            }
-            return ApiError::invalid(format!("cannot read the request body: {e}")).into_response();
-        }
-    };
-    next.run(Request::from_parts(parts, Body::from(bytes)))
-        .await
+    let limited = Body::new(http_body_util::Limited::new(body, max));
+    let response = next.run(Request::from_parts(parts, limited)).await;
+    if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large(&state, max);
+    }
+    response
 }
 
 /// Serves `app` on `listener` with the limits on request heads, until `shutdown`
@@ -243,9 +242,12 @@ pub async fn serve(
         // Small streamed writes (SSE) must not wait for delayed ACKs (Nagle).
         let _ = tcp.set_nodelay(true);
         // The peer address is what `--auth-proxy-from` is checked against.
+        let served = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = served.clone();
         let service = app
             .clone()
             .map_request(move |req: Request<hyper::body::Incoming>| {
+                seen.store(true, std::sync::atomic::Ordering::Relaxed);
                 let mut req = req.map(Body::new);
                 req.extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
@@ -261,7 +263,9 @@ pub async fn serve(
             if let Err(e) = connection.await {
                 if e.is_parse_too_large() {
                     metrics.refused("header_bytes");
-                } else if e.is_timeout() {
+                } else if e.is_timeout() && !served.load(std::sync::atomic::Ordering::Relaxed) {
+                    // hyper's timer also closes a keep-alive connection left idle that long:
+                    // only a connection that never completed a request head is refused.
                     metrics.refused("header_timeout");
                 }
                 tracing::debug!(peer = %peer, error = %e, "connection ended with an error");

@@ -88,6 +88,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Whether the statement never reached the database (no connection could be had), so
+    /// running it again cannot do it twice. A connection that breaks mid-statement is not
+    /// this: the write may have been committed.
+    pub fn is_not_sent(&self) -> bool {
+        matches!(
+            self,
+            Self::Connect { .. } | Self::Query(sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
+        )
+    }
+
     /// Whether the database's disk is full (SQLite `SQLITE_FULL`, PostgreSQL `53100`, or
     /// `ENOSPC`): nothing was written, and retrying is useless until space is freed.
     pub fn is_full(&self) -> bool {
@@ -131,7 +141,8 @@ impl StoreError {
 /// replica takes it for dead.
 pub const WRITE_PATIENCE: Duration = Duration::from_secs(45);
 
-/// Runs `op` again while the database is unreachable ([`StoreError::is_unavailable`]), with
+/// Runs `op` again while no connection to the database can be had
+/// ([`StoreError::is_not_sent`]: never a statement that may have run), with
 /// backoff (250 ms doubling to 5 s; each try itself waits up to the pool's 5 s), for at
 /// most [`WRITE_PATIENCE`]. For the writes of a run, which no client is waiting on and
 /// which must not be lost to a database restart; requests answer 503 at once instead.
@@ -145,7 +156,7 @@ where
     let mut warned = false;
     loop {
         match op().await {
-            Err(e) if e.is_unavailable() && tokio::time::Instant::now() + wait < deadline => {
+            Err(e) if e.is_not_sent() && tokio::time::Instant::now() + wait < deadline => {
                 if !warned {
                     tracing::warn!(what, error = %e, "the database is unavailable; retrying for up to {}s", WRITE_PATIENCE.as_secs());
                     warned = true;

@@ -6,6 +6,8 @@ use serde_json::{Value, json};
 
 /// Bytes per chunk (cut at character boundaries).
 pub const CHUNK_BYTES: usize = 32_768;
+/// The tool's name.
+pub const TOOL_NAME: &str = "read_result_chunk";
 
 /// Chunks of `content` at `size` bytes.
 pub fn count(content: &str, size: usize) -> usize {
@@ -33,7 +35,7 @@ pub struct ReadResultChunk;
 impl Tool for ReadResultChunk {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
-            name: "read_result_chunk".into(),
+            name: TOOL_NAME.into(),
             description: "Read one chunk of a tool result that was too large to return at once (the result told you its resultId and how many chunks it has).".into(),
             parameters: json!({
                 "type": "object",

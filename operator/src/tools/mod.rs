@@ -292,13 +292,20 @@ impl Router {
             Err(ToolError::Internal(m)) => (m, true, Some("internal")),
         };
         let (content, redactions) = ctx.redactor.content(&content);
+        // A chunk of a kept result is the way to read it: never capped again (it is at most
+        // `chunks::CHUNK_BYTES`), whatever `--max-tool-result-bytes` says.
+        let limit = if call.name == chunks::TOOL_NAME {
+            usize::MAX
+        } else {
+            self.result_cap
+        };
         let (content, truncated) = match cap(
             &ctx.store,
             &ctx.session.id,
             &call.id,
             &call.name,
             content,
-            self.result_cap,
+            limit,
         )
         .await
         {

@@ -458,8 +458,25 @@ spec:
         &script,
         crate::investigation::tool_calls(&[("c1", "big_report", json!({}))]),
     );
-    let d = openai();
-    push(&script, streamed(&d, (d.text_stream)(&["Read it."])));
+    // Then the model reads the first chunk of the kept result, and answers.
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body| {
+        if let Some(chunk) = crate::investigation::tool_result(body, "c2") {
+            let chunk: Value = serde_json::from_str(&chunk).unwrap_or_default();
+            let read = chunk["content"].as_str().map_or(0, str::len);
+            let d = openai();
+            return Some(streamed(
+                &d,
+                (d.text_stream)(&[&format!("Read {read} bytes.")]),
+            ));
+        }
+        let index: Value =
+            serde_json::from_str(&crate::investigation::tool_result(body, "c1")?).ok()?;
+        Some(crate::investigation::tool_calls(&[(
+            "c2",
+            "read_result_chunk",
+            json!({"resultId": index["resultId"], "chunk": 0}),
+        )]))
+    }));
     let id = session(&server, "big").await;
     assert_eq!(
         state(&ask(&server, &id, "report?").await),
@@ -488,6 +505,14 @@ spec:
         "{result}"
     );
     assert!(index["resultId"].is_string(), "{result}");
+    // The chunk (32 KiB) is not capped again into another index.
+    let answer = stored["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert_eq!(answer, "Read 32768 bytes.", "{stored}");
     assert_eq!(refused(&server, "tool_result_bytes").await, 1);
     assert!(server.terminate().success());
 }
