@@ -106,26 +106,33 @@ async fn request_bodies_and_heads_past_their_limits_are_refused() {
         refusal(r).await,
         (413, "request_too_large".to_owned(), None)
     );
-    // Chunked, no length given: refused once the bytes pass the limit.
-    let chunks: Vec<Result<String, std::io::Error>> = big
-        .as_bytes()
-        .chunks(4096)
-        .map(|c| Ok(String::from_utf8_lossy(c).into_owned()))
-        .collect();
-    let r = client
-        .post(server.url("/v1/chat/completions"))
-        .header("content-type", "application/json")
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await;
-    // The server answers before the upload ends and closes the connection; a client still
-    // sending may see the reset instead of the answer (the count below is what is sure).
-    if let Ok(r) = r {
-        assert_eq!(refusal(r).await.0, 413);
+    // Chunked, no length given: refused once the handler has read past the limit (the
+    // gateway's and the chat API's readers alike).
+    for path in ["/v1/chat/completions", "/chat/v1/sessions"] {
+        let chunks: Vec<Result<String, std::io::Error>> = big
+            .as_bytes()
+            .chunks(4096)
+            .map(|c| Ok(String::from_utf8_lossy(c).into_owned()))
+            .collect();
+        let r = client
+            .post(server.url(path))
+            .header("content-type", "application/json")
+            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                chunks,
+            )))
+            .send()
+            .await;
+        // The server answers before the upload ends and closes the connection; a client
+        // still sending may see the reset instead of the answer (the count below is sure).
+        if let Ok(r) = r {
+            assert_eq!(
+                refusal(r).await,
+                (413, "request_too_large".to_owned(), None),
+                "{path}"
+            );
+        }
     }
-    assert_eq!(refused(&server, "request_bytes").await, 2);
+    assert_eq!(refused(&server, "request_bytes").await, 3);
     // Under the limit the same route works.
     let id = session(&server, "small").await;
     assert!(!id.is_empty());
