@@ -216,6 +216,67 @@ async fn postgres_stopped_and_started_again() {
     assert!(server.terminate().success());
 }
 
+/// The gateway while PostgreSQL is down: a call that must reserve budget first (a policy
+/// with a daily limit, no budget leased yet) gets 503 `database_unavailable` with
+/// `Retry-After`, in the vendor's error format, not a 500; once PostgreSQL is back the same
+/// call goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_says_database_unavailable_while_postgres_is_down() {
+    let Some(pg) = Postgres::start() else {
+        assert!(
+            std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
+            "no PostgreSQL binaries under /usr/lib/postgresql"
+        );
+        eprintln!("skipped: no PostgreSQL binaries");
+        return;
+    };
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests_with(
+        &m,
+        &base,
+        ", models: [{id: m1, cost: {inputUsdPerMTok: 1, outputUsdPerMTok: 2}}]",
+        ", budget: {dailyUsdLimit: 100}",
+    );
+    std::fs::write(
+        m.join("gateway.yaml"),
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: gw, labels: {kortex.dev/credentials: gateway}, annotations: {kortex.dev/policy: all}}\nstringData: {team: shop, key: kgw-faults-1}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = Server::start_with_url(&m, &pg.url(), &[]);
+    let client = http_client();
+    let call = || {
+        client
+            .post(server.url("/v1/chat/completions"))
+            .bearer_auth("kgw-faults-1")
+            .json(&json!({"model": "m1", "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    pg.down();
+    let r = call().await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("5")
+    );
+    let body: Value = r.json().await.unwrap_or_default();
+    assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
+    pg.up();
+    let d = openai();
+    push(&script, crate::llm::json_reply(200, &(d.text_json)("back")));
+    eventually("the gateway serving again", || async {
+        let r = call().await.map_err(|e| e.to_string())?;
+        match r.status().as_u16() {
+            200 => Ok(()),
+            code => Err(format!("{code}: {}", r.text().await.unwrap_or_default())),
+        }
+    })
+    .await;
+    assert!(server.terminate().success());
+}
+
 /// PostgreSQL stops while a run is answering and comes back 8 s later: the run waits for
 /// it (its writes are retried for up to 45 s) and then finishes, so the accepted question
 /// and the whole answer are in the transcript and the run is not left `running`.

@@ -96,6 +96,35 @@ impl GatewayError {
         error
     }
 
+    /// A database failure: 503 `database_unavailable` (retry in a moment) while it cannot be
+    /// reached, 507 `storage_full` when its disk is full, else 500 — as the chat API says.
+    pub(super) fn store(e: &crate::store::StoreError) -> Self {
+        if e.is_full() {
+            tracing::error!(error = %e, "the database's disk is full");
+            let mut out = Self::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                ErrorKind::Upstream,
+                "storage_full",
+                "the database's disk is full: nothing was stored; free space (or grow the volume) and retry",
+            );
+            out.should_retry = Some(false);
+            return out;
+        }
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "the database is unavailable");
+            let mut out = Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorKind::Upstream,
+                "database_unavailable",
+                "Kortex's database cannot be reached; retry in a moment",
+            );
+            out.retry_after = Some(5);
+            out.should_retry = Some(true);
+            return out;
+        }
+        Self::internal(e)
+    }
+
     pub(super) fn internal(detail: impl std::fmt::Display) -> Self {
         tracing::error!(error = %detail, "gateway internal error");
         Self::new(
@@ -471,7 +500,7 @@ pub async fn dispatch(
                 r
             }
             Ok(Err(exceeded)) => return Err(GatewayError::budget(&exceeded)),
-            Err(e) => return Err(GatewayError::internal(e)),
+            Err(e) => return Err(GatewayError::store(&e)),
         };
         let started = Instant::now();
         let called = if streamed {

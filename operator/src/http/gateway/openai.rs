@@ -403,7 +403,7 @@ async fn handle_embeddings(
     {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return Err(GatewayError::budget(&e)),
-        Err(e) => return Err(GatewayError::internal(e)),
+        Err(e) => return Err(GatewayError::store(&e)),
     };
     let started = std::time::Instant::now();
     let result = adapter.embed(&route.model, &inputs).await;
