@@ -119,6 +119,20 @@ spec: {{sessions: ["*"], provider: model{policy}}}
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
+/// A PostgreSQL of the test's own, or `None` (the test is skipped) without PostgreSQL's
+/// binaries — a failure instead where the run requires PostgreSQL.
+fn own_postgres() -> Option<Postgres> {
+    let pg = Postgres::start();
+    if pg.is_none() {
+        assert!(
+            std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
+            "no PostgreSQL binaries under /usr/lib/postgresql"
+        );
+        eprintln!("skipped: no PostgreSQL binaries");
+    }
+    pg
+}
+
 /// `kortex serve` on a PostgreSQL of the test's own, with the provider `model` (a scripted
 /// mock) for every session; `None` (the test is skipped) without PostgreSQL's binaries.
 async fn on_own_postgres() -> Option<(
@@ -127,14 +141,7 @@ async fn on_own_postgres() -> Option<(
     std::sync::Arc<crate::llm::Script>,
     tempfile::TempDir,
 )> {
-    let Some(pg) = Postgres::start() else {
-        assert!(
-            std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
-            "no PostgreSQL binaries under /usr/lib/postgresql"
-        );
-        eprintln!("skipped: no PostgreSQL binaries");
-        return None;
-    };
+    let pg = own_postgres()?;
     let (base, script) = mock().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
@@ -222,12 +229,7 @@ async fn postgres_stopped_and_started_again() {
 /// call goes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_says_database_unavailable_while_postgres_is_down() {
-    let Some(pg) = Postgres::start() else {
-        assert!(
-            std::env::var("KORTEX_REQUIRE_POSTGRES").is_err(),
-            "no PostgreSQL binaries under /usr/lib/postgresql"
-        );
-        eprintln!("skipped: no PostgreSQL binaries");
+    let Some(pg) = own_postgres() else {
         return;
     };
     let (base, script) = mock().await;
