@@ -114,7 +114,9 @@ async fn request_bodies_and_heads_past_their_limits_are_refused() {
             .chunks(4096)
             .map(|c| Ok(String::from_utf8_lossy(c).into_owned()))
             .collect();
-        let r = client
+        // A client of its own: the server closes a connection whose body it did not read,
+        // and a pooled one could be reused before the client noticed.
+        let r = http_client()
             .post(server.url(path))
             .header("content-type", "application/json")
             .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
@@ -338,7 +340,26 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
     assert_eq!(stored["status"], "idle", "{stored}");
     assert_eq!(refused(&server, "concurrent_runs").await, 1);
 
-    // The first run ends (cancelled); the other session's run may start.
+    // The first run ends (cancelled, once its provider call is under way: cancelled
+    // earlier, its scripted reply would be left for the next run); the other session's run
+    // may then start.
+    eventually("the first run's provider call", || async {
+        let calls = script
+            .seen
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .filter(|x| x.path.ends_with("/chat/completions"))
+                    .count()
+            })
+            .unwrap_or_default();
+        if calls >= 1 {
+            Ok(())
+        } else {
+            Err("none yet".to_owned())
+        }
+    })
+    .await;
     let r = client
         .post(server.url(&format!("/chat/v1/sessions/{busy}/cancel")))
         .send()
