@@ -443,9 +443,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             .send()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let events =
-            crate::chat::read_sse(r, |e| !matches!(state(e).as_str(), None | Some("started")))
-                .await;
+        let events = crate::chat::read_sse(r, crate::chat::run_ended).await;
         assert_eq!(state(&events), json!("completed"), "{who}: {events:?}");
         for e in &events {
             responses.push((

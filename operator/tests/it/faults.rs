@@ -334,14 +334,12 @@ async fn postgres_stopped_during_a_run() {
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let events =
-        crate::chat::read_sse(r, |e| !matches!(state(e).as_str(), None | Some("started"))).await;
-    let text: String = events
-        .iter()
-        .filter(|e| e.event == "text.delta")
-        .filter_map(|e| e.data["text"].as_str())
-        .collect();
-    assert_eq!(text, "Slow and steady answer.", "{events:?}");
+    let events = crate::chat::read_sse(r, crate::chat::run_ended).await;
+    assert_eq!(
+        crate::policy::text(&events),
+        "Slow and steady answer.",
+        "{events:?}"
+    );
     assert_eq!(state(&events), json!("completed"), "{events:?}");
     assert!(
         server
@@ -386,23 +384,7 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status().as_u16(), 202);
-    eventually("the answer under way", || async {
-        let chats = script
-            .seen
-            .lock()
-            .map(|s| {
-                s.iter()
-                    .filter(|x| x.path.ends_with("/chat/completions"))
-                    .count()
-            })
-            .unwrap_or_default();
-        if chats >= 1 {
-            Ok(())
-        } else {
-            Err("no chat request yet".to_owned())
-        }
-    })
-    .await;
+    crate::llm::provider_called(&script).await;
     a.kill9();
     let killed = tokio::time::Instant::now();
 
@@ -631,25 +613,7 @@ spec:
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status().as_u16(), 202);
-    let streaming = || {
-        let seen = &script.seen;
-        async move {
-            let chats = seen
-                .lock()
-                .map(|s| {
-                    s.iter()
-                        .filter(|x| x.path.ends_with("/chat/completions"))
-                        .count()
-                })
-                .unwrap_or_default();
-            if chats >= 1 {
-                Ok(())
-            } else {
-                Err(format!("{chats} chat requests"))
-            }
-        }
-    };
-    eventually("the answer under way", streaming).await;
+    crate::llm::provider_called(&script).await;
     // Mid-tool-call: the model calls the slow tool; Kortex dies while it runs.
     push(
         &script,
@@ -1058,15 +1022,7 @@ async fn cluster_a_secret_deleted_while_in_use_then_restored() {
         provider["status"].to_string().contains("llm-keys"),
         "the Secret is named: {provider}"
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "still there?"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events =
-        crate::chat::read_sse(r, |e| !matches!(state(e).as_str(), None | Some("started"))).await;
+    let events = ask(&server, &id, "still there?").await;
     assert_eq!(state(&events), json!("failed"), "{events:?}");
     let error = events
         .iter()
@@ -1078,15 +1034,7 @@ async fn cluster_a_secret_deleted_while_in_use_then_restored() {
     fake.apply("secrets", secret(Some("sk-cluster-456")));
     resolved("True").await;
     push(&script, streamed(&d, (d.text_stream)(&["Back."])));
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "and now?"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events =
-        crate::chat::read_sse(r, |e| !matches!(state(e).as_str(), None | Some("started"))).await;
+    let events = ask(&server, &id, "and now?").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
     // The new key is the one sent.
     let keys: Vec<String> = script

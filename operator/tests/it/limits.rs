@@ -343,23 +343,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
     // The first run ends (cancelled, once its provider call is under way: cancelled
     // earlier, its scripted reply would be left for the next run); the other session's run
     // may then start.
-    eventually("the first run's provider call", || async {
-        let calls = script
-            .seen
-            .lock()
-            .map(|s| {
-                s.iter()
-                    .filter(|x| x.path.ends_with("/chat/completions"))
-                    .count()
-            })
-            .unwrap_or_default();
-        if calls >= 1 {
-            Ok(())
-        } else {
-            Err("none yet".to_owned())
-        }
-    })
-    .await;
+    crate::llm::provider_called(&script).await;
     let r = client
         .post(server.url(&format!("/chat/v1/sessions/{busy}/cancel")))
         .send()

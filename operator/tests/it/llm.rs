@@ -149,6 +149,28 @@ async fn handle(State(script): State<Arc<Script>>, req: axum::extract::Request) 
     builder.body(Body::from_stream(stream)).unwrap_or_default()
 }
 
+/// Waits until the mock has received a chat completion request (a run's provider call is
+/// under way).
+pub(crate) async fn provider_called(script: &Script) {
+    crate::common::eventually("a provider call", || async {
+        let calls = script
+            .seen
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .filter(|x| x.path.ends_with("/chat/completions"))
+                    .count()
+            })
+            .unwrap_or_default();
+        if calls >= 1 {
+            Ok(())
+        } else {
+            Err("no chat completion request yet".to_owned())
+        }
+    })
+    .await;
+}
+
 pub(crate) async fn mock() -> (String, Arc<Script>) {
     let script = Arc::new(Script::default());
     let app = axum::Router::new()
