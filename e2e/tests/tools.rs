@@ -88,6 +88,8 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         run_id: "run".into(),
         redactor: Default::default(),
         kube: Default::default(),
+        guides: Arc::from(Vec::new()),
+        via: "chat",
     };
     let mut router = Router::new(Arc::new(kortex::metrics::Metrics::default()));
     for tool in kortex::tools::cluster::Cluster::new(client.clone()).tools() {

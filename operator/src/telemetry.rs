@@ -1,5 +1,6 @@
 //! Logging: human-readable lines by default, JSON lines (`--log-format json`) for clusters.
-//! The level comes from `RUST_LOG` (default `info`).
+//! The level comes from `RUST_LOG` (default `info`, with the MCP SDK's per-message lines at
+//! `warn`: they would log every MCP session's handshake and notifications).
 
 use tracing_subscriber::EnvFilter;
 
@@ -15,7 +16,8 @@ pub enum LogFormat {
 
 /// Installs the global subscriber (logs go to stderr). Safe to call more than once.
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -21,7 +21,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
-/// Names of the built-in tools; a `KortexTool` may not take one of them.
+/// The most a `KortexTool`'s `spec.guide` may hold.
+pub const GUIDE_MAX_BYTES: usize = 16 * 1024;
+
+/// Names of the built-in tools: no `KortexTool` may take one.
 pub const BUILTIN_TOOLS: &[&str] = &[
     "get_logs",
     "get_events",
@@ -34,6 +37,8 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "get_admin_info",
     "read_result_chunk",
     "propose_action",
+    "list_tool_guides",
+    "get_tool_guide",
 ];
 
 /// Default and ceiling of a plugin tool's timeout.
@@ -672,6 +677,15 @@ fn compile_tools(
         }
         if spec.timeout.is_some_and(|d| d.is_negative()) {
             spec_problems.push("spec.timeout must not be negative".to_owned());
+        }
+        // The schema bounds characters; the guide's budget is bytes.
+        if let Some(guide) = &spec.guide
+            && guide.len() > GUIDE_MAX_BYTES
+        {
+            spec_problems.push(format!(
+                "spec.guide is {} bytes; a guide may hold at most {GUIDE_MAX_BYTES} bytes (16 KiB)",
+                guide.len()
+            ));
         }
         let backend = match (&spec.http, &spec.mcp) {
             (Some(h), _) => Some(("spec.http", &h.headers, &h.auth)),

@@ -6,6 +6,7 @@ pub mod context;
 pub mod proposals;
 mod roles;
 mod run;
+pub mod tool_calls;
 
 use crate::live::LiveConfig;
 use crate::store::{EventRecord, SessionRecord, Store, StoreError};
@@ -172,6 +173,16 @@ impl Engine {
     /// Who the Kubernetes tools act as in a run of `session_id` under a policy with
     /// `runToolsAsUser` = `as_user`.
     pub fn kube_identity(&self, session_id: &str, as_user: bool) -> crate::tools::KubeIdentity {
+        self.kube_identity_of(self.token_of(session_id).as_ref(), as_user)
+    }
+
+    /// Who the Kubernetes tools act as for a caller who presented `token` (their Kubernetes
+    /// bearer token, if any) under a policy with `runToolsAsUser` = `as_user`.
+    pub fn kube_identity_of(
+        &self,
+        token: Option<&crate::catalog::SecretValue>,
+        as_user: bool,
+    ) -> crate::tools::KubeIdentity {
         use crate::tools::KubeIdentity;
         let Some(auth) = self.cluster_auth.get() else {
             return KubeIdentity::Kortex;
@@ -179,7 +190,7 @@ impl Engine {
         if !as_user {
             return KubeIdentity::Kortex;
         }
-        match self.token_of(session_id) {
+        match token {
             Some(token) => match auth.client_as(token.expose()) {
                 Ok(client) => KubeIdentity::User(client),
                 Err(e) => KubeIdentity::Missing(e),

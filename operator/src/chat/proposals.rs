@@ -83,6 +83,7 @@ pub async fn propose(
     run_id: &str,
     policy: &PolicyEntry,
     model: (&str, &str),
+    via: &str,
     input: &Value,
 ) -> Result<Value, String> {
     let rules = &policy.object.spec.proposals;
@@ -225,7 +226,7 @@ pub async fn propose(
             policy: record.policy.clone(),
             subject: record.name.clone(),
             outcome: "created".into(),
-            detail: json!({"proposalId": record.id, "action": record.action, "target": record.target}),
+            detail: json!({"proposalId": record.id, "action": record.action, "target": record.target, "via": via}),
         })
         .await;
     let _ = engine

@@ -1,6 +1,6 @@
 //! One run: the loop of provider steps for a user's message, with its events.
 
-use super::{Engine, event};
+use super::{Engine, event, tool_calls};
 use crate::govern::route;
 use crate::llm::{self, ChatRequest, LlmError, Message, StopReason, StreamEvent, ToolCall};
 use crate::store::{NewDecision, NewMessage, SessionRecord};
@@ -11,6 +11,10 @@ use tokio::sync::watch;
 
 /// Text deltas are coalesced for about this long before they are persisted and sent.
 pub const COALESCE: Duration = Duration::from_millis(50);
+
+/// Added to the system prompt when the guide tools are offered.
+const GUIDES_PROMPT: &str = "Usage guides exist for your tools: list_tool_guides lists them and get_tool_guide reads one. \
+Read the guide of a tool family before you use it for the first time in a conversation.";
 
 /// The system prompt every session starts from; a policy's `systemPrompt` is appended.
 pub const BASE_PROMPT: &str = "You are Kortex, an assistant for platform and operations teams running Kubernetes. \
@@ -256,9 +260,17 @@ async fn steps(
     };
     let scope = crate::govern::Scope::new(policy, &session.user, Some(&session.id), "chat");
     let redactor = catalog.redactor_for(policy);
-    let system = match spec.system_prompt.as_deref() {
-        Some(extra) if !extra.trim().is_empty() => format!("{BASE_PROMPT}\n\n{extra}"),
-        _ => BASE_PROMPT.to_owned(),
+    // The policy's own instructions come last, after what Kortex says of its tools.
+    let system = |guides: bool| {
+        let mut prompt = BASE_PROMPT.to_owned();
+        if guides {
+            prompt.push_str("\n\n");
+            prompt.push_str(GUIDES_PROMPT);
+        }
+        match spec.system_prompt.as_deref() {
+            Some(extra) if !extra.trim().is_empty() => format!("{prompt}\n\n{extra}"),
+            _ => prompt,
+        }
     };
 
     // Client-executed tools declared by the session, as far as the policy allows them now.
@@ -298,14 +310,13 @@ async fn steps(
         let tools: Vec<llm::ToolSpec> = if std::mem::take(&mut without_tools) {
             Vec::new()
         } else {
-            engine
-                .router
-                .offered(policy, session, &kube)
+            tool_calls::offered(engine, policy, session, &kube)
                 .into_iter()
                 .chain(dynamic.iter().cloned())
-                .chain(super::proposals::spec(policy))
                 .collect()
         };
+        let guides = engine.router.guides(&tools, &session.namespace);
+        let system = system(tools.iter().any(|t| t.name == crate::tools::guides::LIST));
         let answer = match answer_step(
             engine,
             session,
@@ -387,10 +398,19 @@ async fn steps(
         if calls.is_empty() {
             return Ok(End::Completed);
         }
-        // Dynamic tools wait for the client; propose_action runs here; every other call goes
-        // through the router, all of them at once.
+        // Dynamic tools wait for the client; a proposal is stored before the other calls
+        // run, all of them at once, through the one path every door uses.
         let mut waiting = false;
         let mut routed = Vec::new();
+        let caller = tool_calls::Caller {
+            session,
+            run_id,
+            policy,
+            redactor: &redactor,
+            kube: &kube,
+            via: "chat",
+            model: (provider_name.as_str(), served_model.as_str()),
+        };
         for call in &calls {
             let start =
                 json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input});
@@ -399,51 +419,17 @@ async fn steps(
                 .await?;
             if dynamic.iter().any(|t| t.name == call.name) {
                 waiting = true;
-            } else if call.name == super::proposals::TOOL
-                && super::proposals::spec(policy).is_some()
-            {
-                let started = Instant::now();
-                let model = (provider_name.as_str(), served_model.as_str());
-                let outcome = match super::proposals::propose(
-                    engine,
-                    session,
-                    run_id,
-                    policy,
-                    model,
-                    &call.input,
-                )
-                .await
-                {
-                    Ok(v) => crate::tools::Outcome {
-                        content: v.to_string(),
-                        is_error: false,
-                        error_kind: None,
-                        truncated: false,
-                        duration: started.elapsed(),
-                    },
-                    Err(e) => crate::tools::Outcome {
-                        content: e,
-                        is_error: true,
-                        error_kind: Some("validation"),
-                        truncated: false,
-                        duration: started.elapsed(),
-                    },
-                };
+            } else if call.name == super::proposals::TOOL {
+                let outcome =
+                    tool_calls::call(engine, &caller, call, guides.clone(), async {}).await;
                 finish_call(engine, session, run_id, call, outcome).await?;
             } else {
                 routed.push(call);
             }
         }
-        let redactor = &redactor;
-        let kube = &kube;
+        let caller = &caller;
+        let guides = &guides;
         let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
-            let ctx = crate::tools::ToolContext {
-                store: engine.store.clone(),
-                session: session.clone(),
-                run_id: run_id.to_owned(),
-                redactor: redactor.clone(),
-                kube: kube.clone(),
-            };
             let slow = async {
                 let message = format!("{} is taking longer than usual…", call.name);
                 let _ = engine
@@ -455,7 +441,10 @@ async fn steps(
                     )
                     .await;
             };
-            (call, engine.router.execute(ctx, call, policy, slow).await)
+            (
+                call,
+                tool_calls::call(engine, caller, call, guides.clone(), slow).await,
+            )
         }))
         .await;
         for (call, outcome) in outcomes {

@@ -1,7 +1,8 @@
 //! The command line: `kortex serve | run | crds | migrate | providers check | ask | chat | proposals`.
 
-mod client;
+pub mod client;
 mod llm;
+pub mod mcp;
 mod run;
 
 use crate::http::auth::AuthMode;
@@ -55,6 +56,9 @@ pub enum Command {
     Proposals(client::ProposalsCommand),
     /// Usage and spend of a Kortex server, as a table.
     Usage(client::UsageArgs),
+    /// A stdio MCP server for local MCP clients, carrying their requests to a Kortex
+    /// server's `/mcp` (e.g. `claude mcp add kortex -- kortex mcp --policy NS/NAME`).
+    Mcp(mcp::McpArgs),
 }
 
 /// `kortex providers ...`
@@ -201,6 +205,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Chat(args) => block_on(client::chat(args)),
         Command::Proposals(command) => block_on(client::proposals(command)),
         Command::Usage(args) => block_on(client::usage(args)),
+        Command::Mcp(args) => block_on(mcp::run(args)),
     }
 }
 

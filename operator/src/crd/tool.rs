@@ -74,6 +74,13 @@ pub struct KortexToolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16_777_216))]
     pub max_result_bytes: Option<u32>,
+    /// A usage guide (Markdown, at most 16 KiB) the model reads on demand with
+    /// `get_tool_guide`, and MCP clients as the resource `kortex://guides/<tool name>`: how
+    /// to use the tool well, argument formats, pitfalls. Its first line that is not a
+    /// heading is its summary in `list_tool_guides`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 16384))]
+    pub guide: Option<String>,
 }
 
 fn all_sessions() -> Vec<String> {

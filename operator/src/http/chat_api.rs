@@ -152,7 +152,7 @@ pub async fn create(
 /// In cluster mode, the caller must be allowed the verb `use` on the policy
 /// (`chatpolicies/<name>`), so naming a session cannot grant a policy's budget, tools or
 /// execution rights to someone not allowed them.
-async fn may_use(
+pub(crate) async fn may_use(
     state: &AppState,
     caller: &Caller,
     policy: &crate::catalog::PolicyEntry,

@@ -1,5 +1,5 @@
-//! The HTTP server: health, readiness, metrics and the configuration API (more routes
-//! join as the chat engine lands).
+//! The HTTP server: health, readiness and metrics; the configuration, chat, proposals,
+//! audit and usage APIs; the dashboard; the `/v1` gateway; and the `/mcp` door.
 
 mod audit_api;
 mod dashboard;
@@ -12,6 +12,7 @@ mod chat_api;
 mod config_api;
 pub mod error;
 pub mod limits;
+pub mod mcp;
 mod proposals_api;
 
 use crate::live::LiveConfig;
@@ -96,6 +97,18 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::authenticate,
         ));
+    // The MCP door: authenticated as the API, then admitted under a policy.
+    let mcp = Router::new()
+        .route_service(mcp::PATH, mcp::service(state.clone()))
+        .route_layer(middleware::from_fn_with_state(state.clone(), mcp::admit))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            mcp::guard_origin,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -120,6 +133,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(gateway::models))
         .route("/v1/providers/health", get(gateway::health))
         .merge(api)
+        .merge(mcp)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn(refuse_own_requests))

@@ -5,8 +5,11 @@
 //! timestamps, JSON as TEXT, `INSERT ... ON CONFLICT`, `UPDATE ... RETURNING`.
 
 mod budget;
+mod mcp;
 mod models;
 mod repo;
+
+pub use mcp::MCP_ORIGIN;
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
 pub use models::*;
@@ -43,6 +46,7 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "runs_per_policy",
         include_str!("../../../migrations/0005_runs_per_policy.sql"),
     ),
+    (6, "mcp", include_str!("../../../migrations/0006_mcp.sql")),
 ];
 
 /// Which database is behind the store.

@@ -109,7 +109,7 @@ impl Store {
     pub async fn list_sessions(&self, user: &str) -> Result<Vec<SessionRecord>, StoreError> {
         let rows = sqlx::query(concat!(
             session_select!(),
-            " WHERE user_name = $1 AND deleted_at IS NULL ORDER BY updated_at DESC, id DESC"
+            " WHERE user_name = $1 AND deleted_at IS NULL AND origin = 'chat' ORDER BY updated_at DESC, id DESC"
         ))
         .bind(user)
         .fetch_all(&self.pool)
@@ -299,7 +299,7 @@ impl Store {
     /// Sessions of `user` that are not deleted.
     pub async fn count_sessions(&self, user: &str) -> Result<u64, StoreError> {
         let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM chat_sessions WHERE user_name = $1 AND deleted_at IS NULL",
+            "SELECT count(*) FROM chat_sessions WHERE user_name = $1 AND deleted_at IS NULL AND origin = 'chat'",
         )
         .bind(user)
         .fetch_one(&self.pool)

@@ -7,6 +7,7 @@
 pub mod admin_info;
 mod chunks;
 pub mod cluster;
+pub mod guides;
 mod history;
 pub mod mcp;
 pub mod plugin_http;
@@ -47,6 +48,10 @@ pub struct ToolContext {
     pub redactor: crate::redact::Redactor,
     /// Who the Kubernetes tools act as.
     pub kube: KubeIdentity,
+    /// The guides of the tools the session may use (`list_tool_guides`, `get_tool_guide`).
+    pub guides: Arc<[guides::Guide]>,
+    /// Which door the call came in by (`chat` or `mcp`), for the audit row.
+    pub via: &'static str,
 }
 
 /// Who the Kubernetes tools act as for a call.
@@ -162,6 +167,8 @@ impl Router {
         };
         router.add(Arc::new(ReadResultChunk));
         router.add(Arc::new(history::IncidentHistory));
+        router.add(Arc::new(guides::ListToolGuides));
+        router.add(Arc::new(guides::GetToolGuide));
         router
     }
 
@@ -193,6 +200,16 @@ impl Router {
         self.plugins.borrow().clone()
     }
 
+    /// Follows the plugin tools (a change may change what a session may use).
+    pub fn watch_plugins(&self) -> watch::Receiver<Arc<PluginSet>> {
+        self.plugins.clone()
+    }
+
+    /// The guides of `offered`, the tools a session of `namespace` may use.
+    pub fn guides(&self, offered: &[ToolSpec], namespace: &str) -> Arc<[guides::Guide]> {
+        guides::usable(offered, &self.plugins(), namespace).into()
+    }
+
     /// The built-in tools' specs.
     pub fn builtin(&self) -> impl Iterator<Item = &ToolSpec> {
         self.tools.values().map(|t| &t.spec)
@@ -217,14 +234,20 @@ impl Router {
             .map(|p| &p.registered.spec);
         // Without a Kubernetes identity to act as, the Kubernetes tools are not offered.
         let kube_ok = !matches!(kube, KubeIdentity::Missing(_));
-        self.tools
+        let mut offered: Vec<ToolSpec> = self
+            .tools
             .values()
             .filter(|t| kube_ok || !t.kubernetes)
             .map(|t| &t.spec)
             .chain(own)
-            .filter(|s| crate::glob::allowed(&rules.allow, &rules.deny, &s.name))
+            .filter(|s| permitted(rules, &s.name))
             .cloned()
-            .collect()
+            .collect();
+        // The guide tools only when there is a guide to read.
+        if guides::usable(&offered, &plugins, &session.namespace).is_empty() {
+            offered.retain(|s| !guides::is_guide_tool(&s.name));
+        }
+        offered
     }
 
     /// Runs one call under the policy. Never fails: every problem is an error result.
@@ -253,12 +276,10 @@ impl Router {
                     call.name, ctx.session.name
                 )))
             }
-            Some(_) if !crate::glob::allowed(&rules.allow, &rules.deny, &call.name) => {
-                Err(ToolError::Denied(format!(
-                    "tool {} is not allowed by the session's policy",
-                    call.name
-                )))
-            }
+            Some(_) if !permitted(rules, &call.name) => Err(ToolError::Denied(format!(
+                "tool {} is not allowed by the session's policy",
+                call.name
+            ))),
             Some(registered) => match validate(&registered.validator, &call.input) {
                 Err(e) => Err(e),
                 Ok(()) => {
@@ -341,7 +362,7 @@ impl Router {
                 policy: policy.object.metadata.name.clone(),
                 subject: call.name.clone(),
                 outcome: status.to_owned(),
-                detail: json!({"callId": call.id, "durationMs": duration.as_millis() as u64, "truncated": truncated, "redactions": redactions}),
+                detail: json!({"callId": call.id, "via": ctx.via, "durationMs": duration.as_millis() as u64, "truncated": truncated, "redactions": redactions}),
             })
             .await;
         Outcome {
@@ -351,6 +372,17 @@ impl Router {
             truncated,
             duration,
         }
+    }
+}
+
+/// Whether a policy's `tools` rules let a session call `name`. The guide tools read only
+/// Kortex's guides of tools the session may use anyway, so an allow list need not name
+/// them; `deny` still removes them.
+fn permitted(rules: &crate::crd::ToolRules, name: &str) -> bool {
+    if guides::is_guide_tool(name) {
+        !crate::glob::any_matches(&rules.deny, name)
+    } else {
+        crate::glob::allowed(&rules.allow, &rules.deny, name)
     }
 }
 

@@ -27,6 +27,8 @@ pub struct Plugin {
     pub allowed_sessions: Vec<String>,
     /// The `KortexTool` it comes from.
     pub source: ObjectKey,
+    /// The `KortexTool`'s guide, if it has one.
+    pub guide: Option<Arc<super::guides::PluginGuide>>,
 }
 
 /// What an MCP server's last discovery found.
@@ -172,10 +174,17 @@ fn http_tool(entry: &ToolEntry, host: &PluginHost) -> Result<HttpTool, String> {
 }
 
 fn plugin(entry: &ToolEntry, key: &ObjectKey, tool: Arc<dyn Tool>) -> Arc<Plugin> {
+    let guide = entry.object.spec.guide.as_deref().map(|body| {
+        Arc::new(super::guides::PluginGuide {
+            name: entry.tool_name.clone(),
+            body: Arc::from(body),
+        })
+    });
     Arc::new(Plugin {
         registered: Registered::new(tool),
         allowed_sessions: entry.object.spec.allowed_sessions.clone(),
         source: key.clone(),
+        guide,
     })
 }
 

@@ -139,5 +139,7 @@ pub async fn tool_context(store: &Store, name: &str) -> kortex::tools::ToolConte
         run_id: "run-1".into(),
         redactor: Default::default(),
         kube: Default::default(),
+        guides: std::sync::Arc::from(Vec::new()),
+        via: "chat",
     }
 }

@@ -21,6 +21,7 @@ mod limits;
 mod llm;
 mod local_models;
 mod manifests;
+mod mcp_door;
 mod operator;
 mod plugins;
 mod policy;
