@@ -946,3 +946,100 @@ spec: {sessions: ["*"], provider: none}
     .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status(), 404);
 }
+
+/// Cluster mode: Kubernetes tokens (TokenReview), `use` on the policy (SubjectAccessReview),
+/// Kubernetes tools read with the caller's own token, and a proposal that is an
+/// `ActionProposal` object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_mcp_callers_act_with_their_own_rights() {
+    use crate::operator::{FakeApi, deployment, start_run_with};
+    let Some(python) = python() else {
+        return;
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, _script) = crate::llm::mock().await;
+    fake.apply("deployments", deployment());
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+    );
+    fake.allow("alice");
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
+    let url = server.url("/mcp?policy=team-a/incidents");
+
+    // bob's token is valid, but RBAC does not let him use the policy.
+    let bob = client(
+        &python,
+        &["--url", &url, "--token", "bob-token"],
+        &json!([{"op": "list_tools"}]),
+        |_| {},
+    );
+    assert_eq!(bob.status, 2, "{}", bob.stderr);
+    assert!(bob.stderr.contains("HTTP 403"), "{}", bob.stderr);
+
+    let alice = client(
+        &python,
+        &["--url", &url, "--token", "alice-token"],
+        &json!([
+            {"op": "list_tools"},
+            {"op": "call_tool", "name": "get_resource", "arguments": {"kind": "Deployment", "namespace": "shop", "name": "api"}},
+            {"op": "call_tool", "name": "propose_action", "arguments": {
+                "action": "restart", "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+                "rationale": "stuck rollout"}}
+        ]),
+        |_| {},
+    );
+    assert_eq!(alice.status, 0, "{}", alice.stderr);
+    let tools = tool_names(alice.step(0));
+    for t in [
+        "get_resource",
+        "get_logs",
+        "get_events",
+        "propose_action",
+        "list_tool_guides",
+    ] {
+        assert!(tools.contains(&t.to_owned()), "{t} missing: {tools:?}");
+    }
+    let read = alice.step(1);
+    assert_eq!(read["isError"], false, "{read}");
+    assert!(read["text"].to_string().contains("replicas"), "{read}");
+    // The Deployment was read with alice's own token (runToolsAsUser).
+    assert!(
+        fake.seen().iter().any(|s| s.method == "GET"
+            && s.path == "/apis/apps/v1/namespaces/shop/deployments/api"
+            && s.token == "alice-token"),
+        "not read as alice"
+    );
+    let review = fake
+        .seen()
+        .into_iter()
+        .rfind(|s| s.path.ends_with("/subjectaccessreviews") && s.body["spec"]["user"] == "alice")
+        .map(|s| s.body["spec"]["resourceAttributes"].clone())
+        .unwrap_or_default();
+    assert_eq!(
+        review,
+        json!({"namespace": "team-a", "verb": "use", "group": "kortex.dev", "resource": "chatpolicies", "name": "incidents"})
+    );
+    // The proposal is an ActionProposal waiting for a human, recorded as made over MCP.
+    let proposal = alice.step(2);
+    assert_eq!(proposal["isError"], false, "{proposal}");
+    assert!(
+        proposal["text"]
+            .to_string()
+            .contains("kubectl kortex approve"),
+        "{proposal}"
+    );
+    let objects = fake.list("actionproposals");
+    let made = objects
+        .iter()
+        .find(|o| o["spec"]["session"]["user"] == "alice")
+        .unwrap_or_else(|| panic!("no ActionProposal: {objects:?}"));
+    assert_eq!(made["spec"]["model"]["provider"], "mcp", "{made}");
+    assert_eq!(made["spec"]["action"], "restart");
+    assert!(server.terminate().success());
+}
