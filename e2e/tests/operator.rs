@@ -436,6 +436,62 @@ async fn say(
     Ok(())
 }
 
+/// One MCP tool call as `token` over Streamable HTTP (initialize, initialized, tools/call);
+/// the JSON-RPC answer to the call. An HTTP refusal is an error naming its status.
+async fn mcp_call(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    tool: &str,
+    arguments: Value,
+) -> anyhow::Result<Value> {
+    let post = |session: Option<&str>, body: Value| {
+        let mut r = http
+            .post(url)
+            .bearer_auth(token)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(id) = session {
+            r = r
+                .header("mcp-session-id", id)
+                .header("mcp-protocol-version", "2025-11-25");
+        }
+        r.send()
+    };
+    // A legacy-session answer comes as one SSE event; take its JSON-RPC message.
+    let message = |text: String| -> anyhow::Result<Value> {
+        let data = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .find(|d| d.starts_with('{'))
+            .unwrap_or(text.trim());
+        Ok(serde_json::from_str(data)?)
+    };
+    let r = post(None, json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "e2e", "version": "1"}}}))
+        .await?;
+    anyhow::ensure!(r.status().is_success(), "initialize: HTTP {}", r.status());
+    let session = r
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    message(r.text().await?)?;
+    post(
+        session.as_deref(),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await?;
+    let r = post(
+        session.as_deref(),
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": arguments}}),
+    )
+    .await?;
+    anyhow::ensure!(r.status().is_success(), "tools/call: HTTP {}", r.status());
+    message(r.text().await?)
+}
+
 /// The name of the one Pending proposal, once there is one.
 async fn pending_proposal(proposals: &Api<ActionProposal>) -> anyhow::Result<String> {
     let mut name = String::new();
@@ -682,6 +738,30 @@ async fn run(
         },
     )
     .await?;
+
+    // Over MCP the reporter reads with the policy's tools (RBAC lets them `use` it); a
+    // ServiceAccount without that right is refused.
+    let mcp = format!("{base}/mcp?policy={ns}/incidents");
+    let read = mcp_call(
+        &http,
+        &mcp,
+        &reporter,
+        "get_resource",
+        json!({"kind": "Deployment", "namespace": ns, "name": "ticker"}),
+    )
+    .await?;
+    anyhow::ensure!(
+        read["result"]["isError"] != json!(true) && read.to_string().contains("ticker"),
+        "MCP get_resource: {read}"
+    );
+    let stranger = service_account_token(admin, ns, "stranger").await?;
+    let refused = mcp_call(&http, &mcp, &stranger, "get_resource", json!({})).await;
+    anyhow::ensure!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("403")),
+        "a caller without `use` on the policy got {refused:?}"
+    );
 
     // A chat makes a proposal: Kortex created it and wrote its status (Pending).
     chat(&http, &base, &reporter, ns, "incident-e2e-1").await?;

@@ -6,6 +6,7 @@
 
 use crate::binary::Server;
 use crate::common::{eventually, http_client};
+use crate::plugins::python_with_mcp as python;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -14,25 +15,6 @@ use std::process::{Command, Stdio};
 const ALICE: &str = "alice-key-0123456789abcdef";
 const BOB: &str = "bob-key-0123456789abcdef";
 const MCP_TOKEN: &str = "mcp-upstream-token-5f1c9a";
-
-/// The Python with the MCP SDK, or `None` (skipped) when the run does not require it.
-fn python() -> Option<String> {
-    let python = std::env::var("KORTEX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let ok = Command::new(&python)
-        .args(["-c", "import mcp.client"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var("KORTEX_REQUIRE_MCP").is_err(),
-            "{python} has no mcp package (pip install mcp==2.3.0)"
-        );
-        eprintln!("skipped: {python} has no mcp package");
-        return None;
-    }
-    Some(python)
-}
 
 /// What one run of the SDK client printed, and how it ended.
 struct Run {
@@ -230,6 +212,19 @@ async fn setup() -> Option<(Setup, String)> {
     ))
 }
 
+/// `GET base+path` with alice's key, as JSON.
+async fn get_as_alice(base: &str, path: &str) -> Value {
+    http_client()
+        .get(format!("{base}{path}"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+        .json()
+        .await
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_client_investigates_with_its_policys_tools_rights_and_audit() {
     let Some((s, python)) = setup().await else {
@@ -416,15 +411,7 @@ async fn an_mcp_client_investigates_with_its_policys_tools_rights_and_audit() {
     assert_eq!(theirs.step(0)["isError"], true, "{}", theirs.step(0));
 
     // Every call has its audit row, marked as coming over MCP.
-    let audit: Value = http_client()
-        .get(format!("{}/api/v1/audit?kind=tool_call&limit=100", s.base))
-        .bearer_auth(ALICE)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let audit = get_as_alice(&s.base, "/api/v1/audit?kind=tool_call&limit=100").await;
     let rows = audit["items"]
         .as_array()
         .unwrap_or_else(|| panic!("{audit}"));
@@ -442,29 +429,13 @@ async fn an_mcp_client_investigates_with_its_policys_tools_rights_and_audit() {
         "the audit log holds the Secret value"
     );
     // The proposal is pending for a human, like one made in chat.
-    let proposals: Value = http_client()
-        .get(format!("{}/chat/v1/proposals", s.base))
-        .bearer_auth(ALICE)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let proposals = get_as_alice(&s.base, "/chat/v1/proposals").await;
     assert!(
         proposals.to_string().contains("\"Pending\"") && proposals.to_string().contains("scale"),
         "{proposals}"
     );
     // MCP sessions stay out of the user's chat session list.
-    let sessions: Value = http_client()
-        .get(format!("{}/chat/v1/sessions", s.base))
-        .bearer_auth(ALICE)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let sessions = get_as_alice(&s.base, "/chat/v1/sessions").await;
     assert_eq!(
         sessions["items"].as_array().map(Vec::len),
         Some(0),

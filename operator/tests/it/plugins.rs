@@ -445,18 +445,12 @@ impl Drop for McpServer {
     }
 }
 
-/// Starts the server, or `None` when the Python `mcp` package is missing and the test run
-/// does not require it (`KORTEX_REQUIRE_MCP=1`, set by scripts/test.sh).
-pub(crate) fn mcp_server(token: &str) -> Option<McpServer> {
-    mcp_server_on(token, 0)
-}
-
-/// [`mcp_server`] on a given port (0: any free one).
-fn mcp_server_on(token: &str, port: u16) -> Option<McpServer> {
+/// The Python with the MCP SDK (server and client), or `None` (skipped) when it has none
+/// and the run does not require it (`KORTEX_REQUIRE_MCP=1`, set by scripts/test.sh).
+pub(crate) fn python_with_mcp() -> Option<String> {
     let python = std::env::var("KORTEX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_server.py");
     let has_mcp = std::process::Command::new(&python)
-        .args(["-c", "import mcp.server.mcpserver"])
+        .args(["-c", "import mcp.server.mcpserver, mcp.client"])
         .stderr(std::process::Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
@@ -468,6 +462,19 @@ fn mcp_server_on(token: &str, port: u16) -> Option<McpServer> {
         eprintln!("skipped: {python} has no mcp package");
         return None;
     }
+    Some(python)
+}
+
+/// Starts the server, or `None` when the Python `mcp` package is missing and the test run
+/// does not require it (`KORTEX_REQUIRE_MCP=1`, set by scripts/test.sh).
+pub(crate) fn mcp_server(token: &str) -> Option<McpServer> {
+    mcp_server_on(token, 0)
+}
+
+/// [`mcp_server`] on a given port (0: any free one).
+fn mcp_server_on(token: &str, port: u16) -> Option<McpServer> {
+    let python = python_with_mcp()?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_server.py");
     let mut child = std::process::Command::new(&python)
         .arg(script)
         .args(["--port", &port.to_string(), "--token", token])
