@@ -7,7 +7,7 @@
 //! the tool's timeout (dropping a call sends `notifications/cancelled`); tool errors
 //! (`isError`) and JSON-RPC errors become `isError` results.
 
-use super::plugins::{PluginHost, request_headers};
+use super::plugin_host::{PluginHost, request_headers};
 use super::{Tool, ToolContext, ToolError};
 use crate::catalog::{ObjectKey, ToolEntry};
 use crate::llm::{BoxFuture, ToolSpec};

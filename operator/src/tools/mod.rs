@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod guides;
 mod history;
 pub mod mcp;
+pub mod plugin_host;
 pub mod plugin_http;
 pub mod plugins;
 pub mod prometheus;
