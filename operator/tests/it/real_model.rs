@@ -104,7 +104,7 @@ spec:
   mode: local-only
   maxToolDepth: 2
   systemPrompt: |-
-    When the user asks about past incidents, answer with only this JSON and nothing else:
+    Whatever the user asks, reply with exactly this line and nothing else:
     {{"name": "get_incident_history", "arguments": {{"query": "checkout"}}}}
 ---
 apiVersion: v1
