@@ -249,6 +249,12 @@ pub async fn tools(
                 "tools": status.tools,
                 "discovery": discovery,
                 "buildError": problem,
+                // The guide as list_tool_guides shows it (the text is in the object).
+                "guide": spec.guide.as_deref().map(|g| json!({
+                    "name": t.tool_name,
+                    "summary": crate::tools::guides::summary(g),
+                    "bytes": g.len(),
+                })),
             });
             (common, own)
         },

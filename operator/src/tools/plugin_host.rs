@@ -87,4 +87,3 @@ pub fn request_headers(
     }
     Ok((map, basic))
 }
-

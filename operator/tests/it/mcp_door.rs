@@ -816,6 +816,10 @@ async fn tool_guides_are_bounded_by_the_schema() {
             .unwrap_or_else(|| panic!("no {name} in {tools}"))
     };
     assert_eq!(entry("fits")["available"], true, "{}", entry("fits"));
+    assert_eq!(
+        entry("fits")["guide"],
+        json!({"name": "fits", "summary": "a".repeat(200 - 1) + "…", "bytes": 16_008})
+    );
     let long = entry("too-long");
     assert_eq!(long["available"], false);
     assert!(
