@@ -124,6 +124,15 @@ fi
 export KORTEX_TEST_CHROMIUM="$(command -v chromium)"
 export KORTEX_REQUIRE_BROWSER=1
 
+# The MCP interop test drives Claude Code (npm @anthropic-ai/claude-code, pinned by its
+# lockfile) against Kortex's /mcp, with a local model server standing in for Anthropic's.
+if [ ! -x operator/tests/claude-code/node_modules/.bin/claude ]; then
+  echo "==> installing Claude Code (npm) for the MCP interop test"
+  npm ci --prefix operator/tests/claude-code --no-audit --no-fund --silent
+fi
+export KORTEX_TEST_CLAUDE="$PWD/operator/tests/claude-code/node_modules/.bin/claude"
+export KORTEX_REQUIRE_CLAUDE=1
+
 runner=(cargo test)
 if cargo nextest --version >/dev/null 2>&1; then
   runner=(cargo nextest run --no-fail-fast)

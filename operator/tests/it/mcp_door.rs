@@ -1018,3 +1018,168 @@ async fn in_a_cluster_mcp_callers_act_with_their_own_rights() {
     assert_eq!(made["spec"]["action"], "restart");
     assert!(server.terminate().success());
 }
+
+/// A stand-in for Anthropic's Messages API (streamed, as Claude Code asks for it): it calls
+/// the `get_incident_history` tool it is offered once, then answers with what came back.
+async fn tool_calling_model() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::response::IntoResponse;
+    type Seen = std::sync::Arc<std::sync::Mutex<Vec<Value>>>;
+    fn sse(event: &str, data: Value) -> String {
+        format!("event: {event}\ndata: {data}\n\n")
+    }
+    async fn messages(
+        axum::extract::State(seen): axum::extract::State<Seen>,
+        axum::Json(body): axum::Json<Value>,
+    ) -> axum::response::Response {
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(body.clone());
+        let tool = body["tools"].as_array().and_then(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["name"].as_str())
+                .find(|n| n.ends_with("__get_incident_history"))
+                .map(str::to_owned)
+        });
+        // The tool's result, once Claude Code has sent it back.
+        let result = body["messages"].as_array().and_then(|m| {
+            m.iter()
+                .filter_map(|m| m["content"].as_array())
+                .flatten()
+                .find(|c| c["type"] == "tool_result")
+                .map(|c| c["content"].to_string())
+        });
+        let (block, delta, stop) = match (&tool, &result) {
+            (Some(name), None) => (
+                json!({"type": "tool_use", "id": "toolu_1", "name": name, "input": {}}),
+                json!({"type": "input_json_delta", "partial_json": "{\"query\": \"checkout\"}"}),
+                "tool_use",
+            ),
+            (_, result) => (
+                json!({"type": "text", "text": ""}),
+                json!({"type": "text_delta", "text": format!("Kortex answered: {}", result.as_deref().unwrap_or("nothing"))}),
+                "end_turn",
+            ),
+        };
+        let events = [
+            sse(
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                    "model": body["model"], "content": [], "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+            ),
+            sse(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0, "content_block": block}),
+            ),
+            sse(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": delta}),
+            ),
+            sse(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            sse(
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 5}}),
+            ),
+            sse("message_stop", json!({"type": "message_stop"})),
+        ]
+        .concat();
+        ([("content-type", "text/event-stream")], events).into_response()
+    }
+    let seen: Seen = std::sync::Arc::default();
+    let app = axum::Router::new()
+        .route("/v1/messages", axum::routing::post(messages))
+        .with_state(seen.clone());
+    (crate::common::serve(app).await, seen)
+}
+
+/// Claude Code, the MCP client engineers use, investigates through Kortex: it lists the
+/// policy's tools, calls one, and Kortex audits the call as the key's user.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_investigates_through_kortex() {
+    let Some(claude) = std::env::var("KORTEX_TEST_CLAUDE")
+        .ok()
+        .filter(|c| Path::new(c).exists())
+    else {
+        assert!(
+            std::env::var("KORTEX_REQUIRE_CLAUDE").is_err(),
+            "KORTEX_TEST_CLAUDE must name Claude Code's binary (scripts/test.sh installs it)"
+        );
+        eprintln!("skipped: no Claude Code (KORTEX_TEST_CLAUDE)");
+        return;
+    };
+    let Some((s, _python)) = setup().await else {
+        return;
+    };
+    let (model, seen) = tool_calling_model().await;
+    let home = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config = json!({"mcpServers": {"kortex": {"type": "http",
+        "url": format!("{}/mcp?policy=default/ops", s.base),
+        "headers": {"Authorization": format!("Bearer {ALICE}")}}}});
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(&claude)
+            .args(["-p", "Has checkout failed before?", "--strict-mcp-config"])
+            .args(["--mcp-config", &config.to_string()])
+            .args(["--allowedTools", "mcp__kortex__get_incident_history"])
+            .env("HOME", home.path())
+            .env("ANTHROPIC_BASE_URL", &model)
+            .env("ANTHROPIC_API_KEY", "sk-ant-test-not-a-key")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .stdin(Stdio::null())
+            .output()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap_or_else(|e| panic!("claude: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Claude Code was offered the policy's tools under its mcp__kortex__ prefix, not the
+    // denied one.
+    let offered: Vec<String> = seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .first()
+        .and_then(|b| b["tools"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|t| t["name"].as_str().map(str::to_owned))
+        .filter(|n| n.starts_with("mcp__kortex__"))
+        .collect();
+    for t in [
+        "get_incident_history",
+        "grafana__echo",
+        "propose_action",
+        "list_tool_guides",
+    ] {
+        assert!(
+            offered.contains(&format!("mcp__kortex__{t}")),
+            "{t} not offered: {offered:?}"
+        );
+    }
+    assert!(
+        !offered.contains(&"mcp__kortex__grafana__fail".to_owned()),
+        "{offered:?}"
+    );
+    // Kortex's answer went back to the model, and the model's answer to the user.
+    assert!(
+        stdout.contains("Kortex answered") && stdout.contains("sessions"),
+        "{stdout}\n{stderr}"
+    );
+    let audit = get_as_alice(&s.base, "/api/v1/audit?kind=tool_call").await;
+    assert!(
+        audit["items"]
+            .as_array()
+            .is_some_and(
+                |rows| rows.iter().any(|r| r["subject"] == "get_incident_history"
+                    && r["user"] == "alice"
+                    && r["detail"]["via"] == "mcp"
+                    && r["outcome"] == "ok")
+            ),
+        "{audit}"
+    );
+}
