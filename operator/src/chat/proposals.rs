@@ -239,6 +239,7 @@ pub async fn propose(
         .await;
     let mut out = json!({"proposalId": record.id, "name": record.name, "namespace": record.namespace,
         "awaitsConfirmation": true,
+        "message": "Proposed, not executed: nothing changes unless a person approves it before it expires (the dashboard, kortex proposals approve, or kubectl kortex approve in a cluster).",
         "expiresAt": jiff::Timestamp::from_millisecond(record.expires_at).map(|t| t.to_string()).unwrap_or_default()});
     if engine.cluster.get().is_some() {
         out["approveWith"] = json!(format!(

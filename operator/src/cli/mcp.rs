@@ -84,6 +84,26 @@ async fn kubeconfig_token(path: &str) -> Result<String, String> {
     Err("the kubeconfig's current user has no bearer token (it signs in with client certificates or an exec plugin); pass one with --key, e.g. --key \"$(kubectl create token NAME)\" or your OIDC ID token".to_owned())
 }
 
+/// What the server said, from the SDK's transport error: a refusal's status and the
+/// server's own message, or what to do about missing credentials.
+fn explain(error: &str) -> String {
+    if error.contains("Auth required") {
+        return "the server wants credentials (401): pass a chat key with --key or KORTEX_API_KEY, or --kubeconfig for your Kubernetes token".to_owned();
+    }
+    const MARK: &str = "unexpected server response: HTTP ";
+    let Some(start) = error.find(MARK).map(|i| i + MARK.len()) else {
+        return error.to_owned();
+    };
+    let rest = &error[start..];
+    let (status, body) = rest.split_once(": ").unwrap_or((rest, ""));
+    let body = body.rsplit_once(", when ").map_or(body, |(b, _)| b);
+    let message = serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.to_owned());
+    format!("HTTP {status}: {message}")
+}
+
 /// Runs the bridge until the client closes standard input.
 pub async fn run(args: McpArgs) -> Result<(), String> {
     let token = match (&args.kubeconfig, &args.server.key) {
@@ -105,7 +125,7 @@ pub async fn run(args: McpArgs) -> Result<(), String> {
     }
     .serve(transport)
     .await
-    .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    .map_err(|e| format!("cannot connect to {url}: {}", explain(&e.to_string())))?;
     upstream
         .peer()
         .set_response_cache_config(rmcp::ClientCacheConfig::disabled())
@@ -257,6 +277,21 @@ mod tests {
             namespace: None,
             kubeconfig: None,
         }
+    }
+
+    #[test]
+    fn refusals_are_said_in_the_servers_words() {
+        assert_eq!(
+            explain(
+                "Send message error Transport [x] error: unexpected server response: HTTP 422 Unprocessable Entity: {\"error\":{\"code\":\"no_matching_policy\",\"message\":\"no ChatPolicy default/nope\"}}, when send initialize request"
+            ),
+            "HTTP 422 Unprocessable Entity: no ChatPolicy default/nope"
+        );
+        assert!(
+            explain("Transport error: Auth required, when send initialize request")
+                .contains("--key")
+        );
+        assert_eq!(explain("connection refused"), "connection refused");
     }
 
     #[test]

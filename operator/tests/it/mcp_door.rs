@@ -376,6 +376,12 @@ async fn an_mcp_client_investigates_with_its_policys_tools_rights_and_audit() {
     let made: Value = serde_json::from_str(proposal["text"].as_str().unwrap_or_default())
         .unwrap_or_else(|e| panic!("{e}: {proposal}"));
     assert_eq!(made["awaitsConfirmation"], true, "{made}");
+    assert!(
+        made["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("Proposed, not executed")),
+        "{made}"
+    );
 
     // The manifest edit reached the client as tools/list_changed.
     let changed = run.step(11);
@@ -688,7 +694,11 @@ async fn kortex_mcp_bridges_a_stdio_client_to_the_server() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("cannot connect to"), "{stderr}");
+    assert!(
+        stderr.contains("cannot connect to")
+            && stderr.contains("the server wants credentials (401): pass a chat key with --key"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
