@@ -386,11 +386,55 @@ pub async fn post_message(
     Ok(response)
 }
 
-/// `?after=SEQ` of the events endpoint.
+/// `?after=SEQ` of the events endpoint; `?format=jsonl` (with `from_seq=N`, the first
+/// sequence number wanted) exports instead of following.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AfterQuery {
     after: Option<i64>,
+    from_seq: Option<i64>,
+    format: Option<String>,
+}
+
+/// Events a JSONL export reads from the database at a time.
+const EXPORT_PAGE: i64 = 1000;
+
+/// `?format=jsonl`: every stored event of the session from `from_seq` on, one JSON object a
+/// line (`{"id", "event", "data", "runId", "createdAt"}`, the ids SSE gives), then the end:
+/// for postmortems and tests. Streamed page by page, never held whole.
+fn jsonl_export(state: AppState, session: String, from_seq: i64) -> Response {
+    let pages = futures_util::stream::unfold(Some(from_seq - 1), move |after| {
+        let state = state.clone();
+        let session = session.clone();
+        async move {
+            let after = after?;
+            match state.store.events_after(&session, after, EXPORT_PAGE).await {
+                Ok(events) if events.is_empty() => None,
+                Ok(events) => {
+                    let next = (events.len() as i64 == EXPORT_PAGE)
+                        .then(|| events.last().map(|e| e.seq))
+                        .flatten();
+                    let mut text = String::new();
+                    for e in &events {
+                        let line = json!({"id": e.seq, "event": e.event_type, "data": e.data,
+                            "runId": e.run_id, "createdAt": ms_to_rfc3339(e.created_at)});
+                        text.push_str(&line.to_string());
+                        text.push('\n');
+                    }
+                    Some((Ok::<_, std::io::Error>(text), next))
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "a JSONL export stopped early");
+                    Some((Err(std::io::Error::other(e.to_string())), None))
+                }
+            }
+        }
+    });
+    (
+        [(header::CONTENT_TYPE, "application/jsonl")],
+        axum::body::Body::from_stream(pages),
+    )
+        .into_response()
 }
 
 /// `GET /chat/v1/sessions/{id}/events`: replays from `Last-Event-ID` or `?after=`, then
@@ -404,6 +448,22 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     owned(&state, &caller, &id).await?;
+    match q.format.as_deref() {
+        Some("jsonl") => {
+            return Ok(jsonl_export(state, id, q.from_seq.unwrap_or(1).max(1)));
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "format={other}: the events export format is jsonl (without format, events stream as SSE)"
+            )));
+        }
+        None if q.from_seq.is_some() => {
+            return Err(ApiError::invalid(
+                "from_seq goes with format=jsonl; an SSE stream replays with ?after=SEQ or Last-Event-ID",
+            ));
+        }
+        None => {}
+    }
     let header_after = match headers
         .get("last-event-id")
         .map(|v| v.to_str().map(str::parse::<i64>))

@@ -27,6 +27,7 @@ mod plugins;
 mod policy;
 mod prometheus;
 mod real_model;
+mod run_control;
 mod samples;
 mod store;
 mod tools;
