@@ -3,6 +3,7 @@
 //! database-issued per-session sequence number) before publishing it to live followers.
 
 pub mod context;
+pub mod control;
 pub mod proposals;
 mod roles;
 mod run;
@@ -440,6 +441,11 @@ impl Engine {
         Ok(())
     }
 
+    /// Takes on a parked run again (already marked `running`, owned by this replica).
+    pub fn continue_run(self: &Arc<Self>, session: &SessionRecord, run_id: &str) {
+        self.spawn(session, run_id, true, Vec::new());
+    }
+
     fn spawn(
         self: &Arc<Self>,
         session: &SessionRecord,
@@ -584,6 +590,9 @@ impl Engine {
             let stale_before = crate::store::now_ms() - STALE_AFTER.as_millis() as i64;
             if let Err(e) = self.recover(stale_before).await {
                 tracing::warn!(error = %e, "recovering interrupted runs failed");
+            }
+            if let Err(e) = control::expire_paused(&self).await {
+                tracing::warn!(error = %e, "expiring paused runs failed");
             }
         }
     }

@@ -24,6 +24,8 @@ you can only read, and propose actions for a human to approve.";
 /// How a run ended.
 enum End {
     Completed,
+    /// Parked at a step boundary by a pause; a resume takes it on again.
+    Paused,
     /// Waiting for the client to run its dynamic tools.
     RequiresAction,
     Cancelled,
@@ -66,7 +68,29 @@ pub async fn run(
             detail: None,
         },
     };
+    if let End::Paused = end {
+        // Parked: the run row says so; the session waits for a resume or a cancel.
+        let parked = crate::store::patiently("a paused session", || {
+            engine
+                .store
+                .transition_session(&session.id, &["running"], "paused")
+        })
+        .await;
+        if let Err(e) = parked {
+            tracing::error!(session = %session.id, error = %e, "cannot record the paused session");
+        }
+        let _ = engine
+            .emit(
+                &session.id,
+                run_id,
+                event::RUN_LIFECYCLE,
+                json!({"runId": run_id, "state": "paused"}),
+            )
+            .await;
+        return;
+    }
     let (state, session_status, reason) = match &end {
+        End::Paused => ("paused", "paused", None),
         End::Completed => ("completed", "idle", None),
         End::RequiresAction => ("requires_action", "requires_action", None),
         End::Cancelled => (
@@ -294,6 +318,13 @@ async fn steps(
     for step in (used + 1)..=spec.max_tool_depth {
         if *cancel.borrow() {
             return Ok(End::Cancelled);
+        }
+        // Nothing new goes to a provider or a tool once a pause is asked; redirects made
+        // since the last boundary join the transcript here.
+        if let super::control::Boundary::Park =
+            super::control::at_boundary(engine, session, run_id).await?
+        {
+            return Ok(End::Paused);
         }
         engine
             .emit(

@@ -73,6 +73,31 @@ pub struct ChatPolicySpec {
     /// What models may propose, and what happens on approval.
     #[serde(default)]
     pub proposals: ProposalRules,
+    /// How people may steer a running investigation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_control: Option<RunControl>,
+}
+
+/// Run control: pause, resume, redirect.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RunControl {
+    /// A paused run is cancelled (with a notice) after this long. Default `30m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_timeout: Option<Duration>,
+}
+
+/// How long a paused run waits by default.
+pub const PAUSED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30 * 60);
+
+impl RunControl {
+    /// How long a paused run waits before it is cancelled.
+    pub fn paused_timeout(&self) -> std::time::Duration {
+        self.paused_timeout
+            .filter(|d| !d.is_negative())
+            .map(std::time::Duration::from)
+            .unwrap_or(PAUSED_TIMEOUT)
+    }
 }
 
 fn default_max_tool_depth() -> u32 {

@@ -262,7 +262,11 @@ pub async fn list(
     ))
 }
 
-async fn owned(state: &AppState, caller: &Caller, id: &str) -> Result<SessionRecord, ApiError> {
+pub(crate) async fn owned(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<SessionRecord, ApiError> {
     state
         .store
         .get_session(id, &caller.user)
@@ -803,6 +807,21 @@ pub async fn cancel(
             .emit_now(&id, &run_id, event::RUN_LIFECYCLE, data)
             .await
             .map_err(ApiError::from)?;
+        return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());
+    }
+    // A paused run is ended where it is parked.
+    if session.status == "paused"
+        && let Some((run, _)) = state.store.active_run(&id).await.map_err(ApiError::from)?
+    {
+        crate::chat::control::apply(
+            &state.engine,
+            &session,
+            &run,
+            &caller.user,
+            crate::chat::control::Control::Cancel,
+            None,
+        )
+        .await?;
         return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());
     }
     // On this replica: stop it now; elsewhere: ask through the database (its owner polls).

@@ -14,6 +14,7 @@ pub mod error;
 pub mod limits;
 pub mod mcp;
 mod proposals_api;
+mod runs_api;
 
 use crate::live::LiveConfig;
 use crate::metrics::{HttpLabels, Metrics};
@@ -77,6 +78,22 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(chat_api::cancel),
         )
         .route("/chat/v1/sessions/{id}/export", get(audit_api::export))
+        .route(
+            "/chat/v1/sessions/{id}/runs/{run}/pause",
+            axum::routing::post(runs_api::pause),
+        )
+        .route(
+            "/chat/v1/sessions/{id}/runs/{run}/resume",
+            axum::routing::post(runs_api::resume),
+        )
+        .route(
+            "/chat/v1/sessions/{id}/runs/{run}/redirect",
+            axum::routing::post(runs_api::redirect),
+        )
+        .route(
+            "/chat/v1/sessions/{id}/runs/{run}/cancel",
+            axum::routing::post(runs_api::cancel),
+        )
         .route(
             "/chat/v1/sessions/{id}/tool-results",
             axum::routing::post(chat_api::tool_results),

@@ -8,8 +8,10 @@ mod budget;
 mod mcp;
 mod models;
 mod repo;
+mod runs;
 
 pub use mcp::MCP_ORIGIN;
+pub use runs::RunRecord;
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
 pub use models::*;
@@ -47,6 +49,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         include_str!("../../../migrations/0005_runs_per_policy.sql"),
     ),
     (6, "mcp", include_str!("../../../migrations/0006_mcp.sql")),
+    (
+        7,
+        "run_control",
+        include_str!("../../../migrations/0007_run_control.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

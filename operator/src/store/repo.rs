@@ -53,6 +53,55 @@ fn session_row(row: &AnyRow) -> Result<SessionRecord, StoreError> {
     })
 }
 
+/// Appends a message to a session's transcript inside `tx` (the next sequence number).
+pub(super) async fn insert_message(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    session_id: &str,
+    new: &NewMessage,
+) -> Result<MessageRecord, StoreError> {
+    let next: i64 = sqlx::query(
+        "SELECT COALESCE(MAX(seq), 0) + 1 AS next FROM chat_messages WHERE session_id = $1",
+    )
+    .bind(session_id)
+    .fetch_one(&mut **tx)
+    .await?
+    .try_get("next")?;
+    let record = MessageRecord {
+        id: new_id(),
+        session_id: session_id.to_owned(),
+        seq: next,
+        run_id: new.run_id.clone(),
+        role: new.role.clone(),
+        content: new.content.clone(),
+        tool_calls: new.tool_calls.clone(),
+        tool_call_id: new.tool_call_id.clone(),
+        is_error: new.is_error,
+        created_at: now_ms(),
+    };
+    sqlx::query(
+            "INSERT INTO chat_messages (id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&record.id)
+        .bind(&record.session_id)
+        .bind(record.seq)
+        .bind(&record.run_id)
+        .bind(&record.role)
+        .bind(&record.content)
+        .bind(opt_json_text(&record.tool_calls))
+        .bind(&record.tool_call_id)
+        .bind(i64::from(record.is_error))
+        .bind(record.created_at)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query("UPDATE chat_sessions SET updated_at = $1 WHERE id = $2")
+        .bind(record.created_at)
+        .bind(session_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(record)
+}
+
 /// Sessions.
 impl Store {
     /// Creates a session in status `idle`.
@@ -102,6 +151,13 @@ impl Store {
             .bind(user)
             .fetch_optional(&self.pool)
             .await?;
+        row.as_ref().map(session_row).transpose()
+    }
+
+    /// Session `id`, whoever owns it (for the server's own sweeps).
+    pub async fn session_by_id(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
+        let sql = concat!(session_select!(), " WHERE id = $1 AND deleted_at IS NULL");
+        let row = sqlx::query(sql).bind(id).fetch_optional(&self.pool).await?;
         row.as_ref().map(session_row).transpose()
     }
 
@@ -191,46 +247,7 @@ impl Store {
         new: &NewMessage,
     ) -> Result<MessageRecord, StoreError> {
         let mut tx = self.begin().await?;
-        let next: i64 = sqlx::query(
-            "SELECT COALESCE(MAX(seq), 0) + 1 AS next FROM chat_messages WHERE session_id = $1",
-        )
-        .bind(session_id)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get("next")?;
-        let record = MessageRecord {
-            id: new_id(),
-            session_id: session_id.to_owned(),
-            seq: next,
-            run_id: new.run_id.clone(),
-            role: new.role.clone(),
-            content: new.content.clone(),
-            tool_calls: new.tool_calls.clone(),
-            tool_call_id: new.tool_call_id.clone(),
-            is_error: new.is_error,
-            created_at: now_ms(),
-        };
-        sqlx::query(
-            "INSERT INTO chat_messages (id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-        )
-        .bind(&record.id)
-        .bind(&record.session_id)
-        .bind(record.seq)
-        .bind(&record.run_id)
-        .bind(&record.role)
-        .bind(&record.content)
-        .bind(opt_json_text(&record.tool_calls))
-        .bind(&record.tool_call_id)
-        .bind(i64::from(record.is_error))
-        .bind(record.created_at)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE chat_sessions SET updated_at = $1 WHERE id = $2")
-            .bind(record.created_at)
-            .bind(session_id)
-            .execute(&mut *tx)
-            .await?;
+        let record = insert_message(&mut tx, session_id, new).await?;
         tx.commit().await?;
         Ok(record)
     }
@@ -272,7 +289,7 @@ impl Store {
         let done = sqlx::query(
             "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at, policy) \
              SELECT $1, $2, 'running', $3, $4, $4, $5 \
-             WHERE (SELECT count(*) FROM chat_runs WHERE policy = $5 AND status IN ('running', 'cancelling')) < $6",
+             WHERE (SELECT count(*) FROM chat_runs WHERE policy = $5 AND status IN ('running', 'cancelling', 'pausing')) < $6",
         )
         .bind(run_id)
         .bind(session_id)
@@ -288,7 +305,7 @@ impl Store {
     /// Runs of `policy` (`namespace/name`) in flight, on every replica.
     pub async fn runs_in_flight(&self, policy: &str) -> Result<u64, StoreError> {
         let n: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM chat_runs WHERE policy = $1 AND status IN ('running', 'cancelling')",
+            "SELECT count(*) FROM chat_runs WHERE policy = $1 AND status IN ('running', 'cancelling', 'pausing')",
         )
         .bind(policy)
         .fetch_one(&self.pool)
@@ -313,7 +330,7 @@ impl Store {
         let mut n = 0;
         for id in live {
             let done = sqlx::query(
-                "UPDATE chat_runs SET heartbeat_at = $1 WHERE id = $2 AND owner = $3 AND status IN ('running', 'cancelling')",
+                "UPDATE chat_runs SET heartbeat_at = $1 WHERE id = $2 AND owner = $3 AND status IN ('running', 'cancelling', 'pausing')",
             )
             .bind(now_ms())
             .bind(id)
@@ -328,7 +345,7 @@ impl Store {
     /// Running runs whose heartbeat is older than `before` (Unix ms): `(run id, session id)`.
     pub async fn stale_runs(&self, before: i64) -> Result<Vec<(String, String)>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, session_id FROM chat_runs WHERE status IN ('running', 'cancelling') AND heartbeat_at < $1",
+            "SELECT id, session_id FROM chat_runs WHERE status IN ('running', 'cancelling', 'pausing') AND heartbeat_at < $1",
         )
         .bind(before)
         .fetch_all(&self.pool)
@@ -347,7 +364,7 @@ impl Store {
         reason: &str,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE chat_runs SET status = 'failed', reason = $1, finished_at = $2 WHERE id = $3 AND status IN ('running', 'cancelling') AND heartbeat_at < $4",
+            "UPDATE chat_runs SET status = 'failed', reason = $1, finished_at = $2 WHERE id = $3 AND status IN ('running', 'cancelling', 'pausing') AND heartbeat_at < $4",
         )
         .bind(reason)
         .bind(now_ms())
@@ -360,7 +377,7 @@ impl Store {
 
     /// Asks the running run of a session to stop, wherever it runs (its owner polls).
     pub async fn request_cancel(&self, session_id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE chat_runs SET status = 'cancelling' WHERE session_id = $1 AND status = 'running'")
+        let done = sqlx::query("UPDATE chat_runs SET status = 'cancelling' WHERE session_id = $1 AND status IN ('running', 'pausing')")
             .bind(session_id)
             .execute(&self.pool)
             .await?;
@@ -408,7 +425,7 @@ impl Store {
     pub async fn active_run(&self, session_id: &str) -> Result<Option<(String, i64)>, StoreError> {
         let row: Option<(String,)> = sqlx::query_as(
             "SELECT id FROM chat_runs WHERE session_id = $1 \
-             AND status IN ('running', 'requires_action', 'cancelling') ORDER BY started_at DESC LIMIT 1",
+             AND status IN ('running', 'requires_action', 'cancelling', 'pausing', 'paused') ORDER BY started_at DESC LIMIT 1",
         )
         .bind(session_id)
         .fetch_optional(&self.pool)
@@ -452,7 +469,7 @@ impl Store {
         // Only a run still in progress ends; one already failed by another replica stays so.
         let done = sqlx::query(
             "UPDATE chat_runs SET status = $1, reason = $2, finished_at = $3, heartbeat_at = $3 \
-             WHERE id = $4 AND status IN ('running', 'cancelling', 'requires_action')",
+             WHERE id = $4 AND status IN ('running', 'cancelling', 'requires_action', 'pausing', 'paused')",
         )
         .bind(status)
         .bind(reason)

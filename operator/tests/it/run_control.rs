@@ -1,11 +1,14 @@
-//! Run control on the real binary: the events export for postmortems.
+//! Run control on the real binary with a scripted provider: pause, resume, redirect and
+//! cancel a run (from the API, persisted, surviving a restart, expiring), and the events
+//! export for postmortems.
 
 use crate::binary::Server;
-use crate::chat::{read_sse, run_ended};
-use crate::common::http_client;
-use crate::llm::{mock, openai, push, streamed};
+use crate::chat::{Sse, read_sse, run_ended};
+use crate::common::{eventually, http_client};
+use crate::llm::{Script, mock, openai, provider_called, push, streamed};
 use crate::policy::{ask, session};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 fn manifests(dir: &std::path::Path, llm: &str) {
     let yaml = format!(
@@ -18,6 +21,11 @@ apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {{name: ops}}
 spec: {{sessions: ["*"], provider: scripted}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: hasty}}
+spec: {{sessions: ["hasty-*"], provider: scripted, runControl: {{pausedTimeout: 1s}}}}
 "#
     );
     std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
@@ -136,4 +144,359 @@ async fn the_jsonl_export_is_the_sse_replay() {
         assert_eq!(status, 400, "{query}");
         assert!(body.contains(why), "{query}: {body}");
     }
+}
+
+/// A first step that takes a while (a slow tool-call stream), then a final answer.
+fn script_two_steps(script: &Script, answer: &str) {
+    let mut slow = crate::investigation::tool_calls(&[(
+        "c1",
+        "get_incident_history",
+        json!({"query": "checkout"}),
+    )]);
+    slow.chunk_delay = Some(Duration::from_millis(250));
+    push(script, slow);
+    push(
+        script,
+        streamed(&openai(), (openai().text_stream)(&[answer])),
+    );
+}
+
+fn chat_requests(script: &Script) -> Vec<Value> {
+    script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|s| s.path.ends_with("/chat/completions"))
+        .map(|s| s.body.clone())
+        .collect()
+}
+
+/// Starts a run without following it; its id.
+async fn start(server: &Server, id: &str, content: &str) -> String {
+    let r = http_client()
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": content}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    let v: Value = r.json().await.unwrap_or_default();
+    v["runId"].as_str().unwrap_or_default().to_owned()
+}
+
+async fn control(server: &Server, id: &str, run: &str, what: &str, body: Value) -> (u16, Value) {
+    let r = http_client()
+        .post(server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/{what}")))
+        .json(&body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
+/// The session's events so far and until `stop`.
+async fn events_until(server: &Server, id: &str, stop: impl Fn(&[Sse]) -> bool) -> Vec<Sse> {
+    read_sse(
+        http_client()
+            .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+        stop,
+    )
+    .await
+}
+
+fn states(events: &[Sse]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e.event == "run.lifecycle")
+        .filter_map(|e| e.data["state"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn has_state(state: &'static str) -> impl Fn(&[Sse]) -> bool {
+    move |events| states(events).iter().any(|s| s == state)
+}
+
+async fn session_status(server: &Server, id: &str) -> String {
+    let v = crate::chat::get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
+    v["status"].as_str().unwrap_or_default().to_owned()
+}
+
+/// A pause asked mid-step lets the step finish and is recorded, then nothing more goes to
+/// the provider until the run is resumed; it then completes. Controls a state does not
+/// allow are 409 `run_state`, on a finished run 409 `run_final`; every transition is an
+/// event and an audit row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_run_sends_nothing_until_it_is_resumed() {
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &llm);
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    script_two_steps(&script, "The database was slow.");
+    let id = session(&server, "incident-1").await;
+    let run = start(&server, &id, "Why is checkout slow?").await;
+    provider_called(&script).await;
+    let (status, body) = control(&server, &id, &run, "pause", json!({})).await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (202, Some("pausing")),
+        "{body}"
+    );
+    // Asked twice: refused, naming the state.
+    let (status, body) = control(&server, &id, &run, "pause", json!({})).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "run_state");
+
+    let events = events_until(&server, &id, has_state("paused")).await;
+    assert_eq!(
+        states(&events),
+        ["started", "pausing", "paused"],
+        "{events:?}"
+    );
+    // The step in flight finished: its tool ran and was recorded.
+    assert!(events.iter().any(|e| e.event == "tool.end"), "{events:?}");
+    assert_eq!(session_status(&server, &id).await, "paused");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        chat_requests(&script).len(),
+        1,
+        "nothing is sent while paused"
+    );
+    // A new message waits for the paused run.
+    let r = http_client()
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "hello?"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 409);
+
+    let (status, body) = control(&server, &id, &run, "resume", json!({})).await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (202, Some("running")),
+        "{body}"
+    );
+    let events = events_until(&server, &id, run_ended).await;
+    assert_eq!(
+        states(&events),
+        ["started", "pausing", "paused", "running", "completed"],
+        "{events:?}"
+    );
+    assert_eq!(chat_requests(&script).len(), 2);
+    assert_eq!(session_status(&server, &id).await, "idle");
+
+    for what in ["pause", "resume", "cancel"] {
+        let (status, body) = control(&server, &id, &run, what, json!({})).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (409, Some("run_final")),
+            "{what}: {body}"
+        );
+    }
+    let (status, _) = control(&server, &id, "no-such-run", "pause", json!({})).await;
+    assert_eq!(status, 404);
+    let audit =
+        crate::chat::get_json(&http_client(), server.url("/api/v1/audit?kind=run_control")).await;
+    let moves: Vec<(String, String)> = audit["items"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .rev()
+                .map(|r| {
+                    (
+                        r["detail"]["from"].as_str().unwrap_or_default().to_owned(),
+                        r["detail"]["to"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        moves,
+        [
+            ("running".into(), "pausing".into()),
+            ("paused".into(), "running".into())
+        ],
+        "{audit}"
+    );
+}
+
+/// Two quick redirects during a step are both taken in, in order, exactly once, at the
+/// next boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_join_the_run_once_each_in_order() {
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &llm);
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    script_two_steps(&script, "Looked at the database and the cache.");
+    let id = session(&server, "incident-2").await;
+    let run = start(&server, &id, "Why is checkout slow?").await;
+    provider_called(&script).await;
+    for text in ["stop, look at the database instead", "and the cache"] {
+        let (status, body) =
+            control(&server, &id, &run, "redirect", json!({"message": text})).await;
+        assert_eq!(status, 202, "{body}");
+        assert!(body["redirectId"].is_string(), "{body}");
+    }
+    let (status, body) = control(&server, &id, &run, "redirect", json!({"message": " "})).await;
+    assert_eq!(status, 400, "{body}");
+    let events = events_until(&server, &id, run_ended).await;
+    assert!(
+        states(&events).contains(&"completed".to_owned()),
+        "{events:?}"
+    );
+    let requests = chat_requests(&script);
+    assert_eq!(requests.len(), 2);
+    let users: Vec<String> = requests[1]["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter(|m| m["role"] == "user")
+                .filter_map(|m| m["content"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        users,
+        [
+            "Why is checkout slow?",
+            "stop, look at the database instead",
+            "and the cache"
+        ],
+        "{:#}",
+        requests[1]
+    );
+    // After the tool result, so the transcript stays valid for providers.
+    let roles: Vec<&str> = requests[1]["messages"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|m| m["role"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        roles,
+        ["system", "user", "assistant", "tool", "user", "user"]
+    );
+}
+
+/// A paused run is in the database only: a restarted server resumes it, and a run paused
+/// past its policy's `runControl.pausedTimeout` is cancelled with a notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_survives_a_restart_and_expires() {
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &llm);
+    let db = dir.path().join("k.db");
+    let server = Server::start(dir.path(), &db, &[]);
+    script_two_steps(&script, "Done after the restart.");
+    let id = session(&server, "incident-3").await;
+    let run = start(&server, &id, "Why is checkout slow?").await;
+    provider_called(&script).await;
+    control(&server, &id, &run, "pause", json!({})).await;
+    events_until(&server, &id, has_state("paused")).await;
+    server.kill9();
+    let server = Server::start(dir.path(), &db, &[]);
+    assert_eq!(session_status(&server, &id).await, "paused");
+    let (status, body) = control(&server, &id, &run, "resume", json!({})).await;
+    assert_eq!(status, 202, "{body}");
+    let events = events_until(&server, &id, run_ended).await;
+    assert_eq!(
+        states(&events).last().map(String::as_str),
+        Some("completed"),
+        "{events:?}"
+    );
+
+    // hasty-* sessions wait at most 1 s paused.
+    script_two_steps(&script, "never sent");
+    let id = session(&server, "hasty-1").await;
+    let run = start(&server, &id, "Why?").await;
+    eventually("the second run's provider call", || async {
+        if chat_requests(&script).len() >= 3 {
+            Ok(())
+        } else {
+            Err("not yet".to_owned())
+        }
+    })
+    .await;
+    control(&server, &id, &run, "pause", json!({})).await;
+    let events = events_until(&server, &id, run_ended).await;
+    assert_eq!(
+        states(&events).last().map(String::as_str),
+        Some("cancelled"),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.event == "notice"
+            && e.data["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("runControl.pausedTimeout"))),
+        "{events:?}"
+    );
+    assert_eq!(session_status(&server, &id).await, "idle");
+    assert_eq!(
+        chat_requests(&script).len(),
+        3,
+        "nothing sent after the pause"
+    );
+}
+
+/// Two replicas on one PostgreSQL database: a run executing at A is paused and redirected
+/// through B, resumed through B (which then executes it), and completes with the redirect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_postgres() {
+    let Some(db) = crate::common::postgres().await else {
+        return;
+    };
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &llm);
+    let a = Server::start_with_url(dir.path(), &db.url, &[]);
+    let b = Server::start_with_url(dir.path(), &db.url, &[]);
+    script_two_steps(&script, "Checked the database.");
+    let id = session(&a, "incident-4").await;
+    let run = start(&a, &id, "Why is checkout slow?").await;
+    provider_called(&script).await;
+    let (status, body) = control(&b, &id, &run, "pause", json!({})).await;
+    assert_eq!(status, 202, "{body}");
+    let (status, body) = control(
+        &b,
+        &id,
+        &run,
+        "redirect",
+        json!({"message": "look at the database"}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    events_until(&b, &id, has_state("paused")).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        chat_requests(&script).len(),
+        1,
+        "A sent nothing after the pause"
+    );
+    let (status, body) = control(&b, &id, &run, "resume", json!({})).await;
+    assert_eq!(status, 202, "{body}");
+    let events = events_until(&a, &id, run_ended).await;
+    assert_eq!(
+        states(&events).last().map(String::as_str),
+        Some("completed"),
+        "{events:?}"
+    );
+    let requests = chat_requests(&script);
+    assert_eq!(requests.len(), 2);
+    assert!(
+        requests[1]["messages"]
+            .to_string()
+            .contains("look at the database"),
+        "{:#}",
+        requests[1]
+    );
 }

@@ -1,0 +1,15 @@
+-- Run control: a run paused at a step boundary is parked (`status = 'paused'`, no task, no
+-- provider connection) until it is resumed on any replica, cancelled, or expires; a
+-- redirect is kept until the run consumes it, exactly once, at its next step boundary.
+ALTER TABLE chat_runs ADD COLUMN paused_at BIGINT;
+CREATE TABLE run_intents (
+    id              TEXT PRIMARY KEY,
+    run_id          TEXT NOT NULL REFERENCES chat_runs (id) ON DELETE CASCADE,
+    session_id      TEXT NOT NULL,
+    kind            TEXT NOT NULL,
+    message         TEXT NOT NULL,
+    user_name       TEXT NOT NULL,
+    created_at      BIGINT NOT NULL,
+    consumed_at     BIGINT
+);
+CREATE INDEX run_intents_run ON run_intents (run_id, consumed_at);

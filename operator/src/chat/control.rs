@@ -1,0 +1,496 @@
+//! Run control: the one table of what a control does to a run in each state, and the
+//! controls carried out — pause (the run parks at its next step boundary: no task, no
+//! provider connection, no budget held), resume (on any replica), redirect (a user turn the
+//! run takes in, exactly once, at its next boundary) and cancel. The database is the only
+//! coordination, so a control works from any replica and survives restarts. Every
+//! transition is a `run.lifecycle` event and a `run_control` audit row.
+
+use super::{Engine, event};
+use crate::store::{NewDecision, SessionRecord, StoreError};
+use serde_json::{Value, json};
+
+/// What a person asks of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Control {
+    /// Stop at the next step boundary, keeping everything.
+    Pause,
+    /// Go on after a pause.
+    Resume,
+    /// Add a user turn at the next step boundary.
+    Redirect,
+    /// End it.
+    Cancel,
+}
+
+impl Control {
+    /// The control's name in routes and audit rows.
+    pub fn name(self) -> &'static str {
+        match self {
+            Control::Pause => "pause",
+            Control::Resume => "resume",
+            Control::Redirect => "redirect",
+            Control::Cancel => "cancel",
+        }
+    }
+}
+
+/// What a control does to a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// `running → pausing`: the run parks at its next boundary.
+    AskPause,
+    /// `pausing → running`: resumed before it parked.
+    WithdrawPause,
+    /// `paused → running`: a replica takes the run on again.
+    Unpark,
+    /// A redirect is kept for the run's next boundary; the state stays.
+    Queue,
+    /// `running|pausing → cancelling`: its owner stops it.
+    CancelLive,
+    /// `paused → cancelled`.
+    CancelParked,
+    /// `requires_action → cancelled`: the pending client calls get error results.
+    CancelWaiting,
+}
+
+/// Why a control was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The run ended.
+    #[error("run {run} is {state}: a finished run takes no control")]
+    Final {
+        /// The run.
+        run: String,
+        /// `completed`, `failed` or `cancelled`.
+        state: String,
+    },
+    /// Not from this state.
+    #[error("run {run} is {state}: it cannot be {action} now")]
+    State {
+        /// The run.
+        run: String,
+        /// Its state.
+        state: String,
+        /// e.g. `resumed`.
+        action: &'static str,
+    },
+}
+
+/// The transition table: what `control` does to a run in `state`.
+pub fn decide(run: &str, state: &str, control: Control) -> Result<Effect, Refusal> {
+    use Control::*;
+    let effect = match (state, control) {
+        ("completed" | "failed" | "cancelled", _) => {
+            return Err(Refusal::Final {
+                run: run.to_owned(),
+                state: state.to_owned(),
+            });
+        }
+        ("running", Pause) => Effect::AskPause,
+        ("pausing", Resume) => Effect::WithdrawPause,
+        ("paused", Resume) => Effect::Unpark,
+        ("running" | "pausing" | "paused", Redirect) => Effect::Queue,
+        ("running" | "pausing", Cancel) => Effect::CancelLive,
+        ("paused", Cancel) => Effect::CancelParked,
+        ("requires_action", Cancel) => Effect::CancelWaiting,
+        (_, control) => {
+            return Err(Refusal::State {
+                run: run.to_owned(),
+                state: state.to_owned(),
+                action: match control {
+                    Pause => "paused",
+                    Resume => "resumed",
+                    Redirect => "redirected",
+                    Cancel => "cancelled",
+                },
+            });
+        }
+    };
+    Ok(effect)
+}
+
+/// Why a control could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// Refused in this state.
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// No such run in the session.
+    #[error("no run {0} in this session")]
+    NotFound(String),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Records a transition: a `run.lifecycle` event and a `run_control` audit row.
+async fn record(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    user: &str,
+    (from, to): (&str, &str),
+    detail: Value,
+) -> Result<(), StoreError> {
+    let mut data = json!({"runId": run_id, "state": to, "by": user});
+    if let Some(reason) = detail.get("reason") {
+        data["reason"] = reason.clone();
+    }
+    engine
+        .emit_now(&session.id, run_id, event::RUN_LIFECYCLE, data)
+        .await?;
+    let _ = engine
+        .store
+        .record_decision(&NewDecision {
+            kind: "run_control".into(),
+            namespace: Some(session.namespace.clone()),
+            session_id: Some(session.id.clone()),
+            run_id: Some(run_id.to_owned()),
+            user: Some(user.to_owned()),
+            policy: session.policy.clone(),
+            subject: run_id.to_owned(),
+            outcome: to.to_owned(),
+            detail: json!({"from": from, "to": to, "detail": detail}),
+        })
+        .await;
+    Ok(())
+}
+
+/// Carries out `control` on run `run_id` of `session` for `user`; `message` is a
+/// redirect's. Returns the run's state afterwards.
+pub async fn apply(
+    engine: &std::sync::Arc<Engine>,
+    session: &SessionRecord,
+    run_id: &str,
+    user: &str,
+    control: Control,
+    message: Option<&str>,
+) -> Result<Value, ControlError> {
+    let run = engine
+        .store
+        .run_record(run_id)
+        .await?
+        .filter(|r| r.session_id == session.id)
+        .ok_or_else(|| ControlError::NotFound(run_id.to_owned()))?;
+    let effect = decide(run_id, &run.status, control)?;
+    // A state that changed under us (the run moved on meanwhile) is said as it is now.
+    let moved_on = || async {
+        let now = engine
+            .store
+            .run_record(run_id)
+            .await?
+            .map_or_else(|| "gone".to_owned(), |r| r.status);
+        Err::<Value, _>(ControlError::from(
+            decide(run_id, &now, control)
+                .err()
+                .unwrap_or(Refusal::State {
+                    run: run_id.to_owned(),
+                    state: now,
+                    action: "changed",
+                }),
+        ))
+    };
+    match effect {
+        Effect::AskPause => {
+            if !engine
+                .store
+                .transition_run(run_id, "running", "pausing")
+                .await?
+            {
+                return moved_on().await;
+            }
+            record(
+                engine,
+                session,
+                run_id,
+                user,
+                ("running", "pausing"),
+                json!({}),
+            )
+            .await?;
+            Ok(json!({"runId": run_id, "state": "pausing"}))
+        }
+        Effect::WithdrawPause => {
+            if !engine
+                .store
+                .transition_run(run_id, "pausing", "running")
+                .await?
+            {
+                return moved_on().await;
+            }
+            record(
+                engine,
+                session,
+                run_id,
+                user,
+                ("pausing", "running"),
+                json!({"reason": "resumed before it paused"}),
+            )
+            .await?;
+            Ok(json!({"runId": run_id, "state": "running"}))
+        }
+        Effect::Unpark => {
+            if !engine.store.unpark_run(run_id, &engine.replica).await? {
+                return moved_on().await;
+            }
+            engine
+                .store
+                .transition_session(&session.id, &["paused"], "running")
+                .await?;
+            record(
+                engine,
+                session,
+                run_id,
+                user,
+                ("paused", "running"),
+                json!({"reason": "resumed"}),
+            )
+            .await?;
+            let mut running = session.clone();
+            running.status = "running".into();
+            engine.continue_run(&running, run_id);
+            Ok(json!({"runId": run_id, "state": "running"}))
+        }
+        Effect::Queue => {
+            let text = message.unwrap_or_default();
+            // Stored as redacted as anything a user types.
+            let redactor = {
+                let config = engine.config.borrow().clone();
+                match config
+                    .catalog
+                    .match_policy(&session.namespace, &session.name)
+                {
+                    Some(p) => config.catalog.redactor_for(p),
+                    None => crate::redact::Redactor::secrets_only(config.catalog.redactor.clone()),
+                }
+            };
+            let (text, _) = redactor.text(text);
+            let id = engine
+                .store
+                .add_redirect(run_id, &session.id, user, &text)
+                .await?;
+            record(
+                engine,
+                session,
+                run_id,
+                user,
+                (&run.status, "redirecting"),
+                json!({"redirectId": id}),
+            )
+            .await?;
+            Ok(json!({"runId": run_id, "state": run.status, "redirectId": id}))
+        }
+        Effect::CancelLive => {
+            if !(engine.cancel(&session.id) || engine.store.request_cancel(&session.id).await?) {
+                return moved_on().await;
+            }
+            let _ = engine
+                .store
+                .record_decision(&NewDecision {
+                    kind: "run_control".into(),
+                    namespace: Some(session.namespace.clone()),
+                    session_id: Some(session.id.clone()),
+                    run_id: Some(run_id.to_owned()),
+                    user: Some(user.to_owned()),
+                    policy: session.policy.clone(),
+                    subject: run_id.to_owned(),
+                    outcome: "cancelling".into(),
+                    detail: json!({"from": run.status, "to": "cancelling"}),
+                })
+                .await;
+            Ok(json!({"runId": run_id, "state": "cancelling"}))
+        }
+        Effect::CancelParked => {
+            if !end_parked(engine, session, run_id, "cancelled by the user").await? {
+                return moved_on().await;
+            }
+            let _ = engine
+                .store
+                .record_decision(&NewDecision {
+                    kind: "run_control".into(),
+                    namespace: Some(session.namespace.clone()),
+                    session_id: Some(session.id.clone()),
+                    run_id: Some(run_id.to_owned()),
+                    user: Some(user.to_owned()),
+                    policy: session.policy.clone(),
+                    subject: run_id.to_owned(),
+                    outcome: "cancelled".into(),
+                    detail: json!({"from": "paused", "to": "cancelled"}),
+                })
+                .await;
+            Ok(json!({"runId": run_id, "state": "cancelled"}))
+        }
+        Effect::CancelWaiting => Ok(json!({"runId": run_id, "state": "requires_action"})),
+    }
+}
+
+/// Ends a parked run as `cancelled` (the session goes back to `idle`). Returns whether it
+/// was still parked.
+async fn end_parked(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    reason: &str,
+) -> Result<bool, StoreError> {
+    if !engine
+        .store
+        .transition_run(run_id, "paused", "cancelling")
+        .await?
+    {
+        return Ok(false);
+    }
+    engine
+        .store
+        .finish_run(run_id, "cancelled", Some(reason))
+        .await?;
+    engine
+        .store
+        .transition_session(&session.id, &["paused"], "idle")
+        .await?;
+    engine
+        .emit_now(
+            &session.id,
+            run_id,
+            event::RUN_LIFECYCLE,
+            json!({"runId": run_id, "state": "cancelled", "reason": reason}),
+        )
+        .await?;
+    Ok(true)
+}
+
+/// What a run does at a step boundary.
+pub enum Boundary {
+    /// Take the next step.
+    Go,
+    /// Park: a pause was asked.
+    Park,
+}
+
+/// At a step boundary: parks the run if a pause was asked, and takes in the redirects made
+/// since the last boundary (as user turns, exactly once).
+pub async fn at_boundary(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+) -> Result<Boundary, StoreError> {
+    if engine.store.run_status(run_id).await?.as_deref() == Some("pausing")
+        && engine.store.park_run(run_id).await?
+    {
+        return Ok(Boundary::Park);
+    }
+    let taken = crate::store::patiently("the run's redirects", || {
+        engine.store.consume_redirects(&session.id, run_id)
+    })
+    .await?;
+    if !taken.is_empty() {
+        engine
+            .emit(
+                &session.id,
+                run_id,
+                event::RUN_LIFECYCLE,
+                json!({"runId": run_id, "state": "running", "reason": "redirected", "messages": taken.len()}),
+            )
+            .await?;
+    }
+    Ok(Boundary::Go)
+}
+
+/// Cancels, with a notice, every parked run paused for longer than its policy's
+/// `runControl.pausedTimeout`. Returns how many.
+pub async fn expire_paused(engine: &Engine) -> Result<usize, StoreError> {
+    let now = crate::store::now_ms();
+    let config = engine.config.borrow().clone();
+    let mut n = 0;
+    for (run_id, session_id, policy) in engine.store.paused_before(now).await? {
+        let timeout = policy
+            .as_deref()
+            .and_then(|p| config.catalog.policy_named(p))
+            .and_then(|p| p.object.spec.run_control.clone())
+            .unwrap_or_default()
+            .paused_timeout();
+        let Some(run) = engine.store.run_record(&run_id).await? else {
+            continue;
+        };
+        if run
+            .paused_at
+            .is_none_or(|at| now - at < timeout.as_millis() as i64)
+        {
+            continue;
+        }
+        let Some(session) = engine.store.session_by_id(&session_id).await? else {
+            continue;
+        };
+        let message = format!(
+            "the run was paused for longer than {} (the policy's runControl.pausedTimeout) and is cancelled",
+            humantime(timeout)
+        );
+        engine
+            .emit_now(
+                &session_id,
+                &run_id,
+                event::NOTICE,
+                json!({"runId": run_id, "message": message}),
+            )
+            .await?;
+        if end_parked(engine, &session, &run_id, &message).await? {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+fn humantime(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    if s.is_multiple_of(3600) && s >= 3600 {
+        format!("{}h", s / 3600)
+    } else if s.is_multiple_of(60) && s >= 60 {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_transition_table() {
+        use Control::*;
+        let ok = |state: &str, c: Control| decide("r", state, c);
+        assert_eq!(ok("running", Pause), Ok(Effect::AskPause));
+        assert_eq!(ok("pausing", Resume), Ok(Effect::WithdrawPause));
+        assert_eq!(ok("paused", Resume), Ok(Effect::Unpark));
+        for s in ["running", "pausing", "paused"] {
+            assert_eq!(ok(s, Redirect), Ok(Effect::Queue), "{s}");
+        }
+        assert_eq!(ok("running", Cancel), Ok(Effect::CancelLive));
+        assert_eq!(ok("pausing", Cancel), Ok(Effect::CancelLive));
+        assert_eq!(ok("paused", Cancel), Ok(Effect::CancelParked));
+        assert_eq!(ok("requires_action", Cancel), Ok(Effect::CancelWaiting));
+        for s in ["completed", "failed", "cancelled"] {
+            for c in [Pause, Resume, Redirect, Cancel] {
+                assert!(matches!(ok(s, c), Err(Refusal::Final { .. })), "{s} {c:?}");
+            }
+        }
+        for (s, c) in [
+            ("running", Resume),
+            ("pausing", Pause),
+            ("paused", Pause),
+            ("cancelling", Pause),
+            ("cancelling", Cancel),
+            ("requires_action", Pause),
+            ("requires_action", Redirect),
+        ] {
+            let e = ok(s, c).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(&format!("is {s}")), "{s} {c:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn timeouts_read_as_people_write_them() {
+        assert_eq!(humantime(std::time::Duration::from_secs(1800)), "30m");
+        assert_eq!(humantime(std::time::Duration::from_secs(7200)), "2h");
+        assert_eq!(humantime(std::time::Duration::from_secs(5)), "5s");
+    }
+}

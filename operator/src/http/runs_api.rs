@@ -1,0 +1,118 @@
+//! `/chat/v1/sessions/{id}/runs/{runId}/…`: pause, resume, redirect and cancel a run, from
+//! any replica ([`crate::chat::control`] owns the state machine; these are its doors).
+
+use super::AppState;
+use super::auth::Caller;
+use super::chat_api::{json_body, owned};
+use super::error::ApiError;
+use crate::chat::control::{self, Control, ControlError, Refusal};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+
+impl From<ControlError> for ApiError {
+    fn from(e: ControlError) -> Self {
+        match e {
+            ControlError::Refused(r @ Refusal::Final { .. }) => {
+                ApiError::new(StatusCode::CONFLICT, "run_final", r.to_string())
+            }
+            ControlError::Refused(r @ Refusal::State { .. }) => {
+                ApiError::new(StatusCode::CONFLICT, "run_state", r.to_string())
+            }
+            ControlError::NotFound(_) => ApiError::not_found(e.to_string()),
+            ControlError::Store(e) => ApiError::from(e),
+        }
+    }
+}
+
+async fn control(
+    state: &AppState,
+    caller: &Caller,
+    (id, run): (&str, &str),
+    control: Control,
+    message: Option<&str>,
+) -> Result<Response, ApiError> {
+    let session = owned(state, caller, id).await?;
+    let out = control::apply(&state.engine, &session, run, &caller.user, control, message).await?;
+    Ok((StatusCode::ACCEPTED, Json(out)).into_response())
+}
+
+/// `POST …/runs/{runId}/pause`: the run stops at its next step boundary.
+pub async fn pause(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, run)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    control(&state, &caller, (&id, &run), Control::Pause, None).await
+}
+
+/// `POST …/runs/{runId}/resume`.
+pub async fn resume(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, run)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    control(&state, &caller, (&id, &run), Control::Resume, None).await
+}
+
+/// `POST …/runs/{runId}/redirect` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Redirect {
+    message: String,
+    rewind_to: Option<i64>,
+}
+
+/// `POST …/runs/{runId}/redirect` `{message}`: kept before the answer, taken in by the run
+/// as a user turn at its next step boundary, exactly once.
+pub async fn redirect(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, run)): Path<(String, String)>,
+    body: Result<Json<Redirect>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let body = json_body(body)?;
+    if body.message.trim().is_empty() || body.message.len() > 32_768 {
+        return Err(ApiError::invalid(
+            "message must be 1 to 32768 bytes: what the model should do instead",
+        ));
+    }
+    if body.rewind_to.is_some() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not_supported",
+            "rewindTo is not supported yet: redirect without it, and the model sees every step so far",
+        ));
+    }
+    control(
+        &state,
+        &caller,
+        (&id, &run),
+        Control::Redirect,
+        Some(&body.message),
+    )
+    .await
+}
+
+/// `POST …/runs/{runId}/cancel` (the session's `/cancel` does the same for its run).
+pub async fn cancel(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, run)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let session = owned(&state, &caller, &id).await?;
+    let record = state
+        .store
+        .run_record(&run)
+        .await
+        .map_err(ApiError::from)?
+        .filter(|r| r.session_id == session.id);
+    // A run waiting for client results is cancelled as the session's cancel does it.
+    if record.is_some_and(|r| r.status == "requires_action") {
+        return super::chat_api::cancel(State(state), Extension(caller), Path(id)).await;
+    }
+    control(&state, &caller, (&id, &run), Control::Cancel, None).await
+}
