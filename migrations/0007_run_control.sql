@@ -13,3 +13,18 @@ CREATE TABLE run_intents (
     consumed_at     BIGINT
 );
 CREATE INDEX run_intents_run ON run_intents (run_id, consumed_at);
+-- Plans a model states with submit_plan before its first tool call (ChatPolicy
+-- runControl.planning): the latest of a run governs it.
+CREATE TABLE run_plans (
+    id              TEXT PRIMARY KEY,
+    run_id          TEXT NOT NULL REFERENCES chat_runs (id) ON DELETE CASCADE,
+    session_id      TEXT NOT NULL,
+    call_id         TEXT NOT NULL,
+    steps           TEXT NOT NULL,
+    status          TEXT NOT NULL,
+    approved_steps  TEXT,
+    decided_by      TEXT,
+    created_at      BIGINT NOT NULL,
+    decided_at      BIGINT
+);
+CREATE INDEX run_plans_run ON run_plans (run_id, created_at);

@@ -20,6 +20,19 @@ pub enum Control {
     Redirect,
     /// End it.
     Cancel,
+    /// Approve the plan it waits on (perhaps edited).
+    ApprovePlan,
+    /// Reject the plan it waits on: the run is cancelled.
+    RejectPlan,
+}
+
+/// What comes with a control.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Input<'a> {
+    /// A redirect's message.
+    pub message: Option<&'a str>,
+    /// A plan approval's edits: the step ids kept, in order (`None`: all).
+    pub steps: Option<&'a [String]>,
 }
 
 impl Control {
@@ -30,6 +43,8 @@ impl Control {
             Control::Resume => "resume",
             Control::Redirect => "redirect",
             Control::Cancel => "cancel",
+            Control::ApprovePlan => "approve the plan of",
+            Control::RejectPlan => "reject the plan of",
         }
     }
 }
@@ -51,6 +66,10 @@ pub enum Effect {
     CancelParked,
     /// `requires_action → cancelled`: the pending client calls get error results.
     CancelWaiting,
+    /// `awaiting_plan → running`, the plan approved.
+    Approve,
+    /// `awaiting_plan → cancelled`, the plan rejected.
+    Reject,
 }
 
 /// Why a control was refused.
@@ -93,6 +112,8 @@ pub fn decide(run: &str, state: &str, control: Control) -> Result<Effect, Refusa
         ("running" | "pausing", Cancel) => Effect::CancelLive,
         ("paused", Cancel) => Effect::CancelParked,
         ("requires_action", Cancel) => Effect::CancelWaiting,
+        ("awaiting_plan", ApprovePlan) => Effect::Approve,
+        ("awaiting_plan", RejectPlan | Cancel) => Effect::Reject,
         (_, control) => {
             return Err(Refusal::State {
                 run: run.to_owned(),
@@ -102,6 +123,7 @@ pub fn decide(run: &str, state: &str, control: Control) -> Result<Effect, Refusa
                     Resume => "resumed",
                     Redirect => "redirected",
                     Cancel => "cancelled",
+                    ApprovePlan | RejectPlan => "given a plan decision (it waits for none)",
                 },
             });
         }
@@ -118,6 +140,9 @@ pub enum ControlError {
     /// No such run in the session.
     #[error("no run {0} in this session")]
     NotFound(String),
+    /// A plan edit names a step the plan did not have.
+    #[error("{0}")]
+    PlanEdit(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -164,7 +189,7 @@ pub async fn apply(
     run_id: &str,
     user: &str,
     control: Control,
-    message: Option<&str>,
+    input: Input<'_>,
 ) -> Result<Value, ControlError> {
     let run = engine
         .store
@@ -252,7 +277,7 @@ pub async fn apply(
             Ok(json!({"runId": run_id, "state": "running"}))
         }
         Effect::Queue => {
-            let text = message.unwrap_or_default();
+            let text = input.message.unwrap_or_default();
             // Stored as redacted as anything a user types.
             let redactor = {
                 let config = engine.config.borrow().clone();
@@ -321,6 +346,101 @@ pub async fn apply(
             Ok(json!({"runId": run_id, "state": "cancelled"}))
         }
         Effect::CancelWaiting => Ok(json!({"runId": run_id, "state": "requires_action"})),
+        Effect::Approve => {
+            let plan = engine
+                .store
+                .latest_plan(run_id)
+                .await?
+                .filter(|p| p.status == "proposed")
+                .ok_or_else(|| ControlError::NotFound(format!("{run_id}'s plan")))?;
+            let steps =
+                super::plan::edit(&plan.steps, input.steps).map_err(ControlError::PlanEdit)?;
+            if !engine
+                .store
+                .decide_plan(&plan.id, "approved", Some(&steps), user)
+                .await?
+            {
+                return moved_on().await;
+            }
+            // The submit_plan call's result is the decision.
+            engine
+                .store
+                .append_message(
+                    &session.id,
+                    &crate::store::NewMessage {
+                        run_id: Some(run_id.to_owned()),
+                        role: "tool".into(),
+                        content: super::plan::approved_text(user, &steps),
+                        tool_call_id: Some(plan.call_id.clone()),
+                        ..Default::default()
+                    },
+                )
+                .await?;
+            if !engine
+                .store
+                .take_run(run_id, "awaiting_plan", &engine.replica)
+                .await?
+            {
+                return moved_on().await;
+            }
+            engine
+                .store
+                .transition_session(&session.id, &["awaiting_plan"], "running")
+                .await?;
+            record(
+                engine,
+                session,
+                run_id,
+                user,
+                ("awaiting_plan", "running"),
+                json!({"reason": "plan approved", "planId": plan.id, "steps": steps}),
+            )
+            .await?;
+            let mut running = session.clone();
+            running.status = "running".into();
+            engine.continue_run(&running, run_id);
+            Ok(json!({"runId": run_id, "state": "running", "planId": plan.id, "steps": steps}))
+        }
+        Effect::Reject => {
+            if let Some(plan) = engine
+                .store
+                .latest_plan(run_id)
+                .await?
+                .filter(|p| p.status == "proposed")
+            {
+                engine
+                    .store
+                    .decide_plan(&plan.id, "rejected", None, user)
+                    .await?;
+            }
+            let reason = format!("the plan was rejected by {user}");
+            super::answer_pending(engine, &session.id, run_id, &reason, false).await?;
+            if !engine
+                .store
+                .transition_run(run_id, "awaiting_plan", "cancelling")
+                .await?
+            {
+                return moved_on().await;
+            }
+            engine
+                .store
+                .finish_run(run_id, "cancelled", Some(&reason))
+                .await?;
+            engine
+                .store
+                .transition_session(&session.id, &["awaiting_plan"], "idle")
+                .await?;
+            record(
+                engine,
+                session,
+                run_id,
+                user,
+                ("awaiting_plan", "cancelled"),
+                json!({"reason": reason}),
+            )
+            .await?;
+            Ok(json!({"runId": run_id, "state": "cancelled"}))
+        }
     }
 }
 
@@ -468,6 +588,15 @@ mod tests {
         assert_eq!(ok("pausing", Cancel), Ok(Effect::CancelLive));
         assert_eq!(ok("paused", Cancel), Ok(Effect::CancelParked));
         assert_eq!(ok("requires_action", Cancel), Ok(Effect::CancelWaiting));
+        assert_eq!(ok("awaiting_plan", ApprovePlan), Ok(Effect::Approve));
+        assert_eq!(ok("awaiting_plan", RejectPlan), Ok(Effect::Reject));
+        assert_eq!(ok("awaiting_plan", Cancel), Ok(Effect::Reject));
+        for c in [Pause, Resume, Redirect] {
+            assert!(matches!(ok("awaiting_plan", c), Err(Refusal::State { .. })), "{c:?}");
+        }
+        for s in ["running", "paused"] {
+            assert!(matches!(ok(s, ApprovePlan), Err(Refusal::State { .. })), "{s}");
+        }
         for s in ["completed", "failed", "cancelled"] {
             for c in [Pause, Resume, Redirect, Cancel] {
                 assert!(matches!(ok(s, c), Err(Refusal::Final { .. })), "{s} {c:?}");

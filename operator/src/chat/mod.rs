@@ -4,6 +4,7 @@
 
 pub mod context;
 pub mod control;
+pub mod plan;
 pub mod proposals;
 mod roles;
 mod run;

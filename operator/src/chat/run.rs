@@ -26,6 +26,8 @@ enum End {
     Completed,
     /// Parked at a step boundary by a pause; a resume takes it on again.
     Paused,
+    /// Parked until a person approves or rejects the plan it stated.
+    AwaitingPlan,
     /// Waiting for the client to run its dynamic tools.
     RequiresAction,
     Cancelled,
@@ -68,29 +70,41 @@ pub async fn run(
             detail: None,
         },
     };
-    if let End::Paused = end {
-        // Parked: the run row says so; the session waits for a resume or a cancel.
-        let parked = crate::store::patiently("a paused session", || {
+    if let End::Paused | End::AwaitingPlan = end {
+        // Parked: the run row says so; the session waits for a person.
+        let state = if let End::Paused = end {
+            "paused"
+        } else {
+            "awaiting_plan"
+        };
+        let parked = crate::store::patiently("a parked run", || async {
+            if state == "awaiting_plan" {
+                engine
+                    .store
+                    .transition_run(run_id, "running", "awaiting_plan")
+                    .await?;
+            }
             engine
                 .store
-                .transition_session(&session.id, &["running"], "paused")
+                .transition_session(&session.id, &["running"], state)
+                .await
         })
         .await;
         if let Err(e) = parked {
-            tracing::error!(session = %session.id, error = %e, "cannot record the paused session");
+            tracing::error!(session = %session.id, error = %e, "cannot record the parked run");
         }
         let _ = engine
             .emit(
                 &session.id,
                 run_id,
                 event::RUN_LIFECYCLE,
-                json!({"runId": run_id, "state": "paused"}),
+                json!({"runId": run_id, "state": state}),
             )
             .await;
         return;
     }
     let (state, session_status, reason) = match &end {
-        End::Paused => ("paused", "paused", None),
+        End::Paused | End::AwaitingPlan => ("paused", "paused", None),
         End::Completed => ("completed", "idle", None),
         End::RequiresAction => ("requires_action", "requires_action", None),
         End::Cancelled => (
@@ -297,6 +311,11 @@ async fn steps(
         }
     };
 
+    let planning = spec
+        .run_control
+        .as_ref()
+        .map(|r| r.planning)
+        .unwrap_or_default();
     // Client-executed tools declared by the session, as far as the policy allows them now.
     let dynamic: Vec<llm::ToolSpec> =
         serde_json::from_value::<Vec<llm::ToolSpec>>(session.dynamic_tools.clone())
@@ -344,8 +363,10 @@ async fn steps(
             tool_calls::offered(engine, policy, session, &kube)
                 .into_iter()
                 .chain(dynamic.iter().cloned())
+                .chain((planning != crate::crd::Planning::Off).then(super::plan::spec))
                 .collect()
         };
+        let offered_names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
         let guides = engine.router.guides(&tools, &session.namespace);
         let system = system(tools.iter().any(|t| t.name == crate::tools::guides::LIST));
         let answer = match answer_step(
@@ -442,6 +463,12 @@ async fn steps(
             via: "chat",
             model: (provider_name.as_str(), served_model.as_str()),
         };
+        let mut plan = if planning == crate::crd::Planning::Off {
+            None
+        } else {
+            engine.store.latest_plan(run_id).await?
+        };
+        let mut awaiting_plan = false;
         for call in &calls {
             let start =
                 json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input});
@@ -450,6 +477,62 @@ async fn steps(
                 .await?;
             if dynamic.iter().any(|t| t.name == call.name) {
                 waiting = true;
+            } else if call.name == super::plan::TOOL && planning != crate::crd::Planning::Off {
+                let started = Instant::now();
+                match super::plan::steps(&call.input, &offered_names) {
+                    Err(why) => {
+                        let outcome = crate::tools::Outcome {
+                            content: format!("invalid plan: {why}"),
+                            is_error: true,
+                            error_kind: Some("validation"),
+                            truncated: false,
+                            duration: started.elapsed(),
+                        };
+                        finish_call(engine, session, run_id, call, outcome).await?;
+                    }
+                    Ok(steps) => {
+                        let required = planning == crate::crd::Planning::Required;
+                        let status = if required { "proposed" } else { "noted" };
+                        let id = engine
+                            .store
+                            .add_plan(run_id, &session.id, &call.id, &steps, status)
+                            .await?;
+                        let mode = if required { "required" } else { "preview" };
+                        engine
+                            .emit(
+                                &session.id,
+                                run_id,
+                                super::plan::EVENT,
+                                json!({"runId": run_id, "planId": id, "mode": mode, "steps": steps}),
+                            )
+                            .await?;
+                        plan = engine.store.latest_plan(run_id).await?;
+                        if required {
+                            // Its result is the person's decision.
+                            awaiting_plan = true;
+                        } else {
+                            let outcome = crate::tools::Outcome {
+                                content: format!(
+                                    "Plan {id} noted and shown to the user; go ahead."
+                                ),
+                                is_error: false,
+                                error_kind: None,
+                                truncated: false,
+                                duration: started.elapsed(),
+                            };
+                            finish_call(engine, session, run_id, call, outcome).await?;
+                        }
+                    }
+                }
+            } else if let Some(why) = super::plan::refuses(planning, plan.as_ref(), &call.name) {
+                let outcome = crate::tools::Outcome {
+                    content: why,
+                    is_error: true,
+                    error_kind: Some("denied"),
+                    truncated: false,
+                    duration: Duration::ZERO,
+                };
+                finish_call(engine, session, run_id, call, outcome).await?;
             } else if call.name == super::proposals::TOOL {
                 let outcome =
                     tool_calls::call(engine, &caller, call, guides.clone(), async {}).await;
@@ -486,6 +569,9 @@ async fn steps(
         }
         if waiting {
             return Ok(End::RequiresAction);
+        }
+        if awaiting_plan {
+            return Ok(End::AwaitingPlan);
         }
     }
     let message = format!(

@@ -85,6 +85,24 @@ pub struct RunControl {
     /// A paused run is cancelled (with a notice) after this long. Default `30m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_timeout: Option<Duration>,
+    /// Whether the model states a plan (`submit_plan`) before its first tool call: `off`
+    /// (default), `preview` (shown, the run goes on) or `required` (the run waits for a
+    /// person to approve, edit or reject it, and then calls only the plan's tools).
+    #[serde(default)]
+    pub planning: Planning,
+}
+
+/// Plan gate of a policy's chat runs.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum Planning {
+    /// No plan.
+    #[default]
+    Off,
+    /// The plan is shown and the run goes on.
+    Preview,
+    /// The run waits for the plan's approval.
+    Required,
 }
 
 /// How long a paused run waits by default.

@@ -809,8 +809,8 @@ pub async fn cancel(
             .map_err(ApiError::from)?;
         return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());
     }
-    // A paused run is ended where it is parked.
-    if session.status == "paused"
+    // A paused run, or one waiting on its plan, is ended where it is parked.
+    if matches!(session.status.as_str(), "paused" | "awaiting_plan")
         && let Some((run, _)) = state.store.active_run(&id).await.map_err(ApiError::from)?
     {
         crate::chat::control::apply(
@@ -819,7 +819,7 @@ pub async fn cancel(
             &run,
             &caller.user,
             crate::chat::control::Control::Cancel,
-            None,
+            crate::chat::control::Input::default(),
         )
         .await?;
         return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());

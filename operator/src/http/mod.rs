@@ -95,6 +95,14 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(runs_api::cancel),
         )
         .route(
+            "/chat/v1/sessions/{id}/runs/{run}/plan/approve",
+            axum::routing::post(runs_api::approve_plan),
+        )
+        .route(
+            "/chat/v1/sessions/{id}/runs/{run}/plan/reject",
+            axum::routing::post(runs_api::reject_plan),
+        )
+        .route(
             "/chat/v1/sessions/{id}/tool-results",
             axum::routing::post(chat_api::tool_results),
         )

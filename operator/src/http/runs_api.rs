@@ -5,7 +5,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::chat_api::{json_body, owned};
 use super::error::ApiError;
-use crate::chat::control::{self, Control, ControlError, Refusal};
+use crate::chat::control::{self, Control, ControlError, Input, Refusal};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -23,6 +23,9 @@ impl From<ControlError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "run_state", r.to_string())
             }
             ControlError::NotFound(_) => ApiError::not_found(e.to_string()),
+            ControlError::PlanEdit(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "plan_edit_invalid", e.to_string())
+            }
             ControlError::Store(e) => ApiError::from(e),
         }
     }
@@ -33,10 +36,10 @@ async fn control(
     caller: &Caller,
     (id, run): (&str, &str),
     control: Control,
-    message: Option<&str>,
+    input: Input<'_>,
 ) -> Result<Response, ApiError> {
     let session = owned(state, caller, id).await?;
-    let out = control::apply(&state.engine, &session, run, &caller.user, control, message).await?;
+    let out = control::apply(&state.engine, &session, run, &caller.user, control, input).await?;
     Ok((StatusCode::ACCEPTED, Json(out)).into_response())
 }
 
@@ -46,7 +49,14 @@ pub async fn pause(
     Extension(caller): Extension<Caller>,
     Path((id, run)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    control(&state, &caller, (&id, &run), Control::Pause, None).await
+    control(
+        &state,
+        &caller,
+        (&id, &run),
+        Control::Pause,
+        Input::default(),
+    )
+    .await
 }
 
 /// `POST …/runs/{runId}/resume`.
@@ -55,7 +65,14 @@ pub async fn resume(
     Extension(caller): Extension<Caller>,
     Path((id, run)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    control(&state, &caller, (&id, &run), Control::Resume, None).await
+    control(
+        &state,
+        &caller,
+        (&id, &run),
+        Control::Resume,
+        Input::default(),
+    )
+    .await
 }
 
 /// `POST …/runs/{runId}/redirect` body.
@@ -92,7 +109,10 @@ pub async fn redirect(
         &caller,
         (&id, &run),
         Control::Redirect,
-        Some(&body.message),
+        Input {
+            message: Some(&body.message),
+            steps: None,
+        },
     )
     .await
 }
@@ -114,5 +134,51 @@ pub async fn cancel(
     if record.is_some_and(|r| r.status == "requires_action") {
         return super::chat_api::cancel(State(state), Extension(caller), Path(id)).await;
     }
-    control(&state, &caller, (&id, &run), Control::Cancel, None).await
+    control(
+        &state,
+        &caller,
+        (&id, &run),
+        Control::Cancel,
+        Input::default(),
+    )
+    .await
+}
+
+/// `POST …/runs/{runId}/plan/approve` body: optionally the step ids kept, in order.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Approve {
+    steps: Option<Vec<String>>,
+}
+
+/// `POST …/runs/{runId}/plan/approve` `{steps?}`: the run goes on with the plan (edited:
+/// steps removed or reordered); only its steps' tools run.
+pub async fn approve_plan(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, run)): Path<(String, String)>,
+    body: Option<Json<Approve>>,
+) -> Result<Response, ApiError> {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let input = Input {
+        message: None,
+        steps: body.steps.as_deref(),
+    };
+    control(&state, &caller, (&id, &run), Control::ApprovePlan, input).await
+}
+
+/// `POST …/runs/{runId}/plan/reject`: the run is cancelled.
+pub async fn reject_plan(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, run)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    control(
+        &state,
+        &caller,
+        (&id, &run),
+        Control::RejectPlan,
+        Input::default(),
+    )
+    .await
 }

@@ -11,7 +11,7 @@ mod repo;
 mod runs;
 
 pub use mcp::MCP_ORIGIN;
-pub use runs::RunRecord;
+pub use runs::{PlanRecord, RunRecord};
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
 pub use models::*;

@@ -425,7 +425,7 @@ impl Store {
     pub async fn active_run(&self, session_id: &str) -> Result<Option<(String, i64)>, StoreError> {
         let row: Option<(String,)> = sqlx::query_as(
             "SELECT id FROM chat_runs WHERE session_id = $1 \
-             AND status IN ('running', 'requires_action', 'cancelling', 'pausing', 'paused') ORDER BY started_at DESC LIMIT 1",
+             AND status IN ('running', 'requires_action', 'cancelling', 'pausing', 'paused', 'awaiting_plan') ORDER BY started_at DESC LIMIT 1",
         )
         .bind(session_id)
         .fetch_optional(&self.pool)

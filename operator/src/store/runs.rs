@@ -68,15 +68,26 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
-    /// A parked run goes on, executed by `owner`.
+    /// A paused run goes on, executed by `owner`.
     pub async fn unpark_run(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
+        self.take_run(run_id, "paused", owner).await
+    }
+
+    /// A run parked in `from` (`paused`, `awaiting_plan`) goes on, executed by `owner`.
+    pub async fn take_run(
+        &self,
+        run_id: &str,
+        from: &str,
+        owner: &str,
+    ) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE chat_runs SET status = 'running', owner = $1, heartbeat_at = $2, paused_at = NULL \
-             WHERE id = $3 AND status = 'paused'",
+             WHERE id = $3 AND status = $4",
         )
         .bind(owner)
         .bind(now_ms())
         .bind(run_id)
+        .bind(from)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() > 0)
@@ -168,5 +179,101 @@ impl Store {
         }
         tx.commit().await?;
         Ok(out)
+    }
+}
+
+/// A plan a model stated with `submit_plan`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanRecord {
+    /// Id.
+    pub id: String,
+    /// Its run.
+    pub run_id: String,
+    /// The `submit_plan` call it answers.
+    pub call_id: String,
+    /// `[{id, tool, purpose}]` as stated.
+    pub steps: serde_json::Value,
+    /// `proposed`, `approved`, `rejected` or `noted` (preview).
+    pub status: String,
+    /// The steps approved (after edits).
+    pub approved_steps: Option<serde_json::Value>,
+}
+
+impl Store {
+    /// Keeps a stated plan (`status` `proposed`, or `noted` for a preview).
+    pub async fn add_plan(
+        &self,
+        run_id: &str,
+        session_id: &str,
+        call_id: &str,
+        steps: &serde_json::Value,
+        status: &str,
+    ) -> Result<String, StoreError> {
+        let id = new_id();
+        sqlx::query(
+            "INSERT INTO run_plans (id, run_id, session_id, call_id, steps, status, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&id)
+        .bind(run_id)
+        .bind(session_id)
+        .bind(call_id)
+        .bind(steps.to_string())
+        .bind(status)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(id)
+    }
+
+    /// The run's latest plan.
+    pub async fn latest_plan(&self, run_id: &str) -> Result<Option<PlanRecord>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, run_id, call_id, steps, status, approved_steps FROM run_plans \
+             WHERE run_id = $1 ORDER BY created_at DESC, id DESC LIMIT 1",
+        )
+        .bind(run_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let json = |text: Option<String>, column: &'static str| {
+            text.map(|t| {
+                serde_json::from_str(&t).map_err(|source| StoreError::Json { column, source })
+            })
+            .transpose()
+        };
+        row.map(|r| {
+            Ok(PlanRecord {
+                id: r.try_get("id")?,
+                run_id: r.try_get("run_id")?,
+                call_id: r.try_get("call_id")?,
+                steps: json(r.try_get("steps")?, "steps")?.unwrap_or_default(),
+                status: r.try_get("status")?,
+                approved_steps: json(r.try_get("approved_steps")?, "approved_steps")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Decides a proposed plan (`approved` with the steps kept, or `rejected`). Returns
+    /// whether it was still proposed.
+    pub async fn decide_plan(
+        &self,
+        plan_id: &str,
+        status: &str,
+        approved_steps: Option<&serde_json::Value>,
+        by: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE run_plans SET status = $1, approved_steps = $2, decided_by = $3, decided_at = $4 \
+             WHERE id = $5 AND status = 'proposed'",
+        )
+        .bind(status)
+        .bind(approved_steps.map(|v| v.to_string()))
+        .bind(by)
+        .bind(now_ms())
+        .bind(plan_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 }

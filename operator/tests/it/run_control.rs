@@ -26,6 +26,20 @@ apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {{name: hasty}}
 spec: {{sessions: ["hasty-*"], provider: scripted, runControl: {{pausedTimeout: 1s}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: planned}}
+spec:
+  sessions: ["planned-*"]
+  provider: scripted
+  runControl: {{planning: required}}
+  proposals: {{allowedActions: [restart], allowedNamespaces: ["*"]}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: previewed}}
+spec: {{sessions: ["preview-*"], provider: scripted, runControl: {{planning: preview}}}}
 "#
     );
     std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
@@ -499,4 +513,166 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
         "{:#}",
         requests[1]
     );
+}
+
+fn calls(list: &[(&str, &str, Value)]) -> crate::llm::Reply {
+    crate::investigation::tool_calls(list)
+}
+
+fn text(answer: &str) -> crate::llm::Reply {
+    streamed(&openai(), (openai().text_stream)(&[answer]))
+}
+
+/// The tool result a provider request carries for `call`.
+fn result_of(requests: &[Value], call: &str) -> String {
+    requests
+        .iter()
+        .rev()
+        .find_map(|r| crate::investigation::tool_result(r, call))
+        .unwrap_or_default()
+}
+
+/// `planning: required`: no tool before a plan; the run waits for the plan; an edit naming
+/// an unknown step is 400; the approved (edited) plan is what the model may do; a rejected
+/// plan cancels the run. `preview`: the plan is shown and the run goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &llm);
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    let plan = json!({"steps": [
+        {"id": "1", "tool": "get_incident_history", "purpose": "how it went before"},
+        {"id": "2", "tool": "propose_action", "purpose": "restart it"}]});
+    push(
+        &script,
+        calls(&[("a1", "get_incident_history", json!({"query": "checkout"}))]),
+    );
+    push(&script, calls(&[("p1", "submit_plan", plan.clone())]));
+    let id = session(&server, "planned-1").await;
+    let run = start(&server, &id, "Fix checkout").await;
+    let events = events_until(&server, &id, has_state("awaiting_plan")).await;
+    let proposal = events
+        .iter()
+        .find(|e| e.event == "plan.proposal")
+        .unwrap_or_else(|| panic!("{events:?}"));
+    assert_eq!(proposal.data["mode"], "required");
+    assert_eq!(proposal.data["steps"], plan["steps"]);
+    assert_eq!(session_status(&server, &id).await, "awaiting_plan");
+    // The call made before any plan was refused, naming the gate.
+    let early = result_of(&chat_requests(&script), "a1");
+    assert!(
+        early.contains("state your plan with submit_plan"),
+        "{early}"
+    );
+
+    let (status, body) = control(&server, &id, &run, "plan/approve", json!({"steps": ["9"]})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("plan_edit_invalid")),
+        "{body}"
+    );
+    let (status, body) = control(&server, &id, &run, "pause", json!({})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("run_state")),
+        "{body}"
+    );
+    push(
+        &script,
+        calls(&[
+            (
+                "c1",
+                "propose_action",
+                json!({"action": "restart", "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "checkout"}, "rationale": "stuck"}),
+            ),
+            ("c2", "get_incident_history", json!({"query": "checkout"})),
+        ]),
+    );
+    push(&script, text("Checked the history only."));
+    let (status, body) = control(&server, &id, &run, "plan/approve", json!({"steps": ["1"]})).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["steps"].as_array().map(Vec::len), Some(1), "{body}");
+    let events = events_until(&server, &id, run_ended).await;
+    assert_eq!(
+        states(&events).last().map(String::as_str),
+        Some("completed"),
+        "{events:?}"
+    );
+    let requests = chat_requests(&script);
+    assert!(
+        result_of(&requests, "p1").starts_with("Plan approved by local"),
+        "{requests:?}"
+    );
+    let refused = result_of(&requests, "c1");
+    assert!(
+        refused.contains("propose_action is not in the approved plan"),
+        "{refused}"
+    );
+    assert!(
+        result_of(&requests, "c2").contains("sessions"),
+        "the planned tool ran"
+    );
+    let proposals = crate::chat::get_json(&http_client(), server.url("/chat/v1/proposals")).await;
+    assert_eq!(
+        proposals["items"].as_array().map(Vec::len),
+        Some(0),
+        "{proposals}"
+    );
+
+    // Rejected: the run is cancelled and the transcript says why.
+    push(&script, calls(&[("p2", "submit_plan", plan.clone())]));
+    let id = session(&server, "planned-2").await;
+    let run = start(&server, &id, "Fix checkout").await;
+    events_until(&server, &id, has_state("awaiting_plan")).await;
+    let (status, body) = control(&server, &id, &run, "plan/reject", json!({})).await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (202, Some("cancelled")),
+        "{body}"
+    );
+    assert_eq!(session_status(&server, &id).await, "idle");
+    let stored = crate::chat::get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
+    assert!(
+        stored
+            .to_string()
+            .contains("the plan was rejected by local"),
+        "{stored}"
+    );
+    let (status, _) = control(&server, &id, &run, "plan/approve", json!({})).await;
+    assert_eq!(status, 409);
+
+    // Preview: shown, and the run goes on at once.
+    push(
+        &script,
+        calls(&[
+            (
+                "v1",
+                "submit_plan",
+                json!({"steps": [{"id": "1", "tool": "get_incident_history", "purpose": "past"}]}),
+            ),
+            ("v2", "get_incident_history", json!({"query": "checkout"})),
+        ]),
+    );
+    push(&script, text("Previewed."));
+    let id = session(&server, "preview-1").await;
+    start(&server, &id, "Fix checkout").await;
+    let events = events_until(&server, &id, run_ended).await;
+    assert_eq!(
+        states(&events).last().map(String::as_str),
+        Some("completed"),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.event == "plan.proposal" && e.data["mode"] == "preview")
+    );
+    let requests = chat_requests(&script);
+    assert!(result_of(&requests, "v1").contains("noted"));
+    assert!(result_of(&requests, "v2").contains("sessions"));
 }
