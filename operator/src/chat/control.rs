@@ -592,10 +592,16 @@ mod tests {
         assert_eq!(ok("awaiting_plan", RejectPlan), Ok(Effect::Reject));
         assert_eq!(ok("awaiting_plan", Cancel), Ok(Effect::Reject));
         for c in [Pause, Resume, Redirect] {
-            assert!(matches!(ok("awaiting_plan", c), Err(Refusal::State { .. })), "{c:?}");
+            assert!(
+                matches!(ok("awaiting_plan", c), Err(Refusal::State { .. })),
+                "{c:?}"
+            );
         }
         for s in ["running", "paused"] {
-            assert!(matches!(ok(s, ApprovePlan), Err(Refusal::State { .. })), "{s}");
+            assert!(
+                matches!(ok(s, ApprovePlan), Err(Refusal::State { .. })),
+                "{s}"
+            );
         }
         for s in ["completed", "failed", "cancelled"] {
             for c in [Pause, Resume, Redirect, Cancel] {

@@ -33,6 +33,8 @@ pub mod event {
     pub const NOTICE: &str = "notice";
     /// `{runId, code, message}`
     pub const ERROR: &str = "error";
+    /// `{runId, questions}`: suggested next questions after a completed run.
+    pub const FOLLOW_UPS: &str = "follow_ups";
 }
 
 /// Why a chat request was refused.

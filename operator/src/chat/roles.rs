@@ -1,6 +1,7 @@
 //! The small jobs of a policy's other model roles (SPEC §3 Roles): `triage` decides
 //! whether a question needs tools, `summarize` writes the session's title — a one-line
-//! incident summary that `get_incident_history` searches. Both go through the same routes,
+//! incident summary that `get_incident_history` searches — and suggests follow-up questions
+//! after a completed run. All go through the same routes,
 //! redaction, budgets and accounting as the chat; a failure of either never fails the run.
 
 use super::Engine;
@@ -16,8 +17,99 @@ const TRIAGE_PROMPT: &str = "Classify the user's latest message to an assistant 
 
 const TITLE_PROMPT: &str = "Write a title of at most 12 words for this operations conversation that summarizes the incident: the affected workload or service, the symptom, and the cause or action if known. Reply with the title only, without quotes.";
 
-/// Longest conversation excerpt sent for a title.
+const FOLLOW_UPS_PROMPT: &str = "Suggest 3 to 5 short follow-up questions the user could ask next in this Kubernetes operations investigation, each useful on its own. Reply with one question per line and nothing else.";
+
+/// Longest conversation excerpt sent for a title or follow-ups.
 const TITLE_CONTEXT: usize = 8_000;
+
+/// The questions and answers of a session (no tool results), at most `limit` bytes.
+fn excerpt(messages: &[crate::store::MessageRecord], limit: usize) -> String {
+    let mut transcript = String::new();
+    for m in messages
+        .iter()
+        .filter(|m| m.role != "tool" && !m.content.is_empty())
+    {
+        transcript.push_str(if m.role == "user" {
+            "User: "
+        } else {
+            "Assistant: "
+        });
+        transcript.push_str(&m.content);
+        transcript.push_str("\n\n");
+    }
+    if transcript.len() > limit {
+        // Keep the end: the latest answer is what follow-ups build on.
+        let mut cut = transcript.len() - limit;
+        while !transcript.is_char_boundary(cut) {
+            cut += 1;
+        }
+        transcript = transcript.split_off(cut);
+    }
+    transcript
+}
+
+/// The follow-up questions in a model's answer: one a line, list marks and quotes
+/// stripped, at most 5 of at most 200 characters.
+pub fn questions(answer: &str) -> Vec<String> {
+    answer
+        .lines()
+        .map(|l| {
+            l.trim()
+                .trim_start_matches(|c: char| {
+                    c.is_ascii_digit() || matches!(c, '-' | '*' | '.' | ')' | '•')
+                })
+                .trim()
+                .trim_matches(|c| c == '"' || c == '\'')
+                .trim()
+        })
+        .filter(|l| !l.is_empty() && l.chars().count() <= 200)
+        .take(5)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// After a completed run, 3–5 suggested next questions from the policy's `summarize`
+/// model: a `follow_ups` event `{runId, questions}`. Only when the policy sets that role.
+pub async fn follow_ups(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    policy: &PolicyEntry,
+) -> Result<(), StoreError> {
+    if policy.object.spec.models.summarize.is_none() {
+        return Ok(());
+    }
+    let messages = engine.store.list_messages(&session.id).await?;
+    let Some(answer) = side_call(
+        engine,
+        session,
+        Some(run_id),
+        policy,
+        Role::Summarize,
+        FOLLOW_UPS_PROMPT,
+        vec![Message::User {
+            content: excerpt(&messages, TITLE_CONTEXT),
+        }],
+        200,
+    )
+    .await?
+    else {
+        return Ok(());
+    };
+    let questions = questions(&answer);
+    if questions.is_empty() {
+        return Ok(());
+    }
+    engine
+        .emit(
+            &session.id,
+            run_id,
+            super::event::FOLLOW_UPS,
+            json!({"runId": run_id, "questions": questions}),
+        )
+        .await?;
+    Ok(())
+}
 
 /// Whether the first step of a new question should be offered tools: asks the policy's
 /// `triage` model when it has one; yes when it has none or triage fails.
@@ -60,19 +152,8 @@ pub async fn title(
         return Ok(());
     }
     let messages = engine.store.list_messages(&session.id).await?;
-    let mut transcript = String::new();
-    for m in messages
-        .iter()
-        .filter(|m| m.role != "tool" && !m.content.is_empty())
-    {
-        transcript.push_str(if m.role == "user" {
-            "User: "
-        } else {
-            "Assistant: "
-        });
-        transcript.push_str(&m.content);
-        transcript.push_str("\n\n");
-    }
+    // The start of the conversation says what the incident is.
+    let mut transcript = excerpt(&messages, usize::MAX);
     if transcript.len() > TITLE_CONTEXT {
         let mut cut = TITLE_CONTEXT;
         while !transcript.is_char_boundary(cut) {
@@ -243,4 +324,25 @@ async fn side_call(
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::questions;
+
+    #[test]
+    fn follow_up_questions_are_read_one_a_line() {
+        let answer = "1. What changed in the last deploy?\n- \"Are other services slow?\"\n\n* Is the database healthy?\nWhy now?\nA?\nB?\n";
+        assert_eq!(
+            questions(answer),
+            [
+                "What changed in the last deploy?",
+                "Are other services slow?",
+                "Is the database healthy?",
+                "Why now?",
+                "A?"
+            ]
+        );
+        assert!(questions("\n  \n").is_empty());
+    }
 }

@@ -182,6 +182,16 @@ pub async fn run(
             tracing::warn!(session = %session.id, error = %e, "cannot title the session");
         }
     }
+    if matches!(end, End::Completed) {
+        let config = engine.config.borrow().clone();
+        if let Some(policy) = config
+            .catalog
+            .match_policy(&session.namespace, &session.name)
+            && let Err(e) = super::roles::follow_ups(engine, session, run_id, policy).await
+        {
+            tracing::warn!(session = %session.id, error = %e, "cannot suggest follow-ups");
+        }
+    }
 }
 
 /// The conversation as stored, in provider-agnostic form.

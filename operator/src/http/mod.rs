@@ -95,6 +95,10 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(runs_api::cancel),
         )
         .route(
+            "/chat/v1/sessions/{id}/runs/{run}/follow-ups",
+            get(runs_api::follow_ups),
+        )
+        .route(
             "/chat/v1/sessions/{id}/runs/{run}/plan/approve",
             axum::routing::post(runs_api::approve_plan),
         )

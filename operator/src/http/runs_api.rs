@@ -182,3 +182,30 @@ pub async fn reject_plan(
     )
     .await
 }
+
+/// `GET …/runs/{runId}/follow-ups`: the questions suggested after the run completed
+/// (`{runId, questions}`; `questions` is empty when none were, e.g. without a `summarize`
+/// model).
+pub async fn follow_ups(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((id, run)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let session = owned(&state, &caller, &id).await?;
+    state
+        .store
+        .run_record(&run)
+        .await
+        .map_err(ApiError::from)?
+        .filter(|r| r.session_id == session.id)
+        .ok_or_else(|| ApiError::not_found(format!("no run {run} in this session")))?;
+    let found = state
+        .store
+        .latest_run_event(&id, &run, crate::chat::event::FOLLOW_UPS)
+        .await
+        .map_err(ApiError::from)?;
+    let questions = found
+        .map(|d| d["questions"].clone())
+        .unwrap_or_else(|| serde_json::json!([]));
+    Ok(Json(serde_json::json!({"runId": run, "questions": questions})).into_response())
+}

@@ -277,3 +277,31 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 }
+
+impl Store {
+    /// The data of a run's latest event of type `event_type`.
+    pub async fn latest_run_event(
+        &self,
+        session_id: &str,
+        run_id: &str,
+        event_type: &str,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        let row = sqlx::query(
+            "SELECT data FROM run_events WHERE session_id = $1 AND run_id = $2 AND event_type = $3 \
+             ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(session_id)
+        .bind(run_id)
+        .bind(event_type)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            let text: String = r.try_get("data")?;
+            serde_json::from_str(&text).map_err(|source| StoreError::Json {
+                column: "data",
+                source,
+            })
+        })
+        .transpose()
+    }
+}

@@ -40,6 +40,11 @@ apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {{name: previewed}}
 spec: {{sessions: ["preview-*"], provider: scripted, runControl: {{planning: preview}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: summarized}}
+spec: {{sessions: ["summed-*"], provider: scripted, models: {{summarize: small}}}}
 "#
     );
     std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
@@ -675,4 +680,82 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
     let requests = chat_requests(&script);
     assert!(result_of(&requests, "v1").contains("noted"));
     assert!(result_of(&requests, "v2").contains("sessions"));
+}
+
+/// After a completed run, a policy with a `summarize` model suggests next questions (a
+/// `follow_ups` event and `GET …/follow-ups`); a policy without one makes no such call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_ups_come_from_the_summarize_model_only() {
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &llm);
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body: &Value| {
+        let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+        Some(if system.contains("follow-up questions") {
+            crate::llm::json_reply(
+                200,
+                &(openai().text_json)(
+                    "1. What changed in the last deploy?\n2. Is the database healthy?\n3. Are other services slow?",
+                ),
+            )
+        } else if body["stream"] == true {
+            text("It was the database.")
+        } else {
+            crate::llm::json_reply(200, &(openai().text_json)("Checkout slow: database"))
+        })
+    }));
+    let follow_up_calls = || {
+        chat_requests(&script)
+            .iter()
+            .filter(|b| {
+                b["messages"][0]["content"]
+                    .to_string()
+                    .contains("follow-up questions")
+            })
+            .count()
+    };
+
+    let id = session(&server, "summed-1").await;
+    let run = start(&server, &id, "Why is checkout slow?").await;
+    let events = events_until(&server, &id, |e| e.iter().any(|e| e.event == "follow_ups")).await;
+    let suggested = events
+        .iter()
+        .find(|e| e.event == "follow_ups")
+        .unwrap_or_else(|| panic!("{events:?}"));
+    let expected = json!([
+        "What changed in the last deploy?",
+        "Is the database healthy?",
+        "Are other services slow?"
+    ]);
+    assert_eq!(suggested.data["questions"], expected);
+    assert_eq!(suggested.data["runId"], run.as_str());
+    let got = crate::chat::get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/follow-ups")),
+    )
+    .await;
+    assert_eq!(got["questions"], expected);
+    // The summarize model was asked, as the policy's role says.
+    assert!(chat_requests(&script).iter().any(|b| {
+        b["model"] == "small"
+            && b["messages"][0]["content"]
+                .to_string()
+                .contains("follow-up")
+    }));
+    assert_eq!(follow_up_calls(), 1);
+
+    // Without a summarize role: no call, no event, an empty list.
+    let id = session(&server, "incident-9").await;
+    let run = start(&server, &id, "Why is checkout slow?").await;
+    let events = events_until(&server, &id, run_ended).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!events.iter().any(|e| e.event == "follow_ups"));
+    assert_eq!(follow_up_calls(), 1);
+    let got = crate::chat::get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/follow-ups")),
+    )
+    .await;
+    assert_eq!(got["questions"], json!([]));
 }
