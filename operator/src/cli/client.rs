@@ -151,69 +151,186 @@ pub async fn chat(args: ChatArgs) -> Result<(), String> {
     };
     let id = session["id"].as_str().unwrap_or_default().to_owned();
     eprintln!(
-        "session {} (policy {}, namespace {}). /cancel stops a run, /quit leaves.",
+        "session {} (policy {}, namespace {}). During a run: /pause, /redirect TEXT, /cancel. \
+         Then: /resume, /plan approve [STEP...], /plan reject. /quit leaves.",
         args.session,
         session["policy"].as_str().unwrap_or("-"),
         session["namespace"].as_str().unwrap_or("-")
     );
-    let stdin = std::io::stdin();
+    // Lines are read on their own thread, so commands can be typed while a run streams.
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The latest run (to steer) and the last event seen (to follow it again after a resume).
+    let mut run: Option<String> = None;
+    let mut seen = 0_i64;
     loop {
         eprint!("> ");
         let _ = std::io::stderr().flush();
-        let mut line = String::new();
-        if stdin
-            .lock()
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?
-            == 0
-        {
+        let Some(line) = lines.recv().await else {
             return Ok(());
-        }
-        let line = line.trim();
-        match line {
+        };
+        let line = line.trim().to_owned();
+        let cancel = || {
+            api.send(api.request(
+                reqwest::Method::POST,
+                &format!("/chat/v1/sessions/{id}/cancel"),
+            ))
+        };
+        let stream = match line.as_str() {
             "" => continue,
             "/quit" | "/exit" => return Ok(()),
             "/cancel" => {
-                match api
-                    .send(api.request(
-                        reqwest::Method::POST,
-                        &format!("/chat/v1/sessions/{id}/cancel"),
-                    ))
-                    .await
-                {
-                    Ok(_) => eprintln!("cancelled"),
-                    Err(e) => eprintln!("{e}"),
-                }
+                report(cancel().await, "cancelled");
                 continue;
             }
-            _ => {}
-        }
-        let request = api
-            .request(
-                reqwest::Method::POST,
-                &format!("/chat/v1/sessions/{id}/messages"),
-            )
-            .header("accept", "text/event-stream")
-            .json(&json!({"content": line}));
-        let resp = match api.send(request).await {
+            command if command.starts_with('/') => {
+                let Some(run) = &run else {
+                    eprintln!("no run to steer yet: ask something first");
+                    continue;
+                };
+                match steer(&api, &id, run, command).await {
+                    // Resumed or approved: follow the run again from where it stopped.
+                    Ok(true) => {
+                        api.send(api.request(
+                            reqwest::Method::GET,
+                            &format!("/chat/v1/sessions/{id}/events?after={seen}"),
+                        ))
+                        .await
+                    }
+                    Ok(false) => continue,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        continue;
+                    }
+                }
+            }
+            question => {
+                let request = api
+                    .request(
+                        reqwest::Method::POST,
+                        &format!("/chat/v1/sessions/{id}/messages"),
+                    )
+                    .header("accept", "text/event-stream")
+                    .json(&json!({"content": question}));
+                api.send(request).await
+            }
+        };
+        let resp = match stream {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("{e}");
                 continue;
             }
         };
-        render(resp).await;
+        if let Some(r) = resp
+            .headers()
+            .get("x-kortex-run-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            run = Some(r.to_owned());
+        }
+        // While the run streams, typed lines steer it.
+        let mut rendering = tokio::spawn(render(resp));
+        let followed = loop {
+            tokio::select! {
+                done = &mut rendering => break done.unwrap_or_default(),
+                Some(typed) = lines.recv() => {
+                    let typed = typed.trim();
+                    match (typed, &run) {
+                        ("", _) => {}
+                        ("/cancel", _) => report(cancel().await, "cancelling"),
+                        (l, Some(r)) if l.starts_with("/pause") || l.starts_with("/redirect") => {
+                            if let Err(e) = steer(&api, &id, r, l).await {
+                                eprintln!("{e}");
+                            }
+                        }
+                        _ => eprintln!("a run is in progress: /pause, /redirect TEXT or /cancel"),
+                    }
+                }
+            }
+        };
+        if let Some(r) = followed.run {
+            run = Some(r);
+        }
+        seen = seen.max(followed.last_seq);
     }
 }
 
+/// Says how a control went.
+fn report(result: Result<reqwest::Response, String>, done: &str) {
+    match result {
+        Ok(_) => eprintln!("{done}"),
+        Err(e) => eprintln!("{e}"),
+    }
+}
+
+/// Carries out a steering command on `run`; `Ok(true)` when the run goes on (follow it).
+async fn steer(api: &Api, session: &str, run: &str, command: &str) -> Result<bool, String> {
+    let (verb, rest) = command.split_once(' ').unwrap_or((command, ""));
+    let rest = rest.trim();
+    let mut words = rest.split_whitespace();
+    let (path, body, goes_on) = match (verb, words.next()) {
+        ("/pause", None) => ("pause", json!({}), false),
+        ("/resume", None) => ("resume", json!({}), true),
+        ("/redirect", Some(_)) => ("redirect", json!({"message": rest}), false),
+        ("/plan", Some("reject")) => ("plan/reject", json!({}), false),
+        ("/plan", Some("approve")) => {
+            let steps: Vec<&str> = words.collect();
+            let body = if steps.is_empty() {
+                json!({})
+            } else {
+                json!({"steps": steps})
+            };
+            ("plan/approve", body, true)
+        }
+        _ => {
+            return Err("commands: /pause, /resume, /redirect TEXT, /plan approve [STEP...], /plan reject, /cancel, /quit".to_owned());
+        }
+    };
+    let answer = api
+        .json(
+            api.request(
+                reqwest::Method::POST,
+                &format!("/chat/v1/sessions/{session}/runs/{run}/{path}"),
+            )
+            .json(&body),
+        )
+        .await?;
+    eprintln!("run {}", answer["state"].as_str().unwrap_or("?"));
+    Ok(goes_on)
+}
+
+/// What following a run's events showed.
+#[derive(Default)]
+struct Followed {
+    /// The run the events were about.
+    run: Option<String>,
+    /// The last event's sequence number.
+    last_seq: i64,
+}
+
 /// Prints a run's events: text as it streams, tool calls and results on one line each.
-async fn render(resp: reqwest::Response) {
+async fn render(resp: reqwest::Response) -> Followed {
     let mut body = resp.bytes_stream();
     let mut decoder = SseDecoder::default();
     let mut at_line_start = true;
+    let mut followed = Followed::default();
     while let Some(Ok(bytes)) = body.next().await {
         for e in decoder.push(&bytes) {
             let data: Value = serde_json::from_str(&e.data).unwrap_or_default();
+            if let Ok(seq) = e.id.parse::<i64>() {
+                followed.last_seq = followed.last_seq.max(seq);
+            }
+            if let Some(run) = data["runId"].as_str() {
+                followed.run = Some(run.to_owned());
+            }
             let text = |k: &str| data[k].as_str().unwrap_or_default().to_owned();
             let mut note = |line: String| {
                 if !at_line_start {
@@ -254,16 +371,48 @@ async fn render(resp: reqwest::Response) {
                     data["target"]["name"].as_str().unwrap_or("-"),
                     text("proposalId")
                 )),
+                "plan.proposal" => {
+                    let steps: Vec<String> = data["steps"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|s| {
+                            format!(
+                                "    {}. {} ({})",
+                                s["id"].as_str().unwrap_or_default(),
+                                s["purpose"].as_str().unwrap_or_default(),
+                                s["tool"].as_str().unwrap_or_default()
+                            )
+                        })
+                        .collect();
+                    note(format!("☰ plan ({}):\n{}", text("mode"), steps.join("\n")));
+                }
                 "run.lifecycle" => match text("state").as_str() {
                     "requires_action" => {
                         note("⏸ the model called a client-executed tool; this terminal cannot run it (post its result to /tool-results, or /cancel)".into());
-                        return;
+                        return followed;
                     }
+                    "paused" => {
+                        note(
+                            "⏸ paused: /resume, /redirect TEXT (taken in on resume) or /cancel"
+                                .into(),
+                        );
+                        return followed;
+                    }
+                    "awaiting_plan" => {
+                        note(
+                            "⏸ waiting for the plan: /plan approve [STEP...] or /plan reject"
+                                .into(),
+                        );
+                        return followed;
+                    }
+                    "pausing" => note("… pausing at the next step".into()),
+                    "redirecting" => note("↪ redirect kept for the next step".into()),
                     "completed" | "failed" | "cancelled" => {
                         if !at_line_start {
                             println!();
                         }
-                        return;
+                        return followed;
                     }
                     _ => {}
                 },
@@ -271,6 +420,7 @@ async fn render(resp: reqwest::Response) {
             }
         }
     }
+    followed
 }
 
 /// `kortex proposals ...`.

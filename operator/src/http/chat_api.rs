@@ -501,7 +501,14 @@ fn ends(e: &EventRecord, run: &str) -> bool {
         && e.run_id.as_deref() == Some(run)
         && matches!(
             e.data["state"].as_str(),
-            Some("completed" | "failed" | "cancelled" | "requires_action")
+            Some(
+                "completed"
+                    | "failed"
+                    | "cancelled"
+                    | "requires_action"
+                    | "paused"
+                    | "awaiting_plan"
+            )
         )
 }
 

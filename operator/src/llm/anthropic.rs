@@ -524,6 +524,7 @@ mod tests {
     fn decoder_assembles_tool_input_and_usage() {
         let mut d = StreamDecoder::new("anthropic");
         let ev = |event: &str, data: Value| SseEvent {
+            id: String::new(),
             event: event.into(),
             data: data.to_string(),
         };
@@ -579,6 +580,7 @@ mod tests {
 
     fn ev(event: &str, data: Value) -> SseEvent {
         SseEvent {
+            id: String::new(),
             event: event.into(),
             data: data.to_string(),
         }

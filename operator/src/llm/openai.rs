@@ -509,6 +509,7 @@ mod tests {
 
     fn data(v: Value) -> SseEvent {
         SseEvent {
+            id: String::new(),
             event: String::new(),
             data: v.to_string(),
         }
@@ -549,6 +550,7 @@ mod tests {
                 json!({"model": "gpt-x", "choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 20}}),
             ),
             SseEvent {
+                id: String::new(),
                 event: String::new(),
                 data: "[DONE]".into(),
             },
@@ -622,6 +624,7 @@ mod tests {
                 json!("tool_calls"),
             ),
             SseEvent {
+                id: String::new(),
                 event: String::new(),
                 data: "[DONE]".into(),
             },
@@ -655,6 +658,7 @@ mod tests {
                 json!("length"),
             ),
             SseEvent {
+                id: String::new(),
                 event: String::new(),
                 data: "[DONE]".into(),
             },

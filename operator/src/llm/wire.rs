@@ -279,6 +279,8 @@ pub fn model_ids(v: &serde_json::Value, list: &str, field: &str) -> Vec<String> 
 /// One Server-Sent Event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SseEvent {
+    /// `id:` (empty when absent).
+    pub id: String,
     /// `event:` (empty when absent).
     pub event: String,
     /// `data:` lines joined with `\n`.
@@ -352,6 +354,7 @@ impl SseDecoder {
         };
         match field {
             "event" => self.event.event = value.to_owned(),
+            "id" => self.event.id = value.to_owned(),
             "data" => {
                 if self.has_data {
                     self.event.data.push('\n');
@@ -614,8 +617,8 @@ pub fn sse(frame: Frame) -> SseEvent {
     match frame {
         Frame::Sse(e) => e,
         Frame::Line(l) => SseEvent {
-            event: String::new(),
             data: l,
+            ..Default::default()
         },
     }
 }
@@ -687,14 +690,17 @@ mod tests {
             out,
             vec![
                 SseEvent {
+                    id: String::new(),
                     event: "message_start".into(),
                     data: "{\"a\":1}".into()
                 },
                 SseEvent {
+                    id: String::new(),
                     event: String::new(),
                     data: "line1\nline2".into()
                 },
                 SseEvent {
+                    id: String::new(),
                     event: String::new(),
                     data: "café".into()
                 },
@@ -704,6 +710,7 @@ mod tests {
         assert_eq!(
             d.finish(),
             Some(SseEvent {
+                id: String::new(),
                 event: String::new(),
                 data: "[DONE]".into()
             })

@@ -759,3 +759,132 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     .await;
     assert_eq!(got["questions"], json!([]));
 }
+
+/// `kortex chat` driven through its standard input, its output collected.
+struct Terminal {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    out: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Terminal {
+    fn start(base: &str, session: &str) -> Self {
+        use std::io::Read;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args([
+                "chat",
+                "--server",
+                base.trim_end_matches('/'),
+                "--session",
+                session,
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        for pipe in [
+            Box::new(child.stdout.take().unwrap_or_else(|| panic!("stdout")))
+                as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap_or_else(|| panic!("stderr"))),
+        ] {
+            let out = out.clone();
+            std::thread::spawn(move || {
+                let mut pipe = pipe;
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = pipe.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    out.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            });
+        }
+        let stdin = child.stdin.take().unwrap_or_else(|| panic!("stdin"));
+        Self { child, stdin, out }
+    }
+
+    fn say(&mut self, line: &str) {
+        use std::io::Write;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| self.stdin.flush())
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    async fn shown(&self, what: &str) {
+        eventually(what, || async {
+            let text = self.out.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            if text.contains(what) {
+                Ok(())
+            } else {
+                Err(text)
+            }
+        })
+        .await;
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `kortex chat` steers a run as it streams: `/pause`, then `/redirect` (kept for the
+/// resume) and `/resume`, which follows the run to its end; and approves a plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_terminal_client_pauses_redirects_resumes_and_approves_plans() {
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &llm);
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    script_two_steps(&script, "The database it was.");
+    let base = server.url("");
+    let mut chat = Terminal::start(&base, "incident-cli");
+    chat.say("Why is checkout slow?");
+    provider_called(&script).await;
+    chat.say("/pause");
+    chat.shown("paused: /resume").await;
+    chat.say("/redirect look at the database");
+    chat.shown("run paused").await;
+    chat.say("/resume");
+    chat.shown("The database it was.").await;
+    let requests = chat_requests(&script);
+    assert_eq!(requests.len(), 2);
+    assert!(
+        requests[1]["messages"]
+            .to_string()
+            .contains("look at the database")
+    );
+    chat.say("/quit");
+
+    // A plan, approved from the terminal with an edit.
+    push(
+        &script,
+        calls(&[(
+            "p1",
+            "submit_plan",
+            json!({"steps": [
+            {"id": "1", "tool": "get_incident_history", "purpose": "past"},
+            {"id": "2", "tool": "get_incident_history", "purpose": "again"}]}),
+        )]),
+    );
+    push(&script, text("Planned and done."));
+    let mut chat = Terminal::start(&base, "planned-cli");
+    chat.say("Fix checkout");
+    chat.shown("waiting for the plan").await;
+    chat.shown("1. past (get_incident_history)").await;
+    chat.say("/plan approve 2");
+    chat.shown("Planned and done.").await;
+    let approved = result_of(&chat_requests(&script), "p1");
+    assert!(
+        approved.contains("2. again") && !approved.contains("1. past"),
+        "{approved}"
+    );
+    chat.say("/quit");
+}
