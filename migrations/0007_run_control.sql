@@ -8,10 +8,13 @@ CREATE TABLE run_intents (
     session_id      TEXT NOT NULL,
     kind            TEXT NOT NULL,
     message         TEXT NOT NULL,
+    rewind_to       BIGINT,
     user_name       TEXT NOT NULL,
     created_at      BIGINT NOT NULL,
     consumed_at     BIGINT
 );
+-- Steps a redirect rewound past: kept in the transcript, left out of what the model sees.
+ALTER TABLE chat_messages ADD COLUMN superseded BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX run_intents_run ON run_intents (run_id, consumed_at);
 -- Plans a model states with submit_plan before its first tool call (ChatPolicy
 -- runControl.planning): the latest of a run governs it.

@@ -31,6 +31,8 @@ pub enum Control {
 pub struct Input<'a> {
     /// A redirect's message.
     pub message: Option<&'a str>,
+    /// A redirect's rewind target: the model no longer sees the steps after this one.
+    pub rewind_to: Option<i64>,
     /// A plan approval's edits: the step ids kept, in order (`None`: all).
     pub steps: Option<&'a [String]>,
 }
@@ -143,6 +145,9 @@ pub enum ControlError {
     /// A plan edit names a step the plan did not have.
     #[error("{0}")]
     PlanEdit(String),
+    /// A rewind target the run never reached.
+    #[error("{0}")]
+    Rewind(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -290,9 +295,22 @@ pub async fn apply(
                 }
             };
             let (text, _) = redactor.text(text);
+            if let Some(n) = input.rewind_to {
+                let steps = engine.store.run_steps(&session.id, run_id).await?;
+                if n < 1 || !steps.contains(&n) {
+                    return Err(ControlError::Rewind(format!(
+                        "rewindTo {n}: run {run_id} has no such step (its steps: {})",
+                        steps
+                            .iter()
+                            .map(i64::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+            }
             let id = engine
                 .store
-                .add_redirect(run_id, &session.id, user, &text)
+                .add_redirect(run_id, &session.id, user, &text, input.rewind_to)
                 .await?;
             record(
                 engine,
@@ -300,7 +318,7 @@ pub async fn apply(
                 run_id,
                 user,
                 (&run.status, "redirecting"),
-                json!({"redirectId": id}),
+                json!({"redirectId": id, "rewindTo": input.rewind_to}),
             )
             .await?;
             Ok(json!({"runId": run_id, "state": run.status, "redirectId": id}))

@@ -194,10 +194,12 @@ pub async fn run(
     }
 }
 
-/// The conversation as stored, in provider-agnostic form.
+/// The conversation as stored, in provider-agnostic form, without the steps a redirect
+/// rewound past.
 fn history(messages: &[crate::store::MessageRecord]) -> Vec<Message> {
     messages
         .iter()
+        .filter(|m| !m.superseded)
         .map(|m| match m.role.as_str() {
             "assistant" => Message::Assistant {
                 content: m.content.clone(),

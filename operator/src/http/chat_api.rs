@@ -82,6 +82,9 @@ fn session_json(s: &SessionRecord, messages: Option<Vec<crate::store::MessageRec
                     o["toolCallId"] = json!(id);
                     o["isError"] = json!(m.is_error);
                 }
+                if m.superseded {
+                    o["superseded"] = json!(true);
+                }
                 o
             })
             .collect();

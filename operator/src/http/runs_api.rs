@@ -23,6 +23,9 @@ impl From<ControlError> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "run_state", r.to_string())
             }
             ControlError::NotFound(_) => ApiError::not_found(e.to_string()),
+            ControlError::Rewind(_) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "rewind_invalid", e.to_string())
+            }
             ControlError::PlanEdit(_) => {
                 ApiError::new(StatusCode::BAD_REQUEST, "plan_edit_invalid", e.to_string())
             }
@@ -83,8 +86,9 @@ pub struct Redirect {
     rewind_to: Option<i64>,
 }
 
-/// `POST …/runs/{runId}/redirect` `{message}`: kept before the answer, taken in by the run
-/// as a user turn at its next step boundary, exactly once.
+/// `POST …/runs/{runId}/redirect` `{message, rewindTo?}`: kept before the answer, taken in by
+/// the run as a user turn at its next step boundary, exactly once; `rewindTo: N` (a step of
+/// the run's `step.boundary` events) first drops the later steps from what the model sees.
 pub async fn redirect(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -97,13 +101,6 @@ pub async fn redirect(
             "message must be 1 to 32768 bytes: what the model should do instead",
         ));
     }
-    if body.rewind_to.is_some() {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "not_supported",
-            "rewindTo is not supported yet: redirect without it, and the model sees every step so far",
-        ));
-    }
     control(
         &state,
         &caller,
@@ -111,6 +108,7 @@ pub async fn redirect(
         Control::Redirect,
         Input {
             message: Some(&body.message),
+            rewind_to: body.rewind_to,
             steps: None,
         },
     )
@@ -161,8 +159,8 @@ pub async fn approve_plan(
 ) -> Result<Response, ApiError> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
     let input = Input {
-        message: None,
         steps: body.steps.as_deref(),
+        ..Input::default()
     };
     control(&state, &caller, (&id, &run), Control::ApprovePlan, input).await
 }

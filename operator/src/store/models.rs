@@ -69,6 +69,8 @@ pub struct MessageRecord {
     pub is_error: bool,
     /// Unix ms.
     pub created_at: i64,
+    /// A step a redirect rewound past: kept, but no longer sent to the model.
+    pub superseded: bool,
 }
 
 /// What appending a message needs.

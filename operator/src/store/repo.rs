@@ -77,6 +77,7 @@ pub(super) async fn insert_message(
         tool_call_id: new.tool_call_id.clone(),
         is_error: new.is_error,
         created_at: now_ms(),
+        superseded: false,
     };
     sqlx::query(
             "INSERT INTO chat_messages (id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at) \
@@ -235,6 +236,7 @@ fn message_row(row: &AnyRow) -> Result<MessageRecord, StoreError> {
         tool_call_id: row.try_get("tool_call_id")?,
         is_error: row.try_get::<i64, _>("is_error")? != 0,
         created_at: row.try_get("created_at")?,
+        superseded: row.try_get::<i64, _>("superseded")? != 0,
     })
 }
 
@@ -255,7 +257,7 @@ impl Store {
     /// Every message of a session, in order.
     pub async fn list_messages(&self, session_id: &str) -> Result<Vec<MessageRecord>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at \
+            "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded \
              FROM chat_messages WHERE session_id = $1 ORDER BY seq",
         )
         .bind(session_id)

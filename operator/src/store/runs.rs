@@ -115,23 +115,26 @@ impl Store {
             .collect()
     }
 
-    /// Keeps a redirect for the run to consume at its next step boundary.
+    /// Keeps a redirect for the run to consume at its next step boundary; with `rewind_to`,
+    /// the steps after that one are superseded first.
     pub async fn add_redirect(
         &self,
         run_id: &str,
         session_id: &str,
         user: &str,
         message: &str,
+        rewind_to: Option<i64>,
     ) -> Result<String, StoreError> {
         let id = new_id();
         sqlx::query(
-            "INSERT INTO run_intents (id, run_id, session_id, kind, message, user_name, created_at) \
-             VALUES ($1, $2, $3, 'redirect', $4, $5, $6)",
+            "INSERT INTO run_intents (id, run_id, session_id, kind, message, rewind_to, user_name, created_at) \
+             VALUES ($1, $2, $3, 'redirect', $4, $5, $6, $7)",
         )
         .bind(&id)
         .bind(run_id)
         .bind(session_id)
         .bind(message)
+        .bind(rewind_to)
         .bind(user)
         .bind(now_ms())
         .execute(&self.pool)
@@ -149,7 +152,7 @@ impl Store {
     ) -> Result<Vec<MessageRecord>, StoreError> {
         let mut tx = self.begin().await?;
         let rows = sqlx::query(
-            "SELECT id, message FROM run_intents WHERE run_id = $1 AND consumed_at IS NULL \
+            "SELECT id, message, rewind_to FROM run_intents WHERE run_id = $1 AND consumed_at IS NULL \
              ORDER BY created_at, id",
         )
         .bind(run_id)
@@ -168,6 +171,31 @@ impl Store {
             .await?;
             if taken.rows_affected() == 0 {
                 continue;
+            }
+            // Rewound: everything of the run from step `n + 1` on (its assistant message and
+            // what followed) stays in the transcript, marked superseded.
+            if let Some(n) = row.try_get::<Option<i64>, _>("rewind_to")? {
+                let cut: Option<i64> = sqlx::query(
+                    "SELECT seq FROM chat_messages WHERE session_id = $1 AND run_id = $2 AND role = 'assistant' \
+                     ORDER BY seq LIMIT 1 OFFSET $3",
+                )
+                .bind(session_id)
+                .bind(run_id)
+                .bind(n)
+                .fetch_optional(&mut *tx)
+                .await?
+                .map(|r| r.try_get("seq"))
+                .transpose()?;
+                if let Some(cut) = cut {
+                    sqlx::query(
+                        "UPDATE chat_messages SET superseded = 1 WHERE session_id = $1 AND run_id = $2 AND seq >= $3",
+                    )
+                    .bind(session_id)
+                    .bind(run_id)
+                    .bind(cut)
+                    .execute(&mut *tx)
+                    .await?;
+                }
             }
             let new = NewMessage {
                 run_id: Some(run_id.to_owned()),
@@ -303,5 +331,31 @@ impl Store {
             })
         })
         .transpose()
+    }
+}
+
+impl Store {
+    /// The steps (`step.boundary` events) a run has taken so far.
+    pub async fn run_steps(&self, session_id: &str, run_id: &str) -> Result<Vec<i64>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT data FROM run_events WHERE session_id = $1 AND run_id = $2 AND event_type = 'step.boundary' ORDER BY seq",
+        )
+        .bind(session_id)
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut steps = Vec::new();
+        for r in rows {
+            let text: String = r.try_get("data")?;
+            let data: serde_json::Value =
+                serde_json::from_str(&text).map_err(|source| StoreError::Json {
+                    column: "data",
+                    source,
+                })?;
+            if let Some(n) = data["step"].as_i64() {
+                steps.push(n);
+            }
+        }
+        Ok(steps)
     }
 }

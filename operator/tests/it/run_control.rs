@@ -888,3 +888,82 @@ async fn the_terminal_client_pauses_redirects_resumes_and_approves_plans() {
     );
     chat.say("/quit");
 }
+
+/// A redirect with `rewindTo: N` drops the steps after N from what the model sees next;
+/// the transcript keeps them, marked superseded. A step the run never took is 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewind_supersedes_the_later_steps() {
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(dir.path(), &llm);
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    push(
+        &script,
+        calls(&[("c1", "get_incident_history", json!({"query": "checkout"}))]),
+    );
+    let mut slow = calls(&[("c2", "get_incident_history", json!({"query": "cache"}))]);
+    slow.chunk_delay = Some(Duration::from_millis(250));
+    push(&script, slow);
+    push(&script, text("The database, as you said."));
+    let id = session(&server, "incident-5").await;
+    let run = start(&server, &id, "Why is checkout slow?").await;
+    eventually("the second step's provider call", || async {
+        if chat_requests(&script).len() >= 2 {
+            Ok(())
+        } else {
+            Err("not yet".to_owned())
+        }
+    })
+    .await;
+    let (status, body) = control(
+        &server,
+        &id,
+        &run,
+        "redirect",
+        json!({"message": "forget the cache, look at the database", "rewindTo": 9}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("rewind_invalid")),
+        "{body}"
+    );
+    let (status, body) = control(
+        &server,
+        &id,
+        &run,
+        "redirect",
+        json!({"message": "forget the cache, look at the database", "rewindTo": 1}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let events = events_until(&server, &id, run_ended).await;
+    assert_eq!(
+        states(&events).last().map(String::as_str),
+        Some("completed"),
+        "{events:?}"
+    );
+    let requests = chat_requests(&script);
+    assert_eq!(requests.len(), 3);
+    let seen = requests[2]["messages"].to_string();
+    assert!(
+        seen.contains("c1") && !seen.contains("c2"),
+        "step 2 is gone: {seen}"
+    );
+    assert!(seen.contains("forget the cache"), "{seen}");
+    let stored = crate::chat::get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
+    let superseded: Vec<&Value> = stored["messages"]
+        .as_array()
+        .map(|m| m.iter().filter(|m| m["superseded"] == true).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        superseded.len(),
+        2,
+        "step 2's call and result are kept, struck: {stored}"
+    );
+    assert!(superseded.iter().any(|m| m["toolCallId"] == "c2"));
+}
