@@ -305,7 +305,15 @@
     const input = h('textarea', { id: 'message', 'aria-label': 'Message', placeholder: 'Ask about your cluster… (Enter sends, Shift+Enter for a new line)' });
     const send = h('button', { class: 'primary', type: 'submit', id: 'send' }, 'Send');
     const cancel = h('button', { type: 'button', id: 'cancel', hidden: true }, 'Cancel');
-    const composer = h('form', { class: 'composer' }, input, h('div', { class: 'buttons' }, send, cancel));
+    const pause = h('button', { type: 'button', id: 'pause', hidden: true }, 'Pause');
+    const resume = h('button', { type: 'button', id: 'resume', class: 'primary', hidden: true }, 'Resume');
+    const composer = h('form', { class: 'composer' }, input, h('div', { class: 'buttons' }, send, pause, resume, cancel));
+    // Steering a running or paused run: a redirect, optionally rewinding to a step.
+    const redirectText = h('input', { id: 'redirect', type: 'text', 'aria-label': 'Redirect the run', placeholder: 'Redirect: e.g. stop, look at the database instead', autocomplete: 'off' });
+    const rewind = h('select', { id: 'rewind', 'aria-label': 'Rewind to step' }, h('option', { value: '' }, 'keep every step'));
+    const steerMsg = h('div', { 'aria-live': 'polite' });
+    const steer = h('form', { class: 'steer', hidden: true }, redirectText, rewind,
+      h('button', { type: 'submit', id: 'send-redirect' }, 'Redirect'), steerMsg);
     root.replaceChildren(
       h('div', { class: 'conv-head' },
         h('h2', {}, session.name),
@@ -313,17 +321,77 @@
         h('span', { class: 'muted' }, `namespace ${session.namespace}`),
         badge,
         session.title ? h('span', { class: 'muted' }, session.title) : null),
-      transcript, composer);
+      transcript, steer, composer);
 
     const scroll = () => { transcript.scrollTop = transcript.scrollHeight; };
+    // The run that controls apply to (the active one, or the last one seen).
+    let currentRun = session.activeRun ? session.activeRun.id : null;
     const setStatus = (s) => {
       badge.textContent = s;
       badge.className = `badge ${s}`;
-      const busy = s === 'running' || s === 'requires_action';
+      const busy = ['running', 'requires_action', 'paused', 'pausing', 'awaiting_plan'].includes(s);
       send.disabled = busy;
       cancel.hidden = !busy;
+      pause.hidden = s !== 'running';
+      resume.hidden = s !== 'paused';
+      steer.hidden = !['running', 'paused', 'pausing'].includes(s);
     };
     setStatus(session.status);
+    const control = async (path, body) => {
+      steerMsg.replaceChildren();
+      try {
+        return await api('POST', `/chat/v1/sessions/${encodeURIComponent(id)}/runs/${encodeURIComponent(currentRun)}/${path}`, body || {});
+      } catch (e) {
+        steerMsg.append(errorBox(e));
+        return null;
+      }
+    };
+    pause.addEventListener('click', () => control('pause'));
+    resume.addEventListener('click', () => control('resume'));
+    steer.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      const message = redirectText.value.trim();
+      if (!message) return;
+      const body = { message };
+      if (rewind.value) body.rewindTo = Number(rewind.value);
+      if (await control('redirect', body)) {
+        redirectText.value = '';
+        rewind.value = '';
+      }
+    });
+
+    // A plan the run states (planning: preview or required): its steps, and for a required
+    // one the choice of steps to keep, their order, and approve or reject.
+    function planCard(d) {
+      const steps = (d.steps || []).map((st) => ({ ...st, keep: true }));
+      const card = h('article', { class: 'card plan', 'data-plan': d.planId, 'aria-label': 'Plan' });
+      const result = h('div', { 'aria-live': 'polite' });
+      const draw = (decided) => {
+        const list = h('ol', {}, steps.map((st, i) => h('li', { 'data-step': st.id },
+          h('strong', {}, `${st.id}.`),
+          d.mode === 'required' && !decided
+            ? h('label', {}, h('input', { type: 'checkbox', checked: st.keep, 'aria-label': `Keep step ${st.id}`, onchange: (ev) => { st.keep = ev.target.checked; } }), ` ${st.purpose} `)
+            : h('span', {}, `${st.purpose} `),
+          h('code', {}, st.tool),
+          d.mode === 'required' && !decided && i > 0
+            ? h('button', { type: 'button', 'aria-label': `Move step ${st.id} up`, onclick: () => { [steps[i - 1], steps[i]] = [steps[i], steps[i - 1]]; draw(false); } }, '↑')
+            : null)));
+        const parts = [h('h3', {}, d.mode === 'required' ? 'Plan — waiting for your approval' : 'Plan (preview)'), list];
+        if (d.mode === 'required' && !decided) {
+          const decide = async (path, body) => {
+            const out = await control(path, body);
+            if (out) { draw(true); card.dataset.decided = path.endsWith('approve') ? 'approved' : 'rejected'; }
+          };
+          parts.push(h('div', { class: 'actions' },
+            h('button', { class: 'primary', type: 'button', id: 'approve-plan', onclick: () => decide('plan/approve', { steps: steps.filter((st) => st.keep).map((st) => st.id) }) }, 'Approve plan'),
+            h('button', { class: 'danger', type: 'button', id: 'reject-plan', onclick: () => decide('plan/reject') }, 'Reject plan')), result);
+        }
+        card.replaceChildren(...parts);
+      };
+      draw(false);
+      transcript.append(card);
+      scroll();
+    }
 
     // Tool results, for chips of stored calls and for expanding live ones.
     const results = new Map();
@@ -395,10 +463,11 @@
     const activeRun = session.activeRun ? session.activeRun.id : null;
     for (const m of session.messages || []) {
       if (activeRun && m.runId === activeRun && m.role !== 'user') continue;
+      const struck = m.superseded ? ' superseded' : '';
       if (m.role === 'user') {
-        transcript.append(h('div', { class: 'msg user' }, m.content));
+        transcript.append(h('div', { class: `msg user${struck}` }, m.content));
       } else if (m.role === 'assistant') {
-        if (m.content) transcript.append(h('div', { class: 'msg assistant' }, m.content));
+        if (m.content) transcript.append(h('div', { class: `msg assistant${struck}`, title: m.superseded ? 'Rewound: no longer sent to the model' : null }, m.content));
         if ((m.toolCalls || []).length) {
           transcript.append(h('div', { class: 'chips' }, m.toolCalls.map((c) => {
             const r = results.get(c.id);
@@ -427,7 +496,29 @@
     let lastSeq = session.activeRun ? session.activeRun.afterSeq : (session.eventSeq || 0);
     const handlers = {
       'run.lifecycle': (d) => {
-        if (d.state === 'started') { setStatus('running'); live = { text: null, chips: null }; }
+        if (d.runId) currentRun = d.runId;
+        if (d.state === 'started') {
+          setStatus('running');
+          live = { text: null, chips: null };
+          rewind.replaceChildren(h('option', { value: '' }, 'keep every step'));
+        } else if (d.state === 'pausing') {
+          setStatus('pausing');
+          note('Pausing at the next step…', '', d.runId);
+        } else if (d.state === 'paused') {
+          setStatus('paused');
+          note('Paused: nothing is sent to the model or a tool until you resume.', '', d.runId);
+        } else if (d.state === 'awaiting_plan') {
+          setStatus('awaiting_plan');
+          for (const el of chipsById.values()) {
+            if (el.dataset.tool === 'submit_plan' && el.classList.contains('running')) el.setLabel('waiting for your approval', 'waiting');
+          }
+        } else if (d.state === 'redirecting') {
+          note('Redirect kept: the model reads it at its next step.', '', d.runId);
+        } else if (d.state === 'running') {
+          setStatus('running');
+          live = { text: null, chips: null };
+          if (d.reason) note(d.reason === 'redirected' ? 'Redirected.' : `Going on: ${d.reason}.`, '', d.runId);
+        }
         else if (d.state === 'requires_action') {
           setStatus('requires_action');
           for (const el of chipsById.values()) {
@@ -442,7 +533,18 @@
           if (view.refreshSessions) view.refreshSessions();
         }
       },
-      'step.boundary': () => { live.text = null; live.chips = null; },
+      'step.boundary': (d) => {
+        live.text = null;
+        live.chips = null;
+        if (d.step) rewind.append(h('option', { value: String(d.step) }, `rewind to step ${d.step}`));
+      },
+      'plan.proposal': (d) => planCard(d),
+      follow_ups: (d) => {
+        const chips = h('div', { class: 'follow-ups', 'aria-label': 'Suggested questions' },
+          (d.questions || []).map((q) => h('button', { type: 'button', class: 'follow-up', onclick: () => { input.value = q; submit(); } }, q)));
+        transcript.append(chips);
+        scroll();
+      },
       'text.delta': (d) => {
         if (!live.text) {
           live.text = h('div', { class: 'msg assistant', 'data-run': d.runId });

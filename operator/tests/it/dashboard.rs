@@ -174,3 +174,140 @@ async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
     assert!(!server.log().contains(KEY), "the chat key reached the log");
     assert!(server.terminate().success());
 }
+
+/// What the scripted model answers in the run-control browser test: a slow tool call first,
+/// the answer once a redirect is in; for planned sessions a plan, then its tool, then an
+/// answer; follow-up questions when asked for them.
+fn steering_responder(body: &Value) -> Option<Reply> {
+    let d = openai();
+    let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+    if system.contains("follow-up questions") {
+        return Some(crate::llm::json_reply(
+            200,
+            &(d.text_json)(
+                "Is the database healthy?\nWhat changed today?\nAre other services slow?",
+            ),
+        ));
+    }
+    if body["stream"] != true {
+        return Some(crate::llm::json_reply(
+            200,
+            &(d.text_json)("Checkout incident"),
+        ));
+    }
+    let messages = body["messages"].as_array()?;
+    let has_tool_result = |id: &str| messages.iter().any(|m| m["tool_call_id"] == id);
+    let text = |t: &str| streamed(&d, (d.text_stream)(&[t]));
+    let planned = body["tools"]
+        .as_array()
+        .is_some_and(|t| t.iter().any(|t| t["function"]["name"] == "submit_plan"));
+    if planned {
+        if !has_tool_result("p1") {
+            let plan = r#"{"steps": [{"id": "1", "tool": "get_incident_history", "purpose": "past incidents"}, {"id": "2", "tool": "get_incident_history", "purpose": "similar alerts"}]}"#;
+            return Some(streamed(
+                &d,
+                (d.tools_stream)(&[("p1", "submit_plan", plan)]),
+            ));
+        }
+        if !has_tool_result("h1") {
+            return Some(streamed(
+                &d,
+                (d.tools_stream)(&[("h1", "get_incident_history", r#"{"query": "checkout"}"#)]),
+            ));
+        }
+        let last = messages.last()?;
+        if last["role"] == "user" {
+            return Some(text("The database is fine."));
+        }
+        return Some(text("Planned and done."));
+    }
+    if messages
+        .iter()
+        .any(|m| m["content"] == "look at the database instead")
+    {
+        return Some(text("The database, as you said."));
+    }
+    let mut slow = streamed(
+        &d,
+        (d.tools_stream)(&[("s1", "get_incident_history", r#"{"query": "checkout"}"#)]),
+    );
+    slow.chunk_delay = Some(Duration::from_millis(400));
+    Some(slow)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_pauses_redirects_resumes_and_approves_plans() {
+    let required = std::env::var("KORTEX_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+    let modules = browser_dir().join("node_modules/playwright-core");
+    let (Some(chromium), true) = (chromium(), modules.exists()) else {
+        assert!(
+            !required,
+            "KORTEX_REQUIRE_BROWSER=1 but Chromium or playwright-core is missing"
+        );
+        eprintln!("skipping: Chromium or playwright-core is not installed");
+        return;
+    };
+    let (llm, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some(Box::new(steering_responder));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: scripted}}
+spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m, timeout: 20s}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: ops}}
+spec: {{sessions: ["incident-*"], provider: scripted}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: planned}}
+spec: {{sessions: ["planned-*"], provider: scripted, runControl: {{planning: required}}, models: {{summarize: small}}}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // On loopback: no sign-in.
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    let url = server.url("");
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
+    let script_path = browser_dir().join("run_control.mjs");
+    let run = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("node")
+            .arg(script_path)
+            .env("KORTEX_URL", url.trim_end_matches('/'))
+            .env("CHROMIUM", &chromium)
+            .env("SCREENSHOTS", &shots)
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(150), run)
+        .await
+        .unwrap_or_else(|_| panic!("the browser test did not finish in 150 s"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("node: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "browser test failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- server log\n{}",
+        server.log()
+    );
+    println!("{stdout}");
+    // The plan the person edited is what the model was told.
+    let told = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find_map(|s| crate::investigation::tool_result(&s.body, "p1"))
+        .unwrap_or_default();
+    assert!(
+        told.contains("2. similar alerts") && !told.contains("1. past incidents"),
+        "{told}"
+    );
+}
