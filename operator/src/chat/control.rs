@@ -153,6 +153,31 @@ pub enum ControlError {
     Store(#[from] StoreError),
 }
 
+/// A `run_control` audit row: who moved the run from `from` to `to`.
+async fn audit(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    user: &str,
+    (from, to): (&str, &str),
+    detail: Value,
+) {
+    let _ = engine
+        .store
+        .record_decision(&NewDecision {
+            kind: "run_control".into(),
+            namespace: Some(session.namespace.clone()),
+            session_id: Some(session.id.clone()),
+            run_id: Some(run_id.to_owned()),
+            user: Some(user.to_owned()),
+            policy: session.policy.clone(),
+            subject: run_id.to_owned(),
+            outcome: to.to_owned(),
+            detail: json!({"from": from, "to": to, "detail": detail}),
+        })
+        .await;
+}
+
 /// Records a transition: a `run.lifecycle` event and a `run_control` audit row.
 async fn record(
     engine: &Engine,
@@ -169,20 +194,7 @@ async fn record(
     engine
         .emit_now(&session.id, run_id, event::RUN_LIFECYCLE, data)
         .await?;
-    let _ = engine
-        .store
-        .record_decision(&NewDecision {
-            kind: "run_control".into(),
-            namespace: Some(session.namespace.clone()),
-            session_id: Some(session.id.clone()),
-            run_id: Some(run_id.to_owned()),
-            user: Some(user.to_owned()),
-            policy: session.policy.clone(),
-            subject: run_id.to_owned(),
-            outcome: to.to_owned(),
-            detail: json!({"from": from, "to": to, "detail": detail}),
-        })
-        .await;
+    audit(engine, session, run_id, user, (from, to), detail).await;
     Ok(())
 }
 
@@ -327,40 +339,31 @@ pub async fn apply(
             if !(engine.cancel(&session.id) || engine.store.request_cancel(&session.id).await?) {
                 return moved_on().await;
             }
-            let _ = engine
-                .store
-                .record_decision(&NewDecision {
-                    kind: "run_control".into(),
-                    namespace: Some(session.namespace.clone()),
-                    session_id: Some(session.id.clone()),
-                    run_id: Some(run_id.to_owned()),
-                    user: Some(user.to_owned()),
-                    policy: session.policy.clone(),
-                    subject: run_id.to_owned(),
-                    outcome: "cancelling".into(),
-                    detail: json!({"from": run.status, "to": "cancelling"}),
-                })
-                .await;
+            // Its `cancelled` event comes when the run stops.
+            audit(
+                engine,
+                session,
+                run_id,
+                user,
+                (&run.status, "cancelling"),
+                json!({}),
+            )
+            .await;
             Ok(json!({"runId": run_id, "state": "cancelling"}))
         }
         Effect::CancelParked => {
             if !end_parked(engine, session, run_id, "cancelled by the user").await? {
                 return moved_on().await;
             }
-            let _ = engine
-                .store
-                .record_decision(&NewDecision {
-                    kind: "run_control".into(),
-                    namespace: Some(session.namespace.clone()),
-                    session_id: Some(session.id.clone()),
-                    run_id: Some(run_id.to_owned()),
-                    user: Some(user.to_owned()),
-                    policy: session.policy.clone(),
-                    subject: run_id.to_owned(),
-                    outcome: "cancelled".into(),
-                    detail: json!({"from": "paused", "to": "cancelled"}),
-                })
-                .await;
+            audit(
+                engine,
+                session,
+                run_id,
+                user,
+                ("paused", "cancelled"),
+                json!({}),
+            )
+            .await;
             Ok(json!({"runId": run_id, "state": "cancelled"}))
         }
         Effect::CancelWaiting => Ok(json!({"runId": run_id, "state": "requires_action"})),

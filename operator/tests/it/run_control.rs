@@ -501,6 +501,34 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
         1,
         "A sent nothing after the pause"
     );
+    // How long after the step in flight ended the run at A parked (reported, not judged:
+    // the stored events' times, from the export).
+    let export = http_client()
+        .get(b.url(&format!("/chat/v1/sessions/{id}/events?format=jsonl")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .text()
+        .await
+        .unwrap_or_default();
+    let at = |event: &str, state: Option<&str>| {
+        export
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["event"] == event && state.is_none_or(|s| l["data"]["state"] == s))
+            .filter_map(|l| {
+                l["createdAt"]
+                    .as_str()
+                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            })
+            .next_back()
+    };
+    if let (Some(end), Some(parked)) = (at("tool.end", None), at("run.lifecycle", Some("paused"))) {
+        println!(
+            "pause asked at B: the run at A parked {} ms after its step ended",
+            parked.as_millisecond() - end.as_millisecond()
+        );
+    }
     let (status, body) = control(&b, &id, &run, "resume", json!({})).await;
     assert_eq!(status, 202, "{body}");
     let events = events_until(&a, &id, run_ended).await;
