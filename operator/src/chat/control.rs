@@ -352,7 +352,7 @@ pub async fn apply(
             Ok(json!({"runId": run_id, "state": "cancelling"}))
         }
         Effect::CancelParked => {
-            if !end_parked(engine, session, run_id, "cancelled by the user").await? {
+            if !end_parked(engine, session, run_id, "cancelled by the user", false).await? {
                 return moved_on().await;
             }
             audit(
@@ -472,13 +472,25 @@ async fn end_parked(
     session: &SessionRecord,
     run_id: &str,
     reason: &str,
+    notice: bool,
 ) -> Result<bool, StoreError> {
+    // Compare-and-set: of the replicas that might end it, one does.
     if !engine
         .store
         .transition_run(run_id, "paused", "cancelling")
         .await?
     {
         return Ok(false);
+    }
+    if notice {
+        engine
+            .emit_now(
+                &session.id,
+                run_id,
+                event::NOTICE,
+                json!({"runId": run_id, "message": reason}),
+            )
+            .await?;
     }
     engine
         .store
@@ -565,15 +577,7 @@ pub async fn expire_paused(engine: &Engine) -> Result<usize, StoreError> {
             "the run was paused for longer than {} (the policy's runControl.pausedTimeout) and is cancelled",
             humantime(timeout)
         );
-        engine
-            .emit_now(
-                &session_id,
-                &run_id,
-                event::NOTICE,
-                json!({"runId": run_id, "message": message}),
-            )
-            .await?;
-        if end_parked(engine, &session, &run_id, &message).await? {
+        if end_parked(engine, &session, &run_id, &message, true).await? {
             n += 1;
         }
     }
