@@ -475,13 +475,23 @@ async fn end_parked(
     notice: bool,
 ) -> Result<bool, StoreError> {
     // Compare-and-set: of the replicas that might end it, one does.
-    if !engine
+    let from = if engine
         .store
         .transition_run(run_id, "paused", "cancelling")
         .await?
     {
+        "paused"
+    } else if engine
+        .store
+        .transition_run(run_id, "awaiting_plan", "cancelling")
+        .await?
+    {
+        // The plan's call gets its result: the transcript stays valid.
+        super::answer_pending(engine, &session.id, run_id, reason, false).await?;
+        "awaiting_plan"
+    } else {
         return Ok(false);
-    }
+    };
     if notice {
         engine
             .emit_now(
@@ -498,7 +508,7 @@ async fn end_parked(
         .await?;
     engine
         .store
-        .transition_session(&session.id, &["paused"], "idle")
+        .transition_session(&session.id, &[from], "idle")
         .await?;
     engine
         .emit_now(
@@ -548,8 +558,8 @@ pub async fn at_boundary(
     Ok(Boundary::Go)
 }
 
-/// Cancels, with a notice, every parked run paused for longer than its policy's
-/// `runControl.pausedTimeout`. Returns how many.
+/// Cancels, with a notice, every run paused or waiting on its plan for longer than its
+/// policy's `runControl.pausedTimeout`. Returns how many.
 pub async fn expire_paused(engine: &Engine) -> Result<usize, StoreError> {
     let now = crate::store::now_ms();
     let config = engine.config.borrow().clone();
@@ -574,7 +584,7 @@ pub async fn expire_paused(engine: &Engine) -> Result<usize, StoreError> {
             continue;
         };
         let message = format!(
-            "the run was paused for longer than {} (the policy's runControl.pausedTimeout) and is cancelled",
+            "the run waited paused or on its plan for longer than {} (the policy's runControl.pausedTimeout) and is cancelled",
             humantime(timeout)
         );
         if end_parked(engine, &session, &run_id, &message, true).await? {

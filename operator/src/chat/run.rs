@@ -79,10 +79,7 @@ pub async fn run(
         };
         let parked = crate::store::patiently("a parked run", || async {
             if state == "awaiting_plan" {
-                engine
-                    .store
-                    .transition_run(run_id, "running", "awaiting_plan")
-                    .await?;
+                engine.store.park_for_plan(run_id).await?;
             }
             engine
                 .store

@@ -82,7 +82,8 @@ pub struct ChatPolicySpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct RunControl {
-    /// A paused run is cancelled (with a notice) after this long. Default `30m`.
+    /// A run paused, or waiting on its plan, is cancelled (with a notice) after this long.
+    /// Default `30m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_timeout: Option<Duration>,
     /// Whether the model states a plan (`submit_plan`) before its first tool call: `off`

@@ -68,6 +68,18 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
+    /// A run that stated a plan parks until a person decides it.
+    pub async fn park_for_plan(&self, run_id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE chat_runs SET status = 'awaiting_plan', paused_at = $1 WHERE id = $2 AND status = 'running'",
+        )
+        .bind(now_ms())
+        .bind(run_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// A paused run goes on, executed by `owner`.
     pub async fn unpark_run(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
         self.take_run(run_id, "paused", owner).await
@@ -93,13 +105,14 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
-    /// Runs parked before `before` (Unix ms): `(run id, session id, policy)`.
+    /// Runs parked (paused, or waiting on their plan) before `before` (Unix ms): `(run id,
+    /// session id, policy)`.
     pub async fn paused_before(
         &self,
         before: i64,
     ) -> Result<Vec<(String, String, Option<String>)>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, session_id, policy FROM chat_runs WHERE status = 'paused' AND paused_at < $1 LIMIT 1000",
+            "SELECT id, session_id, policy FROM chat_runs WHERE status IN ('paused', 'awaiting_plan') AND paused_at < $1 LIMIT 1000",
         )
         .bind(before)
         .fetch_all(&self.pool)

@@ -43,6 +43,11 @@ spec: {{sessions: ["preview-*"], provider: scripted, runControl: {{planning: pre
 ---
 apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
+metadata: {{name: hastyplan}}
+spec: {{sessions: ["hastyplan-*"], provider: scripted, runControl: {{planning: required, pausedTimeout: 1s}}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
 metadata: {{name: summarized}}
 spec: {{sessions: ["summed-*"], provider: scripted, models: {{summarize: small}}}}
 "#
@@ -708,6 +713,41 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
     let requests = chat_requests(&script);
     assert!(result_of(&requests, "v1").contains("noted"));
     assert!(result_of(&requests, "v2").contains("sessions"));
+
+    // Nobody decides: after the policy's pausedTimeout the run is cancelled with a notice.
+    push(
+        &script,
+        calls(&[(
+            "p9",
+            "submit_plan",
+            json!({"steps": [{"id": "1", "tool": "get_incident_history", "purpose": "past"}]}),
+        )]),
+    );
+    let id = session(&server, "hastyplan-1").await;
+    start(&server, &id, "Fix checkout").await;
+    let events = events_until(&server, &id, run_ended).await;
+    assert_eq!(
+        states(&events).last().map(String::as_str),
+        Some("cancelled"),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.event == "notice"
+            && e.data["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("runControl.pausedTimeout"))),
+        "{events:?}"
+    );
+    assert_eq!(session_status(&server, &id).await, "idle");
+    let stored = crate::chat::get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
+    assert!(
+        stored.to_string().contains("waited paused or on its plan"),
+        "the plan's call has its result: {stored}"
+    );
 }
 
 /// After a completed run, a policy with a `summarize` model suggests next questions (a
