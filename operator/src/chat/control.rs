@@ -86,7 +86,10 @@ pub enum Refusal {
         state: String,
     },
     /// Not from this state.
-    #[error("run {run} is {state}: it cannot be {action} now")]
+    #[error(
+        "run {run} is {state}: it cannot be {action} now; {}",
+        next_steps(state)
+    )]
     State {
         /// The run.
         run: String,
@@ -95,6 +98,19 @@ pub enum Refusal {
         /// e.g. `resumed`.
         action: &'static str,
     },
+}
+
+/// What a run in `state` does take, for a refusal to say.
+fn next_steps(state: &str) -> &'static str {
+    match state {
+        "running" => "pause, redirect or cancel it",
+        "pausing" => "resume, redirect or cancel it",
+        "paused" => "resume, redirect or cancel it",
+        "awaiting_plan" => "approve or reject its plan (plan/approve, plan/reject), or cancel it",
+        "requires_action" => "post the client's tool results, or cancel it",
+        "cancelling" => "wait for it to stop",
+        _ => "see its state in the session's run.lifecycle events",
+    }
 }
 
 /// The transition table: what `control` does to a run in `state`.
@@ -366,7 +382,38 @@ pub async fn apply(
             .await;
             Ok(json!({"runId": run_id, "state": "cancelled"}))
         }
-        Effect::CancelWaiting => Ok(json!({"runId": run_id, "state": "requires_action"})),
+        Effect::CancelWaiting => {
+            // Hold the session (as running, so no message or tool result slips in) while the
+            // pending client calls get error results, then release it.
+            if !engine
+                .store
+                .transition_session(&session.id, &["requires_action"], "running")
+                .await?
+            {
+                return moved_on().await;
+            }
+            let why = "cancelled by the user before the client returned a result";
+            super::answer_pending(engine, &session.id, run_id, why, false).await?;
+            let reason = "cancelled by the user";
+            engine
+                .store
+                .finish_run(run_id, "cancelled", Some(reason))
+                .await?;
+            engine
+                .store
+                .transition_session(&session.id, &["running"], "idle")
+                .await?;
+            record(
+                engine,
+                session,
+                run_id,
+                user,
+                ("requires_action", "cancelled"),
+                json!({"reason": reason}),
+            )
+            .await?;
+            Ok(json!({"runId": run_id, "state": "cancelled"}))
+        }
         Effect::Approve => {
             let plan = engine
                 .store
@@ -620,6 +667,14 @@ mod tests {
             assert_eq!(ok(s, Redirect), Ok(Effect::Queue), "{s}");
         }
         assert_eq!(ok("running", Cancel), Ok(Effect::CancelLive));
+        let paused = ok("paused", Pause)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            paused.ends_with("resume, redirect or cancel it"),
+            "{paused}"
+        );
         assert_eq!(ok("pausing", Cancel), Ok(Effect::CancelLive));
         assert_eq!(ok("paused", Cancel), Ok(Effect::CancelParked));
         assert_eq!(ok("requires_action", Cancel), Ok(Effect::CancelWaiting));
@@ -654,6 +709,11 @@ mod tests {
         ] {
             let e = ok(s, c).err().map(|e| e.to_string()).unwrap_or_default();
             assert!(e.contains(&format!("is {s}")), "{s} {c:?}: {e}");
+            // And what it does take.
+            assert!(
+                e.contains("; ") && e.len() > e.find("; ").unwrap_or(0) + 4,
+                "{e}"
+            );
         }
     }
 

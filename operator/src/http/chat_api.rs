@@ -781,47 +781,12 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let session = owned(&state, &caller, &id).await?;
-    // Waiting for client results: hold the session (as running, so no message or result
-    // slips in), answer the pending calls, then release it.
-    if session.status == "requires_action"
-        && state
-            .store
-            .transition_session(&id, &["requires_action"], "running")
-            .await
-            .map_err(ApiError::from)?
-    {
-        let messages = state
-            .store
-            .list_messages(&id)
-            .await
-            .map_err(ApiError::from)?;
-        let run_id = pending_calls(&messages).1.unwrap_or_default();
-        let reason = "cancelled by the user before the client returned a result";
-        crate::chat::answer_pending(&state.engine, &id, &run_id, reason, false)
-            .await
-            .map_err(ApiError::from)?;
-        state
-            .store
-            .finish_run(&run_id, "cancelled", Some("cancelled by the user"))
-            .await
-            .map_err(ApiError::from)?;
-        state
-            .store
-            .transition_session(&id, &["running"], "idle")
-            .await
-            .map_err(ApiError::from)?;
-        let data =
-            json!({"runId": run_id, "state": "cancelled", "reason": "cancelled by the user"});
-        state
-            .engine
-            .emit_now(&id, &run_id, event::RUN_LIFECYCLE, data)
-            .await
-            .map_err(ApiError::from)?;
-        return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());
-    }
-    // A paused run, or one waiting on its plan, is ended where it is parked.
-    if matches!(session.status.as_str(), "paused" | "awaiting_plan")
-        && let Some((run, _)) = state.store.active_run(&id).await.map_err(ApiError::from)?
+    // A run waiting for client results, paused, or waiting on its plan is ended where it is
+    // parked (run control's table says how).
+    if matches!(
+        session.status.as_str(),
+        "requires_action" | "paused" | "awaiting_plan"
+    ) && let Some((run, _)) = state.store.active_run(&id).await.map_err(ApiError::from)?
     {
         crate::chat::control::apply(
             &state.engine,

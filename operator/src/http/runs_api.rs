@@ -121,17 +121,6 @@ pub async fn cancel(
     Extension(caller): Extension<Caller>,
     Path((id, run)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let session = owned(&state, &caller, &id).await?;
-    let record = state
-        .store
-        .run_record(&run)
-        .await
-        .map_err(ApiError::from)?
-        .filter(|r| r.session_id == session.id);
-    // A run waiting for client results is cancelled as the session's cancel does it.
-    if record.is_some_and(|r| r.status == "requires_action") {
-        return super::chat_api::cancel(State(state), Extension(caller), Path(id)).await;
-    }
     control(
         &state,
         &caller,
@@ -196,7 +185,7 @@ pub async fn follow_ups(
         .await
         .map_err(ApiError::from)?
         .filter(|r| r.session_id == session.id)
-        .ok_or_else(|| ApiError::not_found(format!("no run {run} in this session")))?;
+        .ok_or_else(|| ApiError::from(ControlError::NotFound(run.clone())))?;
     let found = state
         .store
         .latest_run_event(&id, &run, crate::chat::event::FOLLOW_UPS)

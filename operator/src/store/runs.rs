@@ -163,6 +163,17 @@ impl Store {
         session_id: &str,
         run_id: &str,
     ) -> Result<Vec<MessageRecord>, StoreError> {
+        // Every step boundary asks; almost always there is nothing, and a read answers that
+        // without taking the write lock (SQLite) a transaction would.
+        let pending = sqlx::query(
+            "SELECT 1 FROM run_intents WHERE run_id = $1 AND consumed_at IS NULL LIMIT 1",
+        )
+        .bind(run_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        if pending.is_none() {
+            return Ok(Vec::new());
+        }
         let mut tx = self.begin().await?;
         let rows = sqlx::query(
             "SELECT id, message, rewind_to FROM run_intents WHERE run_id = $1 AND consumed_at IS NULL \
