@@ -131,6 +131,8 @@ pub struct Metrics {
     pub leader_loop_last_run: Gauge<f64, AtomicU64>,
     /// Requests and connections refused by a limit (`docs/reliability.md#limits`), by limit.
     pub limit_rejections: Family<LimitLabel, Counter>,
+    /// Event streams (SSE) open at this replica, over all users.
+    pub event_streams_open: Gauge,
 }
 
 /// A leader loop that has not come round for this long fails the liveness probe.
@@ -315,6 +317,12 @@ impl Metrics {
             "Requests and connections refused by a limit, by limit",
             limit_rejections.clone(),
         );
+        let event_streams_open = Gauge::default();
+        registry.register(
+            "event_streams_open",
+            "Event streams (SSE) open at this replica",
+            event_streams_open.clone(),
+        );
         let admission_policy_enforced = Gauge::default();
         registry.register(
             "admission_policy_enforced",
@@ -329,6 +337,7 @@ impl Metrics {
         );
         Self {
             registry,
+            event_streams_open,
             admission_policy_enforced,
             limit_rejections,
             leader_loop_last_run,

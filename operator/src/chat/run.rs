@@ -11,6 +11,10 @@ use tokio::sync::watch;
 
 /// Text deltas are coalesced for about this long before they are persisted and sent.
 pub const COALESCE: Duration = Duration::from_millis(50);
+/// The most text one coalesced `text.delta` carries: past it, the text goes out at once
+/// (a fast stream meets a slow database in events of bounded size, which followers page
+/// through in bounded memory).
+pub const MAX_DELTA_BYTES: usize = 64 * 1024;
 
 /// Added to the system prompt when the guide tools are offered.
 const GUIDES_PROMPT: &str = "Usage guides exist for your tools: list_tool_guides lists them and get_tool_guide reads one. \
@@ -1019,6 +1023,19 @@ async fn stream_step(
                     let delay = if first { Duration::ZERO } else { COALESCE };
                     first = false;
                     flush_at.get_or_insert_with(|| tokio::time::Instant::now() + delay);
+                    if pending.len() >= MAX_DELTA_BYTES {
+                        let chunk = pending.ready();
+                        if !chunk.is_empty() {
+                            engine
+                                .emit(
+                                    &session.id,
+                                    run_id,
+                                    event::TEXT_DELTA,
+                                    json!({"runId": run_id, "text": chunk}),
+                                )
+                                .await?;
+                        }
+                    }
                 }
             }
             Some(Ok(StreamEvent::ToolCall(c))) => {

@@ -136,9 +136,11 @@ impl Limits {
             return Err(error);
         }
         *open += 1;
+        metrics.event_streams_open.inc();
         Ok(StreamSlot {
             limits: self.clone(),
             user: user.to_owned(),
+            open: metrics.event_streams_open.clone(),
         })
     }
 
@@ -154,10 +156,13 @@ impl Limits {
 pub struct StreamSlot {
     limits: Arc<Limits>,
     user: String,
+    /// `kortex_event_streams_open`.
+    open: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
+        self.open.dec();
         let mut streams = self
             .limits
             .streams

@@ -55,6 +55,11 @@ impl<'a> StreamRedactor<'a> {
         self.pending.push_str(piece);
     }
 
+    /// How many bytes wait.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Whether text waits.
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()

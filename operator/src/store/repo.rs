@@ -25,6 +25,10 @@ fn opt_json_col(row: &AnyRow, column: &'static str) -> Result<Option<Value>, Sto
         .transpose()
 }
 
+/// How much event data one page of [`Store::events_after`] reads before it stops: what a
+/// follower that does not keep up holds (`docs/reliability.md#limits`).
+pub const EVENT_PAGE_BYTES: usize = 1 << 20;
+
 /// The UTC day (`YYYY-MM-DD`) of a Unix-ms timestamp.
 pub fn utc_day(at_ms: i64) -> String {
     jiff::Timestamp::from_millisecond(at_ms)
@@ -583,34 +587,45 @@ impl Store {
             .unwrap_or(0))
     }
 
-    /// Events with `seq > after`, oldest first, at most `limit`.
+    /// Events with `seq > after`, oldest first: at most `limit`, and no more once
+    /// [`EVENT_PAGE_BYTES`] of event data are read (at least one event). Rows are read one
+    /// at a time, so a follower's page is bounded however large the events are.
     pub async fn events_after(
         &self,
         session_id: &str,
         after: i64,
         limit: i64,
     ) -> Result<Vec<EventRecord>, StoreError> {
-        let rows = sqlx::query(
+        use futures_util::TryStreamExt;
+        let mut rows = sqlx::query(
             "SELECT session_id, seq, run_id, event_type, data, created_at FROM run_events \
              WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         )
         .bind(session_id)
         .bind(after)
         .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(EventRecord {
-                    session_id: row.try_get("session_id")?,
-                    seq: row.try_get("seq")?,
-                    run_id: row.try_get("run_id")?,
-                    event_type: row.try_get("event_type")?,
-                    data: json_col(row, "data")?,
-                    created_at: row.try_get("created_at")?,
-                })
-            })
-            .collect()
+        .fetch(&self.pool);
+        let mut page = Vec::new();
+        let mut bytes = 0;
+        while let Some(row) = rows.try_next().await? {
+            let data: String = row.try_get("data")?;
+            bytes += data.len();
+            page.push(EventRecord {
+                session_id: row.try_get("session_id")?,
+                seq: row.try_get("seq")?,
+                run_id: row.try_get("run_id")?,
+                event_type: row.try_get("event_type")?,
+                data: serde_json::from_str(&data).map_err(|source| StoreError::Json {
+                    column: "data",
+                    source,
+                })?,
+                created_at: row.try_get("created_at")?,
+            });
+            if bytes >= EVENT_PAGE_BYTES {
+                break;
+            }
+        }
+        Ok(page)
     }
 }
 

@@ -149,6 +149,65 @@ async fn messages_keep_order_tool_calls_and_error_flags() {
     }
 }
 
+/// A page of events stops at about a MiB of data (at least one event), and the next page
+/// goes on where it stopped: a follower holds a bounded page however large the events are.
+#[tokio::test]
+async fn event_pages_are_bounded_by_size() {
+    for db in all_dbs().await {
+        let s = db.store.clone();
+        let session = s
+            .create_session(&NewSession {
+                name: "big".into(),
+                namespace: "default".into(),
+                user: "u".into(),
+                policy: None,
+                dynamic_tools: json!([]),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = "y".repeat(300 << 10);
+        for _ in 0..6 {
+            s.append_event(
+                &session.id,
+                Some("r1"),
+                "text.delta",
+                &json!({"text": text}),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        }
+        s.append_event(
+            &session.id,
+            Some("r1"),
+            "text.delta",
+            &json!({"text": "z".repeat(3 << 20)}),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        let seqs =
+            |page: &[kortex::store::EventRecord]| page.iter().map(|e| e.seq).collect::<Vec<_>>();
+        let page = |after| {
+            let s = s.clone();
+            let id = session.id.clone();
+            async move {
+                s.events_after(&id, after, 500)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"))
+            }
+        };
+        let first = page(0).await;
+        assert_eq!(seqs(&first), vec![1, 2, 3, 4], "{}", db.url);
+        assert_eq!(
+            first[3].data["text"].as_str().map(str::len),
+            Some(300 << 10)
+        );
+        assert_eq!(seqs(&page(4).await), vec![5, 6, 7], "{}", db.url);
+        // One event larger than a page is a page of its own.
+        assert_eq!(seqs(&page(6).await), vec![7], "{}", db.url);
+        assert!(page(7).await.is_empty());
+    }
+}
+
 #[tokio::test]
 async fn event_sequence_numbers_are_gapless_under_concurrency() {
     for db in all_dbs().await {
