@@ -479,6 +479,23 @@ fn compile_provider(
             spec.provider_type.as_str()
         ));
     }
+    let claude_code = spec.provider_type == ProviderType::ClaudeCode;
+    if claude_code && spec.auth_secret_ref.is_none() && spec.api_key_secret_ref.is_none() {
+        spec_problems.push("spec.authSecretRef is required for type claude-code: the token `claude setup-token` prints (authKind: oauthToken), or an Anthropic API key (authKind: apiKey)".to_owned());
+    }
+    if !claude_code
+        && (spec.command.is_some()
+            || spec.auth_secret_ref.is_some()
+            || spec.auth_kind.is_some()
+            || spec.max_turns.is_some())
+    {
+        spec_problems.push(format!(
+            "spec.command, authSecretRef, authKind and maxTurns are for type claude-code, not {}",
+            spec.provider_type.as_str()
+        ));
+    }
+    let command = spec.command.as_deref().unwrap_or("claude");
+    let installed = !claude_code || crate::llm::claude_code::locate(command).is_some();
     if spec.base_url.is_none() && spec.provider_type.default_base_url().is_none() {
         spec_problems.push(format!(
             "spec.baseUrl is required for type {}",
@@ -515,6 +532,14 @@ fn compile_provider(
             types::READY,
             reasons::SECRET_NOT_RESOLVED,
             format!("unavailable: {}", secret_cond.message),
+        )
+    } else if !installed {
+        Desired::fail(
+            types::READY,
+            reasons::CLAUDE_CODE_NOT_INSTALLED,
+            format!(
+                "no {command:?} on PATH: install @anthropic-ai/claude-code (the image's claude-code target has it) or set spec.command; no other provider stands in unless a policy lists it in fallbackProviders"
+            ),
         )
     } else if !has_model && !spec.provider_type.discovers_models() {
         Desired::fail(

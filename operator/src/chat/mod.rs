@@ -4,6 +4,7 @@
 
 pub mod context;
 pub mod control;
+pub mod delegate;
 pub mod plan;
 pub mod proposals;
 mod roles;
@@ -142,6 +143,10 @@ pub struct Engine {
     pub governor: Arc<crate::govern::Governor>,
     /// Provider adapters, reused while the configuration does not change.
     pub adapters: crate::llm::AdapterCache,
+    /// Credentials of runs whose provider calls Kortex's tools over `/mcp` (`claude-code`).
+    pub delegations: Arc<delegate::Delegations>,
+    /// This replica's own `/mcp` URL (loopback), set once it listens.
+    pub local_mcp: std::sync::OnceLock<String>,
 }
 
 impl Engine {
@@ -165,6 +170,8 @@ impl Engine {
             cluster: std::sync::OnceLock::new(),
             tokens: Mutex::new(HashMap::new()),
             cluster_auth: std::sync::OnceLock::new(),
+            delegations: Arc::default(),
+            local_mcp: std::sync::OnceLock::new(),
         })
     }
 

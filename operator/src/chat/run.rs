@@ -382,6 +382,22 @@ async fn steps(
         let offered_names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
         let guides = engine.router.guides(&tools, &session.namespace);
         let system = system(tools.iter().any(|t| t.name == crate::tools::guides::LIST));
+        // What a provider with its own tool loop may call over /mcp: the step's tools but
+        // the client's own (it cannot wait for a client) and the plan tool.
+        let delegable = Delegable {
+            policy,
+            kube: &kube,
+            guides: guides.clone(),
+            planning,
+            max_turns: spec.max_tool_depth.saturating_sub(step - 1).max(1),
+            tools: tools
+                .iter()
+                .filter(|t| {
+                    t.name != super::plan::TOOL && !dynamic.iter().any(|d| d.name == t.name)
+                })
+                .cloned()
+                .collect(),
+        };
         let answer = match answer_step(
             engine,
             session,
@@ -391,6 +407,7 @@ async fn steps(
             &scope,
             &redactor,
             (&system, &history, &tools),
+            &delegable,
             cancel,
         )
         .await?
@@ -645,6 +662,7 @@ async fn answer_step(
     scope: &crate::govern::Scope,
     redactor: &crate::redact::Redactor,
     (system, history, tools): (&str, &[Message], &[llm::ToolSpec]),
+    delegable: &Delegable<'_>,
     cancel: &mut watch::Receiver<bool>,
 ) -> Result<Result<Answer, End>, crate::store::StoreError> {
     let config = engine.config.borrow().clone();
@@ -653,11 +671,14 @@ async fn answer_step(
     let mut fit_noticed = false;
     loop {
         let route = routing.plan.routes[routing.current].clone();
-        let fast = route.fast_model.clone().filter(|_| !routing.escalated);
-        let model = fast.clone().unwrap_or_else(|| route.model.clone());
         let adapter = match routing.adapter(catalog, &session.namespace) {
             Ok(a) => a,
             Err(e) => {
+                let model = route
+                    .fast_model
+                    .clone()
+                    .filter(|_| !routing.escalated)
+                    .unwrap_or_else(|| route.model.clone());
                 if failover(engine, session, run_id, routing, &route, &model, &e).await? {
                     continue;
                 }
@@ -668,6 +689,24 @@ async fn answer_step(
                 }));
             }
         };
+        // A provider with its own tool loop answers whole: no fast first try to escalate.
+        let delegating = adapter.delegates_tools() && !delegable.tools.is_empty();
+        let fast = route
+            .fast_model
+            .clone()
+            .filter(|_| !routing.escalated && !adapter.delegates_tools());
+        let model = fast.clone().unwrap_or_else(|| route.model.clone());
+        if delegating && delegable.planning != crate::crd::Planning::Off {
+            return Ok(Err(End::Failed {
+                code: "unsupported",
+                message: format!(
+                    "ChatPolicy {policy} sets runControl.planning, which {} ({}) cannot follow: Claude Code keeps its own tool loop; set planning: off for it, or route the policy to another provider",
+                    route.provider,
+                    adapter.config().name
+                ),
+                detail: None,
+            }));
+        }
         let max_tokens = adapter.config().max_tokens;
         let mut messages = history.to_vec();
         if let Some(window) = adapter.context_window(&model) {
@@ -732,6 +771,47 @@ async fn answer_step(
                 }));
             }
         };
+        // The run's own credential for the provider's calls to /mcp, gone with the call.
+        let mut delegated = None;
+        let _grant = if delegating {
+            let (tx, rx) = tokio::sync::mpsc::channel(8);
+            let grant = engine.delegations.grant(super::delegate::Delegation {
+                session_id: session.id.clone(),
+                run_id: run_id.to_owned(),
+                user: session.user.clone(),
+                policy: format!("{}/{policy}", session.namespace),
+                session_name: session.name.clone(),
+                tools: delegable.tools.clone(),
+                calls: tx,
+            });
+            request.mcp = engine
+                .local_mcp
+                .get()
+                .map(|url| llm::claude_code::McpBridge {
+                    url: url.clone(),
+                    token: grant.token(),
+                });
+            request.max_turns = Some(delegable.max_turns);
+            request.tools = delegable.tools.clone();
+            delegated = Some((rx, grant.token()));
+            Some(grant)
+        } else {
+            None
+        };
+        let caller = tool_calls::Caller {
+            session,
+            run_id,
+            policy: delegable.policy,
+            redactor,
+            kube: delegable.kube,
+            via: "chat",
+            model: (route.provider.as_str(), model.as_str()),
+        };
+        let delegated = delegated.map(|(rx, _)| Delegated {
+            rx,
+            caller: &caller,
+            guides: delegable.guides.clone(),
+        });
         let started = Instant::now();
         let live = fast.is_none();
         let out = stream_step(
@@ -743,6 +823,7 @@ async fn answer_step(
             cancel,
             live,
             redactor,
+            delegated,
         )
         .await?;
         let latency_ms = started.elapsed().as_millis() as i64;
@@ -780,7 +861,7 @@ async fn answer_step(
                 outcome,
                 detail: json!({"step": step, "inputTokens": out.usage.input_tokens,
                     "outputTokens": out.usage.output_tokens, "latencyMs": latency_ms,
-                    "toolCalls": out.calls.len(), "redactions": redactions,
+                    "toolCalls": out.calls.len() + out.delegated_calls, "redactions": redactions,
                     "stopReason": out.stop_reason, "fastModel": fast.is_some(),
                     "estimated": out.usage.estimated}),
                 ..session_decision(session, run_id)
@@ -950,8 +1031,10 @@ async fn finish_call(
 /// What one provider call produced.
 #[derive(Default)]
 struct StepOutcome {
-    /// The whole answer text.
+    /// The whole answer text (after the provider's own calls, if it made any).
     text: String,
+    /// Calls the provider made over /mcp during the call (its own tool loop).
+    delegated_calls: usize,
     /// Tool calls, arguments complete.
     calls: Vec<ToolCall>,
     /// Tokens reported.
@@ -979,8 +1062,12 @@ async fn stream_step(
     cancel: &mut watch::Receiver<bool>,
     live: bool,
     redactor: &crate::redact::Redactor,
+    mut delegated: Option<Delegated<'_>>,
 ) -> Result<StepOutcome, crate::store::StoreError> {
     let mut out = StepOutcome::default();
+    // With a provider's own tool loop: how much of `out.text` is stored already (before
+    // the calls it made).
+    let mut stored = 0;
     let mut stream = tokio::select! {
         s = adapter.stream(request) => match s {
             Ok(s) => s,
@@ -1000,6 +1087,28 @@ async fn stream_step(
     loop {
         let next = tokio::select! {
             item = stream.next() => item,
+            Some(asked) = async {
+                match delegated.as_mut() {
+                    Some(d) => d.rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                if let Some(d) = &delegated {
+                    // What the model said before the call is final: out, then stored with it.
+                    let chunk = pending.finish();
+                    flush_at = None;
+                    if !chunk.is_empty() {
+                        engine.emit(&session.id, run_id, event::TEXT_DELTA, json!({"runId": run_id, "text": chunk})).await?;
+                    }
+                    out.output_started = true;
+                    let before = redactor.text(&out.text[stored..]).0;
+                    stored = out.text.len();
+                    let outcome = delegated_call(engine, session, run_id, d, before, asked.call).await?;
+                    out.delegated_calls += 1;
+                    let _ = asked.reply.send(outcome);
+                }
+                continue;
+            }
             // Dropping the stream closes the provider request.
             _ = cancel.changed() => break,
             _ = async { if let Some(at) = flush_at { tokio::time::sleep_until(at).await } else { std::future::pending::<()>().await } } => {
@@ -1072,5 +1181,80 @@ async fn stream_step(
             )
             .await?;
     }
+    // What came before the provider's own calls is stored with them; the rest is the
+    // answer.
+    if stored > 0 {
+        out.text = out.text.split_off(stored);
+    }
     Ok(out)
+}
+
+/// The run's side of a provider's own tool loop: its tools, and who calls them.
+struct Delegable<'a> {
+    policy: &'a crate::catalog::PolicyEntry,
+    kube: &'a crate::tools::KubeIdentity,
+    guides: std::sync::Arc<[crate::tools::guides::Guide]>,
+    planning: crate::crd::Planning,
+    /// Turns left of the policy's `maxToolDepth`.
+    max_turns: u32,
+    /// What it may call over /mcp.
+    tools: Vec<llm::ToolSpec>,
+}
+
+/// The calls a provider's process makes during one provider call.
+struct Delegated<'a> {
+    rx: tokio::sync::mpsc::Receiver<super::delegate::DelegatedCall>,
+    caller: &'a tool_calls::Caller<'a>,
+    guides: std::sync::Arc<[crate::tools::guides::Guide]>,
+}
+
+/// Carries out one call a provider's process made over /mcp, as a call of this run: the
+/// text before it and the call are stored, `tool.start`, the call through the one tool
+/// path, its result stored, `tool.end`.
+async fn delegated_call(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    delegated: &Delegated<'_>,
+    before: String,
+    mut call: ToolCall,
+) -> Result<crate::tools::Outcome, crate::store::StoreError> {
+    delegated.caller.redactor.value(&mut call.input);
+    engine
+        .append(
+            &session.id,
+            &NewMessage {
+                run_id: Some(run_id.to_owned()),
+                role: "assistant".into(),
+                content: before,
+                tool_calls: Some(json!([call])),
+                ..Default::default()
+            },
+        )
+        .await?;
+    let start = json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input});
+    engine
+        .emit(&session.id, run_id, event::TOOL_START, start)
+        .await?;
+    let slow = async {
+        let message = format!("{} is taking longer than usual…", call.name);
+        let _ = engine
+            .emit(
+                &session.id,
+                run_id,
+                event::NOTICE,
+                json!({"runId": run_id, "message": message}),
+            )
+            .await;
+    };
+    let outcome = tool_calls::call(
+        engine,
+        delegated.caller,
+        &call,
+        delegated.guides.clone(),
+        slow,
+    )
+    .await;
+    finish_call(engine, session, run_id, &call, outcome.clone()).await?;
+    Ok(outcome)
 }

@@ -420,6 +420,20 @@ async fn run_server(server: Server) -> Result<(), String> {
     tracing::info!(address = %local, "listening on http://{local}");
     // The port really bound (`:0` picks one): no tool or provider may call it.
     egress.add_own_port(local.port());
+    // Where a claude-code run's CLI, on this machine, reaches this replica's tools.
+    let loopback = if local.ip().is_unspecified() {
+        match local {
+            std::net::SocketAddr::V4(_) => std::net::IpAddr::from([127, 0, 0, 1]),
+            std::net::SocketAddr::V6(_) => std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        }
+    } else {
+        local.ip()
+    };
+    let _ = state.engine.local_mcp.set(format!(
+        "http://{}{}",
+        std::net::SocketAddr::new(loopback, local.port()),
+        http::mcp::PATH
+    ));
 
     // Standalone: proposals live in the database and expire there. Cluster mode: the
     // leader moves the ActionProposal objects and mirrors them.

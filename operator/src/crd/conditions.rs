@@ -56,6 +56,8 @@ pub mod reasons {
     pub const PROVIDER_NOT_LOCAL: &str = "ProviderNotLocal";
     /// No model could be determined.
     pub const NO_MODEL: &str = "NoModel";
+    /// `claude-code`: the CLI named by `spec.command` is not on `PATH`.
+    pub const CLAUDE_CODE_NOT_INSTALLED: &str = "ClaudeCodeNotInstalled";
     /// The manifest could not be loaded.
     pub const INVALID_MANIFEST: &str = "InvalidManifest";
     /// Every model has `cost` in `spec.models`.

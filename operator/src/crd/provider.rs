@@ -1,5 +1,5 @@
-//! `LLMProvider`: one LLM endpoint (Anthropic, OpenAI, Ollama or any OpenAI-compatible
-//! server) with its credentials, models and limits.
+//! `LLMProvider`: one LLM endpoint (Anthropic, OpenAI, Ollama, any OpenAI-compatible
+//! server, or the Claude Code CLI) with its credentials, models and limits.
 
 use super::{HeaderSpec, SecretKeyRef};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -88,6 +88,35 @@ pub struct LLMProviderSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub headers: Vec<HeaderSpec>,
+    /// `claude-code`: the Claude Code CLI to run (a name looked up on `PATH`, or a path).
+    /// Default: `claude`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub command: Option<String>,
+    /// `claude-code`: the Secret key holding your own Claude Code credential: the token
+    /// `claude setup-token` prints, or an Anthropic API key (say which in `authKind`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_secret_ref: Option<SecretKeyRef>,
+    /// `claude-code`: what `authSecretRef` holds. Default: `oauthToken`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_kind: Option<ClaudeCodeAuth>,
+    /// `claude-code`: the most model turns one chat run's Claude Code loop may take; the
+    /// policy's `maxToolDepth` bounds it too. Default: the policy's `maxToolDepth`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_turns: Option<u32>,
+}
+
+/// What a `claude-code` provider's `authSecretRef` holds.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum ClaudeCodeAuth {
+    /// A long-lived token from `claude setup-token` (passed as `CLAUDE_CODE_OAUTH_TOKEN`).
+    #[default]
+    #[serde(rename = "oauthToken")]
+    OauthToken,
+    /// An Anthropic API key (passed as `ANTHROPIC_API_KEY`).
+    #[serde(rename = "apiKey")]
+    ApiKey,
 }
 
 /// The wire protocol a provider speaks.
@@ -105,6 +134,10 @@ pub enum ProviderType {
     /// Any server speaking the OpenAI API (vLLM, LiteLLM, LM Studio, ...).
     #[serde(rename = "openai-compatible")]
     OpenAiCompatible,
+    /// The Claude Code CLI, run headless with your own credentials; its tools are only
+    /// Kortex's, through Kortex's MCP endpoint.
+    #[serde(rename = "claude-code")]
+    ClaudeCode,
 }
 
 impl ProviderType {
@@ -115,6 +148,7 @@ impl ProviderType {
             Self::OpenAi => "openai",
             Self::Ollama => "ollama",
             Self::OpenAiCompatible => "openai-compatible",
+            Self::ClaudeCode => "claude-code",
         }
     }
 
@@ -125,6 +159,8 @@ impl ProviderType {
             Self::OpenAi => Some("https://api.openai.com/v1"),
             Self::Ollama => Some("http://127.0.0.1:11434"),
             Self::OpenAiCompatible => None,
+            // Claude Code's own endpoint, unless `baseUrl` names another.
+            Self::ClaudeCode => Some("https://api.anthropic.com"),
         }
     }
 
@@ -249,13 +285,16 @@ impl LLMProviderSpec {
     pub fn tool_mode(&self) -> ToolMode {
         self.tool_mode.unwrap_or(match self.provider_type {
             ProviderType::OpenAiCompatible | ProviderType::Ollama => ToolMode::Auto,
-            ProviderType::OpenAi | ProviderType::Anthropic => ToolMode::Native,
+            ProviderType::OpenAi | ProviderType::Anthropic | ProviderType::ClaudeCode => {
+                ToolMode::Native
+            }
         })
     }
 
     /// Every Secret key this provider reads, for resolution and for watching.
     pub fn secret_refs(&self) -> Vec<&SecretKeyRef> {
         let mut refs: Vec<&SecretKeyRef> = self.api_key_secret_ref.iter().collect();
+        refs.extend(self.auth_secret_ref.iter());
         refs.extend(self.ca_bundle_secret_ref.iter());
         refs.extend(
             self.headers

@@ -271,6 +271,16 @@ pub async fn authenticate(
         req.extensions_mut().insert(caller);
         return Ok(next.run(req).await);
     }
+    // A claude-code run's own credential, presented by its CLI on this machine to /mcp.
+    if let Some(delegation) = super::mcp::run_credential(&state, &req) {
+        req.extensions_mut().insert(Caller {
+            user: delegation.user.clone(),
+            groups: Vec::new(),
+            token: None,
+        });
+        req.extensions_mut().insert(delegation);
+        return Ok(next.run(req).await);
+    }
     let caller = match state.auth {
         AuthMode::Loopback => {
             check_loopback(req.headers())?;

@@ -15,6 +15,7 @@ use super::AppState;
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::catalog::{Catalog, PolicyEntry};
+use crate::chat::delegate::{DelegatedCall, Delegation};
 use crate::chat::tool_calls;
 use crate::llm::{ToolCall, ToolSpec};
 use crate::store::{NewSession, SessionRecord};
@@ -161,6 +162,34 @@ pub struct Access {
     pub selection: Selection,
     /// The session the calls belong to.
     pub session: SessionRecord,
+    /// A claude-code run's CLI: its calls go to the run.
+    pub delegation: Option<Arc<Delegation>>,
+}
+
+/// The run a request's bearer credential was made for: only to `/mcp`, only from this
+/// machine, only while the run's provider call lasts.
+pub fn run_credential(state: &AppState, req: &Request) -> Option<Arc<Delegation>> {
+    if req.uri().path() != PATH {
+        return None;
+    }
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")?
+        .trim();
+    if !bearer.starts_with("kortex-run-") {
+        return None;
+    }
+    let local = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .is_some_and(|c| c.0.ip().is_loopback());
+    if !local {
+        return None;
+    }
+    state.engine.delegations.get(bearer)
 }
 
 /// The `/mcp` service: rmcp's Streamable HTTP server over [`KortexMcp`].
@@ -255,6 +284,25 @@ pub async fn admit(
         Ok(req) => req,
         Err(refused) => return Ok(refused),
     };
+    if let Some(delegation) = req.extensions().get::<Arc<Delegation>>().cloned() {
+        // The run's own session, policy and tools; its user was admitted when it began.
+        let session = state
+            .store
+            .get_session(&delegation.session_id, &delegation.user)
+            .await?
+            .ok_or_else(|| ApiError::not_found("the run's session is gone"))?;
+        req.extensions_mut().insert(Access {
+            caller: caller.clone(),
+            selection: Selection {
+                policy: Some(delegation.policy.clone()),
+                session: Some(delegation.session_name.clone()),
+                namespace: None,
+            },
+            session,
+            delegation: Some(delegation),
+        });
+        return Ok(next.run(req).await);
+    }
     let selection = Selection::from_query(req.uri().query()).map_err(ApiError::invalid)?;
     let session = {
         let config = state.config.borrow().clone();
@@ -290,6 +338,7 @@ pub async fn admit(
         caller: caller.clone(),
         selection,
         session,
+        delegation: None,
     });
     let deleting = req.method() == axum::http::Method::DELETE;
     let mut response = next.run(req).await;
@@ -527,7 +576,13 @@ impl ServerHandler for KortexMcp {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let usable = self.usable(&access(&context.extensions)?)?;
+        let access = access(&context.extensions)?;
+        if let Some(d) = &access.delegation {
+            return Ok(ListToolsResult::with_all_items(
+                d.tools.iter().map(mcp_tool).collect(),
+            ));
+        }
+        let usable = self.usable(&access)?;
         Ok(ListToolsResult::with_all_items(
             usable.tools.iter().map(mcp_tool).collect(),
         ))
@@ -539,12 +594,29 @@ impl ServerHandler for KortexMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let access = access(&context.extensions)?;
-        let usable = self.usable(&access)?;
         let call = ToolCall {
             id: format!("mcp-{}", crate::store::new_id()),
             name: request.name.to_string(),
             input: Value::Object(request.arguments.unwrap_or_default()),
         };
+        if let Some(d) = &access.delegation {
+            // The run carries it out, in order with everything else it does.
+            let (reply, outcome) = tokio::sync::oneshot::channel();
+            d.calls
+                .send(DelegatedCall { call, reply })
+                .await
+                .map_err(|_| McpError::internal_error("the run has ended", None))?;
+            let outcome = outcome
+                .await
+                .map_err(|_| McpError::internal_error("the run ended before the call did", None))?;
+            let content = vec![ContentBlock::text(outcome.content)];
+            return Ok(CallToolResponse::Complete(if outcome.is_error {
+                CallToolResult::error(content)
+            } else {
+                CallToolResult::success(content)
+            }));
+        }
+        let usable = self.usable(&access)?;
         let client = context
             .peer
             .peer_info()

@@ -27,10 +27,15 @@ macro_rules! delegate_to_inner {
         ) -> $crate::llm::BoxFuture<'_, Result<Vec<String>, $crate::llm::LlmError>> {
             self.inner.list_models()
         }
+
+        fn delegates_tools(&self) -> bool {
+            self.inner.delegates_tools()
+        }
     };
 }
 
 mod anthropic;
+pub mod claude_code;
 mod error;
 mod ollama;
 mod openai;
@@ -156,6 +161,13 @@ pub struct ChatRequest {
     pub tool_choice: Option<ToolChoice>,
     /// Audit and accounting context.
     pub metadata: RequestMetadata,
+    /// A chat run's tools for a provider that runs its own tool loop (`claude-code`):
+    /// Kortex's MCP endpoint and the run's credential. Never serialized.
+    #[serde(skip)]
+    pub mcp: Option<claude_code::McpBridge>,
+    /// The most model turns such a loop may take (the policy's `maxToolDepth`).
+    #[serde(skip)]
+    pub max_turns: Option<u32>,
 }
 
 /// A forced tool call (the default lets the model choose).
@@ -322,6 +334,11 @@ pub trait LlmProvider: Send + Sync {
         &'a self,
         request: &'a ChatRequest,
     ) -> BoxFuture<'a, Result<ChatResponse, LlmError>>;
+    /// Whether the provider runs its own tool loop and calls Kortex's tools through the
+    /// [`ChatRequest::mcp`] bridge (`claude-code`) instead of returning tool calls.
+    fn delegates_tools(&self) -> bool {
+        false
+    }
     /// The model ids the endpoint lists (also the reachability probe).
     fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>>;
     /// Embeddings of `inputs` with `model`, where the provider offers them.
@@ -454,12 +471,46 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         retry: RetryPolicy::default(),
         models: spec.models.clone(),
     };
-    let client = wire::client(&config, ca_bundle, spec.allow_private_targets)?;
+    let client =
+        |config: &ProviderConfig| wire::client(config, ca_bundle, spec.allow_private_targets);
     let adapter: Arc<dyn LlmProvider> = match spec.provider_type {
-        ProviderType::Anthropic => Arc::new(anthropic::Anthropic::new(config, client)),
-        ProviderType::OpenAi => Arc::new(openai::OpenAi::new(config, client, false)),
-        ProviderType::OpenAiCompatible => Arc::new(openai::OpenAi::new(config, client, true)),
-        ProviderType::Ollama => Arc::new(ollama::Ollama::new(config, client)),
+        ProviderType::Anthropic => {
+            let client = client(&config)?;
+            Arc::new(anthropic::Anthropic::new(config, client))
+        }
+        ProviderType::OpenAi => {
+            let client = client(&config)?;
+            Arc::new(openai::OpenAi::new(config, client, false))
+        }
+        ProviderType::OpenAiCompatible => {
+            let client = client(&config)?;
+            Arc::new(openai::OpenAi::new(config, client, true))
+        }
+        ProviderType::Ollama => {
+            let client = client(&config)?;
+            Arc::new(ollama::Ollama::new(config, client))
+        }
+        ProviderType::ClaudeCode => {
+            // Your own credential: a `claude setup-token` token or an API key.
+            let auth = match (&spec.auth_secret_ref, &spec.api_key_secret_ref) {
+                (Some(r), _) => entry
+                    .secrets
+                    .get(r)
+                    .map(|v| (spec.auth_kind.unwrap_or_default(), v.clone())),
+                (None, Some(r)) => entry
+                    .secrets
+                    .get(r)
+                    .map(|v| (crate::crd::ClaudeCodeAuth::ApiKey, v.clone())),
+                (None, None) => None,
+            };
+            Arc::new(claude_code::ClaudeCode::new(
+                config,
+                spec.command.clone().unwrap_or_else(|| "claude".to_owned()),
+                auth,
+                spec.base_url.clone(),
+                spec.max_turns,
+            ))
+        }
     };
     let adapter: Arc<dyn LlmProvider> = match spec.tool_mode() {
         ToolMode::Prompt => Arc::new(prompt_tools::PromptTools::new(adapter)),

@@ -22,6 +22,10 @@ pub mod reasons {
     pub const UNREACHABLE: &str = "Unreachable";
     /// The endpoint answered with an error.
     pub const PROBE_FAILED: &str = "ProbeFailed";
+    /// `claude-code`: Claude Code refused the credential in `authSecretRef`.
+    pub const CLAUDE_CODE_AUTH_FAILED: &str = "ClaudeCodeAuthFailed";
+    /// `claude-code`: the CLI does not run, or is too old for Kortex's flags.
+    pub const CLAUDE_CODE_UNUSABLE: &str = "ClaudeCodeUnusable";
 }
 
 /// The outcome of one probe.
@@ -76,6 +80,33 @@ pub async fn probe(entry: &ProviderEntry) -> ProbeResult {
             format!("listed {} model(s) in {latency_ms} ms", models.len()),
             models,
         ),
+        Err(e)
+            if e.kind == ErrorKind::Auth
+                && entry.provider_type() == crate::crd::ProviderType::ClaudeCode =>
+        {
+            (
+                true,
+                false,
+                reasons::CLAUDE_CODE_AUTH_FAILED,
+                format!(
+                    "Claude Code refused the credential in spec.authSecretRef (renew it with `claude setup-token`): {}",
+                    e.message
+                ),
+                Vec::new(),
+            )
+        }
+        Err(e)
+            if e.kind == ErrorKind::Config
+                && entry.provider_type() == crate::crd::ProviderType::ClaudeCode =>
+        {
+            (
+                false,
+                false,
+                reasons::CLAUDE_CODE_UNUSABLE,
+                e.message,
+                Vec::new(),
+            )
+        }
         Err(e) if e.kind == ErrorKind::Auth => (
             true,
             false,

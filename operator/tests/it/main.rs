@@ -6,6 +6,7 @@ mod budget;
 mod canaries;
 mod chart;
 mod chat;
+mod claude_code;
 mod cluster;
 mod common;
 mod config;

@@ -1,0 +1,440 @@
+//! `type: claude-code`: the real Claude Code CLI (npm, pinned in
+//! `operator/tests/claude-code`), run by `kortex serve` against a scripted Anthropic-format
+//! model on 127.0.0.1 (`ANTHROPIC_BASE_URL` from `spec.baseUrl`). Its tools are only
+//! Kortex's, through this replica's `/mcp`; every call is the run's own — stored, announced,
+//! audited — and a built-in tool the model asks for never runs.
+
+use crate::binary::Server;
+use crate::chat::get_json;
+use crate::common::{eventually, http_client};
+use crate::policy::{ask, session, state, text};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+const KEY: &str = "sk-ant-claude-code-test-key-0042";
+const GATEWAY_KEY: &str = "kx-gateway-test-key-77";
+
+/// The CLI, or `None` (skipped) where the test script has not installed it.
+fn claude() -> Option<String> {
+    match std::env::var("KORTEX_TEST_CLAUDE")
+        .ok()
+        .filter(|c| Path::new(c).exists())
+    {
+        Some(c) => Some(c),
+        None => {
+            assert!(
+                std::env::var("KORTEX_REQUIRE_CLAUDE").is_err(),
+                "KORTEX_TEST_CLAUDE must name Claude Code's binary (scripts/test.sh installs it)"
+            );
+            eprintln!("skipped: no Claude Code (KORTEX_TEST_CLAUDE)");
+            None
+        }
+    }
+}
+
+type Seen = Arc<Mutex<Vec<(Option<String>, Value)>>>;
+
+fn sse(event: &str, data: Value) -> String {
+    format!("event: {event}\ndata: {data}\n\n")
+}
+
+/// One streamed Messages API answer: a tool call, or text.
+fn answer(model: &Value, block: Value, delta: Value, stop: &str) -> String {
+    [
+        sse(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": 120, "output_tokens": 1}}}),
+        ),
+        sse(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": block}),
+        ),
+        sse(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": delta}),
+        ),
+        sse(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        sse(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 30}}),
+        ),
+        sse("message_stop", json!({"type": "message_stop"})),
+    ]
+    .concat()
+}
+
+fn tool_use(model: &Value, id: &str, name: &str, input: Value) -> String {
+    answer(
+        model,
+        json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+        json!({"type": "input_json_delta", "partial_json": input.to_string()}),
+        "tool_use",
+    )
+}
+
+/// The result Claude Code sent back for tool call `id`.
+fn result_of(body: &Value, id: &str) -> Option<Value> {
+    body["messages"]
+        .as_array()?
+        .iter()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .find(|c| c["type"] == "tool_result" && c["tool_use_id"] == id)
+        .cloned()
+}
+
+/// The scripted model. With Kortex's tools offered: it first asks for the built-in Bash
+/// (to touch `marker`), then calls Kortex's `get_incident_history`, then answers with what
+/// came back. Asked for structured output, it calls `StructuredOutput`. Only `KEY` is
+/// accepted.
+async fn model(marker: PathBuf) -> (String, Seen) {
+    use axum::response::IntoResponse;
+    async fn messages(
+        axum::extract::State((seen, marker)): axum::extract::State<(Seen, Arc<PathBuf>)>,
+        headers: axum::http::HeaderMap,
+        axum::Json(body): axum::Json<Value>,
+    ) -> axum::response::Response {
+        let key = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((key.clone(), body.clone()));
+        if key.as_deref() != Some(KEY) {
+            return (
+                axum::http::StatusCode::UNAUTHORIZED,
+                axum::Json(json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})),
+            )
+                .into_response();
+        }
+        let model = &body["model"];
+        let tools: Vec<&str> = body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        let events = if tools.contains(&"StructuredOutput") {
+            if result_of(&body, "toolu_so").is_some() {
+                answer(
+                    model,
+                    json!({"type": "text", "text": ""}),
+                    json!({"type": "text_delta", "text": "done"}),
+                    "end_turn",
+                )
+            } else {
+                tool_use(
+                    model,
+                    "toolu_so",
+                    "StructuredOutput",
+                    json!({"severity": "high", "pods": 3}),
+                )
+            }
+        } else if tools.contains(&"mcp__kortex__get_incident_history") {
+            if result_of(&body, "toolu_bash").is_none() {
+                let touch = format!("touch {}", marker.display());
+                tool_use(model, "toolu_bash", "Bash", json!({"command": touch}))
+            } else if let Some(r) = result_of(&body, "toolu_kortex") {
+                let said = r["content"].to_string();
+                answer(
+                    model,
+                    json!({"type": "text", "text": ""}),
+                    json!({"type": "text_delta", "text": format!("Kortex answered: {said}")}),
+                    "end_turn",
+                )
+            } else {
+                tool_use(
+                    model,
+                    "toolu_kortex",
+                    "mcp__kortex__get_incident_history",
+                    json!({"query": "checkout"}),
+                )
+            }
+        } else {
+            answer(
+                model,
+                json!({"type": "text", "text": ""}),
+                json!({"type": "text_delta", "text": "OK"}),
+                "end_turn",
+            )
+        };
+        ([("content-type", "text/event-stream")], events).into_response()
+    }
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new()
+        .route("/v1/messages", axum::routing::post(messages))
+        .with_state((seen.clone(), Arc::new(marker)));
+    (crate::common::serve(app).await, seen)
+}
+
+/// A claude-code provider (the CLI at `command`, the model at `base`, `key` in its Secret)
+/// and a policy that uses it, in `dir`.
+fn manifests(dir: &Path, command: &str, base: &str, key: &str) {
+    std::fs::write(
+        dir.join("all.yaml"),
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: claude}}
+stringData: {{key: "{key}"}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: ops}}
+stringData: {{team: ops, key: {GATEWAY_KEY}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: cc}}
+spec:
+  type: claude-code
+  command: "{command}"
+  baseUrl: "{base}"
+  authSecretRef: {{name: claude, key: key}}
+  authKind: apiKey
+  defaultModel: sonnet
+  timeout: 120s
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: ops}}
+spec: {{sessions: ["*"], provider: cc}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn start(command: &str, base: &str, key: &str) -> (Server, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, command, base, key);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    (server, dir)
+}
+
+/// The provider's entry in `/api/v1/llm/providers`.
+async fn provider(server: &Server) -> Value {
+    let all = get_json(&http_client(), server.url("/api/v1/llm/providers")).await;
+    all["items"]
+        .as_array()
+        .and_then(|p| p.iter().find(|p| p["name"] == "cc").cloned())
+        .unwrap_or_else(|| panic!("no provider cc: {all}"))
+}
+
+fn condition(provider: &Value, kind: &str) -> Value {
+    provider["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind).cloned())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
+    let Some(claude) = claude() else { return };
+    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let marker = work.path().join("bash-ran");
+    let (base, seen) = model(marker.clone()).await;
+    let (server, dir) = start(&claude, &base, KEY);
+    // The probe ran the CLI and made its one-token call with the key.
+    let p = eventually("the provider is probed", || async {
+        let p = provider(&server).await;
+        match condition(&p, "Reachable")["status"].as_str() {
+            Some("True") => Ok(p),
+            _ => Err(p.to_string()),
+        }
+    })
+    .await;
+    assert_eq!(condition(&p, "Ready")["status"], "True", "{p}");
+
+    let id = session(&server, "checkout-incident").await;
+    let events = ask(&server, &id, "Has checkout failed before?").await;
+    assert_eq!(
+        state(&events),
+        json!("completed"),
+        "{events:?}\n{}",
+        server.log()
+    );
+    // The model's answer streamed, carrying what Kortex's tool returned.
+    let answer = text(&events);
+    assert!(answer.contains("Kortex answered"), "{answer}");
+    // Kortex's tool ran as the run's own call: announced, stored, audited.
+    let started: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.event == "tool.start")
+        .map(|e| &e.data)
+        .collect();
+    assert_eq!(started.len(), 1, "{events:?}");
+    assert_eq!(started[0]["name"], "get_incident_history");
+    assert_eq!(started[0]["input"], json!({"query": "checkout"}));
+    let ended = events
+        .iter()
+        .find(|e| e.event == "tool.end")
+        .map(|e| e.data.clone())
+        .unwrap_or_default();
+    assert_eq!(ended["ok"], true, "{ended}");
+    let stored = get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
+    let messages = stored["messages"].as_array().cloned().unwrap_or_default();
+    let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
+    assert_eq!(
+        roles,
+        ["user", "assistant", "tool", "assistant"],
+        "{stored}"
+    );
+    assert_eq!(
+        messages[1]["toolCalls"][0]["name"], "get_incident_history",
+        "{stored}"
+    );
+    assert_eq!(
+        messages[2]["toolCallId"], messages[1]["toolCalls"][0]["id"],
+        "{stored}"
+    );
+    let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=tool_call")).await;
+    assert!(
+        audit["items"].as_array().is_some_and(|rows| rows
+            .iter()
+            .any(|r| r["subject"] == "get_incident_history"
+                && r["sessionId"] == id.as_str()
+                && r["outcome"] == "ok")),
+        "{audit}"
+    );
+    // The model was offered Kortex's tools only, and its Bash call never ran.
+    let bodies: Vec<(Option<String>, Value)> =
+        seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let chat: Vec<&Value> = bodies
+        .iter()
+        .map(|(_, b)| b)
+        .filter(|b| b["tools"].as_array().is_some_and(|t| !t.is_empty()))
+        .collect();
+    assert!(chat.len() >= 3, "{} chat calls", chat.len());
+    for body in &chat {
+        for t in body["tools"].as_array().into_iter().flatten() {
+            let name = t["name"].as_str().unwrap_or_default();
+            assert!(name.starts_with("mcp__kortex__"), "offered {name}");
+        }
+    }
+    assert!(!marker.exists(), "Claude Code ran Bash");
+    let refused = chat
+        .iter()
+        .find_map(|b| result_of(b, "toolu_bash"))
+        .unwrap_or_default();
+    assert_eq!(refused["is_error"], true, "{refused}");
+    // The key reached the model and nothing else of Kortex's: not the log, not the database.
+    assert!(bodies.iter().all(|(k, _)| k.as_deref() == Some(KEY)));
+    assert!(!server.log().contains(KEY));
+    let db = std::fs::read(dir.path().join("k.db")).unwrap_or_default();
+    assert!(!String::from_utf8_lossy(&db).contains(KEY));
+    // Usage was settled from what the CLI reported (120 input tokens a call).
+    let calls = get_json(&http_client(), server.url("/api/v1/audit?kind=llm_call")).await;
+    let row = calls["items"]
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["sessionId"] == id.as_str()).cloned())
+        .unwrap_or_default();
+    assert!(
+        row["detail"]["inputTokens"].as_u64().unwrap_or(0) >= 360,
+        "{row}"
+    );
+    assert_eq!(row["detail"]["estimated"], false, "{row}");
+    assert_eq!(row["detail"]["toolCalls"], 1, "{row}");
+    // The run's credential died with it: /mcp refuses it now.
+    assert!(server.terminate().success());
+}
+
+/// Through the gateway (structured output) and when things are wrong: a refused key, a
+/// missing binary — each says what it is, and nothing stands in silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_answers_structured_output_and_fails_loudly() {
+    let Some(claude) = claude() else { return };
+    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (base, _seen) = model(work.path().join("unused")).await;
+
+    // Structured output, through `kortex ask`'s path: the adapter alone.
+    let (server, _dir) = start(&claude, &base, KEY);
+    let r = http_client()
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(GATEWAY_KEY)
+        .json(&json!({"model": "cc/sonnet", "messages": [{"role": "user", "content": "classify"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema":
+                {"type": "object", "properties": {"severity": {"type": "string"}, "pods": {"type": "integer"}}, "required": ["severity"]}}}}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.unwrap_or_default();
+    assert_eq!(status, 200, "{body}");
+    let content: Value = serde_json::from_str(
+        body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default(),
+    )
+    .unwrap_or_default();
+    assert_eq!(content, json!({"severity": "high", "pods": 3}), "{body}");
+    // A schema that is not an object is refused before anything runs.
+    let r = http_client()
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(GATEWAY_KEY)
+        .json(&json!({"model": "cc/sonnet", "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "array"}}}}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let refused = r.status().as_u16();
+    let body = r.text().await.unwrap_or_default();
+    assert!(
+        refused >= 400 && body.contains("object schema"),
+        "{refused} {body}"
+    );
+    assert!(server.terminate().success());
+
+    // A key Claude Code's endpoint refuses: Reachable=False, ClaudeCodeAuthFailed.
+    let (server, _dir) = start(&claude, &base, "sk-ant-wrong");
+    let p = eventually("the refused key is reported", || async {
+        let p = provider(&server).await;
+        match condition(&p, "Reachable")["reason"].as_str() {
+            Some("ClaudeCodeAuthFailed") => Ok(p),
+            _ => Err(p.to_string()),
+        }
+    })
+    .await;
+    assert_eq!(condition(&p, "Reachable")["status"], "False", "{p}");
+    let id = session(&server, "bad-key").await;
+    let events = ask(&server, &id, "hello?").await;
+    assert_eq!(state(&events), json!("failed"), "{events:?}");
+    let error = events
+        .iter()
+        .find(|e| e.event == "error")
+        .map(|e| e.data.clone())
+        .unwrap_or_default();
+    assert!(
+        error["message"].to_string().contains("auth")
+            || error["message"].to_string().contains("key"),
+        "{error}"
+    );
+    assert!(server.terminate().success());
+
+    // No binary: Ready=False, ClaudeCodeNotInstalled; the run fails, nothing falls back.
+    let (server, _dir) = start("/nonexistent/claude", &base, KEY);
+    let p = provider(&server).await;
+    let ready = condition(&p, "Ready");
+    assert_eq!(ready["status"], "False", "{p}");
+    assert_eq!(ready["reason"], "ClaudeCodeNotInstalled", "{p}");
+    let id = session(&server, "no-binary").await;
+    let events = ask(&server, &id, "hello?").await;
+    assert_eq!(state(&events), json!("failed"), "{events:?}");
+    assert!(server.terminate().success());
+}
