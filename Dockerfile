@@ -47,7 +47,31 @@ RUN touch operator/src/main.rs operator/src/lib.rs operator/src/bin/kubectl-kort
  && cp "target/$(cat /rust-target)/release/kortex" "target/$(cat /rust-target)/release/kubectl-kortex" /out/ \
  && /out/kortex --version
 
-# No shell, no package manager; nonroot = 65532:65532.
+# The claude-code flavour, for LLMProviders of `type: claude-code`: Kortex beside a pinned
+# Claude Code CLI (the npm package installs a native glibc binary, so no Node at run time).
+# Build: docker build --target claude-code -t kortex:0.1.0-claude-code .
+# (chart: image.flavor: claude-code). Your own Claude Code credential goes in a Secret.
+FROM node:22-bookworm-slim AS claude-code-cli
+ARG CLAUDE_CODE_VERSION=2.1.197
+RUN npm install --global --prefix /opt/claude-code "@anthropic-ai/claude-code@${CLAUDE_CODE_VERSION}" \
+ && cp -L /opt/claude-code/bin/claude /claude \
+ && DISABLE_AUTOUPDATER=1 /claude --version
+
+FROM gcr.io/distroless/base-debian12:nonroot AS claude-code
+LABEL org.opencontainers.image.title="kortex" \
+      org.opencontainers.image.description="Kubernetes operator and in-cluster LLM chat server, with the Claude Code CLI" \
+      org.opencontainers.image.source="https://github.com/kortex-dev/kortex" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /out/kortex /out/kubectl-kortex /usr/local/bin/
+COPY --from=claude-code-cli /claude /usr/local/bin/claude
+# The CLI never updates itself in the image; each call gets an empty HOME under /tmp.
+ENV DISABLE_AUTOUPDATER=1
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/kortex"]
+CMD ["run"]
+
+# The default image (the last stage). No shell, no package manager; nonroot = 65532:65532.
 FROM gcr.io/distroless/static-debian12:nonroot
 LABEL org.opencontainers.image.title="kortex" \
       org.opencontainers.image.description="Kubernetes operator and in-cluster LLM chat server" \

@@ -102,14 +102,8 @@ impl ClaudeCode {
         LlmError::new(kind, &self.config.name, message)
     }
 
-    /// The process for one call, its own `HOME` made (removed when the guard drops).
-    fn command(&self, args: &[String]) -> Result<(tokio::process::Command, HomeDir), LlmError> {
-        let home = HomeDir::new().map_err(|e| {
-            self.error(
-                ErrorKind::Config,
-                format!("cannot make a home directory for Claude Code: {e}"),
-            )
-        })?;
+    /// The process for one call, in its own `HOME`.
+    fn command(&self, args: &[String], home: &HomeDir) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.command);
         cmd.args(args)
             .env_clear()
@@ -151,11 +145,16 @@ impl ClaudeCode {
             }
             None => {}
         }
-        Ok((cmd, home))
+        cmd
     }
 
-    /// The arguments of one call.
-    fn args(&self, request: &ChatRequest) -> Result<Vec<String>, LlmError> {
+    /// The arguments of one call; `mcp_config`: the file naming Kortex's `/mcp` (with the
+    /// run's credential, which never goes on a command line).
+    fn args(
+        &self,
+        request: &ChatRequest,
+        mcp_config: Option<&std::path::Path>,
+    ) -> Result<Vec<String>, LlmError> {
         let mut args: Vec<String> = [
             "-p",
             "--input-format",
@@ -213,14 +212,12 @@ impl ClaudeCode {
             "disableAllHooks": true,
             "enableAllProjectMcpServers": false,
         });
-        match &request.mcp {
-            Some(bridge) => {
-                let config = json!({"mcpServers": {SERVER: {
-                    "type": "http",
-                    "url": bridge.url,
-                    "headers": {"Authorization": format!("Bearer {}", bridge.token.expose())},
-                }}});
-                args.extend(["--mcp-config".to_owned(), config.to_string()]);
+        match mcp_config {
+            Some(config) => {
+                args.extend([
+                    "--mcp-config".to_owned(),
+                    config.to_string_lossy().into_owned(),
+                ]);
                 args.extend(["--allowedTools".to_owned(), format!("mcp__{SERVER}")]);
                 settings["permissions"]["allow"] = json!([format!("mcp__{SERVER}")]);
                 let turns = self
@@ -247,8 +244,32 @@ impl ClaudeCode {
 
     /// Runs one call: the process's events, text as it comes.
     async fn run(&self, request: &ChatRequest) -> Result<ChatStream, LlmError> {
-        let args = self.args(request)?;
-        let (mut cmd, home) = self.command(&args)?;
+        let home = HomeDir::new().map_err(|e| {
+            self.error(
+                ErrorKind::Config,
+                format!("cannot make a home directory for Claude Code: {e}"),
+            )
+        })?;
+        let mcp_config = match &request.mcp {
+            Some(bridge) => {
+                let config = json!({"mcpServers": {SERVER: {
+                    "type": "http",
+                    "url": bridge.url,
+                    "headers": {"Authorization": format!("Bearer {}", bridge.token.expose())},
+                }}});
+                let path = home.0.join("kortex-mcp.json");
+                write_private(&path, config.to_string().as_bytes()).map_err(|e| {
+                    self.error(
+                        ErrorKind::Config,
+                        format!("cannot write the MCP configuration: {e}"),
+                    )
+                })?;
+                Some(path)
+            }
+            None => None,
+        };
+        let args = self.args(request, mcp_config.as_deref())?;
+        let mut cmd = self.command(&args, &home);
         let mut child = cmd.spawn().map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 self.error(
@@ -352,13 +373,26 @@ impl ClaudeCode {
     }
 }
 
-/// A directory that is removed when dropped.
+/// Writes a file only its owner may read.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?
+        .write_all(bytes)
+}
+
+/// A directory, only its owner's, that is removed when dropped.
 struct HomeDir(std::path::PathBuf);
 
 impl HomeDir {
     fn new() -> std::io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
         let dir = std::env::temp_dir().join(format!("kortex-claude-{}", crate::store::new_id()));
-        std::fs::create_dir_all(&dir)?;
+        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
         Ok(Self(dir))
     }
 }

@@ -833,6 +833,22 @@ fn chart_values_map_to_real_flags_and_variables() {
         container(&defaults)["image"],
         format!("kortex:{}", env!("CARGO_PKG_VERSION"))
     );
+    // The claude-code flavour is the Dockerfile's claude-code target, tagged so.
+    let flavoured = template(&helm, &["--set", "image.flavor=claude-code"]);
+    assert_eq!(
+        container(&flavoured)["image"],
+        format!("kortex:{}-claude-code", env!("CARGO_PKG_VERSION"))
+    );
+    let pinned = template(
+        &helm,
+        &[
+            "--set",
+            "image.flavor=claude-code",
+            "--set",
+            "image.tag=mine",
+        ],
+    );
+    assert_eq!(container(&pinned)["image"], "kortex:mine");
     assert_eq!(
         one(&defaults, "Deployment")["spec"]["strategy"]["type"],
         "Recreate"

@@ -38,7 +38,13 @@ fn samples_cover_every_kind_and_provider_type() {
     types.sort_unstable();
     assert_eq!(
         types,
-        vec!["anthropic", "ollama", "openai", "openai-compatible"]
+        vec![
+            "anthropic",
+            "claude-code",
+            "ollama",
+            "openai",
+            "openai-compatible"
+        ]
     );
     assert!(
         o.tools.iter().any(|t| t.spec.http.is_some())
