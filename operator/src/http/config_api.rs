@@ -168,7 +168,7 @@ pub async fn providers(
                 observed_generation: status.observed_generation,
                 conditions: status.conditions,
             };
-            let own = json!({
+            let mut own = json!({
                 "type": spec.provider_type.as_str(),
                 "baseUrl": p.base_url(),
                 "locality": p.locality(),
@@ -191,6 +191,12 @@ pub async fn providers(
                     "models": r.models,
                 })),
             });
+            if spec.provider_type == crate::crd::ProviderType::ClaudeCode {
+                own["command"] = json!(spec.command.as_deref().unwrap_or("claude"));
+                own["authSecretRef"] = json!(spec.auth_secret_ref);
+                own["authKind"] = json!(spec.auth_kind.unwrap_or_default());
+                own["maxTurns"] = json!(spec.max_turns);
+            }
             (common, own)
         },
     )

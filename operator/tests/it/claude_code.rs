@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 
 const KEY: &str = "sk-ant-claude-code-test-key-0042";
 const GATEWAY_KEY: &str = "kx-gateway-test-key-77";
+/// A credential the model writes into a tool call: redacted before anything keeps it.
+const PLANTED: &str = "AKIAIOSFODNN7EXAMPLE";
 
 /// The CLI, or `None` (skipped) where the test script has not installed it.
 fn claude() -> Option<String> {
@@ -154,7 +156,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
                     model,
                     "toolu_kortex",
                     "mcp__kortex__get_incident_history",
-                    json!({"query": "checkout"}),
+                    json!({"query": format!("checkout {PLANTED}")}),
                 )
             }
         } else {
@@ -257,6 +259,12 @@ async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
     })
     .await;
     assert_eq!(condition(&p, "Ready")["status"], "True", "{p}");
+    assert_eq!(p["authKind"], "apiKey", "{p}");
+    assert_eq!(
+        p["authSecretRef"],
+        json!({"name": "claude", "key": "key"}),
+        "{p}"
+    );
 
     let id = session(&server, "checkout-incident").await;
     let events = ask(&server, &id, "Has checkout failed before?").await;
@@ -277,7 +285,11 @@ async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
         .collect();
     assert_eq!(started.len(), 1, "{events:?}");
     assert_eq!(started[0]["name"], "get_incident_history");
-    assert_eq!(started[0]["input"], json!({"query": "checkout"}));
+    let query = started[0]["input"]["query"].as_str().unwrap_or_default();
+    assert!(
+        query.starts_with("checkout") && !query.contains(PLANTED),
+        "{query}"
+    );
     let ended = events
         .iter()
         .find(|e| e.event == "tool.end")
@@ -304,6 +316,7 @@ async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
         messages[2]["toolCallId"], messages[1]["toolCalls"][0]["id"],
         "{stored}"
     );
+    assert!(!stored.to_string().contains(PLANTED), "{stored}");
     let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=tool_call")).await;
     assert!(
         audit["items"].as_array().is_some_and(|rows| rows
@@ -351,7 +364,6 @@ async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
     );
     assert_eq!(row["detail"]["estimated"], false, "{row}");
     assert_eq!(row["detail"]["toolCalls"], 1, "{row}");
-    // The run's credential died with it: /mcp refuses it now.
     assert!(server.terminate().success());
 }
 
@@ -400,6 +412,28 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
         "{refused} {body}"
     );
     assert!(server.terminate().success());
+
+    // The command line: `providers check` runs the CLI and a one-token call; `ask` answers.
+    let m = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    manifests(m.path(), &claude, &base, KEY);
+    let kortex = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(args)
+            .args(["--manifests", &m.path().to_string_lossy()])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (ok, said) = kortex(&["providers", "check"]);
+    assert!(ok && said.contains("✓ cc (claude-code"), "{said}");
+    let (ok, said) = kortex(&["ask", "--provider", "cc", "Say OK"]);
+    assert!(ok && said.contains("OK"), "{said}");
+    manifests(m.path(), &claude, &base, "sk-ant-wrong");
+    let (ok, said) = kortex(&["providers", "check"]);
+    assert!(!ok && said.contains("refused"), "{said}");
 
     // A key Claude Code's endpoint refuses: Reachable=False, ClaudeCodeAuthFailed.
     let (server, _dir) = start(&claude, &base, "sk-ant-wrong");
