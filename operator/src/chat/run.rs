@@ -424,6 +424,7 @@ async fn steps(
             text,
             mut calls,
             error,
+            interrupted,
             ..
         } = outcome;
         if *cancel.borrow() {
@@ -467,6 +468,9 @@ async fn steps(
                 message,
                 detail: e.detail.as_deref().map(|d| redactor.text(d).0),
             });
+        }
+        if interrupted {
+            continue;
         }
         if calls.is_empty() && text.trim().is_empty() {
             notice(
@@ -1035,6 +1039,9 @@ struct StepOutcome {
     text: String,
     /// Calls the provider made over /mcp during the call (its own tool loop).
     delegated_calls: usize,
+    /// The provider's own loop was stopped for a pause or a redirect: the run goes on to
+    /// its next step boundary.
+    interrupted: bool,
     /// Tool calls, arguments complete.
     calls: Vec<ToolCall>,
     /// Tokens reported.
@@ -1094,6 +1101,21 @@ async fn stream_step(
                 }
             } => {
                 if let Some(d) = &delegated {
+                    // A pause or a redirect asked meanwhile: the loop stops here (the call is
+                    // not made), and the run's next step parks or takes the redirect in.
+                    if engine.store.run_status(run_id).await?.as_deref() == Some("pausing")
+                        || engine.store.redirect_pending(run_id).await?
+                    {
+                        let _ = asked.reply.send(crate::tools::Outcome {
+                            content: "not made: the user paused or redirected the run".to_owned(),
+                            is_error: true,
+                            error_kind: Some("cancelled"),
+                            truncated: false,
+                            duration: Duration::ZERO,
+                        });
+                        out.interrupted = true;
+                        break;
+                    }
                     // What the model said before the call is final: out, then stored with it.
                     let chunk = pending.finish();
                     flush_at = None;

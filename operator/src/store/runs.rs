@@ -155,6 +155,17 @@ impl Store {
         Ok(id)
     }
 
+    /// Whether the run has a redirect not yet consumed.
+    pub async fn redirect_pending(&self, run_id: &str) -> Result<bool, StoreError> {
+        let pending = sqlx::query(
+            "SELECT 1 FROM run_intents WHERE run_id = $1 AND consumed_at IS NULL LIMIT 1",
+        )
+        .bind(run_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(pending.is_some())
+    }
+
     /// The run's redirects not yet consumed, in the order they were made, each marked
     /// consumed and appended to the transcript as a user turn in one transaction: none is
     /// lost, none is applied twice, whichever replica runs the run.
@@ -165,13 +176,7 @@ impl Store {
     ) -> Result<Vec<MessageRecord>, StoreError> {
         // Every step boundary asks; almost always there is nothing, and a read answers that
         // without taking the write lock (SQLite) a transaction would.
-        let pending = sqlx::query(
-            "SELECT 1 FROM run_intents WHERE run_id = $1 AND consumed_at IS NULL LIMIT 1",
-        )
-        .bind(run_id)
-        .fetch_optional(&self.pool)
-        .await?;
-        if pending.is_none() {
+        if !self.redirect_pending(run_id).await? {
             return Ok(Vec::new());
         }
         let mut tx = self.begin().await?;

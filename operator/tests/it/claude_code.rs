@@ -141,6 +141,10 @@ async fn model(marker: PathBuf) -> (String, Seen) {
             }
         } else if tools.contains(&"mcp__kortex__get_incident_history") {
             if result_of(&body, "toolu_bash").is_none() {
+                // The loop's first answer takes a moment: time for a person to pause it.
+                if body.to_string().contains("slowly") {
+                    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+                }
                 let touch = format!("touch {}", marker.display());
                 tool_use(model, "toolu_bash", "Bash", json!({"command": touch}))
             } else if let Some(r) = result_of(&body, "toolu_kortex") {
@@ -470,5 +474,109 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
     let id = session(&server, "no-binary").await;
     let events = ask(&server, &id, "hello?").await;
     assert_eq!(state(&events), json!("failed"), "{events:?}");
+    assert!(server.terminate().success());
+}
+
+/// A pause asked while Claude Code's loop runs stops the loop at its next call to Kortex
+/// (the call is not made); resumed, the run starts the CLI again on the transcript so far,
+/// and the investigation completes with Kortex's tool called once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
+    let Some(claude) = claude() else { return };
+    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (base, seen) = model(work.path().join("bash-ran")).await;
+    let (server, _dir) = start(&claude, &base, KEY);
+    let id = session(&server, "paused").await;
+    let asked = |seen: &Seen| {
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(_, b)| b.to_string().contains("slowly"))
+            .count()
+    };
+    let client = http_client();
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "Has checkout failed before? Take it slowly."}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    let run = r.json::<Value>().await.unwrap_or_default()["runId"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let control = |what: &'static str| {
+        let url = server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/{what}"));
+        let client = client.clone();
+        async move {
+            let r = client
+                .post(url)
+                .json(&json!({}))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let status = r.status().as_u16();
+            (status, r.text().await.unwrap_or_default())
+        }
+    };
+    // Paused while the CLI's loop waits for its first answer (not before it started).
+    eventually("Claude Code asks the model", || async {
+        if asked(&seen) > 0 {
+            Ok(())
+        } else {
+            Err("not yet".to_owned())
+        }
+    })
+    .await;
+    let (status, body) = control("pause").await;
+    assert!(status < 300, "{status} {body}");
+    let status_of = || async {
+        get_json(
+            &http_client(),
+            server.url(&format!("/chat/v1/sessions/{id}")),
+        )
+        .await
+    };
+    eventually("the run parks", || async {
+        let s = status_of().await;
+        if s["status"] == "paused" {
+            Ok(())
+        } else {
+            Err(s["status"].to_string())
+        }
+    })
+    .await;
+    let stored = status_of().await;
+    assert!(
+        !stored["messages"]
+            .to_string()
+            .contains("get_incident_history"),
+        "the call was made before the pause: {stored}"
+    );
+    let (status, body) = control("resume").await;
+    assert!(status < 300, "{status} {body}");
+    let done = eventually("the run completes", || async {
+        let s = status_of().await;
+        if s["status"] == "idle" {
+            Ok(s)
+        } else {
+            Err(s["status"].to_string())
+        }
+    })
+    .await;
+    let messages = done["messages"].as_array().cloned().unwrap_or_default();
+    let calls = messages
+        .iter()
+        .filter(|m| m["toolCalls"].to_string().contains("get_incident_history"))
+        .count();
+    assert_eq!(calls, 1, "{done}");
+    assert!(
+        messages
+            .last()
+            .and_then(|m| m["content"].as_str())
+            .is_some_and(|c| c.contains("Kortex answered")),
+        "{done}"
+    );
     assert!(server.terminate().success());
 }
