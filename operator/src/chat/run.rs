@@ -929,16 +929,8 @@ async fn answer_step(
                 continue;
             }
             // The fast answer stands: the user sees it now.
-            if out.error.is_none() && !out.text.is_empty() {
-                let text = redactor.text(&out.text).0;
-                engine
-                    .emit(
-                        &session.id,
-                        run_id,
-                        event::TEXT_DELTA,
-                        json!({"runId": run_id, "text": text}),
-                    )
-                    .await?;
+            if out.error.is_none() {
+                send_text(engine, session, run_id, redactor.text(&out.text).0).await?;
             }
         }
         return Ok(Ok(Answer {
@@ -1117,11 +1109,8 @@ async fn stream_step(
                         break;
                     }
                     // What the model said before the call is final: out, then stored with it.
-                    let chunk = pending.finish();
                     flush_at = None;
-                    if !chunk.is_empty() {
-                        engine.emit(&session.id, run_id, event::TEXT_DELTA, json!({"runId": run_id, "text": chunk})).await?;
-                    }
+                    send_text(engine, session, run_id, pending.finish()).await?;
                     out.output_started = true;
                     let before = redactor.text(&out.text[stored..]).0;
                     stored = out.text.len();
@@ -1135,10 +1124,7 @@ async fn stream_step(
             _ = cancel.changed() => break,
             _ = async { if let Some(at) = flush_at { tokio::time::sleep_until(at).await } else { std::future::pending::<()>().await } } => {
                 flush_at = None;
-                let chunk = pending.ready();
-                if !chunk.is_empty() {
-                    engine.emit(&session.id, run_id, event::TEXT_DELTA, json!({"runId": run_id, "text": chunk})).await?;
-                }
+                send_text(engine, session, run_id, pending.ready()).await?;
                 if !pending.is_empty() {
                     flush_at = Some(tokio::time::Instant::now() + COALESCE);
                 }
@@ -1155,17 +1141,7 @@ async fn stream_step(
                     first = false;
                     flush_at.get_or_insert_with(|| tokio::time::Instant::now() + delay);
                     if pending.len() >= MAX_DELTA_BYTES {
-                        let chunk = pending.ready();
-                        if !chunk.is_empty() {
-                            engine
-                                .emit(
-                                    &session.id,
-                                    run_id,
-                                    event::TEXT_DELTA,
-                                    json!({"runId": run_id, "text": chunk}),
-                                )
-                                .await?;
-                        }
+                        send_text(engine, session, run_id, pending.ready()).await?;
                     }
                 }
             }
@@ -1192,23 +1168,33 @@ async fn stream_step(
             None => break,
         }
     }
-    let chunk = pending.finish();
-    if !chunk.is_empty() {
-        engine
-            .emit(
-                &session.id,
-                run_id,
-                event::TEXT_DELTA,
-                json!({"runId": run_id, "text": chunk}),
-            )
-            .await?;
-    }
+    send_text(engine, session, run_id, pending.finish()).await?;
     // What came before the provider's own calls is stored with them; the rest is the
     // answer.
     if stored > 0 {
         out.text = out.text.split_off(stored);
     }
     Ok(out)
+}
+
+/// Sends streamed text (nothing when there is none).
+async fn send_text(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    text: String,
+) -> Result<(), crate::store::StoreError> {
+    if !text.is_empty() {
+        engine
+            .emit(
+                &session.id,
+                run_id,
+                event::TEXT_DELTA,
+                json!({"runId": run_id, "text": text}),
+            )
+            .await?;
+    }
+    Ok(())
 }
 
 /// The run's side of a provider's own tool loop: its tools, and who calls them.

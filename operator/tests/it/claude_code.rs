@@ -41,8 +41,8 @@ fn sse(event: &str, data: Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
 }
 
-/// One streamed Messages API answer: a tool call, or text.
-fn answer(model: &Value, block: Value, delta: Value, stop: &str) -> String {
+/// One streamed Messages API answer (as Claude Code asks for it): a tool call, or text.
+pub(crate) fn answer(model: &Value, block: Value, delta: Value, stop: &str) -> String {
     [
         sse(
             "message_start",

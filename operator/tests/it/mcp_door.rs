@@ -1034,9 +1034,6 @@ async fn in_a_cluster_mcp_callers_act_with_their_own_rights() {
 async fn tool_calling_model() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Value>>>) {
     use axum::response::IntoResponse;
     type Seen = std::sync::Arc<std::sync::Mutex<Vec<Value>>>;
-    fn sse(event: &str, data: Value) -> String {
-        format!("event: {event}\ndata: {data}\n\n")
-    }
     async fn messages(
         axum::extract::State(seen): axum::extract::State<Seen>,
         axum::Json(body): axum::Json<Value>,
@@ -1071,32 +1068,7 @@ async fn tool_calling_model() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Va
                 "end_turn",
             ),
         };
-        let events = [
-            sse(
-                "message_start",
-                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
-                    "model": body["model"], "content": [], "stop_reason": null, "stop_sequence": null,
-                    "usage": {"input_tokens": 10, "output_tokens": 1}}}),
-            ),
-            sse(
-                "content_block_start",
-                json!({"type": "content_block_start", "index": 0, "content_block": block}),
-            ),
-            sse(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": 0, "delta": delta}),
-            ),
-            sse(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": 0}),
-            ),
-            sse(
-                "message_delta",
-                json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 5}}),
-            ),
-            sse("message_stop", json!({"type": "message_stop"})),
-        ]
-        .concat();
+        let events = crate::claude_code::answer(&body["model"], block, delta, stop);
         ([("content-type", "text/event-stream")], events).into_response()
     }
     let seen: Seen = std::sync::Arc::default();
