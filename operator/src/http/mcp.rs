@@ -284,43 +284,47 @@ pub async fn admit(
         Ok(req) => req,
         Err(refused) => return Ok(refused),
     };
-    if let Some(delegation) = req.extensions().get::<Arc<Delegation>>().cloned() {
+    let access = match req.extensions().get::<Arc<Delegation>>().cloned() {
         // The run's own session, policy and tools; its user was admitted when it began.
-        let session = state
-            .store
-            .get_session(&delegation.session_id, &delegation.user)
-            .await?
-            .ok_or_else(|| ApiError::not_found("the run's session is gone"))?;
-        req.extensions_mut().insert(Access {
+        Some(delegation) => Access {
             caller: caller.clone(),
             selection: Selection {
                 policy: Some(delegation.policy.clone()),
                 session: Some(delegation.session_name.clone()),
                 namespace: None,
             },
-            session,
+            session: state
+                .store
+                .get_session(&delegation.session_id, &delegation.user)
+                .await?
+                .ok_or_else(|| ApiError::not_found("the run's session is gone"))?,
             delegation: Some(delegation),
-        });
-        return Ok(next.run(req).await);
-    }
-    let selection = Selection::from_query(req.uri().query()).map_err(ApiError::invalid)?;
-    let session = {
-        let config = state.config.borrow().clone();
-        let (policy, namespace, name) = select(&config.catalog, &selection).map_err(|e| {
-            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "no_matching_policy", e)
-        })?;
-        super::chat_api::may_use(&state, &caller, policy).await?;
-        let policy_name = policy.object.metadata.name.clone();
-        state
-            .store
-            .mcp_session(&NewSession {
-                name,
-                namespace,
-                user: caller.user.clone(),
-                policy: policy_name,
-                dynamic_tools: json!([]),
-            })
-            .await?
+        },
+        None => {
+            let selection = Selection::from_query(req.uri().query()).map_err(ApiError::invalid)?;
+            let config = state.config.borrow().clone();
+            let (policy, namespace, name) = select(&config.catalog, &selection).map_err(|e| {
+                ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "no_matching_policy", e)
+            })?;
+            super::chat_api::may_use(&state, &caller, policy).await?;
+            let policy_name = policy.object.metadata.name.clone();
+            let session = state
+                .store
+                .mcp_session(&NewSession {
+                    name,
+                    namespace,
+                    user: caller.user.clone(),
+                    policy: policy_name,
+                    dynamic_tools: json!([]),
+                })
+                .await?;
+            Access {
+                caller: caller.clone(),
+                selection,
+                session,
+                delegation: None,
+            }
+        }
     };
     let presented = req
         .headers()
@@ -334,12 +338,7 @@ pub async fn admit(
         // As for an unknown session: the id says nothing about whose it is.
         return Err(ApiError::not_found(format!("no MCP session {id}")));
     }
-    req.extensions_mut().insert(Access {
-        caller: caller.clone(),
-        selection,
-        session,
-        delegation: None,
-    });
+    req.extensions_mut().insert(access);
     let deleting = req.method() == axum::http::Method::DELETE;
     let mut response = next.run(req).await;
     // rmcp ends a session with 202; clients (the Python SDK among them) expect 200 or 204.
