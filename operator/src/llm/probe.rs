@@ -181,10 +181,44 @@ pub fn fold(config: &watch::Sender<Arc<LiveConfig>>, board: &ProbeBoard) -> bool
             })
             .map(|(key, _)| key.clone())
             .collect();
-        if stale.is_empty() {
+        // A claude-code credential the probe saw refused: the provider is not ready (it
+        // cannot answer anything), until its Secret or spec changes and it is compiled anew.
+        let refused: Vec<ObjectKey> = live
+            .catalog
+            .providers
+            .iter()
+            .filter(|(key, entry)| {
+                entry.available
+                    && entry.provider_type() == crate::crd::ProviderType::ClaudeCode
+                    && board
+                        .get(*key)
+                        .is_some_and(|p| p.reason == reasons::CLAUDE_CODE_AUTH_FAILED)
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        if stale.is_empty() && refused.is_empty() {
             return false;
         }
         let mut next = LiveConfig::clone(live);
+        for key in refused {
+            if let (Some(entry), Some(probe)) =
+                (next.catalog.providers.get_mut(&key), board.get(&key))
+            {
+                entry.available = false;
+                let generation = entry.object.metadata.generation;
+                let status = entry.object.status.get_or_insert_default();
+                crate::crd::conditions::set(
+                    &mut status.conditions,
+                    &crate::crd::conditions::Desired::fail(
+                        crate::crd::conditions::types::READY,
+                        reasons::CLAUDE_CODE_AUTH_FAILED,
+                        probe.message.clone(),
+                    ),
+                    generation,
+                    probe.checked_at,
+                );
+            }
+        }
         for key in stale {
             if let (Some(entry), Some(probe)) =
                 (next.catalog.providers.get_mut(&key), board.get(&key))

@@ -450,6 +450,17 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
     })
     .await;
     assert_eq!(condition(&p, "Reachable")["status"], "False", "{p}");
+    // Refused is not ready: no chat is routed to it, and nothing stands in.
+    let p = eventually("the provider is not ready", || async {
+        let p = provider(&server).await;
+        match condition(&p, "Ready")["reason"].as_str() {
+            Some("ClaudeCodeAuthFailed") => Ok(p),
+            _ => Err(p.to_string()),
+        }
+    })
+    .await;
+    assert_eq!(condition(&p, "Ready")["status"], "False", "{p}");
+    assert_eq!(p["available"], false, "{p}");
     let id = session(&server, "bad-key").await;
     let events = ask(&server, &id, "hello?").await;
     assert_eq!(state(&events), json!("failed"), "{events:?}");
@@ -458,11 +469,8 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
         .find(|e| e.event == "error")
         .map(|e| e.data.clone())
         .unwrap_or_default();
-    assert!(
-        error["message"].to_string().contains("auth")
-            || error["message"].to_string().contains("key"),
-        "{error}"
-    );
+    assert_eq!(error["code"], "provider_unavailable", "{error}");
+    assert!(error["message"].to_string().contains("cc"), "{error}");
     assert!(server.terminate().success());
 
     // No binary: Ready=False, ClaudeCodeNotInstalled; the run fails, nothing falls back.
