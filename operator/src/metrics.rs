@@ -133,6 +133,8 @@ pub struct Metrics {
     pub limit_rejections: Family<LimitLabel, Counter>,
     /// Event streams (SSE) open at this replica, over all users.
     pub event_streams_open: Gauge,
+    /// Rows deleted by retention, by kind.
+    pub retention_deleted_rows: Family<KindLabel, Counter>,
 }
 
 /// A leader loop that has not come round for this long fails the liveness probe.
@@ -155,7 +157,8 @@ pub struct PolicyLabel {
 /// Label of `kortex_reconcile_errors_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// Kind of the object whose status could not be written.
+    /// Kind of the object whose status could not be written (`reconcile_errors`), or of the
+    /// rows deleted (`retention_deleted`).
     pub kind: &'static str,
 }
 
@@ -180,6 +183,13 @@ impl Metrics {
         self.limit_rejections
             .get_or_create(&LimitLabel { limit })
             .inc();
+    }
+
+    /// Counts `n` rows of `kind` deleted by retention.
+    pub fn retention_deleted(&self, kind: &'static str, n: u64) {
+        self.retention_deleted_rows
+            .get_or_create(&KindLabel { kind })
+            .inc_by(n);
     }
 }
 
@@ -317,6 +327,12 @@ impl Metrics {
             "Requests and connections refused by a limit, by limit",
             limit_rejections.clone(),
         );
+        let retention_deleted_rows = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "retention_deleted",
+            "Rows deleted by retention, by kind (sessions, messages, events, runs, tool_results, mcp_sessions)",
+            retention_deleted_rows.clone(),
+        );
         let event_streams_open = Gauge::default();
         registry.register(
             "event_streams_open",
@@ -337,6 +353,7 @@ impl Metrics {
         );
         Self {
             registry,
+            retention_deleted_rows,
             event_streams_open,
             admission_policy_enforced,
             limit_rejections,

@@ -103,6 +103,9 @@ pub struct ServeArgs {
     /// Limits on what one client may send or hold open.
     #[command(flatten)]
     pub limits: crate::http::limits::LimitArgs,
+    /// How long what is stored is kept.
+    #[command(flatten)]
+    pub retention: crate::store::retention::RetentionArgs,
 }
 
 /// Settings of the built-in tools.
@@ -165,6 +168,45 @@ pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     }
     Ok(std::time::Duration::from(d).max(std::time::Duration::from_secs(1)))
 }
+
+/// Retention: a pass at start-up, then every [`PRUNE_EVERY`], until `stop` flips. Every
+/// replica prunes (the deletes are idempotent and batched).
+async fn prune(
+    store: Store,
+    windows: crate::store::retention::Windows,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        match store.prune(crate::store::now_ms(), &windows).await {
+            Ok(p) => {
+                for (kind, n) in [
+                    ("sessions", p.sessions),
+                    ("messages", p.messages),
+                    ("events", p.events),
+                    ("runs", p.runs),
+                    ("tool_results", p.tool_results),
+                    ("mcp_sessions", p.mcp_sessions),
+                ] {
+                    if n > 0 {
+                        metrics.retention_deleted(kind, n);
+                    }
+                }
+                if !p.is_empty() {
+                    tracing::info!(deleted = ?p, "retention pass");
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "retention pass failed; retrying at the next"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(PRUNE_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// How often retention runs.
+pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
@@ -283,6 +325,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         cluster,
         tools: args.tools,
         limits: args.limits,
+        retention: args.retention,
         probes: crate::llm::probe::ProbeBoard::default(),
         plugins: watch::channel(Arc::new(crate::tools::PluginSet::default())),
         stop: (stop_tx, stop_rx),
@@ -309,6 +352,7 @@ struct Server {
     cluster: Option<(kube::Client, String)>,
     tools: ToolArgs,
     limits: crate::http::limits::LimitArgs,
+    retention: crate::store::retention::RetentionArgs,
     probes: crate::llm::probe::ProbeBoard,
     plugins: (
         watch::Sender<Arc<crate::tools::PluginSet>>,
@@ -343,6 +387,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         cluster,
         tools,
         limits,
+        retention,
         probes,
         plugins: (plugins_tx, plugins_rx),
         stop: (stop_tx, stop_rx),
@@ -452,6 +497,12 @@ async fn run_server(server: Server) -> Result<(), String> {
     }
     let maintainer = tokio::spawn(state.engine.clone().maintain(stop_rx.clone()));
     let sweeper = tokio::spawn(state.engine.governor.clone().sweep(stop_rx.clone()));
+    let pruner = tokio::spawn(prune(
+        store.clone(),
+        retention.windows(),
+        metrics.clone(),
+        stop_rx.clone(),
+    ));
     let prober = tokio::spawn(crate::llm::probe::run(
         config_tx.clone(),
         probes,
@@ -479,6 +530,7 @@ async fn run_server(server: Server) -> Result<(), String> {
     }
     let _ = maintainer.await;
     let _ = sweeper.await;
+    let _ = pruner.await;
     drop(config_tx);
     store.close().await;
     result.map_err(|e| format!("server error: {e}"))

@@ -79,6 +79,9 @@ pub struct RunArgs {
     /// Limits on what one client may send or hold open.
     #[command(flatten)]
     pub limits: crate::http::limits::LimitArgs,
+    /// How long what is stored is kept.
+    #[command(flatten)]
+    pub retention: crate::store::retention::RetentionArgs,
 }
 
 /// `--auth`.
@@ -257,6 +260,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         cluster: Some((client, url)),
         tools: args.tools,
         limits: args.limits,
+        retention: args.retention,
         probes,
         plugins,
         stop: (stop_tx, stop_rx),

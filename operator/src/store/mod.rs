@@ -8,6 +8,7 @@ mod budget;
 mod mcp;
 mod models;
 mod repo;
+pub mod retention;
 mod runs;
 
 pub use mcp::MCP_ORIGIN;

@@ -570,3 +570,63 @@ spec:
     assert_eq!(refused(&server, "tool_result_bytes").await, 1);
     assert!(server.terminate().success());
 }
+
+/// Retention on the binary: the events of a failed run outlive `--retention-failed-runs`
+/// only until the next pass (one runs at start-up), which says what it deleted in the audit
+/// log and the metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_deletes_a_failed_runs_events_at_the_next_pass() {
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base, "{}");
+    let db = dir.path().join("k.db");
+    let server = Server::start_with_args(&m, &db, &[]);
+    push(
+        &script,
+        crate::llm::json_reply(
+            400,
+            &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
+        ),
+    );
+    let id = session(&server, "doomed").await;
+    assert_eq!(state(&ask(&server, &id, "hello").await), json!("failed"));
+    let (_, events) = server
+        .get(&format!("/chat/v1/sessions/{id}/events?format=jsonl"))
+        .await;
+    assert!(events.lines().count() >= 2, "{events}");
+    assert!(server.terminate().success());
+
+    std::thread::sleep(Duration::from_millis(1500));
+    let server = Server::start_with_args(&m, &db, &["--retention-failed-runs", "1s"]);
+    eventually("the start-up pass ran", || async {
+        let (_, metrics) = server.get("/metrics").await;
+        match metrics
+            .lines()
+            .find(|l| l.starts_with("kortex_retention_deleted_total{kind=\"events\"}"))
+        {
+            Some(_) => Ok(()),
+            None => Err("no retention yet".to_owned()),
+        }
+    })
+    .await;
+    let (_, events) = server
+        .get(&format!("/chat/v1/sessions/{id}/events?format=jsonl"))
+        .await;
+    assert_eq!(events.trim(), "", "the failed run's events are gone");
+    // The session and its messages stay (only the sessions window removes those).
+    let (status, _) = server.get(&format!("/chat/v1/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    let (_, audit) = server.get("/api/v1/audit?kind=deletion").await;
+    let audit: Value = serde_json::from_str(&audit).unwrap_or_default();
+    assert_eq!(audit["items"][0]["outcome"], "retention", "{audit}");
+    assert!(
+        audit["items"][0]["detail"]["deleted"]["events"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 2,
+        "{audit}"
+    );
+    assert!(server.terminate().success());
+}

@@ -839,3 +839,190 @@ async fn past_incidents_are_found_by_every_word() {
         assert!(sessions.is_empty() && proposals.is_empty());
     }
 }
+
+/// Retention, with time moved by the test (each pass is asked "as of" days ahead): what is
+/// past its window goes, in batches, with an audit row; what is inside stays; a session with
+/// a run in progress or a Pending proposal is never touched.
+#[tokio::test]
+async fn retention_deletes_what_its_windows_no_longer_keep() {
+    use kortex::store::retention::Windows;
+    const DAY: i64 = 86_400_000;
+    let windows = Windows {
+        sessions_ms: 90 * DAY,
+        failed_runs_ms: 30 * DAY,
+        tool_results_ms: 7 * DAY,
+    };
+    for db in all_dbs().await {
+        let s = &db.store;
+        let fail = |e: StoreError| -> ! { panic!("{}: {e}", db.url) };
+        let session = |name: &'static str| async move {
+            s.create_session(&NewSession {
+                name: name.into(),
+                namespace: "default".into(),
+                user: "alice".into(),
+                policy: None,
+                dynamic_tools: json!([]),
+            })
+            .await
+            .unwrap_or_else(|e| fail(e))
+        };
+        // A session with a completed run and a failed one, a message and a stored result.
+        let used = session("used").await;
+        let mut events = Vec::new();
+        for (run, status) in [("r-ok", "completed"), ("r-failed", "failed")] {
+            s.create_run(run, &used.id, "replica", None)
+                .await
+                .unwrap_or_else(|e| fail(e));
+            // More events than one batch, so deletion goes round.
+            for i in 0..(if status == "failed" { 1100 } else { 3 }) {
+                let e = s
+                    .append_event(&used.id, Some(run), "text.delta", &json!({"text": i}))
+                    .await
+                    .unwrap_or_else(|e| fail(e));
+                events.push((run, e.seq));
+            }
+            s.finish_run(run, status, None)
+                .await
+                .unwrap_or_else(|e| fail(e));
+        }
+        s.append_message(
+            &used.id,
+            &NewMessage {
+                role: "user".into(),
+                content: "hi".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+        s.put_tool_result(&used.id, "c1", "get_logs", "long")
+            .await
+            .unwrap_or_else(|e| fail(e));
+        // A session whose run is still going, with a stored result it may still read.
+        let busy = session("busy").await;
+        s.create_run("r-busy", &busy.id, "replica", None)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        let kept_result = s
+            .put_tool_result(&busy.id, "c2", "get_logs", "long")
+            .await
+            .unwrap_or_else(|e| fail(e));
+        // A session whose proposal waits for a person.
+        let waiting = session("waiting").await;
+        let now = now_ms();
+        s.insert_proposal(&ProposalRecord {
+            id: new_id(),
+            name: "restart-api-r3t3n".into(),
+            namespace: "default".into(),
+            session_id: Some(waiting.id.clone()),
+            session_name: "waiting".into(),
+            user: "alice".into(),
+            policy: None,
+            action: "restart".into(),
+            target: None,
+            params: None,
+            rationale: "stuck".into(),
+            blast_radius: None,
+            reversible: Some(true),
+            provider: None,
+            model: None,
+            phase: "Pending".into(),
+            decision: None,
+            message: None,
+            preview: None,
+            undo: None,
+            expires_at: now + 600_000,
+            created_at: now,
+            updated_at: now,
+            version: 1,
+        })
+        .await
+        .unwrap_or_else(|e| fail(e));
+        s.set_mcp_owner("mcp-session-1", "alice")
+            .await
+            .unwrap_or_else(|e| fail(e));
+
+        // Day 5: everything is inside its window.
+        let p = s
+            .prune(now + 5 * DAY, &windows)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert!(p.is_empty(), "{}: {p:?}", db.url);
+        // Day 10: stored results go, but not the one a running run may read.
+        let p = s
+            .prune(now + 10 * DAY, &windows)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(p.tool_results, 1, "{}: {p:?}", db.url);
+        let kept = s
+            .get_tool_result(&busy.id, &kept_result)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(kept.as_deref(), Some("long"), "{}", db.url);
+        // Day 40: the failed run's events go (all 1100, in batches); the completed run's stay.
+        let p = s
+            .prune(now + 40 * DAY, &windows)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!((p.events, p.sessions), (1100, 0), "{}: {p:?}", db.url);
+        let left = s
+            .events_after(&used.id, 0, 5000)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(left.len(), 3, "{}", db.url);
+        assert!(left.iter().all(|e| e.run_id.as_deref() == Some("r-ok")));
+        // Day 100: the idle session goes with all it holds, and the idle MCP transport
+        // session; the busy session and the one with a Pending proposal stay.
+        let p = s
+            .prune(now + 100 * DAY, &windows)
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(
+            (p.sessions, p.messages, p.events, p.runs, p.mcp_sessions),
+            (1, 1, 3, 2, 1),
+            "{}: {p:?}",
+            db.url
+        );
+        assert!(
+            s.get_session(&used.id, "alice")
+                .await
+                .unwrap_or_else(|e| fail(e))
+                .is_none()
+        );
+        for kept in [&busy.id, &waiting.id] {
+            assert!(
+                s.get_session(kept, "alice")
+                    .await
+                    .unwrap_or_else(|e| fail(e))
+                    .is_some(),
+                "{}",
+                db.url
+            );
+        }
+        assert_eq!(
+            s.mcp_owner("mcp-session-1")
+                .await
+                .unwrap_or_else(|e| fail(e)),
+            None
+        );
+        // Each pass that deleted something says so in the audit log.
+        let audit = s
+            .list_decisions(&DecisionQuery {
+                kind: Some("deletion".into()),
+                limit: 100,
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_else(|e| fail(e));
+        assert_eq!(audit.len(), 3, "{}", db.url);
+        assert!(audit.iter().all(|r| r.outcome == "retention"));
+        assert_eq!(audit[0].detail["deleted"]["sessions"], 1, "{:?}", audit[0]);
+        // A pass with nothing left to delete is a no-op, and writes nothing.
+        assert!(
+            s.prune(now + 100 * DAY, &windows)
+                .await
+                .unwrap_or_else(|e| fail(e))
+                .is_empty()
+        );
+    }
+}
