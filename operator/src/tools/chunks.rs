@@ -62,7 +62,11 @@ impl Tool for ReadResultChunk {
                 .get_tool_result(&ctx.session.id, &id)
                 .await
                 .map_err(|e| ToolError::Internal(e.to_string()))?
-                .ok_or_else(|| ToolError::Validation(format!("no result {id} in this session")))?;
+                .ok_or_else(|| {
+                    ToolError::Validation(format!(
+                        "no result {id} in this session (a stored result is kept for --retention-tool-results, 7 days by default); call the tool again"
+                    ))
+                })?;
             let ranges = bounds(&content, CHUNK_BYTES);
             let (start, end) = *ranges.get(chunk).ok_or_else(|| {
                 ToolError::Validation(format!(
