@@ -178,7 +178,13 @@ async fn prune(
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
-        match store.prune(crate::store::now_ms(), &windows).await {
+        let pass = async {
+            let mut p = store.prune(crate::store::now_ms(), &windows).await?;
+            let deleted = store.purge_deleted().await?;
+            p.add(&deleted);
+            Ok::<_, crate::store::StoreError>(p)
+        };
+        match pass.await {
             Ok(p) => {
                 for (kind, n) in [
                     ("sessions", p.sessions),

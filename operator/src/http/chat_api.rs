@@ -321,7 +321,33 @@ pub async fn delete(
         .await
         .map_err(ApiError::from)?
     {
+        // Hidden at once; a running run is cancelled, then everything the session holds is
+        // removed for good (by the next retention pass if the run takes longer to end).
         state.engine.cancel(&id);
+        let store = state.store.clone();
+        tokio::spawn(async move {
+            for _ in 0..600 {
+                match store.active_run(&id).await {
+                    Ok(Some((run, _)))
+                        if store
+                            .run_status(&run)
+                            .await
+                            .ok()
+                            .flatten()
+                            .is_some_and(|s| {
+                                matches!(s.as_str(), "running" | "pausing" | "cancelling")
+                            }) =>
+                    {
+                        tokio::time::sleep(Duration::from_millis(100)).await
+                    }
+                    Ok(_) => break,
+                    Err(_) => return,
+                }
+            }
+            if let Err(e) = store.purge_deleted().await {
+                tracing::warn!(session = %id, error = %e, "cannot remove a deleted session yet; retention will");
+            }
+        });
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("session {id} not found")))

@@ -43,6 +43,16 @@ pub struct Pruned {
 }
 
 impl Pruned {
+    /// Adds `other`'s counts.
+    pub fn add(&mut self, other: &Self) {
+        self.sessions += other.sessions;
+        self.messages += other.messages;
+        self.events += other.events;
+        self.runs += other.runs;
+        self.tool_results += other.tool_results;
+        self.mcp_sessions += other.mcp_sessions;
+    }
+
     /// Whether nothing was deleted.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
@@ -52,6 +62,11 @@ impl Pruned {
 /// Sessions retention must leave alone: a run in progress, or a proposal still open.
 const IN_USE: &str = "(SELECT session_id FROM chat_runs WHERE finished_at IS NULL \
      UNION SELECT session_id FROM proposals WHERE phase IN ('Pending', 'Executing') AND session_id IS NOT NULL)";
+
+/// Sessions with a run whose task is writing (a deleted session's parked run — paused,
+/// waiting for client results or a plan — goes with it).
+const LIVE: &str =
+    "(SELECT session_id FROM chat_runs WHERE status IN ('running', 'pausing', 'cancelling'))";
 
 impl Store {
     /// Deletes `sql` (which must bind the cutoff as `$1` and the batch as `$2`) batch by
@@ -70,6 +85,63 @@ impl Store {
                 return Ok(total);
             }
         }
+    }
+
+    /// Deletes the sessions `ids` selects (SQL binding a cutoff as `$1`) with everything
+    /// they hold: their rows first, in batches, the session rows last (nothing left to
+    /// cascade), so no statement deletes more than a batch.
+    async fn delete_sessions(
+        &self,
+        ids: &str,
+        cutoff: i64,
+        p: &mut Pruned,
+    ) -> Result<(), StoreError> {
+        for (table, key, counter) in [
+            ("run_events", "(session_id, seq)", &mut p.events as &mut u64),
+            ("chat_messages", "id", &mut p.messages),
+            ("tool_results", "id", &mut p.tool_results),
+            ("chat_runs", "id", &mut p.runs),
+        ] {
+            let pick = key.trim_matches(|c| c == '(' || c == ')');
+            *counter += self
+                .delete_batched(
+                    &format!(
+                        "DELETE FROM {table} WHERE {key} IN (SELECT {pick} FROM {table} \
+                         WHERE session_id IN ({ids}) LIMIT $2)"
+                    ),
+                    cutoff,
+                )
+                .await?;
+        }
+        p.sessions += self
+            .delete_batched(
+                &format!("DELETE FROM chat_sessions WHERE id IN ({ids} LIMIT $2)"),
+                cutoff,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Removes for good the sessions their users deleted (`DELETE /chat/v1/sessions/{id}`
+    /// hides one at once) unless a run of theirs is still writing; records it (`outcome:
+    /// session_deleted`). Their proposals stay (the audit record of what was proposed).
+    pub async fn purge_deleted(&self) -> Result<Pruned, StoreError> {
+        let mut p = Pruned::default();
+        let deleted = format!(
+            "SELECT id FROM chat_sessions WHERE deleted_at IS NOT NULL AND deleted_at < $1 AND id NOT IN {LIVE}"
+        );
+        self.delete_sessions(&deleted, i64::MAX, &mut p).await?;
+        if !p.is_empty() {
+            self.record_decision(&super::NewDecision {
+                kind: "deletion".into(),
+                subject: "deleted sessions".into(),
+                outcome: "session_deleted".into(),
+                detail: json!({"deleted": p}),
+                ..Default::default()
+            })
+            .await?;
+        }
+        Ok(p)
     }
 
     /// One retention pass as of `now` (Unix ms): deletes what the windows no longer keep
@@ -98,57 +170,16 @@ impl Store {
                 .await?;
         }
         if w.sessions_ms > 0 {
-            let cutoff = now - w.sessions_ms;
-            // A session's rows go first, in batches; the session row last (nothing left to
-            // cascade), so no statement deletes more than a batch.
             let idle = format!(
                 "SELECT id FROM chat_sessions WHERE updated_at < $1 AND id NOT IN {IN_USE}"
             );
-            for (table, counter) in [
-                ("run_events", &mut p.events as &mut u64),
-                ("chat_messages", &mut p.messages),
-                ("tool_results", &mut p.tool_results),
-            ] {
-                let key = if table == "run_events" {
-                    "(session_id, seq)"
-                } else {
-                    "id"
-                };
-                let pick = if table == "run_events" {
-                    "session_id, seq"
-                } else {
-                    "id"
-                };
-                *counter += self
-                    .delete_batched(
-                        &format!(
-                            "DELETE FROM {table} WHERE {key} IN (SELECT {pick} FROM {table} \
-                             WHERE session_id IN ({idle}) LIMIT $2)"
-                        ),
-                        cutoff,
-                    )
-                    .await?;
-            }
-            p.runs += self
-                .delete_batched(
-                    &format!(
-                        "DELETE FROM chat_runs WHERE id IN (SELECT id FROM chat_runs \
-                         WHERE session_id IN ({idle}) LIMIT $2)"
-                    ),
-                    cutoff,
-                )
-                .await?;
-            p.sessions += self
-                .delete_batched(
-                    &format!("DELETE FROM chat_sessions WHERE id IN ({idle} LIMIT $2)"),
-                    cutoff,
-                )
+            self.delete_sessions(&idle, now - w.sessions_ms, &mut p)
                 .await?;
             p.mcp_sessions += self
                 .delete_batched(
                     "DELETE FROM mcp_sessions WHERE id IN (SELECT id FROM mcp_sessions \
                      WHERE used_at < $1 LIMIT $2)",
-                    cutoff,
+                    now - w.sessions_ms,
                 )
                 .await?;
         }

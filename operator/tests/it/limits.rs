@@ -630,3 +630,57 @@ async fn retention_deletes_a_failed_runs_events_at_the_next_pass() {
     );
     assert!(server.terminate().success());
 }
+
+/// `DELETE /chat/v1/sessions/{id}` hides the session at once and then removes it for good:
+/// its messages and events are gone from the database, and the audit log says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_session_is_removed_for_good() {
+    let (base, script) = mock().await;
+    let (server, dir) = start(&base, "{}", &[]);
+    let d = openai();
+    push(&script, streamed(&d, (d.text_stream)(&["Noted."])));
+    let id = session(&server, "to-delete").await;
+    assert_eq!(
+        state(&ask(&server, &id, "remember me").await),
+        json!("completed")
+    );
+    let r = http_client()
+        .delete(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 204);
+    assert_eq!(server.get(&format!("/chat/v1/sessions/{id}")).await.0, 404);
+    let audit = eventually("the deletion is recorded", || async {
+        let (_, audit) = server.get("/api/v1/audit?kind=deletion").await;
+        let audit: Value = serde_json::from_str(&audit).unwrap_or_default();
+        match audit["items"][0]["outcome"].as_str() {
+            Some("session_deleted") => Ok(audit),
+            _ => Err(audit.to_string()),
+        }
+    })
+    .await;
+    let deleted = &audit["items"][0]["detail"]["deleted"];
+    assert_eq!(deleted["sessions"], 1, "{audit}");
+    assert!(deleted["messages"].as_u64().unwrap_or(0) >= 2, "{audit}");
+    assert!(deleted["events"].as_u64().unwrap_or(0) >= 2, "{audit}");
+    assert!(server.terminate().success());
+    let store =
+        kortex::store::Store::connect(&format!("sqlite://{}", dir.path().join("k.db").display()))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        store
+            .list_messages(&id)
+            .await
+            .unwrap_or_default()
+            .is_empty()
+    );
+    assert!(
+        store
+            .events_after(&id, 0, 100)
+            .await
+            .unwrap_or_default()
+            .is_empty()
+    );
+}
