@@ -45,10 +45,19 @@ pub(crate) async fn post_json(
 
 /// Reads SSE events from `resp` until `stop` says so (or 20 s pass).
 pub(crate) async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[Sse]) -> bool) -> Vec<Sse> {
+    read_sse_within(resp, stop, Duration::from_secs(20)).await
+}
+
+/// [`read_sse`] for at most `within`.
+pub(crate) async fn read_sse_within(
+    resp: reqwest::Response,
+    stop: impl Fn(&[Sse]) -> bool,
+    within: Duration,
+) -> Vec<Sse> {
     let mut body = resp.bytes_stream();
     let mut buf = String::new();
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let deadline = tokio::time::Instant::now() + within;
     while !stop(&out) {
         let chunk = tokio::time::timeout_at(deadline, body.next()).await;
         let Ok(Some(Ok(bytes))) = chunk else { break };
