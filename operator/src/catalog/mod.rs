@@ -51,6 +51,8 @@ pub const TOOL_MAX_RESULT_BYTES: u32 = 65_536;
 pub const PROVIDER_MAX_TOKENS: u32 = 4096;
 /// Default request timeout of a provider.
 pub const PROVIDER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// `claude-code`'s default `timeout`: one call is a whole Claude Code loop, tools included.
+pub const CLAUDE_CODE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Namespace and name of an object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -200,7 +202,13 @@ impl ProviderEntry {
 
     /// Request timeout.
     pub fn timeout(&self) -> std::time::Duration {
-        positive(self.object.spec.timeout).unwrap_or(PROVIDER_TIMEOUT)
+        positive(self.object.spec.timeout).unwrap_or(
+            if self.provider_type() == ProviderType::ClaudeCode {
+                CLAUDE_CODE_TIMEOUT
+            } else {
+                PROVIDER_TIMEOUT
+            },
+        )
     }
 }
 

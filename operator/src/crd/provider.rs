@@ -81,7 +81,8 @@ pub struct LLMProviderSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0, max = 2.0))]
     pub temperature: Option<f32>,
-    /// Per-request timeout, e.g. `60s` (Go duration syntax).
+    /// Per-request timeout, e.g. `60s` (Go duration syntax). Default: `60s`; `600s` for
+    /// `claude-code`, where one call is a whole Claude Code loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
     /// Extra request headers.

@@ -51,6 +51,13 @@ fn samples_cover_every_kind_and_provider_type() {
             && o.tools.iter().any(|t| t.spec.mcp.is_some())
     );
     let catalog = kortex::catalog::compile(o, jiff::Timestamp::now());
+    // One claude-code call is a whole Claude Code loop: its default timeout is ten minutes.
+    let claude = catalog
+        .providers
+        .values()
+        .find(|p| p.provider_type() == kortex::crd::ProviderType::ClaudeCode)
+        .map(|p| p.timeout());
+    assert_eq!(claude, Some(std::time::Duration::from_secs(600)));
     assert!(catalog.tools.values().all(|t| {
         let s = t.object.status.clone().unwrap_or_default();
         kortex::crd::conditions::find(&s.conditions, "Accepted").is_some_and(|c| c.status == "True")
