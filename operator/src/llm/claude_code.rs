@@ -479,6 +479,8 @@ struct Parser {
     model: String,
     /// Text streamed so far (partial messages), so whole messages are not sent twice.
     streamed: bool,
+    /// A new model turn began after text: its text starts a new paragraph.
+    new_turn: bool,
     finished: bool,
 }
 
@@ -489,6 +491,7 @@ impl Parser {
             structured,
             model: String::new(),
             streamed: false,
+            new_turn: false,
             finished: false,
         }
     }
@@ -527,13 +530,21 @@ impl Parser {
             }
             Some("stream_event") => {
                 let e = &v["event"];
+                if e["type"] == "message_start" && self.streamed {
+                    self.new_turn = true;
+                }
                 if e["type"] == "content_block_delta"
                     && e["delta"]["type"] == "text_delta"
                     && !self.structured
                     && let Some(t) = e["delta"]["text"].as_str()
                 {
                     self.streamed = true;
-                    return vec![Ok(StreamEvent::TextDelta(t.to_owned()))];
+                    let t = if std::mem::take(&mut self.new_turn) {
+                        format!("\n\n{t}")
+                    } else {
+                        t.to_owned()
+                    };
+                    return vec![Ok(StreamEvent::TextDelta(t))];
                 }
                 Vec::new()
             }
@@ -894,6 +905,23 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn each_turn_of_the_loop_starts_a_paragraph() {
+        let delta = |t: &str| json!({"type": "stream_event", "parent_tool_use_id": null, "event": {"type": "content_block_delta", "delta": {"type": "text_delta", "text": t}}});
+        let start = json!({"type": "stream_event", "parent_tool_use_id": null, "event": {"type": "message_start"}});
+        let text: String = parse(
+            &[start.clone(), delta("Checking."), start, delta("Found it.")],
+            false,
+        )
+        .into_iter()
+        .filter_map(|e| match e {
+            Ok(StreamEvent::TextDelta(t)) => Some(t),
+            _ => None,
+        })
+        .collect();
+        assert_eq!(text, "Checking.\n\nFound it.");
     }
 
     #[test]
