@@ -578,17 +578,7 @@ async fn steps(
         let caller = &caller;
         let guides = &guides;
         let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
-            let slow = async {
-                let message = format!("{} is taking longer than usual…", call.name);
-                let _ = engine
-                    .emit(
-                        &session.id,
-                        run_id,
-                        event::NOTICE,
-                        json!({"runId": run_id, "message": message}),
-                    )
-                    .await;
-            };
+            let slow = slow_notice(engine, session, run_id, &call.name);
             (
                 call,
                 tool_calls::call(engine, caller, call, guides.clone(), slow).await,
@@ -1177,6 +1167,19 @@ async fn stream_step(
     Ok(out)
 }
 
+/// The notice a tool call that is taking long sends (once, after thirty seconds).
+async fn slow_notice(engine: &Engine, session: &SessionRecord, run_id: &str, tool: &str) {
+    let message = format!("{tool} is taking longer than usual…");
+    let _ = engine
+        .emit(
+            &session.id,
+            run_id,
+            event::NOTICE,
+            json!({"runId": run_id, "message": message}),
+        )
+        .await;
+}
+
 /// Sends streamed text (nothing when there is none).
 async fn send_text(
     engine: &Engine,
@@ -1244,23 +1247,12 @@ async fn delegated_call(
     engine
         .emit(&session.id, run_id, event::TOOL_START, start)
         .await?;
-    let slow = async {
-        let message = format!("{} is taking longer than usual…", call.name);
-        let _ = engine
-            .emit(
-                &session.id,
-                run_id,
-                event::NOTICE,
-                json!({"runId": run_id, "message": message}),
-            )
-            .await;
-    };
     let outcome = tool_calls::call(
         engine,
         delegated.caller,
         &call,
         delegated.guides.clone(),
-        slow,
+        slow_notice(engine, session, run_id, &call.name),
     )
     .await;
     finish_call(engine, session, run_id, &call, outcome.clone()).await?;
