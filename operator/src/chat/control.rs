@@ -395,14 +395,7 @@ pub async fn apply(
             let why = "cancelled by the user before the client returned a result";
             super::answer_pending(engine, &session.id, run_id, why, false).await?;
             let reason = "cancelled by the user";
-            engine
-                .store
-                .finish_run(run_id, "cancelled", Some(reason))
-                .await?;
-            engine
-                .store
-                .transition_session(&session.id, &["running"], "idle")
-                .await?;
+            finish_cancelled(engine, session, run_id, "running", reason).await?;
             record(
                 engine,
                 session,
@@ -490,14 +483,7 @@ pub async fn apply(
             {
                 return moved_on().await;
             }
-            engine
-                .store
-                .finish_run(run_id, "cancelled", Some(&reason))
-                .await?;
-            engine
-                .store
-                .transition_session(&session.id, &["awaiting_plan"], "idle")
-                .await?;
+            finish_cancelled(engine, session, run_id, "awaiting_plan", &reason).await?;
             record(
                 engine,
                 session,
@@ -549,14 +535,7 @@ async fn end_parked(
             )
             .await?;
     }
-    engine
-        .store
-        .finish_run(run_id, "cancelled", Some(reason))
-        .await?;
-    engine
-        .store
-        .transition_session(&session.id, &[from], "idle")
-        .await?;
+    finish_cancelled(engine, session, run_id, from, reason).await?;
     engine
         .emit_now(
             &session.id,
@@ -566,6 +545,25 @@ async fn end_parked(
         )
         .await?;
     Ok(true)
+}
+
+/// Records `run_id` as cancelled for `reason` and returns its session from `from` to idle.
+async fn finish_cancelled(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    from: &str,
+    reason: &str,
+) -> Result<(), StoreError> {
+    engine
+        .store
+        .finish_run(run_id, "cancelled", Some(reason))
+        .await?;
+    engine
+        .store
+        .transition_session(&session.id, &[from], "idle")
+        .await?;
+    Ok(())
 }
 
 /// What a run does at a step boundary.
