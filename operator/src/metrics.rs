@@ -133,8 +133,8 @@ pub struct Metrics {
     pub limit_rejections: Family<LimitLabel, Counter>,
     /// Event streams (SSE) open at this replica, over all users.
     pub event_streams_open: Gauge,
-    /// Rows deleted by retention, by kind.
-    pub retention_deleted_rows: Family<KindLabel, Counter>,
+    /// Rows deleted by retention, erasure and session deletion, by kind and reason.
+    pub retention_deleted_rows: Family<DeletedLabel, Counter>,
 }
 
 /// A leader loop that has not come round for this long fails the liveness probe.
@@ -157,9 +157,17 @@ pub struct PolicyLabel {
 /// Label of `kortex_reconcile_errors_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
-    /// Kind of the object whose status could not be written (`reconcile_errors`), or of the
-    /// rows deleted (`retention_deleted`).
+    /// Kind of the object whose status could not be written (`reconcile_errors`).
     pub kind: &'static str,
+}
+
+/// Label of `kortex_retention_deleted_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeletedLabel {
+    /// Kind of the rows deleted (`sessions`, `events`, `usage_events`, ...).
+    pub kind: &'static str,
+    /// Why: `retention`, `size_cap`, `session_deleted` or `erasure`.
+    pub reason: &'static str,
 }
 
 /// Label of `kortex_proposal_transitions_total`.
@@ -185,10 +193,11 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts `n` rows of `kind` deleted by retention.
-    pub fn retention_deleted(&self, kind: &'static str, n: u64) {
+    /// Counts `n` rows of `kind` deleted for `reason` (`retention`, `size_cap`,
+    /// `session_deleted`, `erasure`).
+    pub fn retention_deleted(&self, kind: &'static str, reason: &'static str, n: u64) {
         self.retention_deleted_rows
-            .get_or_create(&KindLabel { kind })
+            .get_or_create(&DeletedLabel { kind, reason })
             .inc_by(n);
     }
 }
@@ -327,10 +336,10 @@ impl Metrics {
             "Requests and connections refused by a limit, by limit",
             limit_rejections.clone(),
         );
-        let retention_deleted_rows = Family::<KindLabel, Counter>::default();
+        let retention_deleted_rows = Family::<DeletedLabel, Counter>::default();
         registry.register(
             "retention_deleted",
-            "Rows deleted by retention, by kind (sessions, messages, events, runs, tool_results, mcp_sessions)",
+            "Rows deleted, by kind (sessions, messages, events, runs, tool_results, mcp_sessions, usage_events, decisions) and reason (retention, size_cap, session_deleted, erasure)",
             retention_deleted_rows.clone(),
         );
         let event_streams_open = Gauge::default();

@@ -916,7 +916,14 @@ fn compile_policy(
             not_local.join(", ")
         )
     };
-    let ready = if !missing.is_empty() {
+    let retention = spec
+        .retention
+        .as_ref()
+        .map(crate::crd::Retention::parsed)
+        .transpose();
+    let ready = if let Err(e) = &retention {
+        Desired::fail(types::READY, reasons::INVALID_SPEC, e.clone())
+    } else if !missing.is_empty() {
         Desired::fail(
             types::READY,
             reasons::PROVIDER_NOT_FOUND,
@@ -947,6 +954,13 @@ fn compile_policy(
         }
         if !not_local.is_empty() {
             message = format!("{message}; {}", skipped_cloud());
+        }
+        if let Ok(Some(windows)) = &retention
+            && let Some(audit) = windows.audit
+            && !audit.is_zero()
+            && audit < crate::crd::AUDIT_MIN
+        {
+            message = format!("{message}; retention.audit is raised to the minimum 30d");
         }
         Desired::ok(types::READY, reasons::AVAILABLE, message)
     };

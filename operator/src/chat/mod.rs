@@ -607,6 +607,31 @@ impl Engine {
         }
     }
 
+    /// Stops the runs writing to `sessions` — on this replica at once, elsewhere through
+    /// the database (their owners poll) — and waits up to `within` for them to end.
+    /// Whether none is writing any more.
+    pub async fn stop_runs(
+        &self,
+        sessions: &[String],
+        within: std::time::Duration,
+    ) -> Result<bool, crate::store::StoreError> {
+        for id in sessions {
+            if !self.cancel(id) {
+                self.store.request_cancel(id).await?;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        for id in sessions {
+            while self.store.writing(id).await? {
+                if tokio::time::Instant::now() >= deadline {
+                    return Ok(false);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+        Ok(true)
+    }
+
     /// Asks the session's running run to stop. Returns whether a run was running here.
     pub fn cancel(&self, session_id: &str) -> bool {
         match self

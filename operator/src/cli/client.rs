@@ -49,6 +49,61 @@ pub enum ProposalsCommand {
     Reject(DecideArgs),
 }
 
+/// `kortex erase-user` options.
+#[derive(Args, Debug)]
+pub struct EraseUserArgs {
+    /// Server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// The user to erase, exactly as Kortex knows them (a chat key's user, a Kubernetes
+    /// user name, an authenticating proxy's user).
+    pub name: String,
+}
+
+/// `kortex erase-user`: one line per table touched, then the pseudonym; a second erasure
+/// of the same name says there was nothing left.
+pub async fn erase_user(args: EraseUserArgs) -> Result<(), String> {
+    let api = Api::new(&args.server);
+    let path = format!(
+        "/api/v1/users/{}",
+        url::form_urlencoded::byte_serialize(args.name.as_bytes()).collect::<String>()
+    );
+    let report = api
+        .json(api.request(reqwest::Method::DELETE, &path))
+        .await?;
+    print!("{}", erasure_report(&report));
+    Ok(())
+}
+
+/// What `kortex erase-user` prints.
+pub fn erasure_report(report: &Value) -> String {
+    let pseudonym = report["user"].as_str().unwrap_or("-");
+    if report["erased"] != json!(true) {
+        return format!(
+            "nothing named this user any more (already erased?); pseudonym {pseudonym}\n"
+        );
+    }
+    let mut out = String::from("deleted:\n");
+    let counts = |v: &Value| -> Vec<(String, u64)> {
+        v.as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, n)| n.as_u64().filter(|n| *n > 0).map(|n| (k.clone(), n)))
+            .collect()
+    };
+    for (table, n) in counts(&report["deleted"]) {
+        out.push_str(&format!("  {table:<16} {n:>8}\n"));
+    }
+    if let Some(n) = report["deletedOther"].as_u64().filter(|n| *n > 0) {
+        out.push_str(&format!("  {:<16} {n:>8}\n", "other"));
+    }
+    out.push_str(&format!("pseudonymised (now {pseudonym}):\n"));
+    for (table, n) in counts(&report["pseudonymised"]) {
+        out.push_str(&format!("  {table:<16} {n:>8}\n"));
+    }
+    out
+}
+
 /// `kortex usage` options.
 #[derive(Args, Debug)]
 pub struct UsageArgs {

@@ -1,8 +1,10 @@
-//! The command line: `kortex serve | run | crds | migrate | providers check | ask | chat | proposals`.
+//! The command line: `kortex serve | run | crds | migrate | providers check | ask | chat |
+//! proposals | usage | erase-user | mcp`.
 
 pub mod client;
 mod llm;
 pub mod mcp;
+pub mod pruner;
 mod run;
 
 use crate::http::auth::AuthMode;
@@ -56,6 +58,9 @@ pub enum Command {
     Proposals(client::ProposalsCommand),
     /// Usage and spend of a Kortex server, as a table.
     Usage(client::UsageArgs),
+    /// Erase a user on a Kortex server (admins): their sessions go, their name in usage,
+    /// audit and proposal rows becomes a keyed hash. Running it again changes nothing.
+    EraseUser(client::EraseUserArgs),
     /// A stdio MCP server for local MCP clients, carrying their requests to a Kortex
     /// server's `/mcp` (e.g. `claude mcp add kortex -- kortex mcp --policy NS/NAME`).
     Mcp(mcp::McpArgs),
@@ -169,51 +174,6 @@ pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
     Ok(std::time::Duration::from(d).max(std::time::Duration::from_secs(1)))
 }
 
-/// Retention: a pass at start-up, then every [`PRUNE_EVERY`], until `stop` flips. Every
-/// replica prunes (the deletes are idempotent and batched).
-async fn prune(
-    store: Store,
-    windows: crate::store::retention::Windows,
-    metrics: Arc<Metrics>,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let pass = async {
-            let mut p = store.prune(crate::store::now_ms(), &windows).await?;
-            let deleted = store.purge_deleted().await?;
-            p.add(&deleted);
-            Ok::<_, crate::store::StoreError>(p)
-        };
-        match pass.await {
-            Ok(p) => {
-                for (kind, n) in [
-                    ("sessions", p.sessions),
-                    ("messages", p.messages),
-                    ("events", p.events),
-                    ("runs", p.runs),
-                    ("tool_results", p.tool_results),
-                    ("mcp_sessions", p.mcp_sessions),
-                ] {
-                    if n > 0 {
-                        metrics.retention_deleted(kind, n);
-                    }
-                }
-                if !p.is_empty() {
-                    tracing::info!(deleted = ?p, "retention pass");
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "retention pass failed; retrying at the next"),
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(PRUNE_EVERY) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-/// How often retention runs.
-pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(15 * 60);
-
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
     telemetry::init(cli.log_format);
@@ -253,6 +213,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Chat(args) => block_on(client::chat(args)),
         Command::Proposals(command) => block_on(client::proposals(command)),
         Command::Usage(args) => block_on(client::usage(args)),
+        Command::EraseUser(args) => block_on(client::erase_user(args)),
         Command::Mcp(args) => block_on(mcp::run(args)),
     }
 }
@@ -342,6 +303,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         egress: Arc::new(crate::egress::Egress::standalone(
             crate::egress::Own::default(),
         )),
+        leader: None,
     })
     .await
 }
@@ -375,6 +337,8 @@ struct Server {
     auth_proxy: Option<Arc<crate::http::auth::AuthProxy>>,
     /// Where tools and providers may send requests.
     egress: Arc<crate::egress::Egress>,
+    /// Cluster mode: whether this replica leads (only the leader prunes).
+    leader: Option<watch::Receiver<bool>>,
 }
 
 /// Cluster mode's hook on the engine.
@@ -402,6 +366,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         cluster_auth,
         auth_proxy,
         egress,
+        leader,
     } = server;
     let config_rx = config_tx.subscribe();
     let egress = crate::egress::install(egress);
@@ -462,6 +427,11 @@ async fn run_server(server: Server) -> Result<(), String> {
         cluster_auth,
         auth_proxy,
         limits: crate::http::limits::Limits::new(limits.clone()),
+        erasure_key: retention
+            .erasure_key
+            .as_deref()
+            .filter(|k| !k.is_empty())
+            .map(|k| Arc::from(k.as_bytes())),
     };
 
     let listener = tokio::net::TcpListener::bind(listen)
@@ -503,10 +473,12 @@ async fn run_server(server: Server) -> Result<(), String> {
     }
     let maintainer = tokio::spawn(state.engine.clone().maintain(stop_rx.clone()));
     let sweeper = tokio::spawn(state.engine.governor.clone().sweep(stop_rx.clone()));
-    let pruner = tokio::spawn(prune(
+    let pruner = tokio::spawn(pruner::run(
         store.clone(),
+        config_rx.clone(),
         retention.windows(),
         metrics.clone(),
+        leader,
         stop_rx.clone(),
     ));
     let prober = tokio::spawn(crate::llm::probe::run(

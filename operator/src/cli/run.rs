@@ -236,7 +236,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         config: config_tx.subscribe(),
         probes: probes.clone(),
         plugins: plugins.1.clone(),
-        leader: leader_rx,
+        leader: leader_rx.clone(),
         stop: stop_rx.clone(),
         metrics: metrics.clone(),
     };
@@ -269,6 +269,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         cluster_auth: Some(cluster_auth),
         auth_proxy,
         egress,
+        leader: Some(leader_rx),
     })
     .await
 }

@@ -76,6 +76,100 @@ pub struct ChatPolicySpec {
     /// How people may steer a running investigation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_control: Option<RunControl>,
+    /// How long what sessions under this policy store is kept (unset fields: the server's
+    /// `--retention-*` flags).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+}
+
+/// Retention of what a policy's sessions store: windows such as `90d`, `12h`, `30m`, or `0`
+/// (kept forever).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    /// A session idle this long goes, with all it holds (default `90d`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(0|[1-9][0-9]{0,5}[dhms])$"))]
+    pub sessions: Option<String>,
+    /// Events of a failed or cancelled run are kept this long (default `30d`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(0|[1-9][0-9]{0,5}[dhms])$"))]
+    pub failed_runs: Option<String>,
+    /// Stored large tool results are kept this long (default `7d`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(0|[1-9][0-9]{0,5}[dhms])$"))]
+    pub tool_results: Option<String>,
+    /// Per-call usage rows are kept this long; daily roll-ups stay (default `400d`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(0|[1-9][0-9]{0,5}[dhms])$"))]
+    pub usage: Option<String>,
+    /// Audit rows are kept this long, at least `30d` (default `400d`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^(0|[1-9][0-9]{0,5}[dhms])$"))]
+    pub audit: Option<String>,
+    /// What one user may keep stored under this policy (messages, run events, tool
+    /// results); past it their oldest sessions go first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_stored_bytes_per_user: Option<u64>,
+}
+
+/// Audit rows are kept at least this long.
+pub const AUDIT_MIN: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
+/// A retention window: `90d`, `12h`, `30m`, `45s` or `0` (forever).
+pub fn parse_window(s: &str) -> Result<std::time::Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not a window like 90d, 12h or 30m (0: forever)"))?;
+    let secs = match unit {
+        "d" => 86_400,
+        "h" => 3_600,
+        "m" => 60,
+        "s" => 1,
+        _ => return Err(format!("{s:?}: the unit is d, h, m or s (e.g. 90d)")),
+    };
+    Ok(std::time::Duration::from_secs(n.saturating_mul(secs)))
+}
+
+/// A policy's retention windows, parsed (`None`: the server's flag).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionWindows {
+    /// `sessions`.
+    pub sessions: Option<std::time::Duration>,
+    /// `failedRuns`.
+    pub failed_runs: Option<std::time::Duration>,
+    /// `toolResults`.
+    pub tool_results: Option<std::time::Duration>,
+    /// `usage`.
+    pub usage: Option<std::time::Duration>,
+    /// `audit`.
+    pub audit: Option<std::time::Duration>,
+}
+
+impl Retention {
+    /// The windows set here, parsed; the first bad one is an error naming its field.
+    pub fn parsed(&self) -> Result<RetentionWindows, String> {
+        let one = |field: &str, value: &Option<String>| {
+            value
+                .as_deref()
+                .map(parse_window)
+                .transpose()
+                .map_err(|e| format!("spec.retention.{field}: {e}"))
+        };
+        Ok(RetentionWindows {
+            sessions: one("sessions", &self.sessions)?,
+            failed_runs: one("failedRuns", &self.failed_runs)?,
+            tool_results: one("toolResults", &self.tool_results)?,
+            usage: one("usage", &self.usage)?,
+            audit: one("audit", &self.audit)?,
+        })
+    }
 }
 
 /// Run control: pause, resume, redirect.

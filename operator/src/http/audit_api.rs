@@ -49,7 +49,7 @@ pub async fn audit(
     query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    admins_only(&state, &caller, "the audit log", "/kortex/audit").await?;
+    admins_only(&state, &caller, "the audit log", "get", "/kortex/audit").await?;
     let before = match q.cursor.as_deref() {
         None => None,
         Some(c) => {
@@ -96,14 +96,15 @@ pub async fn audit(
 /// Group whose members may read the audit log and usage reports in key mode.
 pub const ADMIN_GROUP: &str = "kortex-admins";
 
-/// Reports about every user's activity (`path`: `/kortex/audit`, `/kortex/usage`) are for
-/// members of [`ADMIN_GROUP`]; in cluster mode also for whoever RBAC lets `get` that
-/// non-resource URL (the `kortex-admin` ClusterRole); in loopback mode the local user may
-/// read them.
+/// What concerns every user — reports (`get` `/kortex/audit`, `/kortex/usage`), erasure
+/// (`delete` `/kortex/erase`), other users' sessions (`delete` `/kortex/sessions`) — is for
+/// members of [`ADMIN_GROUP`]; in cluster mode also for whoever RBAC lets `verb` that
+/// non-resource URL (the `kortex-admin` ClusterRole); in loopback mode for the local user.
 pub async fn admins_only(
     state: &AppState,
     caller: &Caller,
     what: &str,
+    verb: &str,
     path: &str,
 ) -> Result<(), ApiError> {
     use super::auth::AuthMode;
@@ -111,11 +112,14 @@ pub async fn admins_only(
         return Ok(());
     }
     if let (AuthMode::Cluster, Some(cluster)) = (state.auth, &state.cluster_auth) {
-        match cluster.may_read(&caller.user, &caller.groups, path).await {
+        match cluster
+            .may_access(&caller.user, &caller.groups, verb, path)
+            .await
+        {
             Ok(true) => return Ok(()),
             Ok(false) => {
                 return Err(ApiError::forbidden(format!(
-                    "{what} is for the group {ADMIN_GROUP} or users RBAC allows to get {path} (ClusterRole kortex-admin)"
+                    "{what} is for the group {ADMIN_GROUP} or users RBAC allows to {verb} {path} (ClusterRole kortex-admin)"
                 )));
             }
             Err(e) => {

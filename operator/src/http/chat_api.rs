@@ -309,49 +309,83 @@ pub async fn get(
     Ok(Json(v))
 }
 
-/// `DELETE /chat/v1/sessions/{id}`
+/// `DELETE /chat/v1/sessions/{id}`: by its owner, or by an admin (the group
+/// `kortex-admins`, or in cluster mode RBAC `delete` on the non-resource URL
+/// `/kortex/sessions`). Hidden at once; a run still writing is cancelled, then everything
+/// the session holds is removed for good (by the next retention pass if the run takes
+/// longer to end).
 pub async fn delete(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if state
-        .store
-        .delete_session(&id, &caller.user)
+    let store = &state.store;
+    if !store
+        .delete_session(&id, Some(&caller.user))
         .await
         .map_err(ApiError::from)?
     {
-        // Hidden at once; a running run is cancelled, then everything the session holds is
-        // removed for good (by the next retention pass if the run takes longer to end).
-        state.engine.cancel(&id);
-        let store = state.store.clone();
-        tokio::spawn(async move {
-            for _ in 0..600 {
-                match store.active_run(&id).await {
-                    Ok(Some((run, _)))
-                        if store
-                            .run_status(&run)
-                            .await
-                            .ok()
-                            .flatten()
-                            .is_some_and(|s| {
-                                matches!(s.as_str(), "running" | "pausing" | "cancelling")
-                            }) =>
-                    {
-                        tokio::time::sleep(Duration::from_millis(100)).await
+        // Someone else's: only an admin may, and a stranger learns nothing of it.
+        let Some(other) = store.session_by_id(&id).await.map_err(ApiError::from)? else {
+            return Err(ApiError::not_found(format!("session {id} not found")));
+        };
+        if crate::http::audit_api::admins_only(
+            &state,
+            &caller,
+            "deleting another user's session",
+            "delete",
+            "/kortex/sessions",
+        )
+        .await
+        .is_err()
+        {
+            return Err(ApiError::not_found(format!("session {id} not found")));
+        }
+        if !store
+            .delete_session(&id, None)
+            .await
+            .map_err(ApiError::from)?
+        {
+            return Err(ApiError::not_found(format!("session {id} not found")));
+        }
+        store
+            .record_decision(&crate::store::NewDecision {
+                kind: "deletion".into(),
+                namespace: Some(other.namespace.clone()),
+                session_id: Some(id.clone()),
+                user: Some(caller.user.clone()),
+                policy: other.policy.clone(),
+                subject: format!("session {id}"),
+                outcome: "session_deleted".into(),
+                detail: json!({"owner": other.user, "by": "admin"}),
+                ..Default::default()
+            })
+            .await
+            .map_err(ApiError::from)?;
+    }
+    let engine = state.engine.clone();
+    let metrics = state.metrics.clone();
+    tokio::spawn(async move {
+        let ended = engine
+            .stop_runs(std::slice::from_ref(&id), Duration::from_secs(60))
+            .await;
+        if !matches!(ended, Ok(true)) {
+            return;
+        }
+        match engine.store.purge_deleted().await {
+            Ok(p) => {
+                for (kind, n) in p.counts() {
+                    if n > 0 {
+                        metrics.retention_deleted(kind, "session_deleted", n);
                     }
-                    Ok(_) => break,
-                    Err(_) => return,
                 }
             }
-            if let Err(e) = store.purge_deleted().await {
-                tracing::warn!(session = %id, error = %e, "cannot remove a deleted session yet; retention will");
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "cannot remove a deleted session yet; retention will")
             }
-        });
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(format!("session {id} not found")))
-    }
+        }
+    });
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST /chat/v1/sessions/{id}/messages` body.

@@ -3,6 +3,7 @@
 
 mod audit_api;
 mod dashboard;
+mod erasure_api;
 pub mod gateway;
 mod usage_api;
 
@@ -51,6 +52,8 @@ pub struct AppState {
     pub auth_proxy: Option<Arc<auth::AuthProxy>>,
     /// Limits on what one client may send or hold open.
     pub limits: Arc<limits::Limits>,
+    /// The key of erasure pseudonyms (`--erasure-key`); `None`: a random one per erasure.
+    pub erasure_key: Option<Arc<[u8]>>,
 }
 
 /// All routes.
@@ -112,6 +115,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/v1/audit", get(audit_api::audit))
         .route("/api/v1/usage", get(usage_api::usage))
+        .route(
+            "/api/v1/users/{name}",
+            axum::routing::delete(erasure_api::erase),
+        )
         .route("/auth/v1/me", get(dashboard::me))
         .route("/chat/v1/proposals", get(proposals_api::list))
         .route(

@@ -62,7 +62,14 @@ pub async fn usage(
     query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    admins_only(&state, &caller, "usage across users", "/kortex/usage").await?;
+    admins_only(
+        &state,
+        &caller,
+        "usage across users",
+        "get",
+        "/kortex/usage",
+    )
+    .await?;
     let by = q.by.as_deref().unwrap_or("day");
     let group = parse_group(by).map_err(ApiError::invalid)?;
     let since = parse_since(q.since.as_deref().unwrap_or("7d"), jiff::Timestamp::now())

@@ -167,24 +167,26 @@ impl ClusterAuth {
         self.allowed(user, groups, &key, access).await
     }
 
-    /// Whether `user` may `get` the non-resource URL `path` (Kortex's reports: grant it with
-    /// a ClusterRole rule `nonResourceURLs: ["/kortex/audit", "/kortex/usage"]`).
-    pub async fn may_read(
+    /// Whether `user` may `verb` the non-resource URL `path` (Kortex's admin rights: grant
+    /// them with the ClusterRole `kortex-admin`, e.g. `nonResourceURLs: ["/kortex/audit"]`,
+    /// `verbs: [get]`).
+    pub async fn may_access(
         &self,
         user: &str,
         groups: &[String],
+        verb: &str,
         path: &str,
     ) -> Result<bool, String> {
         let access = SubjectAccessReviewSpec {
             non_resource_attributes: Some(
                 k8s_openapi::api::authorization::v1::NonResourceAttributes {
                     path: Some(path.to_owned()),
-                    verb: Some("get".into()),
+                    verb: Some(verb.into()),
                 },
             ),
             ..Default::default()
         };
-        self.allowed(user, groups, &["get", path], access).await
+        self.allowed(user, groups, &[verb, path], access).await
     }
 
     /// One SubjectAccessReview of `user` (with `groups`) for the attributes in `access`,

@@ -5,6 +5,7 @@
 //! timestamps, JSON as TEXT, `INSERT ... ON CONFLICT`, `UPDATE ... RETURNING`.
 
 mod budget;
+pub mod erasure;
 mod mcp;
 mod models;
 mod repo;

@@ -216,15 +216,29 @@ impl Store {
         Ok(moved)
     }
 
-    /// Removes session `id` from `user`'s view (audit rows stay). Returns whether it existed.
-    pub async fn delete_session(&self, id: &str, user: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE chat_sessions SET deleted_at = $1 WHERE id = $2 AND user_name = $3 AND deleted_at IS NULL")
-            .bind(now_ms())
-            .bind(id)
-            .bind(user)
-            .execute(&self.pool)
-            .await?;
+    /// Hides session `id` of `user` (`None`: of whoever owns it, for an admin) at once;
+    /// retention's `purge_deleted` removes it for good. Returns whether it existed.
+    pub async fn delete_session(&self, id: &str, user: Option<&str>) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE chat_sessions SET deleted_at = $1 WHERE id = $2 AND ($3 IS NULL OR user_name = $3) AND deleted_at IS NULL",
+        )
+        .bind(now_ms())
+        .bind(id)
+        .bind(user)
+        .execute(&self.pool)
+        .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    /// Whether a run of session `id` is still writing (running, pausing, cancelling).
+    pub async fn writing(&self, id: &str) -> Result<bool, StoreError> {
+        let row = sqlx::query(
+            "SELECT count(*) AS n FROM chat_runs WHERE session_id = $1 AND status IN ('running', 'pausing', 'cancelling')",
+        )
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get::<i64, _>("n")? > 0)
     }
 }
 

@@ -1,17 +1,28 @@
-//! Retention: what is kept how long (`docs/storage.md#retention`). Each pass deletes in
-//! batches of at most [`BATCH`] rows per statement, so a chat run writing meanwhile waits for
-//! one short statement at most, and records what it deleted as an audit row (`kind:
-//! deletion`, `outcome: retention`, counts per table).
+//! Retention: what is kept how long (`docs/storage.md#retention`). `store/` owns the
+//! deletes; the pruner task (`cli/pruner.rs`) decides when. Each pass deletes in batches of
+//! at most [`BATCH`] rows per statement, so a chat run writing meanwhile waits for one short
+//! statement at most, and records what it deleted as an audit row (`kind: deletion`,
+//! `outcome`: the reason — `retention`, `size_cap` or `session_deleted` — and counts per
+//! table).
+//!
+//! Windows come from a `ChatPolicy`'s `spec.retention` for the sessions (and their runs,
+//! usage and audit rows) created under it, and from the `--retention-*` flags for the rest.
 //!
 //! Never deleted by retention: anything of a session with a run in progress (running,
-//! pausing, paused, waiting for client results or for its plan), and a session with a
-//! proposal still `Pending` or `Executing`.
+//! pausing, paused, waiting for client results or for its plan), a session with a proposal
+//! still `Pending` or `Executing`, proposals themselves (the record of what was proposed and
+//! decided), and the daily usage roll-ups (spend totals stay whole).
 
-use super::{Store, StoreError};
+use super::{Backend, Store, StoreError};
 use serde_json::json;
 
 /// Rows per statement.
 pub const BATCH: i64 = 1000;
+
+/// Audit rows are kept at least this long (a shorter window is raised to it).
+pub const AUDIT_MIN_MS: i64 = 30 * DAY_MS;
+
+const DAY_MS: i64 = 86_400_000;
 
 /// How long things are kept, in milliseconds (0: kept forever).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +33,110 @@ pub struct Windows {
     pub failed_runs_ms: i64,
     /// Stored large tool results (read with `read_result_chunk`).
     pub tool_results_ms: i64,
+    /// Per-call usage rows (the daily roll-ups are kept).
+    pub usage_ms: i64,
+    /// Audit rows (at least [`AUDIT_MIN_MS`]).
+    pub audit_ms: i64,
+    /// What one user may keep stored (messages, events, tool results); past it their oldest
+    /// sessions go first. `None`: no cap.
+    pub max_stored_bytes_per_user: Option<u64>,
+}
+
+impl Default for Windows {
+    /// The documented defaults (those of the `--retention-*` flags).
+    fn default() -> Self {
+        Self {
+            sessions_ms: 90 * DAY_MS,
+            failed_runs_ms: 30 * DAY_MS,
+            tool_results_ms: 7 * DAY_MS,
+            usage_ms: 400 * DAY_MS,
+            audit_ms: 400 * DAY_MS,
+            max_stored_bytes_per_user: None,
+        }
+    }
+}
+
+/// Which rows a scope's windows govern.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Governs {
+    /// What was created under the policy `namespace/name`.
+    Policy {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// Everything not created under one of these policies (`(namespace, name)`).
+    Rest(Vec<(String, String)>),
+}
+
+/// Windows and the rows they govern.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    /// How long.
+    pub windows: Windows,
+    /// What.
+    pub governs: Governs,
+}
+
+impl Scope {
+    /// One scope for everything.
+    pub fn all(windows: Windows) -> Self {
+        Self {
+            windows,
+            governs: Governs::Rest(Vec::new()),
+        }
+    }
+
+    /// SQL condition on a session row aliased `a` (`namespace`, `policy` as a name).
+    fn sessions(&self, a: &str) -> String {
+        let one = |ns: &str, name: &str| {
+            format!(
+                "({a}.namespace = {} AND COALESCE({a}.policy, '') = {})",
+                lit(ns),
+                lit(name)
+            )
+        };
+        self.render(one)
+    }
+
+    /// SQL condition on a column holding `namespace/name` (runs, usage rows).
+    fn qualified(&self, column: &str) -> String {
+        self.render(|ns, name| format!("COALESCE({column}, '') = {}", lit(&format!("{ns}/{name}"))))
+    }
+
+    /// SQL condition on an audit row (`namespace`, and `policy` as a name or
+    /// `namespace/name`).
+    fn decisions(&self) -> String {
+        self.render(|ns, name| {
+            format!(
+                "(COALESCE(namespace, '') = {} AND COALESCE(policy, '') IN ({}, {}))",
+                lit(ns),
+                lit(name),
+                lit(&format!("{ns}/{name}"))
+            )
+        })
+    }
+
+    fn render(&self, one: impl Fn(&str, &str) -> String) -> String {
+        match &self.governs {
+            Governs::Policy { namespace, name } => one(namespace, name),
+            Governs::Rest(except) if except.is_empty() => "1 = 1".into(),
+            Governs::Rest(except) => format!(
+                "NOT ({})",
+                except
+                    .iter()
+                    .map(|(ns, name)| one(ns, name))
+                    .collect::<Vec<_>>()
+                    .join(" OR ")
+            ),
+        }
+    }
+}
+
+/// A SQL string literal (Kubernetes names and ids never hold a quote; doubled if one did).
+fn lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
 }
 
 /// What one pass deleted, by table.
@@ -40,22 +155,75 @@ pub struct Pruned {
     pub tool_results: u64,
     /// `mcp_sessions` rows (idle MCP transport sessions, on the sessions window).
     pub mcp_sessions: u64,
+    /// `usage_events` rows (per call; the daily roll-ups stay).
+    pub usage_events: u64,
+    /// `decisions` rows (the audit log).
+    pub decisions: u64,
 }
 
 impl Pruned {
     /// Adds `other`'s counts.
     pub fn add(&mut self, other: &Self) {
-        self.sessions += other.sessions;
-        self.messages += other.messages;
-        self.events += other.events;
-        self.runs += other.runs;
-        self.tool_results += other.tool_results;
-        self.mcp_sessions += other.mcp_sessions;
+        for (mine, theirs) in self.counts_mut().into_iter().zip(other.counts()) {
+            *mine.1 += theirs.1;
+        }
+    }
+
+    /// Counts by kind (the metric's `kind` label).
+    pub fn counts(&self) -> [(&'static str, u64); 8] {
+        [
+            ("sessions", self.sessions),
+            ("messages", self.messages),
+            ("events", self.events),
+            ("runs", self.runs),
+            ("tool_results", self.tool_results),
+            ("mcp_sessions", self.mcp_sessions),
+            ("usage_events", self.usage_events),
+            ("decisions", self.decisions),
+        ]
+    }
+
+    fn counts_mut(&mut self) -> [(&'static str, &mut u64); 8] {
+        [
+            ("sessions", &mut self.sessions),
+            ("messages", &mut self.messages),
+            ("events", &mut self.events),
+            ("runs", &mut self.runs),
+            ("tool_results", &mut self.tool_results),
+            ("mcp_sessions", &mut self.mcp_sessions),
+            ("usage_events", &mut self.usage_events),
+            ("decisions", &mut self.decisions),
+        ]
     }
 
     /// Whether nothing was deleted.
     pub fn is_empty(&self) -> bool {
         *self == Self::default()
+    }
+}
+
+/// Why rows were deleted (the audit row's `outcome`, the metric's `reason` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Past a retention window.
+    Retention,
+    /// Their user deleted the session (or an admin did).
+    SessionDeleted,
+    /// A user was erased.
+    Erasure,
+    /// Their user stored more than `maxStoredBytesPerUser`.
+    SizeCap,
+}
+
+impl Reason {
+    /// As written in audit rows and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Retention => "retention",
+            Self::SessionDeleted => "session_deleted",
+            Self::Erasure => "erasure",
+            Self::SizeCap => "size_cap",
+        }
     }
 }
 
@@ -65,7 +233,7 @@ const IN_USE: &str = "(SELECT session_id FROM chat_runs WHERE finished_at IS NUL
 
 /// Sessions with a run whose task is writing (a deleted session's parked run — paused,
 /// waiting for client results or a plan — goes with it).
-const LIVE: &str =
+pub(super) const LIVE: &str =
     "(SELECT session_id FROM chat_runs WHERE status IN ('running', 'pausing', 'cancelling'))";
 
 impl Store {
@@ -90,7 +258,7 @@ impl Store {
     /// Deletes the sessions `ids` selects (SQL binding a cutoff as `$1`) with everything
     /// they hold: their rows first, in batches, the session rows last (nothing left to
     /// cascade), so no statement deletes more than a batch.
-    async fn delete_sessions(
+    pub(super) async fn delete_sessions(
         &self,
         ids: &str,
         cutoff: i64,
@@ -122,6 +290,26 @@ impl Store {
         Ok(())
     }
 
+    /// Records a deletion (`kind: deletion`, `outcome`: the reason) when anything went.
+    pub(super) async fn record_deletion(
+        &self,
+        reason: Reason,
+        subject: &str,
+        user: Option<&str>,
+        detail: serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.record_decision(&super::NewDecision {
+            kind: "deletion".into(),
+            subject: subject.into(),
+            outcome: reason.as_str().into(),
+            user: user.map(str::to_owned),
+            detail,
+            ..Default::default()
+        })
+        .await
+        .map(|_| ())
+    }
+
     /// Removes for good the sessions their users deleted (`DELETE /chat/v1/sessions/{id}`
     /// hides one at once) unless a run of theirs is still writing; records it (`outcome:
     /// session_deleted`). Their proposals stay (the audit record of what was proposed).
@@ -132,28 +320,50 @@ impl Store {
         );
         self.delete_sessions(&deleted, i64::MAX, &mut p).await?;
         if !p.is_empty() {
-            self.record_decision(&super::NewDecision {
-                kind: "deletion".into(),
-                subject: "deleted sessions".into(),
-                outcome: "session_deleted".into(),
-                detail: json!({"deleted": p}),
-                ..Default::default()
-            })
+            self.record_deletion(
+                Reason::SessionDeleted,
+                "deleted sessions",
+                None,
+                json!({"deleted": p}),
+            )
             .await?;
         }
         Ok(p)
     }
 
-    /// One retention pass as of `now` (Unix ms): deletes what the windows no longer keep
-    /// and records it.
-    pub async fn prune(&self, now: i64, w: &Windows) -> Result<Pruned, StoreError> {
+    /// One retention pass as of `now` (Unix ms): deletes what each scope's windows no
+    /// longer keep and records it (`outcome: retention`).
+    pub async fn prune(&self, now: i64, scopes: &[Scope]) -> Result<Pruned, StoreError> {
+        let mut total = Pruned::default();
+        for scope in scopes {
+            let p = self.prune_scope(now, scope).await?;
+            total.add(&p);
+        }
+        if !total.is_empty() {
+            self.record_deletion(
+                Reason::Retention,
+                "retention",
+                None,
+                json!({"deleted": total, "scopes": scopes.iter().map(describe).collect::<Vec<_>>()}),
+            )
+            .await?;
+        }
+        Ok(total)
+    }
+
+    async fn prune_scope(&self, now: i64, scope: &Scope) -> Result<Pruned, StoreError> {
+        let w = &scope.windows;
         let mut p = Pruned::default();
         if w.failed_runs_ms > 0 {
             p.events += self
                 .delete_batched(
-                    "DELETE FROM run_events WHERE (session_id, seq) IN (\
-                       SELECT e.session_id, e.seq FROM run_events e JOIN chat_runs r ON r.id = e.run_id \
-                       WHERE r.status IN ('failed', 'cancelled') AND r.finished_at < $1 LIMIT $2)",
+                    &format!(
+                        "DELETE FROM run_events WHERE (session_id, seq) IN (\
+                           SELECT e.session_id, e.seq FROM run_events e JOIN chat_runs r ON r.id = e.run_id \
+                           JOIN chat_sessions s ON s.id = e.session_id \
+                           WHERE r.status IN ('failed', 'cancelled') AND r.finished_at < $1 AND {} LIMIT $2)",
+                        scope.sessions("s")
+                    ),
                     now - w.failed_runs_ms,
                 )
                 .await?;
@@ -162,8 +372,10 @@ impl Store {
             p.tool_results += self
                 .delete_batched(
                     &format!(
-                        "DELETE FROM tool_results WHERE id IN (SELECT id FROM tool_results \
-                         WHERE created_at < $1 AND session_id NOT IN {IN_USE} LIMIT $2)"
+                        "DELETE FROM tool_results WHERE id IN (SELECT t.id FROM tool_results t \
+                         JOIN chat_sessions s ON s.id = t.session_id \
+                         WHERE t.created_at < $1 AND {} AND t.session_id NOT IN {IN_USE} LIMIT $2)",
+                        scope.sessions("s")
                     ),
                     now - w.tool_results_ms,
                 )
@@ -171,37 +383,160 @@ impl Store {
         }
         if w.sessions_ms > 0 {
             let idle = format!(
-                "SELECT id FROM chat_sessions WHERE updated_at < $1 AND id NOT IN {IN_USE}"
+                "SELECT s.id FROM chat_sessions s WHERE s.updated_at < $1 AND {} AND s.id NOT IN {IN_USE}",
+                scope.sessions("s")
             );
             self.delete_sessions(&idle, now - w.sessions_ms, &mut p)
                 .await?;
-            p.mcp_sessions += self
+            // Transport sessions belong to no policy: the flags' window.
+            if matches!(scope.governs, Governs::Rest(_)) {
+                p.mcp_sessions += self
+                    .delete_batched(
+                        "DELETE FROM mcp_sessions WHERE id IN (SELECT id FROM mcp_sessions \
+                         WHERE used_at < $1 LIMIT $2)",
+                        now - w.sessions_ms,
+                    )
+                    .await?;
+            }
+        }
+        if w.usage_ms > 0 {
+            p.usage_events += self
                 .delete_batched(
-                    "DELETE FROM mcp_sessions WHERE id IN (SELECT id FROM mcp_sessions \
-                     WHERE used_at < $1 LIMIT $2)",
-                    now - w.sessions_ms,
+                    &format!(
+                        "DELETE FROM usage_events WHERE id IN (SELECT id FROM usage_events \
+                         WHERE at < $1 AND {} LIMIT $2)",
+                        scope.qualified("policy")
+                    ),
+                    now - w.usage_ms,
                 )
                 .await?;
         }
-        if !p.is_empty() {
-            self.record_decision(&super::NewDecision {
-                kind: "deletion".into(),
-                subject: "retention".into(),
-                outcome: "retention".into(),
-                detail: json!({"deleted": p, "windowsMs": {
-                    "sessions": w.sessions_ms,
-                    "failedRuns": w.failed_runs_ms,
-                    "toolResults": w.tool_results_ms,
-                }}),
-                ..Default::default()
-            })
-            .await?;
+        if w.audit_ms > 0 {
+            p.decisions += self
+                .delete_batched(
+                    &format!(
+                        "DELETE FROM decisions WHERE id IN (SELECT id FROM decisions \
+                         WHERE at < $1 AND {} LIMIT $2)",
+                        scope.decisions()
+                    ),
+                    now - w.audit_ms.max(AUDIT_MIN_MS),
+                )
+                .await?;
         }
         Ok(p)
     }
+
+    /// Enforces each scope's `maxStoredBytesPerUser`: a user storing more (messages, run
+    /// events, tool results of their sessions under that scope) loses their oldest sessions
+    /// first until under it; sessions in use stay. Records it (`outcome: size_cap`).
+    pub async fn cap_sizes(&self, scopes: &[Scope]) -> Result<Pruned, StoreError> {
+        let mut total = Pruned::default();
+        let mut users = std::collections::BTreeSet::new();
+        for scope in scopes {
+            let Some(cap) = scope.windows.max_stored_bytes_per_user else {
+                continue;
+            };
+            let bytes = |col: &str| match self.backend {
+                Backend::Postgres => format!("octet_length({col})"),
+                Backend::Sqlite => format!("length(CAST({col} AS BLOB))"),
+            };
+            let sql = format!(
+                "SELECT s.id, s.user_name, CAST(\
+                   COALESCE((SELECT SUM({}) FROM chat_messages m WHERE m.session_id = s.id), 0) \
+                 + COALESCE((SELECT SUM({}) FROM run_events e WHERE e.session_id = s.id), 0) \
+                 + COALESCE((SELECT SUM({}) FROM tool_results t WHERE t.session_id = s.id), 0) AS BIGINT) AS bytes, \
+                 CASE WHEN s.id IN {IN_USE} THEN 1 ELSE 0 END AS busy \
+                 FROM chat_sessions s WHERE s.deleted_at IS NULL AND {} \
+                 ORDER BY s.user_name, s.updated_at, s.id",
+                bytes("m.content"),
+                bytes("e.data"),
+                bytes("t.content"),
+                scope.sessions("s")
+            );
+            let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .fetch_all(&self.pool)
+                .await?;
+            let mut sessions: Vec<(String, String, u64, bool)> = Vec::with_capacity(rows.len());
+            for row in &rows {
+                use sqlx::Row;
+                sessions.push((
+                    row.try_get("id")?,
+                    row.try_get("user_name")?,
+                    row.try_get::<i64, _>("bytes")?.max(0) as u64,
+                    row.try_get::<i64, _>("busy")? != 0,
+                ));
+            }
+            let doomed = over_cap(&sessions, cap);
+            for (user, _) in &doomed {
+                users.insert(user.clone());
+            }
+            let ids: Vec<&str> = doomed.iter().map(|(_, id)| id.as_str()).collect();
+            for chunk in ids.chunks(BATCH as usize) {
+                let list = chunk
+                    .iter()
+                    .map(|id| lit(id))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let pick = format!(
+                    "SELECT id FROM chat_sessions WHERE updated_at < $1 AND id IN ({list})"
+                );
+                self.delete_sessions(&pick, i64::MAX, &mut total).await?;
+            }
+        }
+        if !total.is_empty() {
+            self.record_deletion(
+                Reason::SizeCap,
+                "maxStoredBytesPerUser",
+                None,
+                json!({"deleted": total, "users": users.len()}),
+            )
+            .await?;
+        }
+        Ok(total)
+    }
 }
 
-/// Retention's flags of `kortex serve` and `kortex run` (`docs/storage.md#retention`).
+/// The sessions (`(user, id)`) to delete so each user's total stays within `cap`: oldest
+/// first, never one in use. `sessions` is `(id, user, bytes, in use)`, ordered by user, then
+/// oldest first.
+fn over_cap(sessions: &[(String, String, u64, bool)], cap: u64) -> Vec<(String, String)> {
+    let mut doomed = Vec::new();
+    for user in sessions.chunk_by(|a, b| a.1 == b.1) {
+        let mut total: u64 = user.iter().map(|s| s.2).sum();
+        for (id, name, bytes, busy) in user {
+            if total <= cap {
+                break;
+            }
+            if !busy {
+                total -= bytes;
+                doomed.push((name.clone(), id.clone()));
+            }
+        }
+    }
+    doomed
+}
+
+/// A scope as recorded in the audit row.
+fn describe(scope: &Scope) -> serde_json::Value {
+    let w = &scope.windows;
+    let windows = json!({
+        "sessions": w.sessions_ms,
+        "failedRuns": w.failed_runs_ms,
+        "toolResults": w.tool_results_ms,
+        "usage": w.usage_ms,
+        "audit": w.audit_ms,
+        "maxStoredBytesPerUser": w.max_stored_bytes_per_user,
+    });
+    match &scope.governs {
+        Governs::Policy { namespace, name } => {
+            json!({"policy": format!("{namespace}/{name}"), "windowsMs": windows})
+        }
+        Governs::Rest(_) => json!({"policy": null, "windowsMs": windows}),
+    }
+}
+
+/// Retention's flags of `kortex serve` and `kortex run` (`docs/storage.md#retention`): the
+/// windows of everything no `ChatPolicy` sets its own for.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RetentionArgs {
     /// How long a session nobody has used is kept, with all it holds (`0`: forever).
@@ -213,38 +548,62 @@ pub struct RetentionArgs {
     /// How long stored large tool results are kept (`0`: forever).
     #[arg(long, env = "KORTEX_RETENTION_TOOL_RESULTS", default_value = "7d", value_parser = parse_window)]
     pub retention_tool_results: std::time::Duration,
+    /// How long per-call usage rows are kept; the daily roll-ups stay (`0`: forever).
+    #[arg(long, env = "KORTEX_RETENTION_USAGE", default_value = "400d", value_parser = parse_window)]
+    pub retention_usage: std::time::Duration,
+    /// How long audit rows are kept, at least 30d (`0`: forever).
+    #[arg(long, env = "KORTEX_RETENTION_AUDIT", default_value = "400d", value_parser = parse_audit_window)]
+    pub retention_audit: std::time::Duration,
+    /// What one user may keep stored; past it their oldest sessions go first (default: no cap).
+    #[arg(
+        long,
+        env = "KORTEX_RETENTION_MAX_STORED_BYTES_PER_USER",
+        value_name = "BYTES"
+    )]
+    pub retention_max_stored_bytes_per_user: Option<u64>,
+    /// The key of erasure pseudonyms (keep it in a Secret): with it, a user erased twice
+    /// gets one pseudonym; without it, each erasure draws a random key.
+    #[arg(
+        long,
+        env = "KORTEX_ERASURE_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    pub erasure_key: Option<String>,
 }
 
 impl RetentionArgs {
     /// The windows in milliseconds.
     pub fn windows(&self) -> Windows {
-        let ms = |d: std::time::Duration| d.as_millis().min(i64::MAX as u128) as i64;
         Windows {
-            sessions_ms: ms(self.retention_sessions),
-            failed_runs_ms: ms(self.retention_failed_runs),
-            tool_results_ms: ms(self.retention_tool_results),
+            sessions_ms: millis(self.retention_sessions),
+            failed_runs_ms: millis(self.retention_failed_runs),
+            tool_results_ms: millis(self.retention_tool_results),
+            usage_ms: millis(self.retention_usage),
+            audit_ms: millis(self.retention_audit),
+            max_stored_bytes_per_user: self.retention_max_stored_bytes_per_user,
         }
     }
 }
 
+/// A window in milliseconds.
+pub fn millis(d: std::time::Duration) -> i64 {
+    d.as_millis().min(i64::MAX as u128) as i64
+}
+
 /// `90d`, `12h`, `30m` or `0` (forever).
 pub fn parse_window(s: &str) -> Result<std::time::Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(std::time::Duration::ZERO);
+    crate::crd::parse_window(s)
+}
+
+fn parse_audit_window(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_window(s)?;
+    if !d.is_zero() && millis(d) < AUDIT_MIN_MS {
+        return Err(format!(
+            "{s:?}: audit rows are kept at least 30d (0: forever)"
+        ));
     }
-    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not a window like 90d, 12h or 30m (0: forever)"))?;
-    let secs = match unit {
-        "d" => 86_400,
-        "h" => 3_600,
-        "m" => 60,
-        "s" => 1,
-        _ => return Err(format!("{s:?}: the unit is d, h, m or s (e.g. 90d)")),
-    };
-    Ok(std::time::Duration::from_secs(n.saturating_mul(secs)))
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -252,17 +611,64 @@ mod tests {
     use super::*;
 
     #[test]
-    fn windows_parse() {
+    fn the_oldest_sessions_of_a_user_over_the_cap_go_first_never_one_in_use() {
+        let s = |id: &str, user: &str, bytes: u64, busy: bool| {
+            (id.to_owned(), user.to_owned(), bytes, busy)
+        };
+        // Ordered by user, then oldest first.
+        let sessions = [
+            s("a1", "alice", 400, false),
+            s("a2", "alice", 300, true),
+            s("a3", "alice", 200, false),
+            s("a4", "alice", 100, false),
+            s("b1", "bob", 500, false),
+        ];
+        let doomed = over_cap(&sessions, 350);
+        // alice: 1000 → a1 goes (600), a2 is in use, a3 goes (400), a4 goes (300).
         assert_eq!(
-            parse_window("90d"),
-            Ok(std::time::Duration::from_secs(90 * 86_400))
+            doomed,
+            vec![
+                ("alice".to_owned(), "a1".to_owned()),
+                ("alice".to_owned(), "a3".to_owned()),
+                ("alice".to_owned(), "a4".to_owned()),
+                ("bob".to_owned(), "b1".to_owned()),
+            ]
+        );
+        assert!(over_cap(&sessions, 1000).iter().all(|(u, _)| u == "bob"));
+    }
+
+    #[test]
+    fn scopes_render_as_conditions_on_their_policy_or_on_every_other() {
+        let one = Scope {
+            windows: Windows::default(),
+            governs: Governs::Policy {
+                namespace: "shop".into(),
+                name: "o'ps".into(),
+            },
+        };
+        assert_eq!(
+            one.sessions("s"),
+            "(s.namespace = 'shop' AND COALESCE(s.policy, '') = 'o''ps')"
         );
         assert_eq!(
-            parse_window("12h"),
-            Ok(std::time::Duration::from_secs(12 * 3_600))
+            one.qualified("policy"),
+            "COALESCE(policy, '') = 'shop/o''ps'"
         );
-        assert_eq!(parse_window("0"), Ok(std::time::Duration::ZERO));
-        assert!(parse_window("soon").is_err());
-        assert!(parse_window("3w").is_err());
+        let rest = Scope {
+            windows: Windows::default(),
+            governs: Governs::Rest(vec![("shop".into(), "ops".into())]),
+        };
+        assert_eq!(
+            rest.sessions("s"),
+            "NOT ((s.namespace = 'shop' AND COALESCE(s.policy, '') = 'ops'))"
+        );
+        assert_eq!(Scope::all(Windows::default()).decisions(), "1 = 1");
+    }
+
+    #[test]
+    fn the_audit_flag_keeps_at_least_30_days() {
+        assert!(parse_audit_window("7d").is_err());
+        assert_eq!(parse_audit_window("0"), Ok(std::time::Duration::ZERO));
+        assert!(parse_audit_window("30d").is_ok());
     }
 }

@@ -870,6 +870,13 @@ fn chart_values_map_to_real_flags_and_variables() {
         Some("http://prometheus-operated.monitoring:9090")
     );
     assert_eq!(e("KORTEX_WATCH_NAMESPACE").as_deref(), Some("team-a"));
+    let key = container(&all)["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "KORTEX_ERASURE_KEY")
+        .map(|v| v["valueFrom"]["secretKeyRef"].clone());
+    assert_eq!(key, Some(json!({"name": "kortex-erasure", "key": "key"})));
     assert_eq!(
         e("KORTEX_CLUSTER_DOMAIN").as_deref(),
         Some("cluster.example")
@@ -889,6 +896,12 @@ fn chart_values_map_to_real_flags_and_variables() {
             "--auth-proxy-groups-header=X-Forwarded-Groups",
             "--auth-proxy-from=10.0.12.0/24",
             "--auth-proxy-from=10.0.13.0/24",
+            "--retention-sessions=30d",
+            "--retention-failed-runs=30d",
+            "--retention-tool-results=7d",
+            "--retention-usage=400d",
+            "--retention-audit=180d",
+            "--retention-max-stored-bytes-per-user=104857600",
             "--cluster-domain=cluster.example"
         ])
     );

@@ -97,6 +97,7 @@ pub(crate) async fn harness(auth: AuthMode) -> Harness {
         cluster_auth: None,
         auth_proxy: None,
         limits: kortex::http::limits::Limits::new(Default::default()),
+        erasure_key: None,
     });
     Harness { app, db, _dir: dir }
 }
@@ -456,6 +457,7 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
         cluster_auth: None,
         auth_proxy: None,
         limits: kortex::http::limits::Limits::new(Default::default()),
+        erasure_key: None,
     });
     let (status, _, body) = call(&app, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);

@@ -602,10 +602,9 @@ async fn retention_deletes_a_failed_runs_events_at_the_next_pass() {
     let server = Server::start_with_args(&m, &db, &["--retention-failed-runs", "1s"]);
     eventually("the start-up pass ran", || async {
         let (_, metrics) = server.get("/metrics").await;
-        match metrics
-            .lines()
-            .find(|l| l.starts_with("kortex_retention_deleted_total{kind=\"events\"}"))
-        {
+        match metrics.lines().find(|l| {
+            l.starts_with("kortex_retention_deleted_total{kind=\"events\",reason=\"retention\"}")
+        }) {
             Some(_) => Ok(()),
             None => Err("no retention yet".to_owned()),
         }

@@ -28,6 +28,7 @@ mod plugins;
 mod policy;
 mod prometheus;
 mod real_model;
+mod retention;
 mod run_control;
 mod samples;
 mod store;
