@@ -15,21 +15,12 @@
 
 mod common;
 
-use axum::body::Body;
-use axum::response::Response;
-use common::{Kortex, rss_kib};
+use common::{Kortex, now_us, rss_kib};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// When the benchmark started: the clock the deltas' timestamps are read against.
-static EPOCH: OnceLock<Instant> = OnceLock::new();
-
-fn now_us() -> u64 {
-    EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
-}
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -38,40 +29,9 @@ fn env_or(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// The provider: 20 deltas, 100 ms apart, each `t=<µs since EPOCH>;`.
+/// The provider: 20 deltas, 100 ms apart, each stamped with when it was written.
 async fn provider() -> String {
-    let app = axum::Router::new()
-        .route(
-            "/v1/chat/completions",
-            axum::routing::post(|| async {
-                let deltas = futures_util::stream::unfold(0u32, |i| async move {
-                    if i > 20 {
-                        return None;
-                    }
-                    if i > 0 {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    let frame = if i < 20 {
-                        format!(
-                            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t={};\"}},\"finish_reason\":null}}]}}\n\n",
-                            now_us()
-                        )
-                    } else {
-                        "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":20}}\n\ndata: [DONE]\n\n".to_owned()
-                    };
-                    Some((Ok::<_, std::io::Error>(frame), i + 1))
-                });
-                Response::builder()
-                    .header("content-type", "text/event-stream")
-                    .body(Body::from_stream(deltas))
-                    .unwrap_or_default()
-            }),
-        )
-        .route(
-            "/v1/models",
-            axum::routing::get(|| async { r#"{"data":[{"id":"m"}]}"# }),
-        );
-    common::serve(app).await
+    common::timed_provider(20, Duration::from_millis(100)).await
 }
 
 /// What every client records, read and reset once a minute.

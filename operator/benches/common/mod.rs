@@ -5,7 +5,58 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// When the benchmark started: the clock the provider's deltas are stamped with.
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+
+/// Microseconds since the benchmark started.
+pub fn now_us() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_micros() as u64
+}
+
+/// A streaming OpenAI-compatible provider on 127.0.0.1: each call gets `deltas` text deltas
+/// `gap` apart, each `t=<µs since the start>;` (clients read their latency back from it),
+/// then usage and `[DONE]`.
+pub async fn timed_provider(deltas: u32, gap: Duration) -> String {
+    use axum::body::Body;
+    use axum::response::Response;
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            axum::routing::post(move || async move {
+                let frames = futures_util::stream::unfold(0u32, move |i| async move {
+                    if i > deltas {
+                        return None;
+                    }
+                    if i > 0 {
+                        tokio::time::sleep(gap).await;
+                    }
+                    let frame = if i < deltas {
+                        format!(
+                            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t={};\"}},\"finish_reason\":null}}]}}\n\n",
+                            now_us()
+                        )
+                    } else {
+                        format!(
+                            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"m\",\"choices\":[{{\"index\":0,\"delta\":{{}},\"finish_reason\":\"stop\"}}],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":{deltas}}}}}\n\ndata: [DONE]\n\n"
+                        )
+                    };
+                    Some((Ok::<_, std::io::Error>(frame), i + 1))
+                });
+                Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(Body::from_stream(frames))
+                    .unwrap_or_default()
+            }),
+        )
+        .route(
+            "/v1/models",
+            axum::routing::get(|| async { r#"{"data":[{"id":"m"}]}"# }),
+        );
+    serve(app).await
+}
 
 /// Serves `app` on a free port of 127.0.0.1; its `http://` URL.
 pub async fn serve(app: axum::Router) -> String {

@@ -477,6 +477,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         store.clone(),
         config_rx.clone(),
         retention.windows(),
+        retention.retention_every,
         metrics.clone(),
         leader,
         stop_rx.clone(),

@@ -1,4 +1,5 @@
-//! The pruner: a retention pass at start-up, then every [`PRUNE_EVERY`], on the leader only
+//! The pruner: a retention pass at start-up, then every `--retention-every` (15 minutes), on
+//! the leader only
 //! (standalone: the one process). `store/retention.rs` owns the deletes; this task decides
 //! when, and with which windows: each `ChatPolicy`'s `spec.retention` over the flags.
 
@@ -9,9 +10,6 @@ use crate::store::Store;
 use crate::store::retention::{Governs, Pruned, Reason, Scope, Windows, millis};
 use std::sync::Arc;
 use tokio::sync::watch;
-
-/// How often retention runs.
-pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
 /// The scopes of one pass: one per policy that sets its own retention (unset fields take
 /// `defaults`), then everything else on `defaults`. A policy whose retention does not parse
@@ -68,20 +66,24 @@ pub async fn pass(
     ])
 }
 
-/// Prunes until `stop` flips; with `leader`, only while this replica leads.
+/// Prunes until `stop` flips; with `leader`, only while this replica leads (and at once
+/// when it becomes the leader).
 pub async fn run(
     store: Store,
     config: watch::Receiver<Arc<LiveConfig>>,
     defaults: Windows,
+    every: std::time::Duration,
     metrics: Arc<Metrics>,
-    leader: Option<watch::Receiver<bool>>,
+    mut leader: Option<watch::Receiver<bool>>,
     mut stop: watch::Receiver<bool>,
 ) {
     loop {
         if leader.as_ref().is_none_or(|l| *l.borrow()) {
             let scopes = scopes(&config.borrow().catalog, defaults);
+            let started = std::time::Instant::now();
             match pass(&store, &scopes).await {
                 Ok(passes) => {
+                    let took_ms = started.elapsed().as_millis() as u64;
                     for (reason, p) in passes {
                         for (kind, n) in p.counts() {
                             if n > 0 {
@@ -89,7 +91,7 @@ pub async fn run(
                             }
                         }
                         if !p.is_empty() {
-                            tracing::info!(reason = reason.as_str(), deleted = ?p, "retention pass");
+                            tracing::info!(reason = reason.as_str(), deleted = ?p, took_ms, "retention pass");
                         }
                     }
                 }
@@ -99,8 +101,20 @@ pub async fn run(
             }
         }
         tokio::select! {
-            _ = tokio::time::sleep(PRUNE_EVERY) => {}
+            _ = tokio::time::sleep(every) => {}
             _ = stop.changed() => return,
+            _ = leadership_changes(&mut leader) => {}
         }
     }
+}
+
+/// Resolves when this replica's leadership changes; never without a leader election (or
+/// once it has ended).
+async fn leadership_changes(leader: &mut Option<watch::Receiver<bool>>) {
+    if let Some(l) = leader
+        && l.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }

@@ -216,18 +216,13 @@ impl Store {
     /// Moves `user`'s daily roll-ups to `pseudonym`, adding to rows it already has.
     async fn merge_usage_daily(&self, user: &str, pseudonym: &str) -> Result<u64, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let moved = sqlx::query(
+        let moved = sqlx::query(concat!(
             "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, \
              output_tokens, cost_usd, estimated_requests) \
              SELECT day, policy, provider, model, $2, requests, input_tokens, output_tokens, cost_usd, \
-             estimated_requests FROM usage_daily WHERE user_name = $1 \
-             ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
-             requests = usage_daily.requests + excluded.requests, \
-             input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
-             output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
-             cost_usd = usage_daily.cost_usd + excluded.cost_usd, \
-             estimated_requests = usage_daily.estimated_requests + excluded.estimated_requests",
-        )
+             estimated_requests FROM usage_daily WHERE user_name = $1",
+            usage_daily_add!()
+        ))
         .bind(user)
         .bind(pseudonym)
         .execute(&mut *tx)

@@ -4,6 +4,20 @@
 //! Portable SQL only: `$N` placeholders (SQLite accepts them too), integer Unix-millisecond
 //! timestamps, JSON as TEXT, `INSERT ... ON CONFLICT`, `UPDATE ... RETURNING`.
 
+/// What adding a row to `usage_daily` does when its day, policy, provider, model and user
+/// already have one: the counts add up (recording usage, and erasure merging a user's rows
+/// into their pseudonym's).
+macro_rules! usage_daily_add {
+    () => {
+        " ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
+           requests = usage_daily.requests + excluded.requests, \
+           input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
+           output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
+           cost_usd = usage_daily.cost_usd + excluded.cost_usd, \
+           estimated_requests = usage_daily.estimated_requests + excluded.estimated_requests"
+    };
+}
+
 mod budget;
 pub mod erasure;
 mod mcp;

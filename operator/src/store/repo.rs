@@ -908,16 +908,11 @@ pub(super) async fn insert_usage(
     }
     for ((day, policy, provider, model, user), (requests, input, output, cost, estimated)) in daily
     {
-        sqlx::query(
+        sqlx::query(concat!(
             "INSERT INTO usage_daily (day, policy, provider, model, user_name, requests, input_tokens, output_tokens, cost_usd, estimated_requests) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-             ON CONFLICT (day, policy, provider, model, user_name) DO UPDATE SET \
-               requests = usage_daily.requests + excluded.requests, \
-               input_tokens = usage_daily.input_tokens + excluded.input_tokens, \
-               output_tokens = usage_daily.output_tokens + excluded.output_tokens, \
-               cost_usd = usage_daily.cost_usd + excluded.cost_usd, \
-               estimated_requests = usage_daily.estimated_requests + excluded.estimated_requests",
-        )
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            usage_daily_add!()
+        ))
         .bind(day)
         .bind(policy)
         .bind(provider)

@@ -238,10 +238,14 @@ pub(super) const LIVE: &str =
 
 impl Store {
     /// Deletes `sql` (which must bind the cutoff as `$1` and the batch as `$2`) batch by
-    /// batch until nothing is left; how many rows.
+    /// batch until nothing is left; how many rows. Between batches it rests as long as the
+    /// last one took, so writers waiting meanwhile (a chat run appending its events) get
+    /// the database at least half the time: SQLite has one writer at a time, and a writer
+    /// that finds it busy backs off in growing sleeps.
     async fn delete_batched(&self, sql: &str, cutoff: i64) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {
+            let started = std::time::Instant::now();
             let done = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
                 .bind(cutoff)
                 .bind(BATCH)
@@ -252,6 +256,7 @@ impl Store {
             if done < BATCH as u64 {
                 return Ok(total);
             }
+            tokio::time::sleep(started.elapsed().max(std::time::Duration::from_millis(1))).await;
         }
     }
 
@@ -359,8 +364,9 @@ impl Store {
                 .delete_batched(
                     &format!(
                         "DELETE FROM run_events WHERE (session_id, seq) IN (\
-                           SELECT e.session_id, e.seq FROM run_events e JOIN chat_runs r ON r.id = e.run_id \
-                           JOIN chat_sessions s ON s.id = e.session_id \
+                           SELECT e.session_id, e.seq FROM chat_runs r \
+                           JOIN run_events e ON e.session_id = r.session_id AND e.run_id = r.id \
+                           JOIN chat_sessions s ON s.id = r.session_id \
                            WHERE r.status IN ('failed', 'cancelled') AND r.finished_at < $1 AND {} LIMIT $2)",
                         scope.sessions("s")
                     ),
@@ -554,6 +560,9 @@ pub struct RetentionArgs {
     /// How long audit rows are kept, at least 30d (`0`: forever).
     #[arg(long, env = "KORTEX_RETENTION_AUDIT", default_value = "400d", value_parser = parse_audit_window)]
     pub retention_audit: std::time::Duration,
+    /// How often the retention pass runs (on the leader).
+    #[arg(long, env = "KORTEX_RETENTION_EVERY", default_value = "15m", value_parser = parse_every)]
+    pub retention_every: std::time::Duration,
     /// What one user may keep stored; past it their oldest sessions go first (default: no cap).
     #[arg(
         long,
@@ -594,6 +603,16 @@ pub fn millis(d: std::time::Duration) -> i64 {
 /// `90d`, `12h`, `30m` or `0` (forever).
 pub fn parse_window(s: &str) -> Result<std::time::Duration, String> {
     crate::crd::parse_window(s)
+}
+
+fn parse_every(s: &str) -> Result<std::time::Duration, String> {
+    let d = parse_window(s)?;
+    if d.is_zero() {
+        return Err(format!(
+            "{s:?}: the retention pass needs an interval, e.g. 15m"
+        ));
+    }
+    Ok(d)
 }
 
 fn parse_audit_window(s: &str) -> Result<std::time::Duration, String> {

@@ -999,3 +999,108 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
     let hits = columns_containing(&url, ERIN).await;
     assert_eq!(hits, Vec::<String>::new());
 }
+
+/// The pruner passes only while its replica leads (cluster mode), at once when it becomes
+/// the leader, and with each policy's `spec.retention` over the flags.
+#[tokio::test]
+async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
+    use kortex::catalog::{ObjectSet, compile};
+    use kortex::cli::pruner;
+    use std::sync::Arc;
+    use tokio::sync::watch;
+
+    let policy: kortex::crd::ChatPolicy = serde_json::from_value(json!({
+        "apiVersion": "kortex.dev/v1alpha1",
+        "kind": "ChatPolicy",
+        "metadata": {"name": "short", "namespace": "shop"},
+        "spec": {"sessions": ["*"], "provider": "p", "retention": {"failedRuns": "1s", "audit": "7d"}},
+    }))
+    .unwrap_or_else(|e| panic!("{e}"));
+    let catalog = compile(
+        &ObjectSet {
+            policies: vec![policy],
+            ..Default::default()
+        },
+        jiff::Timestamp::now(),
+    );
+    let defaults = Windows::default();
+    let scopes = pruner::scopes(&catalog, defaults);
+    assert_eq!(scopes.len(), 2);
+    assert_eq!(
+        (
+            scopes[0].windows.failed_runs_ms,
+            scopes[0].windows.audit_ms,
+            scopes[0].windows.sessions_ms
+        ),
+        (1000, 7 * DAY, defaults.sessions_ms)
+    );
+    assert_eq!(
+        scopes[1],
+        Scope {
+            windows: defaults,
+            governs: Governs::Rest(vec![("shop".into(), "short".into())]),
+        }
+    );
+
+    let db = crate::common::sqlite().await;
+    let s = db.store.clone();
+    let session = s
+        .create_session(&NewSession {
+            name: "incident".into(),
+            namespace: "shop".into(),
+            user: "alice".into(),
+            policy: Some("short".into()),
+            dynamic_tools: json!([]),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    s.create_run("r1", &session.id, "replica", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    s.append_event(&session.id, Some("r1"), "text.delta", &json!({"text": "x"}))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    s.finish_run("r1", "failed", None)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+
+    let config = watch::channel(Arc::new(kortex::live::LiveConfig {
+        catalog,
+        ..Default::default()
+    }));
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let metrics = Arc::new(kortex::metrics::Metrics::new());
+    let task = tokio::spawn(pruner::run(
+        s.clone(),
+        config.1,
+        defaults,
+        std::time::Duration::from_secs(900),
+        metrics,
+        Some(leader_rx),
+        stop_rx,
+    ));
+    let events = || async {
+        s.events_after(&session.id, 0, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .len()
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        events().await,
+        1,
+        "a replica that does not lead prunes nothing"
+    );
+    let _ = leader_tx.send(true);
+    crate::common::eventually("the new leader pruned", || async {
+        match events().await {
+            0 => Ok(()),
+            n => Err(format!("{n} events left")),
+        }
+    })
+    .await;
+    let _ = stop_tx.send(true);
+    let _ = task.await;
+}
