@@ -762,6 +762,20 @@ async fn run(
             .is_err_and(|e| e.to_string().contains("403")),
         "a caller without `use` on the policy got {refused:?}"
     );
+    // Erasing a user is for Kortex's admins: RBAC `delete` on the non-resource URL
+    // /kortex/erase, asked with a SubjectAccessReview; nothing is erased otherwise.
+    let r = http
+        .delete(format!(
+            "{base}/api/v1/users/system:serviceaccount:{ns}:reporter"
+        ))
+        .bearer_auth(&stranger)
+        .send()
+        .await?;
+    anyhow::ensure!(
+        r.status().as_u16() == 403,
+        "a caller without kortex-admin erasing a user got {}",
+        r.status()
+    );
 
     // A chat makes a proposal: Kortex created it and wrote its status (Pending).
     chat(&http, &base, &reporter, ns, "incident-e2e-1").await?;

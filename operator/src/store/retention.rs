@@ -295,7 +295,7 @@ impl Store {
         Ok(())
     }
 
-    /// Records a deletion (`kind: deletion`, `outcome`: the reason) when anything went.
+    /// Records a deletion: `kind: deletion`, the reason as `outcome` and `detail.reason`.
     pub(super) async fn record_deletion(
         &self,
         reason: Reason,
@@ -303,6 +303,8 @@ impl Store {
         user: Option<&str>,
         detail: serde_json::Value,
     ) -> Result<(), StoreError> {
+        let mut detail = detail;
+        detail["reason"] = json!(reason.as_str());
         self.record_decision(&super::NewDecision {
             kind: "deletion".into(),
             subject: subject.into(),

@@ -497,6 +497,7 @@ async fn past_the_size_cap_a_users_oldest_sessions_go_first() {
             .unwrap_or_else(|e| fail(e));
         assert_eq!(audit.len(), 1, "{}", db.url);
         assert_eq!(audit[0].outcome, "size_cap");
+        assert_eq!(audit[0].detail["reason"], "size_cap");
         assert_eq!(audit[0].detail["deleted"]["sessions"], 2);
         assert!(
             s.cap_sizes(&scopes)
