@@ -101,6 +101,7 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
             "metadata": {"name": "p", "namespace": ns}, "spec": {"sessions": ["*"], "provider": "x"}}),
         )?,
         available: true,
+        notify: Vec::new(),
     };
     let call = |name: &str, input: Value| {
         let ctx = ctx.clone();

@@ -16,6 +16,7 @@ pub mod kubectl_plugin;
 pub mod live;
 pub mod llm;
 pub mod metrics;
+pub mod notify;
 pub mod operator;
 pub mod redact;
 pub mod source;

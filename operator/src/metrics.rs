@@ -135,6 +135,8 @@ pub struct Metrics {
     pub event_streams_open: Gauge,
     /// Rows deleted by retention, erasure and session deletion, by kind and reason.
     pub retention_deleted_rows: Family<DeletedLabel, Counter>,
+    /// Notification attempts, by result.
+    pub notifications: Family<ResultLabel, Counter>,
 }
 
 /// A leader loop that has not come round for this long fails the liveness probe.
@@ -159,6 +161,13 @@ pub struct PolicyLabel {
 pub struct KindLabel {
     /// Kind of the object whose status could not be written (`reconcile_errors`).
     pub kind: &'static str,
+}
+
+/// Label of `kortex_notifications_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    /// `delivered`, `retried`, `failed` (given up) or `dropped` (target removed).
+    pub result: &'static str,
 }
 
 /// Label of `kortex_retention_deleted_total`.
@@ -190,6 +199,13 @@ impl Metrics {
     pub fn refused(&self, limit: &'static str) {
         self.limit_rejections
             .get_or_create(&LimitLabel { limit })
+            .inc();
+    }
+
+    /// Counts one notification attempt's `result`.
+    pub fn notification(&self, result: &'static str) {
+        self.notifications
+            .get_or_create(&ResultLabel { result })
             .inc();
     }
 
@@ -339,8 +355,14 @@ impl Metrics {
         let retention_deleted_rows = Family::<DeletedLabel, Counter>::default();
         registry.register(
             "retention_deleted",
-            "Rows deleted, by kind (sessions, messages, events, runs, tool_results, mcp_sessions, usage_events, decisions) and reason (retention, size_cap, session_deleted, erasure)",
+            "Rows deleted, by kind (sessions, messages, events, runs, tool_results, mcp_sessions, usage_events, decisions, notifications) and reason (retention, size_cap, session_deleted, erasure)",
             retention_deleted_rows.clone(),
+        );
+        let notifications = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "notifications",
+            "Notification delivery attempts, by result (delivered, retried, failed: given up after 24 h, dropped: target removed)",
+            notifications.clone(),
         );
         let event_streams_open = Gauge::default();
         registry.register(
@@ -363,6 +385,7 @@ impl Metrics {
         Self {
             registry,
             retention_deleted_rows,
+            notifications,
             event_streams_open,
             admission_policy_enforced,
             limit_rejections,

@@ -249,6 +249,19 @@ pub struct PolicyEntry {
     pub object: ChatPolicy,
     /// Whether sessions may run under it (`Ready=True`).
     pub available: bool,
+    /// Its notification targets whose Secrets resolved.
+    pub notify: Vec<NotifyResolved>,
+}
+
+/// A notification target with its Secrets read.
+#[derive(Clone, Debug)]
+pub struct NotifyResolved {
+    /// The target as declared.
+    pub target: crate::crd::NotifyTarget,
+    /// The webhook URL (from the spec or its Secret; a Secret's is never shown).
+    pub url: SecretValue,
+    /// The signing secret, if any.
+    pub signing: Option<SecretValue>,
 }
 
 /// The validated configuration the server runs on. Cheap to share: publish it behind an
@@ -372,7 +385,16 @@ pub fn compile(objects: &ObjectSet, now: jiff::Timestamp) -> Catalog {
     let policies = objects
         .policies
         .iter()
-        .map(|p| (ObjectKey::of(p), compile_policy(p, &providers, now)))
+        .map(|p| {
+            let entry = compile_policy(p, &providers, &secrets, now);
+            for t in &entry.notify {
+                used_values.extend(t.signing.iter().map(|v| Arc::from(v.expose())));
+                if t.target.webhook.url_secret_ref.is_some() {
+                    used_values.insert(Arc::from(t.url.expose()));
+                }
+            }
+            (ObjectKey::of(p), entry)
+        })
         .collect();
 
     let credentials = Credentials::from_secrets(&objects.secrets);
@@ -864,6 +886,7 @@ fn valid_tool_name(name: &str) -> bool {
 fn compile_policy(
     p: &ChatPolicy,
     providers: &BTreeMap<ObjectKey, ProviderEntry>,
+    secrets: &SecretIndex<'_>,
     now: jiff::Timestamp,
 ) -> PolicyEntry {
     let ns = p.namespace().unwrap_or_else(|| "default".into());
@@ -965,13 +988,16 @@ fn compile_policy(
         Desired::ok(types::READY, reasons::AVAILABLE, message)
     };
     let available = ready.status;
+    let (notify, notify_condition) = compile_notify(spec, &ns, secrets);
     let generation = p.metadata.generation;
+    let mut desired = vec![ready];
+    desired.extend(notify_condition);
     let conditions = conditions::merge(
         p.status
             .as_ref()
             .map(|s| s.conditions.as_slice())
             .unwrap_or_default(),
-        &[ready],
+        &desired,
         generation,
         now,
     );
@@ -980,7 +1006,64 @@ fn compile_policy(
         observed_generation: generation,
         conditions,
     });
-    PolicyEntry { object, available }
+    PolicyEntry {
+        object,
+        available,
+        notify,
+    }
+}
+
+/// A policy's notification targets with their Secrets read, and its `Notify` condition
+/// (none without targets): `False` naming each target that cannot send (a Secret not
+/// resolved, a URL missing or given twice).
+fn compile_notify(
+    spec: &crate::crd::ChatPolicySpec,
+    namespace: &str,
+    secrets: &SecretIndex<'_>,
+) -> (Vec<NotifyResolved>, Option<Desired>) {
+    if spec.notify.is_empty() {
+        return (Vec::new(), None);
+    }
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    let mut reason = reasons::INVALID_SPEC;
+    for t in &spec.notify {
+        let url = match (&t.webhook.url, &t.webhook.url_secret_ref) {
+            (Some(url), None) => Ok(SecretValue::new(url.as_str())),
+            (None, Some(r)) => secrets.resolve(namespace, r).map_err(|p| {
+                reason = p.reason;
+                p.message
+            }),
+            _ => Err("exactly one of webhook.url and webhook.urlSecretRef must be set".into()),
+        };
+        let signing = t
+            .signing_secret_ref
+            .as_ref()
+            .map(|r| secrets.resolve(namespace, r))
+            .transpose()
+            .map_err(|p| {
+                reason = p.reason;
+                p.message
+            });
+        match (url, signing) {
+            (Ok(url), Ok(signing)) => out.push(NotifyResolved {
+                target: t.clone(),
+                url,
+                signing,
+            }),
+            (Err(e), _) | (_, Err(e)) => problems.push(format!("{}: {e}", t.name)),
+        }
+    }
+    let condition = if problems.is_empty() {
+        Desired::ok(
+            types::NOTIFY,
+            reasons::READY_TO_SEND,
+            format!("{} target(s) ready to send", out.len()),
+        )
+    } else {
+        Desired::fail(types::NOTIFY, reason, problems.join("; "))
+    };
+    (out, Some(condition))
 }
 
 #[cfg(test)]

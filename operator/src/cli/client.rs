@@ -64,10 +64,15 @@ pub struct EraseUserArgs {
 /// of the same name says there was nothing left.
 pub async fn erase_user(args: EraseUserArgs) -> Result<(), String> {
     let api = Api::new(&args.server);
-    let path = format!(
-        "/api/v1/users/{}",
-        url::form_urlencoded::byte_serialize(args.name.as_bytes()).collect::<String>()
-    );
+    // The name as one path segment, percent-encoded (`system:serviceaccount:ns:sa`,
+    // `alice@example.com`, a name with a space).
+    let mut url = reqwest::Url::parse("http://kortex/api/v1/users/")
+        .map_err(|e| format!("cannot build the request: {e}"))?;
+    url.path_segments_mut()
+        .map_err(|()| "cannot build the request".to_owned())?
+        .pop_if_empty()
+        .push(&args.name);
+    let path = url.path().to_owned();
     let report = api
         .json(api.request(reqwest::Method::DELETE, &path))
         .await?;

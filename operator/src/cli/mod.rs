@@ -123,6 +123,10 @@ pub struct ToolArgs {
     /// DNS domain of the cluster's Services, for `get_admin_info`.
     #[arg(long, env = "KORTEX_CLUSTER_DOMAIN", default_value = "cluster.local")]
     pub cluster_domain: String,
+    /// The address people open the dashboard at (e.g. `https://kortex.example.com`), for
+    /// links in notifications.
+    #[arg(long, env = "KORTEX_PUBLIC_URL", value_name = "URL")]
+    pub public_url: Option<String>,
 }
 
 /// A client for the cluster the Kubernetes tools read: `--kubeconfig`, else `KUBECONFIG`,
@@ -473,6 +477,16 @@ async fn run_server(server: Server) -> Result<(), String> {
     }
     let maintainer = tokio::spawn(state.engine.clone().maintain(stop_rx.clone()));
     let sweeper = tokio::spawn(state.engine.governor.clone().sweep(stop_rx.clone()));
+    let notifier = tokio::spawn(
+        crate::notify::Notifier::new(
+            store.clone(),
+            config_tx.clone(),
+            egress.plugin_client(false)?,
+            metrics.clone(),
+            tools.public_url.clone(),
+        )
+        .run(leader.clone(), stop_rx.clone()),
+    );
     let pruner = tokio::spawn(pruner::run(
         store.clone(),
         config_rx.clone(),
@@ -510,6 +524,7 @@ async fn run_server(server: Server) -> Result<(), String> {
     let _ = maintainer.await;
     let _ = sweeper.await;
     let _ = pruner.await;
+    let _ = notifier.await;
     drop(config_tx);
     store.close().await;
     result.map_err(|e| format!("server error: {e}"))

@@ -103,18 +103,7 @@ pub async fn run(
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = stop.changed() => return,
-            _ = leadership_changes(&mut leader) => {}
+            _ = crate::operator::lease::leadership_changes(&mut leader) => {}
         }
     }
-}
-
-/// Resolves when this replica's leadership changes; never without a leader election (or
-/// once it has ended).
-async fn leadership_changes(leader: &mut Option<watch::Receiver<bool>>) {
-    if let Some(l) = leader
-        && l.changed().await.is_ok()
-    {
-        return;
-    }
-    std::future::pending().await
 }

@@ -7,6 +7,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub mod types {
     /// The object can be used.
     pub const READY: &str = "Ready";
+    /// A ChatPolicy's notification targets can send.
+    pub const NOTIFY: &str = "Notify";
     /// Every referenced Secret key was found.
     pub const SECRET_RESOLVED: &str = "SecretResolved";
     /// The object was accepted (e.g. its tool name is free).
@@ -37,6 +39,10 @@ pub mod reasons {
     pub const SECRET_INVALID: &str = "SecretInvalid";
     /// A Secret could not be resolved, so the object is unavailable.
     pub const SECRET_NOT_RESOLVED: &str = "SecretNotResolved";
+    /// Every notification target of a ChatPolicy has its URL and Secrets.
+    pub const READY_TO_SEND: &str = "ReadyToSend";
+    /// A notification target keeps failing (its receiver refuses or cannot be reached).
+    pub const DELIVERY_FAILING: &str = "DeliveryFailing";
     /// The name is already taken.
     pub const NAME_CONFLICT: &str = "NameConflict";
     /// A header names an identity (an authenticating proxy's, impersonation) or Kortex's

@@ -80,6 +80,129 @@ pub struct ChatPolicySpec {
     /// `--retention-*` flags).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+    /// Where events of this policy's sessions are sent (`docs/notifications.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub notify: Vec<NotifyTarget>,
+}
+
+/// A notification target: which events go where, in which format.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NotifyTarget {
+    /// Name of the target within the policy (deliveries and metrics name it).
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// The events sent there.
+    #[schemars(length(min = 1, max = 16))]
+    pub events: Vec<NotifyEvent>,
+    /// The webhook receiving them.
+    pub webhook: Webhook,
+    /// `slack` (a Slack incoming webhook's JSON) or `json` (Kortex's envelope, default).
+    #[serde(default)]
+    pub format: NotifyFormat,
+    /// A Secret key whose value signs each `json` delivery: `X-Kortex-Signature:
+    /// sha256=<hex HMAC-SHA256 of the body>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_secret_ref: Option<crate::crd::SecretKeyRef>,
+}
+
+/// The URL of a webhook: written here, or read from a Secret (Slack's webhook URLs are
+/// credentials). Exactly one.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Webhook {
+    /// The URL (`https://...`; `http://` only to a loopback address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
+    pub url: Option<String>,
+    /// A Secret key holding the URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url_secret_ref: Option<crate::crd::SecretKeyRef>,
+}
+
+/// What can be notified.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum NotifyEvent {
+    /// A proposal waits for a decision.
+    #[serde(rename = "proposal.pending")]
+    ProposalPending,
+    /// A proposal was approved or rejected.
+    #[serde(rename = "proposal.decided")]
+    ProposalDecided,
+    /// An approved proposal was carried out.
+    #[serde(rename = "proposal.executed")]
+    ProposalExecuted,
+    /// Carrying out an approved proposal failed.
+    #[serde(rename = "proposal.failed")]
+    ProposalFailed,
+    /// A proposal expired undecided.
+    #[serde(rename = "proposal.expired")]
+    ProposalExpired,
+    /// A budget passed its `alertAtPercent`.
+    #[serde(rename = "budget.alert")]
+    BudgetAlert,
+    /// A chat run failed.
+    #[serde(rename = "run.failed")]
+    RunFailed,
+}
+
+impl NotifyEvent {
+    /// As written in manifests and envelopes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ProposalPending => "proposal.pending",
+            Self::ProposalDecided => "proposal.decided",
+            Self::ProposalExecuted => "proposal.executed",
+            Self::ProposalFailed => "proposal.failed",
+            Self::ProposalExpired => "proposal.expired",
+            Self::BudgetAlert => "budget.alert",
+            Self::RunFailed => "run.failed",
+        }
+    }
+
+    /// The event a proposal's move to `phase` is (none for `Executing`).
+    pub fn of_proposal_phase(phase: &str) -> Option<Self> {
+        match phase {
+            "Pending" => Some(Self::ProposalPending),
+            "Approved" | "Rejected" => Some(Self::ProposalDecided),
+            "Succeeded" => Some(Self::ProposalExecuted),
+            "Failed" => Some(Self::ProposalFailed),
+            "Expired" => Some(Self::ProposalExpired),
+            _ => None,
+        }
+    }
+}
+
+/// Body format of a notification.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum NotifyFormat {
+    /// `{id, type, time, data}`, optionally signed.
+    #[default]
+    Json,
+    /// Slack incoming-webhook JSON (`text` and `blocks`).
+    Slack,
+}
+
+impl ChatPolicySpec {
+    /// The Secret keys this policy names (its notification targets').
+    pub fn secret_refs(&self) -> Vec<&crate::crd::SecretKeyRef> {
+        self.notify
+            .iter()
+            .flat_map(|t| {
+                t.webhook
+                    .url_secret_ref
+                    .iter()
+                    .chain(t.signing_secret_ref.iter())
+            })
+            .collect()
+    }
 }
 
 /// Retention of what a policy's sessions store: windows such as `90d`, `12h`, `30m`, or `0`

@@ -536,9 +536,27 @@ impl Governor {
             return Ok(());
         };
         let threshold = (limit as f64 * f64::from(pct) / 100.0).ceil() as i64;
+        let event = serde_json::json!({
+            "policy": scope.policy,
+            "budget": counter.kind.field(),
+            "alertAtPercent": pct,
+            "threshold": counter.kind.show(threshold),
+            "limit": counter.kind.show(limit),
+            "message": format!(
+                "ChatPolicy {} has used over {pct}% of its {} ({})",
+                scope.policy,
+                counter.kind.field(),
+                counter.kind.show(limit)
+            ),
+        });
         if self
             .store
-            .budget_alert(&counter.scope, counter.window_start, threshold)
+            .budget_alert(
+                &counter.scope,
+                counter.window_start,
+                threshold,
+                Some((&scope.policy, &event)),
+            )
             .await?
         {
             let (used, _) = self

@@ -233,6 +233,17 @@ async fn release(api: &Api<Lease>, config: &LeaseConfig) {
     }
 }
 
+/// Resolves when this replica's leadership changes; never without a leader election
+/// (`None`: the one process of `kortex serve` always leads), or once the election ended.
+pub async fn leadership_changes(leader: &mut Option<watch::Receiver<bool>>) {
+    if let Some(l) = leader
+        && l.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -246,7 +246,11 @@ pub fn convert<K: DeserializeOwned>(
 }
 
 /// The Secrets the objects reference, by namespace and name.
-pub fn referenced_secrets(providers: &[LLMProvider], tools: &[KortexTool]) -> BTreeSet<ObjectKey> {
+pub fn referenced_secrets(
+    providers: &[LLMProvider],
+    tools: &[KortexTool],
+    policies: &[ChatPolicy],
+) -> BTreeSet<ObjectKey> {
     let refs = |ns: Option<&String>, refs: Vec<&SecretKeyRef>| {
         let ns = ns.cloned().unwrap_or_else(|| "default".into());
         refs.into_iter()
@@ -260,6 +264,11 @@ pub fn referenced_secrets(providers: &[LLMProvider], tools: &[KortexTool]) -> BT
             tools
                 .iter()
                 .flat_map(|t| refs(t.metadata.namespace.as_ref(), t.spec.secret_refs())),
+        )
+        .chain(
+            policies
+                .iter()
+                .flat_map(|p| refs(p.metadata.namespace.as_ref(), p.spec.secret_refs())),
         )
         .collect()
 }
@@ -374,7 +383,7 @@ pub async fn compile_loop(
         // A referenced Secret is read only when its owner opted it in: otherwise the
         // catalog sees its metadata alone and says so (`SecretNotOptedIn`).
         let mut not_opted_in: BTreeMap<ObjectKey, Arc<PartialObjectMeta<Secret>>> = BTreeMap::new();
-        for key in referenced_secrets(&providers, &tools) {
+        for key in referenced_secrets(&providers, &tools, &policies) {
             if let Some(meta) = metas.get(&key) {
                 if catalog::secrets::opted_in(&meta.metadata) {
                     wanted.insert(key, meta.clone());
@@ -514,7 +523,7 @@ mod tests {
             "metadata": {"name": "t", "namespace": "b"},
             "spec": {"description": "d", "http": {"url": "http://x/y", "auth": {"type": "bearer", "secretRef": {"name": "keys", "key": "t"}}}}}))
         .unwrap_or_else(|e| panic!("{e}"));
-        let refs = referenced_secrets(&[provider], &[tool]);
+        let refs = referenced_secrets(&[provider], &[tool], &[]);
         assert_eq!(
             refs.into_iter().collect::<Vec<_>>(),
             [

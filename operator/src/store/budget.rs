@@ -313,13 +313,16 @@ impl Store {
     }
 
     /// Marks the alert of a counter as sent once its use reaches `threshold`; true for the
-    /// one caller (across replicas) that gets to send it.
+    /// one caller (across replicas) that gets to send it. With `event` (`(policy, data)`),
+    /// writes its `budget.alert` notification in the same transaction.
     pub async fn budget_alert(
         &self,
         scope: &str,
         window_start: i64,
         threshold: i64,
+        event: Option<(&str, &serde_json::Value)>,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
         let done = sqlx::query(
             "UPDATE budget_counters SET alerted = 1 \
              WHERE scope = $1 AND window_start = $2 AND alerted = 0 AND used >= $3",
@@ -327,9 +330,15 @@ impl Store {
         .bind(scope)
         .bind(window_start)
         .bind(threshold)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() > 0)
+        let alerted = done.rows_affected() > 0;
+        // `budget.alert` for the policy's notification targets, with the same transaction.
+        if alerted && let Some((policy, data)) = event {
+            super::notify::add_event(&mut tx, "budget.alert", policy, scope, data).await?;
+        }
+        tx.commit().await?;
+        Ok(alerted)
     }
 
     /// What a counter has used and has reserved (zeros when it does not exist).

@@ -93,6 +93,7 @@ const TEXT: &[(&str, &[&str], &[&str])] = &[
     ("run_events", &["session_id", "seq"], &["data"]),
     ("tool_results", &["id"], &["content"]),
     ("mcp_sessions", &["id"], &["state"]),
+    ("notify_events", &["id"], &["data"]),
 ];
 
 /// Whether `next` (then `then`) continues a user name: a letter or digit does; so does
@@ -201,6 +202,12 @@ impl Store {
                 .await?;
             erased.pseudonymised.insert(table, n);
         }
+        // An admin erasing themselves is named by the pseudonym too.
+        let by = if by == user {
+            erased.pseudonym.as_str()
+        } else {
+            by
+        };
         if !erased.is_empty() {
             self.record_deletion(
                 Reason::Erasure,

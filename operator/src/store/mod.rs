@@ -22,11 +22,13 @@ mod budget;
 pub mod erasure;
 mod mcp;
 mod models;
+mod notify;
 mod repo;
 pub mod retention;
 mod runs;
 
 pub use mcp::MCP_ORIGIN;
+pub use notify::{Delivery, NotifyEventRecord};
 pub use runs::{PlanRecord, RunRecord};
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
@@ -69,6 +71,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         7,
         "run_control",
         include_str!("../../../migrations/0007_run_control.sql"),
+    ),
+    (
+        8,
+        "notifications",
+        include_str!("../../../migrations/0008_notifications.sql"),
     ),
 ];
 

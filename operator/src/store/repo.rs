@@ -2,7 +2,7 @@
 
 use super::models::*;
 use super::{Store, StoreError, new_id, now_ms};
-use serde_json::Value;
+use serde_json::{Value, json};
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
@@ -487,6 +487,7 @@ impl Store {
         reason: Option<&str>,
     ) -> Result<bool, StoreError> {
         // Only a run still in progress ends; one already failed by another replica stays so.
+        let mut tx = self.begin().await?;
         let done = sqlx::query(
             "UPDATE chat_runs SET status = $1, reason = $2, finished_at = $3, heartbeat_at = $3 \
              WHERE id = $4 AND status IN ('running', 'cancelling', 'requires_action', 'pausing', 'paused')",
@@ -495,9 +496,34 @@ impl Store {
         .bind(reason)
         .bind(now_ms())
         .bind(run_id)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() > 0)
+        let ended = done.rows_affected() > 0;
+        // A failed run of a policy is an event its notification targets may want.
+        if ended && status == "failed" {
+            let row = sqlx::query(
+                "SELECT r.policy, r.session_id, s.name, s.namespace, s.user_name FROM chat_runs r \
+                 JOIN chat_sessions s ON s.id = r.session_id WHERE r.id = $1",
+            )
+            .bind(run_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if let Some(row) = row
+                && let Some(policy) = row.try_get::<Option<String>, _>("policy")?
+            {
+                let data = json!({
+                    "runId": run_id,
+                    "sessionId": row.try_get::<String, _>("session_id")?,
+                    "sessionName": row.try_get::<String, _>("name")?,
+                    "namespace": row.try_get::<String, _>("namespace")?,
+                    "user": row.try_get::<String, _>("user_name")?,
+                    "reason": reason,
+                });
+                super::notify::add_event(&mut tx, "run.failed", &policy, run_id, &data).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(ended)
     }
 }
 
@@ -986,6 +1012,37 @@ fn proposal_row(row: &AnyRow) -> Result<ProposalRecord, StoreError> {
     })
 }
 
+/// The notification a proposal in its current phase makes, written in `tx` (none without a
+/// policy, or for a phase no event names).
+async fn notify_proposal(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    p: &ProposalRecord,
+) -> Result<(), StoreError> {
+    let (Some(policy), Some(event)) = (
+        p.policy.as_deref(),
+        crate::crd::NotifyEvent::of_proposal_phase(&p.phase),
+    ) else {
+        return Ok(());
+    };
+    let data = serde_json::to_value(p).unwrap_or_default();
+    super::notify::add_event(tx, event.as_str(), policy, &p.id, &data).await
+}
+
+/// [`notify_proposal`] of proposal `id` as `tx` now sees it.
+async fn notify_changed(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    id: &str,
+) -> Result<(), StoreError> {
+    let row = sqlx::query(concat!(proposal_select!(), " WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    match row.as_ref().map(proposal_row).transpose()? {
+        Some(p) => notify_proposal(tx, &p).await,
+        None => Ok(()),
+    }
+}
+
 /// Proposals.
 impl Store {
     /// After a conditional update: the fresh row, or a conflict saying why nothing changed.
@@ -1007,6 +1064,7 @@ impl Store {
 
     /// Stores a new proposal (its `version` is set to 1).
     pub async fn insert_proposal(&self, p: &ProposalRecord) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
         sqlx::query(
             "INSERT INTO proposals (id, name, namespace, session_id, session_name, user_name, policy, action, target, params, \
              rationale, blast_radius, reversible, provider, model, phase, decision, message, preview, undo, expires_at, \
@@ -1036,8 +1094,10 @@ impl Store {
         .bind(p.expires_at)
         .bind(p.created_at)
         .bind(p.updated_at)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        notify_proposal(&mut tx, p).await?;
+        tx.commit().await?;
         Ok(())
     }
 
@@ -1094,6 +1154,7 @@ impl Store {
         phase: &str,
         message: Option<&str>,
     ) -> Result<ProposalRecord, StoreError> {
+        let mut tx = self.begin().await?;
         let done = sqlx::query(
             "UPDATE proposals SET decision = $1, phase = $2, message = $3, updated_at = $4, version = version + 1 \
              WHERE id = $5 AND version = $6 AND decision IS NULL AND phase = 'Pending' AND expires_at > $4",
@@ -1104,8 +1165,12 @@ impl Store {
         .bind(now_ms())
         .bind(id)
         .bind(expected_version)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        if done.rows_affected() > 0 {
+            notify_changed(&mut tx, id).await?;
+        }
+        tx.commit().await?;
         self.updated_proposal(
             id,
             done.rows_affected(),
@@ -1142,6 +1207,13 @@ impl Store {
         message: Option<&str>,
         undo: Option<&Value>,
     ) -> Result<Option<ProposalRecord>, StoreError> {
+        let mut tx = self.begin().await?;
+        let before: Option<String> = sqlx::query("SELECT phase FROM proposals WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.try_get("phase"))
+            .transpose()?;
         sqlx::query(
             "UPDATE proposals SET phase = $1, decision = COALESCE($2, decision), message = $3, \
              undo = COALESCE($4, undo), updated_at = $5, version = version + 1 WHERE id = $6",
@@ -1152,8 +1224,12 @@ impl Store {
         .bind(undo.map(json_text))
         .bind(now_ms())
         .bind(id)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        if before.is_some_and(|b| b != phase) {
+            notify_changed(&mut tx, id).await?;
+        }
+        tx.commit().await?;
         self.get_proposal(id).await
     }
 
@@ -1168,6 +1244,13 @@ impl Store {
         preview: Option<&Value>,
         undo: Option<&Value>,
     ) -> Result<ProposalRecord, StoreError> {
+        let mut tx = self.begin().await?;
+        let before: Option<String> = sqlx::query("SELECT phase FROM proposals WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .map(|r| r.try_get("phase"))
+            .transpose()?;
         let done = sqlx::query(
             "UPDATE proposals SET phase = $1, message = $2, preview = COALESCE($3, preview), undo = COALESCE($4, undo), \
              updated_at = $5, version = version + 1 WHERE id = $6 AND version = $7",
@@ -1179,8 +1262,12 @@ impl Store {
         .bind(now_ms())
         .bind(id)
         .bind(expected_version)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        if done.rows_affected() > 0 && before.is_some_and(|b| b != phase) {
+            notify_changed(&mut tx, id).await?;
+        }
+        tx.commit().await?;
         self.updated_proposal(id, done.rows_affected(), "changed concurrently")
             .await
     }

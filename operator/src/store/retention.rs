@@ -24,6 +24,9 @@ pub const AUDIT_MIN_MS: i64 = 30 * DAY_MS;
 
 const DAY_MS: i64 = 86_400_000;
 
+/// Settled notifications are kept this long.
+const NOTIFY_KEEP_MS: i64 = 7 * DAY_MS;
+
 /// How long things are kept, in milliseconds (0: kept forever).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Windows {
@@ -159,6 +162,8 @@ pub struct Pruned {
     pub usage_events: u64,
     /// `decisions` rows (the audit log).
     pub decisions: u64,
+    /// `notify_events` and `notify_deliveries` rows, 7 days after they were settled.
+    pub notifications: u64,
 }
 
 impl Pruned {
@@ -170,7 +175,7 @@ impl Pruned {
     }
 
     /// Counts by kind (the metric's `kind` label).
-    pub fn counts(&self) -> [(&'static str, u64); 8] {
+    pub fn counts(&self) -> [(&'static str, u64); 9] {
         [
             ("sessions", self.sessions),
             ("messages", self.messages),
@@ -180,10 +185,11 @@ impl Pruned {
             ("mcp_sessions", self.mcp_sessions),
             ("usage_events", self.usage_events),
             ("decisions", self.decisions),
+            ("notifications", self.notifications),
         ]
     }
 
-    fn counts_mut(&mut self) -> [(&'static str, &mut u64); 8] {
+    fn counts_mut(&mut self) -> [(&'static str, &mut u64); 9] {
         [
             ("sessions", &mut self.sessions),
             ("messages", &mut self.messages),
@@ -193,6 +199,7 @@ impl Pruned {
             ("mcp_sessions", &mut self.mcp_sessions),
             ("usage_events", &mut self.usage_events),
             ("decisions", &mut self.decisions),
+            ("notifications", &mut self.notifications),
         ]
     }
 
@@ -406,6 +413,24 @@ impl Store {
                     )
                     .await?;
             }
+        }
+        // Notifications sent or given up on are kept a week (the outbox, not a record).
+        if matches!(scope.governs, Governs::Rest(_)) {
+            let settled = now - NOTIFY_KEEP_MS;
+            p.notifications += self
+                .delete_batched(
+                    "DELETE FROM notify_deliveries WHERE id IN (SELECT id FROM notify_deliveries \
+                     WHERE COALESCE(delivered_at, failed_at) < $1 LIMIT $2)",
+                    settled,
+                )
+                .await?;
+            p.notifications += self
+                .delete_batched(
+                    "DELETE FROM notify_events WHERE id IN (SELECT e.id FROM notify_events e \
+                     WHERE e.fanned_at < $1 AND NOT EXISTS (SELECT 1 FROM notify_deliveries d WHERE d.event_id = e.id) LIMIT $2)",
+                    settled,
+                )
+                .await?;
         }
         if w.usage_ms > 0 {
             p.usage_events += self

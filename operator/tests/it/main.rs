@@ -23,6 +23,7 @@ mod llm;
 mod local_models;
 mod manifests;
 mod mcp_door;
+mod notify;
 mod operator;
 mod plugins;
 mod policy;

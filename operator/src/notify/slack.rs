@@ -1,0 +1,105 @@
+//! `format: slack`: a Slack incoming webhook's JSON — `text` (the fallback line) and
+//! `blocks`: the headline, the proposal's action, target, rationale and preview, how to
+//! decide with `kubectl kortex`, and a button linking to the dashboard (`--public-url`).
+
+use super::{Channel, Outgoing, Rendered, proposal_link};
+use serde_json::{Value, json};
+
+/// Slack incoming webhooks.
+pub struct Slack;
+
+fn text(v: &Value, key: &str) -> String {
+    v.get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A target object (`{kind, namespace, name}`) as `Kind namespace/name`.
+fn target(v: &Value) -> String {
+    let t = &v["target"];
+    match (t["kind"].as_str(), t["name"].as_str()) {
+        (Some(kind), Some(name)) => match t["namespace"].as_str() {
+            Some(ns) => format!("{kind} {ns}/{name}"),
+            None => format!("{kind} {name}"),
+        },
+        _ => "-".into(),
+    }
+}
+
+impl Channel for Slack {
+    fn render(&self, out: &Outgoing<'_>) -> Rendered {
+        let event = &out.delivery.event;
+        let p = &event.data;
+        let name = text(p, "name");
+        let ns = text(p, "namespace");
+        let action = text(p, "action");
+        let headline = match event.event_type.as_str() {
+            "proposal.pending" => format!(":hourglass: Proposal *{name}* waits for a decision"),
+            "proposal.decided" => format!(
+                ":ballot_box_with_check: Proposal *{name}* was {} by {}",
+                text(p, "phase").to_ascii_lowercase(),
+                p["decision"]["by"].as_str().unwrap_or("someone")
+            ),
+            "proposal.executed" => format!(":white_check_mark: Proposal *{name}* was carried out"),
+            "proposal.failed" => format!(":x: Proposal *{name}* failed: {}", text(p, "message")),
+            "proposal.expired" => format!(":zzz: Proposal *{name}* expired undecided"),
+            "budget.alert" => format!(":warning: {}", text(p, "message")),
+            "run.failed" => format!(
+                ":x: A chat run of *{}* failed in session {} ({}): {}",
+                text(p, "user"),
+                text(p, "sessionName"),
+                text(p, "namespace"),
+                text(p, "reason")
+            ),
+            other => format!("{other}: {name}"),
+        };
+        if !event.event_type.starts_with("proposal.") {
+            let fallback = headline.replace('*', "");
+            let body = json!({"text": fallback, "blocks": [
+                {"type": "section", "text": {"type": "mrkdwn", "text": headline}},
+                {"type": "context", "elements": [{"type": "mrkdwn", "text": format!("Policy {}", event.policy)}]},
+            ]});
+            return Rendered {
+                body: body.to_string().into_bytes(),
+                headers: vec![("X-Kortex-Delivery", out.delivery.id.clone())],
+            };
+        }
+        let mut blocks = vec![
+            json!({"type": "section", "text": {"type": "mrkdwn", "text": headline}}),
+            json!({"type": "section", "fields": [
+                {"type": "mrkdwn", "text": format!("*Action*\n{action}")},
+                {"type": "mrkdwn", "text": format!("*Target*\n{}", target(p))},
+                {"type": "mrkdwn", "text": format!("*Proposed by*\n{}", text(p, "user"))},
+                {"type": "mrkdwn", "text": format!("*Policy*\n{}", event.policy)},
+            ]}),
+        ];
+        let rationale = text(p, "rationale");
+        if !rationale.is_empty() {
+            blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": format!("*Why*\n{rationale}")}}));
+        }
+        if let Some(summary) = p["preview"]["summary"].as_str() {
+            blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": format!("*Preview*\n{summary}")}}));
+        }
+        if event.event_type == "proposal.pending" {
+            blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!(
+                "`kubectl kortex approve {name} -n {ns}` or `kubectl kortex reject {name} -n {ns} --reason ...`"
+            )}]}));
+        }
+        if let Some(link) = proposal_link(out.public_url, out.delivery) {
+            blocks.push(json!({"type": "actions", "elements": [{
+                "type": "button",
+                "text": {"type": "plain_text", "text": "Open in Kortex"},
+                "url": link,
+            }]}));
+        }
+        let fallback = headline.replace('*', "");
+        let body = json!({"text": fallback, "blocks": blocks})
+            .to_string()
+            .into_bytes();
+        Rendered {
+            body,
+            headers: vec![("X-Kortex-Delivery", out.delivery.id.clone())],
+        }
+    }
+}

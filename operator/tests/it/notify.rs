@@ -1,0 +1,313 @@
+//! Notifications (docs/notifications.md) on the real binary: a proposal's events reach the
+//! policy's webhooks — Kortex's JSON envelope, signed, and Slack's format — through the
+//! outbox, after retries when the receiver fails, once per delivery id.
+
+use crate::binary::Server;
+use crate::chat::{read_sse, run_ended};
+use crate::common::{eventually, http_client};
+use crate::llm::{mock, openai, push, streamed};
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A webhook receiver on 127.0.0.1 that records what it is sent (headers and body) and
+/// answers 503 to its first `fail_first` requests.
+struct Receiver {
+    url: String,
+    seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>>,
+    refused: Arc<AtomicUsize>,
+}
+
+async fn receiver(fail_first: usize) -> Receiver {
+    let seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>> = Arc::default();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let (s, r) = (seen.clone(), refused.clone());
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
+            let (s, r) = (s.clone(), r.clone());
+            async move {
+                if r.load(Ordering::SeqCst) < fail_first {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    return axum::http::StatusCode::SERVICE_UNAVAILABLE;
+                }
+                s.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((headers, body));
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let base = crate::common::serve(app).await;
+    Receiver {
+        url: format!("{base}/hook"),
+        seen,
+        refused,
+    }
+}
+
+impl Receiver {
+    fn got(&self) -> Vec<(axum::http::HeaderMap, Value)> {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(h, b)| (h.clone(), serde_json::from_str(b).unwrap_or(Value::Null)))
+            .collect()
+    }
+
+    fn raw(&self, i: usize) -> String {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())[i]
+            .1
+            .clone()
+    }
+}
+
+fn header(h: &axum::http::HeaderMap, name: &str) -> String {
+    h.get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proposal_reaches_its_webhooks_signed_and_after_retries() {
+    let (base, script) = mock().await;
+    let json_hook = receiver(2).await;
+    let slack_hook = receiver(0).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: hooks, labels: {{kortex.dev/use: "true"}}}}
+stringData: {{slack: "{slack}", signing: s3cr3t-signing-key}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["*"]
+  provider: gpt
+  proposals: {{allowedActions: [restart], allowedNamespaces: ["shop-*"], requireDistinctApprover: false}}
+  notify:
+    - name: oncall-json
+      events: [proposal.pending, proposal.decided]
+      webhook: {{url: "{json}"}}
+      signingSecretRef: {{name: hooks, key: signing}}
+    - name: oncall-slack
+      events: [proposal.pending]
+      webhook: {{urlSecretRef: {{name: hooks, key: slack}}}}
+      format: slack
+"#,
+            slack = slack_hook.url,
+            json = json_hook.url,
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = Server::start_with_args(
+        &m,
+        &dir.path().join("k.db"),
+        &["--public-url", "https://kortex.example.com"],
+    );
+    let (_, policies) = server.get("/api/v1/policies").await;
+    assert!(policies.contains("ReadyToSend"), "{policies}");
+
+    // The model proposes a restart.
+    let client = http_client();
+    let d = openai();
+    let call = r#"{"action": "restart", "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop-prod", "name": "api"}, "rationale": "pods stuck since the config change", "reversible": true}"#;
+    push(
+        &script,
+        streamed(&d, (d.tools_stream)(&[("p1", "propose_action", call)])),
+    );
+    push(
+        &script,
+        streamed(&d, (d.text_stream)(&["I proposed a restart."])),
+    );
+    let session: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-1"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = session["id"].as_str().unwrap_or_default();
+    let r = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("accept", "text/event-stream")
+        .json(&json!({"content": "fix the api"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = read_sse(r, run_ended).await;
+    let proposal = events
+        .iter()
+        .find(|e| e.event == "proposal.created")
+        .map(|e| e.data["proposalId"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("no proposal: {events:?}"));
+
+    // Slack gets it at once; the JSON receiver after refusing twice (retried with backoff).
+    eventually("both webhooks got proposal.pending", || async {
+        match (slack_hook.got().len(), json_hook.got().len()) {
+            (1, 1) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(json_hook.refused.load(Ordering::SeqCst), 2);
+    let (h, body) = json_hook.got().remove(0);
+    assert_eq!(body["type"], "proposal.pending", "{body}");
+    assert_eq!(body["data"]["id"], proposal.as_str(), "{body}");
+    assert_eq!(body["data"]["action"], "restart");
+    assert_eq!(body["policy"], "default/incidents");
+    let delivery = header(&h, "x-kortex-delivery");
+    assert_eq!(
+        delivery,
+        format!("{}.oncall-json", body["id"].as_str().unwrap_or("?"))
+    );
+    assert_eq!(
+        header(&h, "x-kortex-signature"),
+        kortex::notify::webhook::signature("s3cr3t-signing-key", json_hook.raw(0).as_bytes())
+    );
+    let (h, slack) = slack_hook.got().remove(0);
+    assert!(header(&h, "x-kortex-signature").is_empty());
+    let blocks = slack["blocks"].to_string();
+    assert!(
+        slack["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("waits for a decision"),
+        "{slack}"
+    );
+    assert!(
+        blocks.contains("kubectl kortex approve restart-api-") && blocks.contains("-n shop-prod"),
+        "{blocks}"
+    );
+    assert!(
+        blocks.contains("Deployment shop-prod/api") && blocks.contains("pods stuck"),
+        "{blocks}"
+    );
+    assert!(
+        blocks.contains(&format!(
+            "https://kortex.example.com/#/proposals/{proposal}"
+        )),
+        "{blocks}"
+    );
+
+    // Approving it: the JSON target (subscribed to proposal.decided) hears; Slack does not.
+    let r = client
+        .post(server.url(&format!("/chat/v1/proposals/{proposal}/approve")))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.status().is_success(), "{}", r.status());
+    eventually("proposal.decided delivered", || async {
+        match json_hook.got().len() {
+            2 => Ok(()),
+            n => Err(format!("{n}")),
+        }
+    })
+    .await;
+    let (_, decided) = json_hook.got().remove(1);
+    assert_eq!(decided["type"], "proposal.decided", "{decided}");
+    assert_eq!(decided["data"]["phase"], "Approved");
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(
+        slack_hook.got().len(),
+        1,
+        "slack is not subscribed to proposal.decided"
+    );
+    assert_eq!(json_hook.got().len(), 2, "each delivery once");
+
+    let (_, metrics) = server.get("/metrics").await;
+    assert!(
+        metrics.contains("kortex_notifications_total{result=\"retried\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kortex_notifications_total{result=\"delivered\"} 3"),
+        "{metrics}"
+    );
+    // The Slack URL is a credential: never in the log.
+    assert!(!server.log().contains(&slack_hook.url), "{}", server.log());
+}
+
+/// A receiver that keeps failing: the policy says so (`Notify=False`, `DeliveryFailing`,
+/// naming the target and its last error), the retries are counted, and a failed chat run
+/// (`run.failed`) is what was being sent. A chat run never waits for the receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false() {
+    let (base, script) = mock().await;
+    let hook = receiver(usize::MAX).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["*"]
+  provider: gpt
+  notify:
+    - name: pager
+      events: [run.failed]
+      webhook: {{url: "{url}"}}
+"#,
+            url = hook.url
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
+    push(
+        &script,
+        crate::llm::json_reply(
+            400,
+            &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
+        ),
+    );
+    let id = crate::policy::session(&server, "incident-2").await;
+    let events = crate::policy::ask(&server, &id, "what broke?").await;
+    assert_eq!(crate::policy::state(&events), json!("failed"));
+    eventually("Notify=False", || async {
+        let (_, policies) = server.get("/api/v1/policies").await;
+        if policies.contains("DeliveryFailing") && policies.contains("pager: ") {
+            Ok(policies)
+        } else {
+            Err(policies)
+        }
+    })
+    .await;
+    assert!(hook.refused.load(Ordering::SeqCst) >= 3);
+    let (_, metrics) = server.get("/metrics").await;
+    assert!(
+        metrics.contains("kortex_notifications_total{result=\"retried\"}"),
+        "{metrics}"
+    );
+    // The chat server goes on serving meanwhile.
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Fine."])),
+    );
+    let events = crate::policy::ask(&server, &id, "and now?").await;
+    assert_eq!(crate::policy::state(&events), json!("completed"));
+}
