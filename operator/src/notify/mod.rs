@@ -2,8 +2,9 @@
 //! webhooks its `spec.notify` names. The store writes each event in the transaction of
 //! what caused it (the outbox); this room's one worker — on the leader, standalone the one
 //! process — fans it out to one delivery per target and sends each, at least once, with a
-//! stable delivery id, retrying with exponential backoff for up to 24 hours. A chat run
-//! never waits for it. One [`Channel`] per body format: `webhook.rs` (Kortex's JSON
+//! stable delivery id, retrying with exponential backoff for up to 24 hours. Each attempt
+//! is claimed in the database first, so two senders never send the same delivery. A chat
+//! run never waits for it. One [`Channel`] per body format: `webhook.rs` (Kortex's JSON
 //! envelope, signed) and `slack.rs` (Slack incoming webhooks).
 
 pub mod slack;
@@ -240,6 +241,12 @@ impl Notifier {
                 .await?;
         }
         for delivery in self.store.due_deliveries(now_ms(), 50).await? {
+            // Another sender (a replica of `kortex serve` on the same PostgreSQL) may have
+            // taken it.
+            let claim_until = now_ms() + (SEND_TIMEOUT.as_millis() as i64) * 3;
+            if !self.store.claim_delivery(&delivery, claim_until).await? {
+                continue;
+            }
             let target = config
                 .catalog
                 .policy_named(&delivery.event.policy)

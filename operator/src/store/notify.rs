@@ -32,6 +32,8 @@ pub struct Delivery {
     pub target: String,
     /// Attempts so far.
     pub attempts: i64,
+    /// When it was due (its claim checks this).
+    pub next_at: i64,
     /// When it was created (Unix ms; retries stop 24 h later).
     pub created_at: i64,
     /// The event.
@@ -124,7 +126,7 @@ impl Store {
     /// Deliveries due at `now`, oldest first.
     pub async fn due_deliveries(&self, now: i64, limit: i64) -> Result<Vec<Delivery>, StoreError> {
         let rows = sqlx::query(
-            "SELECT d.id, d.target, d.attempts, d.created_at, e.id AS e_id, e.event_type AS e_event_type, \
+            "SELECT d.id, d.target, d.attempts, d.next_at, d.created_at, e.id AS e_id, e.event_type AS e_event_type, \
              e.policy AS e_policy, e.subject AS e_subject, e.data AS e_data, e.created_at AS e_created_at \
              FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id \
              WHERE d.delivered_at IS NULL AND d.failed_at IS NULL AND d.next_at <= $1 \
@@ -140,11 +142,32 @@ impl Store {
                     id: r.try_get("id")?,
                     target: r.try_get("target")?,
                     attempts: r.try_get("attempts")?,
+                    next_at: r.try_get("next_at")?,
                     created_at: r.try_get("created_at")?,
                     event: event_row(r, "e_")?,
                 })
             })
             .collect()
+    }
+
+    /// Claims `delivery` for one attempt until `until` (Unix ms): true for the one sender
+    /// (of any replica) that gets it. A sender that dies mid-attempt leaves it to be sent
+    /// again once the claim runs out (at least once).
+    pub async fn claim_delivery(
+        &self,
+        delivery: &Delivery,
+        until: i64,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE notify_deliveries SET next_at = $1 \
+             WHERE id = $2 AND next_at = $3 AND delivered_at IS NULL AND failed_at IS NULL",
+        )
+        .bind(until)
+        .bind(&delivery.id)
+        .bind(delivery.next_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     /// Records a delivery's attempt: delivered, to retry at `retry_at`, or given up on

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A webhook receiver on 127.0.0.1 that records what it is sent (headers and body) and
-/// answers 503 to its first `fail_first` requests.
+/// answers 503 to its first `fail_first` requests; each answer takes `delay`.
 struct Receiver {
     url: String,
     seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>>,
@@ -19,6 +19,10 @@ struct Receiver {
 }
 
 async fn receiver(fail_first: usize) -> Receiver {
+    slow_receiver(fail_first, std::time::Duration::ZERO).await
+}
+
+async fn slow_receiver(fail_first: usize, delay: std::time::Duration) -> Receiver {
     let seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>> = Arc::default();
     let refused = Arc::new(AtomicUsize::new(0));
     let (s, r) = (seen.clone(), refused.clone());
@@ -27,6 +31,7 @@ async fn receiver(fail_first: usize) -> Receiver {
         axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
             let (s, r) = (s.clone(), r.clone());
             async move {
+                tokio::time::sleep(delay).await;
                 if r.load(Ordering::SeqCst) < fail_first {
                     r.fetch_add(1, Ordering::SeqCst);
                     return axum::http::StatusCode::SERVICE_UNAVAILABLE;
@@ -310,4 +315,142 @@ spec:
     );
     let events = crate::policy::ask(&server, &id, "and now?").await;
     assert_eq!(crate::policy::state(&events), json!("completed"));
+}
+
+/// Two `kortex serve` replicas on one PostgreSQL database both run the worker: every
+/// delivery is still sent once (each attempt is claimed first). The receiver takes 1.5 s
+/// to answer, so each worker comes round while the other is sending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_send_each_delivery_once() {
+    let Some(db) = crate::common::postgres().await else {
+        return;
+    };
+    let hook = slow_receiver(0, std::time::Duration::from_millis(1500)).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec: {{type: openai-compatible, baseUrl: "http://127.0.0.1:9/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["*"]
+  provider: gpt
+  notify:
+    - name: oncall
+      events: [proposal.pending]
+      webhook: {{url: "{url}"}}
+"#,
+            url = hook.url
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let a = Server::start_with_url(&m, &db.url, &[]);
+    let b = Server::start_with_url(&m, &db.url, &[]);
+    for i in 0..4 {
+        let mut p =
+            crate::retention::proposal(None, "alice", &format!("restart-api-{i}"), "Pending");
+        p.policy = Some("default/incidents".into());
+        db.store
+            .insert_proposal(&p)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    eventually("four deliveries", || async {
+        match hook.got().len() {
+            n if n >= 4 => Ok(()),
+            n => Err(format!("{n}")),
+        }
+    })
+    .await;
+    // Both workers have had time to go round several times.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let ids: std::collections::BTreeSet<String> = hook
+        .got()
+        .iter()
+        .map(|(h, _)| header(h, "x-kortex-delivery"))
+        .collect();
+    assert_eq!((hook.got().len(), ids.len()), (4, 4));
+    drop((a, b));
+}
+
+/// A receiver that holds its answer does not hold up chat: a run completes while the
+/// delivery of the previous run's failure is still waiting for the receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receiver_does_not_slow_chat_down() {
+    let (base, script) = mock().await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let (g, w) = (gate.clone(), waiting.clone());
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move || {
+            let (g, w) = (g.clone(), w.clone());
+            async move {
+                w.fetch_add(1, Ordering::SeqCst);
+                let _permit = g.acquire().await;
+                axum::http::StatusCode::OK
+            }
+        }),
+    );
+    let url = format!("{}/hook", crate::common::serve(app).await);
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["*"]
+  provider: gpt
+  notify: [{{name: pager, events: [run.failed], webhook: {{url: "{url}"}}}}]
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
+    push(
+        &script,
+        crate::llm::json_reply(
+            400,
+            &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
+        ),
+    );
+    let id = crate::policy::session(&server, "incident-3").await;
+    let events = crate::policy::ask(&server, &id, "what broke?").await;
+    assert_eq!(crate::policy::state(&events), json!("failed"));
+    eventually("the receiver holds the delivery", || async {
+        match waiting.load(Ordering::SeqCst) {
+            0 => Err("not yet".to_owned()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Fine."])),
+    );
+    let events = crate::policy::ask(&server, &id, "and now?").await;
+    assert_eq!(crate::policy::state(&events), json!("completed"));
+    assert_eq!(
+        gate.available_permits(),
+        0,
+        "the receiver was still holding it"
+    );
+    gate.add_permits(100);
 }

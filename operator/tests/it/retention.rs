@@ -9,7 +9,12 @@ use serde_json::json;
 
 const DAY: i64 = 86_400_000;
 
-fn proposal(session: Option<&str>, user: &str, name: &str, phase: &str) -> ProposalRecord {
+pub(crate) fn proposal(
+    session: Option<&str>,
+    user: &str,
+    name: &str,
+    phase: &str,
+) -> ProposalRecord {
     let now = now_ms();
     ProposalRecord {
         id: new_id(),
