@@ -484,6 +484,7 @@ async fn run_server(server: Server) -> Result<(), String> {
             egress.plugin_client(false)?,
             metrics.clone(),
             tools.public_url.clone(),
+            probes.clone(),
         )
         .run(leader.clone(), stop_rx.clone()),
     );

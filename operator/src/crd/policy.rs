@@ -147,9 +147,15 @@ pub enum NotifyEvent {
     /// A budget passed its `alertAtPercent`.
     #[serde(rename = "budget.alert")]
     BudgetAlert,
+    /// A budget is used up: requests are refused until it resets.
+    #[serde(rename = "budget.exhausted")]
+    BudgetExhausted,
     /// A chat run failed.
     #[serde(rename = "run.failed")]
     RunFailed,
+    /// A provider the policy uses became unavailable (not ready, or not answering).
+    #[serde(rename = "provider.unavailable")]
+    ProviderUnavailable,
 }
 
 impl NotifyEvent {
@@ -162,7 +168,9 @@ impl NotifyEvent {
             Self::ProposalFailed => "proposal.failed",
             Self::ProposalExpired => "proposal.expired",
             Self::BudgetAlert => "budget.alert",
+            Self::BudgetExhausted => "budget.exhausted",
             Self::RunFailed => "run.failed",
+            Self::ProviderUnavailable => "provider.unavailable",
         }
     }
 

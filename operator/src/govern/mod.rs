@@ -263,6 +263,29 @@ impl Governor {
         e
     }
 
+    /// A refusal: counted, and — once per budget window — a `budget.exhausted` event for
+    /// the policy's notification targets.
+    async fn exhausted(&self, counter: &Counter, e: Exceeded) -> Result<Exceeded, StoreError> {
+        let data = serde_json::json!({
+            "policy": e.policy,
+            "budget": e.kind.field(),
+            "limit": e.kind.show(e.limit),
+            "used": e.kind.show(e.used),
+            "resetsAt": e.resets_at.and_then(|at| jiff::Timestamp::from_millisecond(at).ok()).map(|t| t.to_string()),
+            "message": format!(
+                "ChatPolicy {} has used up its {} ({} of {}); requests are refused until it resets",
+                e.policy,
+                e.kind.field(),
+                e.kind.show(e.used),
+                e.kind.show(e.limit)
+            ),
+        });
+        self.store
+            .budget_exhausted(&counter.scope, counter.window_start, &e.policy, &data)
+            .await?;
+        Ok(self.refused(e))
+    }
+
     /// Admits one request (a chat run or a gateway call): counts it against
     /// `perUserHourlyRequests`, and refuses up front when the policy's daily spend or the
     /// session's tokens are already used up. Returns the alerts crossed.
@@ -278,9 +301,9 @@ impl Governor {
                 // Calls in flight may still settle below their reservations: only what is
                 // spent refuses a request up front.
                 if used >= limit {
-                    return Ok(Err(
-                        self.refused(counter.exceeded(&scope.policy, used + reserved))
-                    ));
+                    return Ok(Err(self
+                        .exhausted(counter, counter.exceeded(&scope.policy, used + reserved))
+                        .await?));
                 }
             }
         }
@@ -289,9 +312,12 @@ impl Governor {
             .map(|r| r.hold(1, true))
             .collect();
         if let Err(refused) = self.store.reserve_budget(&new_id(), &holds, now).await? {
-            return Ok(Err(
-                self.refused(c.requests.exceeded(&scope.policy, refused.used))
-            ));
+            return Ok(Err(self
+                .exhausted(
+                    &c.requests,
+                    c.requests.exceeded(&scope.policy, refused.used),
+                )
+                .await?));
         }
         let mut alerts = Vec::new();
         self.alert(scope, &c.requests, &mut alerts).await?;
@@ -364,9 +390,9 @@ impl Governor {
             Ok(drawn) => drawn,
             Err(no_room) => {
                 let counter = asked[slots[no_room.index]].0.unwrap_or(&counters.usd);
-                return Ok(Err(
-                    self.refused(counter.exceeded(&scope.policy, no_room.used))
-                ));
+                return Ok(Err(self
+                    .exhausted(counter, counter.exceeded(&scope.policy, no_room.used))
+                    .await?));
             }
         };
         let mut draws: [Option<LeaseDraw>; 3] = Default::default();

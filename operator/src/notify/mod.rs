@@ -78,6 +78,11 @@ pub struct Notifier {
     pub public_url: Option<String>,
     /// Consecutive failures and the last error, by `(policy, target)`.
     pub failing: std::sync::Mutex<std::collections::BTreeMap<(String, String), (u32, String)>>,
+    /// The providers' probes.
+    pub probes: crate::llm::probe::ProbeBoard,
+    /// Whether each provider was usable at the last tick (`provider.unavailable` is a
+    /// change of it, never a first sight).
+    pub usable: std::sync::Mutex<std::collections::BTreeMap<crate::catalog::ObjectKey, bool>>,
 }
 
 /// Consecutive failed attempts after which a target's policy says `Notify=False`.
@@ -91,6 +96,7 @@ impl Notifier {
         client: reqwest::Client,
         metrics: Arc<Metrics>,
         public_url: Option<String>,
+        probes: crate::llm::probe::ProbeBoard,
     ) -> Self {
         Self {
             store,
@@ -99,7 +105,64 @@ impl Notifier {
             metrics,
             public_url,
             failing: Default::default(),
+            probes,
+            usable: Default::default(),
         }
+    }
+
+    /// Writes `provider.unavailable` for each policy of a provider that was usable at the
+    /// last tick and is not now: not ready, or its last probe failed.
+    async fn watch_providers(&self, config: &LiveConfig) -> Result<(), StoreError> {
+        let board = self.probes.read().map(|b| b.clone()).unwrap_or_default();
+        let mut gone = Vec::new();
+        {
+            let mut usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
+            for (key, entry) in &config.catalog.providers {
+                let probe = board.get(key);
+                let now = entry.available && probe.is_none_or(|p| p.ok);
+                if usable.insert(key.clone(), now) == Some(true) && !now {
+                    let message = match probe {
+                        Some(p) if !p.ok => p.message.clone(),
+                        _ => entry
+                            .object
+                            .status
+                            .as_ref()
+                            .and_then(|s| {
+                                crate::crd::conditions::find(
+                                    &s.conditions,
+                                    crate::crd::conditions::types::READY,
+                                )
+                            })
+                            .map(|c| c.message.clone())
+                            .unwrap_or_default(),
+                    };
+                    gone.push((key.clone(), message));
+                }
+            }
+        }
+        for (key, message) in gone {
+            for (pkey, policy) in &config.catalog.policies {
+                let spec = &policy.object.spec;
+                let uses = pkey.namespace == key.namespace
+                    && (spec.provider == key.name || spec.fallback_providers.contains(&key.name));
+                if !uses {
+                    continue;
+                }
+                let data = serde_json::json!({
+                    "provider": format!("{}/{}", key.namespace, key.name),
+                    "message": message,
+                });
+                self.store
+                    .notify_event(
+                        "provider.unavailable",
+                        &format!("{}/{}", pkey.namespace, pkey.name),
+                        &format!("{}/{}", key.namespace, key.name),
+                        &data,
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// Records an attempt's outcome for the `Notify` condition.
@@ -219,6 +282,7 @@ impl Notifier {
     }
 
     async fn work(&self, config: &LiveConfig) -> Result<(), StoreError> {
+        self.watch_providers(config).await?;
         for event in self.store.unfanned_events(100).await? {
             let targets: Vec<String> = config
                 .catalog

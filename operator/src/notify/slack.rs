@@ -45,6 +45,12 @@ impl Channel for Slack {
             "proposal.failed" => format!(":x: Proposal *{name}* failed: {}", text(p, "message")),
             "proposal.expired" => format!(":zzz: Proposal *{name}* expired undecided"),
             "budget.alert" => format!(":warning: {}", text(p, "message")),
+            "budget.exhausted" => format!(":no_entry: {}", text(p, "message")),
+            "provider.unavailable" => format!(
+                ":electric_plug: LLMProvider *{}* is unavailable: {}",
+                text(p, "provider"),
+                text(p, "message")
+            ),
             "run.failed" => format!(
                 ":x: A chat run of *{}* failed in session {} ({}): {}",
                 text(p, "user"),

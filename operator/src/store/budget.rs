@@ -324,7 +324,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut tx = self.begin().await?;
         let done = sqlx::query(
-            "UPDATE budget_counters SET alerted = 1 \
+            "UPDATE budget_counters SET alerted = alerted + 1 \
              WHERE scope = $1 AND window_start = $2 AND alerted = 0 AND used >= $3",
         )
         .bind(scope)
@@ -339,6 +339,32 @@ impl Store {
         }
         tx.commit().await?;
         Ok(alerted)
+    }
+
+    /// Writes the `budget.exhausted` event of a counter once per window (the first refusal;
+    /// `alerted` keeps it, as 2 added to the alert's 1).
+    pub async fn budget_exhausted(
+        &self,
+        scope: &str,
+        window_start: i64,
+        policy: &str,
+        data: &serde_json::Value,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await?;
+        let done = sqlx::query(
+            "UPDATE budget_counters SET alerted = alerted + 2 \
+             WHERE scope = $1 AND window_start = $2 AND alerted < 2",
+        )
+        .bind(scope)
+        .bind(window_start)
+        .execute(&mut *tx)
+        .await?;
+        let first = done.rows_affected() > 0;
+        if first {
+            super::notify::add_event(&mut tx, "budget.exhausted", policy, scope, data).await?;
+        }
+        tx.commit().await?;
+        Ok(first)
     }
 
     /// What a counter has used and has reserved (zeros when it does not exist).

@@ -79,6 +79,20 @@ fn event_row(row: &sqlx::any::AnyRow, prefix: &str) -> Result<NotifyEventRecord,
 }
 
 impl Store {
+    /// Writes an event that no database change causes (a provider turning unavailable).
+    pub async fn notify_event(
+        &self,
+        event_type: &str,
+        policy: &str,
+        subject: &str,
+        data: &Value,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin().await?;
+        add_event(&mut tx, event_type, policy, subject, data).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Events not yet fanned out, oldest first.
     pub async fn unfanned_events(&self, limit: i64) -> Result<Vec<NotifyEventRecord>, StoreError> {
         let rows = sqlx::query(

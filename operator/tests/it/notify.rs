@@ -454,3 +454,110 @@ spec:
     );
     gate.add_permits(100);
 }
+
+/// `budget.exhausted` once per window, however many requests it refuses; `budget.alert`
+/// when the threshold is crossed; `provider.unavailable` when a provider the policy uses
+/// stops answering (its probe fails after its spec changed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_and_providers_notify_once_per_change() {
+    let (base, script) = mock().await;
+    let hook = receiver(0).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let write = |provider_url: &str| {
+        std::fs::write(
+            m.join("all.yaml"),
+            format!(
+                r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec: {{type: openai-compatible, baseUrl: "{provider_url}/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["*"]
+  provider: gpt
+  budget: {{perUserHourlyRequests: 2, alertAtPercent: 50}}
+  notify:
+    - name: pager
+      events: [budget.alert, budget.exhausted, provider.unavailable]
+      webhook: {{url: "{url}"}}
+"#,
+                url = hook.url
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    };
+    write(&base);
+    let server = Server::start_with_args(&m, &dir.path().join("k.db"), &["--probe-interval", "1s"]);
+    let id = crate::policy::session(&server, "incident-4").await;
+    let d = openai();
+    for _ in 0..2 {
+        push(&script, streamed(&d, (d.text_stream)(&["ok"])));
+        let events = crate::policy::ask(&server, &id, "status?").await;
+        assert_eq!(crate::policy::state(&events), json!("completed"));
+    }
+    // Refused three times: one event.
+    for _ in 0..3 {
+        let r = http_client()
+            .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+            .json(&json!({"content": "status?"}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 429);
+    }
+    let types = || {
+        hook.got()
+            .iter()
+            .map(|(_, b)| b["type"].as_str().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+    };
+    eventually("budget.alert and budget.exhausted", || async {
+        let t = types();
+        if t.contains(&"budget.exhausted".to_owned()) && t.contains(&"budget.alert".to_owned()) {
+            Ok(())
+        } else {
+            Err(format!("{t:?}"))
+        }
+    })
+    .await;
+    let exhausted: Vec<Value> = hook
+        .got()
+        .into_iter()
+        .map(|(_, b)| b)
+        .filter(|b| b["type"] == "budget.exhausted")
+        .collect();
+    assert_eq!(exhausted.len(), 1, "{exhausted:?}");
+    assert_eq!(exhausted[0]["data"]["budget"], "perUserHourlyRequests");
+    // The provider stops answering.
+    write("http://127.0.0.1:9");
+    eventually("provider.unavailable", || async {
+        let t = types();
+        if t.contains(&"provider.unavailable".to_owned()) {
+            Ok(())
+        } else {
+            Err(format!("{t:?}"))
+        }
+    })
+    .await;
+    let down: Vec<Value> = hook
+        .got()
+        .into_iter()
+        .map(|(_, b)| b)
+        .filter(|b| b["type"] == "provider.unavailable")
+        .collect();
+    assert_eq!(down[0]["data"]["provider"], "default/gpt", "{down:?}");
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(
+        hook.got()
+            .iter()
+            .filter(|(_, b)| b["type"] == "provider.unavailable")
+            .count(),
+        1,
+        "one event per change, not per failed probe"
+    );
+}
