@@ -108,6 +108,10 @@ pub struct NotifyTarget {
     /// sha256=<hex HMAC-SHA256 of the body>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signing_secret_ref: Option<crate::crd::SecretKeyRef>,
+    /// At most one delivery to this target per this long (e.g. `1m`); the others wait
+    /// their turn, in order. Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_interval: Option<Duration>,
 }
 
 /// The URL of a webhook: written here, or read from a Secret (Slack's webhook URLs are

@@ -80,6 +80,8 @@ pub struct Notifier {
     pub failing: std::sync::Mutex<std::collections::BTreeMap<(String, String), (u32, String)>>,
     /// The providers' probes.
     pub probes: crate::llm::probe::ProbeBoard,
+    /// When each `(policy, target)` was last sent to (for `minInterval`).
+    pub last_sent: std::sync::Mutex<std::collections::BTreeMap<(String, String), i64>>,
     /// Whether each provider was usable at the last tick (`provider.unavailable` is a
     /// change of it, never a first sight).
     pub usable: std::sync::Mutex<std::collections::BTreeMap<crate::catalog::ObjectKey, bool>>,
@@ -105,6 +107,7 @@ impl Notifier {
             metrics,
             public_url,
             failing: Default::default(),
+            last_sent: Default::default(),
             probes,
             usable: Default::default(),
         }
@@ -305,12 +308,6 @@ impl Notifier {
                 .await?;
         }
         for delivery in self.store.due_deliveries(now_ms(), 50).await? {
-            // Another sender (a replica of `kortex serve` on the same PostgreSQL) may have
-            // taken it.
-            let claim_until = now_ms() + (SEND_TIMEOUT.as_millis() as i64) * 3;
-            if !self.store.claim_delivery(&delivery, claim_until).await? {
-                continue;
-            }
             let target = config
                 .catalog
                 .policy_named(&delivery.event.policy)
@@ -325,9 +322,34 @@ impl Notifier {
                 self.metrics.notification("dropped");
                 continue;
             };
+            let key = (delivery.event.policy.clone(), delivery.target.clone());
+            if let Some(min) = target
+                .target
+                .min_interval
+                .filter(|d| !d.is_negative())
+                .map(Duration::from)
+                && let Some(last) = self
+                    .last_sent
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&key)
+                && now_ms() < last + min.as_millis() as i64
+            {
+                continue;
+            }
+            // Another sender (a replica of `kortex serve` on the same PostgreSQL) may have
+            // taken it.
+            let claim_until = now_ms() + (SEND_TIMEOUT.as_millis() as i64) * 3;
+            if !self.store.claim_delivery(&delivery, claim_until).await? {
+                continue;
+            }
             match self.send(&delivery, target).await {
                 Ok(()) => {
                     self.note(&delivery, None);
+                    self.last_sent
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(key, now_ms());
                     self.store.delivery_attempted(&delivery.id, Ok(())).await?;
                     self.metrics.notification("delivered");
                 }

@@ -561,3 +561,55 @@ spec:
         "one event per change, not per failed probe"
     );
 }
+
+/// `minInterval`: at most one delivery per interval to a target; the next waits its turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_interval_spaces_deliveries_to_a_target() {
+    let (base, script) = mock().await;
+    let hook = receiver(0).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["*"]
+  provider: gpt
+  notify: [{{name: pager, events: [run.failed], webhook: {{url: "{url}"}}, minInterval: 1h}}]
+"#,
+            url = hook.url
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
+    let id = crate::policy::session(&server, "incident-5").await;
+    for _ in 0..2 {
+        push(
+            &script,
+            crate::llm::json_reply(
+                400,
+                &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
+            ),
+        );
+        let events = crate::policy::ask(&server, &id, "what broke?").await;
+        assert_eq!(crate::policy::state(&events), json!("failed"));
+    }
+    eventually("the first delivery", || async {
+        match hook.got().len() {
+            0 => Err("none yet".to_owned()),
+            n => Ok(n),
+        }
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(hook.got().len(), 1, "the second waits for the interval");
+}
