@@ -481,7 +481,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         crate::notify::Notifier::new(
             store.clone(),
             config_tx.clone(),
-            egress.plugin_client(false)?,
+            (egress.plugin_client(false)?, egress.plugin_client(true)?),
             metrics.clone(),
             tools.public_url.clone(),
             probes.clone(),

@@ -126,6 +126,11 @@ pub struct Webhook {
     /// A Secret key holding the URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url_secret_ref: Option<crate::crd::SecretKeyRef>,
+    /// As for a KortexTool: allow link-local and metadata addresses, the API server and
+    /// (cluster mode) loopback, and send through `HTTPS_PROXY` when set. Kortex itself is
+    /// never allowed.
+    #[serde(default)]
+    pub allow_private_targets: bool,
 }
 
 /// What can be notified.

@@ -70,8 +70,9 @@ pub struct Notifier {
     /// The targets, as configured now; the worker sets their policies' `Notify`
     /// condition while a target keeps failing.
     pub config: watch::Sender<Arc<LiveConfig>>,
-    /// The egress-guarded client (the same rules as HTTP plugin tools).
-    pub client: reqwest::Client,
+    /// The egress-guarded clients, as for HTTP plugin tools: the strict one, and the one
+    /// of `allowPrivateTargets` (which also uses `HTTPS_PROXY`).
+    pub clients: (reqwest::Client, reqwest::Client),
     /// `kortex_notifications_total`.
     pub metrics: Arc<Metrics>,
     /// The dashboard's address, for links.
@@ -95,7 +96,7 @@ impl Notifier {
     pub fn new(
         store: Store,
         config: watch::Sender<Arc<LiveConfig>>,
-        client: reqwest::Client,
+        clients: (reqwest::Client, reqwest::Client),
         metrics: Arc<Metrics>,
         public_url: Option<String>,
         probes: crate::llm::probe::ProbeBoard,
@@ -103,7 +104,7 @@ impl Notifier {
         Self {
             store,
             config,
-            client,
+            clients,
             metrics,
             public_url,
             failing: Default::default(),
@@ -387,8 +388,12 @@ impl Notifier {
             target,
             public_url: self.public_url.as_deref(),
         });
-        let mut request = self
-            .client
+        let client = if target.target.webhook.allow_private_targets {
+            &self.clients.1
+        } else {
+            &self.clients.0
+        };
+        let mut request = client
             .post(target.url.expose())
             .timeout(SEND_TIMEOUT)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
