@@ -1028,6 +1028,19 @@ async fn notify_proposal(
     super::notify::add_event(tx, event.as_str(), policy, &p.id, &data).await
 }
 
+/// Proposal `id`'s phase as `tx` sees it.
+async fn phase_in(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    id: &str,
+) -> Result<Option<String>, StoreError> {
+    Ok(sqlx::query("SELECT phase FROM proposals WHERE id = $1")
+        .bind(id)
+        .fetch_optional(&mut **tx)
+        .await?
+        .map(|r| r.try_get("phase"))
+        .transpose()?)
+}
+
 /// [`notify_proposal`] of proposal `id` as `tx` now sees it.
 async fn notify_changed(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
@@ -1208,12 +1221,7 @@ impl Store {
         undo: Option<&Value>,
     ) -> Result<Option<ProposalRecord>, StoreError> {
         let mut tx = self.begin().await?;
-        let before: Option<String> = sqlx::query("SELECT phase FROM proposals WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .map(|r| r.try_get("phase"))
-            .transpose()?;
+        let before = phase_in(&mut tx, id).await?;
         sqlx::query(
             "UPDATE proposals SET phase = $1, decision = COALESCE($2, decision), message = $3, \
              undo = COALESCE($4, undo), updated_at = $5, version = version + 1 WHERE id = $6",
@@ -1245,12 +1253,7 @@ impl Store {
         undo: Option<&Value>,
     ) -> Result<ProposalRecord, StoreError> {
         let mut tx = self.begin().await?;
-        let before: Option<String> = sqlx::query("SELECT phase FROM proposals WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .map(|r| r.try_get("phase"))
-            .transpose()?;
+        let before = phase_in(&mut tx, id).await?;
         let done = sqlx::query(
             "UPDATE proposals SET phase = $1, message = $2, preview = COALESCE($3, preview), undo = COALESCE($4, undo), \
              updated_at = $5, version = version + 1 WHERE id = $6 AND version = $7",

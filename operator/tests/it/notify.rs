@@ -75,6 +75,36 @@ fn header(h: &axum::http::HeaderMap, name: &str) -> String {
         .to_owned()
 }
 
+/// A manifest folder `m` in a new temp dir: the LLMProvider `gpt` at `base` and the
+/// ChatPolicy `incidents` for every session, with `policy` (YAML lines under its `spec:`).
+fn policy_manifests(base: &str, policy: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\n\
+             spec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m1, locality: local}}\n\
+             ---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\n\
+             spec:\n  sessions: [\"*\"]\n  provider: gpt\n{policy}"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    dir
+}
+
+/// The provider's next answer is a 400: the chat run fails (`run.failed`).
+fn fail_next_call(script: &crate::llm::Script) {
+    push(
+        script,
+        crate::llm::json_reply(
+            400,
+            &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
+        ),
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proposal_reaches_its_webhooks_signed_and_after_retries() {
     let (base, script) = mock().await;
@@ -256,40 +286,15 @@ spec:
 async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false() {
     let (base, script) = mock().await;
     let hook = receiver(usize::MAX).await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(
-        m.join("all.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["*"]
-  provider: gpt
-  notify:
-    - name: pager
-      events: [run.failed]
-      webhook: {{url: "{url}"}}
-"#,
-            url = hook.url
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let server = Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
-    push(
-        &script,
-        crate::llm::json_reply(
-            400,
-            &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
+    let dir = policy_manifests(
+        &base,
+        &format!(
+            "  notify:\n    - name: pager\n      events: [run.failed]\n      webhook: {{url: \"{}\"}}\n",
+            hook.url
         ),
     );
+    let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
+    fail_next_call(&script);
     let id = crate::policy::session(&server, "incident-2").await;
     let events = crate::policy::ask(&server, &id, "what broke?").await;
     assert_eq!(crate::policy::state(&events), json!("failed"));
@@ -401,36 +406,14 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
         }),
     );
     let url = format!("{}/hook", crate::common::serve(app).await);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(
-        m.join("all.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["*"]
-  provider: gpt
-  notify: [{{name: pager, events: [run.failed], webhook: {{url: "{url}"}}}}]
-"#
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let server = Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
-    push(
-        &script,
-        crate::llm::json_reply(
-            400,
-            &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
+    let dir = policy_manifests(
+        &base,
+        &format!(
+            "  notify: [{{name: pager, events: [run.failed], webhook: {{url: \"{url}\"}}}}]\n"
         ),
     );
+    let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
+    fail_next_call(&script);
     let id = crate::policy::session(&server, "incident-3").await;
     let events = crate::policy::ask(&server, &id, "what broke?").await;
     assert_eq!(crate::policy::state(&events), json!("failed"));
@@ -567,39 +550,17 @@ spec:
 async fn min_interval_spaces_deliveries_to_a_target() {
     let (base, script) = mock().await;
     let hook = receiver(0).await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(
-        m.join("all.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["*"]
-  provider: gpt
-  notify: [{{name: pager, events: [run.failed], webhook: {{url: "{url}"}}, minInterval: 1h}}]
-"#,
-            url = hook.url
+    let dir = policy_manifests(
+        &base,
+        &format!(
+            "  notify: [{{name: pager, events: [run.failed], webhook: {{url: \"{}\"}}, minInterval: 1h}}]\n",
+            hook.url
         ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let server = Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
+    );
+    let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
     let id = crate::policy::session(&server, "incident-5").await;
     for _ in 0..2 {
-        push(
-            &script,
-            crate::llm::json_reply(
-                400,
-                &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
-            ),
-        );
+        fail_next_call(&script);
         let events = crate::policy::ask(&server, &id, "what broke?").await;
         assert_eq!(crate::policy::state(&events), json!("failed"));
     }
