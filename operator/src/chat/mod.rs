@@ -402,6 +402,7 @@ impl Engine {
             run_id: Some(run_id.clone()),
             role: "user".into(),
             content,
+            author: Some(session.user.clone()),
             ..Default::default()
         };
         let stored = async {

@@ -147,12 +147,8 @@ pub async fn export(
     headers: HeaderMap,
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    let session = state
-        .store
-        .get_session(&id, &caller.user)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or_else(|| ApiError::not_found(format!("session {id} not found")))?;
+    let session =
+        super::chat_api::reachable(&state, &caller, &id, crate::store::Access::Read).await?;
     let messages = state
         .store
         .list_messages(&id)

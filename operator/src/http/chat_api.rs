@@ -85,6 +85,9 @@ fn session_json(s: &SessionRecord, messages: Option<Vec<crate::store::MessageRec
                 if m.superseded {
                     o["superseded"] = json!(true);
                 }
+                if let Some(author) = &m.author {
+                    o["author"] = json!(author);
+                }
                 o
             })
             .collect();
@@ -254,7 +257,25 @@ fn validate_dynamic_tools(
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
+    // `?shared=true`: the sessions others shared with the caller, each with its `access`.
+    if q.get("shared").map(String::as_str) == Some("true") {
+        let shared = state
+            .store
+            .sessions_shared_with(&caller.user, &caller.groups)
+            .await
+            .map_err(ApiError::from)?;
+        let items: Vec<Value> = shared
+            .iter()
+            .map(|(s, access)| {
+                let mut v = session_json(s, None);
+                v["access"] = json!(access.as_str());
+                v
+            })
+            .collect();
+        return Ok(Json(json!({"items": items})));
+    }
     let sessions = state
         .store
         .list_sessions(&caller.user)
@@ -265,6 +286,8 @@ pub async fn list(
     ))
 }
 
+/// Session `id` if the caller owns it; anyone else gets 404, as for a session that does
+/// not exist.
 pub(crate) async fn owned(
     state: &AppState,
     caller: &Caller,
@@ -278,13 +301,135 @@ pub(crate) async fn owned(
         .ok_or_else(|| ApiError::not_found(format!("session {id} not found")))
 }
 
+/// Session `id` if the caller owns it, or it is shared with them for at least `need`
+/// (`docs/chat.md#sharing`). Shared to read but asked to take part: 403; not shared: 404.
+pub(crate) async fn reachable(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    need: crate::store::Access,
+) -> Result<SessionRecord, ApiError> {
+    if let Some(s) = state
+        .store
+        .get_session(id, &caller.user)
+        .await
+        .map_err(ApiError::from)?
+    {
+        return Ok(s);
+    }
+    match state
+        .store
+        .shared_access(id, &caller.user, &caller.groups)
+        .await
+        .map_err(ApiError::from)?
+    {
+        Some((s, access)) if access >= need => Ok(s),
+        Some(_) => Err(ApiError::forbidden(format!(
+            "session {id} is shared with you to read; its owner can share it with access: continue"
+        ))),
+        None => Err(ApiError::not_found(format!("session {id} not found"))),
+    }
+}
+
+/// `POST /chat/v1/sessions/{id}/share` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShareBody {
+    #[serde(default)]
+    users: Vec<String>,
+    #[serde(default)]
+    groups: Vec<String>,
+    access: Option<crate::store::Access>,
+}
+
+fn principals_valid(body: &ShareBody) -> Result<(), ApiError> {
+    if body.users.len() + body.groups.len() > 64 {
+        return Err(ApiError::invalid("at most 64 users and groups at a time"));
+    }
+    if body
+        .users
+        .iter()
+        .chain(&body.groups)
+        .any(|p| p.trim().is_empty() || p.len() > 256)
+    {
+        return Err(ApiError::invalid(
+            "users and groups are names of 1 to 256 characters",
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /chat/v1/sessions/{id}/share {users?, groups?, access: read | continue}` (the
+/// owner only) → `{shares}`.
+pub async fn share(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Result<Json<ShareBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = json_body(body)?;
+    let session = owned(&state, &caller, &id).await?;
+    principals_valid(&body)?;
+    if body.users.is_empty() && body.groups.is_empty() {
+        return Err(ApiError::invalid("name at least one of users or groups"));
+    }
+    let access = body
+        .access
+        .ok_or_else(|| ApiError::invalid("access is read or continue"))?;
+    let shares = state
+        .store
+        .share_session(&session.id, &body.users, &body.groups, access, &caller.user)
+        .await
+        .map_err(ApiError::from)?;
+    state
+        .store
+        .record_decision(&crate::store::NewDecision {
+            kind: "share".into(),
+            namespace: Some(session.namespace.clone()),
+            session_id: Some(session.id.clone()),
+            user: Some(caller.user.clone()),
+            policy: session.policy.clone(),
+            subject: format!("session {}", session.id),
+            outcome: access.as_str().into(),
+            detail: json!({"users": body.users, "groups": body.groups}),
+            ..Default::default()
+        })
+        .await
+        .map_err(ApiError::from)?;
+    Ok(Json(json!({"shares": shares})))
+}
+
+/// `DELETE /chat/v1/sessions/{id}/share` with `{users?, groups?}` (none: every share) —
+/// the owner only.
+pub async fn unshare(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Option<Json<ShareBody>>,
+) -> Result<StatusCode, ApiError> {
+    let session = owned(&state, &caller, &id).await?;
+    let (users, groups) = match &body {
+        Some(Json(b)) => {
+            principals_valid(b)?;
+            (b.users.clone(), b.groups.clone())
+        }
+        None => (Vec::new(), Vec::new()),
+    };
+    state
+        .store
+        .unshare_session(&session.id, &users, &groups)
+        .await
+        .map_err(ApiError::from)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// `GET /chat/v1/sessions/{id}`
 pub async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let session = owned(&state, &caller, &id).await?;
+    let session = reachable(&state, &caller, &id, crate::store::Access::Read).await?;
     // Where a client that renders `messages` picks up the event stream: after the last
     // event, or — while a run is in progress — just before that run's first event (its
     // assistant messages are then rebuilt from the events, without duplicates).
@@ -408,7 +553,10 @@ pub async fn post_message(
     if body.content.trim().is_empty() {
         return Err(ApiError::invalid("content must not be empty"));
     }
-    let session = owned(&state, &caller, &id).await?;
+    let mut session = reachable(&state, &caller, &id, crate::store::Access::Continue).await?;
+    // Whoever posts is who the run acts for (budgets, audit, the message's author, their
+    // own token for Kubernetes tools): in a shared session, not always its owner.
+    session.user = caller.user.clone();
     // The policy is matched again on each run, and so is the right to use it.
     let config = state.config.borrow().clone();
     if let Some(policy) = config
@@ -514,7 +662,7 @@ pub async fn events(
     query: Result<Query<AfterQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
-    owned(&state, &caller, &id).await?;
+    reachable(&state, &caller, &id, crate::store::Access::Read).await?;
     match q.format.as_deref() {
         Some("jsonl") => {
             return Ok(jsonl_export(state, id, q.from_seq.unwrap_or(1).max(1)));
@@ -709,7 +857,7 @@ pub async fn tool_results(
     body: Result<Json<ToolResults>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let body = json_body(body)?;
-    let session = owned(&state, &caller, &id).await?;
+    let session = reachable(&state, &caller, &id, crate::store::Access::Continue).await?;
     if session.status != "requires_action" {
         return Err(not_waiting(&id));
     }
@@ -840,7 +988,7 @@ pub async fn cancel(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    let session = owned(&state, &caller, &id).await?;
+    let session = reachable(&state, &caller, &id, crate::store::Access::Continue).await?;
     // A run waiting for client results, paused, or waiting on its plan is ended where it is
     // parked (run control's table says how).
     if matches!(

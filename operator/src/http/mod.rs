@@ -110,6 +110,10 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(runs_api::reject_plan),
         )
         .route(
+            "/chat/v1/sessions/{id}/share",
+            axum::routing::post(chat_api::share).delete(chat_api::unshare),
+        )
+        .route(
             "/chat/v1/sessions/{id}/tool-results",
             axum::routing::post(chat_api::tool_results),
         )

@@ -3,7 +3,7 @@
 
 use super::AppState;
 use super::auth::Caller;
-use super::chat_api::{json_body, owned};
+use super::chat_api::{json_body, reachable};
 use super::error::ApiError;
 use crate::chat::control::{self, Control, ControlError, Input, Refusal};
 use axum::extract::rejection::JsonRejection;
@@ -41,7 +41,7 @@ async fn control(
     control: Control,
     input: Input<'_>,
 ) -> Result<Response, ApiError> {
-    let session = owned(state, caller, id).await?;
+    let session = reachable(state, caller, id, crate::store::Access::Continue).await?;
     let out = control::apply(&state.engine, &session, run, &caller.user, control, input).await?;
     Ok((StatusCode::ACCEPTED, Json(out)).into_response())
 }
@@ -178,7 +178,7 @@ pub async fn follow_ups(
     Extension(caller): Extension<Caller>,
     Path((id, run)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let session = owned(&state, &caller, &id).await?;
+    let session = reachable(&state, &caller, &id, crate::store::Access::Read).await?;
     state
         .store
         .run_record(&run)

@@ -26,10 +26,12 @@ mod notify;
 mod repo;
 pub mod retention;
 mod runs;
+mod sharing;
 
 pub use mcp::MCP_ORIGIN;
 pub use notify::{Delivery, NotifyEventRecord};
 pub use runs::{PlanRecord, RunRecord};
+pub use sharing::{Access, Share};
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
 pub use models::*;
@@ -76,6 +78,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         8,
         "notifications",
         include_str!("../../../migrations/0008_notifications.sql"),
+    ),
+    (
+        9,
+        "sharing",
+        include_str!("../../../migrations/0009_sharing.sql"),
     ),
 ];
 

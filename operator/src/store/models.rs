@@ -71,6 +71,9 @@ pub struct MessageRecord {
     pub created_at: i64,
     /// A step a redirect rewound past: kept, but no longer sent to the model.
     pub superseded: bool,
+    /// Who wrote it (user messages; a shared session has several authors).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
 }
 
 /// What appending a message needs.
@@ -88,6 +91,8 @@ pub struct NewMessage {
     pub tool_call_id: Option<String>,
     /// Whether a tool result is an error.
     pub is_error: bool,
+    /// Who wrote it (user messages).
+    pub author: Option<String>,
 }
 
 /// One persisted SSE event.

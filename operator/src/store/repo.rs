@@ -82,10 +82,11 @@ pub(super) async fn insert_message(
         is_error: new.is_error,
         created_at: now_ms(),
         superseded: false,
+        author: new.author.clone(),
     };
     sqlx::query(
-            "INSERT INTO chat_messages (id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            "INSERT INTO chat_messages (id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, author) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
         )
         .bind(&record.id)
         .bind(&record.session_id)
@@ -97,6 +98,7 @@ pub(super) async fn insert_message(
         .bind(&record.tool_call_id)
         .bind(i64::from(record.is_error))
         .bind(record.created_at)
+        .bind(&record.author)
         .execute(&mut **tx)
         .await?;
     sqlx::query("UPDATE chat_sessions SET updated_at = $1 WHERE id = $2")
@@ -255,6 +257,7 @@ fn message_row(row: &AnyRow) -> Result<MessageRecord, StoreError> {
         is_error: row.try_get::<i64, _>("is_error")? != 0,
         created_at: row.try_get("created_at")?,
         superseded: row.try_get::<i64, _>("superseded")? != 0,
+        author: row.try_get("author")?,
     })
 }
 
@@ -275,7 +278,7 @@ impl Store {
     /// Every message of a session, in order.
     pub async fn list_messages(&self, session_id: &str) -> Result<Vec<MessageRecord>, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded \
+            "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded, author \
              FROM chat_messages WHERE session_id = $1 ORDER BY seq",
         )
         .bind(session_id)

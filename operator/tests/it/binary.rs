@@ -41,6 +41,34 @@ impl Server {
         Self::spawn(&full, env)
     }
 
+    /// Key mode: `kortex serve` listening off loopback (so every call needs a chat key),
+    /// with `env`; and the `http://127.0.0.1:PORT` base to call it at.
+    pub(crate) fn start_keyed(
+        manifests: &Path,
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> (Self, String) {
+        let manifests = manifests.display().to_string();
+        let server = Self::spawn(
+            &[
+                "serve",
+                "--listen",
+                "0.0.0.0:0",
+                "--manifests",
+                &manifests,
+                "--database-url",
+                database_url,
+            ],
+            env,
+        );
+        let base = server
+            .url("")
+            .replace("0.0.0.0", "127.0.0.1")
+            .trim_end_matches('/')
+            .to_owned();
+        (server, base)
+    }
+
     /// `kortex <args>` with `env`, once it says where it listens.
     pub(crate) fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(BIN);

@@ -144,3 +144,21 @@ pub async fn tool_context(store: &Store, name: &str) -> kortex::tools::ToolConte
         via: "chat",
     }
 }
+
+/// A chat credential Secret of `kortex serve`'s manifests (a YAML document and its `---`):
+/// `key` signs in as `user`, member of the comma-separated `groups`.
+pub fn chat_key_secret(user: &str, key: &str, groups: &str) -> String {
+    let name: String = user
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: chat-{name}\n  labels: {{kortex.dev/credentials: chat}}\nstringData: {{user: {user}, key: \"{key}\", groups: \"{groups}\"}}\n---\n"
+    )
+}

@@ -32,5 +32,6 @@ mod real_model;
 mod retention;
 mod run_control;
 mod samples;
+mod sharing;
 mod store;
 mod tools;

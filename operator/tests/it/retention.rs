@@ -789,14 +789,12 @@ async fn an_admin_erases_a_user_with_one_command() {
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
     let mut yaml = String::new();
-    for (name, user, key, groups) in [
-        ("erin", ERIN, ERIN_KEY, ""),
-        ("bob", "bob", BOB_KEY, ""),
-        ("admin", "root-admin", ADMIN_KEY, "kortex-admins"),
+    for (user, key, groups) in [
+        (ERIN, ERIN_KEY, ""),
+        ("bob", BOB_KEY, ""),
+        ("root-admin", ADMIN_KEY, "kortex-admins"),
     ] {
-        yaml.push_str(&format!(
-            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: chat-{name}\n  labels: {{kortex.dev/credentials: chat}}\nstringData: {{user: {user}, key: \"{key}\", groups: \"{groups}\"}}\n---\n"
-        ));
+        yaml.push_str(&crate::common::chat_key_secret(user, key, groups));
     }
     yaml.push_str(&format!(
         r#"apiVersion: kortex.dev/v1alpha1
@@ -811,23 +809,12 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
 "#
     ));
     std::fs::write(m.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
-    let db = dir.path().join("k.db");
-    let ms = m.display().to_string();
-    let url = format!("sqlite://{}", db.display());
-    let server = Server::spawn(
-        &[
-            "serve",
-            "--listen",
-            "0.0.0.0:0",
-            "--manifests",
-            &ms,
-            "--database-url",
-            &url,
-        ],
+    let url = format!("sqlite://{}", dir.path().join("k.db").display());
+    let (server, api) = Server::start_keyed(
+        &m,
+        &url,
         &[("KORTEX_ERASURE_KEY", "a key kept in a Secret")],
     );
-    let api = server.url("").replace("0.0.0.0", "127.0.0.1");
-    let api = api.trim_end_matches('/').to_owned();
     let client = http_client();
     let call = |method: reqwest::Method, path: &str, key: &str| {
         client
