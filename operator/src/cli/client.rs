@@ -23,7 +23,8 @@ pub struct ChatArgs {
     /// Server.
     #[command(flatten)]
     pub server: ServerArgs,
-    /// Session name (reused if you have one by that name; policies match on it).
+    /// Session name or id: yours, or one shared with you (joined); a new session of that
+    /// name otherwise (policies match on it).
     #[arg(long, default_value = "chat")]
     pub session: String,
     /// Namespace of a new session.
@@ -189,12 +190,29 @@ pub async fn chat(args: ChatArgs) -> Result<(), String> {
     let sessions = api
         .json(api.request(reqwest::Method::GET, "/chat/v1/sessions"))
         .await?;
-    let existing = sessions["items"].as_array().and_then(|items| {
-        items
-            .iter()
-            .find(|s| s["name"] == args.session.as_str())
-            .cloned()
-    });
+    let find = |list: &Value| {
+        list["items"].as_array().and_then(|items| {
+            items
+                .iter()
+                .find(|s| s["id"] == args.session.as_str() || s["name"] == args.session.as_str())
+                .cloned()
+        })
+    };
+    let mut existing = find(&sessions);
+    // A session someone shared with you (by its id or name) is joined.
+    if existing.is_none() {
+        let shared = api
+            .json(api.request(reqwest::Method::GET, "/chat/v1/sessions?shared=true"))
+            .await?;
+        existing = find(&shared);
+        if let Some(s) = &existing {
+            eprintln!(
+                "joining {}'s session ({} access)",
+                s["user"].as_str().unwrap_or("someone"),
+                s["access"].as_str().unwrap_or("read")
+            );
+        }
+    }
     let session = match existing {
         Some(s) => s,
         None => {

@@ -164,6 +164,48 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
         .collect();
     assert_eq!(authors, ["alice", "carol"], "{s}");
 
+    // `kortex chat --session ID` joins it from a terminal.
+    push(
+        &script,
+        streamed(&d, (d.text_stream)(&["From the terminal."])),
+    );
+    let (url, session) = (api.clone(), id.clone());
+    let out = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args([
+                "chat",
+                "--server",
+                &url,
+                "--key",
+                CAROL,
+                "--session",
+                &session,
+            ])
+            .env_remove("KORTEX_API_KEY")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(b"anything new?\n/quit\n");
+        }
+        child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("joining alice's session (continue access)"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("From the terminal."), "{stdout}");
+
     // Each sees it in their shared list, with what they may do; Alice's own list is hers.
     let (_, carol_list) = send(call(
         reqwest::Method::GET,
