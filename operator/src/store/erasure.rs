@@ -45,7 +45,8 @@ pub struct Erased {
     pub pseudonym: String,
     /// Rows deleted (the user's sessions and what they held).
     pub deleted: Pruned,
-    /// Other rows deleted: MCP transport sessions and budget counters of the user.
+    /// Other rows deleted: the user's MCP transport sessions, budget counters and the
+    /// shares others gave them.
     pub deleted_other: u64,
     /// Rows whose text named the user, by table, now naming the pseudonym.
     pub pseudonymised: BTreeMap<&'static str, u64>,
@@ -89,7 +90,16 @@ const TEXT: &[(&str, &[&str], &[&str])] = &[
     ),
     ("chat_sessions", &["id"], &["name", "title"]),
     ("chat_runs", &["id"], &["reason"]),
-    ("chat_messages", &["id"], &["content", "tool_calls"]),
+    (
+        "chat_messages",
+        &["id"],
+        &["content", "tool_calls", "author"],
+    ),
+    (
+        "session_shares",
+        &["session_id", "kind", "principal"],
+        &["created_by"],
+    ),
     ("run_events", &["session_id", "seq"], &["data"]),
     ("tool_results", &["id"], &["content"]),
     ("mcp_sessions", &["id"], &["state"]),
@@ -177,6 +187,13 @@ impl Store {
             self.delete_sessions(&pick, i64::MAX, &mut erased.deleted)
                 .await?;
         }
+        // What others shared with them.
+        erased.deleted_other +=
+            sqlx::query("DELETE FROM session_shares WHERE kind = 'user' AND principal = $1")
+                .bind(user)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
         erased.deleted_other += sqlx::query("DELETE FROM mcp_sessions WHERE user_name = $1")
             .bind(user)
             .execute(&self.pool)

@@ -560,6 +560,7 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
             &NewMessage {
                 role: "user".into(),
                 content: "why is checkout slow?".into(),
+                author: Some(ERIN.into()),
                 ..Default::default()
             },
         )
@@ -606,6 +607,24 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
         )
         .await
         .unwrap_or_else(|e| fail(e));
+        s.append_message(
+            &bob.id,
+            &NewMessage {
+                role: "user".into(),
+                content: "is it back?".into(),
+                author: Some(ERIN.into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
+        // Bob shared his session with Erin; Erin shared hers with Bob.
+        s.share_session(&bob.id, &[ERIN.to_owned()], &[], Access::Continue, "bob")
+            .await
+            .unwrap_or_else(|e| fail(e));
+        s.share_session(&erin.id, &["bob".to_owned()], &[], Access::Read, ERIN)
+            .await
+            .unwrap_or_else(|e| fail(e));
         // Proposals: Erin's own, still Pending; Bob's, approved by Erin.
         let pending = proposal(Some(&erin.id), ERIN, "restart-api-e1", "Pending");
         s.insert_proposal(&pending)
@@ -688,8 +707,8 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
             db.url
         );
         assert_eq!(
-            erased.deleted_other, 2,
-            "the MCP session and the counter: {erased:?}"
+            erased.deleted_other, 3,
+            "the MCP session, the counter and Bob's share with her: {erased:?}"
         );
         assert_eq!(erased.pseudonymised["usage_events"], 2, "{erased:?}");
         assert_eq!(erased.pseudonymised["proposals"], 2, "{erased:?}");
