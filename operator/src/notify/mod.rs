@@ -117,9 +117,10 @@ impl Notifier {
     /// Writes `provider.unavailable` for each policy of a provider that was usable at the
     /// last tick and is not now: not ready, or its last probe failed.
     async fn watch_providers(&self, config: &LiveConfig) -> Result<(), StoreError> {
-        let board = self.probes.read().map(|b| b.clone()).unwrap_or_default();
         let mut gone = Vec::new();
         {
+            // Read in place: the board is not copied every tick.
+            let board = self.probes.read().unwrap_or_else(|e| e.into_inner());
             let mut usable = self.usable.lock().unwrap_or_else(|e| e.into_inner());
             for (key, entry) in &config.catalog.providers {
                 let probe = board.get(key);

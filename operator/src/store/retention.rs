@@ -573,16 +573,16 @@ fn describe(scope: &Scope) -> serde_json::Value {
 #[derive(clap::Args, Debug, Clone)]
 pub struct RetentionArgs {
     /// How long a session nobody has used is kept, with all it holds (`0`: forever).
-    #[arg(long, env = "KORTEX_RETENTION_SESSIONS", default_value = "90d", value_parser = parse_window)]
+    #[arg(long, env = "KORTEX_RETENTION_SESSIONS", default_value = "90d", value_parser = crate::crd::parse_window)]
     pub retention_sessions: std::time::Duration,
     /// How long the events of a failed or cancelled run are kept (`0`: forever).
-    #[arg(long, env = "KORTEX_RETENTION_FAILED_RUNS", default_value = "30d", value_parser = parse_window)]
+    #[arg(long, env = "KORTEX_RETENTION_FAILED_RUNS", default_value = "30d", value_parser = crate::crd::parse_window)]
     pub retention_failed_runs: std::time::Duration,
     /// How long stored large tool results are kept (`0`: forever).
-    #[arg(long, env = "KORTEX_RETENTION_TOOL_RESULTS", default_value = "7d", value_parser = parse_window)]
+    #[arg(long, env = "KORTEX_RETENTION_TOOL_RESULTS", default_value = "7d", value_parser = crate::crd::parse_window)]
     pub retention_tool_results: std::time::Duration,
     /// How long per-call usage rows are kept; the daily roll-ups stay (`0`: forever).
-    #[arg(long, env = "KORTEX_RETENTION_USAGE", default_value = "400d", value_parser = parse_window)]
+    #[arg(long, env = "KORTEX_RETENTION_USAGE", default_value = "400d", value_parser = crate::crd::parse_window)]
     pub retention_usage: std::time::Duration,
     /// How long audit rows are kept, at least 30d (`0`: forever).
     #[arg(long, env = "KORTEX_RETENTION_AUDIT", default_value = "400d", value_parser = parse_audit_window)]
@@ -627,13 +627,8 @@ pub fn millis(d: std::time::Duration) -> i64 {
     d.as_millis().min(i64::MAX as u128) as i64
 }
 
-/// `90d`, `12h`, `30m` or `0` (forever).
-pub fn parse_window(s: &str) -> Result<std::time::Duration, String> {
-    crate::crd::parse_window(s)
-}
-
 fn parse_every(s: &str) -> Result<std::time::Duration, String> {
-    let d = parse_window(s)?;
+    let d = crate::crd::parse_window(s)?;
     if d.is_zero() {
         return Err(format!(
             "{s:?}: the retention pass needs an interval, e.g. 15m"
@@ -643,7 +638,7 @@ fn parse_every(s: &str) -> Result<std::time::Duration, String> {
 }
 
 fn parse_audit_window(s: &str) -> Result<std::time::Duration, String> {
-    let d = parse_window(s)?;
+    let d = crate::crd::parse_window(s)?;
     if !d.is_zero() && millis(d) < AUDIT_MIN_MS {
         return Err(format!(
             "{s:?}: audit rows are kept at least 30d (0: forever)"
