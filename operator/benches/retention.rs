@@ -56,7 +56,7 @@ async fn seed(url: &str, round: usize, running: bool) {
             .unwrap_or_else(|e| panic!("{e}"));
         let run = format!("old-run-{round}-{i}");
         store
-            .create_run(&run, &s.id, "seed", None)
+            .create_run(&run, &s.id, "seed", &s.user, None)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         sqlx::query(sqlx::AssertSqlSafe(format!(

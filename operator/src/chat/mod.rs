@@ -9,6 +9,8 @@ pub mod plan;
 pub mod proposals;
 mod roles;
 mod run;
+
+pub use roles::handover_summary;
 pub mod tool_calls;
 
 use crate::live::LiveConfig;
@@ -36,6 +38,8 @@ pub mod event {
     pub const ERROR: &str = "error";
     /// `{runId, questions}`: suggested next questions after a completed run.
     pub const FOLLOW_UPS: &str = "follow_ups";
+    /// `{id, from, to, note, summary, createdAt}`: the session was handed over (no run).
+    pub const HANDOVER: &str = "handover";
 }
 
 /// Why a chat request was refused.
@@ -315,11 +319,14 @@ impl Engine {
         Ok(record)
     }
 
-    /// Stores the user's message and starts a run in the background. Refused while the
-    /// session has a run (compare-and-set on its status, so two replicas cannot both start).
+    /// Stores `actor`'s message and starts a run in the background that acts for them
+    /// (budgets, audit, their own token): in a shared session, not always its owner.
+    /// Refused while the session has a run (compare-and-set on its status, so two replicas
+    /// cannot both start).
     pub async fn start_run(
         self: &Arc<Self>,
         session: &SessionRecord,
+        actor: &str,
         content: &str,
     ) -> Result<String, ChatError> {
         if !self
@@ -338,7 +345,7 @@ impl Engine {
                 Some(p) => (
                     Some(crate::govern::Scope::new(
                         p,
-                        &session.user,
+                        actor,
                         Some(&session.id),
                         "chat",
                     )),
@@ -402,13 +409,13 @@ impl Engine {
             run_id: Some(run_id.clone()),
             role: "user".into(),
             content,
-            author: Some(session.user.clone()),
+            author: Some(actor.to_owned()),
             ..Default::default()
         };
         let stored = async {
             if !self
                 .store
-                .create_run(&run_id, &session.id, &self.replica, limit)
+                .create_run(&run_id, &session.id, &self.replica, actor, limit)
                 .await?
             {
                 let (policy, max) = limit.unwrap_or_default();
@@ -491,9 +498,18 @@ impl Engine {
             })
         };
         let engine = self.clone();
-        let session = session.clone();
+        let mut session = session.clone();
         let id = run_id.to_owned();
         tokio::spawn(async move {
+            // Within a run, the session's `user` is whom the run acts for: recorded when it
+            // started, so a resumed or taken-over run still acts for who posted.
+            match engine.store.run_actor(&id).await {
+                Ok(Some(actor)) => session.user = actor,
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(run = %id, error = %e, "cannot read whom a run acts for; it acts for the session's owner")
+                }
+            }
             run::run(&engine, &session, &id, resume, notices, cancel_rx).await;
             watcher.abort();
             engine

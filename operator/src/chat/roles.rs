@@ -1,7 +1,7 @@
 //! The small jobs of a policy's other model roles (SPEC §3 Roles): `triage` decides
 //! whether a question needs tools, `summarize` writes the session's title — a one-line
-//! incident summary that `get_incident_history` searches — and suggests follow-up questions
-//! after a completed run. All go through the same routes,
+//! incident summary that `get_incident_history` searches — suggests follow-up questions
+//! after a completed run, and summarizes an investigation handed over to someone else. All go through the same routes,
 //! redaction, budgets and accounting as the chat; a failure of either never fails the run.
 
 use super::Engine;
@@ -18,6 +18,11 @@ const TRIAGE_PROMPT: &str = "Classify the user's latest message to an assistant 
 const TITLE_PROMPT: &str = "Write a title of at most 12 words for this operations conversation that summarizes the incident: the affected workload or service, the symptom, and the cause or action if known. Reply with the title only, without quotes.";
 
 const FOLLOW_UPS_PROMPT: &str = "Suggest 3 to 5 short follow-up questions the user could ask next in this Kubernetes operations investigation, each useful on its own. Reply with one question per line and nothing else.";
+
+const HANDOVER_PROMPT: &str = "An on-call engineer is handing this Kubernetes operations investigation over to a colleague. Write a short hand-over summary for the colleague, in plain text with these headings: Problem (what was asked and what is affected), Findings (the evidence found so far, naming the workloads, errors and metrics), Ruled out, Open (pending proposals, unanswered questions), Next steps. Only state what the conversation shows; say so where something is unknown.";
+
+/// Longest conversation excerpt sent for a hand-over summary.
+const HANDOVER_CONTEXT: usize = 16_000;
 
 /// Longest conversation excerpt sent for a title or follow-ups.
 const TITLE_CONTEXT: usize = 8_000;
@@ -109,6 +114,43 @@ pub async fn follow_ups(
         )
         .await?;
     Ok(())
+}
+
+/// A summary of the investigation so far for the person it is handed over to, by the
+/// policy's `summarize` model (`docs/chat.md#hand-over`), acting for `session.user` (who
+/// hands over). `None` when the policy has no `summarize` model or no route answered.
+pub async fn handover_summary(
+    engine: &Engine,
+    session: &SessionRecord,
+    policy: &PolicyEntry,
+    note: &str,
+) -> Result<Option<String>, StoreError> {
+    if policy.object.spec.models.summarize.is_none() {
+        return Ok(None);
+    }
+    let messages = engine.store.list_messages(&session.id).await?;
+    let mut content = excerpt(&messages, HANDOVER_CONTEXT);
+    if content.is_empty() {
+        return Ok(None);
+    }
+    content.push_str(&format!(
+        "The engineer handing over ({}) wrote: {note}",
+        session.user
+    ));
+    let answer = side_call(
+        engine,
+        session,
+        None,
+        policy,
+        Role::Summarize,
+        HANDOVER_PROMPT,
+        vec![Message::User { content }],
+        700,
+    )
+    .await?;
+    Ok(answer
+        .map(|a| a.trim().to_owned())
+        .filter(|a| !a.is_empty()))
 }
 
 /// Whether the first step of a new question should be offered tools: asks the policy's

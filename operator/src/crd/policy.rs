@@ -165,6 +165,9 @@ pub enum NotifyEvent {
     /// A provider the policy uses became unavailable (not ready, or not answering).
     #[serde(rename = "provider.unavailable")]
     ProviderUnavailable,
+    /// A session was handed over to someone (`docs/chat.md#hand-over`).
+    #[serde(rename = "session.handover")]
+    SessionHandover,
 }
 
 impl NotifyEvent {
@@ -180,6 +183,7 @@ impl NotifyEvent {
             Self::BudgetExhausted => "budget.exhausted",
             Self::RunFailed => "run.failed",
             Self::ProviderUnavailable => "provider.unavailable",
+            Self::SessionHandover => "session.handover",
         }
     }
 

@@ -331,98 +331,6 @@ pub(crate) async fn reachable(
     }
 }
 
-/// `POST /chat/v1/sessions/{id}/share` body.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShareBody {
-    #[serde(default)]
-    users: Vec<String>,
-    #[serde(default)]
-    groups: Vec<String>,
-    access: Option<crate::store::Access>,
-}
-
-fn principals_valid(body: &ShareBody) -> Result<(), ApiError> {
-    if body.users.len() + body.groups.len() > 64 {
-        return Err(ApiError::invalid("at most 64 users and groups at a time"));
-    }
-    if body
-        .users
-        .iter()
-        .chain(&body.groups)
-        .any(|p| p.trim().is_empty() || p.len() > 256)
-    {
-        return Err(ApiError::invalid(
-            "users and groups are names of 1 to 256 characters",
-        ));
-    }
-    Ok(())
-}
-
-/// `POST /chat/v1/sessions/{id}/share {users?, groups?, access: read | continue}` (the
-/// owner only) → `{shares}`.
-pub async fn share(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-    body: Result<Json<ShareBody>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let body = json_body(body)?;
-    let session = owned(&state, &caller, &id).await?;
-    principals_valid(&body)?;
-    if body.users.is_empty() && body.groups.is_empty() {
-        return Err(ApiError::invalid("name at least one of users or groups"));
-    }
-    let access = body
-        .access
-        .ok_or_else(|| ApiError::invalid("access is read or continue"))?;
-    let shares = state
-        .store
-        .share_session(&session.id, &body.users, &body.groups, access, &caller.user)
-        .await
-        .map_err(ApiError::from)?;
-    state
-        .store
-        .record_decision(&crate::store::NewDecision {
-            kind: "share".into(),
-            namespace: Some(session.namespace.clone()),
-            session_id: Some(session.id.clone()),
-            user: Some(caller.user.clone()),
-            policy: session.policy.clone(),
-            subject: format!("session {}", session.id),
-            outcome: access.as_str().into(),
-            detail: json!({"users": body.users, "groups": body.groups}),
-            ..Default::default()
-        })
-        .await
-        .map_err(ApiError::from)?;
-    Ok(Json(json!({"shares": shares})))
-}
-
-/// `DELETE /chat/v1/sessions/{id}/share` with `{users?, groups?}` (none: every share) —
-/// the owner only.
-pub async fn unshare(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path(id): Path<String>,
-    body: Option<Json<ShareBody>>,
-) -> Result<StatusCode, ApiError> {
-    let session = owned(&state, &caller, &id).await?;
-    let (users, groups) = match &body {
-        Some(Json(b)) => {
-            principals_valid(b)?;
-            (b.users.clone(), b.groups.clone())
-        }
-        None => (Vec::new(), Vec::new()),
-    };
-    state
-        .store
-        .unshare_session(&session.id, &users, &groups)
-        .await
-        .map_err(ApiError::from)?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
 /// `GET /chat/v1/sessions/{id}`
 pub async fn get(
     State(state): State<AppState>,
@@ -446,8 +354,10 @@ pub async fn get(
         .list_messages(&id)
         .await
         .map_err(ApiError::from)?;
+    let handovers = state.store.handovers(&id).await.map_err(ApiError::from)?;
     let mut v = session_json(&session, Some(messages));
     v["eventSeq"] = json!(seq);
+    v["handovers"] = json!(handovers);
     if let Some((run, after)) = active {
         v["activeRun"] = json!({"id": run, "afterSeq": after});
     }
@@ -553,10 +463,7 @@ pub async fn post_message(
     if body.content.trim().is_empty() {
         return Err(ApiError::invalid("content must not be empty"));
     }
-    let mut session = reachable(&state, &caller, &id, crate::store::Access::Continue).await?;
-    // Whoever posts is who the run acts for (budgets, audit, the message's author, their
-    // own token for Kubernetes tools): in a shared session, not always its owner.
-    session.user = caller.user.clone();
+    let session = reachable(&state, &caller, &id, crate::store::Access::Continue).await?;
     // The policy is matched again on each run, and so is the right to use it.
     let config = state.config.borrow().clone();
     if let Some(policy) = config
@@ -586,7 +493,12 @@ pub async fn post_message(
         .last_event_seq(&id)
         .await
         .map_err(ApiError::from)?;
-    let run_id = state.engine.start_run(&session, &body.content).await?;
+    // Whoever posts is whom the run acts for (budgets, audit, the message's author, their
+    // own token for Kubernetes tools): in a shared session, not always its owner.
+    let run_id = state
+        .engine
+        .start_run(&session, &caller.user, &body.content)
+        .await?;
     if !wants_stream {
         return Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response());
     }

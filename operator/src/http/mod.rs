@@ -16,6 +16,7 @@ pub mod limits;
 pub mod mcp;
 mod proposals_api;
 mod runs_api;
+mod share_api;
 
 use crate::live::LiveConfig;
 use crate::metrics::{HttpLabels, Metrics};
@@ -111,7 +112,11 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/chat/v1/sessions/{id}/share",
-            axum::routing::post(chat_api::share).delete(chat_api::unshare),
+            axum::routing::post(share_api::share).delete(share_api::unshare),
+        )
+        .route(
+            "/chat/v1/sessions/{id}/handover",
+            axum::routing::post(share_api::handover),
         )
         .route(
             "/chat/v1/sessions/{id}/tool-results",

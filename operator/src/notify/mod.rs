@@ -415,6 +415,13 @@ impl Notifier {
     }
 }
 
+/// A link to the session `delivery` is about (hand-overs, failed runs) in the dashboard,
+/// when the dashboard's address is known.
+pub fn session_link(public_url: Option<&str>, delivery: &Delivery) -> Option<String> {
+    let id = delivery.event.data["sessionId"].as_str()?;
+    public_url.map(|base| format!("{}/#/chat/{id}", base.trim_end_matches('/')))
+}
+
 /// A link to `delivery`'s proposal in the dashboard, when the dashboard's address is known.
 pub fn proposal_link(public_url: Option<&str>, delivery: &Delivery) -> Option<String> {
     public_url.map(|base| {

@@ -2,7 +2,7 @@
 //! `blocks`: the headline, the proposal's action, target, rationale and preview, how to
 //! decide with `kubectl kortex`, and a button linking to the dashboard (`--public-url`).
 
-use super::{Channel, Outgoing, Rendered, proposal_link};
+use super::{Channel, Outgoing, Rendered, proposal_link, session_link};
 use serde_json::{Value, json};
 
 /// Slack incoming webhooks.
@@ -13,6 +13,17 @@ fn text(v: &Value, key: &str) -> String {
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_owned()
+}
+
+/// Slack refuses a section's text longer than 3000 characters.
+const SECTION_MAX: usize = 2_900;
+
+/// `s` cut to at most `max` characters, with an ellipsis when cut.
+fn clip(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s.to_owned(),
+    }
 }
 
 /// A target object (`{kind, namespace, name}`) as `Kind namespace/name`.
@@ -58,14 +69,39 @@ impl Channel for Slack {
                 text(p, "namespace"),
                 text(p, "reason")
             ),
+            "session.handover" => format!(
+                ":handshake: *{}* handed session *{}* ({}) over to *{}*",
+                text(p, "from"),
+                text(p, "sessionName"),
+                text(p, "namespace"),
+                text(p, "to")
+            ),
             other => format!("{other}: {name}"),
         };
         if !event.event_type.starts_with("proposal.") {
             let fallback = headline.replace('*', "");
-            let body = json!({"text": fallback, "blocks": [
-                {"type": "section", "text": {"type": "mrkdwn", "text": headline}},
-                {"type": "context", "elements": [{"type": "mrkdwn", "text": format!("Policy {}", event.policy)}]},
-            ]});
+            let mut blocks =
+                vec![json!({"type": "section", "text": {"type": "mrkdwn", "text": headline}})];
+            for (key, label) in [
+                ("title", "Incident"),
+                ("note", "Note"),
+                ("summary", "Summary"),
+            ] {
+                let value = text(p, key);
+                if !value.is_empty() {
+                    blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
+                        "text": format!("*{label}*\n{}", clip(&value, SECTION_MAX))}}));
+                }
+            }
+            blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!("Policy {}", event.policy)}]}));
+            if let Some(link) = session_link(out.public_url, out.delivery) {
+                blocks.push(json!({"type": "actions", "elements": [{
+                    "type": "button",
+                    "text": {"type": "plain_text", "text": "Open session"},
+                    "url": link,
+                }]}));
+            }
+            let body = json!({"text": fallback, "blocks": blocks});
             return Rendered {
                 body: body.to_string().into_bytes(),
                 headers: vec![("X-Kortex-Delivery", out.delivery.id.clone())],
@@ -82,10 +118,10 @@ impl Channel for Slack {
         ];
         let rationale = text(p, "rationale");
         if !rationale.is_empty() {
-            blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": format!("*Why*\n{rationale}")}}));
+            blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": format!("*Why*\n{}", clip(&rationale, SECTION_MAX))}}));
         }
         if let Some(summary) = p["preview"]["summary"].as_str() {
-            blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": format!("*Preview*\n{summary}")}}));
+            blocks.push(json!({"type": "section", "text": {"type": "mrkdwn", "text": format!("*Preview*\n{}", clip(summary, SECTION_MAX))}}));
         }
         if event.event_type == "proposal.pending" {
             blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!(

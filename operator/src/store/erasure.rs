@@ -89,7 +89,7 @@ const TEXT: &[(&str, &[&str], &[&str])] = &[
         &["decided_by", "steps", "approved_steps"],
     ),
     ("chat_sessions", &["id"], &["name", "title"]),
-    ("chat_runs", &["id"], &["reason"]),
+    ("chat_runs", &["id"], &["reason", "actor"]),
     (
         "chat_messages",
         &["id"],
@@ -99,6 +99,11 @@ const TEXT: &[(&str, &[&str], &[&str])] = &[
         "session_shares",
         &["session_id", "kind", "principal"],
         &["created_by"],
+    ),
+    (
+        "session_handovers",
+        &["id"],
+        &["from_user", "to_user", "note", "summary"],
     ),
     ("run_events", &["session_id", "seq"], &["data"]),
     ("tool_results", &["id"], &["content"]),

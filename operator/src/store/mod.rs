@@ -84,6 +84,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "sharing",
         include_str!("../../../migrations/0009_sharing.sql"),
     ),
+    (
+        10,
+        "handover",
+        include_str!("../../../migrations/0010_handover.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

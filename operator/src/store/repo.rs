@@ -298,6 +298,7 @@ impl Store {
         run_id: &str,
         session_id: &str,
         owner: &str,
+        actor: &str,
         policy: Option<(&str, Option<u32>)>,
     ) -> Result<bool, StoreError> {
         let now = now_ms();
@@ -310,8 +311,8 @@ impl Store {
             None => (None, i64::MAX),
         };
         let done = sqlx::query(
-            "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at, policy) \
-             SELECT $1, $2, 'running', $3, $4, $4, $5 \
+            "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at, policy, actor) \
+             SELECT $1, $2, 'running', $3, $4, $4, $5, $7 \
              WHERE (SELECT count(*) FROM chat_runs WHERE policy = $5 AND status IN ('running', 'cancelling', 'pausing')) < $6",
         )
         .bind(run_id)
@@ -320,9 +321,21 @@ impl Store {
         .bind(now)
         .bind(policy)
         .bind(max)
+        .bind(actor)
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    /// Whom run `run_id` acts for: the user who posted its message (in a shared session,
+    /// not always the owner); `None` for runs from before this was recorded.
+    pub async fn run_actor(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+        let actor: Option<Option<String>> =
+            sqlx::query_scalar("SELECT actor FROM chat_runs WHERE id = $1")
+                .bind(run_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(actor.flatten())
     }
 
     /// Runs of `policy` (`namespace/name`) in flight, on every replica.
@@ -505,7 +518,7 @@ impl Store {
         // A failed run of a policy is an event its notification targets may want.
         if ended && status == "failed" {
             let row = sqlx::query(
-                "SELECT r.policy, r.session_id, s.name, s.namespace, s.user_name FROM chat_runs r \
+                "SELECT r.policy, r.session_id, s.name, s.namespace, COALESCE(r.actor, s.user_name) AS user_name FROM chat_runs r \
                  JOIN chat_sessions s ON s.id = r.session_id WHERE r.id = $1",
             )
             .bind(run_id)

@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex};
 
 /// A webhook receiver on 127.0.0.1 that records what it is sent (headers and body) and
 /// answers 503 to its first `fail_first` requests; each answer takes `delay`.
-struct Receiver {
-    url: String,
+pub(crate) struct Receiver {
+    pub(crate) url: String,
     seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>>,
     refused: Arc<AtomicUsize>,
 }
 
-async fn receiver(fail_first: usize) -> Receiver {
+pub(crate) async fn receiver(fail_first: usize) -> Receiver {
     slow_receiver(fail_first, std::time::Duration::ZERO).await
 }
 
@@ -52,7 +52,7 @@ async fn slow_receiver(fail_first: usize, delay: std::time::Duration) -> Receive
 }
 
 impl Receiver {
-    fn got(&self) -> Vec<(axum::http::HeaderMap, Value)> {
+    pub(crate) fn got(&self) -> Vec<(axum::http::HeaderMap, Value)> {
         self.seen
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -154,7 +154,7 @@ async fn retention_deletes_what_its_windows_no_longer_keep() {
         let used = session("used").await;
         let mut events = Vec::new();
         for (run, status) in [("r-ok", "completed"), ("r-failed", "failed")] {
-            s.create_run(run, &used.id, "replica", None)
+            s.create_run(run, &used.id, "replica", "someone", None)
                 .await
                 .unwrap_or_else(|e| fail(e));
             // More events than one batch, so deletion goes round.
@@ -184,7 +184,7 @@ async fn retention_deletes_what_its_windows_no_longer_keep() {
             .unwrap_or_else(|e| fail(e));
         // A session whose run is still going, with a stored result it may still read.
         let busy = session("busy").await;
-        s.create_run("r-busy", &busy.id, "replica", None)
+        s.create_run("r-busy", &busy.id, "replica", "someone", None)
             .await
             .unwrap_or_else(|e| fail(e));
         let kept_result = s
@@ -469,7 +469,7 @@ async fn past_the_size_cap_a_users_oldest_sessions_go_first() {
             ids.push(session.id);
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        s.create_run("r-busy", &ids[1], "replica", None)
+        s.create_run("r-busy", &ids[1], "replica", "someone", None)
             .await
             .unwrap_or_else(|e| fail(e));
         let scopes = [Scope::all(Windows {
@@ -538,7 +538,7 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
         let erin = session(ERIN).await;
         let bob = session("bob").await;
         // Erin's own session: a run with events, a message, a stored result, a redirect.
-        s.create_run("r-erin", &erin.id, "replica", None)
+        s.create_run("r-erin", &erin.id, "replica", ERIN, None)
             .await
             .unwrap_or_else(|e| fail(e));
         s.append_event(
@@ -570,7 +570,7 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
             .await
             .unwrap_or_else(|e| fail(e));
         // Bob's session: Erin paused his run and decided its plan; his transcript says so.
-        s.create_run("r-bob", &bob.id, "replica", None)
+        s.create_run("r-bob", &bob.id, "replica", "bob", None)
             .await
             .unwrap_or_else(|e| fail(e));
         s.append_event(
@@ -625,6 +625,17 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
         s.share_session(&erin.id, &["bob".to_owned()], &[], Access::Read, ERIN)
             .await
             .unwrap_or_else(|e| fail(e));
+        // Erin handed Bob's session back to him with a note naming her.
+        s.hand_over(
+            &bob,
+            ERIN,
+            "bob",
+            &format!("{ERIN} found the leak; yours again"),
+            Some(&format!("{ERIN} traced the OOM to the cache")),
+            None,
+        )
+        .await
+        .unwrap_or_else(|e| fail(e));
         // Proposals: Erin's own, still Pending; Bob's, approved by Erin.
         let pending = proposal(Some(&erin.id), ERIN, "restart-api-e1", "Pending");
         s.insert_proposal(&pending)
@@ -1066,7 +1077,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         })
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    s.create_run("r1", &session.id, "replica", None)
+    s.create_run("r1", &session.id, "replica", "someone", None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     s.append_event(&session.id, Some("r1"), "text.delta", &json!({"text": "x"}))

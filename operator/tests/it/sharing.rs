@@ -1,9 +1,10 @@
 //! Sharing a session (docs/chat.md#sharing) on the real binary, in key mode: read vs
-//! continue, authors on messages, the shared list, revoking, and 404 for everyone else.
+//! continue, authors on messages, the shared list, revoking, and 404 for everyone else;
+//! hand-over (docs/chat.md#hand-over) with a note, a summary and a notification.
 
 use crate::binary::Server;
-use crate::common::http_client;
-use crate::llm::{mock, openai, push, streamed};
+use crate::common::{eventually, http_client};
+use crate::llm::{Reply, json_reply, mock, openai, push, streamed};
 use serde_json::{Value, json};
 
 const ALICE: &str = "kx-alice-0123456789abcdef";
@@ -248,4 +249,354 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
         .await;
         assert_eq!(status, 404);
     }
+}
+
+const ADMIN: &str = "kx-admin-0123456789abcdef";
+
+/// What the `summarize` model writes for a hand-over.
+const SUMMARY: &str =
+    "Problem: checkout is OOMKilled since 1.4.2. Next steps: approve the restart.";
+
+/// The scripted provider of the hand-over test: the hand-over summary, titles and
+/// follow-ups (non-streamed), and chat runs — a dynamic tool call when asked to open
+/// the dashboard, an answer otherwise.
+fn handover_responder(body: &Value) -> Option<Reply> {
+    let d = openai();
+    let messages = body["messages"].as_array()?;
+    let system = messages.first()?["content"].as_str().unwrap_or_default();
+    if system.contains("hand-over summary") {
+        return Some(json_reply(200, &(d.text_json)(SUMMARY)));
+    }
+    if body["stream"] != true {
+        return Some(json_reply(200, &(d.text_json)("Checkout pods OOMKilled")));
+    }
+    let last = messages.last()?;
+    if last["role"] == "user"
+        && last["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("dashboard"))
+    {
+        return Some(streamed(
+            &d,
+            (d.tools_stream)(&[(
+                "call_1",
+                "open_url",
+                r#"{"url": "https://grafana/d/checkout"}"#,
+            )]),
+        ));
+    }
+    Some(streamed(
+        &d,
+        (d.text_stream)(&["The checkout pods are OOMKilled."]),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_is_handed_over_with_a_note_a_summary_and_a_notification() {
+    let (base, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some(Box::new(handover_responder));
+    let hook = crate::notify::receiver(0).await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let mut yaml = String::new();
+    for (user, key, groups) in [
+        ("alice", ALICE, ""),
+        ("bob", BOB, ""),
+        ("carol", CAROL, ""),
+        ("root", ADMIN, "kortex-admins"),
+    ] {
+        yaml.push_str(&crate::common::chat_key_secret(user, key, groups));
+    }
+    yaml.push_str(&format!(
+        r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["incident-*"]
+  provider: gpt
+  models: {{summarize: gpt/m1}}
+  notify:
+    - name: oncall
+      events: [session.handover]
+      webhook: {{url: "{hook}"}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: plain}}
+spec: {{sessions: ["chat-*"], provider: gpt}}
+"#,
+        hook = hook.url
+    ));
+    std::fs::write(m.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    let (_server, api) = Server::start_keyed(
+        &m,
+        &db,
+        &[("KORTEX_PUBLIC_URL", "https://kortex.example.com")],
+    );
+    let client = http_client();
+    let send = |method: reqwest::Method, path: String, key: &'static str, body: Option<Value>| {
+        let mut r = client
+            .request(method, format!("{api}{path}"))
+            .bearer_auth(key);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move {
+            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let status = r.status().as_u16();
+            let text = r.text().await.unwrap_or_default();
+            (
+                status,
+                serde_json::from_str::<Value>(&text).unwrap_or(Value::String(text)),
+            )
+        }
+    };
+    let post = |path: String, key: &'static str, body: Value| {
+        send(reqwest::Method::POST, path, key, Some(body))
+    };
+    let ask = |id: &str, key: &'static str, content: &str| {
+        let r = client
+            .post(format!("{api}/chat/v1/sessions/{id}/messages"))
+            .bearer_auth(key)
+            .header("accept", "text/event-stream")
+            .json(&json!({"content": content}));
+        async move {
+            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.status().as_u16(), 202);
+            crate::chat::read_sse(r, crate::chat::run_ended).await
+        }
+    };
+
+    // Alice investigates at 3 a.m.
+    let open_url = json!({"name": "open_url", "description": "Open a URL in the user's browser",
+        "parameters": {"type": "object", "properties": {"url": {"type": "string"}}}});
+    let (status, s) = post(
+        "/chat/v1/sessions".into(),
+        ALICE,
+        json!({"name": "incident-7", "dynamicTools": [open_url]}),
+    )
+    .await;
+    assert_eq!(status, 201, "{s}");
+    let id = s["id"].as_str().unwrap_or_default().to_owned();
+    let events = ask(&id, ALICE, "why is checkout failing?").await;
+    assert_eq!(
+        events.last().map(|e| e.data["state"].clone()),
+        Some(json!("completed")),
+        "{events:?}"
+    );
+
+    // Only who may continue the session hands it over; the request is checked.
+    let handover = format!("/chat/v1/sessions/{id}/handover");
+    let (status, _) = post(
+        handover.clone(),
+        CAROL,
+        json!({"to": "carol", "note": "mine now"}),
+    )
+    .await;
+    assert_eq!(status, 404, "a stranger learns nothing of the session");
+    for (body, why) in [
+        (json!({"to": "alice", "note": "x"}), "not to oneself"),
+        (json!({"to": "bob", "note": "  "}), "a note is required"),
+        (json!({"to": "", "note": "x"}), "a recipient is required"),
+        (
+            json!({"to": "bob", "note": "x", "extra": 1}),
+            "unknown fields",
+        ),
+    ] {
+        let (status, e) = post(handover.clone(), ALICE, body).await;
+        assert_eq!(status, 400, "{why}: {e}");
+    }
+
+    // Alice hands over to Bob: he may continue; the summarize model summarized.
+    let note = "Restart proposed for checkout; watch the heap after it.";
+    let (status, h) = post(handover.clone(), ALICE, json!({"to": "bob", "note": note})).await;
+    assert_eq!(status, 201, "{h}");
+    assert_eq!(h["handover"]["from"], "alice", "{h}");
+    assert_eq!(h["handover"]["to"], "bob", "{h}");
+    assert_eq!(h["handover"]["note"], note, "{h}");
+    assert_eq!(h["handover"]["summary"], SUMMARY, "{h}");
+    assert!(
+        h["shares"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["principal"] == "bob" && s["access"] == "continue"),
+        "{h}"
+    );
+    let summarized = script
+        .seen
+        .lock()
+        .map(|s| {
+            s.iter()
+                .filter(|x| {
+                    x.body["messages"][0]["content"]
+                        .as_str()
+                        .is_some_and(|c| c.contains("hand-over summary"))
+                })
+                .map(|x| x.body["messages"][1]["content"].clone())
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    assert!(
+        summarized.len() == 1
+            && summarized[0]
+                .as_str()
+                .is_some_and(|c| c.contains("OOMKilled") && c.contains(note)),
+        "the summary is written from the conversation and the note: {summarized:?}"
+    );
+
+    // The on-call channel hears of it, with the link to the session.
+    eventually("the hand-over notification", || async {
+        match hook.got().len() {
+            1 => Ok(()),
+            n => Err(format!("{n} deliveries")),
+        }
+    })
+    .await;
+    let (headers, envelope) = hook.got().remove(0);
+    assert_eq!(
+        headers.get("x-kortex-event").and_then(|v| v.to_str().ok()),
+        Some("session.handover")
+    );
+    let data = &envelope["data"];
+    assert_eq!(
+        (
+            &data["from"],
+            &data["to"],
+            &data["note"],
+            &data["summary"],
+            &data["sessionId"]
+        ),
+        (
+            &json!("alice"),
+            &json!("bob"),
+            &json!(note),
+            &json!(SUMMARY),
+            &json!(id)
+        ),
+        "{envelope}"
+    );
+
+    // Bob finds it in his shared list and reads the note where the session is.
+    let (_, list) = send(
+        reqwest::Method::GET,
+        "/chat/v1/sessions?shared=true".into(),
+        BOB,
+        None,
+    )
+    .await;
+    assert_eq!(list["items"][0]["id"], json!(id), "{list}");
+    let (status, s) = send(
+        reqwest::Method::GET,
+        format!("/chat/v1/sessions/{id}"),
+        BOB,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{s}");
+    assert_eq!(s["handovers"][0]["summary"], SUMMARY, "{s}");
+    let (_, export) = send(
+        reqwest::Method::GET,
+        format!("/chat/v1/sessions/{id}/events?format=jsonl"),
+        BOB,
+        None,
+    )
+    .await;
+    let export = export.as_str().unwrap_or_default().to_owned();
+    assert!(
+        export
+            .lines()
+            .any(|l| l.contains("\"event\":\"handover\"") && l.contains(note)),
+        "{export}"
+    );
+
+    // Bob continues; the run waits for his browser to open the dashboard, and the run he
+    // resumes still acts for him, not for the session's owner.
+    let events = ask(&id, BOB, "open the checkout dashboard").await;
+    let run = events
+        .last()
+        .filter(|e| e.data["state"] == "requires_action")
+        .map(|e| e.data["runId"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("the run waits for the client tool: {events:?}"));
+    let (status, r) = post(
+        format!("/chat/v1/sessions/{id}/tool-results"),
+        BOB,
+        json!({"results": [{"toolCallId": "call_1", "content": "opened"}]}),
+    )
+    .await;
+    assert_eq!(status, 202, "{r}");
+    eventually("the resumed run ends", || async {
+        let (_, s) = send(
+            reqwest::Method::GET,
+            format!("/chat/v1/sessions/{id}"),
+            BOB,
+            None,
+        )
+        .await;
+        if s["status"] == "idle" {
+            Ok(())
+        } else {
+            Err(format!("{}", s["status"]))
+        }
+    })
+    .await;
+    let (status, audit) = send(
+        reqwest::Method::GET,
+        format!("/api/v1/audit?session={id}&kind=llm_call"),
+        ADMIN,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{audit}");
+    let calls: Vec<&Value> = audit["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["runId"] == json!(run))
+        .collect();
+    assert!(
+        calls.len() >= 2,
+        "the run's first step and the resumed one: {audit}"
+    );
+    assert!(
+        calls.iter().all(|c| c["user"] == "bob"),
+        "every call of Bob's run is his: {calls:?}"
+    );
+    let summary_call = audit["items"].as_array().into_iter().flatten().find(|c| {
+        c["detail"]["role"] == "summarize" && c["runId"].is_null() && c["user"] == "alice"
+    });
+    assert!(
+        summary_call.is_some(),
+        "the summary is billed to who handed over: {audit}"
+    );
+
+    // Bob may hand it on (he may continue it); a policy without a summarize model hands
+    // over with the note alone.
+    let (status, h) = post(
+        handover.clone(),
+        BOB,
+        json!({"to": "carol", "note": "day shift: yours"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{h}");
+    let (status, s) = post("/chat/v1/sessions".into(), ALICE, json!({"name": "chat-1"})).await;
+    assert_eq!(status, 201, "{s}");
+    let plain = s["id"].as_str().unwrap_or_default().to_owned();
+    let (status, h) = post(
+        format!("/chat/v1/sessions/{plain}/handover"),
+        ALICE,
+        json!({"to": "bob", "note": "nothing found yet"}),
+    )
+    .await;
+    assert_eq!(status, 201, "{h}");
+    assert_eq!(h["handover"]["summary"], Value::Null, "{h}");
+    assert_eq!(h["handover"]["note"], "nothing found yet", "{h}");
 }

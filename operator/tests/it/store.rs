@@ -569,7 +569,7 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
                 .await
                 .unwrap_or_else(|e| panic!("{e}"))
         );
-        s.create_run("run-1", &session.id, "dead-replica", None)
+        s.create_run("run-1", &session.id, "dead-replica", "someone", None)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         s.append_message(
