@@ -140,7 +140,7 @@ pub struct Engine {
     pub cluster: std::sync::OnceLock<crate::operator::proposals::ClusterProposals>,
     /// The latest Kubernetes token of each session's user (memory only, never stored):
     /// tools run as the user with it (`runToolsAsUser`).
-    tokens: Mutex<HashMap<String, crate::catalog::SecretValue>>,
+    tokens: Mutex<HashMap<(String, String), crate::catalog::SecretValue>>,
     /// Cluster mode: builds clients acting as a session's user.
     pub cluster_auth: std::sync::OnceLock<Arc<crate::operator::auth::ClusterAuth>>,
     /// Budgets and usage accounting of every provider call.
@@ -179,16 +179,23 @@ impl Engine {
         })
     }
 
-    /// Remembers the token a session's user last presented (memory only).
-    pub fn remember_token(&self, session_id: &str, token: crate::catalog::SecretValue) {
+    /// Remembers the token `user` last presented posting in `session_id` (memory only).
+    /// Kept per user: in a shared session, a run acts with the token of whom it acts for,
+    /// never with that of someone else who posted meanwhile.
+    pub fn remember_token(&self, session_id: &str, user: &str, token: crate::catalog::SecretValue) {
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        tokens.insert(session_id.to_owned(), token);
+        tokens.insert((session_id.to_owned(), user.to_owned()), token);
     }
 
-    /// Who the Kubernetes tools act as in a run of `session_id` under a policy with
-    /// `runToolsAsUser` = `as_user`.
-    pub fn kube_identity(&self, session_id: &str, as_user: bool) -> crate::tools::KubeIdentity {
-        self.kube_identity_of(self.token_of(session_id).as_ref(), as_user)
+    /// Who the Kubernetes tools act as in a run of `session_id` acting for `user` under a
+    /// policy with `runToolsAsUser` = `as_user`.
+    pub fn kube_identity(
+        &self,
+        session_id: &str,
+        user: &str,
+        as_user: bool,
+    ) -> crate::tools::KubeIdentity {
+        self.kube_identity_of(self.token_of(session_id, user).as_ref(), as_user)
     }
 
     /// Who the Kubernetes tools act as for a caller who presented `token` (their Kubernetes
@@ -216,10 +223,12 @@ impl Engine {
         }
     }
 
-    /// The token a session's user last presented, if any.
-    pub fn token_of(&self, session_id: &str) -> Option<crate::catalog::SecretValue> {
+    /// The token `user` last presented in `session_id`, if any.
+    pub fn token_of(&self, session_id: &str, user: &str) -> Option<crate::catalog::SecretValue> {
         let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
-        tokens.get(session_id).cloned()
+        tokens
+            .get(&(session_id.to_owned(), user.to_owned()))
+            .cloned()
     }
 
     /// Live events of a session (subscribe before replaying from the database, then drop

@@ -289,7 +289,7 @@ async fn steps(
     };
     let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
     let spec = &policy.object.spec;
-    let kube = engine.kube_identity(&session.id, spec.run_tools_as_user);
+    let kube = engine.kube_identity(&session.id, &session.user, spec.run_tools_as_user);
     let plan = route::plan(catalog, &session.namespace, policy, route::Role::Default);
     if plan.routes.is_empty() {
         return Ok(End::Failed {

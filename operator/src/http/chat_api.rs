@@ -473,7 +473,9 @@ pub async fn post_message(
         may_use(&state, &caller, policy).await?;
     }
     if let Some(token) = &caller.token {
-        state.engine.remember_token(&session.id, token.clone());
+        state
+            .engine
+            .remember_token(&session.id, &caller.user, token.clone());
     }
     let wants_stream = headers
         .get(header::ACCEPT)

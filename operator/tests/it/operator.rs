@@ -1657,6 +1657,97 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
 
+    // alice shares the session to continue with dave and carol. Whoever posts is checked
+    // for the right to use the policy (dave has none), and the run reads the cluster with
+    // the poster's own token, not the owner's.
+    let r = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/sessions/{id}/share"),
+        Some("alice-token"),
+        json!({"users": ["dave", "carol"], "access": "continue"}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200);
+    let r = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/sessions/{id}/messages"),
+        Some("dave-token"),
+        json!({"content": "and now?"}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 403, "dave may not use the policy");
+    let body: Value = r.json().await.unwrap_or_default();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("dave may not use ChatPolicy team-a/incidents"),
+        "{body}"
+    );
+    fake.allow("carol");
+    push(
+        &script,
+        tool_calls(&[(
+            "r2",
+            "get_resource",
+            json!({"kind": "Deployment", "namespace": "shop", "name": "api"}),
+        )]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Still 2 replicas."])),
+    );
+    let r = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/sessions/{id}/messages"),
+        Some("carol-token"),
+        json!({"content": "and now?"}),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 202);
+    fake.until("the read as carol", |f| {
+        f.seen().iter().any(|s| {
+            s.method == "GET"
+                && s.path == "/apis/apps/v1/namespaces/shop/deployments/api"
+                && s.token == "carol-token"
+        })
+    })
+    .await;
+    let review = fake
+        .seen()
+        .into_iter()
+        .filter(|s| s.path.ends_with("/subjectaccessreviews"))
+        .rfind(|s| s.body["spec"]["user"] == "carol")
+        .map(|s| s.body["spec"]["resourceAttributes"].clone())
+        .unwrap_or_default();
+    assert_eq!(
+        review,
+        json!({"namespace": "team-a", "verb": "use", "group": "kortex.dev", "resource": "chatpolicies", "name": "incidents"})
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = call(
+            reqwest::Method::GET,
+            &format!("/chat/v1/sessions/{id}"),
+            Some("alice-token"),
+            Value::Null,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        let s: Value = r.json().await.unwrap_or_default();
+        if s["status"] == "idle" {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "carol's run did not end: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // alice's model proposes a restart.
     push(
         &script,
