@@ -257,10 +257,25 @@
       }
     });
     const conversation = h('section', { class: 'panel conversation', 'aria-label': 'Conversation' });
+    const sharedEl = h('ul', { 'aria-label': 'Shared with me', id: 'shared-sessions' });
     show(h('div', { class: 'chat' },
-      h('aside', { class: 'panel sessions', 'aria-label': 'Sessions' }, form, listEl),
+      h('aside', { class: 'panel sessions', 'aria-label': 'Sessions' }, form, listEl,
+        h('h3', { class: 'shared-head' }, 'Shared with me'), sharedEl),
       conversation));
+    const loadShared = async () => {
+      try {
+        const data = await api('GET', '/chat/v1/sessions?shared=true');
+        const items = data.items || [];
+        sharedEl.replaceChildren(...items.map((s) => h('li', { class: s.id === id ? 'current' : '', 'data-session': s.id },
+          h('a', { href: `#/chat/${s.id}`, 'aria-current': s.id === id ? 'page' : null },
+            s.name, h('span', { class: 't' }, `${s.user} · ${s.access === 'continue' ? 'you may continue' : 'read only'}${s.title ? ` · ${s.title}` : ''}`)))));
+        if (!items.length) sharedEl.append(h('li', { class: 'muted' }, 'Nothing shared with you.'));
+      } catch (e) {
+        sharedEl.replaceChildren(errorBox(e));
+      }
+    };
     const loadSessions = async () => {
+      loadShared();
       try {
         const data = await api('GET', '/chat/v1/sessions');
         listEl.replaceChildren(...(data.items || []).map((s) => {
@@ -292,6 +307,97 @@
     await openSession(id, conversation);
   }
 
+  // A modal dialog; `body` gets a Close button; returns the element (removed on close).
+  function dialog(title, ...body) {
+    const titleId = `dialog-${Math.random().toString(36).slice(2)}`;
+    const close = h('button', { type: 'button', class: 'close' }, 'Close');
+    const el = h('dialog', { 'aria-labelledby': titleId }, h('h2', { id: titleId }, title), ...body, h('p', {}, close));
+    close.addEventListener('click', () => el.close());
+    el.addEventListener('close', () => el.remove());
+    document.body.append(el);
+    el.showModal();
+    view.cleanup.push(() => { if (el.open) el.close(); });
+    return el;
+  }
+
+  const names = (text) => text.split(/[\s,]+/).map((x) => x.trim()).filter(Boolean);
+
+  // The owner shares a session with users or groups, to read or to continue, and revokes.
+  async function shareDialog(session) {
+    const base = `/chat/v1/sessions/${encodeURIComponent(session.id)}/share`;
+    const users = h('input', { id: 'share-users', autocomplete: 'off', placeholder: 'e.g. bob, carol' });
+    const groups = h('input', { id: 'share-groups', autocomplete: 'off', placeholder: 'e.g. sre-oncall' });
+    const accessSel = h('select', { id: 'share-access' },
+      h('option', { value: 'read' }, 'read: follow it'),
+      h('option', { value: 'continue' }, 'continue: also ask and steer'));
+    const msg = h('div', { 'aria-live': 'polite' });
+    const list = h('ul', { class: 'shares', 'aria-label': 'Shared with' });
+    const draw = (shares) => {
+      list.replaceChildren(...shares.map((x) => {
+        const revoke = h('button', { type: 'button', class: 'danger', 'aria-label': `Revoke ${x.kind} ${x.principal}` }, 'Revoke');
+        revoke.addEventListener('click', async () => {
+          msg.replaceChildren();
+          try {
+            await api('DELETE', base, x.kind === 'group' ? { groups: [x.principal] } : { users: [x.principal] });
+            draw((await api('GET', base)).shares || []);
+          } catch (e) { msg.append(errorBox(e)); }
+        });
+        return h('li', { 'data-share': `${x.kind}:${x.principal}` },
+          h('span', {}, `${x.kind === 'group' ? 'group ' : ''}${x.principal}`), h('span', { class: 'badge' }, x.access), revoke);
+      }));
+      if (!shares.length) list.append(h('li', { class: 'muted' }, 'Not shared with anyone.'));
+    };
+    const form = h('form', { class: 'dialog-form' },
+      h('label', { for: 'share-users' }, 'Users'), users,
+      h('label', { for: 'share-groups' }, 'Groups'), groups,
+      h('label', { for: 'share-access' }, 'Access'), accessSel,
+      h('p', {}, h('button', { class: 'primary', type: 'submit' }, 'Share')), msg);
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      msg.replaceChildren();
+      try {
+        const out = await api('POST', base, { users: names(users.value), groups: names(groups.value), access: accessSel.value });
+        users.value = '';
+        groups.value = '';
+        draw(out.shares || []);
+      } catch (e) { msg.append(errorBox(e)); }
+    });
+    dialog(`Share ${session.name}`,
+      h('p', { class: 'muted' }, 'Everyone else gets “not found”. Whoever continues acts with their own rights.'),
+      form, h('h3', {}, 'Shared with'), list);
+    try { draw((await api('GET', base)).shares || []); } catch (e) { msg.append(errorBox(e)); }
+    users.focus();
+  }
+
+  // Whoever may continue a session hands it to the next person with a note.
+  function handoverDialog(session) {
+    const to = h('input', { id: 'handover-to', required: true, autocomplete: 'off', placeholder: 'e.g. bob' });
+    const note = h('textarea', { id: 'handover-note', required: true, maxlength: 4000, placeholder: 'What the next person should know: what you found, what is pending, what to watch.' });
+    const msg = h('div', { 'aria-live': 'polite' });
+    const submit = h('button', { class: 'primary', type: 'submit' }, 'Hand over');
+    const form = h('form', { class: 'dialog-form' },
+      h('label', { for: 'handover-to' }, 'To'), to,
+      h('label', { for: 'handover-note' }, 'Note'), note,
+      h('p', { class: 'muted' }, 'They may continue the session. With a summarize model, a summary of the investigation so far is added; the policy’s notification targets are told.'),
+      h('p', {}, submit), msg);
+    const el = dialog(`Hand over ${session.name}`, form);
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      msg.replaceChildren();
+      submit.disabled = true;
+      submit.textContent = 'Handing over…';
+      try {
+        await api('POST', `/chat/v1/sessions/${encodeURIComponent(session.id)}/handover`, { to: to.value.trim(), note: note.value.trim() });
+        el.close();
+      } catch (e) {
+        msg.append(errorBox(e));
+        submit.disabled = false;
+        submit.textContent = 'Hand over';
+      }
+    });
+    to.focus();
+  }
+
   async function openSession(id, root) {
     let session;
     try {
@@ -314,14 +420,25 @@
     const steerMsg = h('div', { 'aria-live': 'polite' });
     const steer = h('form', { class: 'steer', hidden: true }, redirectText, rewind,
       h('button', { type: 'submit', id: 'send-redirect' }, 'Redirect'), steerMsg);
+    const access = session.access || 'owner';
+    const readOnly = access === 'read';
+    const shareBtn = access === 'owner' ? h('button', { type: 'button', id: 'share' }, 'Share') : null;
+    const handBtn = readOnly ? null : h('button', { type: 'button', id: 'handover' }, 'Hand over');
+    if (shareBtn) shareBtn.addEventListener('click', () => shareDialog(session));
+    if (handBtn) handBtn.addEventListener('click', () => handoverDialog(session));
+    const bottom = readOnly
+      ? [h('p', { class: 'note', id: 'read-only' }, `Shared with you by ${session.user} to read: you can follow it, not post.`)]
+      : [steer, composer];
     root.replaceChildren(
       h('div', { class: 'conv-head' },
         h('h2', {}, session.name),
         h('span', { class: 'badge', title: 'The ChatPolicy matched by the session name' }, `policy ${session.policy || '—'}`),
         h('span', { class: 'muted' }, `namespace ${session.namespace}`),
         badge,
-        session.title ? h('span', { class: 'muted' }, session.title) : null),
-      transcript, steer, composer);
+        access === 'owner' ? null : h('span', { class: 'muted', id: 'owner' }, `${session.user}'s session · ${access === 'continue' ? 'you may continue' : 'read only'}`),
+        session.title ? h('span', { class: 'muted' }, session.title) : null,
+        h('span', { class: 'head-actions' }, shareBtn, handBtn)),
+      transcript, ...bottom);
 
     const scroll = () => { transcript.scrollTop = transcript.scrollHeight; };
     // The run that controls apply to (the active one, or the last one seen).
@@ -458,14 +575,38 @@
       return placeholder;
     }
 
+    // Hand-overs: a card each, where it happened in the conversation.
+    const handedOver = new Set();
+    function handoverCard(ho) {
+      if (handedOver.has(ho.id)) return;
+      handedOver.add(ho.id);
+      transcript.append(h('article', { class: 'card handover', 'data-handover': ho.id, 'aria-label': `Hand-over to ${ho.to}` },
+        h('h3', {}, `${ho.from} handed this session over to ${ho.to}`),
+        h('p', { class: 'handover-note' }, ho.note),
+        ho.summary ? h('details', { open: true }, h('summary', {}, 'Summary of the investigation so far'), h('div', { class: 'handover-summary' }, ho.summary)) : null));
+      scroll();
+    }
+    const pendingHandovers = [...(session.handovers || [])];
+    const handoversUntil = (at) => {
+      while (pendingHandovers.length && (!at || Date.parse(pendingHandovers[0].createdAt) <= Date.parse(at))) {
+        handoverCard(pendingHandovers.shift());
+      }
+    };
+    // A user's question; in a shared session, with who asked it when not the reader.
+    function question(m, struck) {
+      const author = m.author && m.author !== me.user ? h('span', { class: 'author' }, m.author) : null;
+      return h('div', { class: `msg user${struck || ''}`, 'data-run': m.runId, 'data-author': m.author || null }, author, m.content);
+    }
+
     // The stored transcript (minus the assistant part of a run in progress: its events
     // rebuild it below, so nothing is shown twice).
     const activeRun = session.activeRun ? session.activeRun.id : null;
     for (const m of session.messages || []) {
+      handoversUntil(m.createdAt);
       if (activeRun && m.runId === activeRun && m.role !== 'user') continue;
       const struck = m.superseded ? ' superseded' : '';
       if (m.role === 'user') {
-        transcript.append(h('div', { class: `msg user${struck}` }, m.content));
+        transcript.append(question(m, struck));
       } else if (m.role === 'assistant') {
         if (m.content) transcript.append(h('div', { class: `msg assistant${struck}`, title: m.superseded ? 'Rewound: no longer sent to the model' : null }, m.content));
         if ((m.toolCalls || []).length) {
@@ -487,7 +628,23 @@
         }
       }
     }
+    handoversUntil(null);
     scroll();
+
+    // A run someone else started in a shared session: their question, from the database.
+    const showQuestionOf = async (runId) => {
+      await new Promise((r) => setTimeout(r, 400));
+      if (transcript.querySelector(`.msg.user[data-run="${CSS.escape(runId)}"]`)) return;
+      try {
+        const fresh = await api('GET', `/chat/v1/sessions/${encodeURIComponent(id)}`);
+        const m = (fresh.messages || []).find((x) => x.role === 'user' && x.runId === runId);
+        if (!m || transcript.querySelector(`.msg.user[data-run="${CSS.escape(runId)}"]`)) return;
+        const bubble = question(m);
+        const first = [...transcript.children].find((el) => el.dataset.run === runId);
+        if (first) first.before(bubble); else transcript.append(bubble);
+        scroll();
+      } catch (_) { /* shown on reload */ }
+    };
 
     // Runs whose end the stream has already shown (a run can fail before the POST that
     // started it has answered).
@@ -499,6 +656,7 @@
         if (d.runId) currentRun = d.runId;
         if (d.state === 'started') {
           setStatus('running');
+          if (d.runId) showQuestionOf(d.runId);
           live = { text: null, chips: null };
           rewind.replaceChildren(h('option', { value: '' }, 'keep every step'));
         } else if (d.state === 'pausing') {
@@ -539,6 +697,7 @@
         if (d.step) rewind.append(h('option', { value: String(d.step) }, `rewind to step ${d.step}`));
       },
       'plan.proposal': (d) => planCard(d),
+      handover: (d) => handoverCard(d),
       follow_ups: (d) => {
         const chips = h('div', { class: 'follow-ups', 'aria-label': 'Suggested questions' },
           (d.questions || []).map((q) => h('button', { type: 'button', class: 'follow-up', onclick: () => { input.value = q; submit(); } }, q)));
@@ -605,7 +764,7 @@
         const started = await api('POST', `/chat/v1/sessions/${encodeURIComponent(id)}/messages`, { content });
         // The question goes before anything its run has already shown.
         const first = [...transcript.children].find((el) => el.dataset.run === started.runId);
-        const bubble = h('div', { class: 'msg user' }, content);
+        const bubble = h('div', { class: 'msg user', 'data-run': started.runId }, content);
         if (first) first.before(bubble); else transcript.append(bubble);
         input.value = '';
         if (!ended.has(started.runId)) {

@@ -95,7 +95,7 @@ fn session_json(s: &SessionRecord, messages: Option<Vec<crate::store::MessageRec
     v
 }
 
-fn ms_to_rfc3339(ms: i64) -> String {
+pub(crate) fn ms_to_rfc3339(ms: i64) -> String {
     jiff::Timestamp::from_millisecond(ms)
         .map(|t| t.to_string())
         .unwrap_or_default()
@@ -309,13 +309,23 @@ pub(crate) async fn reachable(
     id: &str,
     need: crate::store::Access,
 ) -> Result<SessionRecord, ApiError> {
+    reach(state, caller, id, need).await.map(|(s, _)| s)
+}
+
+/// [`reachable`], with what a share gives the caller (`None`: they own it).
+pub(crate) async fn reach(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    need: crate::store::Access,
+) -> Result<(SessionRecord, Option<crate::store::Access>), ApiError> {
     if let Some(s) = state
         .store
         .get_session(id, &caller.user)
         .await
         .map_err(ApiError::from)?
     {
-        return Ok(s);
+        return Ok((s, None));
     }
     match state
         .store
@@ -323,7 +333,7 @@ pub(crate) async fn reachable(
         .await
         .map_err(ApiError::from)?
     {
-        Some((s, access)) if access >= need => Ok(s),
+        Some((s, access)) if access >= need => Ok((s, Some(access))),
         Some(_) => Err(ApiError::forbidden(format!(
             "session {id} is shared with you to read; its owner can share it with access: continue"
         ))),
@@ -337,7 +347,7 @@ pub async fn get(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let session = reachable(&state, &caller, &id, crate::store::Access::Read).await?;
+    let (session, access) = reach(&state, &caller, &id, crate::store::Access::Read).await?;
     // Where a client that renders `messages` picks up the event stream: after the last
     // event, or — while a run is in progress — just before that run's first event (its
     // assistant messages are then rebuilt from the events, without duplicates).
@@ -357,7 +367,12 @@ pub async fn get(
     let handovers = state.store.handovers(&id).await.map_err(ApiError::from)?;
     let mut v = session_json(&session, Some(messages));
     v["eventSeq"] = json!(seq);
-    v["handovers"] = json!(handovers);
+    v["handovers"] = handovers
+        .iter()
+        .map(super::share_api::handover_json)
+        .collect();
+    // What the caller may do: `owner`, or what the session is shared with them for.
+    v["access"] = json!(access.map_or("owner", crate::store::Access::as_str));
     if let Some((run, after)) = active {
         v["activeRun"] = json!({"id": run, "afterSeq": after});
     }

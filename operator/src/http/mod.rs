@@ -112,7 +112,9 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/chat/v1/sessions/{id}/share",
-            axum::routing::post(share_api::share).delete(share_api::unshare),
+            get(share_api::shares)
+                .post(share_api::share)
+                .delete(share_api::unshare),
         )
         .route(
             "/chat/v1/sessions/{id}/handover",

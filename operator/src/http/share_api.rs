@@ -85,6 +85,21 @@ pub async fn share(
     Ok(Json(json!({"shares": shares})))
 }
 
+/// `GET /chat/v1/sessions/{id}/share` → `{shares}` (the owner only).
+pub async fn shares(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let session = owned(&state, &caller, &id).await?;
+    let shares = state
+        .store
+        .shares(&session.id)
+        .await
+        .map_err(ApiError::from)?;
+    Ok(Json(json!({"shares": shares})))
+}
+
 /// `DELETE /chat/v1/sessions/{id}/share` with `{users?, groups?}` (none: every share) —
 /// the owner only.
 pub async fn unshare(
@@ -222,7 +237,7 @@ pub async fn handover(
         })
         .await
         .map_err(ApiError::from)?;
-    let handover = serde_json::to_value(&handover).unwrap_or_default();
+    let handover = handover_json(&handover);
     // Whoever follows the session sees it at once.
     state
         .engine
@@ -235,4 +250,10 @@ pub async fn handover(
         Json(json!({"handover": handover, "shares": shares})),
     )
         .into_response())
+}
+
+/// A hand-over as the API shows it (`createdAt` in RFC 3339, like messages).
+pub(crate) fn handover_json(h: &crate::store::Handover) -> Value {
+    json!({"id": h.id, "from": h.from, "to": h.to, "note": h.note, "summary": h.summary,
+        "createdAt": super::chat_api::ms_to_rfc3339(h.created_at)})
 }

@@ -31,7 +31,7 @@ mod sharing;
 pub use mcp::MCP_ORIGIN;
 pub use notify::{Delivery, NotifyEventRecord};
 pub use runs::{PlanRecord, RunRecord};
-pub use sharing::{Access, Share};
+pub use sharing::{Access, Handover, Share};
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
 pub use models::*;

@@ -16,6 +16,57 @@ fn browser_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
 }
 
+/// Runs `script` (in `tests/browser`) with node and `env` plus `CHROMIUM` and `SCREENSHOTS`,
+/// beside this runtime (which keeps serving the mock provider); `None` when Chromium or
+/// playwright-core is missing (a failure under `KORTEX_REQUIRE_BROWSER=1`).
+async fn run_browser(script: &str, env: &[(&str, &str)]) -> Option<std::process::Output> {
+    let required = std::env::var("KORTEX_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
+    let modules = browser_dir().join("node_modules/playwright-core");
+    let (Some(chromium), true) = (chromium(), modules.exists()) else {
+        assert!(
+            !required,
+            "KORTEX_REQUIRE_BROWSER=1 but Chromium or {} is missing",
+            modules.display()
+        );
+        eprintln!(
+            "skipping: Chromium or playwright-core is not installed (scripts/test.sh installs them)"
+        );
+        return None;
+    };
+    let mut command = std::process::Command::new("node");
+    command
+        .arg(browser_dir().join(script))
+        .env("CHROMIUM", &chromium)
+        .env("SCREENSHOTS", screenshots());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let run = tokio::task::spawn_blocking(move || command.output());
+    Some(
+        tokio::time::timeout(Duration::from_secs(150), run)
+            .await
+            .unwrap_or_else(|_| panic!("the browser test {script} did not finish in 150 s"))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap_or_else(|e| panic!("node: {e}")),
+    )
+}
+
+fn screenshots() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots")
+}
+
+/// Fails with the script's output and the server's log unless the browser script passed.
+fn passed(out: &std::process::Output, server: &Server) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "browser test failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- server log\n{}",
+        server.log()
+    );
+    println!("{stdout}");
+}
+
 fn chromium() -> Option<String> {
     std::env::var("KORTEX_TEST_CHROMIUM").ok().or_else(|| {
         ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
@@ -106,19 +157,6 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
-    let required = std::env::var("KORTEX_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
-    let modules = browser_dir().join("node_modules/playwright-core");
-    let (Some(chromium), true) = (chromium(), modules.exists()) else {
-        assert!(
-            !required,
-            "KORTEX_REQUIRE_BROWSER=1 but Chromium or {} is missing",
-            modules.display()
-        );
-        eprintln!(
-            "skipping: Chromium or playwright-core is not installed (scripts/test.sh installs them)"
-        );
-        return;
-    };
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
@@ -141,33 +179,16 @@ async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
         &[],
     );
     let url = server.url("").replace("0.0.0.0", "127.0.0.1");
-    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
-    let script_path = browser_dir().join("dashboard.mjs");
-    let (url2, shots2) = (url.clone(), shots.clone());
-    // The browser runs beside this runtime, which keeps serving the mock provider.
-    let run = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .arg(script_path)
-            .env("KORTEX_URL", &url2)
-            .env("KORTEX_KEY", KEY)
-            .env("KORTEX_ANSWER", ANSWER)
-            .env("CHROMIUM", &chromium)
-            .env("SCREENSHOTS", &shots2)
-            .output()
-    });
-    let out = tokio::time::timeout(Duration::from_secs(150), run)
-        .await
-        .unwrap_or_else(|_| panic!("the browser test did not finish in 150 s"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("node: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "browser test failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- server log\n{}",
-        server.log()
-    );
-    println!("{stdout}");
+    let env = [
+        ("KORTEX_URL", url.as_str()),
+        ("KORTEX_KEY", KEY),
+        ("KORTEX_ANSWER", ANSWER),
+    ];
+    let Some(out) = run_browser("dashboard.mjs", &env).await else {
+        return;
+    };
+    passed(&out, &server);
+    let shots = screenshots();
     for shot in ["chat.png", "proposals.png", "status.png", "phone.png"] {
         assert!(shots.join(shot).exists(), "{shot} was not saved");
     }
@@ -237,16 +258,6 @@ fn steering_responder(body: &Value) -> Option<Reply> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_pauses_redirects_resumes_and_approves_plans() {
-    let required = std::env::var("KORTEX_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
-    let modules = browser_dir().join("node_modules/playwright-core");
-    let (Some(chromium), true) = (chromium(), modules.exists()) else {
-        assert!(
-            !required,
-            "KORTEX_REQUIRE_BROWSER=1 but Chromium or playwright-core is missing"
-        );
-        eprintln!("skipping: Chromium or playwright-core is not installed");
-        return;
-    };
     let (llm, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(steering_responder));
@@ -275,29 +286,11 @@ spec: {{sessions: ["planned-*"], provider: scripted, runControl: {{planning: req
     // On loopback: no sign-in.
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let url = server.url("");
-    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
-    let script_path = browser_dir().join("run_control.mjs");
-    let run = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("node")
-            .arg(script_path)
-            .env("KORTEX_URL", url.trim_end_matches('/'))
-            .env("CHROMIUM", &chromium)
-            .env("SCREENSHOTS", &shots)
-            .output()
-    });
-    let out = tokio::time::timeout(Duration::from_secs(150), run)
-        .await
-        .unwrap_or_else(|_| panic!("the browser test did not finish in 150 s"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("node: {e}"));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "browser test failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- server log\n{}",
-        server.log()
-    );
-    println!("{stdout}");
+    let env = [("KORTEX_URL", url.trim_end_matches('/'))];
+    let Some(out) = run_browser("run_control.mjs", &env).await else {
+        return;
+    };
+    passed(&out, &server);
     // The plan the person edited is what the model was told.
     let told = script
         .seen
@@ -310,4 +303,85 @@ spec: {{sessions: ["planned-*"], provider: scripted, runControl: {{planning: req
         told.contains("2. similar alerts") && !told.contains("1. past incidents"),
         "{told}"
     );
+}
+
+/// What the hand-over summary says in the sharing browser test.
+const SUMMARY: &str =
+    "Problem: the database connection pool is exhausted. Next steps: resize the pool.";
+
+/// The scripted model of the sharing browser test: answers, titles, and the hand-over summary.
+fn sharing_responder(body: &Value) -> Option<Reply> {
+    let d = openai();
+    let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+    if body["stream"] != true {
+        let text = if system.contains("hand-over summary") {
+            SUMMARY
+        } else {
+            "Database incident"
+        };
+        return Some(crate::llm::json_reply(200, &(d.text_json)(text)));
+    }
+    let last = body["messages"].as_array()?.last()?["content"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let answer = if last.contains("resize") {
+        "Yes, within the memory limit."
+    } else {
+        "The connection pool is exhausted."
+    };
+    Some(streamed(&d, (d.text_stream)(&[answer])))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shares_hands_over_and_shows_who_asked() {
+    const KEYS: [(&str, &str); 3] = [
+        ("alice", "kx-alice-browser-0123456789"),
+        ("bob", "kx-bob-browser-0123456789"),
+        ("carol", "kx-carol-browser-0123456789"),
+    ];
+    let (llm, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(sharing_responder));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let mut yaml: String = KEYS
+        .iter()
+        .map(|(user, key)| crate::common::chat_key_secret(user, key, ""))
+        .collect();
+    yaml.push_str(&format!(
+        r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: scripted}}
+spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m, timeout: 20s}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: ops}}
+spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: scripted/m}}}}
+"#
+    ));
+    std::fs::write(m.join("p.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    // Not on loopback: each person signs in with their own key.
+    let (server, url) = Server::start_keyed(&m, &db, &[]);
+    let keys = serde_json::to_string(
+        &KEYS
+            .iter()
+            .copied()
+            .collect::<std::collections::BTreeMap<_, _>>(),
+    )
+    .unwrap_or_default();
+    let env = [
+        ("KORTEX_URL", url.as_str()),
+        ("KORTEX_KEYS", keys.as_str()),
+        ("KORTEX_SUMMARY", SUMMARY),
+    ];
+    let Some(out) = run_browser("sharing.mjs", &env).await else {
+        return;
+    };
+    passed(&out, &server);
+    for shot in ["share-dialog.png", "handover.png", "shared-read-only.png"] {
+        assert!(screenshots().join(shot).exists(), "{shot} was not saved");
+    }
 }
