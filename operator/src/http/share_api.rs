@@ -67,6 +67,25 @@ pub async fn share(
         .share_session(&session.id, &body.users, &body.groups, access, &caller.user)
         .await
         .map_err(ApiError::from)?;
+    audit(
+        &state,
+        &session,
+        &caller,
+        access.as_str(),
+        json!({"users": body.users, "groups": body.groups}),
+    )
+    .await?;
+    Ok(Json(json!({"shares": shares})))
+}
+
+/// Records a share or hand-over of `session` by `caller` (`kind: share`).
+async fn audit(
+    state: &AppState,
+    session: &crate::store::SessionRecord,
+    caller: &Caller,
+    outcome: &str,
+    detail: Value,
+) -> Result<(), ApiError> {
     state
         .store
         .record_decision(&crate::store::NewDecision {
@@ -76,13 +95,13 @@ pub async fn share(
             user: Some(caller.user.clone()),
             policy: session.policy.clone(),
             subject: format!("session {}", session.id),
-            outcome: access.as_str().into(),
-            detail: json!({"users": body.users, "groups": body.groups}),
+            outcome: outcome.into(),
+            detail,
             ..Default::default()
         })
         .await
-        .map_err(ApiError::from)?;
-    Ok(Json(json!({"shares": shares})))
+        .map(|_| ())
+        .map_err(ApiError::from)
 }
 
 /// `GET /chat/v1/sessions/{id}/share` → `{shares}` (the owner only).
@@ -222,21 +241,14 @@ pub async fn handover(
         )
         .await
         .map_err(ApiError::from)?;
-    state
-        .store
-        .record_decision(&crate::store::NewDecision {
-            kind: "share".into(),
-            namespace: Some(owner.namespace.clone()),
-            session_id: Some(owner.id.clone()),
-            user: Some(caller.user.clone()),
-            policy: owner.policy.clone(),
-            subject: format!("session {}", owner.id),
-            outcome: "handover".into(),
-            detail: json!({"to": to, "summary": summary.is_some()}),
-            ..Default::default()
-        })
-        .await
-        .map_err(ApiError::from)?;
+    audit(
+        &state,
+        &owner,
+        &caller,
+        "handover",
+        json!({"to": to, "summary": summary.is_some()}),
+    )
+    .await?;
     let handover = handover_json(&handover);
     // Whoever follows the session sees it at once.
     state

@@ -342,14 +342,7 @@ async fn the_dashboard_shares_hands_over_and_shows_who_asked() {
     ];
     let (llm, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(sharing_responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    let mut yaml: String = KEYS
-        .iter()
-        .map(|(user, key)| crate::common::chat_key_secret(user, key, ""))
-        .collect();
-    yaml.push_str(&format!(
+    let yaml = format!(
         r#"apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
 metadata: {{name: scripted}}
@@ -360,11 +353,11 @@ kind: ChatPolicy
 metadata: {{name: ops}}
 spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: scripted/m}}}}
 "#
-    ));
-    std::fs::write(m.join("p.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    );
+    let users: Vec<(&str, &str, &str)> = KEYS.iter().map(|(u, k)| (*u, *k, "")).collect();
+    let (dir, db) = crate::common::keyed_manifests(&users, &yaml);
     // Not on loopback: each person signs in with their own key.
-    let (server, url) = Server::start_keyed(&m, &db, &[]);
+    let (server, url) = Server::start_keyed(&dir.path().join("m"), &db, &[]);
     let keys = serde_json::to_string(
         &KEYS
             .iter()

@@ -15,24 +15,18 @@ const DAVE: &str = "kx-dave-0123456789abcdef";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    let mut yaml = String::new();
-    for (user, key, groups) in [
-        ("alice", ALICE, ""),
-        ("bob", BOB, ""),
-        ("carol", CAROL, "sre"),
-        ("dave", DAVE, ""),
-    ] {
-        yaml.push_str(&crate::common::chat_key_secret(user, key, groups));
-    }
-    yaml.push_str(&format!(
-        "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m1, locality: local}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: gpt}}\n"
-    ));
-    std::fs::write(m.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
-    let (_server, api) = Server::start_keyed(&m, &db, &[]);
+    let (dir, db) = crate::common::keyed_manifests(
+        &[
+            ("alice", ALICE, ""),
+            ("bob", BOB, ""),
+            ("carol", CAROL, "sre"),
+            ("dave", DAVE, ""),
+        ],
+        &format!(
+            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m1, locality: local}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: gpt}}\n"
+        ),
+    );
+    let (_server, api) = Server::start_keyed(&dir.path().join("m"), &db, &[]);
     let client = http_client();
     let call = |method: reqwest::Method, path: &str, key: &str| {
         client
@@ -297,19 +291,7 @@ async fn a_session_is_handed_over_with_a_note_a_summary_and_a_notification() {
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(handover_responder));
     let hook = crate::notify::receiver(0).await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    let mut yaml = String::new();
-    for (user, key, groups) in [
-        ("alice", ALICE, ""),
-        ("bob", BOB, ""),
-        ("carol", CAROL, ""),
-        ("root", ADMIN, "kortex-admins"),
-    ] {
-        yaml.push_str(&crate::common::chat_key_secret(user, key, groups));
-    }
-    yaml.push_str(&format!(
+    let yaml = format!(
         r#"apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
 metadata: {{name: gpt}}
@@ -333,11 +315,18 @@ metadata: {{name: plain}}
 spec: {{sessions: ["chat-*"], provider: gpt}}
 "#,
         hook = hook.url
-    ));
-    std::fs::write(m.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    );
+    let (dir, db) = crate::common::keyed_manifests(
+        &[
+            ("alice", ALICE, ""),
+            ("bob", BOB, ""),
+            ("carol", CAROL, ""),
+            ("root", ADMIN, "kortex-admins"),
+        ],
+        &yaml,
+    );
     let (_server, api) = Server::start_keyed(
-        &m,
+        &dir.path().join("m"),
         &db,
         &[("KORTEX_PUBLIC_URL", "https://kortex.example.com")],
     );
