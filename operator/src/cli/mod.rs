@@ -421,7 +421,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         stop_rx.clone(),
     ));
     let router = router.with_plugins(plugins_rx);
-    let state = AppState {
+    let state = AppState::from(crate::http::AppShared {
         config: config_rx.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
@@ -436,7 +436,7 @@ async fn run_server(server: Server) -> Result<(), String> {
             .as_deref()
             .filter(|k| !k.is_empty())
             .map(|k| Arc::from(k.as_bytes())),
-    };
+    });
 
     let listener = tokio::net::TcpListener::bind(listen)
         .await

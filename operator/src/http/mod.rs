@@ -32,9 +32,27 @@ use error::ApiError;
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// What every handler can reach.
+/// What every handler can reach: one shared [`AppShared`], so the clones that extractors and
+/// middleware make on every request are one reference count, not one per field.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppShared>);
+
+impl std::ops::Deref for AppState {
+    type Target = AppShared;
+
+    fn deref(&self) -> &AppShared {
+        &self.0
+    }
+}
+
+impl From<AppShared> for AppState {
+    fn from(shared: AppShared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+/// The parts of [`AppState`].
+pub struct AppShared {
     /// The live configuration.
     pub config: watch::Receiver<Arc<LiveConfig>>,
     /// The database.

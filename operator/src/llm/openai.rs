@@ -23,6 +23,10 @@ pub struct OpenAi {
     /// Whether to ask for usage in streams (`stream_options`); turned off for good when a
     /// compatible server rejects the field.
     stream_usage: std::sync::atomic::AtomicBool,
+    /// `<baseUrl>/chat/completions`, parsed once (not on every call).
+    chat_url: Option<reqwest::Url>,
+    /// `Authorization: Bearer <key>`, built once and marked sensitive.
+    auth: Option<reqwest::header::HeaderValue>,
 }
 
 impl OpenAi {
@@ -33,19 +37,41 @@ impl OpenAi {
         } else {
             "max_completion_tokens"
         };
+        let chat_url = reqwest::Url::parse(&format!("{}/chat/completions", config.base_url)).ok();
+        let auth = config.api_key.as_ref().and_then(|key| {
+            let mut v =
+                reqwest::header::HeaderValue::from_str(&format!("Bearer {}", key.expose())).ok()?;
+            v.set_sensitive(true);
+            Some(v)
+        });
         Self {
             config,
             client,
             max_tokens_field,
             stream_usage: std::sync::atomic::AtomicBool::new(true),
+            chat_url,
+            auth,
         }
     }
 
     fn authorized(&self, r: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        match &self.config.api_key {
-            Some(key) => r.bearer_auth(key.expose()),
-            None => r,
+        match (&self.auth, &self.config.api_key) {
+            (Some(auth), _) => r.header(reqwest::header::AUTHORIZATION, auth.clone()),
+            (None, Some(key)) => r.bearer_auth(key.expose()),
+            (None, None) => r,
         }
+    }
+
+    /// A POST to `<baseUrl>/chat/completions`.
+    fn post_chat(&self) -> reqwest::RequestBuilder {
+        let request = match &self.chat_url {
+            Some(url) => self.client.post(url.clone()),
+            // Not a URL: reqwest reports it when the request is sent.
+            None => self
+                .client
+                .post(format!("{}/chat/completions", self.config.base_url)),
+        };
+        self.authorized(request)
     }
 
     fn body(&self, request: &ChatRequest, stream: bool) -> Value {
@@ -403,12 +429,10 @@ impl LlmProvider for OpenAi {
         request: &'a ChatRequest,
     ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
         Box::pin(async move {
-            let url = format!("{}/chat/completions", self.config.base_url);
             let send = || {
                 wire::send(
                     &self.config,
-                    self.authorized(self.client.post(&url))
-                        .json(&self.body(request, true)),
+                    self.post_chat().json(&self.body(request, true)),
                 )
             };
             super::retry::stream_with_retry(self.config.retry, || async {
@@ -439,13 +463,7 @@ impl LlmProvider for OpenAi {
             let body = self.body(request, false);
             wire::complete_json(
                 &self.config,
-                || {
-                    self.authorized(
-                        self.client
-                            .post(format!("{}/chat/completions", self.config.base_url)),
-                    )
-                    .json(&body)
-                },
+                || self.post_chat().json(&body),
                 parse_response,
             )
             .await

@@ -81,7 +81,7 @@ pub(crate) async fn harness(auth: AuthMode) -> Harness {
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));
     std::mem::forget(_tx); // keep the channel open for the test's lifetime
     let db = sqlite().await;
-    let app = router(AppState {
+    let app = router(AppState::from(kortex::http::AppShared {
         config: rx.clone(),
         store: db.store.clone(),
         probes: Default::default(),
@@ -98,7 +98,7 @@ pub(crate) async fn harness(auth: AuthMode) -> Harness {
         auth_proxy: None,
         limits: kortex::http::limits::Limits::new(Default::default()),
         erasure_key: None,
-    });
+    }));
     Harness { app, db, _dir: dir }
 }
 
@@ -443,7 +443,7 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
             },
         );
     }
-    let app = router(AppState {
+    let app = router(AppState::from(kortex::http::AppShared {
         config: rx.clone(),
         store: db.store.clone(),
         probes,
@@ -458,7 +458,7 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
         auth_proxy: None,
         limits: kortex::http::limits::Limits::new(Default::default()),
         erasure_key: None,
-    });
+    }));
     let (status, _, body) = call(&app, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);
     for line in [

@@ -273,6 +273,23 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, Gat
     })
 }
 
+/// Whether `provider` is known to serve `model` (as [`provider_models`] lists them, without
+/// building the list: this is on every call's path).
+fn serves(catalog: &Catalog, namespace: &str, provider: &str, model: &str) -> bool {
+    let Some(entry) = catalog.provider(namespace, provider) else {
+        return false;
+    };
+    let spec = &entry.object.spec;
+    spec.models.iter().any(|m| m.id == model)
+        || spec.default_model.as_deref() == Some(model)
+        || spec.fast_model.as_deref() == Some(model)
+        || entry
+            .object
+            .status
+            .as_ref()
+            .is_some_and(|s| s.models.iter().any(|m| m == model))
+}
+
 /// Every model id a provider is known to serve: its catalog, default and fast models, and
 /// what it listed (`status.models`).
 fn provider_models(catalog: &Catalog, namespace: &str, provider: &str) -> Vec<String> {
@@ -329,11 +346,7 @@ pub fn routes_for(
     model: &str,
 ) -> Result<Vec<Route>, GatewayError> {
     let plan = route::plan(catalog, &caller.namespace, &caller.policy, Role::Default);
-    let known = |p: &str, m: &str| {
-        provider_models(catalog, &caller.namespace, p)
-            .iter()
-            .any(|x| x == m)
-    };
+    let known = |p: &str, m: &str| serves(catalog, &caller.namespace, p, m);
     let first = match model.split_once('/') {
         Some((p, m)) if plan.routes.iter().any(|r| r.provider == p) && known(p, m) => plan
             .routes
@@ -814,5 +827,5 @@ pub fn sse_response(
 
 /// A fresh id with `prefix` (`chatcmpl-`, `msg_`).
 pub fn new_id(prefix: &str) -> String {
-    format!("{prefix}{}", crate::store::new_id().replace('-', ""))
+    format!("{prefix}{}", uuid::Uuid::now_v7().simple())
 }
