@@ -846,8 +846,9 @@ const ROWS_PER_INSERT: usize = 32;
 /// (`numbered`), `?` on SQLite (bound in order). Built once per shape and kept.
 fn values_clause(numbered: bool, rows: usize, cols: usize) -> std::sync::Arc<str> {
     use std::fmt::Write;
-    static BUILT: std::sync::Mutex<Vec<((bool, usize, usize), std::sync::Arc<str>)>> =
-        std::sync::Mutex::new(Vec::new());
+    /// `(numbered, rows, cols)` and its clause.
+    type Built = Vec<((bool, usize, usize), std::sync::Arc<str>)>;
+    static BUILT: std::sync::Mutex<Built> = std::sync::Mutex::new(Vec::new());
     let key = (numbered, rows, cols);
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, sql)) = built.iter().find(|(k, _)| *k == key) {
