@@ -14,6 +14,8 @@
 //! with Kortex, so the numbers are an upper bound of what Kortex adds.
 //!
 //! `KORTEX_BENCH_UNLIMITED=1`: the gateway key's policy has no budget.
+//! `KORTEX_BENCH_BIN=/path/to/kortex`: measure another build (e.g. the previous commit's).
+//! After the runs, every call served must have its usage and audit row (checked).
 //! `KORTEX_BENCH_SECONDS=N`: seconds per row (default 6).
 //! `KORTEX_BENCH_DATABASE_URL=postgres://...`: Kortex's database (default: a new SQLite file).
 //! `KORTEX_BENCH_ONLY=m20/plain/50`: only the rows whose `model/mode/concurrency` contains
@@ -223,7 +225,7 @@ fn main() {
         let kortex = server.url.clone();
         let pid = server.pid();
         // Warm up (connections, first database writes).
-        load(&kortex, Some(KEY), "m", false, 4).await;
+        let mut served = load(&kortex, Some(KEY), "m", false, 4).await.requests;
         let rss_before = rss_kib(pid);
         let mut rss_peak = rss_before;
         for (model, title) in [
@@ -247,6 +249,7 @@ fn main() {
                     let cpu_before = cpu_us(pid);
                     let via = load(&kortex, Some(KEY), model, stream, concurrency).await;
                     let cpu = cpu_us(pid) - cpu_before;
+                    served += via.requests;
                     rss_peak = rss_peak.max(rss_kib(pid));
                     println!(
                         "| {} | {concurrency} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.0} | {} |",
@@ -272,6 +275,41 @@ fn main() {
             rss_after as f64 / 1024.0,
             (rss_peak.saturating_sub(rss_before)) as f64 / 1024.0
         );
+        books(&db, served).await;
         server.stop();
     });
+}
+
+/// Waits (up to 30 s) until every call Kortex served has its usage row and its audit row —
+/// nothing accepted is lost in a burst — and says so; panics otherwise.
+async fn books(database_url: &str, served: usize) {
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(database_url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")) as usize
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let usage = count("SELECT count(*) FROM usage_events WHERE source = 'gateway'").await;
+        let audit = count("SELECT count(*) FROM decisions WHERE kind = 'llm_call'").await;
+        if usage >= served && audit >= served {
+            println!(
+                "Books: {served} calls served, {usage} usage rows and {audit} audit rows written."
+            );
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "books incomplete 30 s after the load: {served} calls served, {usage} usage rows, {audit} audit rows"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

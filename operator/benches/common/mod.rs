@@ -84,7 +84,11 @@ impl Kortex {
     /// `kortex serve` (the release build) on `manifests` and `database_url`, with `extra`
     /// arguments, once it says where it listens.
     pub fn start(manifests: &Path, database_url: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kortex"))
+        // `KORTEX_BENCH_BIN`: another build to measure (e.g. the previous commit's, side by
+        // side with this one).
+        let bin = std::env::var("KORTEX_BENCH_BIN")
+            .unwrap_or_else(|_| env!("CARGO_BIN_EXE_kortex").to_owned());
+        let mut child = Command::new(bin)
             .args(["serve", "--listen", "127.0.0.1:0", "--manifests"])
             .arg(manifests)
             .args(["--database-url", database_url])
