@@ -15,6 +15,9 @@
 //!
 //! `KORTEX_BENCH_UNLIMITED=1`: the gateway key's policy has no budget.
 //! `KORTEX_BENCH_BIN=/path/to/kortex`: measure another build (e.g. the previous commit's).
+//! `KORTEX_BENCH_LITELLM=/path/to/litellm` (default: `target/bench-venv/bin/litellm` when it
+//! exists): LiteLLM's proxy, one worker, on the same upstream, measured in the same run
+//! (saturation rows at 50 concurrent) with the CPU-per-call ratio to Kortex.
 //! After the runs, every call served must have its usage and audit row (checked).
 //! `KORTEX_BENCH_SECONDS=N`: seconds per row (default 6).
 //! `KORTEX_BENCH_DATABASE_URL=postgres://...`: Kortex's database (default: a new SQLite file).
@@ -226,6 +229,7 @@ fn main() {
         let pid = server.pid();
         // Warm up (connections, first database writes).
         let mut served = load(&kortex, Some(KEY), "m", false, 4).await.requests;
+        let mut saturated: Saturated = Vec::new();
         let rss_before = rss_kib(pid);
         let mut rss_peak = rss_before;
         for (model, title) in [
@@ -250,6 +254,9 @@ fn main() {
                     let via = load(&kortex, Some(KEY), model, stream, concurrency).await;
                     let cpu = cpu_us(pid) - cpu_before;
                     served += via.requests;
+                    if model == "m" && concurrency == 50 {
+                        saturated.push((stream, via.rps, cpu / via.requests.max(1) as f64));
+                    }
                     rss_peak = rss_peak.max(rss_kib(pid));
                     println!(
                         "| {} | {concurrency} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.0} | {} |",
@@ -277,7 +284,135 @@ fn main() {
         );
         books(&db, served).await;
         server.stop();
+        if let Some(litellm) = litellm_bin() {
+            side_by_side(&litellm, &base, &saturated).await;
+        }
     });
+}
+
+/// LiteLLM's `litellm` command, if it is installed for the comparison.
+fn litellm_bin() -> Option<String> {
+    if let Ok(bin) = std::env::var("KORTEX_BENCH_LITELLM") {
+        return Some(bin);
+    }
+    let default = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../target/bench-venv/bin/litellm"
+    );
+    std::path::Path::new(default)
+        .exists()
+        .then(|| default.to_owned())
+}
+
+/// User plus system CPU time of `pid` and its children (uvicorn workers), in microseconds.
+fn tree_cpu_us(pid: u32) -> f64 {
+    let mut total = cpu_us(pid);
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(child) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let parent = std::fs::read_to_string(format!("/proc/{child}/stat"))
+                .ok()
+                .and_then(|s| {
+                    s.rsplit_once(')')?
+                        .1
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse::<u32>()
+                        .ok()
+                });
+            if parent == Some(pid) {
+                total += cpu_us(child);
+            }
+        }
+    }
+    total
+}
+
+/// Kortex's saturation rows at 50 concurrent: `(streamed, req/s, CPU µs per call)`.
+type Saturated = Vec<(bool, f64, f64)>;
+
+/// Starts LiteLLM's proxy (one worker, a master key, no database: its documented production
+/// settings that apply without one) on the same upstream, loads it as Kortex was loaded at
+/// saturation, and prints both side by side with the ratio of CPU per call.
+async fn side_by_side(litellm: &str, upstream: &str, kortex: &Saturated) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let config = dir.path().join("litellm.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n      api_base: {upstream}/v1\n      api_key: sk-upstream-bench\n\
+             litellm_settings:\n  set_verbose: false\n  json_logs: true\n  drop_params: true\n\
+             general_settings:\n  master_key: sk-litellm-bench\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut child = std::process::Command::new(litellm)
+        .args(["--config"])
+        .arg(&config)
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--num_workers",
+            "1",
+        ])
+        .env("LITELLM_LOG", "ERROR")
+        .env("LITELLM_TELEMETRY", "False")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {litellm}: {e}"));
+    let url = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let up = client
+            .get(format!("{url}/health/liveliness"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success());
+        if up {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("LiteLLM's proxy did not start within 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Warm up.
+    load(&url, Some("sk-litellm-bench"), "m", false, 4).await;
+    println!("\nSide by side, upstream answering at once, 50 concurrent (same run):\n");
+    println!(
+        "| mode | Kortex req/s | Kortex CPU µs/req | LiteLLM req/s | LiteLLM CPU µs/req | LiteLLM CPU / Kortex CPU per call | LiteLLM errors |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (stream, rps, cpu) in kortex {
+        let before = tree_cpu_us(child.id());
+        let run = load(&url, Some("sk-litellm-bench"), "m", *stream, 50).await;
+        let used = tree_cpu_us(child.id()) - before;
+        let per_call = used / run.requests.max(1) as f64;
+        println!(
+            "| {} | {rps:.0} | {cpu:.0} | {:.0} | {per_call:.0} | {:.0}x | {} |",
+            if *stream { "streamed" } else { "not streamed" },
+            run.rps,
+            per_call / cpu.max(1.0),
+            run.errors,
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// Waits (up to 30 s) until every call Kortex served has its usage row and its audit row —
