@@ -17,7 +17,8 @@
 //! `KORTEX_BENCH_BIN=/path/to/kortex`: measure another build (e.g. the previous commit's).
 //! `KORTEX_BENCH_LITELLM=/path/to/litellm` (default: `target/bench-venv/bin/litellm` when it
 //! exists): LiteLLM's proxy, one worker, on the same upstream, measured in the same run
-//! (saturation rows at 50 concurrent) with the CPU-per-call ratio to Kortex.
+//! (saturation rows at 50 concurrent) with the CPU-per-call ratio to Kortex; set but empty:
+//! Kortex alone.
 //! After the runs, every call served must have its usage and audit row (checked).
 //! `KORTEX_BENCH_SECONDS=N`: seconds per row (default 6).
 //! `KORTEX_BENCH_DATABASE_URL=postgres://...`: Kortex's database (default: a new SQLite file).
@@ -292,8 +293,9 @@ fn main() {
 
 /// LiteLLM's `litellm` command, if it is installed for the comparison.
 fn litellm_bin() -> Option<String> {
+    // Set but empty: Kortex alone.
     if let Ok(bin) = std::env::var("KORTEX_BENCH_LITELLM") {
-        return Some(bin);
+        return (!bin.is_empty()).then_some(bin);
     }
     let default = concat!(
         env!("CARGO_MANIFEST_DIR"),
