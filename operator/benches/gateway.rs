@@ -14,6 +14,7 @@
 //! with Kortex, so the numbers are an upper bound of what Kortex adds.
 //!
 //! `KORTEX_BENCH_UNLIMITED=1`: the gateway key's policy has no budget.
+//! `KORTEX_BENCH_CONCURRENCY=1000` (or `10,50`): the concurrencies of each row.
 //! `KORTEX_BENCH_BIN=/path/to/kortex`: measure another build (e.g. the previous commit's).
 //! `KORTEX_BENCH_LITELLM=/path/to/litellm` (default: `target/bench-venv/bin/litellm` when it
 //! exists): LiteLLM's proxy, one worker, on the same upstream, measured in the same run
@@ -231,6 +232,11 @@ fn main() {
         // Warm up (connections, first database writes).
         let mut served = load(&kortex, Some(KEY), "m", false, 4).await.requests;
         let mut saturated: Saturated = Vec::new();
+        // `KORTEX_BENCH_CONCURRENCY=1000`: other concurrencies than 1, 10 and 50.
+        let concurrencies: Vec<usize> = std::env::var("KORTEX_BENCH_CONCURRENCY")
+            .ok()
+            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![1, 10, 50]);
         let rss_before = rss_kib(pid);
         let mut rss_peak = rss_before;
         for (model, title) in [
@@ -242,7 +248,7 @@ fn main() {
             println!("| mode | concurrency | direct p50 / p99 (µs) | via Kortex p50 / p99 (µs) | added p50 / p99 (µs) | Kortex req/s | Kortex CPU µs/req | errors |");
             println!("|---|---|---|---|---|---|---|---|");
             for stream in [false, true] {
-                for concurrency in [1, 10, 50] {
+                for &concurrency in &concurrencies {
                     let row = format!(
                         "{model}/{}/{concurrency}",
                         if stream { "stream" } else { "plain" }
