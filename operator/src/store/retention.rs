@@ -176,17 +176,9 @@ impl Pruned {
 
     /// Counts by kind (the metric's `kind` label).
     pub fn counts(&self) -> [(&'static str, u64); 9] {
-        [
-            ("sessions", self.sessions),
-            ("messages", self.messages),
-            ("events", self.events),
-            ("runs", self.runs),
-            ("tool_results", self.tool_results),
-            ("mcp_sessions", self.mcp_sessions),
-            ("usage_events", self.usage_events),
-            ("decisions", self.decisions),
-            ("notifications", self.notifications),
-        ]
+        // The fields are listed once, in `counts_mut`.
+        let mut copy = *self;
+        copy.counts_mut().map(|(kind, n)| (kind, *n))
     }
 
     fn counts_mut(&mut self) -> [(&'static str, &mut u64); 9] {
