@@ -125,6 +125,9 @@ fn cpu_us(pid: u32) -> f64 {
 struct Run {
     p50_us: f64,
     p99_us: f64,
+    /// Time to the first byte of the body.
+    ttfb_p50_us: f64,
+    ttfb_p99_us: f64,
     rps: f64,
     errors: usize,
     requests: usize,
@@ -151,6 +154,7 @@ async fn load(url: &str, key: Option<&str>, model: &str, stream: bool, concurren
         let body = body.clone();
         async move {
             let mut latencies = Vec::new();
+            let mut firsts = Vec::new();
             let mut errors = 0;
             let mut done = 0usize;
             while Instant::now() < deadline {
@@ -163,35 +167,51 @@ async fn load(url: &str, key: Option<&str>, model: &str, stream: bool, concurren
                     r = r.bearer_auth(k);
                 }
                 match r.send().await {
-                    Ok(resp) if resp.status().is_success() => {
-                        // The whole body: a streamed answer counts until its last byte.
-                        if resp.bytes().await.is_err() {
+                    Ok(mut resp) if resp.status().is_success() => {
+                        // The first byte of the body (time to first byte), then the whole
+                        // body: a streamed answer counts until its last byte.
+                        let mut first = None;
+                        let read = loop {
+                            match resp.chunk().await {
+                                Ok(Some(_)) => {
+                                    first.get_or_insert_with(|| started.elapsed());
+                                }
+                                Ok(None) => break true,
+                                Err(_) => break false,
+                            }
+                        };
+                        if !read {
                             errors += 1;
                             continue;
                         }
                         done += 1;
                         if started >= counted_from {
                             latencies.push(started.elapsed());
+                            firsts.push(first.unwrap_or_else(|| started.elapsed()));
                         }
                     }
                     _ => errors += 1,
                 }
             }
-            (latencies, errors, done)
+            (latencies, firsts, errors, done)
         }
     });
     let results = futures_util::future::join_all(workers).await;
-    let mut all: Vec<Duration> = results.iter().flat_map(|(l, _, _)| l.clone()).collect();
-    let errors = results.iter().map(|(_, e, _)| e).sum();
-    let requests = results.iter().map(|(_, _, d)| d).sum();
+    let mut all: Vec<Duration> = results.iter().flat_map(|r| r.0.clone()).collect();
+    let mut firsts: Vec<Duration> = results.iter().flat_map(|r| r.1.clone()).collect();
+    let errors = results.iter().map(|r| r.2).sum();
+    let requests = results.iter().map(|r| r.3).sum();
     all.sort();
-    let pct = |p: f64| {
-        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+    firsts.sort();
+    let pct = |v: &[Duration], p: f64| {
+        v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1)))
             .map_or(0.0, |d| d.as_secs_f64() * 1e6)
     };
     Run {
-        p50_us: pct(0.50),
-        p99_us: pct(0.99),
+        p50_us: pct(&all, 0.50),
+        p99_us: pct(&all, 0.99),
+        ttfb_p50_us: pct(&firsts, 0.50),
+        ttfb_p99_us: pct(&firsts, 0.99),
         rps: all.len() as f64 / seconds as f64,
         errors,
         requests,
@@ -245,8 +265,8 @@ fn main() {
             ("m", "Upstream answering at once (saturation)"),
         ] {
             println!("\n{title}:\n");
-            println!("| mode | concurrency | direct p50 / p99 (µs) | via Kortex p50 / p99 (µs) | added p50 / p99 (µs) | Kortex req/s | Kortex CPU µs/req | errors |");
-            println!("|---|---|---|---|---|---|---|---|");
+            println!("| mode | concurrency | direct p50 / p99 (µs) | via Kortex p50 / p99 (µs) | added p50 / p99 (µs) | added to first byte p50 / p99 (µs) | Kortex req/s | Kortex CPU µs/req | errors |");
+            println!("|---|---|---|---|---|---|---|---|---|");
             for stream in [false, true] {
                 for &concurrency in &concurrencies {
                     let row = format!(
@@ -266,7 +286,7 @@ fn main() {
                     }
                     rss_peak = rss_peak.max(rss_kib(pid));
                     println!(
-                        "| {} | {concurrency} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.0} | {} |",
+                        "| {} | {concurrency} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {:.0} | {:.0} | {} |",
                         if stream { "streamed" } else { "not streamed" },
                         direct.p50_us,
                         direct.p99_us,
@@ -274,6 +294,8 @@ fn main() {
                         via.p99_us,
                         via.p50_us - direct.p50_us,
                         via.p99_us - direct.p99_us,
+                        via.ttfb_p50_us - direct.ttfb_p50_us,
+                        via.ttfb_p99_us - direct.ttfb_p99_us,
                         via.rps,
                         cpu / via.requests.max(1) as f64,
                         via.errors + direct.errors,
