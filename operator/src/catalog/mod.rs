@@ -253,6 +253,18 @@ pub struct PolicyEntry {
     pub notify: Vec<NotifyResolved>,
 }
 
+impl PolicyEntry {
+    /// `namespace/name`, as budgets, runs, proposals and notifications name the policy.
+    pub fn qualified_name(&self) -> String {
+        let meta = &self.object.metadata;
+        format!(
+            "{}/{}",
+            meta.namespace.as_deref().unwrap_or("default"),
+            meta.name.as_deref().unwrap_or_default()
+        )
+    }
+}
+
 /// A notification target with its Secrets read.
 #[derive(Clone, Debug)]
 pub struct NotifyResolved {

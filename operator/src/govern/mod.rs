@@ -45,13 +45,8 @@ impl Scope {
         session: Option<&str>,
         source: &'static str,
     ) -> Self {
-        let meta = &policy.object.metadata;
         Self {
-            policy: format!(
-                "{}/{}",
-                meta.namespace.as_deref().unwrap_or("default"),
-                meta.name.as_deref().unwrap_or_default()
-            ),
+            policy: policy.qualified_name(),
             budget: policy.object.spec.budget.clone(),
             user: user.to_owned(),
             session: session.map(str::to_owned),

@@ -169,7 +169,7 @@ pub async fn handover(
     body: Result<Json<HandoverBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let body = json_body(body)?;
-    let mut session = reachable(&state, &caller, &id, Access::Continue).await?;
+    let owner = reachable(&state, &caller, &id, Access::Continue).await?;
     let to = body.to.trim();
     if to.is_empty() || to.len() > 256 {
         return Err(ApiError::invalid(
@@ -187,16 +187,16 @@ pub async fn handover(
         )));
     }
     let config = state.config.borrow().clone();
-    let policy = config
-        .catalog
-        .match_policy(&session.namespace, &session.name);
+    let policy = config.catalog.match_policy(&owner.namespace, &owner.name);
     // The note is stored, notified and shown as redacted as anything a user types.
     let redactor = match policy {
         Some(p) => config.catalog.redactor_for(p),
         None => crate::redact::Redactor::secrets_only(config.catalog.redactor.clone()),
     };
     let (note, _) = redactor.text(body.note.trim());
-    // The summary is written for (and billed to) whoever hands over.
+    // The summary is written for (and billed to) whoever hands over: the session as their
+    // run would see it.
+    let mut session = owner.clone();
     session.user = caller.user.clone();
     let summary = match policy {
         Some(p) => {
@@ -216,19 +216,7 @@ pub async fn handover(
         }
         None => None,
     };
-    let owner = state
-        .store
-        .session_by_id(&id)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or_else(|| ApiError::not_found(format!("session {id} not found")))?;
-    let policy_key = policy.map(|p| {
-        format!(
-            "{}/{}",
-            p.object.metadata.namespace.as_deref().unwrap_or("default"),
-            p.object.metadata.name.as_deref().unwrap_or_default()
-        )
-    });
+    let policy_key = policy.map(crate::catalog::PolicyEntry::qualified_name);
     let handover = state
         .store
         .hand_over(

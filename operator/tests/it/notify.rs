@@ -81,6 +81,13 @@ fn policy_manifests(base: &str, policy: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    write_policy(&m, base, policy);
+    dir
+}
+
+/// (Re)writes `m/all.yaml`: the LLMProvider `gpt` at `base` and the ChatPolicy `incidents`
+/// for every session, with `policy` (YAML lines under its `spec:`).
+fn write_policy(m: &std::path::Path, base: &str, policy: &str) {
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -91,7 +98,6 @@ fn policy_manifests(base: &str, policy: &str) -> tempfile::TempDir {
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    dir
 }
 
 /// The provider's next answer is a 400: the chat run fails (`run.failed`).
@@ -331,32 +337,14 @@ async fn two_replicas_send_each_delivery_once() {
         return;
     };
     let hook = slow_receiver(0, std::time::Duration::from_millis(1500)).await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(
-        m.join("all.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec: {{type: openai-compatible, baseUrl: "http://127.0.0.1:9/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["*"]
-  provider: gpt
-  notify:
-    - name: oncall
-      events: [proposal.pending]
-      webhook: {{url: "{url}"}}
-"#,
-            url = hook.url
+    let dir = policy_manifests(
+        "http://127.0.0.1:9",
+        &format!(
+            "  notify:\n    - name: oncall\n      events: [proposal.pending]\n      webhook: {{url: \"{}\"}}\n",
+            hook.url
         ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    );
+    let m = dir.path().join("m");
     let a = Server::start_with_url(&m, &db.url, &[]);
     let b = Server::start_with_url(&m, &db.url, &[]);
     for i in 0..4 {
@@ -449,36 +437,13 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
 async fn budgets_and_providers_notify_once_per_change() {
     let (base, script) = mock().await;
     let hook = receiver(0).await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let policy = format!(
+        "  budget: {{perUserHourlyRequests: 2, alertAtPercent: 50}}\n  notify:\n    - name: pager\n      events: [budget.alert, budget.exhausted, provider.unavailable]\n      webhook: {{url: \"{}\"}}\n",
+        hook.url
+    );
+    let dir = policy_manifests(&base, &policy);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    let write = |provider_url: &str| {
-        std::fs::write(
-            m.join("all.yaml"),
-            format!(
-                r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec: {{type: openai-compatible, baseUrl: "{provider_url}/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["*"]
-  provider: gpt
-  budget: {{perUserHourlyRequests: 2, alertAtPercent: 50}}
-  notify:
-    - name: pager
-      events: [budget.alert, budget.exhausted, provider.unavailable]
-      webhook: {{url: "{url}"}}
-"#,
-                url = hook.url
-            ),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    };
-    write(&base);
+    let write = |provider_url: &str| write_policy(&m, provider_url, &policy);
     let server = Server::start_with_args(&m, &dir.path().join("k.db"), &["--probe-interval", "1s"]);
     let id = crate::policy::session(&server, "incident-4").await;
     let d = openai();
