@@ -28,29 +28,32 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
     );
     let (_server, api) = Server::start_keyed(&dir.path().join("m"), &db, &[]);
     let client = http_client();
-    let call = |method: reqwest::Method, path: &str, key: &str| {
-        client
+    // One API call as `key`: its status and JSON body.
+    let call = |method: reqwest::Method, path: &str, key: &str, body: Option<Value>| {
+        let mut r = client
             .request(method, format!("{api}{path}"))
-            .bearer_auth(key)
-    };
-    let send = |r: reqwest::RequestBuilder| async move {
-        let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
-        let status = r.status().as_u16();
-        (status, r.json::<Value>().await.unwrap_or_default())
+            .bearer_auth(key);
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        async move {
+            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or_default())
+        }
     };
     let ask = |key: &'static str, id: String| {
-        let call = &call;
+        let client = &client;
+        let api = &api;
         async move {
-            let r = call(
-                reqwest::Method::POST,
-                &format!("/chat/v1/sessions/{id}/messages"),
-                key,
-            )
-            .header("accept", "text/event-stream")
-            .json(&json!({"content": format!("question from {key}")}))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            let r = client
+                .post(format!("{api}/chat/v1/sessions/{id}/messages"))
+                .bearer_auth(key)
+                .header("accept", "text/event-stream")
+                .json(&json!({"content": format!("question from {key}")}))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
             let status = r.status().as_u16();
             (status, r.text().await.unwrap_or_default())
         }
@@ -58,9 +61,11 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
     let d = openai();
 
     // Alice's investigation.
-    let (status, s) = send(
-        call(reqwest::Method::POST, "/chat/v1/sessions", ALICE)
-            .json(&json!({"name": "incident-9"})),
+    let (status, s) = call(
+        reqwest::Method::POST,
+        "/chat/v1/sessions",
+        ALICE,
+        Some(json!({"name": "incident-9"})),
     )
     .await;
     assert_eq!(status, 201, "{s}");
@@ -71,43 +76,38 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
 
     // Nobody else sees it yet; only its owner shares it.
     for key in [BOB, DAVE] {
-        let (status, _) = send(call(
+        let (status, _) = call(
             reqwest::Method::GET,
             &format!("/chat/v1/sessions/{id}"),
             key,
-        ))
+            None,
+        )
         .await;
         assert_eq!(status, 404);
     }
-    let (status, _) = send(
-        call(
-            reqwest::Method::POST,
-            &format!("/chat/v1/sessions/{id}/share"),
-            BOB,
-        )
-        .json(&json!({"users": ["bob"], "access": "continue"})),
+    let (status, _) = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/sessions/{id}/share"),
+        BOB,
+        Some(json!({"users": ["bob"], "access": "continue"})),
     )
     .await;
     assert_eq!(status, 404, "Bob cannot share Alice's session with himself");
 
     // Shared with Bob to read, with the group sre to continue.
-    let (status, shared) = send(
-        call(
-            reqwest::Method::POST,
-            &format!("/chat/v1/sessions/{id}/share"),
-            ALICE,
-        )
-        .json(&json!({"users": ["bob"], "access": "read"})),
+    let (status, shared) = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/sessions/{id}/share"),
+        ALICE,
+        Some(json!({"users": ["bob"], "access": "read"})),
     )
     .await;
     assert_eq!(status, 200, "{shared}");
-    let (status, shared) = send(
-        call(
-            reqwest::Method::POST,
-            &format!("/chat/v1/sessions/{id}/share"),
-            ALICE,
-        )
-        .json(&json!({"groups": ["sre"], "access": "continue"})),
+    let (status, shared) = call(
+        reqwest::Method::POST,
+        &format!("/chat/v1/sessions/{id}/share"),
+        ALICE,
+        Some(json!({"groups": ["sre"], "access": "continue"})),
     )
     .await;
     assert_eq!(status, 200, "{shared}");
@@ -118,19 +118,21 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
     );
 
     // Bob reads (messages with their author, events) but may not post.
-    let (status, s) = send(call(
+    let (status, s) = call(
         reqwest::Method::GET,
         &format!("/chat/v1/sessions/{id}"),
         BOB,
-    ))
+        None,
+    )
     .await;
     assert_eq!(status, 200, "{s}");
     assert_eq!(s["messages"][0]["author"], "alice", "{s}");
-    let (status, _) = send(call(
+    let (status, _) = call(
         reqwest::Method::GET,
         &format!("/chat/v1/sessions/{id}/events?format=jsonl"),
         BOB,
-    ))
+        None,
+    )
     .await;
     assert_eq!(status, 200);
     let (status, refused) = ask(BOB, id.clone()).await;
@@ -144,11 +146,12 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
         status == 202 && events.contains("completed"),
         "{status} {events}"
     );
-    let (_, s) = send(call(
+    let (_, s) = call(
         reqwest::Method::GET,
         &format!("/chat/v1/sessions/{id}"),
         ALICE,
-    ))
+        None,
+    )
     .await;
     let authors: Vec<&str> = s["messages"]
         .as_array()
@@ -202,44 +205,47 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
     assert!(stdout.contains("From the terminal."), "{stdout}");
 
     // Each sees it in their shared list, with what they may do; Alice's own list is hers.
-    let (_, carol_list) = send(call(
+    let (_, carol_list) = call(
         reqwest::Method::GET,
         "/chat/v1/sessions?shared=true",
         CAROL,
-    ))
+        None,
+    )
     .await;
     assert_eq!(carol_list["items"][0]["access"], "continue", "{carol_list}");
-    let (_, bob_list) = send(call(
+    let (_, bob_list) = call(
         reqwest::Method::GET,
         "/chat/v1/sessions?shared=true",
         BOB,
-    ))
+        None,
+    )
     .await;
     assert_eq!(bob_list["items"][0]["access"], "read", "{bob_list}");
-    let (_, dave_list) = send(call(
+    let (_, dave_list) = call(
         reqwest::Method::GET,
         "/chat/v1/sessions?shared=true",
         DAVE,
-    ))
+        None,
+    )
     .await;
     assert_eq!(dave_list["items"], json!([]));
 
     // Revoked: back to 404 for both.
-    let r = call(
+    let (status, _) = call(
         reqwest::Method::DELETE,
         &format!("/chat/v1/sessions/{id}/share"),
         ALICE,
+        None,
     )
-    .send()
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status().as_u16(), 204);
+    .await;
+    assert_eq!(status, 204);
     for key in [BOB, CAROL] {
-        let (status, _) = send(call(
+        let (status, _) = call(
             reqwest::Method::GET,
             &format!("/chat/v1/sessions/{id}"),
             key,
-        ))
+            None,
+        )
         .await;
         assert_eq!(status, 404);
     }
