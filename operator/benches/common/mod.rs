@@ -93,7 +93,13 @@ impl Kortex {
             .arg(manifests)
             .args(["--database-url", database_url])
             .args(extra)
-            .env("RUST_LOG", "warn,kortex::cli=info")
+            // `KORTEX_BENCH_LOG`: another log filter (e.g. `warn,kortex::cli=info,sqlx=debug`
+            // to see each statement; `kortex::cli=info` says where it listens).
+            .env(
+                "RUST_LOG",
+                std::env::var("KORTEX_BENCH_LOG")
+                    .unwrap_or_else(|_| "warn,kortex::cli=info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -126,7 +132,12 @@ impl Kortex {
         self.child.id()
     }
 
-    pub fn stop(mut self) {
+    pub fn stop(self) {}
+}
+
+/// A bench that panics does not leave its server running.
+impl Drop for Kortex {
+    fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -259,6 +259,37 @@ impl Engine {
         .await
     }
 
+    /// Appends a message of a run with the event announcing it (one transaction), then
+    /// publishes the event; waits for the database while it is unreachable.
+    pub async fn append_and_emit(
+        &self,
+        session_id: &str,
+        message: &crate::store::NewMessage,
+        event_type: &str,
+        data: Value,
+    ) -> Result<crate::store::MessageRecord, StoreError> {
+        let (record, event) = crate::store::patiently("a message", || {
+            self.store
+                .append_message_and_event(session_id, message, event_type, &data)
+        })
+        .await?;
+        self.deliver(session_id, event);
+        Ok(record)
+    }
+
+    /// Hands a persisted event to the followers of this replica.
+    fn deliver(&self, session_id: &str, record: EventRecord) {
+        let sender = self
+            .hub
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(session_id)
+            .cloned();
+        if let Some(sender) = sender {
+            let _ = sender.send(record);
+        }
+    }
+
     /// Persists an event of a run, then publishes it to live followers. While the database
     /// is unreachable the run waits for it ([`crate::store::patiently`]).
     pub async fn emit(
@@ -316,15 +347,7 @@ impl Engine {
         } else {
             append().await?
         };
-        let sender = self
-            .hub
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(session_id)
-            .cloned();
-        if let Some(sender) = sender {
-            let _ = sender.send(record.clone());
-        }
+        self.deliver(session_id, record.clone());
         Ok(record)
     }
 

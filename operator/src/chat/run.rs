@@ -831,36 +831,35 @@ async fn answer_step(
         } else {
             out.model.clone()
         };
+        // The call's books and its audit row, in one transaction.
+        let decision = NewDecision {
+            kind: "llm_call".into(),
+            policy: Some(policy.clone()),
+            subject: format!("{}/{served}", route.provider),
+            outcome: outcome.clone(),
+            detail: json!({"step": step, "inputTokens": out.usage.input_tokens,
+                "outputTokens": out.usage.output_tokens, "latencyMs": latency_ms,
+                "toolCalls": out.calls.len() + out.delegated_calls, "redactions": redactions,
+                "stopReason": out.stop_reason, "fastModel": fast.is_some(),
+                "estimated": out.usage.estimated}),
+            ..session_decision(session, run_id)
+        };
         let alerts = engine
             .governor
-            .settle(
+            .settle_audited(
                 reservation,
                 &crate::govern::Outcome {
                     usage: out.usage,
                     model: served.clone(),
                     latency_ms,
-                    outcome: outcome.clone(),
+                    outcome,
                 },
+                Some(&decision),
             )
             .await?;
         for alert in alerts {
             notice(engine, session, run_id, &alert).await?;
         }
-        engine
-            .store
-            .record_decision(&NewDecision {
-                kind: "llm_call".into(),
-                policy: Some(policy.clone()),
-                subject: format!("{}/{served}", route.provider),
-                outcome,
-                detail: json!({"step": step, "inputTokens": out.usage.input_tokens,
-                    "outputTokens": out.usage.output_tokens, "latencyMs": latency_ms,
-                    "toolCalls": out.calls.len() + out.delegated_calls, "redactions": redactions,
-                    "stopReason": out.stop_reason, "fastModel": fast.is_some(),
-                    "estimated": out.usage.estimated}),
-                ..session_decision(session, run_id)
-            })
-            .await?;
         if *cancel.borrow() {
             return Ok(Ok(Answer {
                 step: out,
@@ -1000,7 +999,6 @@ async fn finish_call(
         is_error: outcome.is_error,
         ..Default::default()
     };
-    engine.append(&session.id, &message).await?;
     let preview: String = outcome.content.chars().take(200).collect();
     let mut data = json!({"runId": run_id, "callId": call.id, "name": call.name, "ok": !outcome.is_error,
         "isError": outcome.is_error, "durationMs": outcome.duration.as_millis() as u64,
@@ -1009,7 +1007,7 @@ async fn finish_call(
         data["errorKind"] = json!(kind);
     }
     engine
-        .emit(&session.id, run_id, event::TOOL_END, data)
+        .append_and_emit(&session.id, &message, event::TOOL_END, data)
         .await?;
     Ok(())
 }

@@ -441,12 +441,22 @@ impl Governor {
     /// crossed (`alertAtPercent`), each reported once per window across replicas.
     pub async fn settle(
         &self,
+        reservation: Reservation,
+        outcome: &Outcome,
+    ) -> Result<Vec<String>, StoreError> {
+        self.settle_audited(reservation, outcome, None).await
+    }
+
+    /// [`Governor::settle`] with the call's audit row written in the same transaction.
+    pub async fn settle_audited(
+        &self,
         mut reservation: Reservation,
         outcome: &Outcome,
+        decision: Option<&NewDecision>,
     ) -> Result<Vec<String>, StoreError> {
         let books = self.books(&mut reservation, outcome);
         self.store
-            .settle_budget(&books.actual, Some(&books.event))
+            .settle_audited(&books.actual, Some(&books.event), decision)
             .await?;
         let mut alerts = Vec::new();
         self.alerts_of(&books.scope, &books.counters, &mut alerts)

@@ -673,6 +673,10 @@ fn follow(
         queue: std::collections::VecDeque<EventRecord>,
         until_run: Option<String>,
         done: bool,
+        /// Whether the database may hold events not seen yet: at the start, after a gap
+        /// or a lag, and every 500 ms without live events (another replica's). Events that
+        /// arrive live and in order need no read.
+        catch_up: bool,
     }
     let st = St {
         _slot: slot.into(),
@@ -683,6 +687,7 @@ fn follow(
         queue: Default::default(),
         until_run,
         done: false,
+        catch_up: true,
     };
     futures_util::stream::unfold(st, |mut st| async move {
         loop {
@@ -700,14 +705,16 @@ fn follow(
                 return Some((Ok(sse_event(&e)), st));
             }
             // Catch up from the database (replay, gaps after a lag, other replicas).
-            match st.state.store.events_after(&st.session, st.last, 500).await {
-                Ok(page) if !page.is_empty() => {
-                    st.queue.extend(page);
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(session = %st.session, error = %e, "event replay failed; retrying");
+            if st.catch_up {
+                match st.state.store.events_after(&st.session, st.last, 500).await {
+                    Ok(page) if !page.is_empty() => {
+                        st.queue.extend(page);
+                        continue;
+                    }
+                    Ok(_) => st.catch_up = false,
+                    Err(e) => {
+                        tracing::warn!(session = %st.session, error = %e, "event replay failed; retrying");
+                    }
                 }
             }
             tokio::select! {
@@ -715,13 +722,15 @@ fn follow(
                     // In order: take it. After a gap (an event another replica wrote), let
                     // the database catch-up above fetch everything in order.
                     Ok(e) if e.seq == st.last + 1 => st.queue.push_back(e),
+                    Ok(e) if e.seq > st.last + 1 => st.catch_up = true,
                     Ok(_) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => st.catch_up = true,
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => {
                         tokio::time::sleep(Duration::from_millis(500)).await;
+                        st.catch_up = true;
                     }
                 },
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = tokio::time::sleep(Duration::from_millis(500)) => st.catch_up = true,
             }
         }
     })

@@ -39,6 +39,8 @@ pub mod claude_code;
 mod error;
 mod ollama;
 mod openai;
+/// A tool call in Chat Completions shape (the gateway answers with it too).
+pub(crate) use openai::OutToolCall;
 pub mod probe;
 mod prompt_tools;
 pub mod recover;

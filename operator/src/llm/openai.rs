@@ -74,79 +74,204 @@ impl OpenAi {
         self.authorized(request)
     }
 
-    fn body(&self, request: &ChatRequest, stream: bool) -> Value {
+    /// The request body, serialized straight from borrowed fields (no `Value` tree: this is
+    /// on every gateway call's path).
+    fn body<'a>(&'a self, request: &'a ChatRequest, stream: bool) -> Body<'a> {
         let model = if request.model.is_empty() {
-            self.config.default_model.clone().unwrap_or_default()
+            self.config.default_model.as_deref().unwrap_or_default()
         } else {
-            request.model.clone()
+            request.model.as_str()
         };
-        let mut body = json!({
-            "model": model,
-            "messages": messages(request.system.as_deref(), &request.messages),
-        });
-        body[self.max_tokens_field] = json!(request.max_tokens.unwrap_or(self.config.max_tokens));
-        if self.config.tool_mode != ToolMode::None && !request.tools.is_empty() {
-            body["tools"] = request
+        let limit = request.max_tokens.unwrap_or(self.config.max_tokens);
+        let compatible = self.max_tokens_field == "max_tokens";
+        let tools: Vec<OutTool<'a>> = if self.config.tool_mode != ToolMode::None {
+            request
                 .tools
                 .iter()
-                .map(|t| json!({"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}))
-                .collect();
+                .map(|t| OutTool {
+                    kind: "function",
+                    function: OutFunctionSpec {
+                        name: &t.name,
+                        description: &t.description,
+                        parameters: &t.parameters,
+                    },
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let tool_choice = if tools.is_empty() {
+            None
+        } else {
+            request.tool_choice.as_ref().map(|c| match c {
+                super::ToolChoice::Auto => OutToolChoice::Mode("auto"),
+                super::ToolChoice::Required => OutToolChoice::Mode("required"),
+                super::ToolChoice::Tool(name) => OutToolChoice::Function {
+                    kind: "function",
+                    function: OutName { name },
+                },
+            })
+        };
+        let stream_options = (stream
+            && self.stream_usage.load(std::sync::atomic::Ordering::Relaxed))
+        .then_some(StreamOptions {
+            include_usage: true,
+        });
+        Body {
+            model,
+            messages: messages(request.system.as_deref(), &request.messages),
+            max_tokens: compatible.then_some(limit),
+            max_completion_tokens: (!compatible).then_some(limit),
+            tools,
+            temperature: request.temperature.or(self.config.temperature),
+            stop: &request.stop,
+            response_format: request.response_format.as_ref(),
+            tool_choice,
+            stream: stream.then_some(true),
+            stream_options,
         }
-        if let Some(t) = request.temperature.or(self.config.temperature) {
-            body["temperature"] = json!(t);
+    }
+}
+
+/// A Chat Completions request body.
+#[derive(serde::Serialize)]
+struct Body<'a> {
+    model: &'a str,
+    messages: Vec<OutMessage<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<OutTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<&'a Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<OutToolChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(serde::Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(serde::Serialize)]
+struct OutTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunctionSpec<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct OutFunctionSpec<'a> {
+    name: &'a str,
+    description: &'a str,
+    parameters: &'a Value,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum OutToolChoice<'a> {
+    Mode(&'static str),
+    Function {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        function: OutName<'a>,
+    },
+}
+
+#[derive(serde::Serialize)]
+struct OutName<'a> {
+    name: &'a str,
+}
+
+/// One message of a request.
+#[derive(serde::Serialize)]
+struct OutMessage<'a> {
+    role: &'static str,
+    content: std::borrow::Cow<'a, str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutToolCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+}
+
+/// A tool call as Chat Completions carries it (`arguments` a JSON string).
+#[derive(serde::Serialize)]
+pub(crate) struct OutToolCall<'a> {
+    pub(crate) id: &'a str,
+    #[serde(rename = "type")]
+    pub(crate) kind: &'static str,
+    pub(crate) function: OutFunction<'a>,
+}
+
+#[derive(serde::Serialize)]
+pub(crate) struct OutFunction<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) arguments: String,
+}
+
+impl<'a> OutToolCall<'a> {
+    pub(crate) fn of(c: &'a ToolCall) -> Self {
+        Self {
+            id: &c.id,
+            kind: "function",
+            function: OutFunction {
+                name: &c.name,
+                arguments: c.input.to_string(),
+            },
         }
-        if !request.stop.is_empty() {
-            body["stop"] = json!(request.stop);
-        }
-        if let Some(format) = &request.response_format {
-            body["response_format"] = format.clone();
-        }
-        if body.get("tools").is_some() {
-            match &request.tool_choice {
-                Some(super::ToolChoice::Auto) => body["tool_choice"] = json!("auto"),
-                Some(super::ToolChoice::Required) => body["tool_choice"] = json!("required"),
-                Some(super::ToolChoice::Tool(name)) => {
-                    body["tool_choice"] = json!({"type": "function", "function": {"name": name}});
-                }
-                None => {}
-            }
-        }
-        if stream {
-            body["stream"] = json!(true);
-            if self.stream_usage.load(std::sync::atomic::Ordering::Relaxed) {
-                body["stream_options"] = json!({"include_usage": true});
-            }
-        }
-        body
     }
 }
 
 /// The conversation in Chat Completions shape. Tool errors have no flag in this API, so the
 /// content says so.
-fn messages(system: Option<&str>, history: &[Message]) -> Vec<Value> {
-    let mut out = Vec::new();
+fn messages<'a>(system: Option<&'a str>, history: &'a [Message]) -> Vec<OutMessage<'a>> {
+    let mut out = Vec::with_capacity(history.len() + 1);
+    let plain = |role, content: std::borrow::Cow<'a, str>| OutMessage {
+        role,
+        content,
+        tool_calls: Vec::new(),
+        tool_call_id: None,
+    };
     if let Some(s) = system.filter(|s| !s.is_empty()) {
-        out.push(json!({"role": "system", "content": s}));
+        out.push(plain("system", s.into()));
     }
     for m in history {
         out.push(match m {
-            Message::User { content } => json!({"role": "user", "content": content}),
-            Message::Assistant { content, tool_calls } => {
-                // Always a string: OpenAI accepts "" beside tool calls, and llama.cpp's
-                // servers answer 500 to `null`.
-                let mut v = json!({"role": "assistant", "content": content});
-                if !tool_calls.is_empty() {
-                    v["tool_calls"] = tool_calls
-                        .iter()
-                        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input.to_string()}}))
-                        .collect();
-                }
-                v
-            }
-            Message::Tool { tool_call_id, content, is_error } => {
-                let content = if *is_error { format!("Error: {content}") } else { content.clone() };
-                json!({"role": "tool", "tool_call_id": tool_call_id, "content": content})
-            }
+            Message::User { content } => plain("user", content.as_str().into()),
+            // Always a string: OpenAI accepts "" beside tool calls, and llama.cpp's servers
+            // answer 500 to `null`.
+            Message::Assistant {
+                content,
+                tool_calls,
+            } => OutMessage {
+                tool_calls: tool_calls.iter().map(OutToolCall::of).collect(),
+                ..plain("assistant", content.as_str().into())
+            },
+            Message::Tool {
+                tool_call_id,
+                content,
+                is_error,
+            } => OutMessage {
+                tool_call_id: Some(tool_call_id),
+                ..plain(
+                    "tool",
+                    if *is_error {
+                        format!("Error: {content}").into()
+                    } else {
+                        content.as_str().into()
+                    },
+                )
+            },
         });
     }
     out
@@ -603,14 +728,12 @@ mod tests {
 
     #[test]
     fn tool_errors_are_marked_in_content() {
-        let m = messages(
-            Some("sys"),
-            &[Message::Tool {
-                tool_call_id: "c".into(),
-                content: "denied".into(),
-                is_error: true,
-            }],
-        );
+        let history = [Message::Tool {
+            tool_call_id: "c".into(),
+            content: "denied".into(),
+            is_error: true,
+        }];
+        let m = serde_json::to_value(messages(Some("sys"), &history)).unwrap_or_default();
         assert_eq!(m[0], json!({"role": "system", "content": "sys"}));
         assert_eq!(
             m[1],

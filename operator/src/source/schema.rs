@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 
 /// One violation: the field path and what is wrong.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,17 +17,27 @@ pub struct Violation {
 
 /// Validates `value` against `schema` (an `openAPIV3Schema`), starting at `path`.
 pub fn validate(schema: &Value, value: &Value, path: &str) -> Vec<Violation> {
-    let mut walker = Walker {
-        out: Vec::new(),
-        patterns: HashMap::new(),
-    };
+    let mut walker = Walker { out: Vec::new() };
     walker.check(schema, value, path);
     walker.out
 }
 
 struct Walker {
     out: Vec<Violation>,
-    patterns: HashMap<String, Option<regex::Regex>>,
+}
+
+/// The compiled `pattern` of a schema. The schemas' patterns are few and fixed, and a
+/// reload validates every object (1 000 tools, one compilation each, took most of a
+/// reload's time), so each is compiled once per process.
+fn pattern(pattern: &str) -> Option<regex::Regex> {
+    static COMPILED: LazyLock<Mutex<HashMap<String, Option<regex::Regex>>>> =
+        LazyLock::new(Mutex::default);
+    COMPILED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(pattern.to_owned())
+        .or_insert_with(|| regex::Regex::new(pattern).ok())
+        .clone()
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -128,11 +139,7 @@ impl Walker {
                     );
                 }
                 if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
-                    let re = self
-                        .patterns
-                        .entry(pattern.to_owned())
-                        .or_insert_with(|| regex::Regex::new(pattern).ok());
-                    if let Some(re) = re
+                    if let Some(re) = self::pattern(pattern)
                         && !re.is_match(s)
                     {
                         let message = format!("Invalid value: {s:?}: should match '{pattern}'");

@@ -156,10 +156,24 @@ impl Store {
         actual: &[BudgetSettle],
         usage: Option<&UsageEvent>,
     ) -> Result<(), StoreError> {
+        self.settle_audited(actual, usage, None).await
+    }
+
+    /// [`Store::settle_budget`] with the call's audit row in the same transaction (one
+    /// commit instead of two on a chat step's path).
+    pub async fn settle_audited(
+        &self,
+        actual: &[BudgetSettle],
+        usage: Option<&UsageEvent>,
+        decision: Option<&super::NewDecision>,
+    ) -> Result<(), StoreError> {
         let mut tx = self.begin().await?;
         settle_holds(&mut tx, actual.iter()).await?;
         if let Some(u) = usage {
             super::repo::insert_usage(&mut tx, &[u]).await?;
+        }
+        if let Some(d) = decision {
+            super::repo::insert_decision(&mut tx, d).await?;
         }
         tx.commit().await?;
         Ok(())

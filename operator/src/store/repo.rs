@@ -595,40 +595,31 @@ impl Store {
         data: &Value,
     ) -> Result<EventRecord, StoreError> {
         let mut tx = self.begin().await?;
-        let seq: Option<i64> = sqlx::query(
-            "UPDATE chat_sessions SET last_event_seq = last_event_seq + 1 WHERE id = $1 RETURNING last_event_seq",
-        )
-        .bind(session_id)
-        .fetch_optional(&mut *tx)
-        .await?
-        .map(|r| r.try_get("last_event_seq"))
-        .transpose()?;
-        let Some(seq) = seq else {
-            return Err(StoreError::Conflict(format!(
-                "session {session_id} does not exist"
-            )));
-        };
-        let record = EventRecord {
-            session_id: session_id.to_owned(),
-            seq,
-            run_id: run_id.map(str::to_owned),
-            event_type: event_type.to_owned(),
-            data: data.clone(),
-            created_at: now_ms(),
-        };
-        sqlx::query(
-            "INSERT INTO run_events (session_id, seq, run_id, event_type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(&record.session_id)
-        .bind(record.seq)
-        .bind(&record.run_id)
-        .bind(&record.event_type)
-        .bind(json_text(&record.data))
-        .bind(record.created_at)
-        .execute(&mut *tx)
-        .await?;
+        let record = insert_event(&mut tx, session_id, run_id, event_type, data).await?;
         tx.commit().await?;
         Ok(record)
+    }
+
+    /// Appends a message of a run and the event announcing it, in one transaction.
+    pub async fn append_message_and_event(
+        &self,
+        session_id: &str,
+        message: &NewMessage,
+        event_type: &str,
+        data: &Value,
+    ) -> Result<(MessageRecord, EventRecord), StoreError> {
+        let mut tx = self.begin().await?;
+        let record = insert_message(&mut tx, session_id, message).await?;
+        let event = insert_event(
+            &mut tx,
+            session_id,
+            message.run_id.as_deref(),
+            event_type,
+            data,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok((record, event))
     }
 
     /// The sequence number of the session's newest event (0 before the first).
@@ -683,6 +674,50 @@ impl Store {
         }
         Ok(page)
     }
+}
+
+/// Persists an event with the session's next sequence number. The number comes from the
+/// database (an atomic increment on the session row), so any replica may append.
+async fn insert_event(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    session_id: &str,
+    run_id: Option<&str>,
+    event_type: &str,
+    data: &Value,
+) -> Result<EventRecord, StoreError> {
+    let seq: Option<i64> = sqlx::query(
+        "UPDATE chat_sessions SET last_event_seq = last_event_seq + 1 WHERE id = $1 RETURNING last_event_seq",
+    )
+    .bind(session_id)
+    .fetch_optional(&mut **tx)
+    .await?
+    .map(|r| r.try_get("last_event_seq"))
+    .transpose()?;
+    let Some(seq) = seq else {
+        return Err(StoreError::Conflict(format!(
+            "session {session_id} does not exist"
+        )));
+    };
+    let record = EventRecord {
+        session_id: session_id.to_owned(),
+        seq,
+        run_id: run_id.map(str::to_owned),
+        event_type: event_type.to_owned(),
+        data: data.clone(),
+        created_at: now_ms(),
+    };
+    sqlx::query(
+        "INSERT INTO run_events (session_id, seq, run_id, event_type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(&record.session_id)
+    .bind(record.seq)
+    .bind(&record.run_id)
+    .bind(&record.event_type)
+    .bind(json_text(&record.data))
+    .bind(record.created_at)
+    .execute(&mut **tx)
+    .await?;
+    Ok(record)
 }
 
 /// The audit log.

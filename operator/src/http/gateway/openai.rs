@@ -192,8 +192,141 @@ fn finish_reason(r: StopReason) -> &'static str {
     }
 }
 
-fn tool_call_json(c: &ToolCall) -> Value {
-    json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.input.to_string()}})
+/// A tool call of an answer; `index` in streamed chunks.
+#[derive(serde::Serialize)]
+struct OutCall<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<usize>,
+    #[serde(flatten)]
+    call: llm::OutToolCall<'a>,
+}
+
+/// Token counts in OpenAI's names.
+#[derive(serde::Serialize)]
+struct OutUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+impl OutUsage {
+    fn of(u: &llm::Usage) -> Self {
+        Self {
+            prompt_tokens: u.input_tokens,
+            completion_tokens: u.output_tokens,
+            total_tokens: u.input_tokens + u.output_tokens,
+        }
+    }
+}
+
+/// A `chat.completion` (not streamed), serialized from borrowed fields.
+#[derive(serde::Serialize)]
+struct Completion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: i64,
+    model: &'a str,
+    choices: [CompletionChoice<'a>; 1],
+    usage: OutUsage,
+    system_fingerprint: Option<()>,
+}
+
+#[derive(serde::Serialize)]
+struct CompletionChoice<'a> {
+    index: u32,
+    message: OutAnswer<'a>,
+    logprobs: Option<()>,
+    finish_reason: &'static str,
+}
+
+#[derive(serde::Serialize)]
+struct OutAnswer<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    refusal: Option<()>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutCall<'a>>,
+}
+
+/// A `chat.completion.chunk`.
+#[derive(serde::Serialize)]
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: i64,
+    model: &'a str,
+    system_fingerprint: Option<()>,
+    choices: Vec<ChunkChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<OutUsage>,
+}
+
+#[derive(serde::Serialize)]
+struct ChunkChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    logprobs: Option<()>,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Default, serde::Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutCall<'a>>,
+}
+
+/// What every chunk of one streamed answer repeats.
+struct Head {
+    id: String,
+    created: i64,
+    model: String,
+}
+
+impl Head {
+    /// A chunk with one choice.
+    fn chunk(&self, delta: Delta<'_>, finish: Option<&'static str>) -> Bytes {
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices: vec![ChunkChoice {
+                index: 0,
+                delta,
+                logprobs: None,
+                finish_reason: finish,
+            }],
+            usage: None,
+        })
+    }
+
+    /// The usage chunk (`stream_options.include_usage`): no choices.
+    fn usage(&self, usage: &llm::Usage) -> Bytes {
+        sse(&Chunk {
+            id: &self.id,
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: &self.model,
+            system_fingerprint: None,
+            choices: Vec::new(),
+            usage: Some(OutUsage::of(usage)),
+        })
+    }
+}
+
+/// `data: <json>\n\n`.
+fn sse(value: &impl serde::Serialize) -> Bytes {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(b"data: ");
+    // Serializing these types cannot fail (no maps with non-string keys).
+    let _ = serde_json::to_writer(&mut out, value);
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
 }
 
 /// `POST /v1/chat/completions`.
@@ -233,56 +366,91 @@ async fn handle(
         } else {
             response.model.clone()
         };
-        let mut message = json!({"role": "assistant", "content": if response.text.is_empty() && !response.tool_calls.is_empty() { Value::Null } else { json!(response.text) }, "refusal": null});
-        if !response.tool_calls.is_empty() {
-            message["tool_calls"] = response.tool_calls.iter().map(tool_call_json).collect();
-        }
-        let usage = response.usage;
-        return Ok(axum::Json(json!({
-            "id": id, "object": "chat.completion", "created": created, "model": served,
-            "choices": [{"index": 0, "message": message, "logprobs": null,
-                "finish_reason": finish_reason(response.stop_reason)}],
-            "usage": {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens,
-                "total_tokens": usage.input_tokens + usage.output_tokens},
-            "system_fingerprint": null,
-        }))
-        .into_response());
+        let body = Completion {
+            id: &id,
+            object: "chat.completion",
+            created,
+            model: &served,
+            choices: [CompletionChoice {
+                index: 0,
+                message: OutAnswer {
+                    role: "assistant",
+                    content: (!response.text.is_empty() || response.tool_calls.is_empty())
+                        .then_some(response.text.as_str()),
+                    refusal: None,
+                    tool_calls: response
+                        .tool_calls
+                        .iter()
+                        .map(|c| OutCall {
+                            index: None,
+                            call: llm::OutToolCall::of(c),
+                        })
+                        .collect(),
+                },
+                logprobs: None,
+                finish_reason: finish_reason(response.stop_reason),
+            }],
+            usage: OutUsage::of(&response.usage),
+            system_fingerprint: None,
+        };
+        let mut out = Vec::with_capacity(512);
+        // Serializing these types cannot fail (no maps with non-string keys).
+        let _ = serde_json::to_writer(&mut out, &body);
+        return Ok((
+            [(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            out,
+        )
+            .into_response());
     }
     // Streamed: one chunk per text delta and per tool call, then the finish reason, the
     // usage when asked for, and [DONE].
-    let model_name = started.model.clone();
-    let base = move |choices: Value| {
-        json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model_name,
-            "system_fingerprint": null, "choices": choices})
+    let head = Head {
+        id,
+        created,
+        model: started.model.clone(),
     };
-    let sse = |v: Value| Bytes::from(format!("data: {v}\n\n"));
-    let chunk = move |delta: Value, finish: Value| {
-        base(json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]))
-    };
-    let first = sse(chunk(
-        json!({"role": "assistant", "content": ""}),
-        Value::Null,
-    ));
+    let first = head.chunk(
+        Delta {
+            role: Some("assistant"),
+            content: Some(""),
+            ..Default::default()
+        },
+        None,
+    );
     let mut tool_index = 0usize;
     let events = started.stream.flat_map(move |event| {
         let out: Vec<Bytes> = match event {
-            Ok(StreamEvent::TextDelta(t)) => vec![sse(chunk(json!({"content": t}), Value::Null))],
+            Ok(StreamEvent::TextDelta(t)) => vec![head.chunk(
+                Delta {
+                    content: Some(&t),
+                    ..Default::default()
+                },
+                None,
+            )],
             Ok(StreamEvent::ToolCall(c)) => {
-                let i = tool_index;
+                let index = tool_index;
                 tool_index += 1;
-                let mut call = tool_call_json(&c);
-                call["index"] = json!(i);
-                vec![sse(chunk(json!({"tool_calls": [call]}), Value::Null))]
+                vec![head.chunk(
+                    Delta {
+                        tool_calls: vec![OutCall {
+                            index: Some(index),
+                            call: llm::OutToolCall::of(&c),
+                        }],
+                        ..Default::default()
+                    },
+                    None,
+                )]
             }
             Ok(StreamEvent::Warning(_)) => Vec::new(),
-            Ok(StreamEvent::Done { stop_reason, usage, .. }) => {
-                let mut out = vec![sse(chunk(json!({}), json!(finish_reason(stop_reason))))];
+            Ok(StreamEvent::Done {
+                stop_reason, usage, ..
+            }) => {
+                let mut out = vec![head.chunk(Delta::default(), Some(finish_reason(stop_reason)))];
                 if include_usage {
-                    let mut u = chunk(json!({}), Value::Null);
-                    u["choices"] = json!([]);
-                    u["usage"] = json!({"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens,
-                        "total_tokens": usage.input_tokens + usage.output_tokens});
-                    out.push(sse(u));
+                    out.push(head.usage(&usage));
                 }
                 out
             }
