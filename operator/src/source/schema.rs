@@ -138,13 +138,12 @@ impl Walker {
                         format!("Invalid value: {s:?}: should be at least {min} characters long"),
                     );
                 }
-                if let Some(pattern) = schema.get("pattern").and_then(Value::as_str) {
-                    if let Some(re) = self::pattern(pattern)
-                        && !re.is_match(s)
-                    {
-                        let message = format!("Invalid value: {s:?}: should match '{pattern}'");
-                        self.fail(path, message);
-                    }
+                if let Some(pattern) = schema.get("pattern").and_then(Value::as_str)
+                    && let Some(re) = self::pattern(pattern)
+                    && !re.is_match(s)
+                {
+                    let message = format!("Invalid value: {s:?}: should match '{pattern}'");
+                    self.fail(path, message);
                 }
             }
             Value::Number(n) => {
