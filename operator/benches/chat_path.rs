@@ -20,18 +20,11 @@
 
 mod common;
 
-use common::{Kortex, now_us};
+use common::{Kortex, env_or, now_us, pct};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 /// What the provider and the tool saw: `(what, µs)`.
 type Stamps = Arc<Mutex<Vec<(&'static str, u64)>>>;
@@ -148,31 +141,13 @@ struct Figures {
     tool: Vec<u64>,
 }
 
-fn pct(sorted: &[u64], p: f64) -> f64 {
-    sorted
-        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
-        .map_or(0.0, |&v| v as f64 / 1000.0)
-}
-
 /// A new session and its event stream: each run's end state, stamped as it arrives.
 async fn open_session(
     client: &reqwest::Client,
     kortex: &str,
     name: &str,
 ) -> (String, tokio::sync::mpsc::UnboundedReceiver<(String, u64)>) {
-    let created: Value = client
-        .post(format!("{kortex}/chat/v1/sessions"))
-        .json(&json!({"name": name}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = created["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no session: {created}"))
-        .to_owned();
+    let id = common::create_session(client, kortex, name).await;
     let (ends, ended) = tokio::sync::mpsc::unbounded_channel::<(String, u64)>();
     let events = client
         .get(format!("{kortex}/chat/v1/sessions/{id}/events"))
@@ -362,14 +337,9 @@ async fn drop_database(admin: &str, name: &str) {
 }
 
 fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let runs = env_or("KORTEX_BENCH_RUNS", 40) as usize;
     let rounds = env_or("KORTEX_BENCH_ROUNDS", 5).max(1) as usize;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let runtime = common::runtime();
     runtime.block_on(async move {
         now_us();
         println!(

@@ -16,25 +16,12 @@
 
 mod common;
 
-use common::{Kortex, now_us};
+use common::{Kortex, env_or, now_us, pct};
 use futures_util::StreamExt;
 use kortex::operator::watch::{Observed, Scope, compile_loop};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
-
-fn pct(sorted: &[u64], p: f64) -> f64 {
-    sorted
-        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
-        .map_or(0.0, |&v| v as f64 / 1000.0)
-}
 
 fn report(mode: &str, tools: usize, mut samples: Vec<u64>) {
     samples.sort_unstable();
@@ -285,14 +272,9 @@ async fn cluster(tools: usize, edits: usize) -> Vec<u64> {
 }
 
 fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let tools = env_or("KORTEX_BENCH_TOOLS", 1000).max(1) as usize;
     let edits = env_or("KORTEX_BENCH_EDITS", 30).max(1) as usize;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let runtime = common::runtime();
     runtime.block_on(async move {
         now_us();
         println!("one KortexTool among {tools} edited {edits} times; milliseconds from the edit to it being served\n");

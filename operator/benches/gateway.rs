@@ -219,12 +219,7 @@ async fn load(url: &str, key: Option<&str>, model: &str, stream: bool, concurren
 }
 
 fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let runtime = common::runtime();
     runtime.block_on(async {
         let base = upstream().await;
         // `KORTEX_BENCH_UNLIMITED=1`: a policy without a budget (no reservation per call).

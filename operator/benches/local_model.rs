@@ -153,12 +153,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(40);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = common::runtime();
     runtime.block_on(async move {
         let client = reqwest::Client::new();
         let port = free_port();

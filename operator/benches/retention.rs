@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{Kortex, now_us};
+use common::{Kortex, now_us, pct};
 use futures_util::StreamExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -137,19 +137,8 @@ async fn worker(
     }
 }
 
-fn pct(sorted: &[u64], p: f64) -> f64 {
-    sorted
-        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
-        .map_or(0.0, |&v| v as f64 / 1000.0)
-}
-
 fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let runtime = common::runtime();
     runtime.block_on(async move {
         now_us();
         let base = provider().await;
@@ -184,16 +173,7 @@ fn main() {
         let latencies = Arc::new(Mutex::new(Vec::new()));
         let mut workers = Vec::new();
         for i in 0..IN_FLIGHT {
-            let created: serde_json::Value = client
-                .post(format!("{kortex}/chat/v1/sessions"))
-                .json(&serde_json::json!({"name": format!("live-{i}")}))
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .json()
-                .await
-                .unwrap_or_default();
-            let id = created["id"].as_str().unwrap_or_else(|| panic!("{created}")).to_owned();
+            let id = common::create_session(&client, &kortex, &format!("live-{i}")).await;
             workers.push(tokio::spawn(worker(
                 client.clone(),
                 kortex.clone(),

@@ -15,19 +15,12 @@
 
 mod common;
 
-use common::{Kortex, now_us, rss_kib};
+use common::{Kortex, env_or, now_us, pct, rss_kib};
 use futures_util::StreamExt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The provider: 20 deltas, 100 ms apart, each stamped with when it was written.
 async fn provider() -> String {
@@ -123,14 +116,7 @@ async fn follow(
     }
 }
 
-fn pct(sorted: &[u64], p: f64) -> f64 {
-    sorted
-        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
-        .map_or(0.0, |&v| v as f64 / 1000.0)
-}
-
 fn main() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let seconds = env_or("KORTEX_SOAK_SECONDS", 600);
     let sessions = env_or("KORTEX_SOAK_SESSIONS", 1000) as usize;
     let in_flight = (env_or("KORTEX_SOAK_RUNS", 100) as usize).clamp(1, sessions);
@@ -147,11 +133,7 @@ fn main() {
         "{open_files} open files allowed: raise it (ulimit -n {}) for {sessions} streams",
         4 * sessions
     );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let runtime = common::runtime();
     runtime.block_on(async move {
         now_us();
         let base = provider().await;
@@ -186,19 +168,7 @@ fn main() {
         let mut ends: HashMap<String, tokio::sync::mpsc::UnboundedReceiver<String>> = HashMap::new();
         let opened = Instant::now();
         for i in 0..sessions {
-            let created: serde_json::Value = client
-                .post(format!("{kortex}/chat/v1/sessions"))
-                .json(&serde_json::json!({"name": format!("soak-{i}")}))
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .json()
-                .await
-                .unwrap_or_default();
-            let id = created["id"]
-                .as_str()
-                .unwrap_or_else(|| panic!("no session: {created}"))
-                .to_owned();
+            let id = common::create_session(&client, &kortex, &format!("soak-{i}")).await;
             let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             // Each stream on a connection of its own, as 1 000 browsers would.
             let own = reqwest::Client::new();

@@ -143,6 +143,49 @@ impl Drop for Kortex {
     }
 }
 
+/// A number from the environment, or `default`.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The `p` quantile of `sorted` microseconds, in milliseconds.
+pub fn pct(sorted: &[u64], p: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 * p) as usize).min(sorted.len().saturating_sub(1)))
+        .map_or(0.0, |&v| v as f64 / 1000.0)
+}
+
+/// The benches' runtime: two workers (the machine's cores), with rustls' provider
+/// installed for the clients.
+pub fn runtime() -> tokio::runtime::Runtime {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Creates a chat session named `name` on `kortex`; its id.
+pub async fn create_session(client: &reqwest::Client, kortex: &str, name: &str) -> String {
+    let created: serde_json::Value = client
+        .post(format!("{kortex}/chat/v1/sessions"))
+        .json(&serde_json::json!({"name": name}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    created["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session: {created}"))
+        .to_owned()
+}
+
 /// Resident memory of process `pid`, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
