@@ -16,7 +16,8 @@
 //!   SSE stream.
 //!
 //! SQLite always; PostgreSQL too when `KORTEX_TEST_POSTGRES_URL` names a server Kortex may
-//! create a database on (it is dropped afterwards).
+//! create a database on (it is dropped afterwards). `KORTEX_BENCH_ONE_SESSION=1` keeps every
+//! run in one session instead (a long investigation).
 
 mod common;
 
@@ -205,10 +206,20 @@ async fn measure(database_url: &str, runs: usize, rounds: usize) -> Figures {
     let kortex = server.url.clone();
     let client = reqwest::Client::new();
     let mut figures = Figures::default();
+    // `KORTEX_BENCH_ONE_SESSION=1`: every run in one session, as a long investigation (the
+    // transcript grows by 11 messages a run).
+    let one_session = std::env::var("KORTEX_BENCH_ONE_SESSION").is_ok_and(|v| v == "1");
+    let mut shared = None;
     for run in 0..runs + 3 {
         // Each question in a session of its own, as an investigation starts.
-        let (id, mut ended) = open_session(&client, &kortex, &format!("bench-{run}")).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (id, mut ended) = match shared.take() {
+            Some(open) => open,
+            None => {
+                let open = open_session(&client, &kortex, &format!("bench-{run}")).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                open
+            }
+        };
         stamps.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let posted = now_us();
         let resp = client
@@ -228,6 +239,9 @@ async fn measure(database_url: &str, runs: usize, rounds: usize) -> Figures {
             .unwrap_or_else(|_| panic!("run {run} did not end within 60 s"))
             .unwrap_or_else(|| panic!("the event stream closed"));
         assert_eq!(state, "completed", "run {run} ended {state}");
+        if one_session {
+            shared = Some((id.clone(), ended));
+        }
         if run < 3 {
             continue;
         }

@@ -197,6 +197,42 @@ pub async fn run(
 
 /// The conversation as stored, in provider-agnostic form, without the steps a redirect
 /// rewound past.
+/// A run's copy of its session's transcript.
+struct Transcript {
+    messages: Vec<crate::store::MessageRecord>,
+}
+
+impl Transcript {
+    /// Brings the copy up to date: the messages added since, or the whole transcript again
+    /// when a redirect joined it (a redirect, the only thing that changes stored messages,
+    /// marks the rewound ones superseded and adds a user message of this run in one
+    /// transaction).
+    async fn refresh(
+        &mut self,
+        engine: &Engine,
+        session_id: &str,
+        run_id: &str,
+    ) -> Result<&[crate::store::MessageRecord], crate::store::StoreError> {
+        let after = self.messages.last().map_or(0, |m| m.seq);
+        let added = crate::store::patiently("the transcript", || {
+            engine.store.messages_after(session_id, after)
+        })
+        .await?;
+        if added
+            .iter()
+            .any(|m| m.role == "user" && m.run_id.as_deref() == Some(run_id))
+        {
+            self.messages = crate::store::patiently("the transcript", || {
+                engine.store.list_messages(session_id)
+            })
+            .await?;
+        } else {
+            self.messages.extend(added);
+        }
+        Ok(&self.messages)
+    }
+}
+
 fn history(messages: &[crate::store::MessageRecord]) -> Vec<Message> {
     messages
         .iter()
@@ -336,11 +372,15 @@ async fn steps(
             .into_iter()
             .filter(|t| crate::glob::allowed(&spec.tools.allow, &spec.tools.deny, &t.name))
             .collect();
+    // The transcript, read whole once and then only what each step added (a long session's
+    // transcript is hundreds of messages: re-reading it at every step cost more than
+    // everything else a step writes).
+    let mut transcript = Transcript {
+        messages: engine.store.list_messages(&session.id).await?,
+    };
     // A resumed run (after dynamic tool results) continues its step count.
-    let used = engine
-        .store
-        .list_messages(&session.id)
-        .await?
+    let used = transcript
+        .messages
         .iter()
         .filter(|m| m.role == "assistant" && m.run_id.as_deref() == Some(run_id))
         .count() as u32;
@@ -366,10 +406,7 @@ async fn steps(
                 json!({"runId": run_id, "step": step}),
             )
             .await?;
-        let history = history(
-            &crate::store::patiently("the transcript", || engine.store.list_messages(&session.id))
-                .await?,
-        );
+        let history = history(transcript.refresh(engine, &session.id, run_id).await?);
         let tools: Vec<llm::ToolSpec> = if std::mem::take(&mut without_tools) {
             Vec::new()
         } else {

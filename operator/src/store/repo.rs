@@ -277,11 +277,21 @@ impl Store {
 
     /// Every message of a session, in order.
     pub async fn list_messages(&self, session_id: &str) -> Result<Vec<MessageRecord>, StoreError> {
+        self.messages_after(session_id, 0).await
+    }
+
+    /// The messages of a session after sequence number `after`, in order.
+    pub async fn messages_after(
+        &self,
+        session_id: &str,
+        after: i64,
+    ) -> Result<Vec<MessageRecord>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded, author \
-             FROM chat_messages WHERE session_id = $1 ORDER BY seq",
+             FROM chat_messages WHERE session_id = $1 AND seq > $2 ORDER BY seq",
         )
         .bind(session_id)
+        .bind(after)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(message_row).collect()
