@@ -195,8 +195,6 @@ pub async fn run(
     }
 }
 
-/// The conversation as stored, in provider-agnostic form, without the steps a redirect
-/// rewound past.
 /// A run's copy of its session's transcript.
 struct Transcript {
     messages: Vec<crate::store::MessageRecord>,
@@ -233,6 +231,8 @@ impl Transcript {
     }
 }
 
+/// The conversation as stored, in provider-agnostic form, without the steps a redirect
+/// rewound past.
 fn history(messages: &[crate::store::MessageRecord]) -> Vec<Message> {
     messages
         .iter()
