@@ -202,24 +202,8 @@ fn main() {
             &[],
         );
         let base = kortex.url.clone();
-        let new_session = |name: String| {
-            let client = client.clone();
-            let base = base.clone();
-            async move {
-                let v: serde_json::Value = client
-                    .post(format!("{base}/chat/v1/sessions"))
-                    .json(&serde_json::json!({"name": name}))
-                    .send()
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}"))
-                    .json()
-                    .await
-                    .unwrap_or_default();
-                v["id"].as_str().unwrap_or_default().to_owned()
-            }
-        };
         // The request Kortex sends upstream for a chat run.
-        let id = new_session("capture-1".into()).await;
+        let id = common::create_session(&client, &base, "capture-1").await;
         let ask = serde_json::json!({"content": QUESTION});
         first_token(
             &client,
@@ -267,7 +251,7 @@ fn main() {
             if keep {
                 gateway.add(d, v);
             }
-            let id = new_session(format!("chat-{round}")).await;
+            let id = common::create_session(&client, &base, &format!("chat-{round}")).await;
             let messages = format!("{base}/chat/v1/sessions/{id}/messages");
             let chat_direct = || async {
                 reset().await;
