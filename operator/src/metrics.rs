@@ -2,6 +2,7 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::info::Info;
@@ -80,10 +81,53 @@ pub struct LlmCallLabels {
     pub outcome: String,
 }
 
-fn tool_histogram() -> prometheus_client::metrics::histogram::Histogram {
-    prometheus_client::metrics::histogram::Histogram::new([
-        0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    ])
+/// A latency histogram whose buckets carry, when traces are on, the trace id of a recent
+/// observation (an OpenMetrics exemplar: a dashboard jumps from a slow bucket to its trace).
+pub type Latency = HistogramWithExemplars<TraceExemplar>;
+
+/// The exemplar label of the latency histograms.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TraceExemplar {
+    /// The trace id (32 hex digits) of the observation.
+    pub trace_id: String,
+}
+
+impl TraceExemplar {
+    /// The current span's trace id as an exemplar, when it is sampled.
+    pub fn current() -> Option<Self> {
+        crate::telemetry::trace::sampled_trace_id().map(|trace_id| Self { trace_id })
+    }
+}
+
+/// Labels of `kortex_http_request_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// Method.
+    pub method: String,
+    /// Matched route template.
+    pub route: String,
+}
+
+fn tool_histogram() -> Latency {
+    Latency::new([0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0].into_iter())
+}
+
+fn llm_histogram() -> Latency {
+    Latency::new(
+        [
+            0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+        ]
+        .into_iter(),
+    )
+}
+
+fn http_histogram() -> Latency {
+    Latency::new(
+        [
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ]
+        .into_iter(),
+    )
 }
 
 /// Every metric of the process.
@@ -102,7 +146,11 @@ pub struct Metrics {
     /// Tool calls by tool and status.
     pub tool_calls: Family<ToolLabels, Counter>,
     /// Tool call durations.
-    pub tool_duration: Family<ToolNameLabel, prometheus_client::metrics::histogram::Histogram>,
+    pub tool_duration: Family<ToolNameLabel, Latency>,
+    /// Provider call durations (chat runs and gateway calls), by provider and model.
+    pub llm_duration: Family<LlmLabels, Latency>,
+    /// HTTP request durations (until the response head), by method and route.
+    pub http_duration: Family<RouteLabels, Latency>,
     /// Provider calls by provider and outcome.
     pub llm_calls: Family<LlmCallLabels, Counter>,
     /// Tokens by provider, model and direction.
@@ -278,13 +326,27 @@ impl Metrics {
             "Tool calls, by tool and status",
             tool_calls.clone(),
         );
-        let tool_duration = Family::<ToolNameLabel, prometheus_client::metrics::histogram::Histogram>::new_with_constructor(
-            tool_histogram as fn() -> prometheus_client::metrics::histogram::Histogram,
+        let tool_duration = Family::<ToolNameLabel, Latency>::new_with_constructor(
+            tool_histogram as fn() -> Latency,
         );
         registry.register(
             "tool_duration_seconds",
             "Tool call durations",
             tool_duration.clone(),
+        );
+        let llm_duration =
+            Family::<LlmLabels, Latency>::new_with_constructor(llm_histogram as fn() -> Latency);
+        registry.register(
+            "llm_call_duration_seconds",
+            "Provider call durations (to the end of the answer), by provider and model",
+            llm_duration.clone(),
+        );
+        let http_duration =
+            Family::<RouteLabels, Latency>::new_with_constructor(http_histogram as fn() -> Latency);
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request durations (to the response head), by method and route",
+            http_duration.clone(),
         );
         let llm_calls = Family::<LlmCallLabels, Counter>::default();
         registry.register(
@@ -382,6 +444,16 @@ impl Metrics {
             "When the leader's loop (statuses, proposals, executions) last came round; 0 when not leading",
             leader_loop_last_run.clone(),
         );
+        registry.register(
+            "trace_spans_dropped",
+            "Trace spans dropped, by reason (queue_full: the exporter fell behind; export_failed: the collector refused them or could not be reached)",
+            crate::telemetry::export::spans_dropped().clone(),
+        );
+        registry.register(
+            "trace_spans_exported",
+            "Trace spans the OTLP collector accepted",
+            crate::telemetry::export::spans_exported().clone(),
+        );
         Self {
             registry,
             retention_deleted_rows,
@@ -407,6 +479,8 @@ impl Metrics {
             http_requests,
             tool_calls,
             tool_duration,
+            llm_duration,
+            http_duration,
         }
     }
 

@@ -190,6 +190,7 @@ async fn audit(
             subject: run_id.to_owned(),
             outcome: to.to_owned(),
             detail: json!({"from": from, "to": to, "detail": detail}),
+            trace_id: None,
         })
         .await;
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{broadcast, watch};
+use tracing::Instrument as _;
 
 /// SSE event names (SPEC §5).
 pub mod event {
@@ -532,17 +533,44 @@ impl Engine {
         let engine = self.clone();
         let mut session = session.clone();
         let id = run_id.to_owned();
+        // The request that started (or took up) the run: its trace's parent.
+        let origin = tracing::Span::current();
         tokio::spawn(async move {
             // Within a run, the session's `user` is whom the run acts for: recorded when it
             // started, so a resumed or taken-over run still acts for who posted.
-            match engine.store.run_actor(&id).await {
-                Ok(Some(actor)) => session.user = actor,
-                Ok(None) => {}
+            let mut traceparent = None;
+            match engine.store.run_origin(&id).await {
+                Ok((actor, parent)) => {
+                    if let Some(actor) = actor {
+                        session.user = actor;
+                    }
+                    traceparent = parent;
+                }
                 Err(e) => {
                     tracing::warn!(run = %id, error = %e, "cannot read whom a run acts for; it acts for the session's owner")
                 }
             }
-            run::run(&engine, &session, &id, resume, notices, cancel_rx).await;
+            let span = crate::telemetry::trace::run_span(
+                &origin,
+                &session.id,
+                &id,
+                session.policy.as_deref(),
+            );
+            match traceparent {
+                // Taken up again (after a pause, a client's tool results, a restart): the
+                // same trace goes on.
+                Some(parent) => crate::telemetry::trace::continue_trace(&span, &parent),
+                None => {
+                    if let Some(parent) = crate::telemetry::trace::traceparent(&span)
+                        && let Err(e) = engine.store.set_run_traceparent(&id, &parent).await
+                    {
+                        tracing::warn!(run = %id, error = %e, "cannot record the run's trace");
+                    }
+                }
+            }
+            run::run(&engine, &session, &id, resume, notices, cancel_rx)
+                .instrument(span)
+                .await;
             watcher.abort();
             engine
                 .live

@@ -227,6 +227,7 @@ pub async fn propose(
             subject: record.name.clone(),
             outcome: "created".into(),
             detail: json!({"proposalId": record.id, "action": record.action, "target": record.target, "via": via}),
+            trace_id: None,
         })
         .await;
     let _ = engine

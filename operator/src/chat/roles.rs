@@ -340,6 +340,7 @@ async fn side_call(
                 detail: json!({"role": role, "inputTokens": usage.input_tokens,
                     "outputTokens": usage.output_tokens, "latencyMs": latency_ms,
                     "redactions": redactions, "estimated": usage.estimated}),
+                trace_id: None,
             })
             .await?;
         match result {
@@ -358,6 +359,7 @@ async fn side_call(
                         subject: format!("{}/{}", route.provider, route.model),
                         outcome: e.kind.as_str().into(),
                         detail: json!({"role": role, "error": redactor.text(&e.message).0}),
+                        trace_id: None,
                     })
                     .await?;
                 continue;

@@ -8,6 +8,7 @@ use futures_util::StreamExt;
 use serde_json::json;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
+use tracing::Instrument as _;
 
 /// Text deltas are coalesced for about this long before they are persisted and sent.
 pub const COALESCE: Duration = Duration::from_millis(50);
@@ -162,6 +163,11 @@ pub async fn run(
             return;
         }
         Err(e) => tracing::error!(run = run_id, error = %e, "cannot record the end of a run"),
+    }
+    let span = tracing::Span::current();
+    span.record("kortex.run.state", state);
+    if let End::Failed { code, .. } = &end {
+        crate::telemetry::trace::fail(&span, code);
     }
     let mut data = json!({"runId": run_id, "state": state});
     if let Some(r) = reason {
@@ -435,6 +441,7 @@ async fn steps(
                 .cloned()
                 .collect(),
         };
+        let step_span = crate::telemetry::trace::step_span(step);
         let answer = match answer_step(
             engine,
             session,
@@ -447,6 +454,7 @@ async fn steps(
             &delegable,
             cancel,
         )
+        .instrument(step_span.clone())
         .await?
         {
             Ok(answer) => answer,
@@ -605,8 +613,9 @@ async fn steps(
                 };
                 finish_call(engine, session, run_id, call, outcome).await?;
             } else if call.name == super::proposals::TOOL {
-                let outcome =
-                    tool_calls::call(engine, &caller, call, guides.clone(), async {}).await;
+                let outcome = tool_calls::call(engine, &caller, call, guides.clone(), async {})
+                    .instrument(step_span.clone())
+                    .await;
                 finish_call(engine, session, run_id, call, outcome).await?;
             } else {
                 routed.push(call);
@@ -621,6 +630,7 @@ async fn steps(
                 tool_calls::call(engine, caller, call, guides.clone(), slow).await,
             )
         }))
+        .instrument(step_span)
         .await;
         for (call, outcome) in outcomes {
             finish_call(engine, session, run_id, call, outcome).await?;
@@ -845,6 +855,8 @@ async fn answer_step(
         });
         let started = Instant::now();
         let live = fast.is_none();
+        let capture = delegable.policy.object.spec.captures_content();
+        let call_span = llm::semconv::span(adapter.as_ref(), &request, true, capture);
         let out = stream_step(
             engine,
             session,
@@ -856,8 +868,25 @@ async fn answer_step(
             redactor,
             delegated,
         )
+        .instrument(call_span.clone())
         .await?;
         let latency_ms = started.elapsed().as_millis() as i64;
+        let answered: Option<(String, Vec<ToolCall>)> =
+            (capture && !call_span.is_disabled()).then(|| {
+                let mut calls = out.calls.clone();
+                for c in &mut calls {
+                    redactor.value(&mut c.input);
+                }
+                (redactor.text(&out.text).0, calls)
+            });
+        llm::semconv::end(
+            &call_span,
+            &out.model,
+            out.usage,
+            out.error.is_none().then_some(out.stop_reason),
+            out.error.as_ref().map(|e| e.kind.as_str()),
+            answered.as_ref().map(|(t, c)| (t.as_str(), c.as_slice())),
+        );
         let outcome = out
             .error
             .as_ref()

@@ -10,6 +10,7 @@ use crate::store::SessionRecord;
 use crate::tools::{KubeIdentity, Outcome, ToolContext, guides::Guide};
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Instrument as _;
 
 /// Who calls, in which session, under which policy.
 pub struct Caller<'a> {
@@ -47,8 +48,36 @@ pub fn offered(
         .collect()
 }
 
-/// Carries out one call. Never fails: every problem is an error result.
+/// Carries out one call, in its `execute_tool` span. Never fails: every problem is an error
+/// result.
 pub async fn call(
+    engine: &Engine,
+    caller: &Caller<'_>,
+    call: &ToolCall,
+    guides: Arc<[Guide]>,
+    on_slow: impl std::future::Future<Output = ()>,
+) -> Outcome {
+    let span = crate::telemetry::trace::tool_span(&call.name, &call.id);
+    let capture = !span.is_disabled() && caller.policy.object.spec.captures_content();
+    if capture {
+        let mut arguments = call.input.clone();
+        caller.redactor.value(&mut arguments);
+        span.record("gen_ai.tool.call.arguments", arguments.to_string());
+    }
+    let outcome = carry_out(engine, caller, call, guides, on_slow)
+        .instrument(span.clone())
+        .await;
+    if let Some(kind) = outcome.error_kind.filter(|_| outcome.is_error) {
+        crate::telemetry::trace::fail(&span, kind);
+    }
+    if capture {
+        // Results are redacted before they leave the router.
+        span.record("gen_ai.tool.call.result", outcome.content.as_str());
+    }
+    outcome
+}
+
+async fn carry_out(
     engine: &Engine,
     caller: &Caller<'_>,
     call: &ToolCall,

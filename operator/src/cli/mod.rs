@@ -180,9 +180,10 @@ pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
-    telemetry::init(cli.log_format);
-    // One TLS crypto provider for every client the process builds (see TOOLCHAIN.md).
+    // One TLS crypto provider for every client the process builds (see TOOLCHAIN.md),
+    // the trace exporter's too.
     let _ = rustls::crypto::ring::default_provider().install_default();
+    telemetry::init(cli.log_format);
     match cli.command {
         Command::Crds => match crate::crd::crds_yaml() {
             Ok(yaml) => {
@@ -236,7 +237,11 @@ fn block_on(fut: impl std::future::Future<Output = Result<(), String>>) -> ExitC
         Ok(r) => r,
         Err(e) => return fail(format!("cannot start the async runtime: {e}")),
     };
-    match runtime.block_on(fut) {
+    let result = runtime.block_on(fut);
+    drop(runtime);
+    // The spans of the last requests, before the process goes.
+    telemetry::shutdown(std::time::Duration::from_secs(5));
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => fail(message),
     }

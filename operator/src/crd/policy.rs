@@ -84,6 +84,29 @@ pub struct ChatPolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub notify: Vec<NotifyTarget>,
+    /// What this policy's chat runs and gateway calls put into traces
+    /// (`docs/observability.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<Telemetry>,
+}
+
+/// A policy's trace settings.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Telemetry {
+    /// Record prompts, answers, tool arguments and tool results in the spans
+    /// (`gen_ai.input.messages`, `gen_ai.output.messages`, `gen_ai.tool.call.arguments`,
+    /// `gen_ai.tool.call.result`), after the policy's redaction. Off by default: spans carry
+    /// only who, what, how long and how many tokens.
+    #[serde(default)]
+    pub capture_content: bool,
+}
+
+impl ChatPolicySpec {
+    /// Whether spans may carry the conversation (`telemetry.captureContent`).
+    pub fn captures_content(&self) -> bool {
+        self.telemetry.as_ref().is_some_and(|t| t.capture_content)
+    }
 }
 
 /// A notification target: which events go where, in which format.

@@ -427,12 +427,17 @@ impl Governor {
                 })
                 .inc_by(u64::try_from(n).unwrap_or(0));
         }
-        m.llm_cost
-            .get_or_create(&LlmLabels {
-                provider: e.provider.clone(),
-                model: e.model.clone(),
-            })
-            .inc_by(e.cost_usd);
+        let labels = LlmLabels {
+            provider: e.provider.clone(),
+            model: e.model.clone(),
+        };
+        m.llm_cost.get_or_create(&labels).inc_by(e.cost_usd);
+        // Settled in the call's own trace (a run's or a gateway request's): the exemplar.
+        m.llm_duration.get_or_create(&labels).observe(
+            outcome.latency_ms.max(0) as f64 / 1000.0,
+            crate::metrics::TraceExemplar::current(),
+            None,
+        );
         books
     }
 
@@ -474,9 +479,13 @@ impl Governor {
         &self,
         mut reservation: Reservation,
         outcome: &Outcome,
-        decision: NewDecision,
+        mut decision: NewDecision,
     ) {
         let books = self.books(&mut reservation, outcome);
+        // Written by another task: the trace id is taken here, in the call's trace.
+        if decision.trace_id.is_none() {
+            decision.trace_id = crate::telemetry::trace::current_trace_id();
+        }
         let item = Deferred { books, decision };
         let running = self
             .pending

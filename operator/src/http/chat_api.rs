@@ -365,7 +365,22 @@ pub async fn get(
         .await
         .map_err(ApiError::from)?;
     let handovers = state.store.handovers(&id).await.map_err(ApiError::from)?;
+    // Each run's trace, when traces were on: a postmortem jumps from a message to it.
+    let traces = state
+        .store
+        .run_trace_ids(&id)
+        .await
+        .map_err(ApiError::from)?;
     let mut v = session_json(&session, Some(messages));
+    if !traces.is_empty()
+        && let Some(items) = v["messages"].as_array_mut()
+    {
+        for m in items {
+            if let Some(trace) = m["runId"].as_str().and_then(|r| traces.get(r)) {
+                m["traceId"] = json!(trace);
+            }
+        }
+    }
     v["eventSeq"] = json!(seq);
     v["handovers"] = handovers
         .iter()

@@ -31,6 +31,7 @@ use axum::routing::get;
 use error::ApiError;
 use std::sync::Arc;
 use tokio::sync::watch;
+use tracing::Instrument as _;
 
 /// What every handler can reach: one shared [`AppShared`], so the clones that extractors and
 /// middleware make on every request are one reference count, not one per field.
@@ -348,6 +349,9 @@ async fn refuse_own_requests(req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// Counts each request by route and status, times it, and (when traces are on) opens its
+/// HTTP server span — a child of the caller's `traceparent` — around everything it does.
+/// Probes, scrapes and the dashboard's files are counted, not traced.
 async fn count_requests(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let method = req.method().to_string();
     let route = req
@@ -355,14 +359,38 @@ async fn count_requests(State(state): State<AppState>, req: Request, next: Next)
         .get::<MatchedPath>()
         .map_or("unmatched", MatchedPath::as_str)
         .to_owned();
-    let response = next.run(req).await;
+    let started = std::time::Instant::now();
+    let traced = crate::telemetry::trace::enabled()
+        && !matches!(
+            route.as_str(),
+            "/healthz" | "/readyz" | "/metrics" | "/assets/{file}"
+        );
+    let span = if traced {
+        crate::telemetry::trace::http_server_span(&method, &route, req.uri().path(), req.headers())
+    } else {
+        tracing::Span::none()
+    };
+    let response = next.run(req).instrument(span.clone()).await;
+    let status = response.status().as_u16();
+    crate::telemetry::trace::http_status(&span, status);
+    let exemplar = span
+        .in_scope(crate::telemetry::trace::sampled_trace_id)
+        .map(|trace_id| crate::metrics::TraceExemplar { trace_id });
+    state
+        .metrics
+        .http_duration
+        .get_or_create(&crate::metrics::RouteLabels {
+            method: method.clone(),
+            route: route.clone(),
+        })
+        .observe(started.elapsed().as_secs_f64(), exemplar, None);
     state
         .metrics
         .http_requests
         .get_or_create(&HttpLabels {
             method,
             route,
-            status: response.status().as_u16(),
+            status,
         })
         .inc();
     response

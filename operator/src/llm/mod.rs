@@ -45,6 +45,7 @@ pub mod probe;
 mod prompt_tools;
 pub mod recover;
 mod retry;
+pub mod semconv;
 mod usage;
 mod wire;
 
@@ -376,6 +377,8 @@ pub struct Embeddings {
 pub struct ProviderConfig {
     /// `LLMProvider` name (used in errors).
     pub name: String,
+    /// Its `spec.type` (traces name the provider by it).
+    pub provider_type: ProviderType,
     /// Endpoint root (conventions in SPEC §3).
     pub base_url: String,
     /// API key, if any.
@@ -462,6 +465,7 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
         .and_then(|r| entry.secrets.get(r));
     let config = ProviderConfig {
         name: name.clone(),
+        provider_type: spec.provider_type,
         base_url: base_url.trim_end_matches('/').to_owned(),
         api_key: entry.api_key().cloned(),
         headers,

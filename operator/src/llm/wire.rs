@@ -98,6 +98,10 @@ pub async fn send(
     for (name, value) in &config.headers {
         request = request.header(name.as_str(), value.expose());
     }
+    // The call's trace goes on at the provider (W3C Trace Context).
+    for (name, value) in crate::telemetry::trace::headers() {
+        request = request.header(name, value);
+    }
     let response = match tokio::time::timeout(config.timeout, request.send()).await {
         Err(_) => {
             return Err(LlmError::new(

@@ -27,6 +27,7 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::sync::Arc;
+use tracing::Instrument as _;
 
 /// Annotation: the database id of the proposal's mirror.
 pub const ID_ANNOTATION: &str = "kortex.dev/proposal-id";
@@ -744,8 +745,33 @@ impl ClusterProposals {
         Ok(result.status.is_some_and(|s| s.allowed))
     }
 
-    /// Writes a final (or `Executing`) phase, mirrors it and records an Event.
+    /// Writes a final (or `Executing`) phase, mirrors it and records an Event, in the
+    /// transition's span.
     async fn finish(
+        &self,
+        engine: &Engine,
+        p: &ActionProposal,
+        record: Option<&crate::store::ProposalRecord>,
+        phase: ProposalPhase,
+        message: &str,
+        undo: Option<Value>,
+    ) -> bool {
+        let span = crate::telemetry::trace::proposal_span(
+            &p.namespace().unwrap_or_default(),
+            &p.name_any(),
+            phase.as_str(),
+        );
+        let done = self
+            .transition(engine, p, record, phase, message, undo)
+            .instrument(span.clone())
+            .await;
+        if !done {
+            crate::telemetry::trace::fail(&span, "status_write");
+        }
+        done
+    }
+
+    async fn transition(
         &self,
         engine: &Engine,
         p: &ActionProposal,

@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use tracing::Instrument as _;
 
 const PROVIDER: &str = "LLMProvider";
 const TOOL: &str = "KortexTool";
@@ -288,15 +289,18 @@ impl StatusWriter {
             {
                 continue;
             }
-            match self.write(&u).await {
+            let span =
+                crate::telemetry::trace::reconcile_span(u.kind, &u.key.namespace, &u.key.name);
+            match self.write(&u).instrument(span.clone()).await {
                 Ok(object) => {
                     self.failures.remove(&id);
                     self.written.insert(id, (u.status.clone(), Instant::now()));
                     if let Some(ready) = &u.ready_changed {
-                        self.event(&object, ready).await;
+                        self.event(&object, ready).instrument(span).await;
                     }
                 }
                 Err(e) => {
+                    crate::telemetry::trace::fail(&span, kube_error_type(&e));
                     let n = self.failures.get(&id).map_or(0, |(n, _)| n + 1);
                     tracing::warn!(kind = u.kind, object = %u.key, error = %e, retry_in_s = backoff(n).as_secs(), "status write failed");
                     if let Some(m) = &self.metrics {
@@ -358,6 +362,19 @@ impl StatusWriter {
 
 fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << failures.min(8)).min(Duration::from_secs(300))
+}
+
+/// The `error.type` of a failed API call: the status code, or the error's class.
+fn kube_error_type(e: &kube::Error) -> &'static str {
+    match e {
+        kube::Error::Api(s) if s.code == 409 => "409",
+        kube::Error::Api(s) if s.code == 403 => "403",
+        kube::Error::Api(s) if s.code == 404 => "404",
+        kube::Error::Api(s) if s.code == 422 => "422",
+        kube::Error::Api(s) if s.code >= 500 => "5xx",
+        kube::Error::Api(_) => "4xx",
+        _ => "transport",
+    }
 }
 
 #[cfg(test)]

@@ -90,62 +90,65 @@ impl Store {
         holds: &[BudgetHold],
         hold_until: i64,
     ) -> Result<Result<(), BudgetRefused>, StoreError> {
-        if holds.is_empty() {
-            return Ok(Ok(()));
-        }
-        let mut tx = self.begin().await?;
-        for (index, hold) in holds.iter().enumerate() {
-            ensure_counter(&mut tx, &hold.scope, hold.window_start, hold.expires_at).await?;
-            let column = if hold.settled { "used" } else { "reserved" };
-            let done = match hold.limit {
-                Some(limit) => {
-                    sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "UPDATE budget_counters SET {column} = {column} + $3 \
-                         WHERE scope = $1 AND window_start = $2 AND used + reserved + $3 <= $4"
-                    )))
+        self.traced("UPDATE budgets", async move {
+            if holds.is_empty() {
+                return Ok(Ok(()));
+            }
+            let mut tx = self.begin().await?;
+            for (index, hold) in holds.iter().enumerate() {
+                ensure_counter(&mut tx, &hold.scope, hold.window_start, hold.expires_at).await?;
+                let column = if hold.settled { "used" } else { "reserved" };
+                let done = match hold.limit {
+                    Some(limit) => {
+                        sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "UPDATE budget_counters SET {column} = {column} + $3 \
+                             WHERE scope = $1 AND window_start = $2 AND used + reserved + $3 <= $4"
+                        )))
+                        .bind(&hold.scope)
+                        .bind(hold.window_start)
+                        .bind(hold.amount)
+                        .bind(limit)
+                        .execute(&mut *tx)
+                        .await?
+                    }
+                    None => {
+                        sqlx::query(sqlx::AssertSqlSafe(format!(
+                            "UPDATE budget_counters SET {column} = {column} + $3 \
+                             WHERE scope = $1 AND window_start = $2"
+                        )))
+                        .bind(&hold.scope)
+                        .bind(hold.window_start)
+                        .bind(hold.amount)
+                        .execute(&mut *tx)
+                        .await?
+                    }
+                };
+                if done.rows_affected() == 0 {
+                    tx.rollback().await?;
+                    let (used, reserved) = self.budget_used(&hold.scope, hold.window_start).await?;
+                    return Ok(Err(BudgetRefused {
+                        index,
+                        used: used + reserved,
+                    }));
+                }
+                if !hold.settled {
+                    sqlx::query(
+                        "INSERT INTO budget_reservations (id, scope, window_start, amount, expires_at) \
+                         VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .bind(id)
                     .bind(&hold.scope)
                     .bind(hold.window_start)
                     .bind(hold.amount)
-                    .bind(limit)
+                    .bind(hold_until)
                     .execute(&mut *tx)
-                    .await?
+                    .await?;
                 }
-                None => {
-                    sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "UPDATE budget_counters SET {column} = {column} + $3 \
-                         WHERE scope = $1 AND window_start = $2"
-                    )))
-                    .bind(&hold.scope)
-                    .bind(hold.window_start)
-                    .bind(hold.amount)
-                    .execute(&mut *tx)
-                    .await?
-                }
-            };
-            if done.rows_affected() == 0 {
-                tx.rollback().await?;
-                let (used, reserved) = self.budget_used(&hold.scope, hold.window_start).await?;
-                return Ok(Err(BudgetRefused {
-                    index,
-                    used: used + reserved,
-                }));
             }
-            if !hold.settled {
-                sqlx::query(
-                    "INSERT INTO budget_reservations (id, scope, window_start, amount, expires_at) \
-                     VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(id)
-                .bind(&hold.scope)
-                .bind(hold.window_start)
-                .bind(hold.amount)
-                .bind(hold_until)
-                .execute(&mut *tx)
-                .await?;
-            }
-        }
-        tx.commit().await?;
-        Ok(Ok(()))
+            tx.commit().await?;
+            Ok(Ok(()))
+        })
+        .await
     }
 
     /// Settles one call: each hold's draw is released from its lease and its actual amount
@@ -167,16 +170,19 @@ impl Store {
         usage: Option<&UsageEvent>,
         decision: Option<&super::NewDecision>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin().await?;
-        settle_holds(&mut tx, actual.iter()).await?;
-        if let Some(u) = usage {
-            super::repo::insert_usage(&mut tx, &[u]).await?;
-        }
-        if let Some(d) = decision {
-            super::repo::insert_decision(&mut tx, d).await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        self.traced("INSERT usage_events decisions", async move {
+            let mut tx = self.begin().await?;
+            settle_holds(&mut tx, actual.iter()).await?;
+            if let Some(u) = usage {
+                super::repo::insert_usage(&mut tx, &[u]).await?;
+            }
+            if let Some(d) = decision {
+                super::repo::insert_decision(&mut tx, d).await?;
+            }
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Settles many calls in one transaction (write-behind accounting): their holds
@@ -186,14 +192,17 @@ impl Store {
         &self,
         items: &[(&[BudgetSettle], &UsageEvent, &super::NewDecision)],
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin().await?;
-        settle_holds(&mut tx, items.iter().flat_map(|(a, _, _)| a.iter())).await?;
-        let usage: Vec<&UsageEvent> = items.iter().map(|(_, u, _)| *u).collect();
-        super::repo::insert_usage(&mut tx, &usage).await?;
-        let decisions: Vec<&super::NewDecision> = items.iter().map(|(_, _, d)| *d).collect();
-        super::repo::insert_decisions(&mut tx, &decisions).await?;
-        tx.commit().await?;
-        Ok(())
+        self.traced("INSERT usage_events decisions", async move {
+            let mut tx = self.begin().await?;
+            settle_holds(&mut tx, items.iter().flat_map(|(a, _, _)| a.iter())).await?;
+            let usage: Vec<&UsageEvent> = items.iter().map(|(_, u, _)| *u).collect();
+            super::repo::insert_usage(&mut tx, &usage).await?;
+            let decisions: Vec<&super::NewDecision> = items.iter().map(|(_, _, d)| *d).collect();
+            super::repo::insert_decisions(&mut tx, &decisions).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Extends lease `key` by what `ask` allows, in one transaction: `need` plus up to

@@ -89,6 +89,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "handover",
         include_str!("../../../migrations/0010_handover.sql"),
     ),
+    (
+        11,
+        "traces",
+        include_str!("../../../migrations/0011_traces.sql"),
+    ),
 ];
 
 /// Which database is behind the store.
@@ -247,6 +252,20 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl Store {
+    /// `f` in a database client span (`db.query.summary`: what the operation does to which
+    /// tables, never its SQL text or values), when traces are on.
+    pub(crate) fn traced<F: std::future::Future>(
+        &self,
+        summary: &'static str,
+        f: F,
+    ) -> tracing::instrument::Instrumented<F> {
+        let system = match self.backend {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgresql",
+        };
+        tracing::Instrument::instrument(f, crate::telemetry::trace::db_span(system, summary))
+    }
+
     /// Connects to `url` (`sqlite://kortex.db`, created if missing, or `postgres://...`).
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();

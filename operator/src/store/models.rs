@@ -139,6 +139,9 @@ pub struct DecisionRecord {
     pub outcome: String,
     /// Details (JSON object).
     pub detail: Value,
+    /// The trace the row was written in (32 hex digits), when traces are on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
 }
 
 /// What recording an audit row needs.
@@ -162,6 +165,8 @@ pub struct NewDecision {
     pub outcome: String,
     /// Details.
     pub detail: Value,
+    /// The trace it belongs to; `None` takes the current span's (when traces are on).
+    pub trace_id: Option<String>,
 }
 
 /// A page query over the audit log, newest first.

@@ -113,34 +113,37 @@ pub(super) async fn insert_message(
 impl Store {
     /// Creates a session in status `idle`.
     pub async fn create_session(&self, new: &NewSession) -> Result<SessionRecord, StoreError> {
-        let record = SessionRecord {
-            id: new_id(),
-            name: new.name.clone(),
-            namespace: new.namespace.clone(),
-            user: new.user.clone(),
-            policy: new.policy.clone(),
-            status: "idle".to_owned(),
-            title: None,
-            dynamic_tools: new.dynamic_tools.clone(),
-            created_at: now_ms(),
-            updated_at: now_ms(),
-        };
-        sqlx::query(
-            "INSERT INTO chat_sessions (id, name, namespace, user_name, policy, status, dynamic_tools, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(&record.id)
-        .bind(&record.name)
-        .bind(&record.namespace)
-        .bind(&record.user)
-        .bind(&record.policy)
-        .bind(&record.status)
-        .bind(json_text(&record.dynamic_tools))
-        .bind(record.created_at)
-        .bind(record.updated_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(record)
+        self.traced("INSERT chat_sessions", async move {
+            let record = SessionRecord {
+                id: new_id(),
+                name: new.name.clone(),
+                namespace: new.namespace.clone(),
+                user: new.user.clone(),
+                policy: new.policy.clone(),
+                status: "idle".to_owned(),
+                title: None,
+                dynamic_tools: new.dynamic_tools.clone(),
+                created_at: now_ms(),
+                updated_at: now_ms(),
+            };
+            sqlx::query(
+                "INSERT INTO chat_sessions (id, name, namespace, user_name, policy, status, dynamic_tools, created_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(&record.id)
+            .bind(&record.name)
+            .bind(&record.namespace)
+            .bind(&record.user)
+            .bind(&record.policy)
+            .bind(&record.status)
+            .bind(json_text(&record.dynamic_tools))
+            .bind(record.created_at)
+            .bind(record.updated_at)
+            .execute(&self.pool)
+            .await?;
+            Ok(record)
+        })
+        .await
     }
 
     /// The session `id` if it belongs to `user` and was not deleted.
@@ -199,23 +202,26 @@ impl Store {
         from: &[&str],
         status: &str,
     ) -> Result<bool, StoreError> {
-        let mut moved = false;
-        for f in from {
-            let done = sqlx::query(
-                "UPDATE chat_sessions SET status = $1, updated_at = $2 WHERE id = $3 AND status = $4 AND deleted_at IS NULL",
-            )
-            .bind(status)
-            .bind(now_ms())
-            .bind(id)
-            .bind(*f)
-            .execute(&self.pool)
-            .await?;
-            if done.rows_affected() > 0 {
-                moved = true;
-                break;
+        self.traced("UPDATE chat_sessions", async move {
+            let mut moved = false;
+            for f in from {
+                let done = sqlx::query(
+                    "UPDATE chat_sessions SET status = $1, updated_at = $2 WHERE id = $3 AND status = $4 AND deleted_at IS NULL",
+                )
+                .bind(status)
+                .bind(now_ms())
+                .bind(id)
+                .bind(*f)
+                .execute(&self.pool)
+                .await?;
+                if done.rows_affected() > 0 {
+                    moved = true;
+                    break;
+                }
             }
-        }
-        Ok(moved)
+            Ok(moved)
+        })
+        .await
     }
 
     /// Hides session `id` of `user` (`None`: of whoever owns it, for an admin) at once;
@@ -269,10 +275,13 @@ impl Store {
         session_id: &str,
         new: &NewMessage,
     ) -> Result<MessageRecord, StoreError> {
-        let mut tx = self.begin().await?;
-        let record = insert_message(&mut tx, session_id, new).await?;
-        tx.commit().await?;
-        Ok(record)
+        self.traced("INSERT chat_messages", async move {
+            let mut tx = self.begin().await?;
+            let record = insert_message(&mut tx, session_id, new).await?;
+            tx.commit().await?;
+            Ok(record)
+        })
+        .await
     }
 
     /// Every message of a session, in order.
@@ -286,15 +295,18 @@ impl Store {
         session_id: &str,
         after: i64,
     ) -> Result<Vec<MessageRecord>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded, author \
-             FROM chat_messages WHERE session_id = $1 AND seq > $2 ORDER BY seq",
-        )
-        .bind(session_id)
-        .bind(after)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(message_row).collect()
+        self.traced("SELECT chat_messages", async move {
+            let rows = sqlx::query(
+                "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded, author \
+                 FROM chat_messages WHERE session_id = $1 AND seq > $2 ORDER BY seq",
+            )
+            .bind(session_id)
+            .bind(after)
+            .fetch_all(&self.pool)
+            .await?;
+            rows.iter().map(message_row).collect()
+        })
+        .await
     }
 }
 
@@ -311,41 +323,90 @@ impl Store {
         actor: &str,
         policy: Option<(&str, Option<u32>)>,
     ) -> Result<bool, StoreError> {
-        let now = now_ms();
-        // One statement: the count and the insert cannot be split by another start on the
-        // same database (SQLite); on PostgreSQL two replicas starting at the same instant
-        // may each see the other's run not yet committed, so the limit can be passed by
-        // the replicas that race.
-        let (policy, max) = match policy {
-            Some((name, max)) => (Some(name), max.map_or(i64::MAX, i64::from)),
-            None => (None, i64::MAX),
-        };
-        let done = sqlx::query(
-            "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at, policy, actor) \
-             SELECT $1, $2, 'running', $3, $4, $4, $5, $7 \
-             WHERE (SELECT count(*) FROM chat_runs WHERE policy = $5 AND status IN ('running', 'cancelling', 'pausing')) < $6",
-        )
-        .bind(run_id)
-        .bind(session_id)
-        .bind(owner)
-        .bind(now)
-        .bind(policy)
-        .bind(max)
-        .bind(actor)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        self.traced("INSERT chat_runs", async move {
+            let now = now_ms();
+            // One statement: the count and the insert cannot be split by another start on the
+            // same database (SQLite); on PostgreSQL two replicas starting at the same instant
+            // may each see the other's run not yet committed, so the limit can be passed by
+            // the replicas that race.
+            let (policy, max) = match policy {
+                Some((name, max)) => (Some(name), max.map_or(i64::MAX, i64::from)),
+                None => (None, i64::MAX),
+            };
+            let done = sqlx::query(
+                "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at, policy, actor) \
+                 SELECT $1, $2, 'running', $3, $4, $4, $5, $7 \
+                 WHERE (SELECT count(*) FROM chat_runs WHERE policy = $5 AND status IN ('running', 'cancelling', 'pausing')) < $6",
+            )
+            .bind(run_id)
+            .bind(session_id)
+            .bind(owner)
+            .bind(now)
+            .bind(policy)
+            .bind(max)
+            .bind(actor)
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected() > 0)
+        })
+        .await
     }
 
     /// Whom run `run_id` acts for: the user who posted its message (in a shared session,
     /// not always the owner); `None` for runs from before this was recorded.
     pub async fn run_actor(&self, run_id: &str) -> Result<Option<String>, StoreError> {
-        let actor: Option<Option<String>> =
-            sqlx::query_scalar("SELECT actor FROM chat_runs WHERE id = $1")
-                .bind(run_id)
-                .fetch_optional(&self.pool)
-                .await?;
-        Ok(actor.flatten())
+        Ok(self.run_origin(run_id).await?.0)
+    }
+
+    /// Whom a run acts for, and the trace context (`traceparent`) it started in.
+    pub async fn run_origin(
+        &self,
+        run_id: &str,
+    ) -> Result<(Option<String>, Option<String>), StoreError> {
+        let row = sqlx::query("SELECT actor, traceparent FROM chat_runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => (r.try_get("actor")?, r.try_get("traceparent")?),
+            None => (None, None),
+        })
+    }
+
+    /// Records the trace context a run started in (kept when it is taken up again).
+    pub async fn set_run_traceparent(
+        &self,
+        run_id: &str,
+        traceparent: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE chat_runs SET traceparent = $1 WHERE id = $2 AND traceparent IS NULL")
+            .bind(traceparent)
+            .bind(run_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The trace id of each of a session's runs that has one.
+    pub async fn run_trace_ids(
+        &self,
+        session_id: &str,
+    ) -> Result<std::collections::HashMap<String, String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, traceparent FROM chat_runs WHERE session_id = $1 AND traceparent IS NOT NULL",
+        )
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut out = std::collections::HashMap::new();
+        for r in rows {
+            let id: String = r.try_get("id")?;
+            let parent: String = r.try_get("traceparent")?;
+            if let Some(trace) = crate::telemetry::trace::trace_id_of(&parent) {
+                out.insert(id, trace.to_owned());
+            }
+        }
+        Ok(out)
     }
 
     /// Runs of `policy` (`namespace/name`) in flight, on every replica.
@@ -512,44 +573,47 @@ impl Store {
         status: &str,
         reason: Option<&str>,
     ) -> Result<bool, StoreError> {
-        // Only a run still in progress ends; one already failed by another replica stays so.
-        let mut tx = self.begin().await?;
-        let done = sqlx::query(
-            "UPDATE chat_runs SET status = $1, reason = $2, finished_at = $3, heartbeat_at = $3 \
-             WHERE id = $4 AND status IN ('running', 'cancelling', 'requires_action', 'pausing', 'paused')",
-        )
-        .bind(status)
-        .bind(reason)
-        .bind(now_ms())
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await?;
-        let ended = done.rows_affected() > 0;
-        // A failed run of a policy is an event its notification targets may want.
-        if ended && status == "failed" {
-            let row = sqlx::query(
-                "SELECT r.policy, r.session_id, s.name, s.namespace, COALESCE(r.actor, s.user_name) AS user_name FROM chat_runs r \
-                 JOIN chat_sessions s ON s.id = r.session_id WHERE r.id = $1",
+        self.traced("UPDATE chat_runs chat_sessions", async move {
+            // Only a run still in progress ends; one already failed by another replica stays so.
+            let mut tx = self.begin().await?;
+            let done = sqlx::query(
+                "UPDATE chat_runs SET status = $1, reason = $2, finished_at = $3, heartbeat_at = $3 \
+                 WHERE id = $4 AND status IN ('running', 'cancelling', 'requires_action', 'pausing', 'paused')",
             )
+            .bind(status)
+            .bind(reason)
+            .bind(now_ms())
             .bind(run_id)
-            .fetch_optional(&mut *tx)
+            .execute(&mut *tx)
             .await?;
-            if let Some(row) = row
-                && let Some(policy) = row.try_get::<Option<String>, _>("policy")?
-            {
-                let data = json!({
-                    "runId": run_id,
-                    "sessionId": row.try_get::<String, _>("session_id")?,
-                    "sessionName": row.try_get::<String, _>("name")?,
-                    "namespace": row.try_get::<String, _>("namespace")?,
-                    "user": row.try_get::<String, _>("user_name")?,
-                    "reason": reason,
-                });
-                super::notify::add_event(&mut tx, "run.failed", &policy, run_id, &data).await?;
+            let ended = done.rows_affected() > 0;
+            // A failed run of a policy is an event its notification targets may want.
+            if ended && status == "failed" {
+                let row = sqlx::query(
+                    "SELECT r.policy, r.session_id, s.name, s.namespace, COALESCE(r.actor, s.user_name) AS user_name FROM chat_runs r \
+                     JOIN chat_sessions s ON s.id = r.session_id WHERE r.id = $1",
+                )
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if let Some(row) = row
+                    && let Some(policy) = row.try_get::<Option<String>, _>("policy")?
+                {
+                    let data = json!({
+                        "runId": run_id,
+                        "sessionId": row.try_get::<String, _>("session_id")?,
+                        "sessionName": row.try_get::<String, _>("name")?,
+                        "namespace": row.try_get::<String, _>("namespace")?,
+                        "user": row.try_get::<String, _>("user_name")?,
+                        "reason": reason,
+                    });
+                    super::notify::add_event(&mut tx, "run.failed", &policy, run_id, &data).await?;
+                }
             }
-        }
-        tx.commit().await?;
-        Ok(ended)
+            tx.commit().await?;
+            Ok(ended)
+        })
+        .await
     }
 }
 
@@ -604,10 +668,13 @@ impl Store {
         event_type: &str,
         data: &Value,
     ) -> Result<EventRecord, StoreError> {
-        let mut tx = self.begin().await?;
-        let record = insert_event(&mut tx, session_id, run_id, event_type, data).await?;
-        tx.commit().await?;
-        Ok(record)
+        self.traced("INSERT chat_events", async move {
+            let mut tx = self.begin().await?;
+            let record = insert_event(&mut tx, session_id, run_id, event_type, data).await?;
+            tx.commit().await?;
+            Ok(record)
+        })
+        .await
     }
 
     /// Appends a message of a run and the event announcing it, in one transaction.
@@ -618,18 +685,21 @@ impl Store {
         event_type: &str,
         data: &Value,
     ) -> Result<(MessageRecord, EventRecord), StoreError> {
-        let mut tx = self.begin().await?;
-        let record = insert_message(&mut tx, session_id, message).await?;
-        let event = insert_event(
-            &mut tx,
-            session_id,
-            message.run_id.as_deref(),
-            event_type,
-            data,
-        )
-        .await?;
-        tx.commit().await?;
-        Ok((record, event))
+        self.traced("INSERT chat_messages chat_events", async move {
+            let mut tx = self.begin().await?;
+            let record = insert_message(&mut tx, session_id, message).await?;
+            let event = insert_event(
+                &mut tx,
+                session_id,
+                message.run_id.as_deref(),
+                event_type,
+                data,
+            )
+            .await?;
+            tx.commit().await?;
+            Ok((record, event))
+        })
+        .await
     }
 
     /// The sequence number of the session's newest event (0 before the first).
@@ -653,36 +723,39 @@ impl Store {
         after: i64,
         limit: i64,
     ) -> Result<Vec<EventRecord>, StoreError> {
-        use futures_util::TryStreamExt;
-        let mut rows = sqlx::query(
-            "SELECT session_id, seq, run_id, event_type, data, created_at FROM run_events \
-             WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
-        )
-        .bind(session_id)
-        .bind(after)
-        .bind(limit)
-        .fetch(&self.pool);
-        let mut page = Vec::new();
-        let mut bytes = 0;
-        while let Some(row) = rows.try_next().await? {
-            let data: String = row.try_get("data")?;
-            bytes += data.len();
-            page.push(EventRecord {
-                session_id: row.try_get("session_id")?,
-                seq: row.try_get("seq")?,
-                run_id: row.try_get("run_id")?,
-                event_type: row.try_get("event_type")?,
-                data: serde_json::from_str(&data).map_err(|source| StoreError::Json {
-                    column: "data",
-                    source,
-                })?,
-                created_at: row.try_get("created_at")?,
-            });
-            if bytes >= EVENT_PAGE_BYTES {
-                break;
+        self.traced("SELECT chat_events", async move {
+            use futures_util::TryStreamExt;
+            let mut rows = sqlx::query(
+                "SELECT session_id, seq, run_id, event_type, data, created_at FROM run_events \
+                 WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+            )
+            .bind(session_id)
+            .bind(after)
+            .bind(limit)
+            .fetch(&self.pool);
+            let mut page = Vec::new();
+            let mut bytes = 0;
+            while let Some(row) = rows.try_next().await? {
+                let data: String = row.try_get("data")?;
+                bytes += data.len();
+                page.push(EventRecord {
+                    session_id: row.try_get("session_id")?,
+                    seq: row.try_get("seq")?,
+                    run_id: row.try_get("run_id")?,
+                    event_type: row.try_get("event_type")?,
+                    data: serde_json::from_str(&data).map_err(|source| StoreError::Json {
+                        column: "data",
+                        source,
+                    })?,
+                    created_at: row.try_get("created_at")?,
+                });
+                if bytes >= EVENT_PAGE_BYTES {
+                    break;
+                }
             }
-        }
-        Ok(page)
+            Ok(page)
+        })
+        .await
     }
 }
 
@@ -734,8 +807,11 @@ async fn insert_event(
 impl Store {
     /// Records one audit row.
     pub async fn record_decision(&self, new: &NewDecision) -> Result<DecisionRecord, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        insert_decision(&mut conn, new).await
+        self.traced("INSERT decisions", async move {
+            let mut conn = self.pool.acquire().await?;
+            insert_decision(&mut conn, new).await
+        })
+        .await
     }
 
     /// A page of audit rows, newest first. Pass the last row's `(at, id)` as `before` for
@@ -744,38 +820,42 @@ impl Store {
         &self,
         q: &DecisionQuery,
     ) -> Result<Vec<DecisionRecord>, StoreError> {
-        let (before_at, before_id) = q.before.clone().unwrap_or((i64::MAX, String::new()));
-        let rows = sqlx::query(
-            "SELECT id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail FROM decisions \
-             WHERE at >= $1 AND ($2 = '' OR session_id = $2) AND ($3 = '' OR kind = $3) \
-               AND (at < $4 OR (at = $4 AND ($5 = '' OR id < $5))) \
-             ORDER BY at DESC, id DESC LIMIT $6",
-        )
-        .bind(q.since.unwrap_or(0))
-        .bind(q.session_id.clone().unwrap_or_default())
-        .bind(q.kind.clone().unwrap_or_default())
-        .bind(before_at)
-        .bind(before_id)
-        .bind(q.limit.clamp(1, 1000))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(DecisionRecord {
-                    id: row.try_get("id")?,
-                    at: row.try_get("at")?,
-                    kind: row.try_get("kind")?,
-                    namespace: row.try_get("namespace")?,
-                    session_id: row.try_get("session_id")?,
-                    run_id: row.try_get("run_id")?,
-                    user: row.try_get("user_name")?,
-                    policy: row.try_get("policy")?,
-                    subject: row.try_get("subject")?,
-                    outcome: row.try_get("outcome")?,
-                    detail: json_col(row, "detail")?,
+        self.traced("SELECT decisions", async move {
+            let (before_at, before_id) = q.before.clone().unwrap_or((i64::MAX, String::new()));
+            let rows = sqlx::query(
+                "SELECT id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail, trace_id FROM decisions \
+                 WHERE at >= $1 AND ($2 = '' OR session_id = $2) AND ($3 = '' OR kind = $3) \
+                   AND (at < $4 OR (at = $4 AND ($5 = '' OR id < $5))) \
+                 ORDER BY at DESC, id DESC LIMIT $6",
+            )
+            .bind(q.since.unwrap_or(0))
+            .bind(q.session_id.clone().unwrap_or_default())
+            .bind(q.kind.clone().unwrap_or_default())
+            .bind(before_at)
+            .bind(before_id)
+            .bind(q.limit.clamp(1, 1000))
+            .fetch_all(&self.pool)
+            .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(DecisionRecord {
+                        id: row.try_get("id")?,
+                        at: row.try_get("at")?,
+                        kind: row.try_get("kind")?,
+                        namespace: row.try_get("namespace")?,
+                        session_id: row.try_get("session_id")?,
+                        run_id: row.try_get("run_id")?,
+                        user: row.try_get("user_name")?,
+                        policy: row.try_get("policy")?,
+                        subject: row.try_get("subject")?,
+                        outcome: row.try_get("outcome")?,
+                        detail: json_col(row, "detail")?,
+                        trace_id: row.try_get("trace_id")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
+        .await
     }
 }
 
@@ -813,29 +893,32 @@ impl Store {
         since_day: &str,
         group: UsageGroup,
     ) -> Result<Vec<UsageRow>, StoreError> {
-        let sql = match group {
-            UsageGroup::Provider => USAGE_BY_PROVIDER,
-            UsageGroup::Model => USAGE_BY_MODEL,
-            UsageGroup::User => USAGE_BY_USER,
-            UsageGroup::Policy => USAGE_BY_POLICY,
-            UsageGroup::Day => USAGE_BY_DAY,
-        };
-        let rows = sqlx::query(sql)
-            .bind(since_day)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(UsageRow {
-                    key: row.try_get("k")?,
-                    requests: row.try_get("requests")?,
-                    input_tokens: row.try_get("input_tokens")?,
-                    output_tokens: row.try_get("output_tokens")?,
-                    cost_usd: row.try_get("cost_usd")?,
-                    estimated_requests: row.try_get("estimated_requests")?,
+        self.traced("SELECT usage_daily", async move {
+            let sql = match group {
+                UsageGroup::Provider => USAGE_BY_PROVIDER,
+                UsageGroup::Model => USAGE_BY_MODEL,
+                UsageGroup::User => USAGE_BY_USER,
+                UsageGroup::Policy => USAGE_BY_POLICY,
+                UsageGroup::Day => USAGE_BY_DAY,
+            };
+            let rows = sqlx::query(sql)
+                .bind(since_day)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    Ok(UsageRow {
+                        key: row.try_get("k")?,
+                        requests: row.try_get("requests")?,
+                        input_tokens: row.try_get("input_tokens")?,
+                        output_tokens: row.try_get("output_tokens")?,
+                        cost_usd: row.try_get("cost_usd")?,
+                        estimated_requests: row.try_get("estimated_requests")?,
+                    })
                 })
-            })
-            .collect()
+                .collect()
+        })
+        .await
     }
 }
 
@@ -860,10 +943,14 @@ pub(super) async fn insert_decision(
         } else {
             new.detail.clone()
         },
+        trace_id: new
+            .trace_id
+            .clone()
+            .or_else(crate::telemetry::trace::current_trace_id),
     };
     sqlx::query(
-        "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail, trace_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
     )
     .bind(&record.id)
     .bind(record.at)
@@ -876,6 +963,7 @@ pub(super) async fn insert_decision(
     .bind(&record.subject)
     .bind(&record.outcome)
     .bind(json_text(&record.detail))
+    .bind(&record.trace_id)
     .execute(&mut *conn)
     .await?;
     Ok(record)
@@ -934,8 +1022,8 @@ pub(super) async fn insert_decisions(
 ) -> Result<(), StoreError> {
     for part in news.chunks(ROWS_PER_INSERT) {
         let sql = format!(
-            "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail){}",
-            values_clause(numbered(tx), part.len(), 11)
+            "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail, trace_id){}",
+            values_clause(numbered(tx), part.len(), 12)
         );
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
         for new in part {
@@ -955,7 +1043,12 @@ pub(super) async fn insert_decisions(
                 .bind(new.policy.clone())
                 .bind(new.subject.clone())
                 .bind(new.outcome.clone())
-                .bind(json_text(&detail));
+                .bind(json_text(&detail))
+                .bind(
+                    new.trace_id
+                        .clone()
+                        .or_else(crate::telemetry::trace::current_trace_id),
+                );
         }
         q.execute(&mut **tx).await?;
     }

@@ -528,8 +528,21 @@ impl Tool for McpTool {
     ) -> BoxFuture<'static, Result<String, ToolError>> {
         let peer = self.peer.clone();
         let check = self.check.clone();
-        let params = CallToolRequestParams::new(self.remote.clone())
+        let mut params = CallToolRequestParams::new(self.remote.clone())
             .with_arguments(input.as_object().cloned().unwrap_or_default());
+        // The call's trace goes on at the server: W3C Trace Context in `_meta` (MCP SEP-414).
+        let trace = crate::telemetry::trace::headers();
+        if !trace.is_empty() {
+            let mut meta = rmcp::model::RequestMetaObject::default();
+            for (name, value) in trace {
+                match name.as_str() {
+                    "traceparent" => meta.set_traceparent(value),
+                    "tracestate" => meta.set_tracestate(value),
+                    _ => {}
+                }
+            }
+            params.meta = Some(meta);
+        }
         let max_bytes = self.max_bytes;
         let refused = self.refused.clone();
         let remote = self.remote.clone();

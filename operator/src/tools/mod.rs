@@ -351,7 +351,11 @@ impl Router {
             .get_or_create(&crate::metrics::ToolNameLabel {
                 tool: call.name.clone(),
             })
-            .observe(duration.as_secs_f64());
+            .observe(
+                duration.as_secs_f64(),
+                crate::metrics::TraceExemplar::current(),
+                None,
+            );
         let _ = ctx
             .store
             .record_decision(&NewDecision {
@@ -364,6 +368,7 @@ impl Router {
                 subject: call.name.clone(),
                 outcome: status.to_owned(),
                 detail: json!({"callId": call.id, "via": ctx.via, "durationMs": duration.as_millis() as u64, "truncated": truncated, "redactions": redactions}),
+                trace_id: None,
             })
             .await;
         Outcome {
@@ -422,7 +427,11 @@ async fn run(
     timeout: Duration,
     on_slow: impl std::future::Future<Output = ()>,
 ) -> Result<String, ToolError> {
-    let mut task = tokio::spawn(tool.call(ctx, input));
+    // The tool's own task stays in the call's span (its requests carry the trace).
+    let mut task = tokio::spawn(tracing::Instrument::instrument(
+        tool.call(ctx, input),
+        tracing::Span::current(),
+    ));
     let deadline = tokio::time::sleep(timeout);
     tokio::pin!(deadline, on_slow);
     let slow = tokio::time::sleep(SLOW_NOTICE_AFTER);

@@ -237,6 +237,10 @@ impl HttpTool {
             HttpMethod::Post => self.client.post(url).json(&Value::Object(args)),
         };
         request = request.headers(self.headers.clone()).timeout(self.timeout);
+        // The call's trace goes on at the tool (W3C Trace Context).
+        for (name, value) in crate::telemetry::trace::headers() {
+            request = request.header(name, value);
+        }
         if let Some((user, password)) = &self.basic {
             request = request.basic_auth(user, Some(password));
         }

@@ -795,8 +795,13 @@ fn chart_values_map_to_real_flags_and_variables() {
         .chain(cli.get_arguments())
         .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
         .collect();
-    // Read by the logger (telemetry.rs), not by clap.
+    // Read by the logger and the trace exporter (telemetry/), not by clap.
     known_env.insert("RUST_LOG".into());
+    known_env.extend(
+        kortex::telemetry::export::VARIABLES
+            .iter()
+            .map(|v| (*v).to_owned()),
+    );
     for (name, objects) in renderings(&helm) {
         let c = container(&objects);
         let extra: BTreeSet<&str> = ["HTTPS_PROXY", "NO_PROXY"].into();
@@ -828,6 +833,25 @@ fn chart_values_map_to_real_flags_and_variables() {
         Some("sqlite:///var/lib/kortex/kortex.db")
     );
     assert_eq!(env_value(&defaults, "KORTEX_PROMETHEUS_URL"), None);
+    // Traces are off unless an endpoint is set; then the standard variables say the rest.
+    assert_eq!(env_value(&defaults, "OTEL_EXPORTER_OTLP_ENDPOINT"), None);
+    let traced = template(&helm, &["-f", VALUES_FILES[1]]);
+    assert_eq!(
+        env_value(&traced, "OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(),
+        Some("http://otel-collector.observability:4318")
+    );
+    assert_eq!(
+        env_value(&traced, "OTEL_TRACES_SAMPLER_ARG").as_deref(),
+        Some("0.25")
+    );
+    assert_eq!(
+        env_value(&traced, "OTEL_RESOURCE_ATTRIBUTES").as_deref(),
+        Some("k8s.namespace.name=kortex,k8s.pod.name=$(POD_NAME),deployment.environment.name=ci")
+    );
+    assert_eq!(
+        env(&traced)["OTEL_EXPORTER_OTLP_HEADERS"]["valueFrom"]["secretKeyRef"],
+        json!({"name": "otlp-auth", "key": "headers"})
+    );
     assert_eq!(env_value(&defaults, "KORTEX_WATCH_NAMESPACE"), None);
     assert_eq!(
         container(&defaults)["image"],

@@ -35,3 +35,4 @@ mod samples;
 mod sharing;
 mod store;
 mod tools;
+mod traces;

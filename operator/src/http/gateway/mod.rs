@@ -11,13 +11,14 @@ use super::AppState;
 use crate::catalog::{Catalog, CredentialKind, ObjectKey, PolicyEntry};
 use crate::govern::route::{self, Role, Route};
 use crate::govern::{Outcome, Reservation, Scope};
-use crate::llm::{self, ChatRequest, ChatStream, ErrorKind, LlmError, StreamEvent};
+use crate::llm::{self, ChatRequest, ChatStream, ErrorKind, LlmError, StopReason, StreamEvent};
 use crate::store::NewDecision;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::time::Instant;
+use tracing::Instrument as _;
 
 /// Which wire format a request came in (and its errors go out in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -516,10 +517,16 @@ pub async fn dispatch(
             Err(e) => return Err(GatewayError::store(&e)),
         };
         let started = Instant::now();
+        let capture = caller.policy.object.spec.captures_content();
+        let span = llm::semconv::span(adapter.as_ref(), &req, streamed, capture);
         let called = if streamed {
-            adapter.stream(&req).await
+            adapter.stream(&req).instrument(span.clone()).await
         } else {
-            adapter.complete(&req).await.map(llm::response_stream)
+            adapter
+                .complete(&req)
+                .instrument(span.clone())
+                .await
+                .map(llm::response_stream)
         };
         match called {
             Ok(stream) => {
@@ -539,6 +546,9 @@ pub async fn dispatch(
                     endpoint,
                     redactions,
                     started,
+                    captured: (capture && !span.is_disabled())
+                        .then(|| (redactor.clone(), String::new(), Vec::new())),
+                    span,
                 };
                 return Ok(Started {
                     stream: metered(stream, reservation, meter),
@@ -547,6 +557,15 @@ pub async fn dispatch(
                 });
             }
             Err(e) => {
+                llm::semconv::end(
+                    &span,
+                    "",
+                    llm::Usage::default(),
+                    None,
+                    Some(e.kind.as_str()),
+                    None,
+                );
+                drop(span);
                 let outcome = Outcome {
                     latency_ms: started.elapsed().as_millis() as i64,
                     outcome: e.kind.as_str().into(),
@@ -622,9 +641,50 @@ struct Meter {
     endpoint: &'static str,
     redactions: usize,
     started: Instant,
+    /// The call's span, ended with the stream.
+    span: tracing::Span,
+    /// The answer so far, for a policy that captures content in its traces.
+    captured: Option<(crate::redact::Redactor, String, Vec<llm::ToolCall>)>,
 }
 
 impl Meter {
+    /// Notes what the stream said, for the span.
+    fn observe(&mut self, item: &Option<Result<StreamEvent, llm::LlmError>>) {
+        let Some((_, text, calls)) = &mut self.captured else {
+            return;
+        };
+        match item {
+            Some(Ok(StreamEvent::TextDelta(t))) => text.push_str(t),
+            Some(Ok(StreamEvent::ToolCall(c))) => calls.push(c.clone()),
+            _ => {}
+        }
+    }
+
+    /// Ends the call's span.
+    fn end_span(
+        &self,
+        usage: llm::Usage,
+        model: &str,
+        stop: Option<StopReason>,
+        error: Option<&str>,
+    ) {
+        let captured = self.captured.as_ref().map(|(redactor, text, calls)| {
+            let mut calls = calls.clone();
+            for c in &mut calls {
+                redactor.value(&mut c.input);
+            }
+            (redactor.text(text).0, calls)
+        });
+        llm::semconv::end(
+            &self.span,
+            if model.is_empty() { &self.model } else { model },
+            usage,
+            stop,
+            error,
+            captured.as_ref().map(|(t, c)| (t.as_str(), c.as_slice())),
+        );
+    }
+
     async fn settle(
         &self,
         reservation: Reservation,
@@ -673,25 +733,32 @@ impl Meter {
 fn metered(stream: ChatStream, reservation: Reservation, meter: Meter) -> ChatStream {
     futures_util::stream::unfold(
         (stream, Some(reservation), meter),
-        |(mut stream, mut reservation, meter)| async move {
+        |(mut stream, mut reservation, mut meter)| async move {
             let item = stream.next().await;
+            meter.observe(&item);
             // The books join the background writer's queue (waiting only when it is full).
             let outcome = match &item {
-                Some(Ok(StreamEvent::Done { usage, model, .. })) => {
-                    Some((*usage, model.clone(), "ok"))
-                }
+                Some(Ok(StreamEvent::Done {
+                    usage,
+                    model,
+                    stop_reason,
+                })) => Some((*usage, model.clone(), "ok", Some(*stop_reason))),
                 Some(Err(e)) => {
                     // The client gets the error in words; the transport's own, here.
                     tracing::warn!(provider = %meter.provider, error = %e, detail = e.detail.as_deref().unwrap_or(""), "gateway call failed mid-answer");
-                    Some((llm::Usage::default(), String::new(), e.kind.as_str()))
+                    Some((llm::Usage::default(), String::new(), e.kind.as_str(), None))
                 }
-                None => Some((llm::Usage::default(), String::new(), "ok")),
+                None => Some((llm::Usage::default(), String::new(), "ok", None)),
                 _ => None,
             };
-            if let Some((usage, model, outcome)) = outcome
+            if let Some((usage, model, outcome, stop)) = outcome
                 && let Some(r) = reservation.take()
             {
-                meter.settle(r, usage, &model, outcome).await;
+                let error = (outcome != "ok").then_some(outcome);
+                meter.end_span(usage, &model, stop, error);
+                // Settled in the call's trace: its audit row and exemplar carry the id.
+                let span = meter.span.clone();
+                meter.settle(r, usage, &model, outcome).instrument(span).await;
             }
             item.map(|i| (i, (stream, reservation, meter)))
         },

@@ -574,7 +574,34 @@ async fn handle_embeddings(
         Err(e) => return Err(GatewayError::store(&e)),
     };
     let started = std::time::Instant::now();
-    let result = adapter.embed(&route.model, &inputs).await;
+    let span = crate::telemetry::trace::llm_span(&crate::telemetry::trace::LlmCall {
+        operation: "embeddings",
+        provider_type: adapter.config().provider_type.as_str(),
+        provider: adapter.name(),
+        model: &route.model,
+        max_tokens: None,
+        streaming: false,
+    });
+    let result =
+        tracing::Instrument::instrument(adapter.embed(&route.model, &inputs), span.clone()).await;
+    llm::semconv::end(
+        &span,
+        result
+            .as_ref()
+            .map(|e| e.model.as_str())
+            .unwrap_or_default(),
+        result
+            .as_ref()
+            .map(|e| llm::Usage {
+                input_tokens: e.input_tokens,
+                ..Default::default()
+            })
+            .unwrap_or_default(),
+        None,
+        result.as_ref().err().map(|e| e.kind.as_str()),
+        None,
+    );
+    drop(span);
     let (usage, served, outcome) = match &result {
         Ok(e) => (
             llm::Usage {

@@ -1,0 +1,99 @@
+//! What Kortex tells the people who run it: logs, and traces (metrics are in
+//! [`crate::metrics`]).
+//!
+//! - Logs: human-readable lines by default, JSON lines (`--log-format json`) for clusters.
+//!   The level comes from `RUST_LOG` (default `info`, with the MCP SDK's per-message lines
+//!   at `warn`: they would log every MCP session's handshake and notifications).
+//! - Traces: OpenTelemetry spans, exported over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//!   `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set ([`export`]); off otherwise, and then the
+//!   spans are not even created. Spans are opened where the work is, with the helpers of
+//!   [`trace`] (names and attributes of the OpenTelemetry GenAI and HTTP semantic
+//!   conventions), under the one target [`trace::TARGET`] that only the exporter listens to:
+//!   log lines do not carry them.
+
+pub mod export;
+pub mod trace;
+
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// For people at a terminal.
+    #[default]
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
+
+/// The filter of log lines: `RUST_LOG`, never the trace spans.
+fn log_filter() -> EnvFilter {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
+    match format!("{}=off", trace::TARGET).parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    }
+}
+
+/// Installs the global subscriber (logs go to stderr) and, when the environment configures
+/// an OTLP endpoint, the trace exporter. Safe to call more than once (the first call wins).
+/// A trace configuration that cannot work (a malformed endpoint or sampler) is logged, and
+/// the process runs without traces rather than not at all.
+pub fn init(format: LogFormat) {
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    let logs = match format {
+        LogFormat::Text => logs.with_filter(log_filter()).boxed(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_filter(log_filter())
+            .boxed(),
+    };
+    let (traces, problem) = match export::Settings::from_env() {
+        Ok(None) => (None, None),
+        Ok(Some(settings)) => match export::start(&settings) {
+            Ok(tracer) => (
+                Some(
+                    tracing_opentelemetry::layer()
+                        .with_tracer(tracer)
+                        .with_tracked_inactivity(false)
+                        .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                            meta.is_span() && meta.target() == trace::TARGET
+                        })),
+                ),
+                None,
+            ),
+            Err(e) => (None, Some(e)),
+        },
+        Err(e) => (None, Some(e)),
+    };
+    let on = traces.is_some();
+    if tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init()
+        .is_ok()
+    {
+        trace::set_enabled(on);
+        if let Some(e) = problem {
+            tracing::error!(error = %e, "traces are off: the OpenTelemetry settings cannot work");
+        } else if on {
+            tracing::info!(
+                endpoint = %export::Settings::from_env().ok().flatten().map(|s| s.endpoint_label()).unwrap_or_default(),
+                "exporting traces over OTLP"
+            );
+        }
+    }
+}
+
+/// Sends the spans still queued (at most `timeout`); call before the process exits.
+pub fn shutdown(timeout: std::time::Duration) {
+    export::flush(timeout);
+}

@@ -1,0 +1,644 @@
+//! Traces from the binary a user runs: `kortex serve` pointed at an OTLP/HTTP collector (a
+//! receiver here that decodes what arrives with the `opentelemetry-proto` types). A chat run
+//! with a tool call and a gateway call each arrive as one trace continuing the caller's
+//! `traceparent`, with the GenAI attributes; content only under a policy that opts in, and
+//! then redacted; the trace id reaches the provider, the HTTP plugin, the audit rows, the
+//! session JSON and the latency histograms' exemplars. A dead collector changes nothing.
+
+use crate::investigation::{chat_once, tool_calls};
+use crate::llm::{mock, openai, push, streamed};
+use axum::body::Bytes;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use prost::Message as _;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+const GATEWAY_KEY: &str = "kx-traces-gw-1";
+const UPSTREAM_SECRET: &str = "sk-upstream-SECRET-9313";
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+const GW_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+const GW_CALLER_SPAN: &str = "b7ad6b7169203331";
+
+/// One received span, flattened.
+#[derive(Clone, Debug)]
+struct Span {
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    name: String,
+    kind: i32,
+    status: i32,
+    attrs: HashMap<String, Value>,
+    service: String,
+}
+
+fn any(v: &Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> Value {
+    match v.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(Any::StringValue(s)) => json!(s),
+        Some(Any::IntValue(i)) => json!(i),
+        Some(Any::BoolValue(b)) => json!(b),
+        Some(Any::DoubleValue(d)) => json!(d),
+        Some(Any::ArrayValue(a)) => {
+            Value::Array(a.values.iter().map(|x| any(&Some(x.clone()))).collect())
+        }
+        _ => Value::Null,
+    }
+}
+
+type Received = Arc<Mutex<Vec<Span>>>;
+
+/// An OTLP/HTTP trace receiver on 127.0.0.1.
+async fn collector() -> (String, Received) {
+    let spans: Received = Arc::default();
+    let keep = spans.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |body: Bytes| {
+            let keep = keep.clone();
+            async move {
+                let request = ExportTraceServiceRequest::decode(body)
+                    .unwrap_or_else(|e| panic!("not an OTLP trace export: {e}"));
+                let mut out = Vec::new();
+                for rs in request.resource_spans {
+                    let service = rs
+                        .resource
+                        .as_ref()
+                        .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+                        .map(|a| any(&a.value))
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default();
+                    for ss in rs.scope_spans {
+                        for s in ss.spans {
+                            out.push(Span {
+                                trace_id: hex(&s.trace_id),
+                                span_id: hex(&s.span_id),
+                                parent: hex(&s.parent_span_id),
+                                name: s.name.clone(),
+                                kind: s.kind,
+                                status: s.status.as_ref().map_or(0, |st| st.code),
+                                attrs: s
+                                    .attributes
+                                    .iter()
+                                    .map(|a| (a.key.clone(), any(&a.value)))
+                                    .collect(),
+                                service: service.clone(),
+                            });
+                        }
+                    }
+                }
+                if let Ok(mut s) = keep.lock() {
+                    s.extend(out);
+                }
+                (
+                    [("content-type", "application/x-protobuf")],
+                    ExportTraceServiceResponse::default().encode_to_vec(),
+                )
+            }
+        }),
+    );
+    (crate::common::serve(app).await, spans)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Waits until the collector holds a span of `trace` named `name`.
+async fn span_named(spans: &Received, trace: &str, name: &str) -> Span {
+    crate::common::eventually(&format!("span {name:?} of trace {trace}"), || async {
+        let all = spans.lock().map(|s| s.clone()).unwrap_or_default();
+        all.iter()
+            .find(|s| s.trace_id == trace && s.name == name)
+            .cloned()
+            .ok_or_else(|| {
+                let names: Vec<String> = all
+                    .iter()
+                    .map(|s| format!("{} ({})", s.name, &s.trace_id[..8]))
+                    .collect();
+                format!("received: {names:?}")
+            })
+    })
+    .await
+}
+
+fn of_trace(spans: &Received, trace: &str) -> Vec<Span> {
+    spans
+        .lock()
+        .map(|s| s.iter().filter(|x| x.trace_id == trace).cloned().collect())
+        .unwrap_or_default()
+}
+
+fn manifests(dir: &Path, base: &str, bridge: &str) {
+    std::fs::write(
+        dir.join("all.yaml"),
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: upstream-key}}
+stringData: {{key: {UPSTREAM_SECRET}}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway-shop
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: incidents}}
+stringData: {{team: shop, key: {GATEWAY_KEY}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: upstream}}
+spec:
+  type: openai-compatible
+  baseUrl: "{base}/v1"
+  defaultModel: m1
+  apiKeySecretRef: {{name: upstream-key, key: key}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec: {{sessions: ["incident-*"], provider: upstream, maxToolDepth: 4}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: audited}}
+spec:
+  sessions: ["audit-*"]
+  provider: upstream
+  maxToolDepth: 4
+  privacy: {{redactPii: true}}
+  telemetry: {{captureContent: true}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: jira-search}}
+spec:
+  name: jira_search
+  description: Search Jira issues with JQL.
+  http: {{method: POST, url: "{bridge}/jira/search"}}
+  parameters: {{type: object, properties: {{jql: {{type: string}}}}, required: [jql]}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn traceparent_of(headers: &axum::http::HeaderMap) -> String {
+    headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
+    let (otlp, spans) = collector().await;
+    let (base, script) = mock().await;
+    let (bridge, bridge_seen) = crate::plugins::upstream().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base, &bridge);
+    let server = crate::binary::Server::start(
+        &m,
+        &dir.path().join("k.db"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+            ("OTEL_SERVICE_NAME", "kortex-traces-test"),
+        ],
+    );
+    let client = crate::common::http_client();
+
+    // A chat run with one tool call, started by a caller that sends its own traceparent.
+    push(
+        &script,
+        tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
+    );
+    push(
+        &script,
+        streamed(
+            &openai(),
+            (openai().text_stream)(&["SHOP-12 is the cause."]),
+        ),
+    );
+    let created: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-1"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = created["id"].as_str().unwrap_or_default().to_owned();
+    let posted = client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .header("traceparent", format!("00-{TRACE}-{CALLER_SPAN}-01"))
+        .header("tracestate", "vendor=abc")
+        .json(&json!({"content": "why is checkout failing?"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(posted.status(), 202);
+    let session =
+        crate::investigation::wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
+
+    // The span tree: the request (child of the caller's span) > the run > its steps > the
+    // provider calls and the tool call.
+    let request = span_named(&spans, TRACE, "POST /chat/v1/sessions/{id}/messages").await;
+    let run = span_named(&spans, TRACE, "invoke_agent kortex").await;
+    let step1 = span_named(&spans, TRACE, "step 1").await;
+    let step2 = span_named(&spans, TRACE, "step 2").await;
+    let tool = span_named(&spans, TRACE, "execute_tool jira_search").await;
+    let calls: Vec<Span> = {
+        span_named(&spans, TRACE, "chat m1").await;
+        crate::common::eventually("both provider call spans", || async {
+            let c: Vec<Span> = of_trace(&spans, TRACE)
+                .into_iter()
+                .filter(|s| s.name == "chat m1")
+                .collect();
+            if c.len() == 2 {
+                Ok(c)
+            } else {
+                Err(format!("{} so far", c.len()))
+            }
+        })
+        .await
+    };
+    assert_eq!(
+        request.parent, CALLER_SPAN,
+        "the caller's span is the parent"
+    );
+    assert_eq!(request.kind, 2, "SERVER");
+    assert_eq!(request.service, "kortex-traces-test");
+    assert_eq!(request.attrs["http.request.method"], "POST");
+    assert_eq!(
+        request.attrs["http.route"],
+        "/chat/v1/sessions/{id}/messages"
+    );
+    assert_eq!(request.attrs["http.response.status_code"], 202);
+    assert_eq!(run.parent, request.span_id);
+    assert_eq!(run.attrs["gen_ai.operation.name"], "invoke_agent");
+    assert_eq!(run.attrs["gen_ai.conversation.id"], json!(id));
+    assert_eq!(run.attrs["kortex.run.state"], "completed");
+    assert_ne!(run.status, 2, "a completed run's span is not an error");
+    assert_eq!(step1.parent, run.span_id);
+    assert_eq!(step2.parent, run.span_id);
+    assert_eq!(tool.parent, step1.span_id);
+    assert_eq!(tool.attrs["gen_ai.operation.name"], "execute_tool");
+    assert_eq!(tool.attrs["gen_ai.tool.name"], "jira_search");
+    assert_eq!(tool.attrs["gen_ai.tool.call.id"], "call_1");
+    let first = calls
+        .iter()
+        .find(|c| c.parent == step1.span_id)
+        .unwrap_or_else(|| panic!("no provider call under step 1: {calls:?}"));
+    let second = calls
+        .iter()
+        .find(|c| c.parent == step2.span_id)
+        .unwrap_or_else(|| panic!("no provider call under step 2: {calls:?}"));
+    assert_eq!(first.kind, 3, "CLIENT");
+    assert_eq!(first.attrs["gen_ai.operation.name"], "chat");
+    assert_eq!(first.attrs["gen_ai.provider.name"], "openai-compatible");
+    assert_eq!(first.attrs["gen_ai.request.model"], "m1");
+    assert_eq!(first.attrs["gen_ai.response.model"], "gpt-test");
+    assert_eq!(first.attrs["gen_ai.usage.input_tokens"], 40);
+    assert_eq!(first.attrs["gen_ai.usage.output_tokens"], 60);
+    assert_eq!(
+        first.attrs["gen_ai.response.finish_reasons"],
+        json!(["tool_call"])
+    );
+    assert!(
+        first.attrs["gen_ai.request.max_tokens"].is_i64(),
+        "{first:?}"
+    );
+    assert_eq!(second.attrs["gen_ai.usage.input_tokens"], 25);
+    assert_eq!(
+        second.attrs["gen_ai.response.finish_reasons"],
+        json!(["stop"])
+    );
+    // No content by default, on any span of the run.
+    for s in of_trace(&spans, TRACE) {
+        for key in [
+            "gen_ai.input.messages",
+            "gen_ai.output.messages",
+            "gen_ai.system_instructions",
+            "gen_ai.tool.call.arguments",
+            "gen_ai.tool.call.result",
+        ] {
+            assert!(!s.attrs.contains_key(key), "{key} on {}: {s:?}", s.name);
+        }
+        let text = format!("{:?}", s.attrs);
+        assert!(!text.contains("checkout failing"), "content leaked: {s:?}");
+        assert!(!text.contains(UPSTREAM_SECRET), "secret leaked: {s:?}");
+    }
+
+    // Database calls: summarized, never their SQL text.
+    let db = span_named(&spans, TRACE, "INSERT chat_messages chat_events").await;
+    assert_eq!(db.kind, 3, "CLIENT");
+    assert_eq!(db.attrs["db.system.name"], "sqlite");
+    assert_eq!(
+        db.attrs["db.query.summary"],
+        "INSERT chat_messages chat_events"
+    );
+    for s in of_trace(&spans, TRACE) {
+        let text = format!("{:?}", s.attrs);
+        assert!(
+            !text.contains("INSERT INTO") && !text.contains("VALUES ("),
+            "SQL text on {}: {text}",
+            s.name
+        );
+    }
+
+    // The trace went on at the provider and at the HTTP plugin, under the right spans.
+    let seen = script.seen.lock().map(|s| s.clone()).unwrap_or_default();
+    let provider_parents: Vec<String> = seen
+        .iter()
+        .filter(|s| s.path.ends_with("/chat/completions"))
+        .map(|s| traceparent_of(&s.headers))
+        .collect();
+    assert_eq!(
+        provider_parents,
+        [
+            format!("00-{TRACE}-{}-01", first.span_id),
+            format!("00-{TRACE}-{}-01", second.span_id)
+        ]
+    );
+    let bridge_calls = bridge_seen.lock().map(|s| s.clone()).unwrap_or_default();
+    let jira = bridge_calls
+        .iter()
+        .find(|s| s.target.starts_with("/jira/search"))
+        .unwrap_or_else(|| panic!("the HTTP tool was not called"));
+    assert_eq!(
+        traceparent_of(&jira.headers),
+        format!("00-{TRACE}-{}-01", tool.span_id)
+    );
+    assert_eq!(
+        jira.headers.get("tracestate").and_then(|v| v.to_str().ok()),
+        Some("vendor=abc"),
+        "tracestate goes on with the trace"
+    );
+
+    // The transcript and the audit log point at the trace.
+    let assistant = session["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["role"] == "assistant")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(assistant["traceId"], TRACE, "{session}");
+    let audit: Value = client
+        .get(server.url(&format!("/api/v1/audit?session={id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let rows = audit["items"].as_array().cloned().unwrap_or_default();
+    assert!(
+        rows.iter().any(|r| r["kind"] == "llm_call"),
+        "no llm_call rows: {audit}"
+    );
+    for r in rows
+        .iter()
+        .filter(|r| r["kind"] == "llm_call" || r["kind"] == "tool_call")
+    {
+        assert_eq!(r["traceId"], TRACE, "{r}");
+    }
+
+    // Exemplars: the tool's latency histogram carries the trace id (OpenMetrics).
+    let (_, metrics) = server.get("/metrics").await;
+    let exemplar = format!("# {{trace_id=\"{TRACE}\"}}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kortex_tool_duration_seconds_bucket") && l.contains(&exemplar)),
+        "no exemplar in:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("kortex_tool_duration"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kortex_llm_call_duration_seconds_bucket")
+                && l.contains(&exemplar)),
+        "no exemplar on kortex_llm_call_duration_seconds"
+    );
+
+    // A gateway call: the caller's trace, the server span, one client span per call.
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["pong"])),
+    );
+    let answer = client
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(GATEWAY_KEY)
+        .header("traceparent", format!("00-{GW_TRACE}-{GW_CALLER_SPAN}-01"))
+        .json(&json!({"model": "m1", "stream": true, "max_tokens": 64,
+            "messages": [{"role": "user", "content": "ping"}]}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answer.status(), 200);
+    let body = answer.text().await.unwrap_or_default();
+    assert!(body.contains("pong"), "{body}");
+    let gw = span_named(&spans, GW_TRACE, "POST /v1/chat/completions").await;
+    let call = span_named(&spans, GW_TRACE, "chat m1").await;
+    assert_eq!(gw.parent, GW_CALLER_SPAN);
+    assert_eq!(call.parent, gw.span_id);
+    assert_eq!(call.attrs["gen_ai.request.max_tokens"], 64);
+    assert_eq!(call.attrs["gen_ai.usage.output_tokens"], 15);
+    assert_eq!(
+        call.attrs["gen_ai.response.finish_reasons"],
+        json!(["stop"])
+    );
+    assert!(!call.attrs.contains_key("gen_ai.input.messages"));
+    let last = script
+        .seen
+        .lock()
+        .map(|s| s.last().cloned())
+        .unwrap_or_default()
+        .unwrap_or_else(|| panic!("the provider saw nothing"));
+    assert_eq!(
+        traceparent_of(&last.headers),
+        format!("00-{GW_TRACE}-{}-01", call.span_id)
+    );
+    let gateway_row = crate::common::eventually("the gateway call's audit row", || async {
+        let audit: Value = client
+            .get(server.url("/api/v1/audit?kind=llm_call"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        audit["items"]
+            .as_array()
+            .and_then(|i| {
+                i.iter()
+                    .find(|r| r["detail"]["source"] == "gateway")
+                    .cloned()
+            })
+            .ok_or_else(|| format!("{audit}"))
+    })
+    .await;
+    assert_eq!(gateway_row["traceId"], GW_TRACE, "{gateway_row}");
+
+    // Content, under the policy that opts in: redacted first.
+    push(
+        &script,
+        streamed(
+            &openai(),
+            (openai().text_stream)(&["Mail alice@example.com about it."]),
+        ),
+    );
+    let audit_id = chat_once(
+        &client,
+        &server,
+        json!({"name": "audit-1"}),
+        &format!("key {UPSTREAM_SECRET} leaked, ask bob@example.com"),
+    )
+    .await;
+    let captured = crate::common::eventually("the captured provider call", || async {
+        let all = spans.lock().map(|s| s.clone()).unwrap_or_default();
+        let run = all
+            .iter()
+            .find(|s| {
+                s.name == "invoke_agent kortex"
+                    && s.attrs["gen_ai.conversation.id"] == json!(audit_id)
+            })
+            .ok_or_else(|| "no run span yet".to_owned())?;
+        all.iter()
+            .find(|s| s.trace_id == run.trace_id && s.name == "chat m1")
+            .cloned()
+            .ok_or_else(|| "no provider call span yet".to_owned())
+    })
+    .await;
+    let input = captured.attrs["gen_ai.input.messages"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no input messages: {captured:?}"))
+        .to_owned();
+    let input: Value = serde_json::from_str(&input).unwrap_or_else(|e| panic!("{e}: {input}"));
+    let question = input
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .map(|m| {
+            m["parts"][0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .unwrap_or_default();
+    assert!(question.contains("leaked, ask"), "{input}");
+    assert!(
+        !question.contains(UPSTREAM_SECRET),
+        "the secret reached a span: {input}"
+    );
+    assert!(
+        !question.contains("bob@example.com"),
+        "PII reached a span: {input}"
+    );
+    let output = captured.attrs["gen_ai.output.messages"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(output.contains("\"role\":\"assistant\""), "{output}");
+    assert!(output.contains("Mail "), "{output}");
+    assert!(
+        !output.contains("alice@example.com"),
+        "PII reached a span: {output}"
+    );
+    assert!(captured.attrs.contains_key("gen_ai.system_instructions"));
+}
+
+#[tokio::test]
+async fn a_dead_collector_changes_no_outcome() {
+    // A port nothing listens on.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+        let a = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        drop(l);
+        format!("http://{a}")
+    };
+    let (base, script) = mock().await;
+    let (bridge, _) = crate::plugins::upstream().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base, &bridge);
+    let server = crate::binary::Server::start(
+        &m,
+        &dir.path().join("k.db"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", dead.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+            ("OTEL_BSP_EXPORT_TIMEOUT", "500"),
+        ],
+    );
+    let client = crate::common::http_client();
+    push(
+        &script,
+        tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
+    );
+    push(
+        &script,
+        streamed(
+            &openai(),
+            (openai().text_stream)(&["SHOP-12 is the cause."]),
+        ),
+    );
+    let id = chat_once(&client, &server, json!({"name": "incident-2"}), "why?").await;
+    let session: Value = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    assert_eq!(session["status"], "idle", "{session}");
+    let last = session["messages"]
+        .as_array()
+        .and_then(|m| m.last().cloned())
+        .unwrap_or_default();
+    assert_eq!(last["content"], "SHOP-12 is the cause.", "{session}");
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["pong"])),
+    );
+    let answer = client
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(GATEWAY_KEY)
+        .json(&json!({"model": "m1", "stream": true, "messages": [{"role": "user", "content": "ping"}]}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answer.status(), 200);
+    // The spans that could not be sent are counted, and the server says why, once.
+    crate::common::eventually("dropped spans counted", || async {
+        let (_, metrics) = server.get("/metrics").await;
+        metrics
+            .lines()
+            .find(|l| l.starts_with("kortex_trace_spans_dropped_total{reason=\"export_failed\"}"))
+            .filter(|l| !l.ends_with(" 0"))
+            .map(str::to_owned)
+            .ok_or_else(|| "no export_failed drops yet".to_owned())
+    })
+    .await;
+    let log = server.log();
+    assert!(log.contains("cannot export traces"), "{log}");
+    assert_eq!(log.matches("cannot export traces").count(), 1, "{log}");
+}
