@@ -24,7 +24,10 @@
 //! `KORTEX_BENCH_SECONDS=N`: seconds per row (default 6).
 //! `KORTEX_BENCH_DATABASE_URL=postgres://...`: Kortex's database (default: a new SQLite file).
 //! `KORTEX_BENCH_ONLY=m20/plain/50`: only the rows whose `model/mode/concurrency` contains
-//! this (`m20`, `m20s` or `m`; `plain` or `stream`), e.g. to profile one of them.
+//! this (`m20`, `m20s` or `m`; `plain` or `stream`), e.g. to profile one of them
+//! (`KORTEX_BENCH_ONLY=tracing`: only the tracing comparison).
+//! Tracing: the same build with traces exported (to an OTLP sink in this process) and
+//! without, side by side, alternately, in three rounds; `KORTEX_BENCH_TRACING=0` skips it.
 
 mod common;
 
@@ -307,6 +310,9 @@ fn main() {
             (rss_peak.saturating_sub(rss_before)) as f64 / 1024.0
         );
         books(&db, served).await;
+        if std::env::var("KORTEX_BENCH_TRACING").map_or(true, |v| v != "0") {
+            tracing_overhead(dir.path(), &base, &server).await;
+        }
         server.stop();
         if let Some(litellm) = litellm_bin() {
             side_by_side(&litellm, &base, &saturated).await;
@@ -472,4 +478,70 @@ async fn books(database_url: &str, served: usize) {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// An OTLP/HTTP sink: takes every export, counts the requests.
+async fn otlp_sink() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    let exports = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = exports.clone();
+    let app = axum::Router::new().route(
+        "/v1/traces",
+        axum::routing::post(move |_body: axum::body::Bytes| {
+            let counted = counted.clone();
+            async move {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
+            }
+        }),
+    );
+    (common::serve(app).await, exports)
+}
+
+/// Tracing on against off: a second server exporting every span (sampler always on) to a
+/// sink, measured alternately with `off` at 50 concurrent calls, three rounds.
+async fn tracing_overhead(manifests: &std::path::Path, base: &str, off: &Kortex) {
+    let (sink, exports) = otlp_sink().await;
+    let db = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let on = Kortex::start_with_env(
+        manifests,
+        &format!("sqlite://{}", db.path().join("traced.db").display()),
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", sink.as_str()),
+            ("OTEL_TRACES_SAMPLER", "always_on"),
+        ],
+    );
+    let _ = load(&on.url, Some(KEY), "m", false, 4).await;
+    println!("\nTracing exported (every span, to an OTLP sink) against off, 50 concurrent, 3 alternating rounds:\n");
+    println!("| mode | off: CPU µs/req, added p50 / p99 (µs), req/s | on: CPU µs/req, added p50 / p99 (µs), req/s | CPU on/off |");
+    println!("|---|---|---|---|");
+    for (model, stream, name) in [
+        ("m", false, "at once, not streamed"),
+        ("m", true, "at once, streamed"),
+        (SLOW_MODEL, false, "15-25 ms, not streamed"),
+    ] {
+        let mut sums = [[0.0f64; 4]; 2];
+        for _ in 0..3 {
+            let direct = load(base, None, model, stream, 50).await;
+            for (i, server) in [off, &on].into_iter().enumerate() {
+                let before = cpu_us(server.pid());
+                let via = load(&server.url, Some(KEY), model, stream, 50).await;
+                let cpu = (cpu_us(server.pid()) - before) / via.requests.max(1) as f64;
+                sums[i][0] += cpu / 3.0;
+                sums[i][1] += (via.p50_us - direct.p50_us) / 3.0;
+                sums[i][2] += (via.p99_us - direct.p99_us) / 3.0;
+                sums[i][3] += via.rps / 3.0;
+            }
+        }
+        let [a, b] = sums;
+        println!(
+            "| {name} | {:.0}, {:.0} / {:.0}, {:.0} | {:.0}, {:.0} / {:.0}, {:.0} | {:.2}x |",
+            a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], b[0] / a[0].max(1e-9)
+        );
+    }
+    println!(
+        "\n{} OTLP exports received from the traced server.",
+        exports.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    on.stop();
 }

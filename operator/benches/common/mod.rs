@@ -84,6 +84,16 @@ impl Kortex {
     /// `kortex serve` (the release build) on `manifests` and `database_url`, with `extra`
     /// arguments, once it says where it listens.
     pub fn start(manifests: &Path, database_url: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(manifests, database_url, extra, &[])
+    }
+
+    /// [`Kortex::start`] with more environment variables (e.g. `OTEL_*`).
+    pub fn start_with_env(
+        manifests: &Path,
+        database_url: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         // `KORTEX_BENCH_BIN`: another build to measure (e.g. the previous commit's, side by
         // side with this one).
         let bin = std::env::var("KORTEX_BENCH_BIN")
@@ -100,6 +110,7 @@ impl Kortex {
                 std::env::var("KORTEX_BENCH_LOG")
                     .unwrap_or_else(|_| "warn,kortex::cli=info".into()),
             )
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -117,7 +117,7 @@ spec:
   mcp:
     url: {mcp_url}
     auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
-    exclude: [slow, secret_header, add_tool, late]
+    exclude: [slow, secret_header, add_tool, late, trace_context]
   guide: |
     # Grafana
 

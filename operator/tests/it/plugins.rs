@@ -511,7 +511,7 @@ spec:
   mcp:
     url: {url}
     auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
-    exclude: [slow, secret_header, big]
+    exclude: [slow, secret_header, big, trace_context]
   timeout: 20s
 ---
 apiVersion: kortex.dev/v1alpha1

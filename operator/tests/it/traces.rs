@@ -642,3 +642,103 @@ async fn a_dead_collector_changes_no_outcome() {
     assert!(log.contains("cannot export traces"), "{log}");
     assert_eq!(log.matches("cannot export traces").count(), 1, "{log}");
 }
+
+#[tokio::test]
+async fn an_mcp_server_gets_the_trace_in_meta() {
+    let Some(mcp) = crate::plugins::mcp_server("mcp-token-7") else {
+        return;
+    };
+    let (otlp, spans) = collector().await;
+    let (base, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: mcp}}
+stringData: {{token: mcp-token-7}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: upstream}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec: {{sessions: ["*"], provider: upstream, maxToolDepth: 4}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: KortexTool
+metadata: {{name: grafana}}
+spec:
+  mcp:
+    url: {url}
+    auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
+    include: [trace_context]
+"#,
+            url = mcp.url
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = crate::binary::Server::start(
+        &m,
+        &dir.path().join("k.db"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let client = crate::common::http_client();
+    crate::common::eventually("the MCP tool discovered", || async {
+        let tools: Value = client
+            .get(server.url("/api/v1/tools"))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?
+            .json()
+            .await
+            .map_err(|e| e.to_string())?;
+        tools
+            .to_string()
+            .contains("grafana__trace_context")
+            .then_some(())
+            .ok_or_else(|| format!("{tools}"))
+    })
+    .await;
+    push(
+        &script,
+        tool_calls(&[("call_m", "grafana__trace_context", json!({}))]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["done"])),
+    );
+    let id = chat_once(&client, &server, json!({"name": "mcp-1"}), "trace?").await;
+    let session: Value = client
+        .get(server.url(&format!("/chat/v1/sessions/{id}")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let result = session["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["role"] == "tool")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("no tool result: {session}"));
+    let trace = session["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|m| m["traceId"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no traceId: {session}"));
+    let tool = span_named(&spans, &trace, "execute_tool grafana__trace_context").await;
+    assert_eq!(result, format!("00-{trace}-{}-01", tool.span_id));
+}
