@@ -490,7 +490,10 @@ async fn otlp_sink() -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
             let counted = counted.clone();
             async move {
                 counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
+                (
+                    [("content-type", "application/x-protobuf")],
+                    Vec::<u8>::new(),
+                )
             }
         }),
     );
@@ -512,8 +515,12 @@ async fn tracing_overhead(manifests: &std::path::Path, base: &str, off: &Kortex)
         ],
     );
     let _ = load(&on.url, Some(KEY), "m", false, 4).await;
-    println!("\nTracing exported (every span, to an OTLP sink) against off, 50 concurrent, 3 alternating rounds:\n");
-    println!("| mode | off: CPU µs/req, added p50 / p99 (µs), req/s | on: CPU µs/req, added p50 / p99 (µs), req/s | CPU on/off |");
+    println!(
+        "\nTracing exported (every span, to an OTLP sink) against off, 50 concurrent, 3 alternating rounds:\n"
+    );
+    println!(
+        "| mode | off: CPU µs/req, added p50 / p99 (µs), req/s | on: CPU µs/req, added p50 / p99 (µs), req/s | CPU on/off |"
+    );
     println!("|---|---|---|---|");
     for (model, stream, name) in [
         ("m", false, "at once, not streamed"),
@@ -536,7 +543,15 @@ async fn tracing_overhead(manifests: &std::path::Path, base: &str, off: &Kortex)
         let [a, b] = sums;
         println!(
             "| {name} | {:.0}, {:.0} / {:.0}, {:.0} | {:.0}, {:.0} / {:.0}, {:.0} | {:.2}x |",
-            a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], b[0] / a[0].max(1e-9)
+            a[0],
+            a[1],
+            a[2],
+            a[3],
+            b[0],
+            b[1],
+            b[2],
+            b[3],
+            b[0] / a[0].max(1e-9)
         );
     }
     println!(

@@ -191,22 +191,23 @@ fn resource() -> Resource {
     builder.build()
 }
 
-enum Message {
-    Span(Box<SpanData>),
-    Flush(std::sync::mpsc::SyncSender<()>),
+/// The queue between the spans and the exporter thread: ended spans are pushed under a
+/// short lock and the thread is woken only when a batch is full (or to flush), never per
+/// span (a wake-up per span cost more than the span).
+#[derive(Debug)]
+struct Shared {
+    spans: Mutex<Vec<SpanData>>,
+    /// Set when a batch is full, a flush is asked, or the process ends.
+    wake: tokio::sync::Notify,
+    /// Flushes asked for, each answered when what was queued before it is sent.
+    flushes: Mutex<Vec<std::sync::mpsc::SyncSender<()>>>,
+    max_queue: usize,
+    max_batch: usize,
 }
 
 /// The processor: ended, sampled spans into the bounded queue, without waiting.
 #[derive(Debug)]
-struct Queue {
-    tx: tokio::sync::mpsc::Sender<Message>,
-}
-
-impl std::fmt::Debug for Message {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Message")
-    }
-}
+struct Queue(std::sync::Arc<Shared>);
 
 impl SpanProcessor for Queue {
     fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
@@ -215,12 +216,26 @@ impl SpanProcessor for Queue {
         if !span.span_context.is_sampled() {
             return;
         }
-        if self.tx.try_send(Message::Span(Box::new(span))).is_err() {
-            DROPPED
-                .get_or_create(&DropLabel {
-                    reason: "queue_full",
-                })
-                .inc();
+        let shared = &self.0;
+        let queued = {
+            let mut spans = shared.spans.lock().unwrap_or_else(|e| e.into_inner());
+            if spans.len() >= shared.max_queue {
+                None
+            } else {
+                spans.push(span);
+                Some(spans.len())
+            }
+        };
+        match queued {
+            None => {
+                DROPPED
+                    .get_or_create(&DropLabel {
+                        reason: "queue_full",
+                    })
+                    .inc();
+            }
+            Some(n) if n == shared.max_batch => shared.wake.notify_one(),
+            Some(_) => {}
         }
     }
 
@@ -233,31 +248,38 @@ impl SpanProcessor for Queue {
     }
 }
 
-/// The queue's sender, for [`flush`].
-static SENDER: OnceLock<tokio::sync::mpsc::Sender<Message>> = OnceLock::new();
+/// The queue, for [`flush`].
+static SHARED: OnceLock<std::sync::Arc<Shared>> = OnceLock::new();
 /// The provider, kept for the life of the process.
 static PROVIDER: Mutex<Option<SdkTracerProvider>> = Mutex::new(None);
 
 /// Starts the exporter thread and returns the tracer spans are recorded with.
 pub fn start(settings: &Settings) -> Result<opentelemetry_sdk::trace::Tracer, String> {
-    let (tx, rx) = tokio::sync::mpsc::channel(settings.max_queue);
+    let shared = std::sync::Arc::new(Shared {
+        spans: Mutex::new(Vec::with_capacity(settings.max_batch)),
+        wake: tokio::sync::Notify::new(),
+        flushes: Mutex::new(Vec::new()),
+        max_queue: settings.max_queue,
+        max_batch: settings.max_batch,
+    });
     let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
     let resource = resource();
     let thread_settings = settings.clone();
     let thread_resource = resource.clone();
+    let thread_shared = shared.clone();
     std::thread::Builder::new()
         .name("kortex-otlp".into())
-        .spawn(move || exporter_thread(thread_settings, thread_resource, rx, ready_tx))
+        .spawn(move || exporter_thread(thread_settings, thread_resource, thread_shared, ready_tx))
         .map_err(|e| format!("cannot start the trace exporter's thread: {e}"))?;
     match ready_rx.recv_timeout(Duration::from_secs(10)) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err("the trace exporter did not start".into()),
     }
-    let _ = SENDER.set(tx.clone());
+    let _ = SHARED.set(shared.clone());
     let provider = SdkTracerProvider::builder()
         .with_resource(resource)
-        .with_span_processor(Queue { tx })
+        .with_span_processor(Queue(shared))
         .build();
     let tracer = provider.tracer("kortex");
     *PROVIDER.lock().unwrap_or_else(|e| e.into_inner()) = Some(provider);
@@ -283,7 +305,7 @@ fn build_exporter(settings: &Settings) -> Result<opentelemetry_otlp::SpanExporte
 fn exporter_thread(
     settings: Settings,
     resource: Resource,
-    mut rx: tokio::sync::mpsc::Receiver<Message>,
+    shared: std::sync::Arc<Shared>,
     ready: std::sync::mpsc::SyncSender<Result<(), String>>,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -308,29 +330,30 @@ fn exporter_thread(
         };
         exporter.set_resource(&resource);
         let _ = ready.send(Ok(()));
-        let mut batch: Vec<SpanData> = Vec::with_capacity(settings.max_batch);
         let mut failures = Failures::default();
-        let mut tick = tokio::time::interval(settings.delay);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                message = rx.recv() => match message {
-                    Some(Message::Span(span)) => {
-                        batch.push(*span);
-                        if batch.len() >= settings.max_batch {
-                            send(&exporter, &mut batch, &settings, &mut failures).await;
-                        }
-                    }
-                    Some(Message::Flush(ack)) => {
-                        send(&exporter, &mut batch, &settings, &mut failures).await;
-                        let _ = ack.send(());
-                    }
-                    None => {
-                        send(&exporter, &mut batch, &settings, &mut failures).await;
-                        return;
-                    }
-                },
-                _ = tick.tick() => send(&exporter, &mut batch, &settings, &mut failures).await,
+            // A full batch or a flush wakes the thread early; otherwise spans wait at most
+            // the schedule delay.
+            let _ = tokio::time::timeout(settings.delay, shared.wake.notified()).await;
+            let flushes: Vec<_> =
+                std::mem::take(&mut *shared.flushes.lock().unwrap_or_else(|e| e.into_inner()));
+            loop {
+                let batch: Vec<SpanData> = {
+                    let mut spans = shared.spans.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = spans.len().min(settings.max_batch);
+                    spans.drain(..n).collect()
+                };
+                if batch.is_empty() {
+                    break;
+                }
+                let full = batch.len() == settings.max_batch;
+                send(&exporter, batch, &settings, &mut failures).await;
+                if !full {
+                    break;
+                }
+            }
+            for ack in flushes {
+                let _ = ack.send(());
             }
         }
     });
@@ -345,14 +368,10 @@ struct Failures {
 
 async fn send(
     exporter: &opentelemetry_otlp::SpanExporter,
-    batch: &mut Vec<SpanData>,
+    spans: Vec<SpanData>,
     settings: &Settings,
     failures: &mut Failures,
 ) {
-    if batch.is_empty() {
-        return;
-    }
-    let spans = std::mem::take(batch);
     let n = spans.len() as u64;
     let result = tokio::time::timeout(settings.export_timeout, exporter.export(spans)).await;
     let error = match result {
@@ -391,23 +410,17 @@ async fn send(
 /// Sends what is queued and waits for it (at most `timeout`). Call outside the async
 /// runtime, before the process exits.
 pub fn flush(timeout: Duration) {
-    let Some(tx) = SENDER.get() else {
+    let Some(shared) = SHARED.get() else {
         return;
     };
-    let deadline = Instant::now() + timeout;
     let (ack_tx, ack_rx) = std::sync::mpsc::sync_channel(1);
-    let mut message = Message::Flush(ack_tx);
-    loop {
-        match tx.try_send(message) {
-            Ok(()) => break,
-            Err(tokio::sync::mpsc::error::TrySendError::Full(m)) if Instant::now() < deadline => {
-                message = m;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(_) => return,
-        }
-    }
-    let _ = ack_rx.recv_timeout(deadline.saturating_duration_since(Instant::now()));
+    shared
+        .flushes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(ack_tx);
+    shared.wake.notify_one();
+    let _ = ack_rx.recv_timeout(timeout);
 }
 
 #[cfg(test)]
@@ -416,8 +429,14 @@ mod tests {
 
     #[test]
     fn drops_are_counted_not_waited_for() {
-        let (tx, _rx) = tokio::sync::mpsc::channel(1);
-        let queue = Queue { tx };
+        let shared = std::sync::Arc::new(Shared {
+            spans: Mutex::new(Vec::new()),
+            wake: tokio::sync::Notify::new(),
+            flushes: Mutex::new(Vec::new()),
+            max_queue: 1,
+            max_batch: 1,
+        });
+        let queue = Queue(shared.clone());
         let before = DROPPED
             .get_or_create(&DropLabel {
                 reason: "queue_full",
@@ -454,5 +473,6 @@ mod tests {
             })
             .get();
         assert_eq!(after - before, 2);
+        assert_eq!(shared.spans.lock().map(|s| s.len()).unwrap_or(0), 1);
     }
 }

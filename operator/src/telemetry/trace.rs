@@ -271,6 +271,8 @@ pub struct LlmCall<'a> {
     pub max_tokens: Option<u32>,
     /// Whether the answer is streamed.
     pub streaming: bool,
+    /// The endpoint (`server.address`, `server.port`).
+    pub base_url: &'a str,
 }
 
 /// A provider call: the GenAI client span `{operation} {model}`.
@@ -294,8 +296,22 @@ pub fn llm_span(call: &LlmCall<'_>) -> Span {
         gen_ai.output.messages = tracing::field::Empty,
         gen_ai.system_instructions = tracing::field::Empty,
         kortex.provider = %call.provider,
+        kortex.provider.type = %call.provider_type,
+        server.address = tracing::field::Empty,
+        server.port = tracing::field::Empty,
         error.type = tracing::field::Empty,
     );
+    if span.is_disabled() {
+        return span;
+    }
+    if let Ok(url) = url::Url::parse(call.base_url) {
+        if let Some(host) = url.host_str() {
+            span.record("server.address", host);
+        }
+        if let Some(port) = url.port_or_known_default() {
+            span.record("server.port", i64::from(port));
+        }
+    }
     if let Some(n) = call.max_tokens {
         span.record("gen_ai.request.max_tokens", i64::from(n));
     }
@@ -342,9 +358,11 @@ pub fn llm_end(span: &Span, end: &LlmEnd<'_>) {
 }
 
 /// The conventions' `gen_ai.provider.name` of a provider type.
+/// A server speaking the OpenAI API is `openai` (the conventions: "set based on the
+/// instrumentation's best knowledge" of the API used); its address tells which it is.
 pub fn genai_provider(provider_type: &str) -> &str {
     match provider_type {
-        "openai" => "openai",
+        "openai" | "openai-compatible" => "openai",
         "anthropic" | "claude-code" => "anthropic",
         "ollama" => "ollama",
         other => other,
@@ -399,9 +417,22 @@ pub fn proposal_span(namespace: &str, name: &str, phase: &'static str) -> Span {
     )
 }
 
+/// Whether the current span is one of Kortex's traced spans (so a child joins a trace
+/// instead of starting one of its own).
+pub fn in_trace() -> bool {
+    enabled()
+        && Span::current()
+            .metadata()
+            .is_some_and(|m| m.target() == TARGET)
+}
+
 /// One database operation, summarized (the conventions' `db.query.summary`; never the SQL
-/// text or its values).
+/// text or its values), within the current trace: background work (the write-behind
+/// accounting, retention, heartbeats) starts no trace of its own.
 pub fn db_span(system: &'static str, summary: &'static str) -> Span {
+    if !in_trace() {
+        return Span::none();
+    }
     tracing::info_span!(
         target: TARGET,
         "db",
@@ -431,7 +462,7 @@ mod tests {
     #[test]
     fn provider_types_map_to_the_conventions_names() {
         assert_eq!(genai_provider("anthropic"), "anthropic");
-        assert_eq!(genai_provider("openai-compatible"), "openai-compatible");
+        assert_eq!(genai_provider("openai-compatible"), "openai");
         assert_eq!(genai_provider("ollama"), "ollama");
     }
 

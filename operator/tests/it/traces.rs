@@ -62,36 +62,7 @@ async fn collector() -> (String, Received) {
         axum::routing::post(move |body: Bytes| {
             let keep = keep.clone();
             async move {
-                let request = ExportTraceServiceRequest::decode(body)
-                    .unwrap_or_else(|e| panic!("not an OTLP trace export: {e}"));
-                let mut out = Vec::new();
-                for rs in request.resource_spans {
-                    let service = rs
-                        .resource
-                        .as_ref()
-                        .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
-                        .map(|a| any(&a.value))
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default();
-                    for ss in rs.scope_spans {
-                        for s in ss.spans {
-                            out.push(Span {
-                                trace_id: hex(&s.trace_id),
-                                span_id: hex(&s.span_id),
-                                parent: hex(&s.parent_span_id),
-                                name: s.name.clone(),
-                                kind: s.kind,
-                                status: s.status.as_ref().map_or(0, |st| st.code),
-                                attrs: s
-                                    .attributes
-                                    .iter()
-                                    .map(|a| (a.key.clone(), any(&a.value)))
-                                    .collect(),
-                                service: service.clone(),
-                            });
-                        }
-                    }
-                }
+                let out = decode(&body);
                 if let Ok(mut s) = keep.lock() {
                     s.extend(out);
                 }
@@ -103,6 +74,41 @@ async fn collector() -> (String, Received) {
         }),
     );
     (crate::common::serve(app).await, spans)
+}
+
+/// The spans of an OTLP export request.
+fn decode(body: &[u8]) -> Vec<Span> {
+    let request = ExportTraceServiceRequest::decode(body)
+        .unwrap_or_else(|e| panic!("not an OTLP trace export: {e}"));
+    let mut out = Vec::new();
+    for rs in request.resource_spans {
+        let service = rs
+            .resource
+            .as_ref()
+            .and_then(|r| r.attributes.iter().find(|a| a.key == "service.name"))
+            .map(|a| any(&a.value))
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        for ss in rs.scope_spans {
+            for s in ss.spans {
+                out.push(Span {
+                    trace_id: hex(&s.trace_id),
+                    span_id: hex(&s.span_id),
+                    parent: hex(&s.parent_span_id),
+                    name: s.name.clone(),
+                    kind: s.kind,
+                    status: s.status.as_ref().map_or(0, |st| st.code),
+                    attrs: s
+                        .attributes
+                        .iter()
+                        .map(|a| (a.key.clone(), any(&a.value)))
+                        .collect(),
+                    service: service.clone(),
+                });
+            }
+        }
+    }
+    out
 }
 
 fn hex(b: &[u8]) -> String {
@@ -307,7 +313,10 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .unwrap_or_else(|| panic!("no provider call under step 2: {calls:?}"));
     assert_eq!(first.kind, 3, "CLIENT");
     assert_eq!(first.attrs["gen_ai.operation.name"], "chat");
-    assert_eq!(first.attrs["gen_ai.provider.name"], "openai-compatible");
+    assert_eq!(first.attrs["gen_ai.provider.name"], "openai");
+    assert_eq!(first.attrs["kortex.provider"], "upstream");
+    assert_eq!(first.attrs["server.address"], "127.0.0.1");
+    assert!(first.attrs["server.port"].is_i64(), "{first:?}");
     assert_eq!(first.attrs["gen_ai.request.model"], "m1");
     assert_eq!(first.attrs["gen_ai.response.model"], "gpt-test");
     assert_eq!(first.attrs["gen_ai.usage.input_tokens"], 40);
@@ -741,4 +750,85 @@ spec:
         .unwrap_or_else(|| panic!("no traceId: {session}"));
     let tool = span_named(&spans, &trace, "execute_tool grafana__trace_context").await;
     assert_eq!(result, format!("00-{trace}-{}-01", tool.span_id));
+}
+
+/// An OTLP/gRPC trace receiver on 127.0.0.1 (HTTP/2, the generated TraceService).
+async fn grpc_collector() -> (String, Received) {
+    use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+        TraceService, TraceServiceServer,
+    };
+    struct Sink(Received);
+    #[async_trait::async_trait]
+    impl TraceService for Sink {
+        async fn export(
+            &self,
+            request: tonic::Request<ExportTraceServiceRequest>,
+        ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+            let bytes = request.into_inner().encode_to_vec();
+            let spans = decode(&bytes);
+            if let Ok(mut s) = self.0.lock() {
+                s.extend(spans);
+            }
+            Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+        }
+    }
+    let spans: Received = Arc::default();
+    let service = TraceServiceServer::new(Sink(spans.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = service.clone();
+            tokio::spawn(async move {
+                let _ =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(
+                            hyper_util::rt::TokioIo::new(stream),
+                            hyper_util::service::TowerToHyperService::new(service),
+                        )
+                        .await;
+            });
+        }
+    });
+    (format!("http://{addr}"), spans)
+}
+
+#[tokio::test]
+async fn traces_go_over_grpc_when_asked() {
+    let (otlp, spans) = grpc_collector().await;
+    let (base, script) = mock().await;
+    let (bridge, _) = crate::plugins::upstream().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    manifests(&m, &base, &bridge);
+    let server = crate::binary::Server::start(
+        &m,
+        &dir.path().join("k.db"),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["pong"])),
+    );
+    let answer = crate::common::http_client()
+        .post(server.url("/v1/chat/completions"))
+        .bearer_auth(GATEWAY_KEY)
+        .header("traceparent", format!("00-{GW_TRACE}-{GW_CALLER_SPAN}-01"))
+        .json(&json!({"model": "m1", "stream": true, "messages": [{"role": "user", "content": "ping"}]}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(answer.status(), 200);
+    let gw = span_named(&spans, GW_TRACE, "POST /v1/chat/completions").await;
+    let call = span_named(&spans, GW_TRACE, "chat m1").await;
+    assert_eq!(gw.parent, GW_CALLER_SPAN);
+    assert_eq!(call.parent, gw.span_id);
+    assert_eq!(call.service, "kortex", "the default service name");
 }

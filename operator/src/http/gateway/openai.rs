@@ -581,6 +581,7 @@ async fn handle_embeddings(
         model: &route.model,
         max_tokens: None,
         streaming: false,
+        base_url: &adapter.config().base_url,
     });
     let result =
         tracing::Instrument::instrument(adapter.embed(&route.model, &inputs), span.clone()).await;
