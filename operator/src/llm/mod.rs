@@ -379,6 +379,8 @@ pub struct ProviderConfig {
     pub name: String,
     /// Its `spec.type` (traces name the provider by it).
     pub provider_type: ProviderType,
+    /// The endpoint's host and port, for traces (`server.address`, `server.port`).
+    pub server: Option<(String, u16)>,
     /// Endpoint root (conventions in SPEC §3).
     pub base_url: String,
     /// API key, if any.
@@ -466,6 +468,9 @@ pub fn build(entry: &ProviderEntry) -> Result<Arc<dyn LlmProvider>, LlmError> {
     let config = ProviderConfig {
         name: name.clone(),
         provider_type: spec.provider_type,
+        server: reqwest::Url::parse(base_url.trim_end_matches('/'))
+            .ok()
+            .and_then(|u| Some((u.host_str()?.to_owned(), u.port_or_known_default()?))),
         base_url: base_url.trim_end_matches('/').to_owned(),
         api_key: entry.api_key().cloned(),
         headers,

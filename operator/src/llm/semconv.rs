@@ -39,7 +39,11 @@ pub fn span(
         model,
         max_tokens: Some(request.max_tokens.unwrap_or(adapter.config().max_tokens)),
         streaming,
-        base_url: &adapter.config().base_url,
+        server: adapter
+            .config()
+            .server
+            .as_ref()
+            .map(|(h, p)| (h.as_str(), *p)),
     });
     if capture && !span.is_disabled() {
         if let Some(system) = request.system.as_deref().filter(|s| !s.is_empty()) {

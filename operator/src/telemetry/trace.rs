@@ -271,8 +271,8 @@ pub struct LlmCall<'a> {
     pub max_tokens: Option<u32>,
     /// Whether the answer is streamed.
     pub streaming: bool,
-    /// The endpoint (`server.address`, `server.port`).
-    pub base_url: &'a str,
+    /// The endpoint's host and port (`server.address`, `server.port`).
+    pub server: Option<(&'a str, u16)>,
 }
 
 /// A provider call: the GenAI client span `{operation} {model}`.
@@ -304,13 +304,9 @@ pub fn llm_span(call: &LlmCall<'_>) -> Span {
     if span.is_disabled() {
         return span;
     }
-    if let Ok(url) = url::Url::parse(call.base_url) {
-        if let Some(host) = url.host_str() {
-            span.record("server.address", host);
-        }
-        if let Some(port) = url.port_or_known_default() {
-            span.record("server.port", i64::from(port));
-        }
+    if let Some((host, port)) = call.server {
+        span.record("server.address", host);
+        span.record("server.port", i64::from(port));
     }
     if let Some(n) = call.max_tokens {
         span.record("gen_ai.request.max_tokens", i64::from(n));

@@ -982,6 +982,17 @@ pub(crate) async fn start_run_with(
     llm: &str,
     extra: &[&str],
 ) -> crate::binary::Server {
+    start_run_with_env(fake, dir, llm, extra, &[]).await
+}
+
+/// [`start_run_with`] with more environment variables.
+pub(crate) async fn start_run_with_env(
+    fake: &FakeApi,
+    dir: &std::path::Path,
+    llm: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> crate::binary::Server {
     fake.apply("llmproviders", provider(llm));
     // A test that planted its own key keeps it.
     if fake.get("secrets", "team-a", "llm-keys").is_none() {
@@ -1006,7 +1017,9 @@ pub(crate) async fn start_run_with(
         args.extend(["--identity", "pod-a"]);
     }
     args.extend(extra);
-    let server = crate::binary::Server::spawn(&args, &[("KUBECONFIG", kubeconfig.as_str())]);
+    let mut vars = vec![("KUBECONFIG", kubeconfig.as_str())];
+    vars.extend(env.iter().copied());
+    let server = crate::binary::Server::spawn(&args, &vars);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while server.get("/readyz").await.0 != 200 {
         assert!(

@@ -832,3 +832,42 @@ async fn traces_go_over_grpc_when_asked() {
     assert_eq!(call.parent, gw.span_id);
     assert_eq!(call.service, "kortex", "the default service name");
 }
+
+/// Cluster mode: the leader's status writes are spans of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_mode_traces_the_leaders_status_writes() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (otlp, spans) = collector().await;
+    let fake = crate::operator::FakeApi::start().await;
+    let (llm, _script) = mock().await;
+    fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let _server = crate::operator::start_run_with_env(
+        &fake,
+        dir.path(),
+        &llm,
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    let reconcile = crate::common::eventually("a status write span", || async {
+        spans
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .find(|s| {
+                s.name == "reconcile ChatPolicy"
+                    && s.attrs.get("kortex.object.name") == Some(&json!("all"))
+            })
+            .ok_or_else(|| "none yet".to_owned())
+    })
+    .await;
+    assert_eq!(reconcile.attrs["k8s.namespace.name"], "team-a");
+    assert_eq!(reconcile.attrs["kortex.object.kind"], "ChatPolicy");
+    assert_eq!(reconcile.parent, "", "a status write is a trace of its own");
+}

@@ -581,7 +581,11 @@ async fn handle_embeddings(
         model: &route.model,
         max_tokens: None,
         streaming: false,
-        base_url: &adapter.config().base_url,
+        server: adapter
+            .config()
+            .server
+            .as_ref()
+            .map(|(h, p)| (h.as_str(), *p)),
     });
     let result =
         tracing::Instrument::instrument(adapter.embed(&route.model, &inputs), span.clone()).await;
