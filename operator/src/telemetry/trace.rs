@@ -84,34 +84,31 @@ pub fn continue_trace(span: &Span, traceparent: &str) {
     }
 }
 
+/// `span`'s OpenTelemetry context, when traces are on and it has a valid one.
+fn context_of(span: &Span) -> Option<opentelemetry::Context> {
+    if !enabled() || span.is_disabled() {
+        return None;
+    }
+    let cx = span.context();
+    cx.span().span_context().is_valid().then_some(cx)
+}
+
 /// The current span's context as `traceparent` (and `tracestate`) headers, for an outgoing
 /// request: providers, HTTP plugin tools, MCP servers.
 pub fn inject(headers: &mut axum::http::HeaderMap) {
-    if !enabled() {
-        return;
-    }
-    let span = Span::current();
-    if span.is_disabled() {
-        return;
-    }
-    let cx = span.context();
-    if cx.span().span_context().is_valid() {
+    if let Some(cx) = context_of(&Span::current()) {
         TraceContextPropagator::new().inject_context(&cx, &mut HeadersMut(headers));
     }
 }
 
 /// [`inject`] as name/value pairs (for clients that take headers that way).
 pub fn headers() -> Vec<(String, String)> {
+    pairs(&Span::current())
+}
+
+fn pairs(span: &Span) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    if !enabled() {
-        return out;
-    }
-    let span = Span::current();
-    if span.is_disabled() {
-        return out;
-    }
-    let cx = span.context();
-    if cx.span().span_context().is_valid() {
+    if let Some(cx) = context_of(span) {
         TraceContextPropagator::new().inject_context(&cx, &mut Pairs(&mut out));
     }
     out
@@ -119,47 +116,25 @@ pub fn headers() -> Vec<(String, String)> {
 
 /// `span`'s trace id (32 hex digits), when traces are on.
 pub fn trace_id(span: &Span) -> Option<String> {
-    if !enabled() || span.is_disabled() {
-        return None;
-    }
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    sc.is_valid().then(|| sc.trace_id().to_string())
+    context_of(span).map(|cx| cx.span().span_context().trace_id().to_string())
 }
 
 /// The current span's trace id, when traces are on.
 pub fn current_trace_id() -> Option<String> {
-    if !enabled() {
-        return None;
-    }
     trace_id(&Span::current())
 }
 
 /// The current span's trace id when the trace is sampled (exported): an exemplar's label.
 pub fn sampled_trace_id() -> Option<String> {
-    if !enabled() {
-        return None;
-    }
-    let span = Span::current();
-    if span.is_disabled() {
-        return None;
-    }
-    let cx = span.context();
-    let sc = cx.span().span_context().clone();
-    (sc.is_valid() && sc.is_sampled()).then(|| sc.trace_id().to_string())
+    context_of(&Span::current())
+        .filter(|cx| cx.span().span_context().is_sampled())
+        .map(|cx| cx.span().span_context().trace_id().to_string())
 }
 
 /// `span`'s context as a `traceparent` value, to store and continue later.
 pub fn traceparent(span: &Span) -> Option<String> {
-    if !enabled() || span.is_disabled() {
-        return None;
-    }
-    let cx = span.context();
-    let mut out = Vec::new();
-    if cx.span().span_context().is_valid() {
-        TraceContextPropagator::new().inject_context(&cx, &mut Pairs(&mut out));
-    }
-    out.into_iter()
+    pairs(span)
+        .into_iter()
         .find(|(k, _)| k == "traceparent")
         .map(|(_, v)| v)
 }

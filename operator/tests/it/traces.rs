@@ -203,27 +203,23 @@ fn traceparent_of(headers: &axum::http::HeaderMap) -> String {
         .to_owned()
 }
 
-#[tokio::test]
-async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
-    let (otlp, spans) = collector().await;
+/// A `kortex serve` on the test manifests with `env`, a scripted provider that will ask for
+/// `jira_search` and then answer, and the HTTP tool's upstream.
+struct Setup {
+    server: crate::binary::Server,
+    script: Arc<crate::llm::Script>,
+    bridge_seen: Arc<Mutex<Vec<crate::plugins::Seen>>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(env: &[(&str, &str)]) -> Setup {
     let (base, script) = mock().await;
     let (bridge, bridge_seen) = crate::plugins::upstream().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
     manifests(&m, &base, &bridge);
-    let server = crate::binary::Server::start(
-        &m,
-        &dir.path().join("k.db"),
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-            ("OTEL_SERVICE_NAME", "kortex-traces-test"),
-        ],
-    );
-    let client = crate::common::http_client();
-
-    // A chat run with one tool call, started by a caller that sends its own traceparent.
+    let server = crate::binary::Server::start(&m, &dir.path().join("k.db"), env);
     push(
         &script,
         tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
@@ -235,6 +231,31 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
             (openai().text_stream)(&["SHOP-12 is the cause."]),
         ),
     );
+    Setup {
+        server,
+        script,
+        bridge_seen,
+        _dir: dir,
+    }
+}
+
+#[tokio::test]
+async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
+    let (otlp, spans) = collector().await;
+    let Setup {
+        server,
+        script,
+        bridge_seen,
+        _dir,
+    } = setup(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("OTEL_SERVICE_NAME", "kortex-traces-test"),
+    ])
+    .await;
+    let client = crate::common::http_client();
+
+    // A chat run with one tool call, started by a caller that sends its own traceparent.
     let created: Value = client
         .post(server.url("/chat/v1/sessions"))
         .json(&json!({"name": "incident-1"}))
@@ -582,33 +603,18 @@ async fn a_dead_collector_changes_no_outcome() {
         drop(l);
         format!("http://{a}")
     };
-    let (base, script) = mock().await;
-    let (bridge, _) = crate::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    manifests(&m, &base, &bridge);
-    let server = crate::binary::Server::start(
-        &m,
-        &dir.path().join("k.db"),
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", dead.as_str()),
-            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
-            ("OTEL_BSP_EXPORT_TIMEOUT", "500"),
-        ],
-    );
+    let Setup {
+        server,
+        script,
+        _dir,
+        ..
+    } = setup(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", dead.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "500"),
+    ])
+    .await;
     let client = crate::common::http_client();
-    push(
-        &script,
-        tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
-    );
-    push(
-        &script,
-        streamed(
-            &openai(),
-            (openai().text_stream)(&["SHOP-12 is the cause."]),
-        ),
-    );
     let id = chat_once(&client, &server, json!({"name": "incident-2"}), "why?").await;
     let session: Value = client
         .get(server.url(&format!("/chat/v1/sessions/{id}")))
@@ -798,25 +804,13 @@ async fn grpc_collector() -> (String, Received) {
 #[tokio::test]
 async fn traces_go_over_grpc_when_asked() {
     let (otlp, spans) = grpc_collector().await;
-    let (base, script) = mock().await;
-    let (bridge, _) = crate::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
-    manifests(&m, &base, &bridge);
-    let server = crate::binary::Server::start(
-        &m,
-        &dir.path().join("k.db"),
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
-            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
-        ],
-    );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["pong"])),
-    );
+    // The gateway call takes the first scripted reply (a tool call: a stream like any).
+    let Setup { server, _dir, .. } = setup(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ])
+    .await;
     let answer = crate::common::http_client()
         .post(server.url("/v1/chat/completions"))
         .bearer_auth(GATEWAY_KEY)
