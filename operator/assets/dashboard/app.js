@@ -25,6 +25,196 @@
     return el;
   }
 
+  // ---- Markdown ------------------------------------------------------------------------
+  // Model answers are Markdown. They are rendered into DOM nodes, never HTML strings: raw
+  // HTML in an answer stays text, links open only http, https and mailto (rel=noopener
+  // noreferrer), code is highlighted here (YAML, JSON, shell) with no outside library.
+  const SAFE_URL = /^(https?:\/\/|mailto:)/i;
+  const INLINE = [
+    ['code', /`([^`\n]+)`/],
+    ['link', /\[([^\]\n]+)\]\(([^)\s]+)\)/],
+    ['auto', /<((?:https?:\/\/|mailto:)[^>\s]+)>/],
+    ['url', /\bhttps?:\/\/[^\s<>()]*[^\s<>().,;:!?'"]/],
+    ['strong', /\*\*([^*\n]+)\*\*|__([^_\n]+)__/],
+    ['del', /~~([^~\n]+)~~/],
+    ['em', /\*([^*\s][^*\n]*)\*|(?<![\w])_([^_\s][^_\n]*)_(?![\w])/],
+  ];
+
+  function link(text, url) {
+    if (!SAFE_URL.test(url)) return document.createTextNode(text === url ? url : `${text} (${url})`);
+    return h('a', { href: url, rel: 'noopener noreferrer', target: '_blank' }, text);
+  }
+
+  function inline(text) {
+    const out = [];
+    let rest = text;
+    while (rest) {
+      let best = null;
+      for (const [kind, re] of INLINE) {
+        const m = re.exec(rest);
+        if (m && (!best || m.index < best.m.index)) best = { kind, m };
+      }
+      if (!best) { out.push(rest); break; }
+      const { kind, m } = best;
+      if (m.index > 0) out.push(rest.slice(0, m.index));
+      if (kind === 'code') out.push(h('code', {}, m[1]));
+      else if (kind === 'link') out.push(link(m[1], m[2]));
+      else if (kind === 'auto') out.push(link(m[1], m[1]));
+      else if (kind === 'url') out.push(link(m[0], m[0]));
+      else out.push(h(kind, {}, inline(m[1] || m[2])));
+      rest = rest.slice(m.index + m[0].length);
+    }
+    return out;
+  }
+
+  function withBreaks(lines) {
+    const out = [];
+    lines.forEach((l, i) => { if (i) out.push(h('br')); out.push(inline(l)); });
+    return out;
+  }
+
+  const TOKENS = {
+    yaml: [['com', /#.*$/], ['key', /^(\s*-?\s*)([\w.\/-]+)(?=:(\s|$))/], ['str', /"(?:[^"\\]|\\.)*"|'[^']*'/], ['num', /\b-?\d+(\.\d+)?\b/], ['kw', /\b(true|false|null)\b/]],
+    json: [['key', /"(?:[^"\\]|\\.)*"(?=\s*:)/], ['str', /"(?:[^"\\]|\\.)*"/], ['num', /-?\b\d+(\.\d+)?([eE][+-]?\d+)?\b/], ['kw', /\b(true|false|null)\b/]],
+    sh: [['com', /(^|\s)#.*$/], ['str', /"(?:[^"\\]|\\.)*"|'[^']*'/], ['kw', /^(\s*)(kubectl|helm|curl|kortex|export|sudo|cd|cat|grep|jq)\b/], ['var', /\$\{?\w+\}?/], ['flag', /(?<=\s)--?[\w-]+/]],
+  };
+  const LANGS = { yaml: 'yaml', yml: 'yaml', json: 'json', sh: 'sh', bash: 'sh', shell: 'sh', console: 'sh', zsh: 'sh' };
+
+  function highlight(code, lang) {
+    const rules = TOKENS[LANGS[(lang || '').toLowerCase()]];
+    if (!rules) return [code];
+    const out = [];
+    code.split('\n').forEach((line, n) => {
+      if (n) out.push('\n');
+      let rest = line;
+      while (rest) {
+        let best = null;
+        for (const [cls, re] of rules) {
+          const m = re.exec(rest);
+          if (m && m[0] && (!best || m.index < best.m.index)) best = { cls, m };
+        }
+        if (!best) { out.push(rest); break; }
+        const { cls, m } = best;
+        // Rules with a leading context group keep it as plain text.
+        const lead = m.length > 2 && m[1] && m[0].startsWith(m[1]) && cls !== 'str' ? m[1] : '';
+        if (m.index + lead.length > 0) out.push(rest.slice(0, m.index + lead.length));
+        out.push(h('span', { class: `tok-${cls}` }, m[0].slice(lead.length)));
+        rest = rest.slice(m.index + m[0].length);
+      }
+    });
+    return out;
+  }
+
+  function codeBlock(code, lang) {
+    const copy = h('button', { type: 'button', class: 'copy', 'aria-label': `Copy ${lang || 'code'}` }, 'Copy');
+    copy.addEventListener('click', async () => {
+      try { await navigator.clipboard.writeText(code); copy.textContent = 'Copied'; } catch (_) { copy.textContent = 'Select and copy'; }
+      setTimeout(() => { copy.textContent = 'Copy'; }, 1500);
+    });
+    return h('div', { class: 'code' },
+      h('div', { class: 'code-head' }, h('span', {}, lang || 'text'), copy),
+      h('pre', {}, h('code', { class: lang ? `lang-${lang.toLowerCase()}` : null }, highlight(code, lang))));
+  }
+
+  const LIST_ITEM = /^(\s*)([-*+]|\d{1,9}[.)])\s+(.*)$/;
+  const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+  const cells = (line) => line.trim().replace(/^\|/, '').replace(/\|$/, '').split('|').map((c) => c.trim());
+
+  function list(lines, i) {
+    const first = LIST_ITEM.exec(lines[i]);
+    const indent = first[1].length;
+    const ordered = /\d/.test(first[2]);
+    const el = h(ordered ? 'ol' : 'ul', ordered && parseInt(first[2], 10) !== 1 ? { start: parseInt(first[2], 10) } : {});
+    while (i < lines.length) {
+      const m = LIST_ITEM.exec(lines[i]);
+      if (!m || m[1].length < indent || (m[1].length === indent && /\d/.test(m[2]) !== ordered)) break;
+      if (m[1].length > indent) { // a nested list belongs to the item before
+        const [nested, next] = list(lines, i);
+        (el.lastElementChild || el).append(nested);
+        i = next;
+        continue;
+      }
+      const text = [m[3]];
+      i += 1;
+      while (i < lines.length && lines[i].trim() && !LIST_ITEM.test(lines[i]) && /^\s+/.test(lines[i])) text.push(lines[i].trim()), i += 1;
+      el.append(h('li', {}, withBreaks(text)));
+      if (i < lines.length && !lines[i].trim() && i + 1 < lines.length && LIST_ITEM.test(lines[i + 1])) i += 1;
+    }
+    return [el, i];
+  }
+
+  function markdown(src) {
+    const lines = String(src).replace(/\r\n?/g, '\n').split('\n');
+    return blocks(lines);
+  }
+
+  function blocks(lines) {
+    const frag = document.createDocumentFragment();
+    let i = 0;
+    const starts = (l, next) => /^\s*(```|~~~)/.test(l) || /^#{1,6}\s/.test(l) || LIST_ITEM.test(l) || /^\s*>/.test(l)
+      || (l.includes('|') && next !== undefined && TABLE_RULE.test(next) && next.includes('-'));
+    while (i < lines.length) {
+      const line = lines[i];
+      const fence = /^\s*(```|~~~)\s*([\w+-]*)/.exec(line);
+      if (fence) {
+        const code = [];
+        i += 1;
+        while (i < lines.length && !lines[i].trim().startsWith(fence[1])) code.push(lines[i]), i += 1;
+        i += 1;
+        frag.append(codeBlock(code.join('\n'), fence[2]));
+        continue;
+      }
+      const head = /^(#{1,6})\s+(.*?)\s*#*\s*$/.exec(line);
+      if (head) {
+        frag.append(h(`h${Math.min(6, head[1].length + 2)}`, { class: 'md-h' }, inline(head[2])));
+        i += 1;
+        continue;
+      }
+      if (line.includes('|') && i + 1 < lines.length && TABLE_RULE.test(lines[i + 1]) && lines[i + 1].includes('-')) {
+        const header = cells(line);
+        const aligns = cells(lines[i + 1]).map((c) => (c.startsWith(':') && c.endsWith(':') ? 'center' : c.endsWith(':') ? 'right' : null));
+        i += 2;
+        const rows = [];
+        while (i < lines.length && lines[i].includes('|') && lines[i].trim()) rows.push(cells(lines[i])), i += 1;
+        const align = (k) => (aligns[k] ? { class: `al-${aligns[k]}` } : {});
+        frag.append(h('div', { class: 'table-wrap' }, h('table', {},
+          h('thead', {}, h('tr', {}, header.map((c, k) => h('th', { scope: 'col', ...align(k) }, inline(c))))),
+          h('tbody', {}, rows.map((r) => h('tr', {}, header.map((_, k) => h('td', align(k), inline(r[k] || '')))))))));
+        continue;
+      }
+      if (LIST_ITEM.test(line)) {
+        const [el, next] = list(lines, i);
+        frag.append(el);
+        i = next;
+        continue;
+      }
+      if (/^\s*>/.test(line)) {
+        const quoted = [];
+        while (i < lines.length && /^\s*>/.test(lines[i])) quoted.push(lines[i].replace(/^\s*>\s?/, '')), i += 1;
+        frag.append(h('blockquote', {}, blocks(quoted)));
+        continue;
+      }
+      if (/^\s*([-*_])(\s*\1){2,}\s*$/.test(line)) {
+        frag.append(h('hr'));
+        i += 1;
+        continue;
+      }
+      if (!line.trim()) { i += 1; continue; }
+      const para = [];
+      while (i < lines.length && lines[i].trim() && !(para.length && starts(lines[i], lines[i + 1]))) para.push(lines[i]), i += 1;
+      frag.append(h('p', {}, withBreaks(para)));
+    }
+    return frag;
+  }
+
+  /** An assistant message's element with `text` rendered; `el` is re-rendered in place. */
+  function answer(text, attrs, el) {
+    const target = el || h('div', attrs);
+    target.classList.add('md');
+    target.replaceChildren(markdown(text));
+    return target;
+  }
+
   function csrf() {
     const m = document.cookie.match(/(?:^|;\s*)(?:__Host-)?kortex_csrf=([^;]+)/);
     return m ? decodeURIComponent(m[1]) : null;
@@ -608,7 +798,7 @@
       if (m.role === 'user') {
         transcript.append(question(m, struck));
       } else if (m.role === 'assistant') {
-        if (m.content) transcript.append(h('div', { class: `msg assistant${struck}`, title: m.superseded ? 'Rewound: no longer sent to the model' : null }, m.content));
+        if (m.content) transcript.append(answer(m.content, { class: `msg assistant${struck}`, title: m.superseded ? 'Rewound: no longer sent to the model' : null }));
         if ((m.toolCalls || []).length) {
           transcript.append(h('div', { class: 'chips' }, m.toolCalls.map((c) => {
             const r = results.get(c.id);
@@ -706,10 +896,14 @@
       },
       'text.delta': (d) => {
         if (!live.text) {
-          live.text = h('div', { class: 'msg assistant', 'data-run': d.runId });
+          live.text = h('div', { class: 'msg assistant', 'data-run': d.runId, 'aria-live': 'polite' });
+          live.text.raw = '';
           transcript.append(live.text);
         }
-        live.text.append(document.createTextNode(d.text));
+        // The whole answer so far is rendered again: a table or a code block takes its
+        // shape as it grows.
+        live.text.raw += d.text;
+        answer(live.text.raw, null, live.text);
         scroll();
       },
       'tool.start': (d) => {

@@ -378,3 +378,56 @@ spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: scrip
         assert!(screenshots().join(shot).exists(), "{shot} was not saved");
     }
 }
+
+/// What the scripted model answers in the Markdown browser test: a heading, a list, a table,
+/// a YAML block, links (one with a `javascript:` URL) and HTML that must stay text, streamed
+/// in small pieces so that the table and the code block arrive split.
+const MARKDOWN_ANSWER: &str = "### Findings\n\n- `checkout-7d9` was `OOMKilled` 14 times\n- the **memory limit** is too low\n\n| Pod | Restarts | Reason |\n|---|---:|---|\n| checkout-7d9 | 14 | OOMKilled |\n| checkout-5f2 | 3 | OOMKilled |\n\nRaise it:\n\n```yaml\nresources:\n  limits:\n    memory: 512Mi\n```\n\nSee [the runbook](https://runbooks.example.com/checkout) or [click me](javascript:alert(1)).\n\n<script>alert(\"x\")</script> and <img src=x onerror=alert(1)>\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_renders_markdown_answers_safely() {
+    let (llm, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|_: &Value| {
+        let d = openai();
+        let mut chunks = vec![openai_chunk(
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        )];
+        let text: Vec<char> = MARKDOWN_ANSWER.chars().collect();
+        for piece in text.chunks(7) {
+            chunks.push(openai_chunk(
+                json!({"content": piece.iter().collect::<String>()}),
+                Value::Null,
+            ));
+        }
+        chunks.push(openai_chunk(json!({}), json!("stop")));
+        chunks.push("data: [DONE]\n\n".into());
+        Some(streamed(&d, chunks))
+    }));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: scripted}}
+spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: ops}}
+spec: {{sessions: ["incident-*"], provider: scripted}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // On loopback: no sign-in.
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    let url = server.url("");
+    let env = [("KORTEX_URL", url.trim_end_matches('/'))];
+    let Some(out) = run_browser("markdown.mjs", &env).await else {
+        return;
+    };
+    passed(&out, &server);
+    assert!(screenshots().join("markdown.png").exists());
+}

@@ -1,0 +1,75 @@
+// Markdown answers in the Kortex dashboard, in headless Chromium: a streamed answer with a
+// table, a YAML code block (highlighted, with a copy button), a list and links renders as
+// such; a <script> and raw HTML in model output stay text; a javascript: link is not a link;
+// the rendering survives a reload. Run by operator/tests/it/dashboard.rs.
+import { chromium } from 'playwright-core';
+import assert from 'node:assert/strict';
+
+const base = process.env.KORTEX_URL;
+const shots = process.env.SCREENSHOTS;
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM,
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+const step = (s) => console.log(`- ${s}`);
+try {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  await context.grantPermissions(['clipboard-read', 'clipboard-write'], { origin: base });
+  const page = await context.newPage();
+  const problems = [];
+  const dialogs = [];
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
+  page.on('console', (m) => { if (m.type() === 'error') problems.push(`console: ${m.text()}`); });
+  page.on('dialog', (d) => { dialogs.push(d.message()); d.dismiss(); });
+  await page.goto(`${base}/#/chat`);
+  await page.getByLabel('New session').fill('incident-md');
+  await page.getByRole('button', { name: 'Create session' }).click();
+  await page.getByRole('heading', { name: 'incident-md' }).waitFor();
+  await page.getByRole('textbox', { name: 'Message', exact: true }).fill('Summarize the pods');
+  await page.getByRole('textbox', { name: 'Message', exact: true }).press('Enter');
+  await page.locator('#session-status').filter({ hasText: 'idle' }).waitFor({ timeout: 30000 });
+
+  const check = async (when) => {
+    const msg = page.locator('.msg.assistant.md').last();
+    await msg.locator('table').waitFor();
+    assert.deepEqual(await msg.locator('thead th').allInnerTexts(), ['Pod', 'Restarts', 'Reason'], when);
+    assert.equal(await msg.locator('tbody tr').count(), 2, when);
+    assert.equal(await msg.locator('tbody tr').first().locator('td').nth(1).innerText(), '14', when);
+    assert.equal(await msg.locator('h3, h4, h5, h6').first().innerText(), 'Findings', when);
+    assert.equal(await msg.locator('ul > li').count(), 2, when);
+    assert.deepEqual(await msg.locator('li code').allInnerTexts(), ['checkout-7d9', 'OOMKilled'], when);
+    assert.equal(await msg.locator('strong').first().innerText(), 'memory limit', when);
+    const code = msg.locator('.code code.lang-yaml');
+    assert.match(await code.innerText(), /resources:\n\s+limits:\n\s+memory: 512Mi/, when);
+    assert.ok(await code.locator('span.tok-key').count() >= 2, `${when}: YAML keys are highlighted`);
+    const link = msg.locator('a', { hasText: 'the runbook' });
+    assert.equal(await link.getAttribute('href'), 'https://runbooks.example.com/checkout', when);
+    assert.equal(await link.getAttribute('rel'), 'noopener noreferrer', when);
+    // What must stay text.
+    assert.equal(await msg.locator('script, img, iframe').count(), 0, `${when}: no element from model output`);
+    assert.ok((await msg.innerText()).includes('<script>alert("x")</script>'), `${when}: the script shows as text`);
+    assert.ok((await msg.innerText()).includes('<img src=x onerror=alert(1)>'), `${when}: raw HTML shows as text`);
+    assert.equal(await msg.locator('a', { hasText: 'click me' }).count(), 0, `${when}: a javascript: link is no link`);
+    assert.deepEqual(dialogs, [], `${when}: nothing ran`);
+  };
+  await check('streamed');
+  step('the streamed answer rendered as Markdown: heading, list, table, highlighted YAML, link');
+
+  // The copy button puts the code itself on the clipboard.
+  await page.locator('.msg.assistant.md .code button.copy').first().click();
+  await page.locator('.msg.assistant.md .code button.copy', { hasText: 'Copied' }).waitFor();
+  const copied = await page.evaluate(() => navigator.clipboard.readText());
+  assert.match(copied, /^resources:\n  limits:\n    memory: 512Mi$/);
+  step('copy button copies the code block');
+
+  await page.reload();
+  await page.locator('#session-status').filter({ hasText: 'idle' }).waitFor();
+  await check('after a reload');
+  if (shots) await page.screenshot({ path: `${shots}/markdown.png`, fullPage: true });
+  step('the stored answer renders the same after a reload');
+  assert.deepEqual(problems, [], problems.join('\n'));
+} finally {
+  await browser.close();
+}
