@@ -207,6 +207,17 @@
     return frag;
   }
 
+  /** A tool result: JSON indented and highlighted, anything else as the tool wrote it. */
+  function toolResult(content) {
+    const text = String(content || '');
+    if (/^\s*[[{]/.test(text)) {
+      try {
+        return highlight(JSON.stringify(JSON.parse(text), null, 2), 'json');
+      } catch (_) { /* not JSON after all */ }
+    }
+    return [text];
+  }
+
   /** An assistant message's element with `text` rendered; `el` is re-rendered in place. */
   function answer(text, attrs, el) {
     const target = el || h('div', attrs);
@@ -727,7 +738,7 @@
           } catch (_) { m = null; }
         }
         if (m) {
-          body.textContent = m.content;
+          body.replaceChildren(...toolResult(m.content));
           el.dataset.loaded = '1';
         }
       });
@@ -1105,6 +1116,28 @@
     renderWho();
     await route();
   }
+
+  // ---- theme ---------------------------------------------------------------------------
+  // The system's preference until the toggle chooses; the choice is kept in this browser.
+  const themeButton = document.getElementById('theme');
+  const systemDark = window.matchMedia('(prefers-color-scheme: dark)');
+  function applyTheme() {
+    let chosen = null;
+    try { chosen = localStorage.getItem('kortex-theme'); } catch (_) { chosen = null; }
+    if (chosen === 'dark' || chosen === 'light') document.documentElement.dataset.theme = chosen;
+    else delete document.documentElement.dataset.theme;
+    const dark = chosen ? chosen === 'dark' : systemDark.matches;
+    if (themeButton) themeButton.setAttribute('aria-pressed', String(dark));
+  }
+  if (themeButton) {
+    themeButton.addEventListener('click', () => {
+      const dark = themeButton.getAttribute('aria-pressed') === 'true';
+      try { localStorage.setItem('kortex-theme', dark ? 'light' : 'dark'); } catch (_) { /* private mode */ }
+      applyTheme();
+    });
+  }
+  systemDark.addEventListener('change', applyTheme);
+  applyTheme();
 
   window.addEventListener('hashchange', route);
   boot();

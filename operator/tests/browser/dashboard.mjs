@@ -84,6 +84,9 @@ try {
   // Expand a chip to its result.
   await page.locator('details.chip[data-tool="get_incident_history"] summary').click();
   await page.locator('details.chip[data-tool="get_incident_history"] pre').filter({ hasText: /sessions|proposals/ }).waitFor();
+  // A JSON result is shown indented, its keys highlighted.
+  assert.ok(await page.locator('details.chip[data-tool="get_incident_history"] pre span.tok-key').count() > 0, 'JSON keys are highlighted');
+  assert.match(await page.locator('details.chip[data-tool="get_incident_history"] pre').innerText(), /^\{\n  "/, 'JSON is indented');
   await page.screenshot({ path: `${shots}/chat.png`, fullPage: true });
 
   // Approve the proposal from its card; the phase changes.

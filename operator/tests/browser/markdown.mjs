@@ -1,7 +1,7 @@
 // Markdown answers in the Kortex dashboard, in headless Chromium: a streamed answer with a
 // table, a YAML code block (highlighted, with a copy button), a list and links renders as
 // such; a <script> and raw HTML in model output stay text; a javascript: link is not a link;
-// the rendering survives a reload. Run by operator/tests/it/dashboard.rs.
+// the rendering survives a reload; dark mode follows the system and the toggle. Run by operator/tests/it/dashboard.rs.
 import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
 
@@ -69,6 +69,22 @@ try {
   await check('after a reload');
   if (shots) await page.screenshot({ path: `${shots}/markdown.png`, fullPage: true });
   step('the stored answer renders the same after a reload');
+
+  // Dark mode follows the system, and the toggle overrides it (kept across reloads).
+  const background = () => page.evaluate(() => getComputedStyle(document.body).backgroundColor);
+  await page.emulateMedia({ colorScheme: 'dark' });
+  assert.equal(await background(), 'rgb(18, 22, 28)', 'dark when the system is');
+  await page.waitForFunction(() => document.getElementById('theme').getAttribute('aria-pressed') === 'true');
+  if (shots) await page.screenshot({ path: `${shots}/markdown-dark.png`, fullPage: true });
+  await page.getByRole('button', { name: 'Dark mode' }).click();
+  assert.equal(await background(), 'rgb(246, 247, 249)', 'the toggle chose light');
+  assert.equal(await page.locator('#theme').getAttribute('aria-pressed'), 'false');
+  await page.reload();
+  await page.locator('.msg.assistant.md table').waitFor();
+  assert.equal(await background(), 'rgb(246, 247, 249)', 'the choice is kept');
+  await page.getByRole('button', { name: 'Dark mode' }).click();
+  assert.equal(await background(), 'rgb(18, 22, 28)');
+  step('dark mode follows the system; the toggle overrides it and is remembered');
   assert.deepEqual(problems, [], problems.join('\n'));
 } finally {
   await browser.close();
