@@ -339,7 +339,7 @@
 
   // ---- proposals -----------------------------------------------------------------------
   function proposalCard(p, onChange) {
-    const card = h('article', { class: 'card proposal', 'data-proposal': p.id, 'aria-label': `Proposal ${p.name}` });
+    const card = h('article', { class: 'card proposal', 'data-proposal': p.id, 'aria-label': `Proposal ${p.name}`, tabindex: 0 });
     const fill = (p) => {
       const spec = p.spec || {};
       const status = p.status || {};
@@ -386,8 +386,8 @@
           }
         };
         const buttons = [
-          h('button', { class: 'primary', type: 'button', onclick: decide('approve') }, 'Confirm'),
-          h('button', { class: 'danger', type: 'button', onclick: decide('reject') }, 'Reject'),
+          h('button', { class: 'primary', type: 'button', 'data-decide': 'approve', onclick: decide('approve') }, 'Confirm'),
+          h('button', { class: 'danger', type: 'button', 'data-decide': 'reject', onclick: decide('reject') }, 'Reject'),
         ];
         parts.push(h('div', { class: 'actions' }, reason, buttons), result);
         const tick = setInterval(() => { expires.textContent = until(status.expiresAt); }, 1000);
@@ -682,7 +682,7 @@
     // one the choice of steps to keep, their order, and approve or reject.
     function planCard(d) {
       const steps = (d.steps || []).map((st) => ({ ...st, keep: true }));
-      const card = h('article', { class: 'card plan', 'data-plan': d.planId, 'aria-label': 'Plan' });
+      const card = h('article', { class: 'card plan', 'data-plan': d.planId, 'aria-label': 'Plan', tabindex: 0 });
       const result = h('div', { 'aria-live': 'polite' });
       const draw = (decided) => {
         const list = h('ol', {}, steps.map((st, i) => h('li', { 'data-step': st.id },
@@ -701,8 +701,8 @@
             if (out) { draw(true); card.dataset.decided = path.endsWith('approve') ? 'approved' : 'rejected'; }
           };
           parts.push(h('div', { class: 'actions' },
-            h('button', { class: 'primary', type: 'button', id: 'approve-plan', onclick: () => decide('plan/approve', { steps: steps.filter((st) => st.keep).map((st) => st.id) }) }, 'Approve plan'),
-            h('button', { class: 'danger', type: 'button', id: 'reject-plan', onclick: () => decide('plan/reject') }, 'Reject plan')), result);
+            h('button', { class: 'primary', type: 'button', id: 'approve-plan', 'data-decide': 'approve', onclick: () => decide('plan/approve', { steps: steps.filter((st) => st.keep).map((st) => st.id) }) }, 'Approve plan'),
+            h('button', { class: 'danger', type: 'button', id: 'reject-plan', 'data-decide': 'reject', onclick: () => decide('plan/reject') }, 'Reject plan')), result);
         }
         card.replaceChildren(...parts);
       };
@@ -1116,6 +1116,54 @@
     renderWho();
     await route();
   }
+
+  // ---- keyboard shortcuts -----------------------------------------------------------------
+  // Single keys outside text fields (Escape also in the message box); `?` lists them.
+  const SHORTCUTS = [
+    ['?', 'Show these shortcuts'],
+    ['n', 'New session: focus its name'],
+    ['/', 'Focus the message box'],
+    ['Esc', 'Cancel the running run (also from the message box)'],
+    ['a', 'Approve the focused proposal or plan (focus a card with Tab)'],
+    ['r', 'Reject the focused proposal or plan'],
+  ];
+  let shortcutsDialog = null;
+  function showShortcuts() {
+    if (!shortcutsDialog) {
+      const close = h('button', { type: 'button', class: 'primary' }, 'Close');
+      shortcutsDialog = h('dialog', { id: 'shortcuts', 'aria-labelledby': 'shortcuts-title' },
+        h('h2', { id: 'shortcuts-title' }, 'Keyboard shortcuts'),
+        h('table', { class: 'shortcuts' }, h('tbody', {}, SHORTCUTS.map(([k, what]) => h('tr', {}, h('th', { scope: 'row' }, h('kbd', {}, k)), h('td', {}, what))))),
+        h('div', { class: 'actions' }, close));
+      close.addEventListener('click', () => shortcutsDialog.close());
+      document.body.append(shortcutsDialog);
+    }
+    if (!shortcutsDialog.open) shortcutsDialog.showModal();
+  }
+  document.addEventListener('keydown', (ev) => {
+    if (ev.ctrlKey || ev.metaKey || ev.altKey || ev.isComposing || !me) return;
+    const t = ev.target;
+    const typing = t instanceof HTMLElement && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName));
+    if (document.querySelector('dialog[open]')) return;
+    if (ev.key === 'Escape') {
+      const cancelButton = document.getElementById('cancel');
+      if (cancelButton && !cancelButton.hidden) { ev.preventDefault(); cancelButton.click(); }
+      return;
+    }
+    if (typing) return;
+    const focusedCard = t instanceof HTMLElement ? t.closest('article.card') : null;
+    if (ev.key === '?') { ev.preventDefault(); showShortcuts(); }
+    else if (ev.key === 'n') {
+      const field = document.getElementById('new-session-name');
+      if (field) { ev.preventDefault(); field.focus(); } else { location.hash = '#/chat'; }
+    } else if (ev.key === '/') {
+      const box = document.getElementById('message');
+      if (box) { ev.preventDefault(); box.focus(); }
+    } else if ((ev.key === 'a' || ev.key === 'r') && focusedCard) {
+      const button = focusedCard.querySelector(`button[data-decide="${ev.key === 'a' ? 'approve' : 'reject'}"]:not([disabled])`);
+      if (button) { ev.preventDefault(); button.click(); }
+    }
+  });
 
   // ---- theme ---------------------------------------------------------------------------
   // The system's preference until the toggle chooses; the choice is kept in this browser.

@@ -89,9 +89,11 @@ try {
   assert.match(await page.locator('details.chip[data-tool="get_incident_history"] pre').innerText(), /^\{\n  "/, 'JSON is indented');
   await page.screenshot({ path: `${shots}/chat.png`, fullPage: true });
 
-  // Approve the proposal from its card; the phase changes.
+  // Approve the proposal from its card, with the keyboard (focus the card, press a); the
+  // phase changes.
   await page.locator('article.proposal').getByLabel(/Reason for deciding/).fill('evidence is clear');
-  await page.locator('article.proposal').getByRole('button', { name: 'Confirm' }).click();
+  await page.locator('article.proposal').focus();
+  await page.keyboard.press('a');
   await page.locator('article.proposal[data-phase="Approved"]').waitFor();
   await page.locator('article.proposal').getByText('alice: evidence is clear').waitFor();
   step('proposal approved; the card shows Approved and who decided');

@@ -70,6 +70,20 @@ try {
   if (shots) await page.screenshot({ path: `${shots}/markdown.png`, fullPage: true });
   step('the stored answer renders the same after a reload');
 
+  // Keyboard shortcuts: ? lists them, n and / focus the fields.
+  await page.locator('h2, h1').first().click();
+  await page.keyboard.press('?');
+  await page.getByRole('dialog', { name: 'Keyboard shortcuts' }).waitFor();
+  assert.ok((await page.getByRole('dialog').innerText()).includes('Approve the focused proposal'));
+  await page.keyboard.press('Escape');
+  await page.getByRole('dialog', { name: 'Keyboard shortcuts' }).waitFor({ state: 'hidden' });
+  await page.keyboard.press('n');
+  assert.equal(await page.evaluate(() => document.activeElement.id), 'new-session-name');
+  await page.locator('h2, h1').first().click();
+  await page.keyboard.press('/');
+  assert.equal(await page.evaluate(() => document.activeElement.id), 'message');
+  step('keyboard shortcuts: ? lists them, n and / focus the new-session and message fields');
+
   // Dark mode follows the system, and the toggle overrides it (kept across reloads).
   const background = () => page.evaluate(() => getComputedStyle(document.body).backgroundColor);
   await page.emulateMedia({ colorScheme: 'dark' });
