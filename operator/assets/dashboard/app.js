@@ -1089,14 +1089,89 @@
     sections.querySelectorAll('[data-width]').forEach((el) => { el.style.width = `${el.dataset.width}%`; });
   }
 
+  // ---- usage (admins) --------------------------------------------------------------------
+  const USAGE_SINCE = [['7d', 'last 7 days'], ['30d', 'last 30 days'], ['90d', 'last 90 days']];
+  const USAGE_BY = [['day', 'day'], ['provider', 'provider'], ['model', 'model'], ['policy', 'policy'], ['user', 'user or gateway team']];
+
+  function csvCell(v) {
+    const text = String(v);
+    return /[",\n\r]/.test(text) || /^[=+\-@]/.test(text) ? `"${text.replace(/"/g, '""').replace(/^([=+\-@])/, "'$1")}"` : text;
+  }
+
+  function usageBars(items, by) {
+    const rows = by === 'day' ? [...items].sort((a, b) => a.key.localeCompare(b.key)) : [...items].sort((a, b) => b.costUsd - a.costUsd || b.requests - a.requests).slice(0, 15);
+    const metric = rows.some((r) => r.costUsd > 0) ? 'costUsd' : 'requests';
+    const max = Math.max(1e-9, ...rows.map((r) => r[metric]));
+    const calls = (n) => `${n} call${n === 1 ? '' : 's'}`;
+    const label = (r) => (metric === 'costUsd' ? usd(r.costUsd) : calls(r.requests));
+    const W = 560, row = 22, left = 170;
+    const svg = h('svg:svg', { class: 'usage-chart', width: W, height: rows.length * row + 4, viewBox: `0 0 ${W} ${rows.length * row + 4}`, role: 'img',
+      'aria-label': `${metric === 'costUsd' ? 'Spend' : 'Calls'} by ${by}: ${rows.map((r) => `${r.key} ${label(r)}`).join(', ')}` });
+    rows.forEach((r, i) => {
+      const y = i * row + 2;
+      const bw = Math.max(1, (r[metric] / max) * (W - left - 90));
+      svg.append(h('svg:text', { x: left - 6, y: y + 14, 'text-anchor': 'end', class: 'usage-key' }, r.key.length > 26 ? `${r.key.slice(0, 25)}…` : r.key));
+      svg.append(h('svg:rect', { x: left, y: y + 3, width: bw, height: row - 8, rx: 3, class: 'usage-bar' }, h('svg:title', {}, `${r.key}: ${label(r)}`)));
+      svg.append(h('svg:text', { x: left + bw + 6, y: y + 14, class: 'usage-value' }, label(r)));
+    });
+    return svg;
+  }
+
+  async function usageView() {
+    const q = new URLSearchParams((location.hash.split('?')[1]) || '');
+    const since = USAGE_SINCE.some(([v]) => v === q.get('since')) ? q.get('since') : '30d';
+    const by = USAGE_BY.some(([v]) => v === q.get('by')) ? q.get('by') : 'day';
+    const go = (s, b) => { location.hash = `#/usage?since=${s}&by=${b}`; };
+    const sinceSel = h('select', { id: 'usage-since' }, USAGE_SINCE.map(([v, t]) => h('option', { value: v, selected: v === since }, t)));
+    const bySel = h('select', { id: 'usage-by' }, USAGE_BY.map(([v, t]) => h('option', { value: v, selected: v === by }, t)));
+    sinceSel.addEventListener('change', () => go(sinceSel.value, bySel.value));
+    bySel.addEventListener('change', () => go(sinceSel.value, bySel.value));
+    const body = h('div', {}, h('p', { class: 'muted' }, 'Loading…'));
+    show(h('section', { class: 'panel usage', 'aria-label': 'Usage' },
+      h('h2', {}, 'Usage and spend'),
+      h('div', { class: 'usage-controls' },
+        h('label', { for: 'usage-since' }, 'Period'), sinceSel,
+        h('label', { for: 'usage-by' }, 'By'), bySel),
+      body));
+    let data;
+    try {
+      data = await api('GET', `/api/v1/usage?since=${encodeURIComponent(since)}&by=${encodeURIComponent(by)}`);
+    } catch (e) {
+      body.replaceChildren(e.status === 403
+        ? h('p', { role: 'alert', class: 'error' }, 'Usage across users is for admins (the group kortex-admins, or RBAC get on /kortex/usage).')
+        : errorBox(e));
+      return;
+    }
+    const items = data.items || [];
+    const t = data.totals || { requests: 0, inputTokens: 0, outputTokens: 0, costUsd: 0 };
+    const header = ['key', 'requests', 'inputTokens', 'outputTokens', 'costUsd', 'estimatedRequests'];
+    const csv = [header.join(','), ...items.map((r) => header.map((k) => csvCell(r[k] ?? '')).join(','))].join('\r\n') + '\r\n';
+    const download = h('a', { class: 'button', id: 'usage-csv', download: `kortex-usage-${by}-${since}.csv`,
+      href: URL.createObjectURL(new Blob([csv], { type: 'text/csv' })) }, 'Download CSV');
+    view.cleanup.push(() => URL.revokeObjectURL(download.href));
+    const num = (n) => Number(n || 0).toLocaleString('en-US');
+    body.replaceChildren(
+      h('p', { class: 'usage-totals' }, `Since ${String(data.since || '').slice(0, 10)}: `,
+        h('strong', {}, usd(t.costUsd || 0)), ` · ${num(t.requests)} call${t.requests === 1 ? '' : 's'} · ${num(t.inputTokens)} tokens in · ${num(t.outputTokens)} out`),
+      items.length ? usageBars(items, by) : h('p', { class: 'muted' }, 'No usage in this period.'),
+      h('div', { class: 'table-wrap' }, h('table', { class: 'usage-table' },
+        h('thead', {}, h('tr', {}, [by === 'user' ? 'user or team' : by, 'calls', 'tokens in', 'tokens out', 'spend (USD)'].map((c) => h('th', { scope: 'col' }, c)))),
+        h('tbody', {}, items.map((r) => h('tr', { 'data-key': r.key },
+          h('td', {}, r.key), h('td', { class: 'num' }, num(r.requests)), h('td', { class: 'num' }, num(r.inputTokens)),
+          h('td', { class: 'num' }, num(r.outputTokens)), h('td', { class: 'num' }, usd(r.costUsd))))))),
+      h('div', { class: 'actions' }, download));
+  }
+
   // ---- routing -------------------------------------------------------------------------
   async function route() {
     if (!me) return;
-    const [, page, arg] = (location.hash || '#/chat').split('/');
+    const [, rawPage, arg] = (location.hash || '#/chat').split('/');
+    const page = (rawPage || '').split('?')[0];
     document.querySelectorAll('[data-nav]').forEach((a) => a.classList.toggle('active', a.dataset.nav === (page || 'chat')));
     try {
       if (page === 'proposals') await proposalsView();
       else if (page === 'status') await statusView();
+      else if (page === 'usage') await usageView();
       else await chatView(arg ? decodeURIComponent(arg) : null);
     } catch (e) {
       if (e.status === 401) signIn('Your sign-in expired; sign in again.');

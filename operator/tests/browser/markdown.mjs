@@ -1,7 +1,7 @@
 // Markdown answers in the Kortex dashboard, in headless Chromium: a streamed answer with a
 // table, a YAML code block (highlighted, with a copy button), a list and links renders as
 // such; a <script> and raw HTML in model output stay text; a javascript: link is not a link;
-// the rendering survives a reload; dark mode follows the system and the toggle. Run by operator/tests/it/dashboard.rs.
+// the rendering survives a reload; the usage page and its CSV; dark mode follows the system and the toggle. Run by operator/tests/it/dashboard.rs.
 import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
 
@@ -27,6 +27,7 @@ try {
   await page.getByLabel('New session').fill('incident-md');
   await page.getByRole('button', { name: 'Create session' }).click();
   await page.getByRole('heading', { name: 'incident-md' }).waitFor();
+  const sessionUrl = page.url();
   await page.getByRole('textbox', { name: 'Message', exact: true }).fill('Summarize the pods');
   await page.getByRole('textbox', { name: 'Message', exact: true }).press('Enter');
   await page.locator('#session-status').filter({ hasText: 'idle' }).waitFor({ timeout: 30000 });
@@ -69,6 +70,26 @@ try {
   await check('after a reload');
   if (shots) await page.screenshot({ path: `${shots}/markdown.png`, fullPage: true });
   step('the stored answer renders the same after a reload');
+
+  // The usage page (the local user is an admin on loopback): by provider, with its CSV.
+  await page.getByRole('link', { name: 'Usage' }).click();
+  await page.locator('#usage-by').selectOption('provider');
+  await page.waitForURL(/by=provider/);
+  const row = page.locator('table.usage-table tr[data-key="scripted"]');
+  await row.waitFor();
+  assert.equal(await row.locator('td').nth(1).innerText(), '1', 'one call to the scripted provider');
+  assert.equal(await page.locator('svg.usage-chart rect').count(), 1);
+  const [download] = await Promise.all([page.waitForEvent('download'), page.locator('#usage-csv').click()]);
+  assert.equal(download.suggestedFilename(), 'kortex-usage-provider-30d.csv');
+  const csv = await (await import('node:fs/promises')).readFile(await download.path(), 'utf8');
+  const lines = csv.trim().split('\r\n');
+  assert.equal(lines[0], 'key,requests,inputTokens,outputTokens,costUsd,estimatedRequests');
+  // The scripted stream reports no usage: Kortex estimated it (the last column says so).
+  assert.match(lines[1], /^scripted,1,[1-9]\d*,[1-9]\d*,0,1$/);
+  if (shots) await page.screenshot({ path: `${shots}/usage.png`, fullPage: true });
+  step('usage by provider: chart, table and CSV');
+  await page.goto(sessionUrl);
+  await page.locator('.msg.assistant.md table').waitFor();
 
   // Keyboard shortcuts: ? lists them, n and / focus the fields.
   await page.locator('h2, h1').first().click();
