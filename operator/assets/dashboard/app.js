@@ -459,8 +459,15 @@
     });
     const conversation = h('section', { class: 'panel conversation', 'aria-label': 'Conversation' });
     const sharedEl = h('ul', { 'aria-label': 'Shared with me', id: 'shared-sessions' });
+    // Search (name, title and text, on the server) and filters (policy, state, here).
+    const search = h('input', { id: 'session-search', type: 'search', placeholder: 'Search name, title, text', 'aria-label': 'Search sessions', autocomplete: 'off', value: view.sessionSearch || '' });
+    const policyFilter = h('select', { id: 'session-policy', 'aria-label': 'Filter by policy' }, h('option', { value: '' }, 'any policy'));
+    const stateFilter = h('select', { id: 'session-state', 'aria-label': 'Filter by state' },
+      [['', 'any state'], ['idle', 'idle'], ['running', 'running'], ['requires_action', 'waiting'], ['paused', 'paused'], ['failed', 'failed']]
+        .map(([v, t]) => h('option', { value: v }, t)));
+    const filters = h('div', { class: 'session-filters' }, search, h('div', { class: 'session-selects' }, policyFilter, stateFilter));
     show(h('div', { class: 'chat' },
-      h('aside', { class: 'panel sessions', 'aria-label': 'Sessions' }, form, listEl,
+      h('aside', { class: 'panel sessions', 'aria-label': 'Sessions' }, form, filters, listEl,
         h('h3', { class: 'shared-head' }, 'Shared with me'), sharedEl),
       conversation));
     const loadShared = async () => {
@@ -478,8 +485,26 @@
     const loadSessions = async () => {
       loadShared();
       try {
-        const data = await api('GET', '/chat/v1/sessions');
-        listEl.replaceChildren(...(data.items || []).map((s) => {
+        const q = search.value.trim();
+        view.sessionSearch = q;
+        const data = await api('GET', `/chat/v1/sessions${q ? `?q=${encodeURIComponent(q)}` : ''}`);
+        const all = data.items || [];
+        const policies = [...new Set(all.map((s) => s.policy).filter(Boolean))].sort();
+        const chosen = policyFilter.value;
+        policyFilter.replaceChildren(h('option', { value: '' }, 'any policy'),
+          ...policies.map((p) => h('option', { value: p, selected: p === chosen }, p)));
+        const shown = all.filter((s) => (!policyFilter.value || s.policy === policyFilter.value)
+          && (!stateFilter.value || s.status === stateFilter.value));
+        listEl.replaceChildren(...shown.map((s) => {
+          const rename = h('button', { type: 'button', class: 'rename', 'aria-label': `Rename session ${s.name}` }, '✎');
+          rename.addEventListener('click', async () => {
+            const title = prompt(`New title for ${s.name}`, s.title || s.name);
+            if (title === null || !title.trim()) return;
+            try {
+              await api('PATCH', `/chat/v1/sessions/${encodeURIComponent(s.id)}`, { title: title.trim() });
+              loadSessions();
+            } catch (e) { alert(e.message); }
+          });
           const del = h('button', { type: 'button', class: 'danger', 'aria-label': `Delete session ${s.name}` }, '✕');
           del.addEventListener('click', async () => {
             if (!confirm(`Delete session ${s.name}? The audit log keeps its records.`)) return;
@@ -491,14 +516,22 @@
           return h('li', { class: s.id === id ? 'current' : '' },
             h('a', { href: `#/chat/${s.id}`, 'aria-current': s.id === id ? 'page' : null },
               s.name, h('span', { class: 't' }, s.title || `policy ${s.policy || '—'} · ${s.status}`)),
-            del);
+            rename, del);
         }));
-        if (!(data.items || []).length) listEl.append(h('li', { class: 'muted' }, 'No sessions yet.'));
+        if (!shown.length) listEl.append(h('li', { class: 'muted' }, all.length || q ? 'No sessions match.' : 'No sessions yet.'));
       } catch (e) {
         listEl.replaceChildren(errorBox(e));
       }
     };
     view.refreshSessions = loadSessions;
+    let searchTimer = null;
+    search.addEventListener('input', () => {
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(loadSessions, 250);
+    });
+    view.cleanup.push(() => clearTimeout(searchTimer));
+    policyFilter.addEventListener('change', loadSessions);
+    stateFilter.addEventListener('change', loadSessions);
     await loadSessions();
     if (!id) {
       conversation.append(h('p', { class: 'muted' }, 'Create a session or open one. Its name decides which ChatPolicy governs it.'));

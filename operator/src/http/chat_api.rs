@@ -276,14 +276,49 @@ pub async fn list(
             .collect();
         return Ok(Json(json!({"items": items})));
     }
-    let sessions = state
-        .store
-        .list_sessions(&caller.user)
-        .await
-        .map_err(ApiError::from)?;
+    // `?q=`: the caller's sessions whose name, title or messages contain it.
+    let sessions = match q.get("q").map(|t| t.trim()).filter(|t| !t.is_empty()) {
+        Some(text) if text.chars().count() > 200 => {
+            return Err(ApiError::invalid("q is longer than 200 characters"));
+        }
+        Some(text) => state.store.search_sessions(&caller.user, text).await,
+        None => state.store.list_sessions(&caller.user).await,
+    }
+    .map_err(ApiError::from)?;
     Ok(Json(
         json!({"items": sessions.iter().map(|s| session_json(s, None)).collect::<Vec<_>>()}),
     ))
+}
+
+/// `PATCH /chat/v1/sessions/{id}` `{title}`: renames the caller's own session (the title
+/// shown in lists and searched); 404 for anyone else's.
+pub async fn rename(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Result<Json<Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(body) = body.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let title = body["title"]
+        .as_str()
+        .map(str::trim)
+        .ok_or_else(|| ApiError::invalid("title: a string is required"))?;
+    if title.is_empty() || title.chars().count() > 200 {
+        return Err(ApiError::invalid("title: 1 to 200 characters"));
+    }
+    if title.chars().any(char::is_control) {
+        return Err(ApiError::invalid("title: no control characters"));
+    }
+    if !state
+        .store
+        .rename_session(&id, &caller.user, title)
+        .await
+        .map_err(ApiError::from)?
+    {
+        return Err(ApiError::not_found(format!("session {id} not found")));
+    }
+    let session = owned(&state, &caller, &id).await?;
+    Ok(Json(session_json(&session, None)))
 }
 
 /// Session `id` if the caller owns it; anyone else gets 404, as for a session that does

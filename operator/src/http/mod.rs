@@ -89,7 +89,9 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/chat/v1/sessions/{id}",
-            get(chat_api::get).delete(chat_api::delete),
+            get(chat_api::get)
+                .delete(chat_api::delete)
+                .patch(chat_api::rename),
         )
         .route(
             "/chat/v1/sessions/{id}/messages",

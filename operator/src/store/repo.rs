@@ -183,6 +183,55 @@ impl Store {
         rows.iter().map(session_row).collect()
     }
 
+    /// `user`'s sessions whose name, title or any message contains `text` (any case),
+    /// most recent first, at most 200.
+    pub async fn search_sessions(
+        &self,
+        user: &str,
+        text: &str,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let escaped = text
+            .to_lowercase()
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_");
+        let pattern = format!("%{escaped}%");
+        self.traced("SELECT chat_sessions chat_messages", async move {
+            let rows = sqlx::query(concat!(
+                session_select!(),
+                " WHERE user_name = $1 AND deleted_at IS NULL AND origin = 'chat' AND (",
+                "lower(name) LIKE $2 ESCAPE '\\' OR lower(coalesce(title, '')) LIKE $2 ESCAPE '\\' ",
+                "OR EXISTS (SELECT 1 FROM chat_messages m WHERE m.session_id = chat_sessions.id ",
+                "AND lower(m.content) LIKE $2 ESCAPE '\\')) ",
+                "ORDER BY updated_at DESC, id DESC LIMIT 200"
+            ))
+            .bind(user)
+            .bind(pattern)
+            .fetch_all(&self.pool)
+            .await?;
+            rows.iter().map(session_row).collect()
+        })
+        .await
+    }
+
+    /// Renames session `id` of `user` (its title); false when it is not theirs.
+    pub async fn rename_session(
+        &self,
+        id: &str,
+        user: &str,
+        title: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE chat_sessions SET title = $3 WHERE id = $1 AND user_name = $2 AND deleted_at IS NULL",
+        )
+        .bind(id)
+        .bind(user)
+        .bind(title)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     /// Sets the title of session `id` unless it has one. Returns whether it was set.
     pub async fn set_title(&self, id: &str, title: &str) -> Result<bool, StoreError> {
         let done =

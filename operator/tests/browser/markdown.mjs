@@ -1,7 +1,7 @@
 // Markdown answers in the Kortex dashboard, in headless Chromium: a streamed answer with a
 // table, a YAML code block (highlighted, with a copy button), a list and links renders as
 // such; a <script> and raw HTML in model output stay text; a javascript: link is not a link;
-// the rendering survives a reload; the usage page and its CSV; dark mode follows the system and the toggle. Run by operator/tests/it/dashboard.rs.
+// the rendering survives a reload; session search, filters and rename; the usage page and its CSV; dark mode follows the system and the toggle. Run by operator/tests/it/dashboard.rs.
 import { chromium } from 'playwright-core';
 import assert from 'node:assert/strict';
 
@@ -22,7 +22,11 @@ try {
   const dialogs = [];
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   page.on('console', (m) => { if (m.type() === 'error') problems.push(`console: ${m.text()}`); });
-  page.on('dialog', (d) => { dialogs.push(d.message()); d.dismiss(); });
+  let renameTo = null;
+  page.on('dialog', (d) => {
+    if (d.type() === 'prompt' && renameTo) d.accept(renameTo);
+    else { dialogs.push(d.message()); d.dismiss(); }
+  });
   await page.goto(`${base}/#/chat`);
   await page.getByLabel('New session').fill('incident-md');
   await page.getByRole('button', { name: 'Create session' }).click();
@@ -70,6 +74,28 @@ try {
   await check('after a reload');
   if (shots) await page.screenshot({ path: `${shots}/markdown.png`, fullPage: true });
   step('the stored answer renders the same after a reload');
+
+  // Sessions: search (the text of the conversation counts), filter, rename.
+  const sessions = page.locator('aside.sessions ul[aria-label="Sessions"] > li');
+  await page.getByRole('searchbox', { name: 'Search sessions' }).fill('SUMMARIZE the pods');
+  await sessions.filter({ hasText: 'incident-md' }).waitFor();
+  await page.getByRole('searchbox', { name: 'Search sessions' }).fill('no such words anywhere');
+  await sessions.filter({ hasText: 'No sessions match.' }).waitFor();
+  await page.getByRole('searchbox', { name: 'Search sessions' }).fill('');
+  await sessions.filter({ hasText: 'incident-md' }).waitFor();
+  await page.getByLabel('Filter by state').selectOption('failed');
+  await sessions.filter({ hasText: 'No sessions match.' }).waitFor();
+  await page.getByLabel('Filter by state').selectOption('');
+  await page.getByLabel('Filter by policy').selectOption('ops');
+  await sessions.filter({ hasText: 'incident-md' }).waitFor();
+  renameTo = 'Checkout pods summary';
+  await page.getByRole('button', { name: 'Rename session incident-md' }).click();
+  await sessions.filter({ hasText: 'Checkout pods summary' }).waitFor();
+  renameTo = null;
+  await page.getByRole('searchbox', { name: 'Search sessions' }).fill('pods summary');
+  await sessions.filter({ hasText: 'Checkout pods summary' }).waitFor();
+  await page.getByRole('searchbox', { name: 'Search sessions' }).fill('');
+  step('sessions: searched by text, filtered by state and policy, renamed and found by the new title');
 
   // The usage page (the local user is an admin on loopback): by provider, with its CSV.
   await page.getByRole('link', { name: 'Usage' }).click();

@@ -839,3 +839,93 @@ async fn past_incidents_are_found_by_every_word() {
         assert!(sessions.is_empty() && proposals.is_empty());
     }
 }
+
+#[tokio::test]
+async fn sessions_are_found_by_name_title_and_text_and_renamed_by_their_owner() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let new = |user: &str, name: &str| NewSession {
+            name: name.into(),
+            namespace: "default".into(),
+            user: user.into(),
+            policy: None,
+            dynamic_tools: json!([]),
+        };
+        let oom = s
+            .create_session(&new("alice", "incident-checkout"))
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        let disk = s
+            .create_session(&new("alice", "incident-disk"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let bobs = s
+            .create_session(&new("bob", "incident-checkout-bob"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (session, text) in [
+            (&oom, "Pods were OOMKilled after the 2.3 deploy"),
+            (&disk, "the volume is 100% full"),
+            (&bobs, "OOMKilled here too"),
+        ] {
+            s.append_message(
+                &session.id,
+                &kortex::store::NewMessage {
+                    role: "user".into(),
+                    content: text.into(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let names = |found: Vec<kortex::store::SessionRecord>| -> Vec<String> {
+            found.into_iter().map(|x| x.name).collect()
+        };
+        let search = |text: &'static str| s.search_sessions("alice", text);
+        // By message text, any case; never another user's.
+        assert_eq!(
+            names(search("oomkilled").await.unwrap_or_else(|e| panic!("{e}"))),
+            ["incident-checkout"],
+            "{}",
+            db.url
+        );
+        // By name.
+        assert_eq!(
+            names(search("DISK").await.unwrap_or_else(|e| panic!("{e}"))),
+            ["incident-disk"]
+        );
+        // `%` and `_` are the text searched, not wildcards.
+        assert_eq!(
+            names(search("100%").await.unwrap_or_else(|e| panic!("{e}"))),
+            ["incident-disk"]
+        );
+        assert!(
+            search("1_0")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .is_empty()
+        );
+        // Renamed by its owner, then found by the new title; nobody else may rename it.
+        assert!(
+            s.rename_session(&oom.id, "alice", "Checkout OOM after 2.3")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            !s.rename_session(&oom.id, "bob", "mine now")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert_eq!(
+            names(search("after 2.3").await.unwrap_or_else(|e| panic!("{e}"))),
+            ["incident-checkout"]
+        );
+        let renamed = s
+            .get_session(&oom.id, "alice")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .and_then(|x| x.title);
+        assert_eq!(renamed.as_deref(), Some("Checkout OOM after 2.3"));
+    }
+}
