@@ -207,6 +207,16 @@
     return frag;
   }
 
+  /** A shell command with a copy button. */
+  function commandLine(command, what) {
+    const copy = h('button', { type: 'button', class: 'copy', 'aria-label': `Copy the ${what}` }, 'Copy');
+    copy.addEventListener('click', async () => {
+      try { await navigator.clipboard.writeText(command); copy.textContent = 'Copied'; } catch (_) { copy.textContent = 'Select and copy'; }
+      setTimeout(() => { copy.textContent = 'Copy'; }, 1500);
+    });
+    return h('div', { class: 'command' }, h('code', {}, highlight(command, 'sh')), copy);
+  }
+
   /** A tool result: JSON indented and highlighted, anything else as the tool wrote it. */
   function toolResult(content) {
     const text = String(content || '');
@@ -364,10 +374,30 @@
         h('h3', {}, `${spec.action} ${target}`, h('span', { class: `phase ${phase}`, 'data-phase': phase }, phase)),
         dl,
       ];
-      if (status.preview !== undefined && status.preview !== null) {
+      const preview = status.preview;
+      if (preview && typeof preview === 'object' && preview.before && preview.after) {
+        // The dry run as a before/after table, the fields that change marked; the
+        // warnings (an autoscaler or a GitOps tool owns the target) as callouts.
+        for (const w of preview.warnings || []) parts.push(h('p', { class: 'callout warn', role: 'note' }, `⚠ ${w}`));
+        const keys = [...new Set([...Object.keys(preview.before), ...Object.keys(preview.after)])];
+        const fmt = (v) => (v === undefined || v === null ? '—' : typeof v === 'object' ? JSON.stringify(v) : String(v));
+        parts.push(h('table', { class: 'diff', 'aria-label': 'Dry-run preview: before and after' },
+          h('thead', {}, h('tr', {}, h('th', { scope: 'col' }, 'field'), h('th', { scope: 'col' }, 'now'), h('th', { scope: 'col' }, 'after'))),
+          h('tbody', {}, keys.map((k) => {
+            const before = fmt(preview.before[k]);
+            const after = fmt(preview.after[k]);
+            const changed = before !== after;
+            return h('tr', { class: changed ? 'changed' : null, 'data-field': k },
+              h('th', { scope: 'row' }, k), h('td', {}, before), h('td', {}, changed ? h('strong', {}, after) : after, changed ? h('span', { class: 'sr-only' }, ' (changes)') : null));
+          }))));
+      } else if (preview !== undefined && preview !== null) {
         parts.push(h('details', {}, h('summary', {}, 'Dry-run preview'),
-          h('pre', {}, typeof status.preview === 'string' ? status.preview : JSON.stringify(status.preview, null, 2))));
+          h('pre', {}, typeof preview === 'string' ? preview : (preview.note || preview.error || JSON.stringify(preview, null, 2)))));
       }
+      // The same decision from a terminal, to copy; the undo of an executed proposal.
+      const kubectl = (verb) => `kubectl kortex ${verb} ${p.name} -n ${p.namespace}`;
+      if (phase === 'Pending') parts.push(commandLine(kubectl('approve'), 'approve command'));
+      if (phase === 'Succeeded' && status.undo) parts.push(h('p', { class: 'muted' }, 'Undo: '), commandLine(kubectl('undo'), 'undo command'));
       if (phase === 'Pending') {
         const reason = h('input', { type: 'text', placeholder: 'Reason (optional)', 'aria-label': `Reason for deciding ${p.name}` });
         const result = h('div', { 'aria-live': 'polite' });

@@ -431,3 +431,61 @@ spec: {{sessions: ["incident-*"], provider: scripted}}
     passed(&out, &server);
     assert!(screenshots().join("markdown.png").exists());
 }
+
+/// Cluster mode: a scale proposal's card shows the dry run as a diff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
+    use crate::investigation::{tool_calls, wait_idle};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = crate::operator::FakeApi::start().await;
+    let (llm, script) = mock().await;
+    fake.apply("deployments", crate::operator::deployment());
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["scale"], "allowedNamespaces": ["shop"]}}}),
+    );
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = crate::operator::start_run(&fake, dir.path(), &llm).await;
+    let target =
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
+    crate::llm::push(
+        &script,
+        tool_calls(&[(
+            "p1",
+            "propose_action",
+            json!({"action": "scale", "target": target, "params": {"replicas": 5},
+                "rationale": "the queue is backing up"}),
+        )]),
+    );
+    crate::llm::push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+    );
+    let client = crate::common::http_client();
+    let session: Value = client
+        .post(server.url("/chat/v1/sessions"))
+        .json(&json!({"name": "incident-diff", "namespace": "team-a"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .json()
+        .await
+        .unwrap_or_default();
+    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    client
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": "scale api to 5"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let url = server.url("");
+    let env = [("KORTEX_URL", url.trim_end_matches('/'))];
+    let Some(out) = run_browser("proposal_diff.mjs", &env).await else {
+        return;
+    };
+    passed(&out, &server);
+}
