@@ -271,6 +271,16 @@
     return `${(ms / 1000).toFixed(ms < 10000 ? 1 : 0)} s`;
   }
 
+  /** `iso` as "3 min ago" (or a date when older than a week), the exact time on hover. */
+  function ago(iso) {
+    const t = Date.parse(iso);
+    if (!Number.isFinite(t)) return null;
+    const s = Math.max(0, Math.round((Date.now() - t) / 1000));
+    const text = s < 45 ? 'just now' : s < 3600 ? `${Math.round(s / 60)} min ago` : s < 86400 ? `${Math.round(s / 3600)} h ago`
+      : s < 7 * 86400 ? `${Math.round(s / 86400)} d ago` : new Date(t).toISOString().slice(0, 10);
+    return h('time', { datetime: iso, title: new Date(t).toLocaleString(undefined, { dateStyle: 'full', timeStyle: 'long' }) }, text);
+  }
+
   function until(iso) {
     const left = Math.round((Date.parse(iso) - Date.now()) / 1000);
     if (!Number.isFinite(left)) return '';
@@ -545,7 +555,7 @@
           });
           return h('li', { class: s.id === id ? 'current' : '' },
             h('a', { href: `#/chat/${s.id}`, 'aria-current': s.id === id ? 'page' : null },
-              s.name, h('span', { class: 't' }, s.title || `policy ${s.policy || '—'} · ${s.status}`)),
+              s.name, h('span', { class: 't' }, s.title || `policy ${s.policy || '—'} · ${s.status}`, ' · ', ago(s.updatedAt))),
             rename, del);
         }));
         if (!shown.length) listEl.append(h('li', { class: 'muted' }, all.length || q ? 'No sessions match.' : 'No sessions yet.'));
@@ -872,7 +882,12 @@
       if (m.role === 'user') {
         transcript.append(question(m, struck));
       } else if (m.role === 'assistant') {
-        if (m.content) transcript.append(answer(m.content, { class: `msg assistant${struck}`, title: m.superseded ? 'Rewound: no longer sent to the model' : null }));
+        if (m.content) {
+          const el = answer(m.content, { class: `msg assistant${struck}`, title: m.superseded ? 'Rewound: no longer sent to the model' : null });
+          const when = ago(m.createdAt);
+          if (when) el.append(h('div', { class: 'when' }, when));
+          transcript.append(el);
+        }
         if ((m.toolCalls || []).length) {
           transcript.append(h('div', { class: 'chips' }, m.toolCalls.map((c) => {
             const r = results.get(c.id);

@@ -196,3 +196,24 @@ pub async fn me(
 ) -> Json<serde_json::Value> {
     Json(me_json(&state, &caller))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole embedded dashboard stays small (issue 25: under 300 KB uncompressed) and
+    /// names no outside origin to load from.
+    #[test]
+    fn the_dashboard_is_small_and_self_contained() {
+        let total = INDEX.len() + APP_JS.len() + APP_CSS.len() + ICON.len();
+        assert!(total < 300_000, "the dashboard is {total} bytes");
+        for (name, text) in [("index.html", INDEX), ("app.css", APP_CSS)] {
+            assert!(
+                !text.contains("http://") && !text.contains("https://") && !text.contains("//cdn"),
+                "{name} refers to another origin"
+            );
+        }
+        assert!(!APP_JS.contains("import("), "app.js loads no module");
+        assert!(!APP_JS.contains("innerHTML"), "app.js never parses HTML");
+    }
+}

@@ -72,6 +72,11 @@ try {
   await page.reload();
   await page.locator('#session-status').filter({ hasText: 'idle' }).waitFor();
   await check('after a reload');
+  // Relative times, the exact time on hover.
+  const when = page.locator('.msg.assistant .when time').last();
+  assert.equal(await when.innerText(), 'just now');
+  assert.match(await when.getAttribute('title'), /20\d\d/);
+  assert.match(await page.locator('aside.sessions li time').first().innerText(), /just now|min ago/);
   if (shots) await page.screenshot({ path: `${shots}/markdown.png`, fullPage: true });
   step('the stored answer renders the same after a reload');
 
