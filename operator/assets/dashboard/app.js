@@ -105,12 +105,18 @@
     return out;
   }
 
-  function codeBlock(code, lang) {
-    const copy = h('button', { type: 'button', class: 'copy', 'aria-label': `Copy ${lang || 'code'}` }, 'Copy');
+  /** A button that copies `text`, and says so. */
+  function copyButton(text, label) {
+    const copy = h('button', { type: 'button', class: 'copy', 'aria-label': label }, 'Copy');
     copy.addEventListener('click', async () => {
-      try { await navigator.clipboard.writeText(code); copy.textContent = 'Copied'; } catch (_) { copy.textContent = 'Select and copy'; }
+      try { await navigator.clipboard.writeText(text); copy.textContent = 'Copied'; } catch (_) { copy.textContent = 'Select and copy'; }
       setTimeout(() => { copy.textContent = 'Copy'; }, 1500);
     });
+    return copy;
+  }
+
+  function codeBlock(code, lang) {
+    const copy = copyButton(code, `Copy ${lang || 'code'}`);
     return h('div', { class: 'code' },
       h('div', { class: 'code-head' }, h('span', {}, lang || 'text'), copy),
       h('pre', {}, h('code', { class: lang ? `lang-${lang.toLowerCase()}` : null }, highlight(code, lang))));
@@ -209,12 +215,7 @@
 
   /** A shell command with a copy button. */
   function commandLine(command, what) {
-    const copy = h('button', { type: 'button', class: 'copy', 'aria-label': `Copy the ${what}` }, 'Copy');
-    copy.addEventListener('click', async () => {
-      try { await navigator.clipboard.writeText(command); copy.textContent = 'Copied'; } catch (_) { copy.textContent = 'Select and copy'; }
-      setTimeout(() => { copy.textContent = 'Copy'; }, 1500);
-    });
-    return h('div', { class: 'command' }, h('code', {}, highlight(command, 'sh')), copy);
+    return h('div', { class: 'command' }, h('code', {}, highlight(command, 'sh')), copyButton(command, `Copy the ${what}`));
   }
 
   /** A tool result: JSON indented and highlighted, anything else as the tool wrote it. */
