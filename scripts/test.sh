@@ -112,13 +112,15 @@ export KORTEX_REQUIRE_MCP=1
 export KORTEX_REQUIRE_SDK=1
 echo "==> PostgreSQL for tests: ${KORTEX_TEST_POSTGRES_URL%%:*}://...@${KORTEX_TEST_POSTGRES_URL#*@}"
 
-# The dashboard test drives Debian's Chromium with the npm package playwright-core.
+# The dashboard test drives Debian's Chromium with the npm package playwright-core, and
+# checks every screen with axe-core.
 if ! command -v chromium >/dev/null 2>&1; then
   echo "==> installing Chromium (Debian package) for the dashboard test"
   apt_install chromium
 fi
-if [ ! -d operator/tests/browser/node_modules/playwright-core ]; then
-  echo "==> installing playwright-core (npm) for the dashboard test"
+if [ ! -d operator/tests/browser/node_modules/playwright-core ] \
+  || [ ! -d operator/tests/browser/node_modules/axe-core ]; then
+  echo "==> installing playwright-core and axe-core (npm) for the dashboard test"
   npm ci --prefix operator/tests/browser --no-audit --no-fund --silent
 fi
 export KORTEX_TEST_CHROMIUM="$(command -v chromium)"

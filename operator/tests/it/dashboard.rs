@@ -430,6 +430,17 @@ spec: {{sessions: ["incident-*"], provider: scripted}}
     };
     passed(&out, &server);
     assert!(screenshots().join("markdown.png").exists());
+    // Every screen, light and dark, through axe-core.
+    let Some(out) = run_browser("a11y.mjs", &env).await else {
+        return;
+    };
+    passed(&out, &server);
+    for screen in ["chat", "proposals", "status", "usage"] {
+        for scheme in ["light", "dark"] {
+            let shot = format!("{screen}-{scheme}.png");
+            assert!(screenshots().join(&shot).exists(), "{shot} was not saved");
+        }
+    }
 }
 
 /// Cluster mode: a scale proposal's card shows the dry run as a diff.
