@@ -682,6 +682,8 @@
       return;
     }
     const badge = h('span', { class: `badge ${session.status}`, id: 'session-status' }, session.status);
+    // Shown while the event stream is down (the browser reconnects by itself).
+    const link = h('span', { class: 'badge reconnecting', id: 'reconnecting', role: 'status', hidden: true }, 'reconnecting…');
     const transcript = h('div', { class: 'transcript', id: 'transcript', role: 'log', 'aria-live': 'polite', 'aria-label': 'Transcript' });
     const input = h('textarea', { id: 'message', 'aria-label': 'Message', placeholder: 'Ask about your cluster… (Enter sends, Shift+Enter for a new line)' });
     const send = h('button', { class: 'primary', type: 'submit', id: 'send' }, 'Send');
@@ -709,7 +711,7 @@
         h('h2', {}, session.name),
         h('span', { class: 'badge', title: 'The ChatPolicy matched by the session name' }, `policy ${session.policy || '—'}`),
         h('span', { class: 'muted' }, `namespace ${session.namespace}`),
-        badge,
+        badge, link,
         access === 'owner' ? null : h('span', { class: 'muted', id: 'owner' }, `${session.user}'s session · ${access === 'continue' ? 'you may continue' : 'read only'}`),
         session.title ? h('span', { class: 'muted' }, session.title) : null,
         h('span', { class: 'head-actions' }, shareBtn, handBtn)),
@@ -1028,6 +1030,8 @@
     };
     const es = new EventSource(`/chat/v1/sessions/${encodeURIComponent(id)}/events?after=${lastSeq}`);
     view.cleanup.push(() => es.close());
+    es.addEventListener('error', () => { link.hidden = false; });
+    es.addEventListener('open', () => { link.hidden = true; });
     for (const [type, handle] of Object.entries(handlers)) {
       es.addEventListener(type, (ev) => {
         const seq = Number(ev.lastEventId);

@@ -21,7 +21,13 @@ try {
   const problems = [];
   const dialogs = [];
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-  page.on('console', (m) => { if (m.type() === 'error') problems.push(`console: ${m.text()}`); });
+  let streamBlocked = false;
+  page.on('console', (m) => {
+    if (m.type() !== 'error') return;
+    // The event stream refused on purpose (below) logs its failed loads.
+    if (streamBlocked && m.text().includes('net::ERR_FAILED')) return;
+    problems.push(`console: ${m.text()}`);
+  });
   let renameTo = null;
   page.on('dialog', (d) => {
     if (d.type() === 'prompt' && renameTo) d.accept(renameTo);
@@ -121,6 +127,18 @@ try {
   step('usage by provider: chart, table and CSV');
   await page.goto(sessionUrl);
   await page.locator('.msg.assistant.md table').waitFor();
+
+  // The event stream cannot connect, then can again: the page says so meanwhile.
+  await page.locator('#reconnecting').waitFor({ state: 'hidden' });
+  const events = (url) => url.pathname.endsWith('/events');
+  streamBlocked = true;
+  await page.route(events, (r) => r.abort());
+  await page.reload();
+  await page.locator('#reconnecting').waitFor({ state: 'visible', timeout: 15000 });
+  await page.unroute(events);
+  await page.locator('#reconnecting').waitFor({ state: 'hidden', timeout: 20000 });
+  streamBlocked = false;
+  step('a dropped event stream shows "reconnecting…" until it is back');
 
   // Keyboard shortcuts: ? lists them, n and / focus the fields.
   await page.locator('h2, h1').first().click();
