@@ -401,13 +401,9 @@ impl Store {
         .await
     }
 
-    /// Whom run `run_id` acts for: the user who posted its message (in a shared session,
-    /// not always the owner); `None` for runs from before this was recorded.
-    pub async fn run_actor(&self, run_id: &str) -> Result<Option<String>, StoreError> {
-        Ok(self.run_origin(run_id).await?.0)
-    }
-
-    /// Whom a run acts for, and the trace context (`traceparent`) it started in.
+    /// Whom run `run_id` acts for — the user who posted its message (in a shared session,
+    /// not always the owner; `None` for runs from before this was recorded) — and the trace
+    /// context (`traceparent`) it started in.
     pub async fn run_origin(
         &self,
         run_id: &str,

@@ -56,10 +56,12 @@ pub fn init(format: LogFormat) {
             .with_filter(log_filter())
             .boxed(),
     };
-    let (traces, problem) = match export::Settings::from_env() {
-        Ok(None) => (None, None),
+    // `Ok(None)`: off; `Ok(Some(endpoint))`: exporting there; `Err`: why not.
+    let mut outcome: Result<Option<String>, String> = Ok(None);
+    let traces = match export::Settings::from_env() {
         Ok(Some(settings)) => match export::start(&settings) {
-            Ok(tracer) => (
+            Ok(tracer) => {
+                outcome = Ok(Some(settings.endpoint_label()));
                 Some(
                     tracing_opentelemetry::layer()
                         .with_tracer(tracer)
@@ -67,12 +69,18 @@ pub fn init(format: LogFormat) {
                         .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
                             meta.is_span() && meta.target() == trace::TARGET
                         })),
-                ),
-                None,
-            ),
-            Err(e) => (None, Some(e)),
+                )
+            }
+            Err(e) => {
+                outcome = Err(e);
+                None
+            }
         },
-        Err(e) => (None, Some(e)),
+        Ok(None) => None,
+        Err(e) => {
+            outcome = Err(e);
+            None
+        }
     };
     let on = traces.is_some();
     if tracing_subscriber::registry()
@@ -82,13 +90,12 @@ pub fn init(format: LogFormat) {
         .is_ok()
     {
         trace::set_enabled(on);
-        if let Some(e) = problem {
-            tracing::error!(error = %e, "traces are off: the OpenTelemetry settings cannot work");
-        } else if on {
-            tracing::info!(
-                endpoint = %export::Settings::from_env().ok().flatten().map(|s| s.endpoint_label()).unwrap_or_default(),
-                "exporting traces over OTLP"
-            );
+        match outcome {
+            Err(e) => {
+                tracing::error!(error = %e, "traces are off: the OpenTelemetry settings cannot work")
+            }
+            Ok(Some(endpoint)) => tracing::info!(%endpoint, "exporting traces over OTLP"),
+            Ok(None) => {}
         }
     }
 }

@@ -446,7 +446,7 @@ spec: {{sessions: ["incident-*"], provider: scripted}}
 /// Cluster mode: a scale proposal's card shows the dry run as a diff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
-    use crate::investigation::{tool_calls, wait_idle};
+    use crate::investigation::tool_calls;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = crate::operator::FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -475,24 +475,13 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
         &script,
         streamed(&openai(), (openai().text_stream)(&["Proposed."])),
     );
-    let client = crate::common::http_client();
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-diff", "namespace": "team-a"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "scale api to 5"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    crate::investigation::chat_once(
+        &crate::common::http_client(),
+        &server,
+        json!({"name": "incident-diff", "namespace": "team-a"}),
+        "scale api to 5",
+    )
+    .await;
     let url = server.url("");
     let env = [("KORTEX_URL", url.trim_end_matches('/'))];
     let Some(out) = run_browser("proposal_diff.mjs", &env).await else {
