@@ -237,6 +237,19 @@
     return target;
   }
 
+  /** Under an answer: when, and the provider and model that wrote it. */
+  function byline(iso, provider, model) {
+    const parts = [];
+    const when = ago(iso);
+    if (when) parts.push(when);
+    if (provider || model) {
+      if (parts.length) parts.push(' · ');
+      parts.push(h('span', { class: 'served-by', title: `provider ${provider || '?'}, model ${model || '?'}` },
+        [provider, model].filter(Boolean).join(' · ')));
+    }
+    return parts.length ? h('div', { class: 'when' }, ...parts) : null;
+  }
+
   function csrf() {
     const m = document.cookie.match(/(?:^|;\s*)(?:__Host-)?kortex_csrf=([^;]+)/);
     return m ? decodeURIComponent(m[1]) : null;
@@ -476,6 +489,9 @@
   }
 
   // ---- chat ----------------------------------------------------------------------------
+  // Session states as the list and its filter name them.
+  const STATES = { idle: 'idle', running: 'running', requires_action: 'waiting', paused: 'paused', failed: 'failed' };
+
   async function chatView(id) {
     const listEl = h('ul', { 'aria-label': 'Sessions' });
     const name = h('input', { id: 'new-session-name', name: 'name', required: true, placeholder: 'e.g. incident-checkout', autocomplete: 'off' });
@@ -504,8 +520,8 @@
     const search = h('input', { id: 'session-search', type: 'search', placeholder: 'Search name, title, text', 'aria-label': 'Search sessions', autocomplete: 'off', value: view.sessionSearch || '' });
     const policyFilter = h('select', { id: 'session-policy', 'aria-label': 'Filter by policy' }, h('option', { value: '' }, 'any policy'));
     const stateFilter = h('select', { id: 'session-state', 'aria-label': 'Filter by state' },
-      [['', 'any state'], ['idle', 'idle'], ['running', 'running'], ['requires_action', 'waiting'], ['paused', 'paused'], ['failed', 'failed']]
-        .map(([v, t]) => h('option', { value: v }, t)));
+      h('option', { value: '' }, 'any state'),
+      Object.entries(STATES).map(([v, t]) => h('option', { value: v }, t)));
     const filters = h('div', { class: 'session-filters' }, search, h('div', { class: 'session-selects' }, policyFilter, stateFilter));
     show(h('div', { class: 'chat' },
       h('aside', { class: 'panel sessions', 'aria-label': 'Sessions' }, form, filters, listEl,
@@ -556,7 +572,10 @@
           });
           return h('li', { class: s.id === id ? 'current' : '' },
             h('a', { href: `#/chat/${s.id}`, 'aria-current': s.id === id ? 'page' : null },
-              s.name, h('span', { class: 't' }, s.title || `policy ${s.policy || '—'} · ${s.status}`, ' · ', ago(s.updatedAt))),
+              s.name,
+              // The title: the incident summary a summarize model wrote, or the owner's.
+              s.title ? h('span', { class: 'summary', title: s.title }, s.title) : null,
+              h('span', { class: 't' }, `${s.policy || 'no policy'} · ${STATES[s.status] || s.status} · `, ago(s.updatedAt))),
             rename, del);
         }));
         if (!shown.length) listEl.append(h('li', { class: 'muted' }, all.length || q ? 'No sessions match.' : 'No sessions yet.'));
@@ -887,8 +906,8 @@
       } else if (m.role === 'assistant') {
         if (m.content) {
           const el = answer(m.content, { class: `msg assistant${struck}`, title: m.superseded ? 'Rewound: no longer sent to the model' : null });
-          const when = ago(m.createdAt);
-          if (when) el.append(h('div', { class: 'when' }, when));
+          const line = byline(m.createdAt, m.provider, m.model);
+          if (line) el.append(line);
           transcript.append(el);
         }
         if ((m.toolCalls || []).length) {
@@ -978,9 +997,17 @@
         live.chips = null;
         if (d.step) rewind.append(h('option', { value: String(d.step) }, `rewind to step ${d.step}`));
       },
+      // Said once the step's answer is stored: under its text, who wrote it.
+      'step.answered': (d) => {
+        if (!live.text || live.text.dataset.run !== d.runId) return;
+        const line = byline(new Date().toISOString(), d.provider, d.model);
+        if (line) live.text.append(line);
+      },
       'plan.proposal': (d) => planCard(d),
       handover: (d) => handoverCard(d),
       follow_ups: (d) => {
+        // Asked after the title is written: the list shows the new incident summary.
+        if (view.refreshSessions) view.refreshSessions();
         const chips = h('div', { class: 'follow-ups', 'aria-label': 'Suggested questions' },
           (d.questions || []).map((q) => h('button', { type: 'button', class: 'follow-up', onclick: () => { input.value = q; submit(); } }, q)));
         transcript.append(chips);

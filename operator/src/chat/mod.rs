@@ -27,6 +27,8 @@ pub mod event {
     pub const RUN_LIFECYCLE: &str = "run.lifecycle";
     /// `{runId, step}`
     pub const STEP_BOUNDARY: &str = "step.boundary";
+    /// `{runId, step, provider, model}`: who wrote the step's answer (stored with it).
+    pub const STEP_ANSWERED: &str = "step.answered";
     /// `{runId, text}`
     pub const TEXT_DELTA: &str = "text.delta";
     /// `{runId, callId, name, input}`

@@ -479,6 +479,8 @@ async fn steps(
                     run_id: Some(run_id.to_owned()),
                     role: "assistant".into(),
                     content: redactor.text(&text).0,
+                    provider: Some(provider_name.clone()),
+                    model: Some(served_model.clone()),
                     ..Default::default()
                 };
                 engine.append(&session.id, &partial).await?;
@@ -490,16 +492,21 @@ async fn steps(
             redactor.value(&mut call.input);
         }
         if !text.is_empty() || !calls.is_empty() {
+            // Stored with the event saying who wrote it (one transaction).
             engine
-                .append(
+                .append_and_emit(
                     &session.id,
                     &NewMessage {
                         run_id: Some(run_id.to_owned()),
                         role: "assistant".into(),
                         content: redactor.text(&text).0,
                         tool_calls: (!calls.is_empty()).then(|| json!(calls)),
+                        provider: Some(provider_name.clone()),
+                        model: Some(served_model.clone()),
                         ..Default::default()
                     },
+                    event::STEP_ANSWERED,
+                    json!({"runId": run_id, "step": step, "provider": provider_name, "model": served_model}),
                 )
                 .await?;
         }

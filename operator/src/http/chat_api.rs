@@ -88,6 +88,12 @@ fn session_json(s: &SessionRecord, messages: Option<Vec<crate::store::MessageRec
                 if let Some(author) = &m.author {
                     o["author"] = json!(author);
                 }
+                if let Some(provider) = &m.provider {
+                    o["provider"] = json!(provider);
+                }
+                if let Some(model) = &m.model {
+                    o["model"] = json!(model);
+                }
                 o
             })
             .collect();

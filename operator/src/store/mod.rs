@@ -94,6 +94,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "traces",
         include_str!("../../../migrations/0011_traces.sql"),
     ),
+    (
+        12,
+        "message_model",
+        include_str!("../../../migrations/0012_message_model.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

@@ -74,6 +74,12 @@ pub struct MessageRecord {
     /// Who wrote it (user messages; a shared session has several authors).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub author: Option<String>,
+    /// The provider (its resource name) that wrote an assistant message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The model that wrote an assistant message, as the provider reported it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// What appending a message needs.
@@ -93,6 +99,10 @@ pub struct NewMessage {
     pub is_error: bool,
     /// Who wrote it (user messages).
     pub author: Option<String>,
+    /// The provider that wrote it (assistant messages).
+    pub provider: Option<String>,
+    /// The model that wrote it (assistant messages).
+    pub model: Option<String>,
 }
 
 /// One persisted SSE event.

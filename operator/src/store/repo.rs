@@ -83,10 +83,12 @@ pub(super) async fn insert_message(
         created_at: now_ms(),
         superseded: false,
         author: new.author.clone(),
+        provider: new.provider.clone(),
+        model: new.model.clone(),
     };
     sqlx::query(
-            "INSERT INTO chat_messages (id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, author) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+            "INSERT INTO chat_messages (id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, author, provider, model) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
         )
         .bind(&record.id)
         .bind(&record.session_id)
@@ -99,6 +101,8 @@ pub(super) async fn insert_message(
         .bind(i64::from(record.is_error))
         .bind(record.created_at)
         .bind(&record.author)
+        .bind(&record.provider)
+        .bind(&record.model)
         .execute(&mut **tx)
         .await?;
     sqlx::query("UPDATE chat_sessions SET updated_at = $1 WHERE id = $2")
@@ -313,6 +317,8 @@ fn message_row(row: &AnyRow) -> Result<MessageRecord, StoreError> {
         created_at: row.try_get("created_at")?,
         superseded: row.try_get::<i64, _>("superseded")? != 0,
         author: row.try_get("author")?,
+        provider: row.try_get("provider")?,
+        model: row.try_get("model")?,
     })
 }
 
@@ -346,7 +352,7 @@ impl Store {
     ) -> Result<Vec<MessageRecord>, StoreError> {
         self.traced("SELECT chat_messages", async move {
             let rows = sqlx::query(
-                "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded, author \
+                "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded, author, provider, model \
                  FROM chat_messages WHERE session_id = $1 AND seq > $2 ORDER BY seq",
             )
             .bind(session_id)

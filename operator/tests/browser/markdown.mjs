@@ -2,17 +2,12 @@
 // table, a YAML code block (highlighted, with a copy button), a list and links renders as
 // such; a <script> and raw HTML in model output stay text; a javascript: link is not a link;
 // the rendering survives a reload; session search, filters and rename; the usage page and its CSV; dark mode follows the system and the toggle. Run by operator/tests/it/dashboard.rs.
-import { chromium } from 'playwright-core';
+import { launch } from './lib.mjs';
 import assert from 'node:assert/strict';
 
 const base = process.env.KORTEX_URL;
 const shots = process.env.SCREENSHOTS;
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM,
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 const step = (s) => console.log(`- ${s}`);
 try {
   const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
@@ -64,9 +59,17 @@ try {
     assert.ok((await msg.innerText()).includes('<img src=x onerror=alert(1)>'), `${when}: raw HTML shows as text`);
     assert.equal(await msg.locator('a', { hasText: 'click me' }).count(), 0, `${when}: a javascript: link is no link`);
     assert.deepEqual(dialogs, [], `${when}: nothing ran`);
+    // Who answered: the provider resource and the model its server reported.
+    assert.equal(await msg.locator('.served-by').innerText(), 'scripted · gpt-test', `${when}: the provider and model`);
   };
   await check('streamed');
-  step('the streamed answer rendered as Markdown: heading, list, table, highlighted YAML, link');
+  step('the streamed answer rendered as Markdown: heading, list, table, highlighted YAML, link, who answered');
+
+  // The summarize model's incident summary (the title) reaches the list without a reload.
+  const item = page.locator('aside.sessions li', { has: page.locator('.summary', { hasText: process.env.KORTEX_SUMMARY }) });
+  await item.waitFor();
+  assert.match(await item.locator('.t').innerText(), /^ops · idle · /);
+  step('the incident summary shows in the session list');
 
   // The copy button puts the code itself on the clipboard.
   await page.locator('.msg.assistant.md .code button.copy').first().click();
@@ -114,15 +117,16 @@ try {
   await page.waitForURL(/by=provider/);
   const row = page.locator('table.usage-table tr[data-key="scripted"]');
   await row.waitFor();
-  assert.equal(await row.locator('td').nth(1).innerText(), '1', 'one call to the scripted provider');
+  // The answer, then the summarize model's title and follow-up questions.
+  assert.equal(await row.locator('td').nth(1).innerText(), '3', 'three calls to the scripted provider');
   assert.equal(await page.locator('svg.usage-chart rect').count(), 1);
   const [download] = await Promise.all([page.waitForEvent('download'), page.locator('#usage-csv').click()]);
   assert.equal(download.suggestedFilename(), 'kortex-usage-provider-30d.csv');
   const csv = await (await import('node:fs/promises')).readFile(await download.path(), 'utf8');
   const lines = csv.trim().split('\r\n');
   assert.equal(lines[0], 'key,requests,inputTokens,outputTokens,costUsd,estimatedRequests');
-  // The scripted stream reports no usage: Kortex estimated it (the last column says so).
-  assert.match(lines[1], /^scripted,1,[1-9]\d*,[1-9]\d*,0,1$/);
+  // The scripted stream reports no usage: Kortex estimated that call (the last column).
+  assert.match(lines[1], /^scripted,3,[1-9]\d*,[1-9]\d*,0,1$/);
   if (shots) await page.screenshot({ path: `${shots}/usage.png`, fullPage: true });
   step('usage by provider: chart, table and CSV');
   await page.goto(sessionUrl);

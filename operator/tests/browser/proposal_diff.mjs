@@ -1,17 +1,12 @@
 // A proposal card in cluster mode, in headless Chromium: the dry-run preview as a
 // before/after table with the changed field marked, and the exact kubectl line to decide it
 // from a terminal. Run by operator/tests/it/dashboard.rs.
-import { chromium } from 'playwright-core';
+import { launch } from './lib.mjs';
 import assert from 'node:assert/strict';
 
 const base = process.env.KORTEX_URL;
 const shots = process.env.SCREENSHOTS;
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM,
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 try {
   const page = await (await browser.newContext({ viewport: { width: 1280, height: 900 } })).newPage();
   const problems = [];

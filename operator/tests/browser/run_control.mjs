@@ -1,16 +1,11 @@
 // Steers runs from the Kortex dashboard in headless Chromium: pause a run mid-step,
 // redirect it while paused, resume it; approve a required plan with one step left out;
 // ask a suggested follow-up question. Run by operator/tests/it/dashboard.rs.
-import { chromium } from 'playwright-core';
+import { launch } from './lib.mjs';
 import assert from 'node:assert/strict';
 
 const base = process.env.KORTEX_URL;
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM,
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 const step = (s) => console.log(`- ${s}`);
 try {
   const page = await (await browser.newContext({ viewport: { width: 1280, height: 860 } })).newPage();

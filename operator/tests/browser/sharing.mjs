@@ -3,19 +3,14 @@
 // over to Carol with a note; Carol finds it under "Shared with me", reads who asked what and
 // the hand-over summary, and continues; Alice sees Carol's question arrive; Bob may only
 // read. Run by operator/tests/it/dashboard.rs.
-import { chromium } from 'playwright-core';
+import { launch } from './lib.mjs';
 import assert from 'node:assert/strict';
 
 const base = process.env.KORTEX_URL;
 const keys = JSON.parse(process.env.KORTEX_KEYS);
 const summary = process.env.KORTEX_SUMMARY;
 const shots = process.env.SCREENSHOTS;
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM,
-  headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-});
+const browser = await launch();
 const step = (s) => console.log(`- ${s}`);
 const problems = [];
 const signedIn = async (user) => {

@@ -155,6 +155,19 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
     let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(kinds.first(), Some(&"run.lifecycle"), "{kinds:?}");
     assert!(kinds.contains(&"step.boundary"), "{kinds:?}");
+    // Who wrote the answer: the provider resource and the model it reported.
+    let answered = events
+        .iter()
+        .find(|e| e.event == "step.answered")
+        .unwrap_or_else(|| panic!("no step.answered: {kinds:?}"));
+    assert_eq!(
+        (
+            &answered.data["provider"],
+            &answered.data["model"],
+            &answered.data["step"]
+        ),
+        (&json!("gpt"), &json!("gpt-test"), &json!(1))
+    );
     let text: String = events
         .iter()
         .filter(|e| e.event == "text.delta")
@@ -203,6 +216,15 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .unwrap_or_default();
     assert_eq!(roles, vec!["user", "assistant"]);
     assert_eq!(s["messages"][1]["content"], "The api pods are OOMKilled.");
+    assert_eq!(
+        (&s["messages"][1]["provider"], &s["messages"][1]["model"]),
+        (&json!("gpt"), &json!("gpt-test"))
+    );
+    assert_eq!(
+        s["messages"][0].get("provider"),
+        None,
+        "a question has no model"
+    );
 
     // The audit log has the provider call; the transcript exports.
     let audit: Value = get_json(

@@ -189,7 +189,14 @@ async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
     };
     passed(&out, &server);
     let shots = screenshots();
-    for shot in ["chat.png", "proposals.png", "status.png", "phone.png"] {
+    for shot in [
+        "chat.png",
+        "proposals.png",
+        "status.png",
+        "phone.png",
+        "signin-light.png",
+        "signin-dark.png",
+    ] {
         assert!(shots.join(shot).exists(), "{shot} was not saved");
     }
     assert!(!server.log().contains(KEY), "the chat key reached the log");
@@ -382,13 +389,27 @@ spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: scrip
 /// What the scripted model answers in the Markdown browser test: a heading, a list, a table,
 /// a YAML block, links (one with a `javascript:` URL) and HTML that must stay text, streamed
 /// in small pieces so that the table and the code block arrive split.
+/// The session title the summarize role writes in the Markdown test.
+const INCIDENT_SUMMARY: &str = "checkout pods OOMKilled 14 times: memory limit too low";
+
 const MARKDOWN_ANSWER: &str = "### Findings\n\n- `checkout-7d9` was `OOMKilled` 14 times\n- the **memory limit** is too low\n\n| Pod | Restarts | Reason |\n|---|---:|---|\n| checkout-7d9 | 14 | OOMKilled |\n| checkout-5f2 | 3 | OOMKilled |\n\nRaise it:\n\n```yaml\nresources:\n  limits:\n    memory: 512Mi\n```\n\nSee [the runbook](https://runbooks.example.com/checkout) or [click me](javascript:alert(1)).\n\n<script>alert(\"x\")</script> and <img src=x onerror=alert(1)>\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_renders_markdown_answers_safely() {
     let (llm, script) = mock().await;
-    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|_: &Value| {
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body: &Value| {
         let d = openai();
+        // The summarize role's calls (not streamed): the session's title — the incident
+        // summary shown in the list — and follow-up questions.
+        if body["stream"] != json!(true) {
+            let asked = body["messages"].to_string();
+            let text = if asked.contains("Write a title") {
+                INCIDENT_SUMMARY
+            } else {
+                "Which deploy lowered the limit?\nAre other pods near their limit?"
+            };
+            return Some(crate::llm::json_reply(200, &(d.text_json)(text)));
+        }
         let mut chunks = vec![openai_chunk(
             json!({"role": "assistant", "content": ""}),
             Value::Null,
@@ -416,7 +437,7 @@ spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m}}
 apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {{name: ops}}
-spec: {{sessions: ["incident-*"], provider: scripted}}
+spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: m}}}}
 "#
         ),
     )
@@ -424,7 +445,10 @@ spec: {{sessions: ["incident-*"], provider: scripted}}
     // On loopback: no sign-in.
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let url = server.url("");
-    let env = [("KORTEX_URL", url.trim_end_matches('/'))];
+    let env = [
+        ("KORTEX_URL", url.trim_end_matches('/')),
+        ("KORTEX_SUMMARY", INCIDENT_SUMMARY),
+    ];
     let Some(out) = run_browser("markdown.mjs", &env).await else {
         return;
     };
