@@ -736,7 +736,16 @@
         h('span', { class: 'head-actions' }, shareBtn, handBtn)),
       transcript, ...bottom);
 
-    const scroll = () => { transcript.scrollTop = transcript.scrollHeight; };
+    // The transcript follows what arrives while the reader is at its end; scrolled up to
+    // read, they stay where they are (their own question brings them back down).
+    let following = true;
+    transcript.addEventListener('scroll', () => {
+      following = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 48;
+    });
+    const scroll = (force) => {
+      if (force === true) following = true;
+      if (following) transcript.scrollTop = transcript.scrollHeight;
+    };
     // The run that controls apply to (the active one, or the last one seen).
     let currentRun = session.activeRun ? session.activeRun.id : null;
     const setStatus = (s) => {
@@ -930,7 +939,7 @@
       }
     }
     handoversUntil(null);
-    scroll();
+    scroll(true);
 
     // A run someone else started in a shared session: their question, from the database.
     const showQuestionOf = async (runId) => {
@@ -1088,7 +1097,7 @@
         } else {
           send.disabled = false;
         }
-        scroll();
+        scroll(true);
       } catch (e) {
         note(`${e.code || 'error'}: ${e.message}`, 'error');
         send.disabled = false;

@@ -24,9 +24,13 @@ try {
     problems.push(`console: ${m.text()}`);
   });
   let renameTo = null;
+  let confirmDelete = null;
   page.on('dialog', (d) => {
     if (d.type() === 'prompt' && renameTo) d.accept(renameTo);
-    else { dialogs.push(d.message()); d.dismiss(); }
+    else if (d.type() === 'confirm' && confirmDelete !== null) {
+      dialogs.push(d.message());
+      if (confirmDelete) d.accept(); else d.dismiss();
+    } else { dialogs.push(d.message()); d.dismiss(); }
   });
   await page.goto(`${base}/#/chat`);
   await page.getByLabel('New session').fill('incident-md');
@@ -143,6 +147,42 @@ try {
   await page.locator('#reconnecting').waitFor({ state: 'hidden', timeout: 20000 });
   streamBlocked = false;
   step('a dropped event stream shows "reconnecting…" until it is back');
+
+  // A long answer streams slowly: followed while the reader is at the end; once they scroll
+  // up to read, it grows below without moving them.
+  const transcriptGap = () => page.evaluate(() => {
+    const t = document.getElementById('transcript');
+    return { top: t.scrollTop, gap: t.scrollHeight - t.scrollTop - t.clientHeight };
+  });
+  await page.getByRole('textbox', { name: 'Message', exact: true }).fill('Explain it slowly');
+  await page.getByRole('textbox', { name: 'Message', exact: true }).press('Enter');
+  await page.locator('.msg.assistant.md', { hasText: 'line 20 of the slow answer' }).waitFor();
+  assert.ok((await transcriptGap()).gap < 48, 'the answer is followed while the reader is at the end');
+  await page.evaluate(() => { document.getElementById('transcript').scrollTop = 0; });
+  await page.locator('#session-status').filter({ hasText: 'idle' }).waitFor({ timeout: 30000 });
+  assert.match(await page.locator('.msg.assistant.md').last().innerText(), /line 60 of the slow answer/);
+  const after = await transcriptGap();
+  assert.equal(after.top, 0, 'scrolled up to read: left where they were');
+  assert.ok(after.gap > 200, 'the answer grew below');
+  step('a streamed answer is followed at the end and leaves a reader who scrolled up in place');
+
+  // Delete, after a confirmation: dismissed, the session stays; accepted, it goes.
+  await page.getByLabel('New session').fill('incident-gone');
+  await page.getByRole('button', { name: 'Create session' }).click();
+  await page.getByRole('heading', { name: 'incident-gone' }).waitFor();
+  confirmDelete = false;
+  await page.getByRole('button', { name: 'Delete session incident-gone' }).click();
+  assert.ok(dialogs.some((m) => m.startsWith('Delete session incident-gone?')), `asked: ${dialogs}`);
+  assert.equal(await sessions.filter({ hasText: 'incident-gone' }).count(), 1, 'dismissed: kept');
+  confirmDelete = true;
+  await page.getByRole('button', { name: 'Delete session incident-gone' }).click();
+  await page.waitForURL(/#\/chat$/);
+  await sessions.filter({ hasText: 'incident-md' }).waitFor();
+  assert.equal(await sessions.filter({ hasText: 'incident-gone' }).count(), 0, 'deleted');
+  confirmDelete = null;
+  await page.goto(sessionUrl);
+  await page.locator('.msg.assistant.md table').waitFor();
+  step('delete asks first: dismissed keeps the session, confirmed removes it');
 
   // Keyboard shortcuts: ? lists them, n and / focus the fields.
   await page.locator('h2, h1').first().click();

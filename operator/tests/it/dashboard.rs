@@ -414,6 +414,21 @@ async fn the_dashboard_renders_markdown_answers_safely() {
             json!({"role": "assistant", "content": ""}),
             Value::Null,
         )];
+        // A long answer, a line every 50 ms (the scroll-position check).
+        if body["messages"].to_string().contains("slowly") {
+            for i in 1..=60 {
+                chunks.push(openai_chunk(
+                    json!({"content": format!("- line {i} of the slow answer\n")}),
+                    Value::Null,
+                ));
+            }
+            chunks.push(openai_chunk(json!({}), json!("stop")));
+            chunks.push("data: [DONE]\n\n".into());
+            return Some(crate::llm::Reply {
+                chunk_delay: Some(Duration::from_millis(50)),
+                ..streamed(&d, chunks)
+            });
+        }
         let text: Vec<char> = MARKDOWN_ANSWER.chars().collect();
         for piece in text.chunks(7) {
             chunks.push(openai_chunk(
