@@ -9,6 +9,7 @@ pub mod chat;
 pub mod cli;
 pub mod crd;
 pub mod egress;
+pub mod eval;
 pub mod glob;
 pub mod govern;
 pub mod http;

@@ -1281,6 +1281,77 @@
       h('div', { class: 'actions' }, download));
   }
 
+  // ---- evals ---------------------------------------------------------------------------
+  /** Pass rate over time, a line per configuration (`kortex eval --record`). */
+  function evalChart(items, labels) {
+    const W = 640; const H = 200; const pad = 34;
+    const times = items.map((r) => Date.parse(r.at));
+    const t0 = Math.min(...times); const t1 = Math.max(...times);
+    const x = (t) => pad + (t1 === t0 ? (W - 2 * pad) / 2 : ((t - t0) / (t1 - t0)) * (W - 2 * pad));
+    const y = (rate) => H - pad - rate * (H - 2 * pad);
+    const ns = 'http://www.w3.org/2000/svg';
+    const el = (tag, attrs, text) => {
+      const e = document.createElementNS(ns, tag);
+      for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+      if (text !== undefined) e.textContent = text;
+      return e;
+    };
+    const svg = el('svg', { class: 'eval-chart', viewBox: `0 0 ${W} ${H}`, role: 'img',
+      'aria-label': `Pass rate over time for ${labels.join(', ')}` });
+    for (const rate of [0, 0.5, 1]) {
+      svg.append(el('line', { x1: pad, x2: W - pad, y1: y(rate), y2: y(rate), class: 'grid' }));
+      svg.append(el('text', { x: 2, y: y(rate) + 4, class: 'axis' }, `${rate * 100}%`));
+    }
+    labels.forEach((label, i) => {
+      const points = items.filter((r) => r.label === label);
+      const colour = PALETTE[i % PALETTE.length];
+      svg.append(el('polyline', { fill: 'none', stroke: colour, 'stroke-width': 2,
+        points: points.map((r) => `${x(Date.parse(r.at)).toFixed(1)},${y(r.passRate).toFixed(1)}`).join(' ') }));
+      for (const r of points) {
+        const dot = el('circle', { cx: x(Date.parse(r.at)).toFixed(1), cy: y(r.passRate).toFixed(1), r: 4, fill: colour });
+        dot.append(el('title', {}, `${label}: ${Math.round(r.passRate * 100)}% (${r.passed}/${r.attempts}) on ${new Date(r.at).toLocaleString()}`));
+        svg.append(dot);
+      }
+    });
+    const legend = h('ul', { class: 'legend' }, labels.map((label, i) =>
+      h('li', {}, h('span', { class: 'swatch', style: `background:${PALETTE[i % PALETTE.length]}` }), label)));
+    return h('figure', { class: 'eval-figure' }, svg, legend);
+  }
+
+  async function evalsView() {
+    const body = h('div', {}, h('p', { class: 'muted' }, 'Loading…'));
+    show(h('section', { class: 'panel evals', 'aria-label': 'Evals' },
+      h('h2', {}, 'Investigation quality'),
+      h('p', { class: 'muted' }, 'Results of kortex eval --record: how often each policy or model found the cause in the scenarios, over the last 90 days.'),
+      body));
+    let data;
+    try {
+      data = await api('GET', '/api/v1/evals?since=90d');
+    } catch (e) {
+      body.replaceChildren(e.status === 403
+        ? h('p', { role: 'alert', class: 'error' }, 'Eval results are for admins (the group kortex-admins, or RBAC get on /kortex/evals).')
+        : errorBox(e));
+      return;
+    }
+    const items = data.items || [];
+    if (!items.length) {
+      body.replaceChildren(h('p', { class: 'muted' }, 'No recorded eval yet: run kortex eval --scenarios evals/ --manifests … --record.'));
+      return;
+    }
+    const labels = [...new Set(items.map((r) => r.label))];
+    const pct = (v) => `${Math.round(v * 100)}%`;
+    body.replaceChildren(
+      evalChart(items, labels),
+      h('div', { class: 'table-wrap' }, h('table', { class: 'evals-table' },
+        h('thead', {}, h('tr', {}, ['when', 'configuration', 'suite', 'passed', 'pass rate (95% interval)', 'tokens', 'spend (USD)'].map((c) => h('th', { scope: 'col' }, c)))),
+        h('tbody', {}, [...items].reverse().map((r) => h('tr', { 'data-label': r.label },
+          h('td', {}, ago(r.at)), h('td', {}, r.label), h('td', {}, r.suite),
+          h('td', { class: 'num' }, `${r.passed}/${r.attempts}`),
+          h('td', { class: 'num' }, `${pct(r.passRate)} (${pct(r.interval[0])}–${pct(r.interval[1])})`),
+          h('td', { class: 'num' }, Number(r.inputTokens + r.outputTokens).toLocaleString('en-US')),
+          h('td', { class: 'num' }, usd(r.costUsd))))))));
+  }
+
   // ---- routing -------------------------------------------------------------------------
   async function route() {
     if (!me) return;
@@ -1291,6 +1362,7 @@
       if (page === 'proposals') await proposalsView();
       else if (page === 'status') await statusView();
       else if (page === 'usage') await usageView();
+      else if (page === 'evals') await evalsView();
       else await chatView(arg ? decodeURIComponent(arg) : null);
     } catch (e) {
       if (e.status === 401) signIn('Your sign-in expired; sign in again.');

@@ -137,14 +137,14 @@ pub struct DecideArgs {
     pub reason: Option<String>,
 }
 
-struct Api {
+pub(crate) struct Api {
     base: String,
     key: Option<String>,
     http: reqwest::Client,
 }
 
 impl Api {
-    fn new(args: &ServerArgs) -> Self {
+    pub(crate) fn new(args: &ServerArgs) -> Self {
         Self {
             base: args.server.trim_end_matches('/').to_owned(),
             key: args.key.clone(),
@@ -152,7 +152,7 @@ impl Api {
         }
     }
 
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let r = self.http.request(method, format!("{}{path}", self.base));
         match &self.key {
             Some(k) => r.bearer_auth(k),
@@ -175,7 +175,7 @@ impl Api {
         Err(format!("{status} {code}: {message}"))
     }
 
-    async fn json(&self, r: reqwest::RequestBuilder) -> Result<Value, String> {
+    pub(crate) async fn json(&self, r: reqwest::RequestBuilder) -> Result<Value, String> {
         self.send(r)
             .await?
             .json()

@@ -64,6 +64,10 @@ pub enum Command {
     /// A stdio MCP server for local MCP clients, carrying their requests to a Kortex
     /// server's `/mcp` (e.g. `claude mcp add kortex -- kortex mcp --policy NS/NAME`).
     Mcp(mcp::McpArgs),
+    /// Measure investigation quality: run incident scenarios through the chat engine with
+    /// recorded tools, score the answers, report per scenario and configuration
+    /// (docs/evals.md). `kortex eval record SESSION_ID` turns a session into a scenario.
+    Eval(crate::eval::EvalArgs),
 }
 
 /// `kortex providers ...`
@@ -220,6 +224,19 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Usage(args) => block_on(client::usage(args)),
         Command::EraseUser(args) => block_on(client::erase_user(args)),
         Command::Mcp(args) => block_on(mcp::run(args)),
+        Command::Eval(args) => {
+            let mut met = true;
+            let code = block_on(async {
+                met = crate::eval::run(args).await?;
+                Ok(())
+            });
+            if code == ExitCode::SUCCESS && !met {
+                eprintln!("error: a pass rate is below --min-pass-rate");
+                ExitCode::FAILURE
+            } else {
+                code
+            }
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 mod audit_api;
 mod dashboard;
 mod erasure_api;
+mod evals_api;
 pub mod gateway;
 mod usage_api;
 
@@ -147,6 +148,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/v1/audit", get(audit_api::audit))
         .route("/api/v1/usage", get(usage_api::usage))
+        .route("/api/v1/evals", get(evals_api::evals))
         .route(
             "/api/v1/users/{name}",
             axum::routing::delete(erasure_api::erase),

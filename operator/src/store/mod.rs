@@ -20,6 +20,7 @@ macro_rules! usage_daily_add {
 
 mod budget;
 pub mod erasure;
+mod evals;
 mod mcp;
 mod models;
 mod notify;
@@ -28,6 +29,7 @@ pub mod retention;
 mod runs;
 mod sharing;
 
+pub use evals::{EvalRun, SessionUsage};
 pub use mcp::MCP_ORIGIN;
 pub use notify::{Delivery, NotifyEventRecord};
 pub use runs::{PlanRecord, RunRecord};
@@ -98,6 +100,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         12,
         "message_model",
         include_str!("../../../migrations/0012_message_model.sql"),
+    ),
+    (
+        13,
+        "evals",
+        include_str!("../../../migrations/0013_evals.sql"),
     ),
 ];
 

@@ -196,6 +196,11 @@ impl Router {
         self.tools.insert(registered.spec.name.clone(), registered);
     }
 
+    /// The built-in tool named `name`.
+    pub fn tool(&self, name: &str) -> Option<Arc<dyn Tool>> {
+        self.tools.get(name).map(|t| t.tool.clone())
+    }
+
     /// The current plugin tools.
     pub fn plugins(&self) -> Arc<PluginSet> {
         self.plugins.borrow().clone()

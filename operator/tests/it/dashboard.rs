@@ -19,7 +19,10 @@ fn browser_dir() -> PathBuf {
 /// Runs `script` (in `tests/browser`) with node and `env` plus `CHROMIUM` and `SCREENSHOTS`,
 /// beside this runtime (which keeps serving the mock provider); `None` when Chromium or
 /// playwright-core is missing (a failure under `KORTEX_REQUIRE_BROWSER=1`).
-async fn run_browser(script: &str, env: &[(&str, &str)]) -> Option<std::process::Output> {
+pub(crate) async fn run_browser(
+    script: &str,
+    env: &[(&str, &str)],
+) -> Option<std::process::Output> {
     let required = std::env::var("KORTEX_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
     let modules = browser_dir().join("node_modules/playwright-core");
     let (Some(chromium), true) = (chromium(), modules.exists()) else {
@@ -51,12 +54,12 @@ async fn run_browser(script: &str, env: &[(&str, &str)]) -> Option<std::process:
     )
 }
 
-fn screenshots() -> PathBuf {
+pub(crate) fn screenshots() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots")
 }
 
 /// Fails with the script's output and the server's log unless the browser script passed.
-fn passed(out: &std::process::Output, server: &Server) {
+pub(crate) fn passed(out: &std::process::Output, server: &Server) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

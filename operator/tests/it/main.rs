@@ -13,6 +13,7 @@ mod config;
 mod dashboard;
 mod docs;
 mod egress;
+mod evals;
 mod faults;
 mod fuzz;
 mod gateway;

@@ -283,3 +283,64 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     assert!(!partial.is_empty(), "the partial answer is kept: {stored}");
     assert!(server.terminate().success());
 }
+
+/// `kortex eval` with a real model: a starter scenario through the chat engine on
+/// SmolLM2-135M (whose model the eval discovers from the server's list, as `kortex serve`
+/// does), and a report that says what the answer missed — the model's wisdom is not
+/// asserted (at temperature 0 it answers off-topic and calls no tool).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kortex_eval_runs_a_starter_scenario_on_a_small_open_model() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let Some(llama) = llama(&dir.path().join("llama.log")).await else {
+        return;
+    };
+    manifests(dir.path(), &llama.url);
+    let scenario = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../evals/crashloop-bad-config-key")
+        .display()
+        .to_string();
+    let config = dir.path().display().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(["eval", "--scenarios", &scenario, "--manifests", &config])
+            .args(["--policy", "default/local", "--timeout", "240s", "--json"])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let report: Value =
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    let target = &report["targets"][0];
+    assert_eq!(target["label"], "default/local");
+    assert_eq!(target["attempts"], 1, "{report:#}");
+    assert!(
+        target["inputTokens"].as_i64() > Some(500),
+        "the prompt and tools were sent: {report:#}"
+    );
+    let result = &target["results"][0];
+    assert_eq!(result["name"], "crashloop-bad-config-key");
+    if result["passed"] == 0 {
+        let reasons = result["failures"][0]["reasons"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(!reasons.is_empty(), "a failure says why: {report:#}");
+        assert!(
+            reasons
+                .iter()
+                .all(|r| r.as_str().is_some_and(|r| r.starts_with("did not")
+                    || r.starts_with("made a claim")
+                    || r.starts_with("called ")
+                    || r.starts_with("the run ended"))),
+            "{report:#}"
+        );
+    }
+    eprintln!(
+        "{}",
+        serde_json::to_string_pretty(target).unwrap_or_default()
+    );
+}

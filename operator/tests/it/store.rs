@@ -929,3 +929,68 @@ async fn sessions_are_found_by_name_title_and_text_and_renamed_by_their_owner() 
         assert_eq!(renamed.as_deref(), Some("Checkout OOM after 2.3"));
     }
 }
+
+/// Eval results: stored with an id and time, listed oldest first, by label, with or
+/// without their reports; a session's usage summed.
+#[tokio::test]
+async fn eval_results_are_kept_and_listed() {
+    use kortex::store::EvalRun;
+    for db in all_dbs().await {
+        let s = &db.store;
+        for (label, passed) in [
+            ("kortex/default", 3),
+            ("ollama/qwen", 1),
+            ("kortex/default", 4),
+        ] {
+            s.record_eval(&EvalRun {
+                id: String::new(),
+                at: 0,
+                label: label.into(),
+                kind: "policy".into(),
+                suite: "evals".into(),
+                scenarios: 5,
+                attempts: 5,
+                passed,
+                input_tokens: 1000,
+                output_tokens: 100,
+                cost_usd: 0.25,
+                report: json!({"label": label, "results": [{"name": "a"}]}),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        }
+        let all = s
+            .list_evals(0, None, false, 100)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        assert_eq!(
+            all.iter().map(|r| r.passed).collect::<Vec<_>>(),
+            vec![3, 1, 4],
+            "{}",
+            db.url
+        );
+        assert!(
+            all.iter()
+                .all(|r| r.report.is_null() && !r.id.is_empty() && r.at > 0)
+        );
+        assert!((all[0].cost_usd - 0.25).abs() < 1e-9);
+        let one = s
+            .list_evals(0, Some("kortex/default"), true, 100)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        assert_eq!(one.len(), 2, "{}", db.url);
+        assert_eq!(one[1].report["results"][0]["name"], "a");
+        let none = s
+            .list_evals(kortex::store::now_ms() + 60_000, None, false, 100)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(none.is_empty());
+        assert_eq!(
+            s.session_usage("no-such-session")
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", db.url))
+                .calls,
+            0
+        );
+    }
+}

@@ -1,0 +1,139 @@
+//! Eval results (`kortex eval --record`, `docs/evals.md#history`) and what an eval reads
+//! back about its own sessions: their provider usage.
+
+use super::{Store, StoreError, new_id, now_ms};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::Row;
+
+/// The recorded result of one configuration in one eval.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EvalRun {
+    /// Id.
+    pub id: String,
+    /// Unix ms.
+    pub at: i64,
+    /// What ran: a policy `NS/NAME`, or `provider/model`.
+    pub label: String,
+    /// `policy`, `provider` or `manifests`.
+    pub kind: String,
+    /// The scenarios folder's name.
+    pub suite: String,
+    /// Scenarios run.
+    pub scenarios: i64,
+    /// Attempts (scenarios × repeats).
+    pub attempts: i64,
+    /// Attempts that passed.
+    pub passed: i64,
+    /// Tokens sent.
+    pub input_tokens: i64,
+    /// Tokens received.
+    pub output_tokens: i64,
+    /// Spend.
+    pub cost_usd: f64,
+    /// The configuration's whole report (`docs/evals.md#the-report`).
+    pub report: Value,
+}
+
+/// A session's provider calls, summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionUsage {
+    /// Provider calls.
+    pub calls: i64,
+    /// Tokens sent.
+    pub input_tokens: i64,
+    /// Tokens received.
+    pub output_tokens: i64,
+    /// Spend.
+    pub cost_usd: f64,
+}
+
+impl Store {
+    /// Stores an eval result (a new id and time are given to it).
+    pub async fn record_eval(&self, run: &EvalRun) -> Result<EvalRun, StoreError> {
+        let mut stored = run.clone();
+        stored.id = new_id();
+        stored.at = now_ms();
+        sqlx::query(
+            "INSERT INTO eval_runs (id, at, label, kind, suite, scenarios, attempts, passed, input_tokens, output_tokens, cost_usd, report) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(&stored.id)
+        .bind(stored.at)
+        .bind(&stored.label)
+        .bind(&stored.kind)
+        .bind(&stored.suite)
+        .bind(stored.scenarios)
+        .bind(stored.attempts)
+        .bind(stored.passed)
+        .bind(stored.input_tokens)
+        .bind(stored.output_tokens)
+        .bind(stored.cost_usd)
+        .bind(stored.report.to_string())
+        .execute(&self.pool)
+        .await?;
+        Ok(stored)
+    }
+
+    /// Eval results since `since_ms`, oldest first; only `label`'s when given. With
+    /// `reports: false` the whole reports are left out (`report` is null).
+    pub async fn list_evals(
+        &self,
+        since_ms: i64,
+        label: Option<&str>,
+        reports: bool,
+        limit: i64,
+    ) -> Result<Vec<EvalRun>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, at, label, kind, suite, scenarios, attempts, passed, input_tokens, output_tokens, \
+             CAST(cost_usd AS DOUBLE PRECISION) AS cost_usd, CASE WHEN $3 = 1 THEN report ELSE 'null' END AS report \
+             FROM eval_runs WHERE at >= $1 AND ($2 = '' OR label = $2) ORDER BY at, id LIMIT $4",
+        )
+        .bind(since_ms)
+        .bind(label.unwrap_or(""))
+        .bind(i64::from(reports))
+        .bind(limit.clamp(1, 10_000))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let report: String = row.try_get("report")?;
+                Ok(EvalRun {
+                    id: row.try_get("id")?,
+                    at: row.try_get("at")?,
+                    label: row.try_get("label")?,
+                    kind: row.try_get("kind")?,
+                    suite: row.try_get("suite")?,
+                    scenarios: row.try_get("scenarios")?,
+                    attempts: row.try_get("attempts")?,
+                    passed: row.try_get("passed")?,
+                    input_tokens: row.try_get("input_tokens")?,
+                    output_tokens: row.try_get("output_tokens")?,
+                    cost_usd: row.try_get("cost_usd")?,
+                    report: serde_json::from_str(&report).unwrap_or(Value::Null),
+                })
+            })
+            .collect()
+    }
+
+    /// The provider calls of a session, summed.
+    pub async fn session_usage(&self, session_id: &str) -> Result<SessionUsage, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS calls, CAST(COALESCE(SUM(input_tokens), 0) AS BIGINT) AS input_tokens, \
+             CAST(COALESCE(SUM(output_tokens), 0) AS BIGINT) AS output_tokens, \
+             CAST(COALESCE(SUM(cost_usd), 0) AS DOUBLE PRECISION) AS cost_usd \
+             FROM usage_events WHERE session_id = $1",
+        )
+        .bind(session_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(SessionUsage {
+            calls: row.try_get("calls")?,
+            input_tokens: row.try_get("input_tokens")?,
+            output_tokens: row.try_get("output_tokens")?,
+            cost_usd: row.try_get("cost_usd")?,
+        })
+    }
+}
