@@ -535,3 +535,122 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         "{report:#}"
     );
 }
+
+/// A concrete argument from a recording's pattern: the first alternative, without `*`.
+fn concrete(pattern: &Value) -> Value {
+    match pattern {
+        Value::String(s) => json!(s.split('|').next().unwrap_or_default().replace('*', "")),
+        Value::Object(m) => {
+            Value::Object(m.iter().map(|(k, v)| (k.clone(), concrete(v))).collect())
+        }
+        v => v.clone(),
+    }
+}
+
+/// Every starter scenario can be passed: a scripted investigator that calls each expected
+/// tool (with arguments its recordings answer), makes the expected proposals and states the
+/// scenario's own description and rubric passes all 21 — so the recordings answer the calls
+/// they are meant for, and the facts and forbidden claims agree with the scenario's story.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_starter_scenario_can_be_passed() {
+    use kortex::eval::scenario::Scenario;
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("../evals");
+    let scenarios: Vec<Scenario> = Scenario::load_all(&suite).unwrap_or_else(|e| panic!("{e}"));
+    let (llm, s) = mock().await;
+    *s.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(move |body: &Value| {
+        let d = openai();
+        let messages = body["messages"].as_array().cloned().unwrap_or_default();
+        let question = messages
+            .iter()
+            .find(|m| m["role"] == "user")
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or_default();
+        let scenario = scenarios.iter().find(|s| s.question == question)?;
+        let steps = messages.iter().filter(|m| m["role"] == "assistant").count();
+        let proposals: Vec<(String, Value)> = scenario
+            .expect
+            .proposals
+            .iter()
+            .filter(|p| p.make)
+            .map(|p| {
+                let t = p.target.clone().unwrap_or_default();
+                let target = json!({"apiVersion": "apps/v1", "kind": t.kind.unwrap_or_else(|| "Deployment".into()),
+                    "namespace": t.namespace.or_else(|| scenario.namespace.clone()).unwrap_or_default(), "name": t.name.unwrap_or_default()});
+                ("propose_action".to_owned(), json!({"action": p.action.clone().unwrap_or_else(|| "restart".into()), "target": target, "rationale": "the mitigation"}))
+            })
+            .collect();
+        let calls: Vec<(String, Value)> = match steps {
+            0 => scenario
+                .expect
+                .tools
+                .iter()
+                .map(|t| {
+                    let r = scenario
+                        .recordings
+                        .iter()
+                        .find(|r| &r.tool == t)
+                        .unwrap_or_else(|| panic!("{t}"));
+                    (t.clone(), concrete(&Value::Object(r.args.clone())))
+                })
+                .collect(),
+            1 => proposals,
+            _ => Vec::new(),
+        };
+        if calls.is_empty() {
+            let text = format!(
+                "{}\n\n{}",
+                scenario.description,
+                scenario
+                    .judge
+                    .as_ref()
+                    .map(|j| j.rubric.as_str())
+                    .unwrap_or_default()
+            );
+            return Some(streamed(&d, (d.text_stream)(&[&text])));
+        }
+        let ids: Vec<String> = (0..calls.len())
+            .map(|i| format!("call_{steps}_{i}"))
+            .collect();
+        let args: Vec<String> = calls.iter().map(|(_, a)| a.to_string()).collect();
+        let scripted: Vec<(&str, &str, &str)> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| (ids[i].as_str(), name.as_str(), args[i].as_str()))
+            .collect();
+        Some(streamed(&d, (d.tools_stream)(&scripted)))
+    }));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    config(dir.path(), &llm);
+    let (suite, manifests) = (
+        suite.display().to_string(),
+        dir.path().join("config").display().to_string(),
+    );
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        eval(&[
+            "--scenarios",
+            &suite,
+            "--manifests",
+            &manifests,
+            "--provider",
+            "scripted",
+            "--parallel",
+            "4",
+            "--json",
+            "--min-pass-rate",
+            "100%",
+        ])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
+    let failed: Vec<String> = report["targets"][0]["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["passed"] == 0)
+        .map(|r| format!("{}: {}", r["name"], r["failures"][0]["reasons"]))
+        .collect();
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    assert_eq!(code, 0, "{err}");
+    assert!(report["targets"][0]["attempts"].as_u64() >= Some(20));
+}
