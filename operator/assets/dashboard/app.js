@@ -718,6 +718,7 @@
       h('button', { type: 'submit', id: 'send-redirect' }, 'Redirect'), steerMsg);
     const access = session.access || 'owner';
     const readOnly = access === 'read';
+    const routeBanner = h('div', { class: 'route-banner', id: 'route-banner', role: 'alert', hidden: true });
     const shareBtn = access === 'owner' ? h('button', { type: 'button', id: 'share' }, 'Share') : null;
     const handBtn = readOnly ? null : h('button', { type: 'button', id: 'handover' }, 'Hand over');
     if (shareBtn) shareBtn.addEventListener('click', () => shareDialog(session));
@@ -734,7 +735,26 @@
         access === 'owner' ? null : h('span', { class: 'muted', id: 'owner' }, `${session.user}'s session · ${access === 'continue' ? 'you may continue' : 'read only'}`),
         session.title ? h('span', { class: 'muted' }, session.title) : null,
         h('span', { class: 'head-actions' }, shareBtn, handBtn)),
-      transcript, ...bottom);
+      routeBanner, transcript, ...bottom);
+
+    // No provider of the policy can answer now: say so, with the fix, before anyone asks;
+    // gone as soon as a probe finds one (polled).
+    const checkRoute = async () => {
+      try {
+        const r = await api('GET', `/chat/v1/sessions/${encodeURIComponent(id)}/route`);
+        if (r.reachable) {
+          routeBanner.hidden = true;
+          routeBanner.replaceChildren();
+        } else {
+          routeBanner.replaceChildren(h('strong', {}, 'No model can answer in this session right now. '),
+            r.message || '', ' ', h('a', { href: '#/status' }, 'Status page'));
+          routeBanner.hidden = false;
+        }
+      } catch (_) { /* the next poll tries again */ }
+    };
+    checkRoute();
+    const routeTimer = setInterval(checkRoute, 3000);
+    view.cleanup.push(() => clearInterval(routeTimer));
 
     // The transcript follows what arrives while the reader is at its end; scrolled up to
     // read, they stay where they are (their own question brings them back down).

@@ -154,6 +154,9 @@ pub struct Engine {
     pub delegations: Arc<delegate::Delegations>,
     /// This replica's own `/mcp` URL (loopback), set once it listens.
     pub local_mcp: std::sync::OnceLock<String>,
+    /// The providers' probes and the probe interval: a route whose fresh probe found its
+    /// provider unreachable is not tried (set once the prober runs).
+    pub probes: std::sync::OnceLock<(crate::llm::probe::ProbeBoard, std::time::Duration)>,
 }
 
 impl Engine {
@@ -179,6 +182,7 @@ impl Engine {
             cluster_auth: std::sync::OnceLock::new(),
             delegations: Arc::default(),
             local_mcp: std::sync::OnceLock::new(),
+            probes: std::sync::OnceLock::new(),
         })
     }
 

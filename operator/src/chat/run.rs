@@ -332,15 +332,37 @@ async fn steps(
     let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
     let spec = &policy.object.spec;
     let kube = engine.kube_identity(&session.id, &session.user, spec.run_tools_as_user);
-    let plan = route::plan(catalog, &session.namespace, policy, route::Role::Default);
+    let mut plan = route::plan(catalog, &session.namespace, policy, route::Role::Default);
+    // A provider its fresh probe found unreachable is not tried: the run says at once what
+    // to do instead of waiting for a connection that will not come.
+    let dropped = match engine.probes.get() {
+        Some((board, interval)) => {
+            let probes = board.read().map(|b| b.clone()).unwrap_or_default();
+            crate::govern::reach::drop_unreachable(
+                &mut plan,
+                catalog,
+                &session.namespace,
+                &probes,
+                jiff::Timestamp::now(),
+                crate::govern::reach::fresh_within(*interval),
+            )
+        }
+        None => Vec::new(),
+    };
     if plan.routes.is_empty() {
         return Ok(End::Failed {
-            code: "provider_unavailable",
-            message: format!(
-                "{}; see GET /api/v1/llm/providers",
-                plan.unavailable(&policy_name)
+            code: if dropped.is_empty() {
+                "provider_unavailable"
+            } else {
+                "no_provider_reachable"
+            },
+            message: crate::govern::reach::no_provider_message(
+                catalog,
+                &session.namespace,
+                &policy_name,
+                &plan,
             ),
-            detail: None,
+            detail: (!dropped.is_empty()).then(|| dropped.join("; ")),
         });
     }
     let mut routing = Routing {

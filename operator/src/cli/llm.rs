@@ -109,6 +109,21 @@ pub async fn check(args: CheckArgs) -> Result<bool, String> {
         ));
     }
     let mut all_ok = true;
+    let mut probes = std::collections::BTreeMap::new();
+    let probed = |key: &ObjectKey, reachable: bool, reason: &'static str, message: String| {
+        (
+            key.clone(),
+            llm::probe::ProbeResult {
+                reachable,
+                ok: reason == llm::probe::reasons::REACHABLE,
+                reason,
+                message,
+                models: Vec::new(),
+                latency_ms: 0,
+                checked_at: jiff::Timestamp::now(),
+            },
+        )
+    };
     for (key, entry) in providers {
         let kind = entry.provider_type().as_str();
         let url = entry.base_url().unwrap_or("-");
@@ -153,8 +168,17 @@ pub async fn check(args: CheckArgs) -> Result<bool, String> {
                     key.name,
                     shown.join(", ")
                 );
+                let (k, p) = probed(key, true, llm::probe::reasons::REACHABLE, String::new());
+                probes.insert(k, p);
             }
             Err(e) if e.kind == ErrorKind::Auth => {
+                let (k, p) = probed(
+                    key,
+                    true,
+                    llm::probe::reasons::AUTH_FAILED,
+                    e.message.clone(),
+                );
+                probes.insert(k, p);
                 all_ok = false;
                 println!(
                     "✗ {} ({kind}, {url}): reachable but the key was refused: {}",
@@ -163,11 +187,52 @@ pub async fn check(args: CheckArgs) -> Result<bool, String> {
             }
             Err(e) => {
                 all_ok = false;
+                if matches!(e.kind, ErrorKind::Connection | ErrorKind::Timeout) {
+                    let (k, p) = probed(
+                        key,
+                        false,
+                        llm::probe::reasons::UNREACHABLE,
+                        e.message.clone(),
+                    );
+                    probes.insert(k, p);
+                }
                 println!(
                     "✗ {} ({kind}, {url}): unreachable: {}: {}",
                     key.name,
                     e.kind.as_str(),
                     e.message
+                );
+            }
+        }
+    }
+    // Each policy: what it would answer with now, or that nothing can, and the fix.
+    for (key, policy) in catalog
+        .policies
+        .iter()
+        .filter(|(k, _)| k.namespace == args.source.namespace)
+    {
+        let ns = &key.namespace;
+        let mut plan =
+            crate::govern::route::plan(&catalog, ns, policy, crate::govern::route::Role::Default);
+        crate::govern::reach::drop_unreachable(
+            &mut plan,
+            &catalog,
+            ns,
+            &probes,
+            jiff::Timestamp::now(),
+            std::time::Duration::from_secs(3600),
+        );
+        match plan.routes.first() {
+            Some(r) => println!(
+                "✓ ChatPolicy {}: answers with {}/{}",
+                key.name, r.provider, r.model
+            ),
+            None => {
+                all_ok = false;
+                println!(
+                    "✗ ChatPolicy {}: {}",
+                    key.name,
+                    crate::govern::reach::no_provider_message(&catalog, ns, &key.name, &plan)
                 );
             }
         }

@@ -519,6 +519,13 @@ async fn run_server(server: Server) -> Result<(), String> {
         leader,
         stop_rx.clone(),
     ));
+    // Runs skip providers whose fresh probe found them unreachable; the log says at start
+    // which provider each policy answers with, or what to do when none can.
+    let _ = state.engine.probes.set((probes.clone(), probe_interval));
+    tokio::spawn(crate::govern::reach::announce(
+        config_rx.clone(),
+        probes.clone(),
+    ));
     let prober = tokio::spawn(crate::llm::probe::run(
         config_tx.clone(),
         probes,

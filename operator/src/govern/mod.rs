@@ -5,6 +5,7 @@
 
 pub mod budget;
 pub mod lease;
+pub mod reach;
 pub mod route;
 
 use crate::catalog::PolicyEntry;

@@ -1021,3 +1021,52 @@ pub async fn cancel(
     }
     Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response())
 }
+
+/// `GET /chat/v1/sessions/{id}/route`: whether the session's policy has a provider that can
+/// answer now (from the last probes), in failover order with the skipped ones and why; when
+/// none can, `message` says what to do (the same words as the run's
+/// `no_provider_reachable` error). The dashboard's banner polls it.
+pub async fn route_now(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    use crate::govern::{reach as r, route};
+    let (session, _) = reach(&state, &caller, &id, crate::store::Access::Read).await?;
+    let config = state.config.borrow().clone();
+    let catalog = &config.catalog;
+    let Some(policy) = catalog.match_policy(&session.namespace, &session.name) else {
+        return Ok(Json(json!({
+            "policy": null, "reachable": false, "routes": [], "skipped": [],
+            "message": format!("No ChatPolicy in namespace {} matches session {}.", session.namespace, session.name),
+        })));
+    };
+    let name = format!(
+        "{}/{}",
+        session.namespace,
+        policy.object.metadata.name.as_deref().unwrap_or_default()
+    );
+    let mut plan = route::plan(catalog, &session.namespace, policy, route::Role::Default);
+    if let Some((board, interval)) = state.engine.probes.get() {
+        let probes = board.read().map(|b| b.clone()).unwrap_or_default();
+        r::drop_unreachable(
+            &mut plan,
+            catalog,
+            &session.namespace,
+            &probes,
+            jiff::Timestamp::now(),
+            r::fresh_within(*interval),
+        );
+    }
+    let reachable = !plan.routes.is_empty();
+    let mut v = json!({"policy": name, "reachable": reachable, "routes": plan.routes, "skipped": plan.skipped});
+    if !reachable {
+        v["message"] = json!(r::no_provider_message(
+            catalog,
+            &session.namespace,
+            policy.object.metadata.name.as_deref().unwrap_or_default(),
+            &plan
+        ));
+    }
+    Ok(Json(v))
+}

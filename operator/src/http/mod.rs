@@ -99,6 +99,7 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(chat_api::post_message),
         )
         .route("/chat/v1/sessions/{id}/events", get(chat_api::events))
+        .route("/chat/v1/sessions/{id}/route", get(chat_api::route_now))
         .route(
             "/chat/v1/sessions/{id}/cancel",
             axum::routing::post(chat_api::cancel),

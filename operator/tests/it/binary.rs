@@ -75,6 +75,9 @@ impl Server {
         cmd.args(args)
             .env("RUST_LOG", "info")
             .env_remove("DATABASE_URL")
+            // The samples read provider keys from these: tests never use the machine's own.
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in env {

@@ -15,6 +15,7 @@ mod docs;
 mod egress;
 mod evals;
 mod faults;
+mod first_run;
 mod fuzz;
 mod gateway;
 mod http;
