@@ -34,6 +34,7 @@ pub fn scopes(catalog: &Catalog, defaults: Windows) -> Vec<Scope> {
             max_stored_bytes_per_user: retention
                 .max_stored_bytes_per_user
                 .or(defaults.max_stored_bytes_per_user),
+            responses_ms: defaults.responses_ms,
         };
         own.push((key.namespace.clone(), key.name.clone()));
         out.push(Scope {

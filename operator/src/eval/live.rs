@@ -21,7 +21,7 @@ pub async fn connect(kubeconfig: Option<&std::path::Path>) -> Result<(), String>
                 .into(),
         );
     };
-    eprintln!("live scenarios run in throwaway namespaces of {url}");
+    eprintln!("cluster: {url}");
     let _ = CLUSTER.set(client);
     Ok(())
 }
@@ -99,4 +99,56 @@ fn label(name: &str) -> String {
         .take(63)
         .collect();
     s.trim_matches('-').to_owned()
+}
+
+/// The configuration of namespace `ns` as the cluster holds it: its LLMProviders,
+/// ChatPolicies and KortexTools, and the Secrets they reference that opted in to being read
+/// by Kortex (`docs/operator.md`) — what `kortex run` would compile there.
+pub async fn configuration(
+    client: &kube::Client,
+    ns: &str,
+) -> Result<crate::catalog::ObjectSet, String> {
+    use crate::crd::{ChatPolicy, KortexTool, LLMProvider};
+    use k8s_openapi::api::core::v1::Secret;
+    let list = |what: &str, e: kube::Error| format!("cannot list {what} in namespace {ns}: {e}");
+    let providers = Api::<LLMProvider>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .map_err(|e| list("LLMProviders", e))?
+        .items;
+    let policies = Api::<ChatPolicy>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .map_err(|e| list("ChatPolicies", e))?
+        .items;
+    let tools = Api::<KortexTool>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .map_err(|e| list("KortexTools", e))?
+        .items;
+    let secrets_api = Api::<Secret>::namespaced(client.clone(), ns);
+    let mut secrets = Vec::new();
+    for key in crate::operator::watch::referenced_secrets(&providers, &tools, &policies) {
+        match secrets_api.get_opt(&key.name).await {
+            Ok(Some(s)) if crate::catalog::secrets::opted_in(&s.metadata) => secrets.push(s),
+            Ok(Some(s)) => secrets.push(Secret {
+                metadata: s.metadata,
+                ..Default::default()
+            }),
+            Ok(None) => {}
+            Err(e) => return Err(format!("cannot read Secret {ns}/{}: {e}", key.name)),
+        }
+    }
+    eprintln!(
+        "configuration of namespace {ns} read from the cluster: {} providers, {} policies",
+        providers.len(),
+        policies.len()
+    );
+    Ok(crate::catalog::ObjectSet {
+        providers,
+        tools,
+        policies,
+        secrets,
+        ..Default::default()
+    })
 }

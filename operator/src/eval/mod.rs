@@ -44,7 +44,8 @@ pub struct EvalArgs {
     #[arg(long, value_name = "DIR")]
     pub scenarios: Option<PathBuf>,
     /// Kortex configuration (providers, policies, Secrets): manifest file or folder,
-    /// repeatable — as `kortex serve` reads it.
+    /// repeatable — as `kortex serve` reads it. Without it, the custom resources of
+    /// `--namespace` in the cluster of `KUBECONFIG`.
     #[arg(long = "manifests", value_name = "PATH")]
     pub manifests: Vec<PathBuf>,
     /// Namespace of the providers and policies named on the command line.
@@ -520,23 +521,30 @@ pub async fn run(args: EvalArgs) -> Result<bool, String> {
     };
     let scenarios: Vec<Arc<Scenario>> =
         Scenario::load_all(dir)?.into_iter().map(Arc::new).collect();
-    if args.manifests.is_empty() {
-        return Err("--manifests PATH is required: the providers, policies and Secrets to evaluate (as kortex serve reads them)".into());
-    }
-    let env: crate::source::EnvLookup = Box::new(|name| std::env::var(name).ok());
-    let mut source = ManifestSource::new(args.manifests.clone(), env).map_err(|e| e.to_string())?;
-    let snapshot = source.load(jiff::Timestamp::now());
-    for p in &snapshot.problems {
-        eprintln!(
-            "{}: {p}",
-            if p.severity == crate::source::manifest::Severity::Error {
-                "error"
-            } else {
-                "warning"
-            }
-        );
-    }
-    let objects = snapshot.objects;
+    let objects = if args.manifests.is_empty() {
+        // Cluster mode: the custom resources of --namespace, as `kortex run` reads them.
+        live::connect(args.kubeconfig.as_deref()).await.map_err(|_| {
+            "--manifests PATH is required without a cluster: the providers, policies and Secrets to evaluate (as kortex serve reads them); with KUBECONFIG set, they are read from the cluster's --namespace".to_owned()
+        })?;
+        let client = live::CLUSTER.get().ok_or("no cluster client")?;
+        live::configuration(client, &args.namespace).await?
+    } else {
+        let env: crate::source::EnvLookup = Box::new(|name| std::env::var(name).ok());
+        let mut source =
+            ManifestSource::new(args.manifests.clone(), env).map_err(|e| e.to_string())?;
+        let snapshot = source.load(jiff::Timestamp::now());
+        for p in &snapshot.problems {
+            eprintln!(
+                "{}: {p}",
+                if p.severity == crate::source::manifest::Severity::Error {
+                    "error"
+                } else {
+                    "warning"
+                }
+            );
+        }
+        snapshot.objects
+    };
     let targets: Vec<Target> = if !args.compare.is_empty() {
         if args.compare.len() < 2 {
             return Err("--compare needs at least two configurations: A,B".into());

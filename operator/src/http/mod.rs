@@ -198,10 +198,22 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(gateway::anthropic::messages),
         )
         .route(
+            "/v1/messages/count_tokens",
+            axum::routing::post(gateway::anthropic::count_tokens),
+        )
+        .route(
             "/v1/embeddings",
             axum::routing::post(gateway::openai::embeddings),
         )
         .route("/v1/models", get(gateway::models))
+        .route(
+            "/v1/responses",
+            axum::routing::post(gateway::responses::create),
+        )
+        .route(
+            "/v1/responses/{id}",
+            get(gateway::responses::get).delete(gateway::responses::delete),
+        )
         .route("/v1/providers/health", get(gateway::health))
         .merge(api)
         .merge(mcp)

@@ -468,6 +468,30 @@ impl LlmProvider for Anthropic {
         let request = self.request(reqwest::Method::GET, "/v1/models?limit=1000");
         Box::pin(wire::list_models(&self.config, request, "data", "id"))
     }
+
+    fn count_tokens<'a>(
+        &'a self,
+        body: &'a serde_json::Value,
+        beta: Option<&'a str>,
+    ) -> Option<BoxFuture<'a, Result<u64, LlmError>>> {
+        Some(Box::pin(async move {
+            let mut request = self
+                .request(reqwest::Method::POST, "/v1/messages/count_tokens")
+                .json(body);
+            if let Some(beta) = beta {
+                request = request.header("anthropic-beta", beta);
+            }
+            let response = wire::send(&self.config, request).await?;
+            let v: serde_json::Value = wire::json_body(&self.config, response).await?;
+            v["input_tokens"].as_u64().ok_or_else(|| {
+                LlmError::new(
+                    ErrorKind::Upstream,
+                    &self.config.name,
+                    format!("count_tokens answered without input_tokens: {v}"),
+                )
+            })
+        }))
+    }
 }
 
 #[cfg(test)]

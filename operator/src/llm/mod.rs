@@ -7,7 +7,8 @@
 //! streamed; dropping a stream drops its HTTP request.
 
 /// The part of [`LlmProvider`] a wrapping adapter (`self.inner`) leaves as it is: its
-/// settings, embeddings and model list. (`capabilities` follows from the settings.)
+/// settings, embeddings, model list and token counting. (`capabilities` follows from the
+/// settings.)
 macro_rules! delegate_to_inner {
     () => {
         fn config(&self) -> &$crate::llm::ProviderConfig {
@@ -30,6 +31,14 @@ macro_rules! delegate_to_inner {
 
         fn delegates_tools(&self) -> bool {
             self.inner.delegates_tools()
+        }
+
+        fn count_tokens<'a>(
+            &'a self,
+            body: &'a serde_json::Value,
+            beta: Option<&'a str>,
+        ) -> Option<$crate::llm::BoxFuture<'a, Result<u64, $crate::llm::LlmError>>> {
+            self.inner.count_tokens(body, beta)
         }
     };
 }
@@ -344,6 +353,17 @@ pub trait LlmProvider: Send + Sync {
     }
     /// The model ids the endpoint lists (also the reachability probe).
     fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>>;
+    /// The exact input tokens of a Messages-API `body` (Anthropic's
+    /// `/v1/messages/count_tokens`, with `beta` as its `anthropic-beta`); `None` when the
+    /// provider has no such endpoint (the gateway then estimates).
+    fn count_tokens<'a>(
+        &'a self,
+        body: &'a serde_json::Value,
+        beta: Option<&'a str>,
+    ) -> Option<BoxFuture<'a, Result<u64, LlmError>>> {
+        let _ = (body, beta);
+        None
+    }
     /// Embeddings of `inputs` with `model`, where the provider offers them.
     fn embed<'a>(
         &'a self,

@@ -1,5 +1,6 @@
 //! Eval results (`kortex eval --record`, `docs/evals.md#history`) and what an eval reads
-//! back about its own sessions: their provider usage.
+//! back about its own sessions (their provider usage); and the responses the gateway's
+//! `/v1/responses` keeps.
 
 use super::{Store, StoreError, new_id, now_ms};
 use serde::Serialize;
@@ -135,5 +136,91 @@ impl Store {
             output_tokens: row.try_get("output_tokens")?,
             cost_usd: row.try_get("cost_usd")?,
         })
+    }
+}
+
+/// Responses kept by the gateway's `/v1/responses` (`docs/gateway.md#responses`).
+impl Store {
+    /// Keeps a response and its conversation, for the key's `namespace` and `team`.
+    pub async fn keep_response(
+        &self,
+        id: &str,
+        namespace: &str,
+        team: &str,
+        conversation: &Value,
+        response: &Value,
+    ) -> Result<(), StoreError> {
+        self.traced("INSERT gateway_responses", async move {
+            sqlx::query(
+                "INSERT INTO gateway_responses (id, namespace, team, created_at, conversation, response) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(id)
+            .bind(namespace)
+            .bind(team)
+            .bind(now_ms())
+            .bind(conversation.to_string())
+            .bind(response.to_string())
+            .execute(&self.pool)
+            .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// A kept response of that `namespace` and `team`: its conversation and the response.
+    pub async fn kept_response(
+        &self,
+        id: &str,
+        namespace: &str,
+        team: &str,
+    ) -> Result<Option<(Value, Value)>, StoreError> {
+        self.traced("SELECT gateway_responses", async move {
+            let row = sqlx::query(
+                "SELECT conversation, response FROM gateway_responses WHERE id = $1 AND namespace = $2 AND team = $3",
+            )
+            .bind(id)
+            .bind(namespace)
+            .bind(team)
+            .fetch_optional(&self.pool)
+            .await?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            let conversation: String = row.try_get("conversation")?;
+            let response: String = row.try_get("response")?;
+            Ok(Some((
+                serde_json::from_str(&conversation).unwrap_or(Value::Null),
+                serde_json::from_str(&response).unwrap_or(Value::Null),
+            )))
+        })
+        .await
+    }
+
+    /// Deletes a kept response of that `namespace` and `team`; whether there was one.
+    pub async fn forget_response(
+        &self,
+        id: &str,
+        namespace: &str,
+        team: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM gateway_responses WHERE id = $1 AND namespace = $2 AND team = $3",
+        )
+        .bind(id)
+        .bind(namespace)
+        .bind(team)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    /// Deletes the kept responses created before `before_ms`; how many.
+    pub async fn prune_responses(&self, before_ms: i64) -> Result<u64, StoreError> {
+        let done = sqlx::query("DELETE FROM gateway_responses WHERE created_at < $1")
+            .bind(before_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

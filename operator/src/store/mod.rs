@@ -106,6 +106,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "evals",
         include_str!("../../../migrations/0013_evals.sql"),
     ),
+    (
+        14,
+        "responses",
+        include_str!("../../../migrations/0014_responses.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

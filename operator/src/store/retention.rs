@@ -43,6 +43,8 @@ pub struct Windows {
     /// What one user may keep stored (messages, events, tool results); past it their oldest
     /// sessions go first. `None`: no cap.
     pub max_stored_bytes_per_user: Option<u64>,
+    /// Responses the gateway's `/v1/responses` kept (`store: true`), by their age.
+    pub responses_ms: i64,
 }
 
 impl Default for Windows {
@@ -52,6 +54,7 @@ impl Default for Windows {
             sessions_ms: 90 * DAY_MS,
             failed_runs_ms: 30 * DAY_MS,
             tool_results_ms: 7 * DAY_MS,
+            responses_ms: 30 * DAY_MS,
             usage_ms: 400 * DAY_MS,
             audit_ms: 400 * DAY_MS,
             max_stored_bytes_per_user: None,
@@ -164,6 +167,8 @@ pub struct Pruned {
     pub decisions: u64,
     /// `notify_events` and `notify_deliveries` rows, 7 days after they were settled.
     pub notifications: u64,
+    /// `gateway_responses` rows (`/v1/responses` with `store`).
+    pub responses: u64,
 }
 
 impl Pruned {
@@ -175,13 +180,13 @@ impl Pruned {
     }
 
     /// Counts by kind (the metric's `kind` label).
-    pub fn counts(&self) -> [(&'static str, u64); 9] {
+    pub fn counts(&self) -> [(&'static str, u64); 10] {
         // The fields are listed once, in `counts_mut`.
         let mut copy = *self;
         copy.counts_mut().map(|(kind, n)| (kind, *n))
     }
 
-    fn counts_mut(&mut self) -> [(&'static str, &mut u64); 9] {
+    fn counts_mut(&mut self) -> [(&'static str, &mut u64); 10] {
         [
             ("sessions", &mut self.sessions),
             ("messages", &mut self.messages),
@@ -192,6 +197,7 @@ impl Pruned {
             ("usage_events", &mut self.usage_events),
             ("decisions", &mut self.decisions),
             ("notifications", &mut self.notifications),
+            ("responses", &mut self.responses),
         ]
     }
 
@@ -406,6 +412,16 @@ impl Store {
                     .await?;
             }
         }
+        // Stored gateway responses belong to a key, not to a session: the flags' window.
+        if matches!(scope.governs, Governs::Rest(_)) && w.responses_ms > 0 {
+            p.responses += self
+                .delete_batched(
+                    "DELETE FROM gateway_responses WHERE id IN (SELECT id FROM gateway_responses \
+                     WHERE created_at < $1 LIMIT $2)",
+                    now - w.responses_ms,
+                )
+                .await?;
+        }
         // Notifications sent or given up on are kept a week (the outbox, not a record).
         if matches!(scope.governs, Governs::Rest(_)) {
             let settled = now - NOTIFY_KEEP_MS;
@@ -551,6 +567,7 @@ fn describe(scope: &Scope) -> serde_json::Value {
         "usage": w.usage_ms,
         "audit": w.audit_ms,
         "maxStoredBytesPerUser": w.max_stored_bytes_per_user,
+        "responses": w.responses_ms,
     });
     match &scope.governs {
         Governs::Policy { namespace, name } => {
@@ -580,6 +597,10 @@ pub struct RetentionArgs {
     #[arg(long, env = "KORTEX_RETENTION_AUDIT", default_value = "400d", value_parser = parse_audit_window)]
     pub retention_audit: std::time::Duration,
     /// How often the retention pass runs (on the leader).
+    /// Responses kept by the gateway's `/v1/responses` (`store: true`) older than this are
+    /// deleted (`0`: kept until deleted).
+    #[arg(long, env = "KORTEX_RETENTION_RESPONSES", default_value = "30d", value_parser = crate::crd::parse_window)]
+    pub retention_responses: std::time::Duration,
     #[arg(long, env = "KORTEX_RETENTION_EVERY", default_value = "15m", value_parser = parse_every)]
     pub retention_every: std::time::Duration,
     /// What one user may keep stored; past it their oldest sessions go first (default: no cap).
@@ -610,6 +631,7 @@ impl RetentionArgs {
             usage_ms: millis(self.retention_usage),
             audit_ms: millis(self.retention_audit),
             max_stored_bytes_per_user: self.retention_max_stored_bytes_per_user,
+            responses_ms: millis(self.retention_responses),
         }
     }
 }

@@ -223,6 +223,24 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
     .unwrap_or_else(|e| panic!("{e}"));
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     assert_eq!(code, 1, "1 of 4 passed, below --min-pass-rate 50%: {err}");
+    // Without manifests and without a cluster: told what to pass.
+    let bare = Command::new(BIN)
+        .args([
+            "eval",
+            "--scenarios",
+            &dir.path().join("suite").display().to_string(),
+        ])
+        .env_remove("KUBECONFIG")
+        .env("HOME", dir.path())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!bare.status.success());
+    assert!(
+        String::from_utf8_lossy(&bare.stderr)
+            .contains("--manifests PATH is required without a cluster"),
+        "{}",
+        String::from_utf8_lossy(&bare.stderr)
+    );
     assert!(err.contains("below --min-pass-rate"), "{err}");
     let t = &report["targets"][0];
     assert_eq!(

@@ -167,6 +167,23 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
             .any(|s| s.body["response_format"]["json_schema"]["name"] == "weather"),
         "response_format was passed through"
     );
+    // A Responses call chained by previous_response_id sent the whole conversation: the
+    // question, the model's call and the client's output for it.
+    assert!(
+        chats.iter().any(|s| {
+            let m = &s.body["messages"];
+            m.to_string().contains("What is the weather in Paris?")
+                && m.as_array().is_some_and(|m| {
+                    m.iter().any(|x| {
+                        x["role"] == "assistant"
+                            && x["tool_calls"][0]["function"]["name"] == "get_weather"
+                    }) && m
+                        .iter()
+                        .any(|x| x["role"] == "tool" && x["content"] == "21C and sunny")
+                })
+        }),
+        "the chained conversation reached the provider"
+    );
     // Forced tool calls reach the provider in its own terms.
     assert!(chats.iter().any(|s| s.body["tool_choice"] == "required"));
     assert!(chats.iter().any(|s| {

@@ -297,3 +297,66 @@ async fn handle(
         .map(Ok::<_, std::convert::Infallible>);
     Ok(super::sse_response(body))
 }
+
+/// `POST /v1/messages/count_tokens`: the input tokens of a Messages request. An Anthropic
+/// provider counts them itself (the request passed through, redacted, with the client's
+/// `anthropic-beta`); any other is estimated from the text, and the answer says so in
+/// `x-kortex-token-count: estimated`.
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match count(&state, &headers, &body).await {
+        Ok(r) => r,
+        Err(e) => e.render(Flavor::Anthropic),
+    }
+}
+
+async fn count(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, GatewayError> {
+    let caller = authenticate(state, headers)?;
+    let mut body = parse_body(body)?;
+    // The same body as a Messages request, without max_tokens.
+    let mut as_messages = body.clone();
+    if as_messages.get("max_tokens").is_none() {
+        as_messages["max_tokens"] = json!(1);
+    }
+    let (model, request, _) = parse(&as_messages)?;
+    let config = state.config.borrow().clone();
+    let routes = routes_for(&config.catalog, &caller, &model)?;
+    let beta = headers.get("anthropic-beta").and_then(|v| v.to_str().ok());
+    for route in &routes {
+        let key = crate::catalog::ObjectKey::new(&caller.namespace, &route.provider);
+        let Some(adapter) = config
+            .catalog
+            .providers
+            .get(&key)
+            .and_then(|e| state.engine.adapters.get(config.version, &key, e).ok())
+        else {
+            continue;
+        };
+        body["model"] = json!(route.model);
+        caller.redactor.value(&mut body);
+        if let Some(counting) = adapter.count_tokens(&body, beta) {
+            let tokens = counting
+                .await
+                .map_err(|e| GatewayError::from_llm(&e, &caller.redactor))?;
+            return Ok((
+                [("x-kortex-token-count", "exact")],
+                axum::Json(json!({"input_tokens": tokens})),
+            )
+                .into_response());
+        }
+        break;
+    }
+    let estimate = llm::estimate_input(&request);
+    Ok((
+        [("x-kortex-token-count", "estimated")],
+        axum::Json(json!({"input_tokens": estimate})),
+    )
+        .into_response())
+}

@@ -6,6 +6,7 @@
 
 pub mod anthropic;
 pub mod openai;
+pub mod responses;
 
 use super::AppState;
 use crate::catalog::{Catalog, CredentialKind, ObjectKey, PolicyEntry};
