@@ -588,3 +588,217 @@ async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
     );
     assert!(server.terminate().success());
 }
+
+/// The scripted Anthropic model behind the gateway: Claude Code's first turn gets a Bash
+/// call (touch `marker`), the next its answer; token counting answers 77.
+async fn upstream(marker: PathBuf) -> (String, Seen) {
+    use axum::response::IntoResponse;
+    async fn messages(
+        axum::extract::State((seen, marker)): axum::extract::State<(Seen, Arc<PathBuf>)>,
+        headers: axum::http::HeaderMap,
+        axum::Json(body): axum::Json<Value>,
+    ) -> axum::response::Response {
+        let key = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((key.clone(), body.clone()));
+        if key.as_deref() != Some(KEY) {
+            return (
+                axum::http::StatusCode::UNAUTHORIZED,
+                axum::Json(json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})),
+            )
+                .into_response();
+        }
+        let model = &body["model"];
+        let asked_for_bash = body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["name"] == "Bash");
+        let events = if asked_for_bash && result_of(&body, "toolu_gw").is_none() {
+            tool_use(
+                model,
+                "toolu_gw",
+                "Bash",
+                json!({"command": format!("touch {}", marker.display()), "description": "create the marker"}),
+            )
+        } else {
+            answer(
+                model,
+                json!({"type": "text", "text": ""}),
+                json!({"type": "text_delta", "text": "The marker file is created."}),
+                "end_turn",
+            )
+        };
+        ([("content-type", "text/event-stream")], events).into_response()
+    }
+    async fn count(
+        axum::extract::State((seen, _)): axum::extract::State<(Seen, Arc<PathBuf>)>,
+        headers: axum::http::HeaderMap,
+        axum::Json(body): axum::Json<Value>,
+    ) -> axum::Json<Value> {
+        let key = headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((key, json!({"count_tokens": body})));
+        axum::Json(json!({"input_tokens": 77}))
+    }
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new()
+        .route("/v1/messages", axum::routing::post(messages))
+        .route("/v1/messages/count_tokens", axum::routing::post(count))
+        .with_state((seen.clone(), Arc::new(marker)));
+    (crate::common::serve(app).await, seen)
+}
+
+/// Claude Code pointed at Kortex's gateway (`ANTHROPIC_BASE_URL`, a gateway key): a `-p`
+/// run whose model calls a tool completes, the upstream sees Kortex's key only, the usage
+/// is the key's team's; and token counting passes through to the Anthropic provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_works_through_the_gateway_and_is_accounted_to_the_team() {
+    let Some(claude) = claude() else { return };
+    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let marker = work.path().join("made-through-the-gateway");
+    let (base, seen) = upstream(marker.clone()).await;
+    let m = work.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata: {{name: anthropic}}
+stringData: {{key: "{KEY}"}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: coding}}
+stringData: {{team: platform, key: {GATEWAY_KEY}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: anthropic}}
+spec:
+  type: anthropic
+  baseUrl: "{base}"
+  apiKeySecretRef: {{name: anthropic, key: key}}
+  defaultModel: claude-test
+  models: [{{id: claude-test, cost: {{inputUsdPerMTok: 3, outputUsdPerMTok: 15}}}}]
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: coding}}
+spec: {{sessions: ["gateway-coding"], provider: anthropic}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = Server::start(&m, &work.path().join("k.db"), &[]);
+    let url = server.url("");
+    let home = work.path().join("home");
+    std::fs::create_dir(&home).unwrap_or_else(|e| panic!("{e}"));
+    let cwd = work.path().to_owned();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(claude)
+            .args([
+                "-p",
+                "Create the marker file with touch.",
+                "--model",
+                "claude-test",
+            ])
+            .args([
+                "--allowedTools",
+                "Bash",
+                "--output-format",
+                "json",
+                "--no-session-persistence",
+            ])
+            .current_dir(cwd)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("HOME", &home)
+            .env("ANTHROPIC_BASE_URL", url.trim_end_matches('/'))
+            .env("ANTHROPIC_API_KEY", GATEWAY_KEY)
+            .env("ANTHROPIC_SMALL_FAST_MODEL", "claude-test")
+            .env("ANTHROPIC_DEFAULT_HAIKU_MODEL", "claude-test")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("DISABLE_ERROR_REPORTING", "1")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "claude failed\n{stdout}\n{stderr}\n--- kortex\n{}",
+        server.log()
+    );
+    assert!(marker.exists(), "the Bash tool ran: {stdout}");
+    let result: Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(
+        result["result"], "The marker file is created.",
+        "{result:#}"
+    );
+    // Upstream: Kortex's key only, never the gateway key.
+    let calls = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    assert!(calls.len() >= 2, "{calls:?}");
+    assert!(
+        calls.iter().all(|(k, _)| k.as_deref() == Some(KEY)),
+        "{calls:?}"
+    );
+    // Accounted to the team (a streamed call's books are settled as its stream ends).
+    eventually("the team's usage", || async {
+        let usage: Value = get_json(&http_client(), server.url("/api/v1/usage?by=user")).await;
+        let requests = usage["items"]
+            .as_array()
+            .and_then(|r| {
+                r.iter()
+                    .find(|r| r["key"].as_str().is_some_and(|k| k.contains("platform")))
+            })
+            .and_then(|r| r["requests"].as_i64());
+        if requests >= Some(2) {
+            Ok(())
+        } else {
+            Err(usage.to_string())
+        }
+    })
+    .await;
+
+    // Token counting through the gateway: Anthropic's own count.
+    let r = http_client()
+        .post(server.url("/v1/messages/count_tokens?beta=true"))
+        .header("x-api-key", GATEWAY_KEY)
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "token-counting-2024-11-01")
+        .json(&json!({"model": "claude-test", "messages": [{"role": "user", "content": "hello"}]}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        r.headers()
+            .get("x-kortex-token-count")
+            .and_then(|v| v.to_str().ok()),
+        Some("exact")
+    );
+    let counted: Value = r.json().await.unwrap_or_default();
+    assert_eq!(counted, json!({"input_tokens": 77}));
+    let calls = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let (key, body) = calls.last().cloned().unwrap_or_default();
+    assert_eq!(key.as_deref(), Some(KEY));
+    assert_eq!(body["count_tokens"]["model"], "claude-test");
+    assert!(server.terminate().success());
+}

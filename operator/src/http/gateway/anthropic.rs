@@ -43,9 +43,15 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
         .filter(|m| !m.is_empty())
         .ok_or_else(|| GatewayError::invalid("messages: at least one message is required"))?;
     let mut messages = Vec::new();
+    // System text given as messages (Claude Code sends its prompt so): joins `system`.
+    let mut inline_system: Vec<String> = Vec::new();
     for (i, m) in raw.iter().enumerate() {
         let at = format!("messages.{i}");
         let role = m["role"].as_str();
+        if role == Some("system") {
+            inline_system.push(text_blocks(&m["content"], &format!("{at}.content"))?);
+            continue;
+        }
         let blocks: Vec<Value> = match &m["content"] {
             Value::String(s) => vec![json!({"type": "text", "text": s})],
             Value::Array(b) => b.clone(),
@@ -125,7 +131,7 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
             }
             _ => {
                 return Err(GatewayError::invalid(format!(
-                    "{at}.role: must be \"user\" or \"assistant\""
+                    "{at}.role: must be \"user\", \"assistant\" or \"system\""
                 )));
             }
         }
@@ -159,9 +165,14 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
     };
     let request = ChatRequest {
         model: model.clone(),
-        system: match &body["system"] {
-            Value::Null => None,
-            other => Some(text_blocks(other, "system")?).filter(|s| !s.is_empty()),
+        system: {
+            let mut parts = match &body["system"] {
+                Value::Null => Vec::new(),
+                other => vec![text_blocks(other, "system")?],
+            };
+            parts.extend(inline_system);
+            parts.retain(|s| !s.is_empty());
+            (!parts.is_empty()).then(|| parts.join("\n\n"))
         },
         messages,
         tools,
