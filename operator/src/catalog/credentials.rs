@@ -12,6 +12,10 @@ use std::collections::BTreeMap;
 pub const CREDENTIALS_LABEL: &str = "kortex.dev/credentials";
 /// Annotation naming the ChatPolicy that governs gateway keys.
 pub const POLICY_ANNOTATION: &str = "kortex.dev/policy";
+/// Annotation of a gateway key's Secret: its requests per minute.
+pub const RPM_ANNOTATION: &str = "kortex.dev/requests-per-minute";
+/// Annotation of a gateway key's Secret: its tokens per minute.
+pub const TPM_ANNOTATION: &str = "kortex.dev/tokens-per-minute";
 
 /// What a key grants access to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,6 +41,9 @@ pub struct Credential {
     pub source: ObjectKey,
     /// Governing ChatPolicy name (gateway keys).
     pub policy: Option<String>,
+    /// This key's own rate limits (gateway keys; annotations
+    /// `kortex.dev/requests-per-minute`, `kortex.dev/tokens-per-minute`).
+    pub rate_limits: crate::crd::RateLimits,
 }
 
 /// All recognised keys, plus what was wrong with credential Secrets that were skipped.
@@ -79,6 +86,33 @@ impl Credentials {
                 .as_ref()
                 .and_then(|a| a.get(POLICY_ANNOTATION))
                 .cloned();
+            let mut rate_limits = crate::crd::RateLimits::default();
+            let annotation = |name: &str| {
+                s.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(name))
+                    .map(|v| v.trim().to_owned())
+            };
+            let mut bad = false;
+            if let Some(v) = annotation(RPM_ANNOTATION) {
+                match v.parse::<u32>() {
+                    Ok(n) if n > 0 => rate_limits.requests_per_minute = Some(n),
+                    _ => bad = true,
+                }
+            }
+            if let Some(v) = annotation(TPM_ANNOTATION) {
+                match v.parse::<u64>() {
+                    Ok(n) if n > 0 => rate_limits.tokens_per_minute = Some(n),
+                    _ => bad = true,
+                }
+            }
+            if bad {
+                out.problems.push(format!(
+                    "Secret {source}: {RPM_ANNOTATION} and {TPM_ANNOTATION} must be whole numbers above 0; skipped"
+                ));
+                continue;
+            }
             if kind == CredentialKind::Gateway && policy.is_none() {
                 out.problems.push(format!(
                     "Secret {source}: gateway keys need the annotation {POLICY_ANNOTATION}: <ChatPolicy name>; skipped"
@@ -100,6 +134,7 @@ impl Credentials {
                     key_hash: sha256(key.as_bytes()),
                     source: source.clone(),
                     policy: policy.clone(),
+                    rate_limits,
                 });
             };
             if let Some(key) = fields.get("key") {

@@ -64,6 +64,10 @@ pub struct ChatPolicySpec {
     /// Spending and rate limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget: Option<Budget>,
+    /// Rate limits of the gateway calls under this policy, all its keys together
+    /// (`docs/gateway.md#rate-limits`); a key's Secret may set its own as annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limits: Option<RateLimits>,
     /// Redaction of what is sent to providers and stored.
     #[serde(default)]
     pub privacy: Privacy,
@@ -477,6 +481,21 @@ impl Default for ToolRules {
 
 fn allow_all() -> Vec<String> {
     vec!["*".to_owned()]
+}
+
+/// Requests and tokens per minute (a window per clock minute, shared by every replica).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RateLimits {
+    /// Calls per minute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub requests_per_minute: Option<u32>,
+    /// Tokens per minute: each call's estimated input when it starts, its output when it
+    /// ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub tokens_per_minute: Option<u64>,
 }
 
 /// Spending and rate limits; every limit is optional.

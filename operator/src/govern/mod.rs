@@ -5,6 +5,7 @@
 
 pub mod budget;
 pub mod lease;
+pub mod rate;
 pub mod reach;
 pub mod route;
 

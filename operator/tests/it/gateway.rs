@@ -240,3 +240,149 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
     );
     assert!(server.terminate().success());
 }
+
+/// Rate limits: a key's `kortex.dev/requests-per-minute` answers the call past it with 429
+/// and the `x-ratelimit-*-requests` headers and `retry-after`; a call bigger than its
+/// `tokens-per-minute` gets the `-tokens` ones; and two replicas on one PostgreSQL share
+/// their policy's `rateLimits.requestsPerMinute`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limits_answer_429_with_the_headers_sdks_read_and_replicas_share_them() {
+    let (base, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
+    let write = |dir: &Path| {
+        std::fs::write(
+            dir.join("gateway.yaml"),
+            format!(
+                r#"apiVersion: v1
+kind: Secret
+metadata: {{name: upstream-key}}
+stringData: {{key: sk-upstream-SECRET-42}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway-slow
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: apps, kortex.dev/requests-per-minute: "3", kortex.dev/tokens-per-minute: "400"}}
+stringData: {{team: slow, key: {KEY}}}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway-shared
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: shared}}
+stringData: {{team: shared, key: {BROKE_KEY}}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: upstream}}
+spec: {{type: openai-compatible, baseUrl: "{base}/v1", apiKeySecretRef: {{name: upstream-key, key: key}}, defaultModel: gpt-test, timeout: 10s}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: apps}}
+spec: {{sessions: ["gateway-apps"], provider: upstream}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: shared}}
+spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requestsPerMinute: 4}}}}
+"#
+            ),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    };
+    // Within one clock minute: the windows are per minute.
+    let second = jiff::Timestamp::now().as_second().rem_euclid(60);
+    if second > 40 {
+        tokio::time::sleep(Duration::from_secs(
+            u64::try_from(61 - second).unwrap_or(20),
+        ))
+        .await;
+    }
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    write(dir.path());
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    let client = http_client();
+    let call = |url: String, key: &'static str, text: String| {
+        let client = client.clone();
+        async move {
+            client
+                .post(url)
+                .bearer_auth(key)
+                .json(
+                    &json!({"model": "gpt-test", "messages": [{"role": "user", "content": text}]}),
+                )
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        }
+    };
+    let url = server.url("/v1/chat/completions");
+    // Too many tokens for one minute: refused before any request is counted.
+    let big = call(url.clone(), KEY, "word ".repeat(2000)).await;
+    assert_eq!(big.status().as_u16(), 429);
+    assert_eq!(big.headers()["x-ratelimit-limit-tokens"], "400");
+    assert_eq!(big.headers()["x-ratelimit-remaining-tokens"], "0");
+    let body: Value = big.json().await.unwrap_or_default();
+    assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("400 tokens per minute")),
+        "{body}"
+    );
+    for i in 0..3 {
+        let r = call(url.clone(), KEY, "hi".into()).await;
+        assert_eq!(r.status().as_u16(), 200, "call {i}");
+    }
+    let r = call(url.clone(), KEY, "hi".into()).await;
+    assert_eq!(r.status().as_u16(), 429);
+    let h = r.headers();
+    assert_eq!(h["x-ratelimit-limit-requests"], "3");
+    assert_eq!(h["x-ratelimit-remaining-requests"], "0");
+    let reset: u64 = h["x-ratelimit-reset-requests"]
+        .to_str()
+        .unwrap_or_default()
+        .trim_end_matches('s')
+        .parse()
+        .unwrap_or(0);
+    let retry: u64 = h["retry-after"]
+        .to_str()
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or(0);
+    assert!((1..=60).contains(&reset) && reset == retry, "{h:?}");
+    assert_eq!(h["x-should-retry"], "true");
+    assert!(server.terminate().success());
+
+    // Two replicas, one PostgreSQL, one policy limit of 4 per minute.
+    let Some(db) = crate::common::postgres().await else {
+        return;
+    };
+    let second = jiff::Timestamp::now().as_second().rem_euclid(60);
+    if second > 40 {
+        tokio::time::sleep(Duration::from_secs(
+            u64::try_from(61 - second).unwrap_or(20),
+        ))
+        .await;
+    }
+    let a = Server::start_with_url(dir.path(), &db.url, &[]);
+    let b = Server::start_with_url(dir.path(), &db.url, &[]);
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let server = if i % 2 == 0 { &a } else { &b };
+        let r = call(server.url("/v1/chat/completions"), BROKE_KEY, "hi".into()).await;
+        statuses.push(r.status().as_u16());
+        if r.status().as_u16() == 429 {
+            assert_eq!(r.headers()["x-ratelimit-limit-requests"], "4");
+        }
+    }
+    assert_eq!(
+        statuses,
+        vec![200, 200, 200, 200, 429, 429],
+        "the replicas share one limit"
+    );
+    assert!(a.terminate().success() && b.terminate().success());
+}

@@ -45,6 +45,8 @@ pub struct GatewayError {
     pub retry_after: Option<u64>,
     /// Whether the SDK should retry (`x-should-retry`, honoured by both official SDKs).
     pub should_retry: Option<bool>,
+    /// More headers (`x-ratelimit-*` of a rate limit).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl GatewayError {
@@ -61,7 +63,44 @@ impl GatewayError {
             code,
             retry_after: None,
             should_retry: None,
+            headers: Vec::new(),
         }
+    }
+
+    /// 429 with the `x-ratelimit-*` headers OpenAI's and Anthropic's SDKs read.
+    pub(super) fn rate_limited(l: &crate::govern::rate::Limited) -> Self {
+        let mut e = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::RateLimited,
+            "rate_limit_exceeded",
+            l.to_string(),
+        );
+        e.retry_after = Some(l.reset_secs);
+        e.should_retry = Some(true);
+        e.headers = vec![
+            (
+                match l.unit {
+                    crate::govern::rate::Unit::Requests => "x-ratelimit-limit-requests",
+                    crate::govern::rate::Unit::Tokens => "x-ratelimit-limit-tokens",
+                },
+                l.per_minute.to_string(),
+            ),
+            (
+                match l.unit {
+                    crate::govern::rate::Unit::Requests => "x-ratelimit-remaining-requests",
+                    crate::govern::rate::Unit::Tokens => "x-ratelimit-remaining-tokens",
+                },
+                "0".into(),
+            ),
+            (
+                match l.unit {
+                    crate::govern::rate::Unit::Requests => "x-ratelimit-reset-requests",
+                    crate::govern::rate::Unit::Tokens => "x-ratelimit-reset-tokens",
+                },
+                format!("{}s", l.reset_secs),
+            ),
+        ];
+        e
     }
 
     /// 400: a malformed request.
@@ -183,6 +222,11 @@ impl GatewayError {
         if let Some(secs) = self.retry_after {
             h.insert(header::RETRY_AFTER, secs.into());
         }
+        for (name, value) in &self.headers {
+            if let Ok(v) = HeaderValue::from_str(value) {
+                h.insert(*name, v);
+            }
+        }
         if let Some(retry) = self.should_retry {
             h.insert(
                 "x-should-retry",
@@ -218,6 +262,8 @@ pub struct Caller {
     pub scope: Scope,
     /// The policy's redaction (of what goes upstream and of errors shown).
     pub redactor: crate::redact::Redactor,
+    /// Rate limits: the policy's and the key's.
+    pub limits: Vec<crate::govern::rate::Limit>,
 }
 
 /// The key from `Authorization: Bearer` or `x-api-key` (both SDKs' conventions).
@@ -266,8 +312,16 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, Gat
         })?;
     let scope = Scope::new(&policy, &credential.principal, None, "gateway");
     let redactor = config.catalog.redactor_for(&policy);
+    let limits = crate::govern::rate::limits_of(
+        &namespace,
+        &policy_name,
+        policy.object.spec.rate_limits.as_ref(),
+        &format!("{}/{}", credential.source, credential.principal),
+        &credential.rate_limits,
+    );
     Ok(Caller {
         redactor,
+        limits,
         team: credential.principal.clone(),
         namespace,
         policy,
@@ -458,6 +512,17 @@ pub async fn dispatch(
     let config = state.config.borrow().clone();
     let catalog = &config.catalog;
     let redactor = &caller.redactor;
+    // Rate limits first: a refused call reserves nothing and reaches no provider.
+    if !caller.limits.is_empty() {
+        match governor
+            .rate_limit(&caller.limits, llm::estimate_input(&request))
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(limited)) => return Err(GatewayError::rate_limited(&limited)),
+            Err(e) => return Err(GatewayError::store(&e)),
+        }
+    }
     let mut last: Option<GatewayError> = None;
     // The request is counted once, with the first reservation that is made.
     let mut admitted = false;
@@ -532,6 +597,7 @@ pub async fn dispatch(
         match called {
             Ok(stream) => {
                 let meter = Meter {
+                    limits: caller.limits.clone(),
                     state: state.clone(),
                     team: caller.team.clone(),
                     namespace: caller.namespace.clone(),
@@ -633,6 +699,8 @@ pub async fn dispatch(
 
 /// What the accounting of a successful attempt needs when its stream ends.
 struct Meter {
+    /// The call's rate limits: its output tokens count on them when it settles.
+    limits: Vec<crate::govern::rate::Limit>,
     state: AppState,
     team: String,
     namespace: String,
@@ -694,6 +762,11 @@ impl Meter {
         outcome: &str,
     ) {
         let latency_ms = self.started.elapsed().as_millis() as i64;
+        self.state
+            .engine
+            .governor
+            .rate_count_output(&self.limits, usage.output_tokens)
+            .await;
         let served = if model.is_empty() {
             self.model.clone()
         } else {
