@@ -136,15 +136,47 @@ struct Run {
     requests: usize,
 }
 
+/// Which API a load calls.
+#[derive(Clone, Copy)]
+enum Api {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/responses`, keeping each response (`store`) or not.
+    Responses { store: bool },
+}
+
 async fn load(url: &str, key: Option<&str>, model: &str, stream: bool, concurrency: usize) -> Run {
+    load_api(url, key, model, stream, concurrency, Api::Chat).await
+}
+
+async fn load_api(
+    url: &str,
+    key: Option<&str>,
+    model: &str,
+    stream: bool,
+    concurrency: usize,
+    api: Api,
+) -> Run {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let body = format!(
-        r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]{}}}"#,
-        if stream { r#","stream":true"# } else { "" }
-    );
+    let (path, body) = match api {
+        Api::Chat => (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]{}}}"#,
+                if stream { r#","stream":true"# } else { "" }
+            ),
+        ),
+        Api::Responses { store } => (
+            "/v1/responses",
+            format!(
+                r#"{{"model":"{model}","input":"hi","store":{store}{}}}"#,
+                if stream { r#","stream":true"# } else { "" }
+            ),
+        ),
+    };
     let seconds = seconds();
     // The first second warms connections up and is not counted.
     let start = Instant::now();
@@ -152,7 +184,7 @@ async fn load(url: &str, key: Option<&str>, model: &str, stream: bool, concurren
     let deadline = counted_from + Duration::from_secs(seconds);
     let workers = (0..concurrency).map(|_| {
         let client = client.clone();
-        let url = format!("{url}/v1/chat/completions");
+        let url = format!("{url}{path}");
         let key = key.map(str::to_owned);
         let body = body.clone();
         async move {
@@ -310,6 +342,7 @@ fn main() {
             (rss_peak.saturating_sub(rss_before)) as f64 / 1024.0
         );
         books(&db, served).await;
+        responses_vs_chat(&server).await;
         if std::env::var("KORTEX_BENCH_TRACING").map_or(true, |v| v != "0") {
             tracing_overhead(dir.path(), &base, &server).await;
         }
@@ -559,4 +592,51 @@ async fn tracing_overhead(manifests: &std::path::Path, base: &str, off: &Kortex)
         exports.load(std::sync::atomic::Ordering::Relaxed)
     );
     on.stop();
+}
+
+/// The Responses API beside Chat Completions through Kortex, at saturation (50 concurrent,
+/// the upstream answering at once): req/s and CPU per call, and the ratio.
+async fn responses_vs_chat(server: &Kortex) {
+    if std::env::var("KORTEX_BENCH_ONLY")
+        .is_ok_and(|only| !"responses".contains(&only) && !only.contains("responses"))
+    {
+        return;
+    }
+    println!("\nResponses API beside Chat Completions (upstream at once, 50 concurrent):\n");
+    println!(
+        "| mode | API | Kortex req/s | Kortex CPU µs/req | CPU / Chat Completions' | errors |"
+    );
+    println!("|---|---|---|---|---|---|");
+    let pid = server.pid();
+    let _ = load_api(
+        &server.url,
+        Some(KEY),
+        "m",
+        false,
+        4,
+        Api::Responses { store: false },
+    )
+    .await;
+    for stream in [false, true] {
+        let mut chat_cpu = 0.0;
+        for (name, api) in [
+            ("chat.completions", Api::Chat),
+            ("responses, store: false", Api::Responses { store: false }),
+            ("responses, store: true", Api::Responses { store: true }),
+        ] {
+            let before = cpu_us(pid);
+            let run = load_api(&server.url, Some(KEY), "m", stream, 50, api).await;
+            let cpu = (cpu_us(pid) - before) / run.requests.max(1) as f64;
+            if matches!(api, Api::Chat) {
+                chat_cpu = cpu;
+            }
+            println!(
+                "| {} | {name} | {:.0} | {cpu:.0} | {:.2}x | {} |",
+                if stream { "streamed" } else { "not streamed" },
+                run.rps,
+                cpu / chat_cpu.max(1.0),
+                run.errors
+            );
+        }
+    }
 }
