@@ -1235,6 +1235,8 @@ async fn stream_step(
             Some(Ok(StreamEvent::Warning(w))) => {
                 notice(engine, session, run_id, &w).await?;
             }
+            // Chat runs send no `thinking` setting: nothing to keep.
+            Some(Ok(StreamEvent::Thinking(_))) => {}
             Some(Ok(StreamEvent::Done {
                 usage,
                 model,

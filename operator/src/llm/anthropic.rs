@@ -47,8 +47,11 @@ impl Anthropic {
         let mut body = json!({
             "model": model,
             "max_tokens": request.max_tokens.unwrap_or(self.config.max_tokens),
-            "messages": messages(&request.messages),
+            "messages": messages(&request.messages, &request.thinking_blocks),
         });
+        if let Some(thinking) = &request.thinking {
+            body["thinking"] = thinking.clone();
+        }
         let format = request
             .response_format
             .as_ref()
@@ -93,19 +96,25 @@ impl Anthropic {
 
 /// The conversation in Anthropic's shape: content blocks, strictly alternating roles, tool
 /// results (and any text that follows them) merged into one user turn.
-fn messages(history: &[Message]) -> Vec<Value> {
+fn messages(history: &[Message], thinking: &[(usize, Vec<Value>)]) -> Vec<Value> {
     let mut out: Vec<(String, Vec<Value>)> = Vec::new();
     let mut push = |role: &str, block: Value| match out.last_mut() {
         Some((r, blocks)) if r == role => blocks.push(block),
         _ => out.push((role.to_owned(), vec![block])),
     };
-    for m in history {
+    for (i, m) in history.iter().enumerate() {
         match m {
             Message::User { content } => push("user", json!({"type": "text", "text": content})),
             Message::Assistant {
                 content,
                 tool_calls,
             } => {
+                // The turn's thinking blocks first, as the model wrote them.
+                for (_, blocks) in thinking.iter().filter(|(at, _)| *at == i) {
+                    for b in blocks {
+                        push("assistant", b.clone());
+                    }
+                }
                 if !content.trim().is_empty() {
                     push("assistant", json!({"type": "text", "text": content}));
                 }
@@ -213,6 +222,8 @@ pub struct StreamDecoder {
     stop: Option<StopReason>,
     /// Open tool_use blocks by index: (id, name, partial JSON).
     open_tools: BTreeMap<u64, (String, String, String)>,
+    /// Open thinking (or redacted_thinking) blocks by index, as they grow.
+    open_thinking: BTreeMap<u64, Value>,
     /// A tool call whose arguments did not parse: fine if the answer was cut off at the
     /// token limit (then dropped with a warning), a protocol error otherwise.
     truncated: Option<LlmError>,
@@ -284,6 +295,9 @@ impl Decoder for StreamDecoder {
                             out.push(StreamEvent::TextDelta(t.to_owned()));
                         }
                     }
+                    Some("thinking" | "redacted_thinking") => {
+                        self.open_thinking.insert(index, block);
+                    }
                     _ => {}
                 }
             }
@@ -313,10 +327,27 @@ impl Decoder for StreamDecoder {
                             }
                         }
                     }
-                    _ => {} // thinking and signature deltas are not surfaced
+                    Some(kind @ ("thinking_delta" | "signature_delta")) => {
+                        let (field, key) = if kind == "thinking_delta" {
+                            ("thinking", "thinking")
+                        } else {
+                            ("signature", "signature")
+                        };
+                        if let Some(block) = self.open_thinking.get_mut(&index) {
+                            let mut text = block[key].as_str().unwrap_or_default().to_owned();
+                            text.push_str(
+                                delta.get(field).and_then(Value::as_str).unwrap_or_default(),
+                            );
+                            block[key] = json!(text);
+                        }
+                    }
+                    _ => {}
                 }
             }
             "content_block_stop" => {
+                if let Some(block) = self.open_thinking.remove(&index) {
+                    out.push(StreamEvent::Thinking(block));
+                }
                 if let Some((id, name, json)) = self.open_tools.remove(&index) {
                     match wire::parse_arguments(&self.provider, &name, &json) {
                         Ok(input) => out.push(StreamEvent::ToolCall(ToolCall { id, name, input })),
@@ -394,6 +425,7 @@ pub fn parse_response(provider: &str, v: &Value) -> Result<ChatResponse, LlmErro
     };
     for block in content {
         match block.get("type").and_then(Value::as_str) {
+            Some("thinking" | "redacted_thinking") => response.thinking.push(block.clone()),
             Some("text") => response.text.push_str(
                 block
                     .get("text")
@@ -530,7 +562,7 @@ mod tests {
                 is_error: true,
             },
         ];
-        let m = messages(&history);
+        let m = messages(&history, &[]);
         assert_eq!(m.len(), 3);
         assert_eq!(
             m[1]["content"][1],
@@ -689,15 +721,79 @@ mod tests {
 
     #[test]
     fn whitespace_only_assistant_text_is_not_sent() {
-        let m = messages(&[Message::Assistant {
-            content: "\n\n".into(),
-            tool_calls: vec![ToolCall {
-                id: "t".into(),
-                name: "x".into(),
-                input: json!({}),
+        let m = messages(
+            &[Message::Assistant {
+                content: "\n\n".into(),
+                tool_calls: vec![ToolCall {
+                    id: "t".into(),
+                    name: "x".into(),
+                    input: json!({}),
+                }],
             }],
-        }]);
+            &[],
+        );
         assert_eq!(m[0]["content"].as_array().map(Vec::len), Some(1));
         assert_eq!(m[0]["content"][0]["type"], "tool_use");
+    }
+}
+
+#[cfg(test)]
+mod thinking_tests {
+    use super::*;
+
+    #[test]
+    fn thinking_blocks_are_decoded_whole_and_given_back_before_the_calls() {
+        let ev = |event: &str, data: Value| SseEvent {
+            event: event.into(),
+            data: data.to_string(),
+            ..Default::default()
+        };
+        let mut d = StreamDecoder::new("p");
+        let mut out = Vec::new();
+        for e in [
+            ev(
+                "content_block_start",
+                json!({"index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+            ),
+            ev(
+                "content_block_delta",
+                json!({"index": 0, "delta": {"type": "thinking_delta", "thinking": "Check "}}),
+            ),
+            ev(
+                "content_block_delta",
+                json!({"index": 0, "delta": {"type": "thinking_delta", "thinking": "the logs."}}),
+            ),
+            ev(
+                "content_block_delta",
+                json!({"index": 0, "delta": {"type": "signature_delta", "signature": "sig-1"}}),
+            ),
+            ev("content_block_stop", json!({"index": 0})),
+        ] {
+            out.extend(d.feed(e).unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert_eq!(
+            out,
+            vec![StreamEvent::Thinking(
+                json!({"type": "thinking", "thinking": "Check the logs.", "signature": "sig-1"})
+            )]
+        );
+        let history = [
+            Message::User {
+                content: "why?".into(),
+            },
+            Message::Assistant {
+                content: String::new(),
+                tool_calls: vec![ToolCall {
+                    id: "t1".into(),
+                    name: "get_logs".into(),
+                    input: json!({}),
+                }],
+            },
+        ];
+        let block =
+            json!({"type": "thinking", "thinking": "Check the logs.", "signature": "sig-1"});
+        let m = messages(&history, &[(1, vec![block.clone()])]);
+        assert_eq!(m[1]["content"][0], block);
+        assert_eq!(m[1]["content"][1]["type"], "tool_use");
     }
 }

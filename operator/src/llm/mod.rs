@@ -171,6 +171,14 @@ pub struct ChatRequest {
     /// Whether the model must call a tool: `None` lets it choose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
+    /// Anthropic's `thinking` setting as a Messages client sent it (passed to Anthropic
+    /// providers only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub thinking: Option<Value>,
+    /// Thinking blocks of earlier assistant turns, by their index in `messages` (Anthropic
+    /// wants them back, before the turn's tool calls, while thinking is on).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thinking_blocks: Vec<(usize, Vec<Value>)>,
     /// Audit and accounting context.
     pub metadata: RequestMetadata,
     /// A chat run's tools for a provider that runs its own tool loop (`claude-code`):
@@ -259,6 +267,10 @@ pub struct ChatResponse {
     /// Notes for the caller (e.g. prompt-mode tool parsing is best effort).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// Anthropic's thinking blocks (`thinking` with its `signature`, or
+    /// `redacted_thinking`), whole, in order: the gateway passes them to its client.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub thinking: Vec<Value>,
 }
 
 /// One event of a streamed call.
@@ -279,6 +291,9 @@ pub enum StreamEvent {
     },
     /// A non-fatal note (e.g. prompt-mode tool parsing).
     Warning(String),
+    /// An Anthropic thinking block, whole (`{"type": "thinking", "thinking", "signature"}`
+    /// or `redacted_thinking`): passed through by the Messages gateway, ignored elsewhere.
+    Thinking(Value),
 }
 
 /// What a provider can do.
@@ -561,6 +576,12 @@ pub fn response_stream(response: ChatResponse) -> ChatStream {
             .into_iter()
             .map(|w| Ok(StreamEvent::Warning(w))),
     );
+    events.extend(
+        response
+            .thinking
+            .into_iter()
+            .map(|b| Ok(StreamEvent::Thinking(b))),
+    );
     if !response.text.is_empty() {
         events.push(Ok(StreamEvent::TextDelta(response.text)));
     }
@@ -599,6 +620,7 @@ pub async fn collect(
             StreamEvent::TextDelta(t) => response.text.push_str(&t),
             StreamEvent::ToolCall(c) => response.tool_calls.push(c),
             StreamEvent::Warning(w) => response.warnings.push(w),
+            StreamEvent::Thinking(b) => response.thinking.push(b),
             StreamEvent::Done {
                 stop_reason,
                 usage,

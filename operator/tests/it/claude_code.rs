@@ -618,13 +618,48 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
             .into_iter()
             .flatten()
             .any(|t| t["name"] == "Bash");
+        let thinking = body.get("thinking").is_some_and(Value::is_object);
+        // With thinking on, the turn that called the tool must come back with its thinking
+        // block first, signature intact (as Anthropic's API insists).
+        if thinking && result_of(&body, "toolu_gw").is_some() {
+            let given_back = body["messages"].as_array().into_iter().flatten().any(|m| {
+                m["role"] == "assistant"
+                    && m["content"][0]["type"] == "thinking"
+                    && m["content"][0]["signature"] == "sig-kortex-42"
+                    && m["content"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|b| b["id"] == "toolu_gw"))
+            });
+            if !given_back {
+                return (
+                    axum::http::StatusCode::BAD_REQUEST,
+                    axum::Json(json!({"type": "error", "error": {"type": "invalid_request_error", "message": "messages: the assistant turn with tool_use must start with its thinking block"}})),
+                )
+                    .into_response();
+            }
+        }
         let events = if asked_for_bash && result_of(&body, "toolu_gw").is_none() {
-            tool_use(
+            let call = tool_use(
                 model,
                 "toolu_gw",
                 "Bash",
                 json!({"command": format!("touch {}", marker.display()), "description": "create the marker"}),
-            )
+            );
+            if thinking {
+                // A thinking block at index 0, the call at index 1.
+                let think = [
+                    sse("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": "", "signature": ""}})),
+                    sse("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "A touch will do."}})),
+                    sse("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "sig-kortex-42"}})),
+                    sse("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                ]
+                .concat();
+                let call = call.replace("\"index\":0", "\"index\":1");
+                let at = call.find("event: content_block_start").unwrap_or(0);
+                format!("{}{think}{}", &call[..at], &call[at..])
+            } else {
+                call
+            }
         } else {
             answer(
                 model,
@@ -756,6 +791,12 @@ spec: {{sessions: ["gateway-coding"], provider: anthropic}}
     // Upstream: Kortex's key only, never the gateway key.
     let calls = seen.lock().unwrap_or_else(|e| e.into_inner()).clone();
     assert!(calls.len() >= 2, "{calls:?}");
+    // Claude Code asked for thinking: the setting reached the provider, and the thinking
+    // block came back with the tool result (the upstream refuses the turn otherwise).
+    assert!(
+        calls.iter().any(|(_, b)| b["thinking"].is_object()),
+        "thinking was passed on"
+    );
     assert!(
         calls.iter().all(|(k, _)| k.as_deref() == Some(KEY)),
         "{calls:?}"

@@ -43,6 +43,7 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
         .filter(|m| !m.is_empty())
         .ok_or_else(|| GatewayError::invalid("messages: at least one message is required"))?;
     let mut messages = Vec::new();
+    let mut thinking_blocks = Vec::new();
     // System text given as messages (Claude Code sends its prompt so): joins `system`.
     let mut inline_system: Vec<String> = Vec::new();
     for (i, m) in raw.iter().enumerate() {
@@ -106,8 +107,11 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
             Some("assistant") => {
                 let mut text = Vec::new();
                 let mut tool_calls = Vec::new();
+                let mut thought = Vec::new();
                 for b in &blocks {
                     match b["type"].as_str() {
+                        // Given back to Anthropic providers before the turn's tool calls.
+                        Some("thinking" | "redacted_thinking") => thought.push(b.clone()),
                         Some("text") => {
                             text.push(b["text"].as_str().unwrap_or_default().to_owned())
                         }
@@ -123,6 +127,9 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
                         // Thinking blocks and the like are not sent back.
                         _ => {}
                     }
+                }
+                if !thought.is_empty() {
+                    thinking_blocks.push((messages.len(), thought));
                 }
                 messages.push(Message::Assistant {
                     content: text.join("\n"),
@@ -185,6 +192,8 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
             .filter_map(|s| s.as_str().map(str::to_owned))
             .collect(),
         tool_choice,
+        thinking: body.get("thinking").cloned().filter(Value::is_object),
+        thinking_blocks,
         ..Default::default()
     };
     Ok((model, request, body["stream"].as_bool().unwrap_or(false)))
@@ -231,7 +240,7 @@ async fn handle(
         let r = llm::collect(started.stream, std::time::Instant::now())
             .await
             .map_err(|e| GatewayError::from_llm(&e, &redactor))?;
-        let mut content: Vec<Value> = Vec::new();
+        let mut content: Vec<Value> = r.thinking.clone();
         if !r.text.is_empty() {
             content.push(json!({"type": "text", "text": r.text}));
         }
@@ -289,6 +298,24 @@ async fn handle(
                 index += 1;
             }
             Ok(StreamEvent::Warning(_)) => {}
+            // A thinking block, whole: its text as one thinking_delta, then its signature.
+            Ok(StreamEvent::Thinking(block)) => {
+                close_text(&mut out, &mut index, &mut text_open);
+                let mut start = block.clone();
+                if start["type"] == "thinking" {
+                    start["thinking"] = json!("");
+                    start["signature"] = json!("");
+                }
+                out.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": start})));
+                if block["type"] == "thinking" {
+                    out.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "thinking_delta", "thinking": block["thinking"]}})));
+                    out.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "signature_delta", "signature": block["signature"]}})));
+                }
+                out.push(event("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+                index += 1;
+            }
             Ok(StreamEvent::Done { stop_reason: r, usage, .. }) => {
                 close_text(&mut out, &mut index, &mut text_open);
                 out.push(event("message_delta", json!({"type": "message_delta",

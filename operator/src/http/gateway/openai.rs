@@ -444,7 +444,7 @@ async fn handle(
                     None,
                 )]
             }
-            Ok(StreamEvent::Warning(_)) => Vec::new(),
+            Ok(StreamEvent::Warning(_) | StreamEvent::Thinking(_)) => Vec::new(),
             Ok(StreamEvent::Done {
                 stop_reason, usage, ..
             }) => {

@@ -473,7 +473,7 @@ async fn handle(
                 match event {
                     Ok(StreamEvent::TextDelta(t)) => (s.text_delta(&t), None),
                     Ok(StreamEvent::ToolCall(c)) => (s.tool_call(&c), None),
-                    Ok(StreamEvent::Warning(_)) => (Vec::new(), None),
+                    Ok(StreamEvent::Warning(_) | StreamEvent::Thinking(_)) => (Vec::new(), None),
                     Ok(StreamEvent::Done {
                         stop_reason, usage, ..
                     }) => {
