@@ -3,7 +3,7 @@
 
 use super::{Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
 use crate::http::AppState;
-use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall, ToolSpec};
+use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -145,18 +145,9 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> 
     }
     let mut tools = Vec::new();
     for (i, t) in body["tools"].as_array().into_iter().flatten().enumerate() {
-        tools.push(ToolSpec {
-            name: t["name"]
-                .as_str()
-                .ok_or_else(|| GatewayError::invalid(format!("tools.{i}.name: Field required")))?
-                .to_owned(),
-            description: t["description"].as_str().unwrap_or_default().to_owned(),
-            parameters: if t["input_schema"].is_object() {
-                t["input_schema"].clone()
-            } else {
-                json!({"type": "object", "properties": {}})
-            },
-        });
+        tools.push(super::tool_spec(t, "input_schema", || {
+            format!("tools.{i}.name: Field required")
+        })?);
     }
     let tool_choice = match body["tool_choice"]["type"].as_str() {
         Some("none") => {

@@ -929,6 +929,28 @@ pub async fn health(
         .into_response()
 }
 
+/// A function tool of a request, in any of the three formats: its `name` (else the error
+/// `missing` says), `description`, and JSON Schema under `schema` (an empty object schema
+/// when there is none).
+pub(crate) fn tool_spec(
+    t: &Value,
+    schema: &str,
+    missing: impl FnOnce() -> String,
+) -> Result<llm::ToolSpec, GatewayError> {
+    Ok(llm::ToolSpec {
+        name: t["name"]
+            .as_str()
+            .ok_or_else(|| GatewayError::invalid(missing()))?
+            .to_owned(),
+        description: t["description"].as_str().unwrap_or_default().to_owned(),
+        parameters: if t[schema].is_object() {
+            t[schema].clone()
+        } else {
+            json!({"type": "object", "properties": {}})
+        },
+    })
+}
+
 /// Parses a JSON request body, or the error in `flavor`'s format.
 pub fn parse_body(body: &[u8]) -> Result<Value, GatewayError> {
     let value: Value = serde_json::from_slice(body)

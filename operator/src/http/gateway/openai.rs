@@ -3,7 +3,7 @@
 
 use super::{Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
 use crate::http::AppState;
-use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall, ToolSpec};
+use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -112,21 +112,9 @@ pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool, bool), GatewayE
                 "tools[{i}].type must be \"function\""
             )));
         }
-        let f = &t["function"];
-        tools.push(ToolSpec {
-            name: f["name"]
-                .as_str()
-                .ok_or_else(|| {
-                    GatewayError::invalid(format!("tools[{i}].function.name is required"))
-                })?
-                .to_owned(),
-            description: f["description"].as_str().unwrap_or_default().to_owned(),
-            parameters: if f["parameters"].is_object() {
-                f["parameters"].clone()
-            } else {
-                json!({"type": "object", "properties": {}})
-            },
-        });
+        tools.push(super::tool_spec(&t["function"], "parameters", || {
+            format!("tools[{i}].function.name is required")
+        })?);
     }
     // `tool_choice`: "none" offers no tools this time; "required" or a named function
     // forces a call (passed to providers that take it).

@@ -7,7 +7,7 @@
 
 use super::{Caller, Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
 use crate::http::AppState;
-use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall, ToolSpec};
+use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall};
 use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
@@ -175,18 +175,9 @@ fn parse(body: &Value, earlier: Vec<Value>) -> Result<Asked, GatewayError> {
     let mut tools = Vec::new();
     for (i, t) in body["tools"].as_array().into_iter().flatten().enumerate() {
         match t["type"].as_str() {
-            Some("function") => tools.push(ToolSpec {
-                name: t["name"]
-                    .as_str()
-                    .ok_or_else(|| GatewayError::invalid(format!("tools[{i}].name is required")))?
-                    .to_owned(),
-                description: t["description"].as_str().unwrap_or_default().to_owned(),
-                parameters: if t["parameters"].is_object() {
-                    t["parameters"].clone()
-                } else {
-                    json!({"type": "object", "properties": {}})
-                },
-            }),
+            Some("function") => tools.push(super::tool_spec(t, "parameters", || {
+                format!("tools[{i}].name is required")
+            })?),
             Some(hosted) if HOSTED_TOOLS.contains(&hosted) => {
                 return Err(GatewayError::invalid(format!(
                     "tools[{i}]: {hosted} is one of OpenAI's hosted tools, which Kortex's gateway does not run; declare a function tool and run it in your application"
