@@ -104,6 +104,22 @@ fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::llm::Reply> {
     if body["model"] == "weak" {
         return text("I am not sure what is wrong.");
     }
+    // The judge (a whole answer, not streamed): the rubric asks for the fix.
+    if body["stream"] != json!(true) && body.to_string().contains("You grade") {
+        let answer = messages
+            .last()
+            .map(|m| m["content"].to_string())
+            .unwrap_or_default();
+        let verdict = if answer.contains("Set it in the ConfigMap") {
+            json!({"pass": true, "reason": "names the key and the fix"})
+        } else {
+            json!({"pass": false, "reason": "names no fix"})
+        };
+        return Some(crate::llm::json_reply(
+            200,
+            &(d.text_json)(&verdict.to_string()),
+        ));
+    }
     match (question.as_str(), results) {
         (q, 0) if q.contains("crash-looping") => call(
             "get_logs",
@@ -671,4 +687,63 @@ async fn every_starter_scenario_can_be_passed() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
     assert_eq!(code, 0, "{err}");
     assert!(report["targets"][0]["attempts"].as_u64() >= Some(20));
+}
+
+/// `--judge`: the rubric is graded only after the deterministic checks pass, and a failing
+/// verdict fails the scenario with the judge's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_grades_the_rubric_once_the_checks_pass() {
+    let (llm, s) = mock().await;
+    let flaky = Arc::new(AtomicUsize::new(0));
+    let f = flaky.clone();
+    *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
+        Some(Box::new(move |body: &Value| script(body, &f)));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    config(dir.path(), &llm);
+    let logs = r#"[{"tool": "get_logs", "args": {}, "result": "fatal: missing required config key PAYMENT_URL"}]"#;
+    for (name, question) in [
+        ("fixed", "Why is checkout crash-looping in shop?"),
+        ("no-fix", "Is checkout flaky?"),
+    ] {
+        let d = dir.path().join("suite").join(name);
+        write(
+            &d.join("scenario.yaml"),
+            &format!(
+                "apiVersion: kortex.dev/eval/v1\nkind: Scenario\nquestion: {question:?}\nexpect:\n  facts: [PAYMENT_URL]\n  tools: [get_logs]\njudge:\n  rubric: Names the missing key and how to fix it.\n"
+            ),
+        );
+        write(&d.join("tools/logs.json"), logs);
+    }
+    let (suite, manifests) = (
+        dir.path().join("suite").display().to_string(),
+        dir.path().join("config").display().to_string(),
+    );
+    let (code, out, err) = tokio::task::spawn_blocking(move || {
+        eval(&[
+            "--scenarios",
+            &suite,
+            "--manifests",
+            &manifests,
+            "--provider",
+            "scripted",
+            "--judge",
+            "scripted/strong",
+            "--json",
+        ])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, 0, "{err}");
+    let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(report["judged"], true);
+    let fixed = result(&report, 0, "fixed");
+    assert_eq!(fixed["passed"], 1, "{fixed:#}");
+    assert_eq!(fixed["judged"][0]["pass"], true, "{fixed:#}");
+    // The flaky script states the fact every other time; the first time it does, without a fix.
+    let r = reasons(result(&report, 0, "no-fix"));
+    assert_eq!(
+        r,
+        vec!["judge scripted/strong: names no fix".to_owned()],
+        "{report:#}"
+    );
 }
