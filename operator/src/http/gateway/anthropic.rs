@@ -1,7 +1,7 @@
 //! `POST /v1/messages` in Anthropic's Messages format, streamed (`message_start` …
 //! `message_stop` events) or not, with tools.
 
-use super::{Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
+use super::{Flavor, GatewayError, authenticate, new_id, parse_body, routes_for};
 use crate::http::AppState;
 use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall};
 use axum::body::Bytes;
@@ -220,11 +220,8 @@ async fn handle(
     let caller = authenticate(state, headers)?;
     let body = parse_body(body)?;
     let (model, request, stream) = parse(&body)?;
-    let routes = {
-        let config = state.config.borrow().clone();
-        routes_for(&config.catalog, &caller, &model)?
-    };
-    let started = dispatch(state, &caller, routes, request, "messages", stream).await?;
+    let started =
+        super::route_and_dispatch(state, &caller, &model, request, "messages", stream).await?;
     let id = new_id("msg_");
     let redactor = caller.redactor.clone();
     if !stream {

@@ -494,6 +494,23 @@ pub struct Started {
     pub model: String,
 }
 
+/// Sends `request` for `model` through the routes of the caller's policy that serve it
+/// ([`routes_for`], then [`dispatch`]): what every generating endpoint does.
+pub async fn route_and_dispatch(
+    state: &AppState,
+    caller: &Caller,
+    model: &str,
+    request: ChatRequest,
+    endpoint: &'static str,
+    streamed: bool,
+) -> Result<Started, GatewayError> {
+    let routes = {
+        let config = state.config.borrow().clone();
+        routes_for(&config.catalog, caller, model)?
+    };
+    dispatch(state, caller, routes, request, endpoint, streamed).await
+}
+
 /// Sends `request` through `routes` (failing over on a hard failure before any output),
 /// after admitting the request against the budgets; every attempt is redacted, reserved,
 /// settled and audited. The stream settles the successful attempt when it ends.

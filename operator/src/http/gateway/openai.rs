@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions` in OpenAI's Chat Completions format, streamed (`data:`
 //! chunks, `[DONE]`) or not, with tools and `response_format`.
 
-use super::{Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
+use super::{Flavor, GatewayError, authenticate, new_id, parse_body, routes_for};
 use crate::http::AppState;
 use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall};
 use axum::body::Bytes;
@@ -337,11 +337,9 @@ async fn handle(
     let caller = authenticate(state, headers)?;
     let body = parse_body(body)?;
     let (model, request, stream, include_usage) = parse(&body)?;
-    let routes = {
-        let config = state.config.borrow().clone();
-        routes_for(&config.catalog, &caller, &model)?
-    };
-    let started = dispatch(state, &caller, routes, request, "chat.completions", stream).await?;
+    let started =
+        super::route_and_dispatch(state, &caller, &model, request, "chat.completions", stream)
+            .await?;
     let id = new_id("chatcmpl-");
     let created = jiff::Timestamp::now().as_second();
     let redactor = caller.redactor.clone();

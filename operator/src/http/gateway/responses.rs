@@ -5,7 +5,7 @@
 //! and usage). With `store` (the default, as OpenAI's) a response is kept, scoped to the
 //! key's team, for `previous_response_id`, `GET /v1/responses/{id}` and `DELETE`.
 
-use super::{Caller, Flavor, GatewayError, authenticate, dispatch, new_id, parse_body, routes_for};
+use super::{Caller, Flavor, GatewayError, authenticate, new_id, parse_body};
 use crate::http::AppState;
 use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall};
 use axum::body::Bytes;
@@ -375,14 +375,10 @@ async fn handle(
         None => Vec::new(),
     };
     let asked = parse(&body, earlier)?;
-    let routes = {
-        let config = state.config.borrow().clone();
-        routes_for(&config.catalog, &caller, &asked.model)?
-    };
-    let started = dispatch(
+    let started = super::route_and_dispatch(
         state,
         &caller,
-        routes,
+        &asked.model,
         asked.request,
         "responses",
         asked.stream,
