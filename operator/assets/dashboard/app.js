@@ -934,13 +934,13 @@
         transcript.append(question(m, struck));
       } else if (m.role === 'assistant') {
         if (m.content) {
-          const el = answer(m.content, { class: `msg assistant${struck}`, title: m.superseded ? 'Rewound: no longer sent to the model' : null });
+          const el = answer(m.content, { class: `msg assistant${struck}`, 'data-run': m.runId, title: m.superseded ? 'Rewound: no longer sent to the model' : null });
           const line = byline(m.createdAt, m.provider, m.model);
           if (line) el.append(line);
           transcript.append(el);
         }
         if ((m.toolCalls || []).length) {
-          transcript.append(h('div', { class: 'chips' }, m.toolCalls.map((c) => {
+          transcript.append(h('div', { class: 'chips', 'data-run': m.runId }, m.toolCalls.map((c) => {
             const r = results.get(c.id);
             const outcome = !r ? { cls: 'waiting', label: 'no result' }
               : r.isError ? { cls: 'error', label: 'error' } : { cls: 'ok', label: 'ok' };
@@ -959,6 +959,12 @@
       }
     }
     handoversUntil(null);
+    // Runs that failed: what went wrong, after what they left in the transcript.
+    for (const f of session.failedRuns || []) {
+      const mine = [...transcript.querySelectorAll('[data-run]')].filter((el) => el.dataset.run === f.id);
+      const box = h('div', { class: 'note error', 'data-run': f.id }, `Failed: ${f.reason}`);
+      if (mine.length) mine[mine.length - 1].after(box); else transcript.append(box);
+    }
     scroll(true);
 
     // A run someone else started in a shared session: their question, from the database.

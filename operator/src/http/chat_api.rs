@@ -422,6 +422,15 @@ pub async fn get(
             }
         }
     }
+    // Failed runs with why: a transcript read later still says what went wrong.
+    v["failedRuns"] = state
+        .store
+        .failed_runs(&id)
+        .await
+        .map_err(ApiError::from)?
+        .into_iter()
+        .map(|(run, reason)| json!({"id": run, "reason": reason}))
+        .collect();
     v["eventSeq"] = json!(seq);
     v["handovers"] = handovers
         .iter()

@@ -460,6 +460,26 @@ impl Store {
         Ok(out)
     }
 
+    /// The session's runs that failed, oldest first: id and why (what the run's `error`
+    /// event said), for a transcript read back later.
+    pub async fn failed_runs(&self, session_id: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, reason FROM chat_runs WHERE session_id = $1 AND status = 'failed' ORDER BY started_at",
+        )
+        .bind(session_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("id")?,
+                    r.try_get::<Option<String>, _>("reason")?
+                        .unwrap_or_default(),
+                ))
+            })
+            .collect()
+    }
+
     /// Runs of `policy` (`namespace/name`) in flight, on every replica.
     pub async fn runs_in_flight(&self, policy: &str) -> Result<u64, StoreError> {
         let n: i64 = sqlx::query_scalar(

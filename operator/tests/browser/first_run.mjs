@@ -24,6 +24,8 @@ try {
   assert.match(text, /set ANTHROPIC_API_KEY or OPENAI_API_KEY/);
   assert.ok(!text.includes('os error'), `no transport detail: ${text}`);
   assert.equal(await banner.getByRole('link', { name: 'Status page' }).getAttribute('href'), '#/status');
+  // The question asked before (it failed) says why, read back from the database.
+  await page.locator('.note.error', { hasText: 'Failed: No provider of ChatPolicy default can answer now' }).waitFor();
   const found = await axeViolations(page, 'banner');
   assert.deepEqual(found, [], found.join('\n'));
   if (shots) await page.screenshot({ path: `${shots}/no-provider.png`, fullPage: true });

@@ -72,7 +72,7 @@ try {
   // The summarize model's incident summary (the title) reaches the list without a reload.
   const item = page.locator('aside.sessions li', { has: page.locator('.summary', { hasText: process.env.KORTEX_SUMMARY }) });
   await item.waitFor();
-  assert.match(await item.locator('.t').innerText(), /^ops · idle · /);
+  await item.locator('.t', { hasText: /^ops · idle · / }).waitFor();
   step('the incident summary shows in the session list');
 
   // The copy button puts the code itself on the clipboard.
@@ -121,7 +121,13 @@ try {
   await page.waitForURL(/by=provider/);
   const row = page.locator('table.usage-table tr[data-key="scripted"]');
   await row.waitFor();
-  // The answer, then the summarize model's title and follow-up questions.
+  // The answer, then the summarize model's title and follow-up questions (whose books are
+  // written in the background: the page is read again until all three are in).
+  for (let i = 0; i < 40 && (await row.locator('td').nth(1).innerText()) !== '3'; i += 1) {
+    await page.waitForTimeout(250);
+    await page.reload();
+    await row.waitFor();
+  }
   assert.equal(await row.locator('td').nth(1).innerText(), '3', 'three calls to the scripted provider');
   assert.equal(await page.locator('svg.usage-chart rect').count(), 1);
   const [download] = await Promise.all([page.waitForEvent('download'), page.locator('#usage-csv').click()]);

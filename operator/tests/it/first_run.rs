@@ -172,6 +172,14 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         probed,
         "no connection to a provider its fresh probe found unreachable"
     );
+    // Read back later, the session says why that run failed.
+    let stored: Value =
+        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    assert_eq!(
+        stored["failedRuns"][0]["reason"].as_str(),
+        Some(message.as_str()),
+        "{stored}"
+    );
     // The session's route (the dashboard's banner) says the same.
     let route: Value = crate::chat::get_json(
         &client,
