@@ -28,6 +28,22 @@ impl Unit {
             Unit::Tokens => "tokens",
         }
     }
+
+    /// The `x-ratelimit-limit-*`, `-remaining-*` and `-reset-*` header names of this unit.
+    pub fn headers(self) -> [&'static str; 3] {
+        match self {
+            Unit::Requests => [
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ],
+            Unit::Tokens => [
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+            ],
+        }
+    }
 }
 
 /// One limit a call counts against.

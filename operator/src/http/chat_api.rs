@@ -406,29 +406,22 @@ pub async fn get(
         .await
         .map_err(ApiError::from)?;
     let handovers = state.store.handovers(&id).await.map_err(ApiError::from)?;
-    // Each run's trace, when traces were on: a postmortem jumps from a message to it.
-    let traces = state
-        .store
-        .run_trace_ids(&id)
-        .await
-        .map_err(ApiError::from)?;
+    // Each run's trace, when traces were on (a postmortem jumps from a message to it), and
+    // the runs that failed with why (a transcript read later still says what went wrong).
+    let runs = state.store.run_notes(&id).await.map_err(ApiError::from)?;
     let mut v = session_json(&session, Some(messages));
-    if !traces.is_empty()
+    if !runs.traces.is_empty()
         && let Some(items) = v["messages"].as_array_mut()
     {
         for m in items {
-            if let Some(trace) = m["runId"].as_str().and_then(|r| traces.get(r)) {
+            if let Some(trace) = m["runId"].as_str().and_then(|r| runs.traces.get(r)) {
                 m["traceId"] = json!(trace);
             }
         }
     }
-    // Failed runs with why: a transcript read later still says what went wrong.
-    v["failedRuns"] = state
-        .store
-        .failed_runs(&id)
-        .await
-        .map_err(ApiError::from)?
-        .into_iter()
+    v["failedRuns"] = runs
+        .failed
+        .iter()
         .map(|(run, reason)| json!({"id": run, "reason": reason}))
         .collect();
     v["eventSeq"] = json!(seq);

@@ -364,3 +364,12 @@ pub struct IncidentSession {
     /// Unix ms.
     pub updated_at: i64,
 }
+
+/// What a transcript read back shows of a session's runs ([`crate::store::Store::run_notes`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunNotes {
+    /// Trace id by run, for runs made while traces were on.
+    pub traces: std::collections::HashMap<String, String>,
+    /// Failed runs and why, oldest first.
+    pub failed: Vec<(String, String)>,
+}

@@ -438,46 +438,31 @@ impl Store {
         Ok(())
     }
 
-    /// The trace id of each of a session's runs that has one.
-    pub async fn run_trace_ids(
-        &self,
-        session_id: &str,
-    ) -> Result<std::collections::HashMap<String, String>, StoreError> {
+    /// What a transcript read back shows of a session's runs, in one read: each run's
+    /// trace id (when traces were on), and the runs that failed with why (what their
+    /// `error` event said), oldest first.
+    pub async fn run_notes(&self, session_id: &str) -> Result<RunNotes, StoreError> {
         let rows = sqlx::query(
-            "SELECT id, traceparent FROM chat_runs WHERE session_id = $1 AND traceparent IS NOT NULL",
+            "SELECT id, status, reason, traceparent FROM chat_runs WHERE session_id = $1 \
+             AND (traceparent IS NOT NULL OR status = 'failed') ORDER BY started_at",
         )
         .bind(session_id)
         .fetch_all(&self.pool)
         .await?;
-        let mut out = std::collections::HashMap::new();
+        let mut notes = RunNotes::default();
         for r in rows {
             let id: String = r.try_get("id")?;
-            let parent: String = r.try_get("traceparent")?;
-            if let Some(trace) = crate::telemetry::trace::trace_id_of(&parent) {
-                out.insert(id, trace.to_owned());
+            if let Some(parent) = r.try_get::<Option<String>, _>("traceparent")?
+                && let Some(trace) = crate::telemetry::trace::trace_id_of(&parent)
+            {
+                notes.traces.insert(id.clone(), trace.to_owned());
+            }
+            if r.try_get::<String, _>("status")? == "failed" {
+                let reason: Option<String> = r.try_get("reason")?;
+                notes.failed.push((id, reason.unwrap_or_default()));
             }
         }
-        Ok(out)
-    }
-
-    /// The session's runs that failed, oldest first: id and why (what the run's `error`
-    /// event said), for a transcript read back later.
-    pub async fn failed_runs(&self, session_id: &str) -> Result<Vec<(String, String)>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT id, reason FROM chat_runs WHERE session_id = $1 AND status = 'failed' ORDER BY started_at",
-        )
-        .bind(session_id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("id")?,
-                    r.try_get::<Option<String>, _>("reason")?
-                        .unwrap_or_default(),
-                ))
-            })
-            .collect()
+        Ok(notes)
     }
 
     /// Runs of `policy` (`namespace/name`) in flight, on every replica.

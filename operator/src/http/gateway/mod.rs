@@ -77,28 +77,11 @@ impl GatewayError {
         );
         e.retry_after = Some(l.reset_secs);
         e.should_retry = Some(true);
+        let [limit, remaining, reset] = l.unit.headers();
         e.headers = vec![
-            (
-                match l.unit {
-                    crate::govern::rate::Unit::Requests => "x-ratelimit-limit-requests",
-                    crate::govern::rate::Unit::Tokens => "x-ratelimit-limit-tokens",
-                },
-                l.per_minute.to_string(),
-            ),
-            (
-                match l.unit {
-                    crate::govern::rate::Unit::Requests => "x-ratelimit-remaining-requests",
-                    crate::govern::rate::Unit::Tokens => "x-ratelimit-remaining-tokens",
-                },
-                "0".into(),
-            ),
-            (
-                match l.unit {
-                    crate::govern::rate::Unit::Requests => "x-ratelimit-reset-requests",
-                    crate::govern::rate::Unit::Tokens => "x-ratelimit-reset-tokens",
-                },
-                format!("{}s", l.reset_secs),
-            ),
+            (limit, l.per_minute.to_string()),
+            (remaining, "0".into()),
+            (reset, format!("{}s", l.reset_secs)),
         ];
         e
     }

@@ -37,7 +37,6 @@ struct Asked {
     items: Vec<Value>,
     stream: bool,
     store: bool,
-    previous: Option<String>,
     /// Echoed in the response object.
     echo: Value,
 }
@@ -259,7 +258,6 @@ fn parse(body: &Value, earlier: Vec<Value>) -> Result<Asked, GatewayError> {
         items,
         stream: body["stream"].as_bool().unwrap_or(false),
         store: body["store"].as_bool().unwrap_or(true),
-        previous: body["previous_response_id"].as_str().map(str::to_owned),
         echo,
     })
 }
@@ -384,7 +382,6 @@ async fn handle(
         asked.stream,
     )
     .await?;
-    let _ = &asked.previous;
     let shape = Shape {
         id: new_id("resp_"),
         created: jiff::Timestamp::now().as_second(),
