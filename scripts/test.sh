@@ -35,9 +35,16 @@ start_postgres() {
   port=$(pg_lsclusters -h | awk -v v="$version" '$1==v && $2=="main" {print $3}')
   if ! pg_lsclusters -h | awk -v v="$version" '$1==v && $2=="main" {print $4}' | grep -q online; then
     echo "==> starting PostgreSQL $version on port $port"
-    if [ "$(id -u)" = 0 ]; then pg_ctlcluster "$version" main start; else sudo pg_ctlcluster "$version" main start; fi
+    # A cluster that was not shut down cleanly recovers first (fsync of its whole data
+    # directory), which can take longer than pg_ctl's default 60 s: allow 10 minutes.
+    if [ "$(id -u)" = 0 ]; then pg_ctlcluster "$version" main start -- -t 600; else sudo pg_ctlcluster "$version" main start -- -t 600; fi
   fi
   as_postgres "psql -p $port -tAc \"SELECT 1 FROM pg_roles WHERE rolname='kortex'\" | grep -q 1 || psql -p $port -qc \"CREATE ROLE kortex LOGIN SUPERUSER PASSWORD 'kortex'\""
+  # Test databases an interrupted earlier run left behind (each test drops its own).
+  as_postgres "psql -p $port -tAc \"SELECT datname FROM pg_database WHERE datname LIKE 'kortex\\_test\\_%' OR datname LIKE 'kortex\\_bench\\_%'\"" \
+    | while read -r db; do
+        if [ -n "$db" ]; then as_postgres "psql -p $port -qc 'DROP DATABASE IF EXISTS $db WITH (FORCE)'"; fi
+      done
   export KORTEX_TEST_POSTGRES_URL="postgres://kortex:kortex@127.0.0.1:${port}/postgres"
 }
 
