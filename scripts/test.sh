@@ -59,6 +59,13 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
 fi
 export KORTEX_REQUIRE_POSTGRES=1
 
+# The trigger tests page Kortex from a real Alertmanager (Debian's package).
+if [ -z "${KORTEX_TEST_ALERTMANAGER:-}" ] && [ ! -x /usr/bin/prometheus-alertmanager ]; then
+  echo "==> installing Alertmanager (Debian package prometheus-alertmanager) for the trigger tests"
+  apt_install prometheus-alertmanager
+fi
+export KORTEX_REQUIRE_ALERTMANAGER=1
+
 # The MCP plugin tests talk to a real MCP server: the Python SDK's, in a virtualenv.
 venv=target/test-venv
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import mcp.server.mcpserver' 2>/dev/null; then

@@ -24,3 +24,4 @@ pub mod source;
 pub mod store;
 pub mod telemetry;
 pub mod tools;
+pub mod trigger;

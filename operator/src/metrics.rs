@@ -185,6 +185,19 @@ pub struct Metrics {
     pub retention_deleted_rows: Family<DeletedLabel, Counter>,
     /// Notification attempts, by result.
     pub notifications: Family<ResultLabel, Counter>,
+    /// Alert and schedule events of triggers, by policy, trigger and result.
+    pub trigger_events: Family<TriggerLabel, Counter>,
+}
+
+/// Label of `kortex_trigger_events_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TriggerLabel {
+    /// `namespace/name` of the ChatPolicy (empty for `unmatched`).
+    pub policy: String,
+    /// The trigger's name (empty for `unmatched`).
+    pub trigger: String,
+    /// `received`, `unmatched`, `run`, `unchanged`, `resolved` or `skipped`.
+    pub result: &'static str,
 }
 
 /// A leader loop that has not come round for this long fails the liveness probe.
@@ -248,6 +261,17 @@ impl Metrics {
         self.limit_rejections
             .get_or_create(&LimitLabel { limit })
             .inc();
+    }
+
+    /// Counts `n` events of a trigger with `result`.
+    pub fn trigger_event(&self, policy: &str, trigger: &str, result: &'static str, n: u64) {
+        self.trigger_events
+            .get_or_create(&TriggerLabel {
+                policy: policy.to_owned(),
+                trigger: trigger.to_owned(),
+                result,
+            })
+            .inc_by(n);
     }
 
     /// Counts one notification attempt's `result`.
@@ -426,6 +450,12 @@ impl Metrics {
             "Notification delivery attempts, by result (delivered, retried, failed: given up after 24 h, dropped: target removed)",
             notifications.clone(),
         );
+        let trigger_events = Family::<TriggerLabel, Counter>::default();
+        registry.register(
+            "trigger_events",
+            "Alert and schedule events of triggers, by policy, trigger and result (received; unmatched: alerts no trigger took; run; unchanged: nothing new in the group; resolved; skipped: limits or budget)",
+            trigger_events.clone(),
+        );
         let event_streams_open = Gauge::default();
         registry.register(
             "event_streams_open",
@@ -458,6 +488,7 @@ impl Metrics {
             registry,
             retention_deleted_rows,
             notifications,
+            trigger_events,
             event_streams_open,
             admission_policy_enforced,
             limit_rejections,

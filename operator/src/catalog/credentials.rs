@@ -188,6 +188,13 @@ impl Credentials {
         found
     }
 
+    /// The chat credential of user `name`, if one of the Secrets names them.
+    pub fn chat_user(&self, name: &str) -> Option<&Credential> {
+        self.entries
+            .iter()
+            .find(|c| c.kind == CredentialKind::Chat && c.principal == name)
+    }
+
     /// Number of keys of `kind`.
     pub fn count(&self, kind: CredentialKind) -> usize {
         self.entries.iter().filter(|c| c.kind == kind).count()

@@ -251,6 +251,111 @@ pub struct PolicyEntry {
     pub available: bool,
     /// Its notification targets whose Secrets resolved.
     pub notify: Vec<NotifyResolved>,
+    /// Its triggers that are valid (`docs/triggers.md`).
+    pub triggers: Vec<TriggerEntry>,
+}
+
+/// A valid trigger: its spec, with its matchers, schedule and prompt parsed.
+#[derive(Clone, Debug)]
+pub struct TriggerEntry {
+    /// As declared.
+    pub spec: crate::crd::Trigger,
+    /// `alerts.matchers`, compiled (`None` for a schedule).
+    pub matchers: Option<crate::trigger::alert::Matchers>,
+    /// `schedule`, parsed, with its time zone.
+    pub schedule: Option<(crate::trigger::cron::Cron, jiff::tz::TimeZone)>,
+    /// `prompt`, parsed.
+    pub prompt: crate::trigger::template::Template,
+}
+
+/// Default `startingDeadlineSeconds` of a schedule.
+pub const STARTING_DEADLINE: u32 = 60;
+
+/// A trigger's spec checked and parsed; the error names the field.
+fn compile_trigger(
+    t: &crate::crd::Trigger,
+    declared_targets: &[crate::crd::NotifyTarget],
+) -> Result<TriggerEntry, String> {
+    let matchers = match (&t.alerts, &t.schedule) {
+        (Some(a), None) => Some(
+            crate::trigger::alert::Matchers::parse(&a.matchers)
+                .map_err(|e| format!("alerts.{e}"))?,
+        ),
+        (None, Some(_)) => None,
+        _ => return Err("exactly one of alerts and schedule must be set".into()),
+    };
+    let schedule = t
+        .schedule
+        .as_ref()
+        .map(|s| {
+            let cron: crate::trigger::cron::Cron =
+                s.cron.parse().map_err(|e| format!("schedule.cron: {e}"))?;
+            let tz = crate::trigger::cron::time_zone(s.time_zone.as_deref())
+                .map_err(|e| format!("schedule.{e}"))?;
+            Ok::<_, String>((cron, tz))
+        })
+        .transpose()?;
+    let prompt = t.prompt.parse().map_err(|e| format!("prompt: {e}"))?;
+    let run_as = t.run_as.clone().unwrap_or_default();
+    if run_as.service_account_name.is_none() && run_as.user.is_none() {
+        return Err(
+            "runAs: set serviceAccountName (cluster mode) or user (standalone): a triggered investigation reads with a named identity"
+                .into(),
+        );
+    }
+    if let Some(missing) = t
+        .notify
+        .iter()
+        .find(|n| !declared_targets.iter().any(|d| &d.name == *n))
+    {
+        return Err(format!(
+            "notify: {missing:?} is not one of this policy's notify targets"
+        ));
+    }
+    Ok(TriggerEntry {
+        spec: t.clone(),
+        matchers,
+        schedule,
+        prompt,
+    })
+}
+
+/// A policy's valid triggers and its `Triggers` condition (none without triggers): `False`
+/// naming each invalid trigger and why (the others still work).
+fn compile_triggers(spec: &crate::crd::ChatPolicySpec) -> (Vec<TriggerEntry>, Option<Desired>) {
+    if spec.triggers.is_empty() {
+        return (Vec::new(), None);
+    }
+    let mut ok = Vec::new();
+    let mut problems = Vec::new();
+    let mut names = BTreeSet::new();
+    for (i, t) in spec.triggers.iter().enumerate() {
+        if !names.insert(t.name.as_str()) {
+            problems.push(format!(
+                "spec.triggers[{i}] ({}): the name is used twice",
+                t.name
+            ));
+            continue;
+        }
+        match compile_trigger(t, &spec.notify) {
+            Ok(entry) => ok.push(entry),
+            Err(e) => problems.push(format!("spec.triggers[{i}] ({}): {e}", t.name)),
+        }
+    }
+    let condition = if problems.is_empty() {
+        Desired::ok(
+            types::TRIGGERS,
+            reasons::TRIGGERS_READY,
+            format!("{} trigger(s) ready", ok.len()),
+        )
+    } else {
+        Desired::fail(
+            types::TRIGGERS,
+            reasons::INVALID_TRIGGER,
+            problems.join("; "),
+        )
+    };
+    (ok, Some(condition))
 }
 
 impl PolicyEntry {
@@ -297,6 +402,15 @@ pub struct Catalog {
 }
 
 impl Catalog {
+    /// The policy governing `session`: for a session a trigger started, its trigger's
+    /// (`docs/triggers.md`); otherwise the one its name matches ([`Self::match_policy`]).
+    pub fn policy_of(&self, session: &crate::store::SessionRecord) -> Option<&PolicyEntry> {
+        match session.trigger.as_deref().and_then(|t| t.rsplit_once('/')) {
+            Some((policy, _trigger)) => self.policy_named(policy),
+            None => self.match_policy(&session.namespace, &session.name),
+        }
+    }
+
     /// The policy governing session `session` in `namespace`: the one whose `sessions` glob
     /// matches most specifically (fewest wildcards, most literal characters), then the higher
     /// `priority`, then the name. Policies that are not ready still match (the caller reports
@@ -1001,9 +1115,11 @@ fn compile_policy(
     };
     let available = ready.status;
     let (notify, notify_condition) = compile_notify(spec, &ns, secrets);
+    let (triggers, triggers_condition) = compile_triggers(spec);
     let generation = p.metadata.generation;
     let mut desired = vec![ready];
     desired.extend(notify_condition);
+    desired.extend(triggers_condition);
     let conditions = conditions::merge(
         p.status
             .as_ref()
@@ -1022,6 +1138,7 @@ fn compile_policy(
         object,
         available,
         notify,
+        triggers,
     }
 }
 

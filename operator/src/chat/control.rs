@@ -315,10 +315,7 @@ pub async fn apply(
             // Stored as redacted as anything a user types.
             let redactor = {
                 let config = engine.config.borrow().clone();
-                match config
-                    .catalog
-                    .match_policy(&session.namespace, &session.name)
-                {
+                match config.catalog.policy_of(session) {
                     Some(p) => config.catalog.redactor_for(p),
                     None => crate::redact::Redactor::secrets_only(config.catalog.redactor.clone()),
                 }

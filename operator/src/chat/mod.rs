@@ -368,6 +368,19 @@ impl Engine {
         actor: &str,
         content: &str,
     ) -> Result<String, ChatError> {
+        self.start_run_with_id(session, actor, content, crate::store::new_id())
+            .await
+    }
+
+    /// [`Self::start_run`] with the run's id chosen by the caller: a trigger's event id, so
+    /// that the run an event started is found again after a crash and never started twice.
+    pub async fn start_run_with_id(
+        self: &Arc<Self>,
+        session: &SessionRecord,
+        actor: &str,
+        content: &str,
+        run_id: String,
+    ) -> Result<String, ChatError> {
         if !self
             .store
             .transition_session(&session.id, &["idle", "failed"], "running")
@@ -380,7 +393,7 @@ impl Engine {
         let (scope, redactor) = {
             let config = self.config.borrow().clone();
             let catalog = &config.catalog;
-            match catalog.match_policy(&session.namespace, &session.name) {
+            match catalog.policy_of(session) {
                 Some(p) => (
                     Some(crate::govern::Scope::new(
                         p,
@@ -441,7 +454,6 @@ impl Engine {
                 }
             }
         }
-        let run_id = crate::store::new_id();
         // What the user typed is stored (and sent) redacted, like any text from outside.
         let (content, _) = redactor.text(content);
         let message = crate::store::NewMessage {

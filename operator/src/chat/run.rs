@@ -182,7 +182,7 @@ pub async fn run(
         let config = engine.config.borrow().clone();
         if let Some(policy) = config
             .catalog
-            .match_policy(&session.namespace, &session.name)
+            .policy_of(session)
             .filter(|p| p.object.spec.models.summarize.is_some())
             && let Err(e) = super::roles::title(engine, session, policy).await
         {
@@ -191,9 +191,7 @@ pub async fn run(
     }
     if matches!(end, End::Completed) {
         let config = engine.config.borrow().clone();
-        if let Some(policy) = config
-            .catalog
-            .match_policy(&session.namespace, &session.name)
+        if let Some(policy) = config.catalog.policy_of(session)
             && let Err(e) = super::roles::follow_ups(engine, session, run_id, policy).await
         {
             tracing::warn!(session = %session.id, error = %e, "cannot suggest follow-ups");
@@ -319,7 +317,7 @@ async fn steps(
     let config = engine.config.borrow().clone();
     let catalog = &config.catalog;
     // The policy is matched again on every run: configuration may have changed.
-    let Some(policy) = catalog.match_policy(&session.namespace, &session.name) else {
+    let Some(policy) = catalog.policy_of(session) else {
         return Ok(End::Failed {
             code: "no_matching_policy",
             message: format!(
@@ -331,7 +329,10 @@ async fn steps(
     };
     let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
     let spec = &policy.object.spec;
-    let kube = engine.kube_identity(&session.id, &session.user, spec.run_tools_as_user);
+    // A triggered run reads with its trigger's `runAs` identity (the dispatcher remembered
+    // its token), never with Kortex's own rights.
+    let as_user = spec.run_tools_as_user || session.trigger.is_some();
+    let kube = engine.kube_identity(&session.id, &session.user, as_user);
     let mut plan = route::plan(catalog, &session.namespace, policy, route::Role::Default);
     // A provider its fresh probe found unreachable is not tried: the run says at once what
     // to do instead of waiting for a connection that will not come.

@@ -131,6 +131,10 @@ pub struct ToolArgs {
     /// links in notifications.
     #[arg(long, env = "KORTEX_PUBLIC_URL", value_name = "URL")]
     pub public_url: Option<String>,
+    /// Record alerts and claim schedule slots, but start no triggered investigation: another
+    /// replica on the same database runs them (`docs/triggers.md`).
+    #[arg(long, env = "KORTEX_TRIGGERS_RECEIVE_ONLY")]
+    pub triggers_receive_only: bool,
 }
 
 /// A client for the cluster the Kubernetes tools read: `--kubeconfig`, else `KUBECONFIG`,
@@ -510,6 +514,16 @@ async fn run_server(server: Server) -> Result<(), String> {
         )
         .run(leader.clone(), stop_rx.clone()),
     );
+    // Alerts and schedules start investigations (`docs/triggers.md`): every replica
+    // dispatches; claims in the database keep each event and slot to one.
+    let dispatcher = tokio::spawn(
+        crate::trigger::Dispatcher::new(
+            state.engine.clone(),
+            metrics.clone(),
+            !tools.triggers_receive_only,
+        )
+        .run(stop_rx.clone()),
+    );
     let pruner = tokio::spawn(pruner::run(
         store.clone(),
         config_rx.clone(),
@@ -555,6 +569,7 @@ async fn run_server(server: Server) -> Result<(), String> {
     let _ = sweeper.await;
     let _ = pruner.await;
     let _ = notifier.await;
+    let _ = dispatcher.await;
     drop(config_tx);
     store.close().await;
     result.map_err(|e| format!("server error: {e}"))

@@ -52,11 +52,19 @@ pub fn scopes(catalog: &Catalog, defaults: Windows) -> Vec<Scope> {
     out
 }
 
-/// One pass: retention windows, size caps, then the sessions their users deleted.
+/// Settled trigger events, alert groups and schedule slots are kept this long
+/// (`docs/triggers.md`).
+pub const TRIGGER_EVENTS: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
+/// One pass: retention windows, size caps, then the sessions their users deleted (and
+/// settled trigger events older than [`TRIGGER_EVENTS`]).
 pub async fn pass(
     store: &Store,
     scopes: &[Scope],
 ) -> Result<Vec<(Reason, Pruned)>, crate::store::StoreError> {
+    store
+        .prune_trigger_events(crate::store::now_ms() - TRIGGER_EVENTS.as_millis() as i64)
+        .await?;
     Ok(vec![
         (
             Reason::Retention,

@@ -9,6 +9,8 @@ pub mod types {
     pub const READY: &str = "Ready";
     /// A ChatPolicy's notification targets can send.
     pub const NOTIFY: &str = "Notify";
+    /// A ChatPolicy's triggers are valid (`docs/triggers.md`).
+    pub const TRIGGERS: &str = "Triggers";
     /// Every referenced Secret key was found.
     pub const SECRET_RESOLVED: &str = "SecretResolved";
     /// The object was accepted (e.g. its tool name is free).
@@ -27,6 +29,11 @@ pub mod reasons {
     pub const ADMISSION_POLICY_NOT_ENFORCED: &str = "AdmissionPolicyNotEnforced";
     /// Everything needed is in place.
     pub const AVAILABLE: &str = "Available";
+    /// `Triggers=True`: every trigger of the ChatPolicy is valid.
+    pub const TRIGGERS_READY: &str = "TriggersReady";
+    /// `Triggers=False`: a trigger is invalid (the message names it and the field); the
+    /// others still fire.
+    pub const INVALID_TRIGGER: &str = "InvalidTrigger";
     /// All referenced Secrets resolved.
     pub const RESOLVED: &str = "Resolved";
     /// Nothing to resolve.

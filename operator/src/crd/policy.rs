@@ -92,6 +92,163 @@ pub struct ChatPolicySpec {
     /// (`docs/observability.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub telemetry: Option<Telemetry>,
+    /// Investigations this policy starts on its own: when an alert arrives from
+    /// Alertmanager, or on a schedule (`docs/triggers.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), schema_with = "triggers_schema")]
+    pub triggers: Vec<Trigger>,
+}
+
+/// The `triggers` list: a map keyed by `name` (the API server refuses two of one name).
+fn triggers_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = <Vec<Trigger>>::json_schema(generator);
+    if let Some(obj) = schema.as_object_mut() {
+        obj.insert("maxItems".into(), 32.into());
+        obj.insert("x-kubernetes-list-type".into(), "map".into());
+        obj.insert(
+            "x-kubernetes-list-map-keys".into(),
+            serde_json::json!(["name"]),
+        );
+    }
+    schema
+}
+
+/// An investigation started by an alert or a schedule, under this policy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.alerts) != has(self.schedule)",
+    "message": "exactly one of alerts and schedule must be set"
+}]))]
+pub struct Trigger {
+    /// Its name within the policy (sessions, metrics and notifications name it).
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+    )]
+    pub name: String,
+    /// Alerts from Alertmanager (`POST /api/v1/alerts/alertmanager`) this trigger takes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alerts: Option<AlertMatch>,
+    /// Or a standing check on a schedule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<Schedule>,
+    /// The question the investigation starts with: text with `{{ field }}` placeholders
+    /// (`docs/triggers.md#prompt`): `labels.NAME`, `annotations.NAME`, `status`,
+    /// `startsAt`, `generatorURL`, `alerts`, `trigger`, `slot`. Values are inserted quoted;
+    /// nothing in it runs.
+    #[schemars(length(min = 1, max = 8192))]
+    pub prompt: String,
+    /// Whose rights the investigation's tools use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as: Option<RunAs>,
+    /// Standalone: who may fire it (cluster mode: the RBAC verb `trigger` on this
+    /// ChatPolicy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub callers: Option<Callers>,
+    /// How much it may run.
+    #[serde(default)]
+    pub limits: TriggerLimits,
+    /// Names of this policy's `notify` targets that get its `investigation.finished` and
+    /// `trigger.skipped` events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), inner(length(min = 1, max = 63)))]
+    pub notify: Vec<String>,
+}
+
+/// Which alerts a trigger takes: every label named must match.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AlertMatch {
+    /// Label name → value: an exact value, or `~REGEX` (a full match, e.g.
+    /// `~critical|page`). Empty: every alert.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 32))]
+    pub matchers: BTreeMap<String, String>,
+}
+
+/// When a scheduled trigger fires.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Schedule {
+    /// A cron expression: five fields (minute hour day-of-month month day-of-week, e.g.
+    /// `0 7 * * 1-5`), six with seconds first, or `@hourly`, `@daily`, `@weekly`,
+    /// `@monthly`, `@yearly`.
+    #[schemars(length(min = 1, max = 256))]
+    pub cron: String,
+    /// The IANA time zone the expression is read in (default `UTC`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: Option<String>,
+    /// A slot missed (Kortex was down) still runs, once, when Kortex sees it within this
+    /// many seconds of its time (default 60), as a CronJob's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub starting_deadline_seconds: Option<u32>,
+}
+
+/// Whose rights a triggered investigation's tools use. Exactly one, for the mode Kortex
+/// runs in.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct RunAs {
+    /// Cluster mode: a ServiceAccount in the policy's namespace. Kortex asks the
+    /// TokenRequest API for a short-lived token of it, and the Kubernetes tools run with
+    /// that token, never with Kortex's own rights. It needs `use` on this ChatPolicy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+    /// Standalone: a user of the chat credentials Secrets; the session is theirs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub user: Option<String>,
+}
+
+/// Who may fire a trigger (standalone).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Callers {
+    /// User names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub users: Vec<String>,
+    /// Groups.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 253)))]
+    pub groups: Vec<String>,
+}
+
+/// How much a trigger may run.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TriggerLimits {
+    /// Investigations started per rolling hour; past it an alert is recorded as
+    /// `skipped` (default 20).
+    #[serde(default = "default_runs_per_hour")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_runs_per_hour: u32,
+    /// Investigations in flight at once; past it an alert waits its turn, in order
+    /// (default 3).
+    #[serde(default = "default_max_concurrent")]
+    #[schemars(range(min = 1, max = 100))]
+    pub max_concurrent: u32,
+}
+
+impl Default for TriggerLimits {
+    fn default() -> Self {
+        Self {
+            max_runs_per_hour: default_runs_per_hour(),
+            max_concurrent: default_max_concurrent(),
+        }
+    }
+}
+
+fn default_runs_per_hour() -> u32 {
+    20
+}
+
+fn default_max_concurrent() -> u32 {
+    3
 }
 
 /// A policy's trace settings.
@@ -195,6 +352,13 @@ pub enum NotifyEvent {
     /// A session was handed over to someone (`docs/chat.md#hand-over`).
     #[serde(rename = "session.handover")]
     SessionHandover,
+    /// A triggered investigation ended (`docs/triggers.md`).
+    #[serde(rename = "investigation.finished")]
+    InvestigationFinished,
+    /// A trigger recorded alerts it did not run (its limits, a budget); at most one an
+    /// hour per trigger.
+    #[serde(rename = "trigger.skipped")]
+    TriggerSkipped,
 }
 
 impl NotifyEvent {
@@ -211,6 +375,8 @@ impl NotifyEvent {
             Self::RunFailed => "run.failed",
             Self::ProviderUnavailable => "provider.unavailable",
             Self::SessionHandover => "session.handover",
+            Self::InvestigationFinished => "investigation.finished",
+            Self::TriggerSkipped => "trigger.skipped",
         }
     }
 

@@ -376,11 +376,7 @@ async fn attempt(lab: &Lab, scenario: Arc<Scenario>, n: u32, timeout: Duration) 
             .map_err(|e| e.to_string())?;
         {
             let config = lab.engine.config.borrow().clone();
-            if config
-                .catalog
-                .match_policy(&session.namespace, &session.name)
-                .is_none()
-            {
+            if config.catalog.policy_of(&session).is_none() {
                 return Err(format!(
                     "no ChatPolicy in namespace {} matches session {:?}: pass --policy or --provider, or set the scenario's session",
                     session.namespace, session.name

@@ -70,6 +70,10 @@ fn session_json(s: &SessionRecord, messages: Option<Vec<crate::store::MessageRec
         "user": s.user, "title": s.title, "createdAt": ms_to_rfc3339(s.created_at),
         "updatedAt": ms_to_rfc3339(s.updated_at), "dynamicTools": s.dynamic_tools,
     });
+    // What started a triggered session (`docs/triggers.md`).
+    if let Some((policy, trigger)) = s.trigger.as_deref().and_then(|t| t.rsplit_once('/')) {
+        v["trigger"] = json!({"policy": policy, "name": trigger});
+    }
     if let Some(messages) = messages {
         v["messages"] = messages
             .iter()
@@ -282,6 +286,36 @@ pub async fn list(
             .collect();
         return Ok(Json(json!({"items": items})));
     }
+    // `?triggered=true`: sessions triggers started, under policies the caller may use.
+    if q.get("triggered").map(String::as_str) == Some("true") {
+        let sessions = state
+            .store
+            .triggered_sessions(200)
+            .await
+            .map_err(ApiError::from)?;
+        let config = state.config.borrow().clone();
+        let mut allowed: std::collections::HashMap<String, bool> = Default::default();
+        let mut items = Vec::new();
+        for s in &sessions {
+            let Some(policy) = config.catalog.policy_of(s) else {
+                continue;
+            };
+            let key = policy.qualified_name();
+            let ok = match allowed.get(&key) {
+                Some(ok) => *ok,
+                None => {
+                    let ok =
+                        s.user == caller.user || may_use(&state, &caller, policy).await.is_ok();
+                    allowed.insert(key, ok);
+                    ok
+                }
+            };
+            if ok {
+                items.push(session_json(s, None));
+            }
+        }
+        return Ok(Json(json!({"items": items})));
+    }
     // `?q=`: the caller's sessions whose name, title or messages contain it.
     let sessions = match q.get("q").map(|t| t.trim()).filter(|t| !t.is_empty()) {
         Some(text) if text.chars().count() > 200 => {
@@ -378,7 +412,24 @@ pub(crate) async fn reach(
         Some(_) => Err(ApiError::forbidden(format!(
             "session {id} is shared with you to read; its owner can share it with access: continue"
         ))),
-        None => Err(ApiError::not_found(format!("session {id} not found"))),
+        None => {
+            // A session a trigger started belongs to its policy's users: whoever may use
+            // the policy takes part (`docs/triggers.md#results`).
+            let not_found = || ApiError::not_found(format!("session {id} not found"));
+            let session = state
+                .store
+                .session_by_id(id)
+                .await
+                .map_err(ApiError::from)?
+                .filter(|s| s.trigger.is_some())
+                .ok_or_else(not_found)?;
+            let config = state.config.borrow().clone();
+            let policy = config.catalog.policy_of(&session).ok_or_else(not_found)?;
+            may_use(state, caller, policy)
+                .await
+                .map_err(|_| not_found())?;
+            Ok((session, Some(crate::store::Access::Continue)))
+        }
     }
 }
 
@@ -539,10 +590,7 @@ pub async fn post_message(
     let session = reachable(&state, &caller, &id, crate::store::Access::Continue).await?;
     // The policy is matched again on each run, and so is the right to use it.
     let config = state.config.borrow().clone();
-    if let Some(policy) = config
-        .catalog
-        .match_policy(&session.namespace, &session.name)
-    {
+    if let Some(policy) = config.catalog.policy_of(&session) {
         may_use(&state, &caller, policy).await?;
     }
     if let Some(token) = &caller.token {
@@ -919,7 +967,7 @@ pub async fn tool_results(
     let redactor = {
         let config = state.config.borrow();
         let catalog = &config.catalog;
-        match catalog.match_policy(&session.namespace, &session.name) {
+        match catalog.policy_of(&session) {
             Some(policy) => catalog.redactor_for(policy),
             None => crate::redact::Redactor::secrets_only(catalog.redactor.clone()),
         }
@@ -1037,7 +1085,7 @@ pub async fn route_now(
     let (session, _) = reach(&state, &caller, &id, crate::store::Access::Read).await?;
     let config = state.config.borrow().clone();
     let catalog = &config.catalog;
-    let Some(policy) = catalog.match_policy(&session.namespace, &session.name) else {
+    let Some(policy) = catalog.policy_of(&session) else {
         return Ok(Json(json!({
             "policy": null, "reachable": false, "routes": [], "skipped": [],
             "message": format!("No ChatPolicy in namespace {} matches session {}.", session.namespace, session.name),

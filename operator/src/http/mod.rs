@@ -1,6 +1,7 @@
 //! The HTTP server: health, readiness and metrics; the configuration, chat, proposals,
 //! audit and usage APIs; the dashboard; the `/v1` gateway; and the `/mcp` door.
 
+mod alerts_api;
 mod audit_api;
 mod dashboard;
 mod erasure_api;
@@ -150,6 +151,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/audit", get(audit_api::audit))
         .route("/api/v1/usage", get(usage_api::usage))
         .route("/api/v1/evals", get(evals_api::evals))
+        .route(
+            "/api/v1/alerts/alertmanager",
+            axum::routing::post(alerts_api::alertmanager),
+        )
         .route(
             "/api/v1/users/{name}",
             axum::routing::delete(erasure_api::erase),

@@ -187,7 +187,7 @@ pub async fn handover(
         )));
     }
     let config = state.config.borrow().clone();
-    let policy = config.catalog.match_policy(&owner.namespace, &owner.name);
+    let policy = config.catalog.policy_of(&owner);
     // The note is stored, notified and shown as redacted as anything a user types.
     let redactor = match policy {
         Some(p) => config.catalog.redactor_for(p),

@@ -289,6 +289,12 @@ impl Notifier {
     async fn work(&self, config: &LiveConfig) -> Result<(), StoreError> {
         self.watch_providers(config).await?;
         for event in self.store.unfanned_events(100).await? {
+            // A trigger's events also go to the targets the trigger names
+            // (`docs/triggers.md#results`).
+            let named: Vec<&str> = event.data["notify"]
+                .as_array()
+                .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+                .unwrap_or_default();
             let targets: Vec<String> = config
                 .catalog
                 .policy_named(&event.policy)
@@ -296,10 +302,11 @@ impl Notifier {
                     p.notify
                         .iter()
                         .filter(|t| {
-                            t.target
-                                .events
-                                .iter()
-                                .any(|e| e.as_str() == event.event_type)
+                            named.contains(&t.target.name.as_str())
+                                || t.target
+                                    .events
+                                    .iter()
+                                    .any(|e| e.as_str() == event.event_type)
                         })
                         .map(|t| t.target.name.clone())
                         .collect()

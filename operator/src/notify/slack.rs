@@ -76,6 +76,22 @@ impl Channel for Slack {
                 text(p, "namespace"),
                 text(p, "to")
             ),
+            "investigation.finished" => format!(
+                ":mag: Trigger *{}* of {} finished its investigation ({}){}",
+                text(p, "trigger"),
+                event.policy,
+                text(p, "status"),
+                match p["proposals"].as_array().map_or(0, Vec::len) {
+                    0 => String::new(),
+                    n => format!(": {n} proposal(s) wait for a decision"),
+                }
+            ),
+            "trigger.skipped" => format!(
+                ":double_vertical_bar: Trigger *{}* of {} skipped alerts: {}",
+                text(p, "trigger"),
+                event.policy,
+                text(p, "reason")
+            ),
             other => format!("{other}: {name}"),
         };
         if !event.event_type.starts_with("proposal.") {
@@ -86,12 +102,32 @@ impl Channel for Slack {
                 ("title", "Incident"),
                 ("note", "Note"),
                 ("summary", "Summary"),
+                ("answer", "Verdict"),
             ] {
                 let value = text(p, key);
                 if !value.is_empty() {
                     blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
                         "text": format!("*{label}*\n{}", clip(&value, SECTION_MAX))}}));
                 }
+            }
+            // A triggered investigation's proposals, each with the line that approves it.
+            let proposals: Vec<String> = p["proposals"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|q| {
+                    format!(
+                        "• {} `{}` — `kubectl kortex approve {} -n {}`",
+                        text(q, "action"),
+                        text(q, "name"),
+                        text(q, "name"),
+                        text(q, "namespace")
+                    )
+                })
+                .collect();
+            if !proposals.is_empty() {
+                blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
+                    "text": clip(&format!("*Proposals*\n{}", proposals.join("\n")), SECTION_MAX)}}));
             }
             blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!("Policy {}", event.policy)}]}));
             if let Some(link) = session_link(out.public_url, out.delivery) {

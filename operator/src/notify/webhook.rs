@@ -14,15 +14,18 @@ impl Channel for Json {
         let time = jiff::Timestamp::from_millisecond(event.created_at)
             .map(|t| t.to_string())
             .unwrap_or_default();
-        let body = json!({
+        let mut body = json!({
             "id": event.id,
             "type": event.event_type,
             "time": time,
             "policy": event.policy,
             "data": event.data,
-        })
-        .to_string()
-        .into_bytes();
+        });
+        // The session an event is about, in the dashboard (when its address is known).
+        if let Some(link) = super::session_link(out.public_url, out.delivery) {
+            body["link"] = json!(link);
+        }
+        let body = body.to_string().into_bytes();
         let mut headers = vec![
             ("X-Kortex-Delivery", out.delivery.id.clone()),
             ("X-Kortex-Event", event.event_type.clone()),

@@ -130,6 +130,61 @@ impl ClusterAuth {
             .await
     }
 
+    /// Whether `user` may fire the triggers of the ChatPolicy `namespace/name` (verb
+    /// `trigger` on `chatpolicies/<name>`, `docs/triggers.md#identity`).
+    pub async fn may_trigger_policy(
+        &self,
+        user: &str,
+        groups: &[String],
+        namespace: &str,
+        name: &str,
+    ) -> Result<bool, String> {
+        self.may(
+            user,
+            groups,
+            "trigger",
+            "chatpolicies",
+            namespace,
+            Some(name),
+        )
+        .await
+    }
+
+    /// A short-lived token of the ServiceAccount `namespace/name` (TokenRequest API, valid
+    /// `seconds`), for the tools of a triggered investigation that runs as it. Never stored.
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        seconds: i64,
+    ) -> Result<crate::catalog::SecretValue, String> {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        use k8s_openapi::api::core::v1::ServiceAccount;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: Vec::new(),
+                expiration_seconds: Some(seconds),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let answer: TokenRequest = api
+            .create_subresource("token", name, &PostParams::default(), &request)
+            .await
+            .map_err(|e| {
+                format!("TokenRequest for ServiceAccount {namespace}/{name} failed: {e}")
+            })?;
+        let token = answer
+            .status
+            .map(|s| s.token)
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| {
+                format!("TokenRequest for ServiceAccount {namespace}/{name} returned no token")
+            })?;
+        Ok(crate::catalog::SecretValue::new(token))
+    }
+
     /// Whether `user` may `get` ActionProposals in `namespace` (who may see others'
     /// proposals, with their rationale and preview, through Kortex's API).
     pub async fn may_get_proposals(

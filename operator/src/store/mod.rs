@@ -28,12 +28,14 @@ mod repo;
 pub mod retention;
 mod runs;
 mod sharing;
+mod triggers;
 
 pub use evals::{EvalRun, SessionUsage};
 pub use mcp::MCP_ORIGIN;
 pub use notify::{Delivery, NotifyEventRecord};
 pub use runs::{PlanRecord, RunRecord};
 pub use sharing::{Access, Handover, Share};
+pub use triggers::{FinishedTriggerRun, NewTriggerEvent, RunDigest, TriggerEvent, TriggerGroup};
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
 pub use models::*;
@@ -110,6 +112,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         14,
         "responses",
         include_str!("../../../migrations/0014_responses.sql"),
+    ),
+    (
+        15,
+        "triggers",
+        include_str!("../../../migrations/0015_triggers.sql"),
     ),
 ];
 

@@ -28,6 +28,9 @@ pub struct SessionRecord {
     pub created_at: i64,
     /// Unix ms.
     pub updated_at: i64,
+    /// `namespace/policy/trigger` of the trigger that started it (`docs/triggers.md`): its
+    /// policy governs it, whatever its name matches.
+    pub trigger: Option<String>,
 }
 
 /// What creating a session needs.

@@ -38,7 +38,7 @@ pub fn utc_day(at_ms: i64) -> String {
 
 macro_rules! session_select {
     () => {
-        "SELECT id, name, namespace, user_name, policy, status, title, dynamic_tools, created_at, updated_at FROM chat_sessions"
+        "SELECT id, name, namespace, user_name, policy, status, title, dynamic_tools, created_at, updated_at, trigger_ref FROM chat_sessions"
     };
 }
 
@@ -54,6 +54,7 @@ fn session_row(row: &AnyRow) -> Result<SessionRecord, StoreError> {
         dynamic_tools: json_col(row, "dynamic_tools")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        trigger: row.try_get("trigger_ref")?,
     })
 }
 
@@ -117,6 +118,16 @@ pub(super) async fn insert_message(
 impl Store {
     /// Creates a session in status `idle`.
     pub async fn create_session(&self, new: &NewSession) -> Result<SessionRecord, StoreError> {
+        self.create_session_for(new, None).await
+    }
+
+    /// Creates a session in status `idle`; with `trigger` (`namespace/policy/trigger`) one
+    /// that trigger started, governed by that trigger's policy whatever its name matches.
+    pub async fn create_session_for(
+        &self,
+        new: &NewSession,
+        trigger: Option<&str>,
+    ) -> Result<SessionRecord, StoreError> {
         self.traced("INSERT chat_sessions", async move {
             let record = SessionRecord {
                 id: new_id(),
@@ -129,10 +140,11 @@ impl Store {
                 dynamic_tools: new.dynamic_tools.clone(),
                 created_at: now_ms(),
                 updated_at: now_ms(),
+                trigger: trigger.map(str::to_owned),
             };
             sqlx::query(
-                "INSERT INTO chat_sessions (id, name, namespace, user_name, policy, status, dynamic_tools, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                "INSERT INTO chat_sessions (id, name, namespace, user_name, policy, status, dynamic_tools, created_at, updated_at, trigger_ref) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
             )
             .bind(&record.id)
             .bind(&record.name)
@@ -143,6 +155,7 @@ impl Store {
             .bind(json_text(&record.dynamic_tools))
             .bind(record.created_at)
             .bind(record.updated_at)
+            .bind(&record.trigger)
             .execute(&self.pool)
             .await?;
             Ok(record)
@@ -182,6 +195,18 @@ impl Store {
             " WHERE user_name = $1 AND deleted_at IS NULL AND origin = 'chat' ORDER BY updated_at DESC, id DESC"
         ))
         .bind(user)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(session_row).collect()
+    }
+
+    /// Sessions triggers started, most recent first, at most `limit`.
+    pub async fn triggered_sessions(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
+        let rows = sqlx::query(concat!(
+            session_select!(),
+            " WHERE trigger_ref IS NOT NULL AND deleted_at IS NULL ORDER BY updated_at DESC, id DESC LIMIT $1"
+        ))
+        .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         rows.iter().map(session_row).collect()

@@ -158,6 +158,7 @@ pub fn tool_policy(tools: serde_json::Value) -> kortex::catalog::PolicyEntry {
         .unwrap_or_else(|e| panic!("{e}")),
         available: true,
         notify: Vec::new(),
+        triggers: Vec::new(),
     }
 }
 

@@ -38,3 +38,4 @@ mod sharing;
 mod store;
 mod tools;
 mod traces;
+mod triggers;
