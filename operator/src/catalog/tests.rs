@@ -445,3 +445,88 @@ fn policy_matching_is_most_specific_then_priority_then_name() {
         Some("elsewhere")
     );
 }
+
+#[test]
+fn invalid_triggers_are_named_in_the_triggers_condition_and_the_rest_still_fire() {
+    let trigger = |extra: serde_json::Value| {
+        let mut t = serde_json::json!({"name": "t", "prompt": "Look at {{ labels.alertname }}",
+            "runAs": {"user": "bot"}, "alerts": {"matchers": {"severity": "critical"}}});
+        if let (Some(t), Some(extra)) = (t.as_object_mut(), extra.as_object()) {
+            t.extend(extra.clone());
+        }
+        t
+    };
+    let set = ObjectSet {
+        providers: vec![anthropic()],
+        policies: vec![
+            policy(
+                "bad",
+                serde_json::json!({"sessions": ["*"], "provider": "anthropic",
+                "notify": [{"name": "oncall", "events": ["run.failed"], "webhook": {"url": "https://hooks.example/x"}}],
+                "triggers": [
+                    trigger(serde_json::json!({"name": "good", "notify": ["oncall"]})),
+                    trigger(serde_json::json!({"name": "regex", "alerts": {"matchers": {"severity": "~("}}})),
+                    trigger(serde_json::json!({"name": "cron", "alerts": null, "schedule": {"cron": "0 25 * * *"}})),
+                    trigger(serde_json::json!({"name": "zone", "alerts": null, "schedule": {"cron": "@daily", "timeZone": "Mars/Olympus"}})),
+                    trigger(serde_json::json!({"name": "prompt", "prompt": "{{ env.HOME }}"})),
+                    trigger(serde_json::json!({"name": "who", "runAs": {}})),
+                    trigger(serde_json::json!({"name": "hook", "notify": ["pager"]})),
+                    trigger(serde_json::json!({"name": "both", "schedule": {"cron": "@daily"}})),
+                ]}),
+            ),
+            policy(
+                "good",
+                serde_json::json!({"sessions": ["*"], "provider": "anthropic",
+                "triggers": [trigger(serde_json::json!({"name": "morning", "alerts": null,
+                    "schedule": {"cron": "0 7 * * 1-5", "timeZone": "Europe/Berlin"}}))]}),
+            ),
+            policy(
+                "none",
+                serde_json::json!({"sessions": ["*"], "provider": "anthropic"}),
+            ),
+        ],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(1));
+    let p = &cat.policies[&ObjectKey::new("default", "bad")];
+    let s = p.object.status.clone().unwrap_or_default();
+    let (st, reason, message) = cond(&s.conditions, "Triggers");
+    assert_eq!((st, reason), ("False", "InvalidTrigger"));
+    for expected in [
+        "spec.triggers[1] (regex): alerts.matchers.severity",
+        "spec.triggers[2] (cron): schedule.cron: hours: 25 is outside 0-23",
+        "spec.triggers[3] (zone): schedule.timeZone \"Mars/Olympus\"",
+        "spec.triggers[4] (prompt): prompt: unknown placeholder {{ env.HOME }}",
+        "spec.triggers[5] (who): runAs:",
+        "spec.triggers[6] (hook): notify: \"pager\" is not one of this policy's notify targets",
+        "spec.triggers[7] (both): exactly one of alerts and schedule",
+    ] {
+        assert!(message.contains(expected), "{expected:?} not in {message}");
+    }
+    assert!(!message.contains("(good)"), "{message}");
+    assert_eq!(
+        p.triggers
+            .iter()
+            .map(|t| t.spec.name.as_str())
+            .collect::<Vec<_>>(),
+        ["good"]
+    );
+    let none = &cat.policies[&ObjectKey::new("default", "none")];
+    assert_eq!(
+        cond(
+            &p.object.status.clone().unwrap_or_default().conditions,
+            "Ready"
+        ),
+        cond(
+            &none.object.status.clone().unwrap_or_default().conditions,
+            "Ready"
+        ),
+        "an invalid trigger does not change the policy's readiness"
+    );
+    let good = &cat.policies[&ObjectKey::new("default", "good")];
+    let s = good.object.status.clone().unwrap_or_default();
+    assert_eq!(cond(&s.conditions, "Triggers").1, "TriggersReady");
+    assert!(good.triggers[0].schedule.is_some());
+    let s = none.object.status.clone().unwrap_or_default();
+    assert!(s.conditions.iter().all(|c| c.type_ != "Triggers"));
+}

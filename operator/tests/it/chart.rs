@@ -466,6 +466,7 @@ fn chart_rbac_is_config_rbac_and_covers_every_call() {
         "role.yaml",
         "approver_role.yaml",
         "user_role.yaml",
+        "trigger_role.yaml",
         "admin_role.yaml",
     ]
     .iter()

@@ -60,6 +60,8 @@ pub const CALLS: &[(&str, &str, &str)] = &[
     ("update", "coordination.k8s.io", "leases"),
     ("create", "authentication.k8s.io", "tokenreviews"),
     ("create", "authorization.k8s.io", "subjectaccessreviews"),
+    // triggers' runAs: a short-lived token of the ServiceAccount a trigger names
+    ("create", "", "serviceaccounts/token"),
     // the admission guard: is the policy that authenticates decisions enforced?
     ("create", "authentication.k8s.io", "selfsubjectreviews"),
     (
