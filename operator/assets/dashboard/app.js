@@ -516,6 +516,7 @@
     });
     const conversation = h('section', { class: 'panel conversation', 'aria-label': 'Conversation' });
     const sharedEl = h('ul', { 'aria-label': 'Shared with me', id: 'shared-sessions' });
+    const triggeredEl = h('ul', { 'aria-label': 'Triggered', id: 'triggered-sessions' });
     // Search (name, title and text, on the server) and filters (policy, state, here).
     const search = h('input', { id: 'session-search', type: 'search', placeholder: 'Search name, title, text', 'aria-label': 'Search sessions', autocomplete: 'off', value: view.sessionSearch || '' });
     const policyFilter = h('select', { id: 'session-policy', 'aria-label': 'Filter by policy' }, h('option', { value: '' }, 'any policy'));
@@ -525,7 +526,8 @@
     const filters = h('div', { class: 'session-filters' }, search, h('div', { class: 'session-selects' }, policyFilter, stateFilter));
     show(h('div', { class: 'chat' },
       h('aside', { class: 'panel sessions', 'aria-label': 'Sessions' }, form, filters, listEl,
-        h('h3', { class: 'shared-head' }, 'Shared with me'), sharedEl),
+        h('h3', { class: 'shared-head' }, 'Shared with me'), sharedEl,
+        h('h3', { class: 'shared-head' }, 'Triggered'), triggeredEl),
       conversation));
     const loadShared = async () => {
       try {
@@ -539,8 +541,24 @@
         sharedEl.replaceChildren(errorBox(e));
       }
     };
+    // Investigations alerts and schedules started, under policies the caller may use.
+    const loadTriggered = async () => {
+      try {
+        const data = await api('GET', '/chat/v1/sessions?triggered=true');
+        const items = data.items || [];
+        triggeredEl.replaceChildren(...items.map((s) => h('li', { class: s.id === id ? 'current' : '', 'data-session': s.id },
+          h('a', { href: `#/chat/${s.id}`, 'aria-current': s.id === id ? 'page' : null },
+            s.name,
+            s.title ? h('span', { class: 'summary', title: s.title }, s.title) : null,
+            h('span', { class: 't' }, `⚡ ${s.trigger ? s.trigger.name : ''} · ${STATES[s.status] || s.status} · `, ago(s.updatedAt))))));
+        if (!items.length) triggeredEl.append(h('li', { class: 'muted' }, 'No triggered investigations.'));
+      } catch (e) {
+        triggeredEl.replaceChildren(errorBox(e));
+      }
+    };
     const loadSessions = async () => {
       loadShared();
+      loadTriggered();
       try {
         const q = search.value.trim();
         view.sessionSearch = q;
@@ -729,7 +747,8 @@
     root.replaceChildren(
       h('div', { class: 'conv-head' },
         h('h2', {}, session.name),
-        h('span', { class: 'badge', title: 'The ChatPolicy matched by the session name' }, `policy ${session.policy || '—'}`),
+        h('span', { class: 'badge', title: session.trigger ? 'The ChatPolicy of the trigger that started it' : 'The ChatPolicy matched by the session name' }, `policy ${session.policy || '—'}`),
+        session.trigger ? h('span', { class: 'badge', id: 'triggered-by', title: `Started by trigger ${session.trigger.name} of ChatPolicy ${session.trigger.policy}` }, `⚡ ${session.trigger.name}`) : null,
         h('span', { class: 'muted' }, `namespace ${session.namespace}`),
         badge, link,
         access === 'owner' ? null : h('span', { class: 'muted', id: 'owner' }, `${session.user}'s session · ${access === 'continue' ? 'you may continue' : 'read only'}`),

@@ -651,3 +651,24 @@ async fn two_replicas_on_postgres_fire_each_schedule_slot_once() {
     );
     let _ = kortex;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_lists_and_marks_triggered_sessions() {
+    let (base, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
+    let (dir, db) = manifests(&base, "http://127.0.0.1:9/hook", CRASHLOOP_TRIGGER);
+    let (server, kortex) = Server::start_keyed(&dir.path().join("m"), &db, &[]);
+    let (status, body) = post(
+        &kortex,
+        Some(KEY),
+        payload("g-browser", "web-1").to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    settled(&kortex, 1).await;
+    let env = [("KORTEX_URL", kortex.as_str()), ("KORTEX_KEY", ALICE_KEY)];
+    let Some(out) = crate::dashboard::run_browser("triggers.mjs", &env).await else {
+        return;
+    };
+    crate::dashboard::passed(&out, &server);
+}
