@@ -49,3 +49,6 @@ CREATE TABLE trigger_slots (
 -- A triggered session is governed by its trigger's policy, whatever its name matches.
 ALTER TABLE chat_sessions ADD COLUMN trigger_ref TEXT;
 CREATE INDEX chat_sessions_trigger ON chat_sessions (trigger_ref);
+
+-- trigger.skipped is written at most once an hour per trigger: found by this index.
+CREATE INDEX notify_events_type_subject ON notify_events (event_type, subject, created_at);

@@ -102,6 +102,7 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         )?,
         available: true,
         notify: Vec::new(),
+        triggers: Vec::new(),
     };
     let call = |name: &str, input: Value| {
         let ctx = ctx.clone();

@@ -419,15 +419,20 @@ impl Store {
         data: &Value,
     ) -> Result<bool, StoreError> {
         let subject = format!("{policy}/{trigger}");
+        let recent = |subject: String| {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM notify_events WHERE event_type = 'trigger.skipped' AND subject = $1 AND created_at > $2",
+            )
+            .bind(subject)
+            .bind(now_ms() - 3_600_000)
+        };
+        // Read first, without the write lock: in a storm nearly every skip finds the notice
+        // of the hour already written.
+        if recent(subject.clone()).fetch_one(&self.pool).await? > 0 {
+            return Ok(false);
+        }
         let mut tx = self.begin().await?;
-        let recent: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM notify_events WHERE event_type = 'trigger.skipped' AND subject = $1 AND created_at > $2",
-        )
-        .bind(&subject)
-        .bind(now_ms() - 3_600_000)
-        .fetch_one(&mut *tx)
-        .await?;
-        if recent > 0 {
+        if recent(subject.clone()).fetch_one(&mut *tx).await? > 0 {
             return Ok(false);
         }
         super::notify::add_event(&mut tx, "trigger.skipped", policy, &subject, data).await?;

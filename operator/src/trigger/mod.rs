@@ -151,13 +151,32 @@ pub async fn receive(
             for i in mine {
                 taken[i] = true;
             }
+            // Stored redacted, like any text from outside: alert annotations can carry
+            // credentials (a URL with a token, a connection string).
+            let fingerprints: Vec<String> = payload
+                .alerts
+                .iter()
+                .map(alert::Alert::fingerprint)
+                .collect();
+            let mut payload = serde_json::to_value(&payload).unwrap_or(Value::Null);
+            config.catalog.redactor_for(policy).value(&mut payload);
+            // An alert's identity is kept as Alertmanager computed it (a hash of its labels,
+            // not their text).
+            for (a, fp) in payload["alerts"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .zip(fingerprints)
+            {
+                a["fingerprint"] = Value::String(fp);
+            }
             events.push(NewTriggerEvent {
                 policy: qualified,
                 trigger: trigger.spec.name.clone(),
                 kind: "alert",
                 group_key: n.group_key.clone(),
                 caller: firer.user.to_owned(),
-                payload: serde_json::to_value(&payload).unwrap_or(Value::Null),
+                payload,
             });
         }
     }
@@ -463,17 +482,13 @@ impl Dispatcher {
                         names.join("; ")
                     );
                     let (message, _) = config.catalog.redactor_for(policy).text(&message);
-                    if let Err(e) = self
-                        .engine
+                    self.engine
                         .emit_session(
                             &session.id,
                             crate::chat::event::NOTICE,
                             json!({"message": message}),
                         )
-                        .await
-                    {
-                        return Err(e);
-                    }
+                        .await?;
                     self.engine
                         .store
                         .put_trigger_group(

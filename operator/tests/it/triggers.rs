@@ -568,12 +568,11 @@ async fn an_accepted_alert_runs_once_after_a_crash() {
     let m = dir.path().join("m");
     // This replica only records: the 200 comes, no run starts; then it dies.
     let (first, kortex) = Server::start_keyed(&m, &db, &[("KORTEX_TRIGGERS_RECEIVE_ONLY", "true")]);
-    let (status, body) = post(
-        &kortex,
-        Some(KEY),
-        payload("crash-group", "web-1").to_string().into_bytes(),
-    )
-    .await;
+    // Alert text is untrusted: a credential in it is redacted before it is stored or sent.
+    let mut alert = payload("crash-group", "web-1");
+    alert["alerts"][0]["annotations"]["description"] =
+        json!("deploy with key AKIAIOSFODNN7EXAMPLE failed");
+    let (status, body) = post(&kortex, Some(KEY), alert.to_string().into_bytes()).await;
     assert_eq!(status, 200, "{body}");
     tokio::time::sleep(Duration::from_secs(1)).await;
     first.kill9();
@@ -591,6 +590,44 @@ async fn an_accepted_alert_runs_once_after_a_crash() {
         }
     })
     .await;
+    let store = kortex::store::Store::connect(&db)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stored = store
+        .trigger_events("default/incidents", "crashloops", 10)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].state, "run");
+    assert!(
+        !stored[0]
+            .payload
+            .to_string()
+            .contains("AKIAIOSFODNN7EXAMPLE"),
+        "{}",
+        stored[0].payload
+    );
+    let list = sessions(&kortex, ALICE_KEY).await;
+    let s = session(
+        &kortex,
+        ALICE_KEY,
+        list[0]["id"].as_str().unwrap_or_default(),
+    )
+    .await;
+    let question = s["messages"][0]["content"].as_str().unwrap_or_default();
+    assert!(
+        question.contains("deploy with key") && !question.contains("AKIAIOSFODNN7EXAMPLE"),
+        "{question}"
+    );
+    let sent: String = script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|s| s.body.to_string())
+        .collect();
+    assert!(!sent.contains("AKIAIOSFODNN7EXAMPLE"));
+    store.close().await;
     // Restarted again: still exactly once.
     second.kill9();
     let (third, kortex) = Server::start_keyed(&m, &db, &[]);
