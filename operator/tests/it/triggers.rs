@@ -709,3 +709,50 @@ async fn the_dashboard_lists_and_marks_triggered_sessions() {
     };
     crate::dashboard::passed(&out, &server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_missed_while_down_runs_once_within_its_deadline() {
+    let (base, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|_: &Value| {
+        let d = openai();
+        Some(streamed(&d, (d.text_stream)(&["All healthy."])))
+    }));
+    // A daily slot 40 s ago: Kortex was not running then.
+    let slot = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(40);
+    let utc = slot.to_zoned(jiff::tz::TimeZone::UTC);
+    let cron = format!("{} {} {} * * *", utc.second(), utc.minute(), utc.hour());
+    let (dir, db) = manifests(
+        &base,
+        "http://127.0.0.1:9/hook",
+        &format!(
+            "    - name: within\n      schedule: {{cron: \"{cron}\", startingDeadlineSeconds: 300}}\n      prompt: \"Report for {{{{ slot }}}}.\"\n      runAs: {{user: oncall-bot}}\n\
+             \x20   - name: too-old\n      schedule: {{cron: \"{cron}\", startingDeadlineSeconds: 10}}\n      prompt: \"Report for {{{{ slot }}}}.\"\n      runAs: {{user: oncall-bot}}\n"
+        ),
+    );
+    let m = dir.path().join("m");
+    let (first, kortex) = Server::start_keyed(&m, &db, &[]);
+    let list = eventually("the missed slot's run", || async {
+        let list = sessions(&kortex, ALICE_KEY).await;
+        match list.as_slice() {
+            [one] if one["status"] == "idle" => Ok(list.clone()),
+            other => Err(format!("{} sessions", other.len())),
+        }
+    })
+    .await;
+    assert_eq!(list[0]["trigger"]["name"], "within");
+    let s = session(
+        &kortex,
+        ALICE_KEY,
+        list[0]["id"].as_str().unwrap_or_default(),
+    )
+    .await;
+    let question = s["messages"][0]["content"].as_str().unwrap_or_default();
+    assert!(question.starts_with("Report for \""), "{question}");
+    // Restarted: the slot was claimed; it does not run again.
+    first.terminate();
+    let (second, kortex) = Server::start_keyed(&m, &db, &[]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(sessions(&kortex, ALICE_KEY).await.len(), 1);
+    assert_eq!(chat_calls(&script), 1);
+    drop(second);
+}
