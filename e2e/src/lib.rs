@@ -151,3 +151,28 @@ pub async fn ready_nodes(client: &Client) -> anyhow::Result<usize> {
         })
         .count())
 }
+
+/// Applies `object` (server-side apply, forced) in namespace `ns`; its kind's plural is its
+/// lower-cased kind plus `s`.
+pub async fn apply(client: &Client, ns: &str, object: serde_json::Value) -> anyhow::Result<()> {
+    use kube::api::DynamicObject;
+    use kube::core::{ApiResource, GroupVersionKind};
+    let api_version = object["apiVersion"].as_str().unwrap_or_default();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let plural = format!("{}s", kind.to_lowercase());
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&object),
+    )
+    .await?;
+    Ok(())
+}

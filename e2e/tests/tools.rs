@@ -8,10 +8,7 @@ use kortex::catalog::PolicyEntry;
 use kortex::llm::ToolCall;
 use kortex::store::{NewSession, Store};
 use kortex::tools::{Outcome, Router, ToolContext};
-use kortex_e2e::{MANAGER, TempNamespace, client, ready_nodes};
-use kube::Api;
-use kube::api::{DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kortex_e2e::{TempNamespace, apply, client, ready_nodes};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,27 +22,6 @@ async fn kubernetes_tools_read_a_real_cluster() -> anyhow::Result<()> {
     let result = run(&client, &ns.name).await;
     ns.delete().await?;
     result
-}
-
-async fn apply(client: &kube::Client, ns: &str, object: Value) -> anyhow::Result<()> {
-    let api_version = object["apiVersion"].as_str().unwrap_or_default();
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let kind = object["kind"].as_str().unwrap_or_default();
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let plural = format!("{}s", kind.to_lowercase());
-    let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
-    let name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    api.patch(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&object),
-    )
-    .await?;
-    Ok(())
 }
 
 fn deployment(ns: &str, image: &str, release: &str) -> Value {

@@ -10,33 +10,9 @@ use kortex::llm::ToolCall;
 use kortex::operator::auth::ClusterAuth;
 use kortex::store::{NewSession, Store};
 use kortex::tools::{KubeIdentity, Router, ToolContext};
-use kortex_e2e::{MANAGER, TempNamespace, client};
-use kube::Api;
-use kube::api::{DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
-use serde_json::{Value, json};
+use kortex_e2e::{TempNamespace, apply, client};
+use serde_json::json;
 use std::sync::Arc;
-
-async fn apply(client: &kube::Client, ns: &str, object: Value) -> anyhow::Result<()> {
-    let api_version = object["apiVersion"].as_str().unwrap_or_default();
-    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let kind = object["kind"].as_str().unwrap_or_default();
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let plural = format!("{}s", kind.to_lowercase());
-    let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
-    let name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    api.patch(
-        &name,
-        &PatchParams::apply(MANAGER).force(),
-        &Patch::Apply(&object),
-    )
-    .await?;
-    Ok(())
-}
 
 #[tokio::test]
 async fn a_run_as_service_account_reads_only_what_it_may() -> anyhow::Result<()> {
