@@ -22,6 +22,8 @@ CREATE TABLE trigger_events (
 );
 CREATE INDEX trigger_events_state ON trigger_events (state, created_at);
 CREATE INDEX trigger_events_group ON trigger_events (policy, trigger_name, group_key, created_at);
+CREATE INDEX trigger_events_runs ON trigger_events (policy, trigger_name, state, done_at);
+CREATE INDEX trigger_events_announce ON trigger_events (state, finished_notified);
 
 -- One row per (trigger, Alertmanager groupKey): the session it investigates in while the
 -- group fires, and the fingerprints of the alerts that session has seen.

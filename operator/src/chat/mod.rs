@@ -463,23 +463,33 @@ impl Engine {
             author: Some(actor.to_owned()),
             ..Default::default()
         };
-        let stored = async {
-            if !self
+        let give_back = || async {
+            let _ = self
                 .store
-                .create_run(&run_id, &session.id, &self.replica, actor, limit)
-                .await?
-            {
-                let (policy, max) = limit.unwrap_or_default();
-                return Err(too_many(policy, max.unwrap_or_default()));
-            }
-            self.store
-                .append_message(&session.id, &message)
-                .await
-                .map_err(ChatError::from)
+                .transition_session(&session.id, &["running"], &session.status)
+                .await;
         };
-        if let Err(e) = stored.await {
+        // Not recorded (too many runs, or a run of this id exists: a trigger's event started
+        // elsewhere): nothing of ours to end.
+        let created = match self
+            .store
+            .create_run(&run_id, &session.id, &self.replica, actor, limit)
+            .await
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let (policy, max) = limit.unwrap_or_default();
+                Err(too_many(policy, max.unwrap_or_default()))
+            }
+            Err(e) => Err(ChatError::from(e)),
+        };
+        if let Err(e) = created {
+            give_back().await;
+            return Err(e);
+        }
+        if let Err(e) = self.store.append_message(&session.id, &message).await {
             // Give the session back rather than leave it running with no run behind it, and
-            // end the run if it was recorded (best effort: the sweep ends it otherwise).
+            // end the run (best effort: the sweep ends it otherwise).
             let _ = self
                 .store
                 .finish_run(
@@ -488,11 +498,8 @@ impl Engine {
                     Some("not started: the message could not be stored"),
                 )
                 .await;
-            let _ = self
-                .store
-                .transition_session(&session.id, &["running"], &session.status)
-                .await;
-            return Err(e);
+            give_back().await;
+            return Err(e.into());
         }
         self.spawn(session, &run_id, false, notices);
         Ok(run_id)

@@ -181,9 +181,9 @@ pub struct Schedule {
     #[schemars(length(min = 1, max = 64))]
     pub time_zone: Option<String>,
     /// A slot missed (Kortex was down) still runs, once, when Kortex sees it within this
-    /// many seconds of its time (default 60), as a CronJob's.
+    /// many seconds of its time (default 60, at most a week), as a CronJob's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = 604800))]
     pub starting_deadline_seconds: Option<u32>,
 }
 

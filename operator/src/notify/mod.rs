@@ -291,10 +291,13 @@ impl Notifier {
         for event in self.store.unfanned_events(100).await? {
             // A trigger's events also go to the targets the trigger names
             // (`docs/triggers.md#results`).
-            let named: Vec<&str> = event.data["notify"]
-                .as_array()
-                .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
-                .unwrap_or_default();
+            let named: Vec<&str> = match event.event_type.as_str() {
+                "investigation.finished" | "trigger.skipped" => event.data["notify"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(serde_json::Value::as_str).collect())
+                    .unwrap_or_default(),
+                _ => Vec::new(),
+            };
             let targets: Vec<String> = config
                 .catalog
                 .policy_named(&event.policy)

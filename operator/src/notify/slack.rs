@@ -8,11 +8,15 @@ use serde_json::{Value, json};
 /// Slack incoming webhooks.
 pub struct Slack;
 
+/// A string of `v`, escaped for Slack's mrkdwn (`&`, `<`, `>`): text from models, alerts
+/// or people can neither ping `<!channel>` nor disguise a link.
 fn text(v: &Value, key: &str) -> String {
     v.get(key)
         .and_then(Value::as_str)
         .unwrap_or_default()
-        .to_owned()
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 /// Slack refuses a section's text longer than 3000 characters.
@@ -129,7 +133,18 @@ impl Channel for Slack {
                 blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
                     "text": clip(&format!("*Proposals*\n{}", proposals.join("\n")), SECTION_MAX)}}));
             }
-            blocks.push(json!({"type": "context", "elements": [{"type": "mrkdwn", "text": format!("Policy {}", event.policy)}]}));
+            let mut context = format!("Policy {}", event.policy);
+            if event.event_type == "investigation.finished" {
+                context = format!(
+                    "{context} · {} tokens in, {} out · ${:.4}",
+                    p["inputTokens"].as_i64().unwrap_or(0),
+                    p["outputTokens"].as_i64().unwrap_or(0),
+                    p["costUsd"].as_f64().unwrap_or(0.0)
+                );
+            }
+            blocks.push(
+                json!({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]}),
+            );
             if let Some(link) = session_link(out.public_url, out.delivery) {
                 blocks.push(json!({"type": "actions", "elements": [{
                     "type": "button",

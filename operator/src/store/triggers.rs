@@ -237,19 +237,21 @@ impl Store {
         Ok(())
     }
 
-    /// Settles an event: `run` (with its session and run), `unchanged`, `resolved` or
-    /// `skipped` (with the reason).
+    /// Settles a pending event `replica` holds: `run` (with its session and run),
+    /// `unchanged`, `resolved` or `skipped` (with the reason). `false` when it no longer
+    /// holds it (its claim ran out and another dispatcher took it).
     pub async fn settle_trigger_event(
         &self,
         id: &str,
+        replica: &str,
         state: &str,
         reason: Option<&str>,
         session_id: Option<&str>,
         run_id: Option<&str>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE trigger_events SET state = $2, reason = $3, session_id = $4, run_id = $5, done_at = $6, \
-             claimed_by = NULL, claimed_until = NULL WHERE id = $1",
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE trigger_events SET state = $2, reason = $3, session_id = COALESCE($4, session_id), run_id = $5, \
+             done_at = $6, claimed_by = NULL, claimed_until = NULL WHERE id = $1 AND state = 'pending' AND claimed_by = $7",
         )
         .bind(id)
         .bind(state)
@@ -257,8 +259,24 @@ impl Store {
         .bind(session_id)
         .bind(run_id)
         .bind(now_ms())
+        .bind(replica)
         .execute(&self.pool)
-        .await?;
+        .await?
+        .rows_affected();
+        Ok(done == 1)
+    }
+
+    /// Records the session created for event `id` (a later try reuses it).
+    pub async fn trigger_event_session(
+        &self,
+        id: &str,
+        session_id: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE trigger_events SET session_id = $2 WHERE id = $1")
+            .bind(id)
+            .bind(session_id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
@@ -433,6 +451,23 @@ impl Store {
         }
         let mut tx = self.begin().await?;
         if recent(subject.clone()).fetch_one(&mut *tx).await? > 0 {
+            return Ok(false);
+        }
+        // Two replicas may both have read none (PostgreSQL reads committed): the clock
+        // hour is claimed like a schedule slot (negative: never a real slot), so one writes.
+        let claimed = sqlx::query(
+            "INSERT INTO trigger_slots (policy, trigger_name, slot, replica, created_at) VALUES ($1, $2, $3, 'trigger.skipped', $4) \
+             ON CONFLICT (policy, trigger_name, slot) DO NOTHING",
+        )
+        .bind(policy)
+        .bind(trigger)
+        .bind(-(now_ms() / 3_600_000))
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !claimed {
             return Ok(false);
         }
         super::notify::add_event(&mut tx, "trigger.skipped", policy, &subject, data).await?;

@@ -44,8 +44,6 @@ fn field(
         let n: u32 = s
             .parse()
             .map_err(|_| format!("{what}: {s:?} is not a number or a name"))?;
-        // Weekday 7 is Sunday, as in most crons.
-        let n = if names.len() == 7 && n == 7 { 0 } else { n };
         if n < min || n > max {
             return Err(format!("{what}: {n} is outside {min}-{max}"));
         }
@@ -55,11 +53,13 @@ fn field(
     for part in text.split(',') {
         let (range, step) = match part.split_once('/') {
             Some((r, s)) => {
-                let step: u32 = s
-                    .parse()
-                    .ok()
-                    .filter(|s| *s > 0)
-                    .ok_or_else(|| format!("{what}: step {s:?} must be a positive number"))?;
+                let step: u32 =
+                    s.parse()
+                        .ok()
+                        .filter(|s| *s > 0 && *s <= max)
+                        .ok_or_else(|| {
+                            format!("{what}: step {s:?} must be a number from 1 to {max}")
+                        })?;
                 (r, step)
             }
             None => (part, 1),
@@ -82,6 +82,10 @@ fn field(
             mask |= 1 << v;
             v += step;
         }
+    }
+    // Weekday 7 is Sunday, as in most crons (`1-7`, `sun`, `0` and `7` alike).
+    if names.len() == 7 && mask & (1 << 7) != 0 {
+        mask = (mask & !(1 << 7)) | 1;
     }
     if mask == 0 {
         return Err(format!("{what}: {text:?} selects nothing"));
@@ -287,6 +291,8 @@ mod tests {
         );
         assert_eq!(cron("@daily"), cron("0 0 * * *"));
         assert_eq!(cron("0 0 * * 7"), cron("0 0 * * sun"));
+        assert_eq!(cron("0 0 * * 1-7"), cron("0 0 * * 0-6"));
+        assert_eq!(cron("0 0 * * 5-7"), cron("0 0 * * fri,sat,sun"));
     }
 
     #[test]
@@ -346,6 +352,7 @@ mod tests {
         assert!(err("61 * * * *").contains("minutes: 61 is outside 0-59"));
         assert!(err("0 0 * foo *").contains("month: \"foo\""));
         assert!(err("*/0 * * * *").contains("step"));
+        assert!(err("1/4294967295 * * * *").contains("step"));
         assert!(err("0 5-1 * * *").contains("backwards"));
         assert!(err("@often").contains("shortcuts"));
         assert!(time_zone(Some("Mars/Olympus")).is_err());

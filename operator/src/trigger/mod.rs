@@ -32,7 +32,7 @@ use tokio::sync::watch;
 /// How often the dispatcher looks for work.
 pub const TICK: Duration = Duration::from_millis(500);
 /// How long a dispatcher holds an event it works on.
-const CLAIM: Duration = Duration::from_secs(60);
+const CLAIM: Duration = Duration::from_secs(120);
 /// An event waiting for a free slot (`maxConcurrent`) longer than this is skipped.
 pub const MAX_WAIT: Duration = Duration::from_secs(15 * 60);
 /// Lifetime of a `runAs` ServiceAccount's token (requested for each run).
@@ -280,9 +280,11 @@ impl Dispatcher {
             match self.dispatch(&event).await {
                 Ok(Outcome::Done) => {}
                 Ok(Outcome::Wait) => self.engine.store.release_trigger_event(&event.id).await?,
+                // One event that fails does not hold up the others: it is tried again next
+                // round.
                 Err(e) => {
+                    tracing::warn!(event = %event.id, policy = %event.policy, trigger = %event.trigger, error = %e, "cannot dispatch a trigger event; retrying");
                     self.engine.store.release_trigger_event(&event.id).await?;
-                    return Err(e);
                 }
             }
         }
@@ -315,11 +317,11 @@ impl Dispatcher {
                         .unwrap_or(floor)
                 };
                 let latest = cron.latest_between(from, now, tz);
-                self.seen
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id, now);
                 let Some(slot) = latest else {
+                    self.seen
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id, now);
                     continue;
                 };
                 let slot_text = slot.to_zoned(tz.clone()).to_string();
@@ -331,12 +333,18 @@ impl Dispatcher {
                     caller: "schedule".into(),
                     payload: json!({"slot": slot_text, "slotUnix": slot.as_second()}),
                 };
-                if self
+                // Looked at up to now only once the slot is claimed (or was already): a
+                // database error leaves it to the next round.
+                let claimed = self
                     .engine
                     .store
                     .claim_trigger_slot(&event, slot.as_second(), &self.engine.replica)
-                    .await?
-                {
+                    .await?;
+                self.seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id, now);
+                if claimed {
                     tracing::info!(policy = %qualified, trigger = %trigger.spec.name, slot = %slot_text, "schedule slot claimed");
                     self.metrics
                         .trigger_event(&qualified, &trigger.spec.name, "received", 1);
@@ -354,10 +362,15 @@ impl Dispatcher {
         session: Option<&str>,
         run: Option<&str>,
     ) -> Result<Outcome, StoreError> {
-        self.engine
+        if !self
+            .engine
             .store
-            .settle_trigger_event(&event.id, state, reason, session, run)
-            .await?;
+            .settle_trigger_event(&event.id, &self.engine.replica, state, reason, session, run)
+            .await?
+        {
+            // Our claim ran out and another dispatcher took the event: its outcome stands.
+            return Ok(Outcome::Done);
+        }
         self.metrics
             .trigger_event(&event.policy, &event.trigger, state, 1);
         if state == "skipped" {
@@ -385,7 +398,14 @@ impl Dispatcher {
         if self.engine.store.run_exists(&event.id).await? {
             let session = self.engine.store.run_session(&event.id).await?;
             if event.kind == "alert" {
-                self.remember_group(event, session.as_deref(), None).await?;
+                let before = self
+                    .engine
+                    .store
+                    .trigger_group(&event.policy, &event.trigger, &event.group_key)
+                    .await?
+                    .filter(|g| g.firing && g.session_id == session);
+                self.remember_group(event, session.as_deref(), before.as_ref())
+                    .await?;
             }
             return self
                 .settle(event, "run", None, session.as_deref(), Some(&event.id))
@@ -511,6 +531,11 @@ impl Dispatcher {
                     .filter(|a| !group.fingerprints.contains(&a.fingerprint()))
                     .collect();
                 if new.is_empty() {
+                    // Still firing: the group's row is touched, so pruning keeps it.
+                    self.engine
+                        .store
+                        .put_trigger_group(&event.policy, &event.trigger, &event.group_key, group)
+                        .await?;
                     return self
                         .settle(event, "unchanged", None, Some(&session.id), None)
                         .await;
@@ -629,13 +654,51 @@ impl Dispatcher {
                 .wait_or_skip(event, "limits.maxConcurrent investigations are in flight")
                 .await;
         }
+        // What would refuse the run is checked before asking the API server for a token or
+        // creating a session: a waiting event neither mints tokens nor leaves sessions.
+        if session
+            .as_ref()
+            .is_some_and(|s| !matches!(s.status.as_str(), "idle" | "failed"))
+        {
+            return self
+                .wait_or_skip(
+                    event,
+                    "the group's session is still busy with its previous run",
+                )
+                .await;
+        }
+        if let Some(max) = policy
+            .object
+            .spec
+            .budget
+            .as_ref()
+            .and_then(|b| b.max_concurrent_runs)
+            && self.engine.store.runs_in_flight(&event.policy).await? >= u64::from(max)
+        {
+            return self
+                .wait_or_skip(
+                    event,
+                    &format!(
+                        "ChatPolicy {} has its budget.maxConcurrentRuns ({max}) in flight",
+                        event.policy
+                    ),
+                )
+                .await;
+        }
         let identity = match self.identity(policy, trigger).await {
             Ok(identity) => identity,
-            Err(reason) => {
+            Err(Refused::Now(reason)) => return self.wait_or_skip(event, &reason).await,
+            Err(Refused::Never(reason)) => {
                 return self
                     .settle(event, "skipped", Some(&reason), None, None)
                     .await;
             }
+        };
+        // A session created for this event on an earlier try (the run was refused then).
+        let session = match (session, &event.session_id) {
+            (Some(s), _) => Some(s),
+            (None, Some(id)) => self.engine.store.session_by_id(id).await?,
+            (None, None) => None,
         };
         let session = match session {
             Some(s) => s,
@@ -649,10 +712,16 @@ impl Dispatcher {
                     dynamic_tools: Value::Array(Vec::new()),
                 };
                 let trigger_ref = format!("{}/{}", event.policy, event.trigger);
-                self.engine
+                let created = self
+                    .engine
                     .store
                     .create_session_for(&new, Some(&trigger_ref))
-                    .await?
+                    .await?;
+                self.engine
+                    .store
+                    .trigger_event_session(&event.id, &created.id)
+                    .await?;
+                created
             }
         };
         if let Some(token) = identity.token {
@@ -727,14 +796,16 @@ impl Dispatcher {
         &self,
         policy: &PolicyEntry,
         trigger: &TriggerEntry,
-    ) -> Result<Identity, String> {
+    ) -> Result<Identity, Refused> {
         let run_as = trigger.spec.run_as.clone().unwrap_or_default();
         let meta = &policy.object.metadata;
         let namespace = meta.namespace.as_deref().unwrap_or("default");
         let name = meta.name.as_deref().unwrap_or_default();
         if let Some(auth) = self.engine.cluster_auth.get() {
             let Some(sa) = run_as.service_account_name else {
-                return Err("runAs.serviceAccountName is required in cluster mode".into());
+                return Err(Refused::Never(
+                    "runAs.serviceAccountName is required in cluster mode".into(),
+                ));
             };
             let user = format!("system:serviceaccount:{namespace}:{sa}");
             let groups = vec![
@@ -745,31 +816,40 @@ impl Dispatcher {
             match auth.may_use_policy(&user, &groups, namespace, name).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    return Err(format!(
+                    return Err(Refused::Never(format!(
                         "{user} may not use ChatPolicy {namespace}/{name}: RBAC must allow it the verb use on chatpolicies/{name}"
-                    ));
+                    )));
                 }
-                Err(e) => return Err(format!("cannot check {user}'s use of the ChatPolicy: {e}")),
+                Err(e) => {
+                    return Err(Refused::Now(format!(
+                        "the API server could not check {user}'s use of the ChatPolicy: {e}"
+                    )));
+                }
             }
+            // A missing ServiceAccount, like an unreachable API server, may be fixed within
+            // the wait: the event waits, then is skipped with the API server's answer.
             let token = auth
                 .service_account_token(namespace, &sa, TOKEN_SECONDS)
-                .await?;
+                .await
+                .map_err(Refused::Now)?;
             return Ok(Identity {
                 user,
                 token: Some(token),
             });
         }
         let Some(user) = run_as.user else {
-            return Err("runAs.user is required when Kortex runs standalone".into());
+            return Err(Refused::Never(
+                "runAs.user is required when Kortex runs standalone".into(),
+            ));
         };
         let config = self.engine.config.borrow().clone();
         let credentials = &config.catalog.credentials;
         if credentials.count(crate::catalog::CredentialKind::Chat) > 0
             && credentials.chat_user(&user).is_none()
         {
-            return Err(format!(
+            return Err(Refused::Never(format!(
                 "runAs.user {user:?} has no chat credential (Secrets labelled kortex.dev/credentials=chat)"
-            ));
+            )));
         }
         Ok(Identity { user, token: None })
     }
@@ -820,6 +900,14 @@ fn trigger_notify(engine: &Engine, event: &TriggerEvent) -> Vec<String> {
         .and_then(|p| p.triggers.iter().find(|t| t.spec.name == event.trigger))
         .map(|t| t.spec.notify.clone())
         .unwrap_or_default()
+}
+
+/// Why a trigger's identity cannot be used.
+enum Refused {
+    /// Not now (the API server did not answer): the event waits, up to [`MAX_WAIT`].
+    Now(String),
+    /// Not ever, as configured: the event is skipped.
+    Never(String),
 }
 
 /// Whom a triggered run acts as.
