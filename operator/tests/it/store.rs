@@ -994,3 +994,135 @@ async fn eval_results_are_kept_and_listed() {
         );
     }
 }
+
+/// Trigger events on both databases: recorded all at once; per group only the oldest
+/// pending one is offered, and only while no live claim holds it; settling needs the
+/// claim; a schedule slot and the hourly skip notice are each claimed once.
+#[tokio::test]
+async fn trigger_events_are_claimed_in_order_and_settled_once() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let event = |group: &str, n: i64| NewTriggerEvent {
+            policy: "default/incidents".into(),
+            trigger: "crashloops".into(),
+            kind: "alert",
+            group_key: group.into(),
+            caller: "alertmanager".into(),
+            payload: json!({"n": n}),
+        };
+        let ids = s
+            .record_trigger_events(&[event("g1", 1), event("g1", 2), event("g2", 1)])
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        assert_eq!(ids.len(), 3);
+        let now = now_ms();
+        let offered =
+            |list: Vec<TriggerEvent>| list.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
+        let pending = s
+            .pending_trigger_events(now, 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            offered(pending),
+            vec![ids[0].clone(), ids[2].clone()],
+            "{}: the oldest of each group",
+            db.url
+        );
+        // Replica A claims g1's first event; B cannot, and is not offered it.
+        assert!(
+            s.claim_trigger_event(&ids[0], "a", now + 60_000)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            !s.claim_trigger_event(&ids[0], "b", now + 60_000)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        let pending = s
+            .pending_trigger_events(now_ms(), 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(offered(pending), vec![ids[2].clone()], "{}", db.url);
+        // Only the holder settles it.
+        assert!(
+            !s.settle_trigger_event(&ids[0], "b", "run", None, None, None)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            s.settle_trigger_event(&ids[0], "a", "unchanged", None, Some("s1"), None)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            !s.settle_trigger_event(&ids[0], "a", "run", None, None, None)
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+            "settled once"
+        );
+        let pending = s
+            .pending_trigger_events(now_ms(), 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            offered(pending),
+            vec![ids[1].clone(), ids[2].clone()],
+            "{}: g1's next",
+            db.url
+        );
+        // A claim that ran out is taken over.
+        assert!(
+            s.claim_trigger_event(&ids[1], "a", now_ms() - 1)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            s.claim_trigger_event(&ids[1], "b", now_ms() + 60_000)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            !s.settle_trigger_event(&ids[1], "a", "run", None, None, None)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        // A slot, and the skip notice of an hour, once each.
+        let slot = NewTriggerEvent {
+            kind: "schedule",
+            group_key: "schedule:60".into(),
+            ..event("", 0)
+        };
+        assert!(
+            s.claim_trigger_slot(&slot, 60, "a")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            !s.claim_trigger_slot(&slot, 60, "b")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        let data = json!({"reason": "rate limited"});
+        assert!(
+            s.note_trigger_skipped("default/incidents", "crashloops", &data)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        assert!(
+            !s.note_trigger_skipped("default/incidents", "crashloops", &data)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+        );
+        let events = s
+            .trigger_events("default/incidents", "crashloops", 10)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(events.len(), 4, "{}", db.url);
+        let settled = events
+            .iter()
+            .find(|e| e.id == ids[0])
+            .map(|e| (e.state.clone(), e.session_id.clone()));
+        assert_eq!(settled, Some(("unchanged".into(), Some("s1".into()))));
+    }
+}
