@@ -173,7 +173,22 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     let ran = events
         .iter()
         .any(|e| e.event == "tool.start" && e.data["name"] == "get_incident_history");
-    assert!(ran, "the recovered call ran: {events:?}\n{}", server.log());
+    // On failure, llama.cpp's own log says how many tokens the prompt and the answer took
+    // (a context that filled up ends the answer early) and how fast it went.
+    let llama_log = || {
+        let log = std::fs::read_to_string(dir.path().join("llama.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    };
+    for line in llama_log().lines().filter(|l| l.contains("eval time")) {
+        eprintln!("llama.cpp: {line}");
+    }
+    assert!(
+        ran,
+        "the recovered call ran: {events:?}\n{}\n--- llama.cpp\n{}",
+        server.log(),
+        llama_log()
+    );
     assert!(
         notices(&events)
             .iter()
