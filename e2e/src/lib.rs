@@ -176,3 +176,27 @@ pub async fn apply(client: &Client, ns: &str, object: serde_json::Value) -> anyh
     .await?;
     Ok(())
 }
+
+/// A tool router with Kortex's Kubernetes tools, reading through `client`.
+pub fn kube_tools(client: &Client) -> kortex::tools::Router {
+    let mut router =
+        kortex::tools::Router::new(std::sync::Arc::new(kortex::metrics::Metrics::default()));
+    for tool in kortex::tools::cluster::Cluster::new(client.clone()).tools() {
+        router.add(tool);
+    }
+    router
+}
+
+/// A ChatPolicy `namespace/name` for every session, allowing every tool, as the router
+/// takes it.
+pub fn any_policy(namespace: &str, name: &str) -> anyhow::Result<kortex::catalog::PolicyEntry> {
+    Ok(kortex::catalog::PolicyEntry {
+        object: serde_json::from_value(serde_json::json!({
+            "apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"sessions": ["*"], "provider": "x"}}))?,
+        available: true,
+        notify: Vec::new(),
+        triggers: Vec::new(),
+    })
+}

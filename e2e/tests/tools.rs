@@ -4,11 +4,10 @@
 //! to pull; on a cluster without a Ready node (a bare control plane) the logs part is
 //! skipped, saying so, and the rest runs.
 
-use kortex::catalog::PolicyEntry;
 use kortex::llm::ToolCall;
 use kortex::store::{NewSession, Store};
-use kortex::tools::{Outcome, Router, ToolContext};
-use kortex_e2e::{TempNamespace, apply, client, ready_nodes};
+use kortex::tools::{Outcome, ToolContext};
+use kortex_e2e::{TempNamespace, any_policy, apply, client, kube_tools, ready_nodes};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,19 +66,8 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         guides: Arc::from(Vec::new()),
         via: "chat",
     };
-    let mut router = Router::new(Arc::new(kortex::metrics::Metrics::default()));
-    for tool in kortex::tools::cluster::Cluster::new(client.clone()).tools() {
-        router.add(tool);
-    }
-    let policy = PolicyEntry {
-        object: serde_json::from_value(
-            json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "p", "namespace": ns}, "spec": {"sessions": ["*"], "provider": "x"}}),
-        )?,
-        available: true,
-        notify: Vec::new(),
-        triggers: Vec::new(),
-    };
+    let router = kube_tools(client);
+    let policy = any_policy(ns, "p")?;
     let call = |name: &str, input: Value| {
         let ctx = ctx.clone();
         let router = &router;

@@ -5,12 +5,11 @@
 //! finds the pod missing). Also: the `trigger` verb on a ChatPolicy is what a
 //! SubjectAccessReview answers for the caller.
 
-use kortex::catalog::PolicyEntry;
 use kortex::llm::ToolCall;
 use kortex::operator::auth::ClusterAuth;
 use kortex::store::{NewSession, Store};
-use kortex::tools::{KubeIdentity, Router, ToolContext};
-use kortex_e2e::{TempNamespace, apply, client};
+use kortex::tools::{KubeIdentity, ToolContext};
+use kortex_e2e::{TempNamespace, any_policy, apply, client, kube_tools};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -93,19 +92,8 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
             dynamic_tools: json!([]),
         })
         .await?;
-    let mut router = Router::new(Arc::new(kortex::metrics::Metrics::default()));
-    for tool in kortex::tools::cluster::Cluster::new(client.clone()).tools() {
-        router.add(tool);
-    }
-    let policy = PolicyEntry {
-        object: serde_json::from_value(
-            json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "incidents", "namespace": ns}, "spec": {"sessions": ["*"], "provider": "x"}}),
-        )?,
-        available: true,
-        notify: Vec::new(),
-        triggers: Vec::new(),
-    };
+    let router = kube_tools(client);
+    let policy = any_policy(ns, "incidents")?;
     let logs = |kube: KubeIdentity| {
         let ctx = ToolContext {
             store: store.clone(),

@@ -65,8 +65,17 @@ pub struct AskArgs {
 }
 
 fn load(args: &ManifestArgs) -> Result<Catalog, String> {
+    let objects = load_objects(&args.manifests)?;
+    Ok(crate::catalog::compile(&objects, jiff::Timestamp::now()))
+}
+
+/// The objects of the manifest files and folders `paths` (with the environment for
+/// `${VAR}`), each load problem printed to stderr as `error: …` or `warning: …`.
+pub(crate) fn load_objects(
+    paths: &[std::path::PathBuf],
+) -> Result<crate::catalog::ObjectSet, String> {
     let env: crate::source::EnvLookup = Box::new(|name| std::env::var(name).ok());
-    let mut source = ManifestSource::new(args.manifests.clone(), env).map_err(|e| e.to_string())?;
+    let mut source = ManifestSource::new(paths.to_vec(), env).map_err(|e| e.to_string())?;
     let snapshot = source.load(jiff::Timestamp::now());
     for p in &snapshot.problems {
         eprintln!(
@@ -78,10 +87,7 @@ fn load(args: &ManifestArgs) -> Result<Catalog, String> {
             }
         );
     }
-    Ok(crate::catalog::compile(
-        &snapshot.objects,
-        jiff::Timestamp::now(),
-    ))
+    Ok(snapshot.objects)
 }
 
 fn ready_message(entry: &ProviderEntry) -> String {

@@ -2,7 +2,7 @@
 //! proposals | usage | erase-user | mcp`.
 
 pub mod client;
-mod llm;
+pub(crate) mod llm;
 pub mod mcp;
 pub mod pruner;
 mod run;

@@ -21,7 +21,6 @@ use crate::cli::DatabaseArgs;
 use crate::crd::ChatPolicy;
 use crate::live::LiveConfig;
 use crate::metrics::Metrics;
-use crate::source::ManifestSource;
 use crate::store::{NewSession, Store};
 use clap::{Args, Subcommand};
 use recorded::{Book, Recorded};
@@ -525,21 +524,7 @@ pub async fn run(args: EvalArgs) -> Result<bool, String> {
         let client = live::CLUSTER.get().ok_or("no cluster client")?;
         live::configuration(client, &args.namespace).await?
     } else {
-        let env: crate::source::EnvLookup = Box::new(|name| std::env::var(name).ok());
-        let mut source =
-            ManifestSource::new(args.manifests.clone(), env).map_err(|e| e.to_string())?;
-        let snapshot = source.load(jiff::Timestamp::now());
-        for p in &snapshot.problems {
-            eprintln!(
-                "{}: {p}",
-                if p.severity == crate::source::manifest::Severity::Error {
-                    "error"
-                } else {
-                    "warning"
-                }
-            );
-        }
-        snapshot.objects
+        crate::cli::llm::load_objects(&args.manifests)?
     };
     let targets: Vec<Target> = if !args.compare.is_empty() {
         if args.compare.len() < 2 {

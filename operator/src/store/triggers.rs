@@ -364,16 +364,6 @@ impl Store {
         ))
     }
 
-    /// Whether run `id` exists (a crash may have come between starting it and settling its
-    /// event).
-    pub async fn run_exists(&self, id: &str) -> Result<bool, StoreError> {
-        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM chat_runs WHERE id = $1")
-            .bind(id)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(n > 0)
-    }
-
     /// Triggered runs that ended and are not yet announced, oldest first.
     pub async fn finished_trigger_runs(
         &self,
@@ -541,7 +531,8 @@ impl Store {
         })
     }
 
-    /// The session of run `id`.
+    /// The session of run `id`, if the run exists (a crash may have come between starting
+    /// a trigger's run and settling its event).
     pub async fn run_session(&self, id: &str) -> Result<Option<String>, StoreError> {
         Ok(
             sqlx::query_scalar("SELECT session_id FROM chat_runs WHERE id = $1")

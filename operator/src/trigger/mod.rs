@@ -316,40 +316,48 @@ impl Dispatcher {
                         .filter(|t| *t > floor)
                         .unwrap_or(floor)
                 };
-                let latest = cron.latest_between(from, now, tz);
-                let Some(slot) = latest else {
-                    self.seen
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(id, now);
-                    continue;
-                };
-                let slot_text = slot.to_zoned(tz.clone()).to_string();
-                let event = NewTriggerEvent {
-                    policy: qualified.clone(),
-                    trigger: trigger.spec.name.clone(),
-                    kind: "schedule",
-                    group_key: format!("schedule:{}", slot.as_second()),
-                    caller: "schedule".into(),
-                    payload: json!({"slot": slot_text, "slotUnix": slot.as_second()}),
-                };
-                // Looked at up to now only once the slot is claimed (or was already): a
-                // database error leaves it to the next round.
-                let claimed = self
-                    .engine
-                    .store
-                    .claim_trigger_slot(&event, slot.as_second(), &self.engine.replica)
-                    .await?;
+                // Looked at up to now only once the latest slot is claimed (or was
+                // already): a database error leaves it to the next round.
+                if let Some(slot) = cron.latest_between(from, now, tz) {
+                    self.claim_slot(&qualified, &trigger.spec.name, slot, tz)
+                        .await?;
+                }
                 self.seen
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(id, now);
-                if claimed {
-                    tracing::info!(policy = %qualified, trigger = %trigger.spec.name, slot = %slot_text, "schedule slot claimed");
-                    self.metrics
-                        .trigger_event(&qualified, &trigger.spec.name, "received", 1);
-                }
             }
+        }
+        Ok(())
+    }
+
+    /// Claims schedule slot `slot` of a trigger and records its event (once across
+    /// replicas).
+    async fn claim_slot(
+        &self,
+        qualified: &str,
+        trigger: &str,
+        slot: jiff::Timestamp,
+        tz: &jiff::tz::TimeZone,
+    ) -> Result<(), StoreError> {
+        let slot_text = slot.to_zoned(tz.clone()).to_string();
+        let event = NewTriggerEvent {
+            policy: qualified.to_owned(),
+            trigger: trigger.to_owned(),
+            kind: "schedule",
+            group_key: format!("schedule:{}", slot.as_second()),
+            caller: "schedule".into(),
+            payload: json!({"slot": slot_text, "slotUnix": slot.as_second()}),
+        };
+        if self
+            .engine
+            .store
+            .claim_trigger_slot(&event, slot.as_second(), &self.engine.replica)
+            .await?
+        {
+            tracing::info!(policy = %qualified, trigger = %trigger, slot = %slot_text, "schedule slot claimed");
+            self.metrics
+                .trigger_event(qualified, trigger, "received", 1);
         }
         Ok(())
     }
@@ -395,21 +403,8 @@ impl Dispatcher {
 
     async fn dispatch(&self, event: &TriggerEvent) -> Result<Outcome, StoreError> {
         // Started before a crash, settled never: settle it now, never start it twice.
-        if self.engine.store.run_exists(&event.id).await? {
-            let session = self.engine.store.run_session(&event.id).await?;
-            if event.kind == "alert" {
-                let before = self
-                    .engine
-                    .store
-                    .trigger_group(&event.policy, &event.trigger, &event.group_key)
-                    .await?
-                    .filter(|g| g.firing && g.session_id == session);
-                self.remember_group(event, session.as_deref(), before.as_ref())
-                    .await?;
-            }
-            return self
-                .settle(event, "run", None, session.as_deref(), Some(&event.id))
-                .await;
+        if let Some(session) = self.engine.store.run_session(&event.id).await? {
+            return self.started(event, &session, &event.id).await;
         }
         let config = self.engine.config.borrow().clone();
         let Some(policy) = config.catalog.policy_named(&event.policy) else {
@@ -583,14 +578,33 @@ impl Dispatcher {
 
     /// Records the group's session and the fingerprints it has seen (all of this event's
     /// firing alerts).
-    async fn remember_group(
+    /// Settles `event` as `run` (in `session`; also after a crash between starting the run
+    /// and settling), remembering an alert group's session and fingerprints first.
+    async fn started(
         &self,
         event: &TriggerEvent,
-        session: Option<&str>,
-        before: Option<&TriggerGroup>,
-    ) -> Result<(), StoreError> {
+        session: &str,
+        run: &str,
+    ) -> Result<Outcome, StoreError> {
+        if event.kind == "alert" {
+            self.remember_group(event, session).await?;
+        }
+        self.settle(event, "run", None, Some(session), Some(run))
+            .await
+    }
+
+    /// Records that the group's investigation is in `session`, with the fingerprints it has
+    /// seen: those it saw before (while the group fired in that same session) and this
+    /// event's firing alerts.
+    async fn remember_group(&self, event: &TriggerEvent, session: &str) -> Result<(), StoreError> {
+        let before = self
+            .engine
+            .store
+            .trigger_group(&event.policy, &event.trigger, &event.group_key)
+            .await?
+            .filter(|g| g.firing && g.session_id.as_deref() == Some(session));
         let n: Option<alert::Notification> = serde_json::from_value(event.payload.clone()).ok();
-        let mut fingerprints = before.map(|g| g.fingerprints.clone()).unwrap_or_default();
+        let mut fingerprints = before.map(|g| g.fingerprints).unwrap_or_default();
         for a in n
             .iter()
             .flat_map(|n| n.alerts.iter())
@@ -608,7 +622,7 @@ impl Dispatcher {
                 &event.trigger,
                 &event.group_key,
                 &TriggerGroup {
-                    session_id: session.map(str::to_owned),
+                    session_id: Some(session.to_owned()),
                     fingerprints,
                     firing: true,
                 },
@@ -734,21 +748,8 @@ impl Dispatcher {
             .await;
         match started {
             Ok(run) => {
-                if event.kind == "alert" {
-                    let before = self
-                        .engine
-                        .store
-                        .trigger_group(&event.policy, &event.trigger, &event.group_key)
-                        .await?
-                        .filter(|g| {
-                            g.firing && g.session_id.as_deref() == Some(session.id.as_str())
-                        });
-                    self.remember_group(event, Some(&session.id), before.as_ref())
-                        .await?;
-                }
                 tracing::info!(policy = %event.policy, trigger = %event.trigger, session = %session.id, run = %run, "triggered investigation started");
-                self.settle(event, "run", None, Some(&session.id), Some(&run))
-                    .await
+                self.started(event, &session.id, &run).await
             }
             Err(ChatError::Busy(_)) => {
                 self.wait_or_skip(

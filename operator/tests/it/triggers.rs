@@ -4,6 +4,7 @@
 //! storm, nothing lost across kill -9, schedules fired once per slot by two replicas.
 
 use crate::binary::Server;
+use crate::chat::get_json;
 use crate::common::{eventually, http_client, keyed_manifests};
 use crate::llm::{Reply, mock, openai, openai_chunk, streamed};
 use crate::notify::receiver;
@@ -83,29 +84,32 @@ fn chat_calls(script: &crate::llm::Script) -> usize {
         .count()
 }
 
-async fn sessions(base: &str, key: &str) -> Vec<Value> {
-    let v: Value = http_client()
-        .get(format!("{base}/chat/v1/sessions?triggered=true"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
+/// A client that sends `key` as its bearer token.
+fn keyed(key: &str) -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    let value = format!("Bearer {key}")
+        .parse()
         .unwrap_or_else(|e| panic!("{e}"));
+    headers.insert(reqwest::header::AUTHORIZATION, value);
+    let _ = http_client();
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The triggered sessions `key`'s user sees.
+async fn sessions(base: &str, key: &str) -> Vec<Value> {
+    let v = get_json(
+        &keyed(key),
+        format!("{base}/chat/v1/sessions?triggered=true"),
+    )
+    .await;
     v["items"].as_array().cloned().unwrap_or_default()
 }
 
 async fn session(base: &str, key: &str, id: &str) -> Value {
-    http_client()
-        .get(format!("{base}/chat/v1/sessions/{id}"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+    get_json(&keyed(key), format!("{base}/chat/v1/sessions/{id}")).await
 }
 
 /// The value of a `kortex_trigger_events_total` series (0 when absent).
