@@ -37,6 +37,30 @@ fn claude() -> Option<String> {
 
 type Seen = Arc<Mutex<Vec<(Option<String>, Value)>>>;
 
+/// Records a request to a scripted Anthropic model (its `x-api-key` and body), and refuses
+/// it as Anthropic does (401 `authentication_error`) unless the key is `KEY`.
+fn admit(
+    seen: &Seen,
+    headers: &axum::http::HeaderMap,
+    body: &Value,
+) -> Option<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let key = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    seen.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((key.clone(), body.clone()));
+    (key.as_deref() != Some(KEY)).then(|| {
+        (
+            axum::http::StatusCode::UNAUTHORIZED,
+            axum::Json(json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})),
+        )
+            .into_response()
+    })
+}
+
 fn sse(event: &str, data: Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
 }
@@ -102,19 +126,8 @@ async fn model(marker: PathBuf) -> (String, Seen) {
         headers: axum::http::HeaderMap,
         axum::Json(body): axum::Json<Value>,
     ) -> axum::response::Response {
-        let key = headers
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        seen.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((key.clone(), body.clone()));
-        if key.as_deref() != Some(KEY) {
-            return (
-                axum::http::StatusCode::UNAUTHORIZED,
-                axum::Json(json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})),
-            )
-                .into_response();
+        if let Some(refused) = admit(&seen, &headers, &body) {
+            return refused;
         }
         let model = &body["model"];
         let tools: Vec<&str> = body["tools"]
@@ -598,19 +611,8 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
         headers: axum::http::HeaderMap,
         axum::Json(body): axum::Json<Value>,
     ) -> axum::response::Response {
-        let key = headers
-            .get("x-api-key")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        seen.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((key.clone(), body.clone()));
-        if key.as_deref() != Some(KEY) {
-            return (
-                axum::http::StatusCode::UNAUTHORIZED,
-                axum::Json(json!({"type": "error", "error": {"type": "authentication_error", "message": "invalid x-api-key"}})),
-            )
-                .into_response();
+        if let Some(refused) = admit(&seen, &headers, &body) {
+            return refused;
         }
         let model = &body["model"];
         let asked_for_bash = body["tools"]
