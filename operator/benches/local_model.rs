@@ -160,6 +160,8 @@ fn main() {
         let mut llama = Command::new(&python)
             .args(["-m", "llama_cpp.server", "--model", &gguf, "--host", "127.0.0.1"])
             .args(["--port", &port.to_string(), "--model_alias", "smollm2"])
+            // Kortex's probes must not cut answers short (docs/providers.md#local-models).
+            .args(["--interrupt_requests", "False"])
             .args(["--n_ctx", "4096", "--seed", "0", "--n_threads", "2"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -59,6 +59,10 @@ async fn llama(log: &std::path::Path) -> Option<Llama> {
         .args(["-m", "llama_cpp.server", "--model", &gguf])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .args(["--model_alias", "smollm2", "--n_ctx", "4096", "--seed", "0"])
+        // By default llama-cpp-python ends an answer early (a bare `[DONE]`) whenever
+        // another request waits for the model, e.g. Kortex's probe of `/v1/models`: on a
+        // busy machine the answer lost its last tokens (docs/providers.md#local-models).
+        .args(["--interrupt_requests", "False"])
         .args(["--n_threads", "2"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
