@@ -183,7 +183,9 @@ pub async fn watch_manifests(
     metrics: Arc<Metrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut seen = source.fingerprint();
+    // What the current configuration was read from, not what the files are now: a file
+    // written after the first load and before this task ran is a change to pick up.
+    let mut seen = source.loaded().clone();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(POLL_INTERVAL) => {}
@@ -202,7 +204,6 @@ pub async fn watch_manifests(
             }
             current = next;
         }
-        seen = current;
         let previous = tx.borrow().clone();
         let metrics2 = metrics.clone();
         // File reads and parsing are blocking work; keep them off the async workers.
@@ -214,6 +215,7 @@ pub async fn watch_manifests(
         match joined {
             Ok((back, config)) => {
                 source = back;
+                seen = source.loaded().clone();
                 tx.send_replace(Arc::new(config));
             }
             Err(e) => {
@@ -221,5 +223,43 @@ pub async fn watch_manifests(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROVIDER: &str = "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {name: NAME}\nspec: {type: ollama, defaultModel: m}\n";
+
+    // A file written after the first load but before the watcher's task first ran (a busy
+    // machine, a slow start) was taken as already seen and never loaded.
+    #[tokio::test]
+    async fn a_change_made_before_the_watcher_starts_is_loaded() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let write = |name: &str| {
+            std::fs::write(
+                dir.path().join(format!("{name}.yaml")),
+                PROVIDER.replace("NAME", name),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        };
+        write("first");
+        let mut source = ManifestSource::new(vec![dir.path().to_path_buf()], Box::new(|_| None))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let metrics = Arc::new(Metrics::new());
+        let initial = load(&mut source, None, &metrics);
+        assert_eq!(initial.catalog.providers.len(), 1);
+        let (tx, mut rx) = watch::channel(Arc::new(initial));
+        write("second");
+        let (_stop_tx, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(watch_manifests(source, tx, metrics, stop_rx));
+        let reloaded = tokio::time::timeout(Duration::from_secs(10), rx.changed()).await;
+        task.abort();
+        assert!(
+            matches!(reloaded, Ok(Ok(()))),
+            "the second file was never loaded"
+        );
+        assert_eq!(rx.borrow().catalog.providers.len(), 2);
     }
 }

@@ -60,6 +60,8 @@ pub struct ManifestSource {
     last_good: BTreeMap<Identity, (Origin, Object)>,
     meta: BTreeMap<Identity, MetaState>,
     next_version: u64,
+    /// The files as they were just before the last `load` read them.
+    loaded: Fingerprint,
 }
 
 impl ManifestSource {
@@ -74,6 +76,7 @@ impl ManifestSource {
             last_good: BTreeMap::new(),
             meta: BTreeMap::new(),
             next_version: 1,
+            loaded: Fingerprint::new(),
         })
     }
 
@@ -117,9 +120,17 @@ impl ManifestSource {
         fp
     }
 
+    /// The fingerprint of the files the last `load` read; a watcher compares with it, so
+    /// a change made between a load and the watcher's start is not missed.
+    pub fn loaded(&self) -> &Fingerprint {
+        &self.loaded
+    }
+
     /// Reads every file and returns the objects to serve. `now` becomes the
     /// `creationTimestamp` of objects seen for the first time.
     pub fn load(&mut self, now: jiff::Timestamp) -> Snapshot {
+        // Taken before reading: a file changed while it is read shows as a change later.
+        self.loaded = self.fingerprint();
         let (files, missing) = self.files();
         let mut problems = Vec::new();
         for m in missing {

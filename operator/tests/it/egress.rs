@@ -156,7 +156,8 @@ spec:
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "not reloaded: {tools}"
+            "not reloaded: {tools}\n{}",
+            server.log()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
