@@ -27,7 +27,18 @@ pub struct LiveConfig {
     /// Increases with every reload (0: nothing loaded yet).
     pub version: u64,
     /// Objects of the cluster Kortex could not read (cluster mode).
-    pub invalid: Vec<crate::operator::watch::Malformed>,
+    pub invalid: Vec<Malformed>,
+}
+
+/// A watched object (cluster mode) Kortex could not read; its status says why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Malformed {
+    /// `LLMProvider`, …
+    pub kind: String,
+    /// Where.
+    pub key: ObjectKey,
+    /// Field path and error.
+    pub message: String,
 }
 
 impl LiveConfig {

@@ -6,7 +6,9 @@
 //! mode feeds it the watched objects. It does no I/O, so it is tested with plain calls.
 
 pub mod credentials;
+pub mod secret_redactor;
 pub mod secrets;
+pub mod url_template;
 
 use crate::crd::conditions::{self, Desired, reasons, types};
 use crate::crd::{
@@ -398,7 +400,7 @@ pub struct Catalog {
     /// Every resolved secret value, longest first, for redaction.
     pub secret_values: Arc<Vec<SecretValue>>,
     /// Finds those values (and their derived forms) in text.
-    pub redactor: crate::redact::SecretRedactor,
+    pub redactor: secret_redactor::SecretRedactor,
 }
 
 impl Catalog {
@@ -461,11 +463,6 @@ impl Catalog {
             },
             None => (provider.clone(), None),
         }
-    }
-
-    /// The redaction `policy` asks for, over this catalog's resolved Secret values.
-    pub fn redactor_for(&self, policy: &PolicyEntry) -> crate::redact::Redactor {
-        crate::redact::Redactor::new(self.redactor.clone(), &policy.object.spec.privacy)
     }
 
     /// The provider `name` in `namespace`.
@@ -538,7 +535,7 @@ pub fn compile(objects: &ObjectSet, now: jiff::Timestamp) -> Catalog {
             .map(|p| (ObjectKey::of(p), p.clone()))
             .collect(),
         credentials,
-        redactor: crate::redact::SecretRedactor::new(&secret_values),
+        redactor: secret_redactor::SecretRedactor::new(&secret_values),
         secret_values: Arc::new(secret_values),
     }
 }
@@ -828,7 +825,7 @@ fn compile_tools(
             ));
         }
         if let Some(http) = &spec.http {
-            match crate::tools::plugin_http::UrlTemplate::parse(&http.url) {
+            match url_template::UrlTemplate::parse(&http.url) {
                 Err(e) => spec_problems.push(format!("spec.http.url: {e}")),
                 Ok(template) => {
                     let properties = spec

@@ -316,7 +316,7 @@ pub async fn apply(
             let redactor = {
                 let config = engine.config.borrow().clone();
                 match config.catalog.policy_of(session) {
-                    Some(p) => config.catalog.redactor_for(p),
+                    Some(p) => crate::redact::Redactor::for_policy(&config.catalog, p),
                     None => crate::redact::Redactor::secrets_only(config.catalog.redactor.clone()),
                 }
             };

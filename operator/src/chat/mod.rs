@@ -141,6 +141,9 @@ pub struct Engine {
     live: Mutex<std::collections::HashSet<String>>,
     /// In cluster mode, proposals are `ActionProposal` objects (set once at start-up).
     pub cluster: std::sync::OnceLock<crate::operator::proposals::ClusterProposals>,
+    /// Standalone with a kubeconfig: carries out approved proposals in that cluster (set
+    /// once at start-up; never in cluster mode, where the leader executes).
+    pub executor: std::sync::OnceLock<crate::operator::executor::Executor>,
     /// The latest Kubernetes token of each session's user (memory only, never stored):
     /// tools run as the user with it (`runToolsAsUser`).
     tokens: Mutex<HashMap<(String, String), crate::catalog::SecretValue>>,
@@ -178,6 +181,7 @@ impl Engine {
             cancels: Mutex::new(HashMap::new()),
             live: Mutex::new(std::collections::HashSet::new()),
             cluster: std::sync::OnceLock::new(),
+            executor: std::sync::OnceLock::new(),
             tokens: Mutex::new(HashMap::new()),
             cluster_auth: std::sync::OnceLock::new(),
             delegations: Arc::default(),
@@ -401,7 +405,7 @@ impl Engine {
                         Some(&session.id),
                         "chat",
                     )),
-                    catalog.redactor_for(p),
+                    crate::redact::Redactor::for_policy(catalog, p),
                 ),
                 None => (
                     None,

@@ -21,6 +21,24 @@ pub mod event {
     pub const UPDATED: &str = "proposal.updated";
 }
 
+/// The cluster's proposal reconciler moves proposals; the engine tells their sessions.
+#[async_trait::async_trait]
+impl crate::operator::proposals::ProposalHost for Engine {
+    fn config(&self) -> std::sync::Arc<crate::live::LiveConfig> {
+        self.config.borrow().clone()
+    }
+
+    fn store(&self) -> &crate::store::Store {
+        &self.store
+    }
+
+    async fn proposal_updated(&self, session: &str, data: Value) {
+        if let Err(e) = self.emit_session(session, event::UPDATED, data).await {
+            tracing::warn!(session, error = %e, "cannot tell a session that its proposal moved");
+        }
+    }
+}
+
 /// The tool as offered to the model, when the policy allows any action.
 pub fn spec(policy: &PolicyEntry) -> Option<ToolSpec> {
     let rules = &policy.object.spec.proposals;
@@ -166,7 +184,8 @@ pub async fn propose(
         version: 1,
     };
     let mut record = record;
-    if let Some(cluster) = engine.cluster.get() {
+    let executor = engine.executor.get();
+    if engine.cluster.get().is_some() || executor.is_some() {
         let target: crate::crd::ProposalTarget = serde_json::from_value(json!({
             "apiVersion": str_field(target, "apiVersion"),
             "kind": str_field(target, "kind"),
@@ -192,23 +211,36 @@ pub async fn propose(
             }),
             decision: None,
         };
-        let expires_at = jiff::Timestamp::from_millisecond(record.expires_at)
-            .map_err(|e| format!("invalid expiry: {e}"))?;
-        let base = base.to_ascii_lowercase();
-        let (name, preview, params) = cluster
-            .create(
-                &record.id,
-                base.trim_end_matches('-'),
-                &record.namespace,
-                spec,
-                &policy.object.spec,
-                expires_at,
-            )
-            .await?;
-        record.name = name;
-        record.preview = Some(preview);
-        // With the target's state pinned by the operator.
-        record.params = params;
+        match (engine.cluster.get(), executor) {
+            (Some(cluster), _) => {
+                let expires_at = jiff::Timestamp::from_millisecond(record.expires_at)
+                    .map_err(|e| format!("invalid expiry: {e}"))?;
+                let base = base.to_ascii_lowercase();
+                let (name, preview, params) = cluster
+                    .create(
+                        &record.id,
+                        base.trim_end_matches('-'),
+                        &record.namespace,
+                        spec,
+                        &policy.object.spec,
+                        expires_at,
+                    )
+                    .await?;
+                record.name = name;
+                record.preview = Some(preview);
+                // With the target's state pinned by the operator.
+                record.params = params;
+            }
+            // Standalone with a kubeconfig: the same pin and dry-run preview, kept in the
+            // database (approved, it is executed there: `execute_approved`).
+            (None, Some(executor)) => {
+                let mut spec = spec;
+                crate::operator::proposals::pin(executor, &mut spec).await?;
+                record.preview = Some(crate::operator::proposals::preview(executor, &spec).await);
+                record.params = spec.params;
+            }
+            (None, None) => {}
+        }
     }
     engine
         .store
@@ -252,15 +284,207 @@ pub async fn propose(
     Ok(out)
 }
 
-/// Marks every undecided proposal past its `expiresAt` as `Expired` and tells its session.
+/// What approving a stored proposal (standalone mode) leads to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Approval {
+    /// The phase recorded with the decision: `Executing` when Kortex carries it out here,
+    /// else final (`Approved`, or `Failed` when a guard refuses it).
+    pub phase: &'static str,
+    /// Its `message`.
+    pub message: String,
+    /// What to carry out (with `Executing`).
+    pub action: Option<crate::operator::executor::Action>,
+}
+
+/// The rules of cluster mode ([`crate::operator::proposals::next`]) applied to a stored
+/// proposal that `by` (in `groups`) approves under `policy` as it is now: the policy must
+/// still allow the action and namespace and have `execute: true`, and Kortex must have a
+/// cluster (a kubeconfig) to carry it out in.
+pub fn approval(
+    engine: &Engine,
+    p: &ProposalRecord,
+    policy: &PolicyEntry,
+    by: &str,
+    groups: &[String],
+    reason: Option<&str>,
+) -> Approval {
+    use crate::crd::{ActionProposal, ActionProposalSpec, ActionProposalStatus, ProposalPhase};
+    use crate::operator::proposals::{Transition, next};
+    let spec = ActionProposalSpec {
+        action: p.action.clone(),
+        target: p
+            .target
+            .clone()
+            .and_then(|t| serde_json::from_value(t).ok()),
+        params: p.params.clone(),
+        rationale: p.rationale.clone(),
+        blast_radius: None,
+        reversible: None,
+        session: crate::crd::ProposalSession {
+            id: p.session_id.clone().unwrap_or_default(),
+            name: p.session_name.clone(),
+            user: p.user.clone(),
+        },
+        model: None,
+        decision: Some(crate::crd::Decision {
+            verdict: crate::crd::Verdict::Approve,
+            by: by.to_owned(),
+            reason: reason.map(str::to_owned),
+            groups: groups.to_vec(),
+        }),
+    };
+    let mut object = ActionProposal::new(&p.name, spec);
+    // Expiry was checked when the decision was taken (and is again when it is written).
+    object.status = Some(ActionProposalStatus {
+        phase: ProposalPhase::Pending,
+        ..Default::default()
+    });
+    let approved = format!(
+        "approved by {by}{}",
+        reason.map(|r| format!(": {r}")).unwrap_or_default()
+    );
+    match next(&object, Some(&policy.object.spec), jiff::Timestamp::now()) {
+        Transition::Execute(action) if engine.executor.get().is_some() => Approval {
+            phase: "Executing",
+            message: format!("{approved}; executing"),
+            action: Some(action),
+        },
+        Transition::Execute(_) => Approval {
+            phase: "Approved",
+            message: format!(
+                "{approved}; not executed: Kortex runs without a cluster here (kortex serve executes approved proposals in the cluster of --kubeconfig or KUBECONFIG)"
+            ),
+            action: None,
+        },
+        Transition::Final(phase, message) => Approval {
+            phase: phase.as_str(),
+            message,
+            action: None,
+        },
+        Transition::Wait => Approval {
+            phase: "Approved",
+            message: approved,
+            action: None,
+        },
+    }
+}
+
+/// Carries out an approved proposal (standalone mode, recorded as `Executing` by the
+/// decision), within the same time limit as the cluster's leader, and records the outcome
+/// and what undoes it. Started once: a proposal left `Executing` by a stopped process is
+/// failed by [`expire`], never run again.
+pub async fn execute_approved(
+    engine: std::sync::Arc<Engine>,
+    p: ProposalRecord,
+    action: crate::operator::executor::Action,
+) {
+    use crate::operator::proposals::EXECUTION_TIMEOUT;
+    let Some(executor) = engine.executor.get() else {
+        return;
+    };
+    let (phase, message, undo) = match tokio::time::timeout(
+        EXECUTION_TIMEOUT,
+        executor.execute(&action),
+    )
+    .await
+    {
+        Ok(Ok(done)) => ("Succeeded", done.message, done.undo),
+        Ok(Err(e)) => ("Failed", e, None),
+        Err(_) => (
+            "Failed",
+            format!(
+                "the action did not finish within {} s, so whether it took effect is unknown: check {} before proposing it again",
+                EXECUTION_TIMEOUT.as_secs(),
+                action.target
+            ),
+            None,
+        ),
+    };
+    tracing::info!(proposal = %p.name, phase, %message, "proposal executed");
+    // Carried out: the result is written, retried here, never by executing again.
+    let mut recorded = false;
+    for attempt in 0..5u32 {
+        match engine
+            .store
+            .update_proposal_phase(&p.id, p.version, phase, Some(&message), None, undo.as_ref())
+            .await
+        {
+            Ok(_) => {
+                recorded = true;
+                break;
+            }
+            // Someone else ended it (the interrupted-execution sweep): theirs stands.
+            Err(crate::store::StoreError::Conflict(m)) => {
+                tracing::error!(proposal = %p.name, phase, %message, conflict = %m, "the result of an executed proposal could not be recorded");
+                break;
+            }
+            Err(e) => {
+                tracing::warn!(proposal = %p.name, error = %e, attempt, "cannot record the result of an executed proposal; retrying");
+                tokio::time::sleep(std::time::Duration::from_secs(1 << attempt)).await;
+            }
+        }
+    }
+    if !recorded {
+        return;
+    }
+    let _ = engine
+        .store
+        .record_decision(&NewDecision {
+            kind: "execution".into(),
+            namespace: Some(p.namespace.clone()),
+            session_id: p.session_id.clone(),
+            user: p
+                .decision
+                .as_ref()
+                .and_then(|d| d["by"].as_str())
+                .map(str::to_owned),
+            policy: p.policy.clone(),
+            subject: p.name.clone(),
+            outcome: phase.to_ascii_lowercase(),
+            detail: json!({"proposalId": p.id, "action": p.action, "target": p.target, "message": message, "undo": undo}),
+            ..Default::default()
+        })
+        .await;
+    if let Some(session) = &p.session_id {
+        let _ = engine
+            .emit_session(
+                session,
+                event::UPDATED,
+                json!({"proposalId": p.id, "name": p.name, "phase": phase, "message": message}),
+            )
+            .await;
+    }
+}
+
+/// Marks every undecided proposal past its `expiresAt` as `Expired`, and every execution
+/// that outlived its time limit (its process stopped) as `Failed`, and tells their sessions.
 pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> {
     let now = crate::store::now_ms();
     let mut n = 0;
-    for p in engine.store.expired_pending_proposals(now, 1000).await? {
-        let message = "not decided before it expired";
+    let expired = engine.store.expired_pending_proposals(now, 1000).await?;
+    // An execution runs within EXECUTION_TIMEOUT; one still `Executing` well after that was
+    // stopped with its process.
+    let interrupted_before = now
+        - (crate::operator::proposals::EXECUTION_TIMEOUT.as_millis() as i64
+            + crate::operator::proposals::EXECUTION_GRACE.as_millis() as i64);
+    let interrupted = engine
+        .store
+        .executing_since_before(interrupted_before, 1000)
+        .await?;
+    let endings = expired
+        .into_iter()
+        .map(|p| (p, "Expired", "not decided before it expired"))
+        .chain(interrupted.into_iter().map(|p| {
+            (
+                p,
+                "Failed",
+                "interrupted: Kortex stopped while executing it, so whether it took effect is unknown; check the target before proposing it again",
+            )
+        }));
+    for (p, phase, message) in endings {
         if engine
             .store
-            .update_proposal_phase(&p.id, p.version, "Expired", Some(message), None, None)
+            .update_proposal_phase(&p.id, p.version, phase, Some(message), None, None)
             .await
             .is_ok()
         {
@@ -270,7 +494,7 @@ pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> 
                     .emit_session(
                         session,
                         event::UPDATED,
-                        json!({"proposalId": p.id, "phase": "Expired", "message": message}),
+                        json!({"proposalId": p.id, "phase": phase, "message": message}),
                     )
                     .await;
             }

@@ -256,7 +256,7 @@ async fn side_call(
         _ => "summarize",
     };
     let scope = Scope::new(policy, &session.user, Some(&session.id), source);
-    let redactor = catalog.redactor_for(policy);
+    let redactor = crate::redact::Redactor::for_policy(catalog, policy);
     let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
     for route in &plan.routes {
         let Some(adapter) = catalog

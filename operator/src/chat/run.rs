@@ -368,14 +368,14 @@ async fn steps(
     }
     let mut routing = Routing {
         policy: policy_name.clone(),
-        redactor: catalog.redactor_for(policy),
+        redactor: crate::redact::Redactor::for_policy(catalog, policy),
         plan,
         current: 0,
         escalated: false,
         adapters: Default::default(),
     };
     let scope = crate::govern::Scope::new(policy, &session.user, Some(&session.id), "chat");
-    let redactor = catalog.redactor_for(policy);
+    let redactor = crate::redact::Redactor::for_policy(catalog, policy);
     // The policy's own instructions come last, after what Kortex says of its tools.
     let system = |guides: bool| {
         let mut prompt = BASE_PROMPT.to_owned();

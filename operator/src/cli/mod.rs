@@ -402,6 +402,9 @@ async fn run_server(server: Server) -> Result<(), String> {
     let egress = crate::egress::install(egress);
     let mut router = crate::tools::Router::new(metrics.clone());
     router.set_result_cap(limits.max_tool_result_bytes);
+    let cluster_client = cluster
+        .as_ref()
+        .map(|(client, url)| (client.clone(), url.clone()));
     match cluster {
         Some((client, url)) => {
             if let Ok(u) = url.parse::<reqwest::Url>()
@@ -493,10 +496,21 @@ async fn run_server(server: Server) -> Result<(), String> {
             tasks.extend(hook(&state.engine));
             None
         }
-        None => Some(tokio::spawn(expire_proposals(
-            state.engine.clone(),
-            stop_rx.clone(),
-        ))),
+        None => {
+            // With a kubeconfig, approved proposals are carried out in that cluster, with
+            // its rights, after the same checks as in cluster mode.
+            if let Some((client, url)) = cluster_client {
+                let _ = state
+                    .engine
+                    .executor
+                    .set(crate::operator::executor::Executor::new(client));
+                tracing::info!(server = %url, "approved proposals are executed in the cluster at {url} (policies with proposals.execute: true)");
+            }
+            Some(tokio::spawn(expire_proposals(
+                state.engine.clone(),
+                stop_rx.clone(),
+            )))
+        }
     };
     if store.backend() == crate::store::Backend::Sqlite {
         state.engine.recover_sole_replica().await;

@@ -231,7 +231,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     let duties = LeaderDuties {
         writer: StatusWriter::new(client.clone(), Some(identity)).with_metrics(metrics.clone()),
         proposals: proposals.clone(),
-        engine: None,
+        host: None,
         observed,
         config: config_tx.subscribe(),
         probes: probes.clone(),
@@ -245,7 +245,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         let _ = engine.cluster.set(proposals);
         let _ = engine.cluster_auth.set(auth_for_engine);
         vec![tokio::spawn(leader_duties(LeaderDuties {
-            engine: Some(engine.clone()),
+            host: Some(engine.clone()),
             ..duties
         }))]
     });
@@ -290,7 +290,8 @@ fn hostname() -> String {
 struct LeaderDuties {
     writer: StatusWriter,
     proposals: ClusterProposals,
-    engine: Option<Arc<crate::chat::Engine>>,
+    /// Where proposals are mirrored and told (the chat engine); none before it starts.
+    host: Option<Arc<dyn crate::operator::proposals::ProposalHost>>,
     observed: Observed,
     config: channel::Receiver<Arc<LiveConfig>>,
     probes: crate::llm::probe::ProbeBoard,
@@ -328,13 +329,13 @@ async fn leader_duties(mut d: LeaderDuties) {
                     jiff::Timestamp::now(),
                 );
                 d.writer.apply(updates).await;
-                if let Some(engine) = &d.engine {
+                if let Some(host) = &d.host {
                     let (proposals, _) = watch::convert::<crate::crd::ActionProposal>(
                         &d.observed.proposals.state(),
                         "ActionProposal",
                     );
                     d.proposals.check_admission().await;
-                    d.proposals.reconcile(engine, &proposals).await;
+                    d.proposals.reconcile(host, &proposals).await;
                 }
             }
         } else {

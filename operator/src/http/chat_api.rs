@@ -969,7 +969,7 @@ pub async fn tool_results(
         let config = state.config.borrow();
         let catalog = &config.catalog;
         match catalog.policy_of(&session) {
-            Some(policy) => catalog.redactor_for(policy),
+            Some(policy) => crate::redact::Redactor::for_policy(catalog, policy),
             None => crate::redact::Redactor::secrets_only(catalog.redactor.clone()),
         }
     };

@@ -470,7 +470,7 @@ impl KortexMcp {
             .router
             .guides(&tools, &access.session.namespace);
         Ok(Usable {
-            redactor: config.catalog.redactor_for(policy),
+            redactor: crate::redact::Redactor::for_policy(&config.catalog, policy),
             policy: policy.clone(),
             session: access.session.clone(),
             tools,

@@ -186,7 +186,7 @@ async fn decide(
         .policy
         .as_deref()
         .and_then(|q| config.catalog.policy_named(q));
-    if let Some(policy) = policy {
+    let approval = if let Some(policy) = policy {
         let rules = &policy.object.spec.proposals;
         if rules.require_distinct_approver && caller.user == p.user {
             return Err(ApiError::forbidden(format!(
@@ -205,21 +205,34 @@ async fn decide(
                 rules.approver_groups.join(", ")
             )));
         }
+        crate::chat::proposals::approval(
+            &state.engine,
+            &p,
+            policy,
+            &caller.user,
+            &caller.groups,
+            reason.as_deref(),
+        )
     } else {
         return Err(ApiError::forbidden(format!(
             "the ChatPolicy {} that governed this proposal no longer exists; it cannot be decided",
             p.policy.as_deref().unwrap_or("-")
         )));
-    }
-    let (phase, message) = match verdict {
-        "Approve" => (
-            "Approved",
+    };
+    let (phase, message, action) = match verdict {
+        "Approve" => (approval.phase, approval.message, approval.action),
+        _ => (
+            "Rejected",
             format!(
-                "approved by {}; execution needs a cluster (not part of standalone mode yet)",
-                caller.user
+                "rejected by {}{}",
+                caller.user,
+                reason
+                    .as_deref()
+                    .map(|r| format!(": {r}"))
+                    .unwrap_or_default()
             ),
+            None,
         ),
-        _ => ("Rejected", format!("rejected by {}", caller.user)),
     };
     let decision = json!({"verdict": verdict, "by": caller.user, "reason": reason});
     let updated = match state
@@ -233,15 +246,21 @@ async fn decide(
         }
         Err(e) => return Err(ApiError::from(e)),
     };
-    audit(
-        &state,
-        &p,
-        &caller,
-        phase.to_ascii_lowercase(),
-        verdict,
-        &reason,
-    )
-    .await;
+    let outcome = if verdict == "Approve" {
+        "approved"
+    } else {
+        "rejected"
+    };
+    audit(&state, &p, &caller, outcome.into(), verdict, &reason).await;
+    // Recorded as `Executing` in the same conditional write as the decision: whichever
+    // replica wins it executes, once.
+    if let Some(action) = action {
+        tokio::spawn(crate::chat::proposals::execute_approved(
+            state.engine.clone(),
+            updated.clone(),
+            action,
+        ));
+    }
     if let Some(session) = &p.session_id {
         let _ = state
             .engine

@@ -190,7 +190,7 @@ pub async fn handover(
     let policy = config.catalog.policy_of(&owner);
     // The note is stored, notified and shown as redacted as anything a user types.
     let redactor = match policy {
-        Some(p) => config.catalog.redactor_for(p),
+        Some(p) => crate::redact::Redactor::for_policy(&config.catalog, p),
         None => crate::redact::Redactor::secrets_only(config.catalog.redactor.clone()),
     };
     let (note, _) = redactor.text(body.note.trim());

@@ -14,8 +14,6 @@
 
 use super::admission_guard::AdmissionGuard;
 use super::executor::{self, Action, Executor};
-use crate::chat::Engine;
-use crate::chat::proposals::event;
 use crate::crd::{
     ActionProposal, ActionProposalSpec, ChatPolicySpec, ProposalPhase, ProposalTarget, Verdict,
 };
@@ -28,6 +26,20 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use tracing::Instrument as _;
+
+/// What the reconciler needs of the server it runs in: the live configuration, the
+/// database, and a way to tell a proposal's session that it moved. The chat engine
+/// implements it; this room owns it, so `operator` never imports `chat`.
+#[async_trait::async_trait]
+pub trait ProposalHost: Send + Sync {
+    /// The configuration now.
+    fn config(&self) -> Arc<crate::live::LiveConfig>;
+    /// The database the proposals are mirrored to.
+    fn store(&self) -> &crate::store::Store;
+    /// Tells `session` that its proposal moved (`proposal.updated`, `data` as documented
+    /// there); best effort.
+    async fn proposal_updated(&self, session: &str, data: Value);
+}
 
 /// Annotation: the database id of the proposal's mirror.
 pub const ID_ANNOTATION: &str = "kortex.dev/proposal-id";
@@ -194,6 +206,47 @@ pub fn next(
     Transition::Execute(action)
 }
 
+/// Pins the target's state in the (immutable) params of a proposal Kortex can carry out:
+/// what is approved is what the preview showed, or nothing ([`executor::moved`]). A
+/// proposal whose target cannot be read now could never be executed: it is not made, and
+/// the model is told why.
+pub async fn pin(executor: &Executor, spec: &mut ActionProposalSpec) -> Result<(), String> {
+    if executor::EXECUTABLE.contains(&spec.action.as_str())
+        && let Some(target) = spec.target.clone()
+    {
+        let action = Action {
+            verb: spec.action.clone(),
+            target,
+            params: spec.params.clone().unwrap_or(json!({})),
+        };
+        let params = executor
+            .pin(&action)
+            .await
+            .map_err(|e| format!("cannot propose to {} {}: {e}", action.verb, action.target))?;
+        spec.params = Some(params);
+    }
+    Ok(())
+}
+
+/// The dry-run preview of a proposal (or why there is none).
+pub async fn preview(executor: &Executor, spec: &ActionProposalSpec) -> Value {
+    if !executor::EXECUTABLE.contains(&spec.action.as_str()) {
+        return json!({"note": format!("Kortex does not carry out {}; approving it records the decision for other automation", spec.action)});
+    }
+    let Some(target) = spec.target.clone() else {
+        return json!({"error": "no target"});
+    };
+    let action = Action {
+        verb: spec.action.clone(),
+        target,
+        params: spec.params.clone().unwrap_or(json!({})),
+    };
+    match executor.preview(&action).await {
+        Ok(p) => p,
+        Err(e) => json!({"error": e}),
+    }
+}
+
 /// Proposals in a cluster: creation (any replica) and the lifecycle (the leader).
 #[derive(Clone)]
 pub struct ClusterProposals {
@@ -219,7 +272,7 @@ pub struct ClusterProposals {
 const EXECUTIONS: usize = 8;
 /// How long the action itself (its dry run and write) may take; the checks before it and
 /// the status writes after it have their own per-call deadlines.
-const EXECUTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+pub const EXECUTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl ClusterProposals {
     /// Counts transitions (`kortex_proposal_transitions_total`) and failed status writes
@@ -306,24 +359,7 @@ impl ClusterProposals {
         policy: &ChatPolicySpec,
         expires_at: jiff::Timestamp,
     ) -> Result<(String, Value, Option<Value>), String> {
-        // The target's state is pinned in the (immutable) params: what is approved is what
-        // the preview showed, or nothing (executor::moved).
-        if executor::EXECUTABLE.contains(&spec.action.as_str())
-            && let Some(target) = spec.target.clone()
-        {
-            let action = Action {
-                verb: spec.action.clone(),
-                target,
-                params: spec.params.clone().unwrap_or(json!({})),
-            };
-            // A proposal whose target cannot be read now could never be executed: it is
-            // not made, and the model is told why.
-            let params =
-                self.executor.pin(&action).await.map_err(|e| {
-                    format!("cannot propose to {} {}: {e}", action.verb, action.target)
-                })?;
-            spec.params = Some(params);
-        }
+        pin(&self.executor, &mut spec).await?;
         let mut object = ActionProposal::new("", spec);
         object.metadata.name = None;
         object.metadata.generate_name = Some(format!("{base_name}-"));
@@ -357,7 +393,7 @@ impl ClusterProposals {
             )
         })?;
         let name = created.name_any();
-        let preview = self.preview(&created.spec).await;
+        let preview = preview(&self.executor, &created.spec).await;
         let status = json!({
             "phase": "Pending",
             "expiresAt": expires_at.to_string(),
@@ -370,25 +406,6 @@ impl ClusterProposals {
             tracing::warn!(proposal = %name, error = %e, "cannot write the initial proposal status");
         }
         Ok((name, preview, created.spec.params.clone()))
-    }
-
-    /// The dry-run preview of a proposal (or why there is none).
-    async fn preview(&self, spec: &ActionProposalSpec) -> Value {
-        if !executor::EXECUTABLE.contains(&spec.action.as_str()) {
-            return json!({"note": format!("Kortex does not carry out {}; approving it records the decision for other automation", spec.action)});
-        }
-        let Some(target) = spec.target.clone() else {
-            return json!({"error": "no target"});
-        };
-        let action = Action {
-            verb: spec.action.clone(),
-            target,
-            params: spec.params.clone().unwrap_or(json!({})),
-        };
-        match self.executor.preview(&action).await {
-            Ok(p) => p,
-            Err(e) => json!({"error": e}),
-        }
     }
 
     /// Writes the whole status by server-side apply; with `resource_version`, only if the
@@ -436,8 +453,9 @@ impl ClusterProposals {
     }
 
     /// One pass of the leader over every proposal.
-    pub async fn reconcile(&self, engine: &Arc<Engine>, proposals: &[ActionProposal]) {
-        let config = engine.config.borrow().clone();
+    pub async fn reconcile(&self, shared: &Arc<dyn ProposalHost>, proposals: &[ActionProposal]) {
+        let host = shared.as_ref();
+        let config = host.config();
         let now = jiff::Timestamp::now();
         // Forget what was done to objects that are gone.
         {
@@ -464,7 +482,7 @@ impl ClusterProposals {
                 continue;
             }
             let record = match p.annotations().get(ID_ANNOTATION) {
-                Some(id) => engine.store.get_proposal(id).await.ok().flatten(),
+                Some(id) => host.store().get_proposal(id).await.ok().flatten(),
                 None => None,
             };
             let policy = policy_of(&config, record.as_ref()).map(|e| &e.object.spec);
@@ -502,7 +520,7 @@ impl ClusterProposals {
                 Transition::Final(phase, message) => {
                     if self.first_time(&p, "decide")
                         && !self
-                            .finish(engine, &p, record.as_ref(), phase, &message, None)
+                            .finish(host, &p, record.as_ref(), phase, &message, None)
                             .await
                     {
                         self.forget(&p, "decide");
@@ -519,7 +537,7 @@ impl ClusterProposals {
                         if self.first_time(&p, "decide")
                             && !self
                                 .finish(
-                                    engine,
+                                    host,
                                     &p,
                                     record.as_ref(),
                                     ProposalPhase::Failed,
@@ -536,13 +554,16 @@ impl ClusterProposals {
                     // within EXECUTION_TIMEOUT): a slow or hung one holds up neither the
                     // others nor status writes.
                     if self.first_time(&p, "decide") {
-                        let (this, engine, p) = (self.clone(), engine.clone(), p.clone());
+                        let (this, host, p) = (self.clone(), shared.clone(), p.clone());
                         let record = record.clone();
                         tokio::spawn(async move {
                             let Ok(_permit) = this.executions.clone().acquire_owned().await else {
                                 return;
                             };
-                            if !this.execute(&engine, &p, record.as_ref(), action).await {
+                            if !this
+                                .execute(host.as_ref(), &p, record.as_ref(), action)
+                                .await
+                            {
                                 this.forget(&p, "decide");
                             }
                         });
@@ -553,14 +574,14 @@ impl ClusterProposals {
                 .as_ref()
                 .is_some_and(|s| s.phase == ProposalPhase::Succeeded)
             {
-                self.undo_if_requested(engine, &p, record.as_ref()).await;
+                self.undo_if_requested(host, &p, record.as_ref()).await;
             }
         }
     }
 
     async fn execute(
         &self,
-        engine: &Engine,
+        host: &dyn ProposalHost,
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
         action: Action,
@@ -571,9 +592,7 @@ impl ClusterProposals {
         match self.guard.unenforced(p.namespace().as_deref()).await {
             Ok(None) => {}
             Ok(Some(why)) => {
-                return self
-                    .approved_not_executed(engine, p, record, &by, &why)
-                    .await;
+                return self.approved_not_executed(host, p, record, &by, &why).await;
             }
             // A passing fault must not end the proposal: it is tried again.
             Err(e) => {
@@ -602,7 +621,7 @@ impl ClusterProposals {
                     action.target.namespace.as_deref().unwrap_or_default()
                 );
                 return self
-                    .finish(engine, p, record, ProposalPhase::Failed, &message, None)
+                    .finish(host, p, record, ProposalPhase::Failed, &message, None)
                     .await;
             }
             Err(e) => {
@@ -635,7 +654,7 @@ impl ClusterProposals {
             }
         }
         self.mirror(
-            engine,
+            host,
             p,
             record,
             ProposalPhase::Executing,
@@ -665,7 +684,7 @@ impl ClusterProposals {
         // Carried out: the result is written, retried here, never by executing again.
         for attempt in 0..5 {
             if self
-                .finish(engine, p, record, phase, &message, undo.clone())
+                .finish(host, p, record, phase, &message, undo.clone())
                 .await
             {
                 break;
@@ -682,7 +701,7 @@ impl ClusterProposals {
     /// admission policy is not enforced. The `Executing` condition (False) says why.
     async fn approved_not_executed(
         &self,
-        engine: &Engine,
+        host: &dyn ProposalHost,
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
         by: &str,
@@ -701,7 +720,7 @@ impl ClusterProposals {
         // Written with the phase, message and Event as for any decision.
         let mut p = p.clone();
         p.status = serde_json::from_value(status).ok();
-        self.finish(engine, &p, record, ProposalPhase::Approved, &message, None)
+        self.finish(host, &p, record, ProposalPhase::Approved, &message, None)
             .await
     }
 
@@ -749,7 +768,7 @@ impl ClusterProposals {
     /// transition's span.
     async fn finish(
         &self,
-        engine: &Engine,
+        host: &dyn ProposalHost,
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
         phase: ProposalPhase,
@@ -762,7 +781,7 @@ impl ClusterProposals {
             phase.as_str(),
         );
         let done = self
-            .transition(engine, p, record, phase, message, undo)
+            .transition(host, p, record, phase, message, undo)
             .instrument(span.clone())
             .await;
         if !done {
@@ -773,7 +792,7 @@ impl ClusterProposals {
 
     async fn transition(
         &self,
-        engine: &Engine,
+        host: &dyn ProposalHost,
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
         phase: ProposalPhase,
@@ -810,7 +829,7 @@ impl ClusterProposals {
                 })
                 .inc();
         }
-        self.mirror(engine, p, record, phase, message, undo.as_ref())
+        self.mirror(host, p, record, phase, message, undo.as_ref())
             .await;
         let warning = matches!(phase, ProposalPhase::Failed | ProposalPhase::Expired);
         let (reason, action) = match phase {
@@ -840,7 +859,7 @@ impl ClusterProposals {
     /// The database mirror and the session's `proposal.updated` event.
     async fn mirror(
         &self,
-        engine: &Engine,
+        host: &dyn ProposalHost,
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
         phase: ProposalPhase,
@@ -855,8 +874,8 @@ impl ClusterProposals {
             .decision
             .as_ref()
             .and_then(|d| serde_json::to_value(d).ok());
-        if let Err(e) = engine
-            .store
+        if let Err(e) = host
+            .store()
             .mirror_proposal(
                 &record.id,
                 phase.as_str(),
@@ -869,20 +888,18 @@ impl ClusterProposals {
             tracing::warn!(proposal = %p.name_any(), error = %e, "cannot mirror the proposal to the database");
         }
         if let Some(session) = &record.session_id {
-            let _ = engine
-                .emit_session(
-                    session,
-                    event::UPDATED,
-                    json!({"proposalId": record.id, "name": p.name_any(), "phase": phase.as_str(), "message": message}),
-                )
-                .await;
+            host.proposal_updated(
+                session,
+                json!({"proposalId": record.id, "name": p.name_any(), "phase": phase.as_str(), "message": message}),
+            )
+            .await;
         }
     }
 
     /// Creates the inverse proposal when someone asked for it (`kubectl kortex undo`).
     async fn undo_if_requested(
         &self,
-        engine: &Engine,
+        host: &dyn ProposalHost,
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
     ) {
@@ -899,7 +916,7 @@ impl ClusterProposals {
         let Ok(target) = serde_json::from_value::<ProposalTarget>(undo["target"].clone()) else {
             return;
         };
-        let config = engine.config.borrow().clone();
+        let config = host.config();
         let policy = policy_of(&config, record);
         let Some(policy) = policy else {
             return;
@@ -961,7 +978,7 @@ impl ClusterProposals {
                         version: 1,
                         ..r.clone()
                     };
-                    let _ = engine.store.insert_proposal(&copy).await;
+                    let _ = host.store().insert_proposal(&copy).await;
                 }
                 let api: Api<ActionProposal> = Api::namespaced(self.client.clone(), &namespace);
                 let patch = json!({"metadata": {"annotations": {UNDO_PROPOSAL_ANNOTATION: name}}});

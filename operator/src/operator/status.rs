@@ -69,7 +69,7 @@ pub fn plan(
     catalog: &Catalog,
     probes: &BTreeMap<ObjectKey, ProbeResult>,
     plugins: &PluginSet,
-    invalid: &[super::watch::Malformed],
+    invalid: &[crate::live::Malformed],
     observed: &ObservedStatuses,
     now: jiff::Timestamp,
 ) -> Vec<StatusUpdate> {
@@ -472,7 +472,7 @@ mod tests {
 
     #[test]
     fn unreadable_objects_get_a_ready_false_condition_once() {
-        let invalid = vec![super::super::watch::Malformed {
+        let invalid = vec![crate::live::Malformed {
             kind: "KortexTool".into(),
             key: ObjectKey::new("ops", "broken"),
             message: "spec.http.method: unknown variant `DELETE`".into(),

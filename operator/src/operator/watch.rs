@@ -10,7 +10,7 @@
 
 use crate::catalog::{self, ObjectKey, ObjectSet};
 use crate::crd::{ActionProposal, ChatPolicy, KortexTool, LLMProvider, SecretKeyRef};
-use crate::live::LiveConfig;
+use crate::live::{LiveConfig, Malformed};
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
@@ -196,17 +196,6 @@ fn spawn_stream<S, T>(
             }
         }
     });
-}
-
-/// An object Kortex could not read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Malformed {
-    /// `LLMProvider`, …
-    pub kind: String,
-    /// Where.
-    pub key: ObjectKey,
-    /// Field path and error.
-    pub message: String,
 }
 
 /// Converts the watched objects of one kind; the ones that do not convert are returned

@@ -10,10 +10,11 @@
 //! value by value, so tool-call arguments and JSON results stay valid JSON.
 
 pub mod patterns;
-mod secrets;
 mod stream;
 
-pub use secrets::{MIN_SECRET_LEN, SECRET_PLACEHOLDER, SecretRedactor, base64, base64_bytes};
+pub use crate::catalog::secret_redactor::{
+    MIN_SECRET_LEN, SECRET_PLACEHOLDER, SecretRedactor, base64, base64_bytes,
+};
 pub use stream::StreamRedactor;
 
 use crate::crd::Privacy;
@@ -36,6 +37,14 @@ impl Redactor {
             credentials: false,
             pii: false,
         }
+    }
+
+    /// The redaction `policy` asks for, over `catalog`'s resolved Secret values.
+    pub fn for_policy(
+        catalog: &crate::catalog::Catalog,
+        policy: &crate::catalog::PolicyEntry,
+    ) -> Self {
+        Self::new(catalog.redactor.clone(), &policy.object.spec.privacy)
     }
 
     /// Resolved Secret values plus what `privacy` adds.

@@ -174,10 +174,10 @@ impl Store {
             let mut tx = self.begin().await?;
             settle_holds(&mut tx, actual.iter()).await?;
             if let Some(u) = usage {
-                super::repo::insert_usage(&mut tx, &[u]).await?;
+                super::usage::insert_usage(&mut tx, &[u]).await?;
             }
             if let Some(d) = decision {
-                super::repo::insert_decision(&mut tx, d).await?;
+                super::audit::insert_decision(&mut tx, d).await?;
             }
             tx.commit().await?;
             Ok(())
@@ -196,9 +196,9 @@ impl Store {
             let mut tx = self.begin().await?;
             settle_holds(&mut tx, items.iter().flat_map(|(a, _, _)| a.iter())).await?;
             let usage: Vec<&UsageEvent> = items.iter().map(|(_, u, _)| *u).collect();
-            super::repo::insert_usage(&mut tx, &usage).await?;
+            super::usage::insert_usage(&mut tx, &usage).await?;
             let decisions: Vec<&super::NewDecision> = items.iter().map(|(_, _, d)| *d).collect();
-            super::repo::insert_decisions(&mut tx, &decisions).await?;
+            super::audit::insert_decisions(&mut tx, &decisions).await?;
             tx.commit().await?;
             Ok(())
         })

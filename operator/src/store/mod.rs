@@ -18,17 +18,20 @@ macro_rules! usage_daily_add {
     };
 }
 
+mod audit;
 mod budget;
 pub mod erasure;
 mod evals;
 mod mcp;
 mod models;
 mod notify;
+mod proposals;
 mod repo;
 pub mod retention;
 mod runs;
 mod sharing;
 mod triggers;
+mod usage;
 
 pub use evals::{EvalRun, SessionUsage};
 pub use mcp::MCP_ORIGIN;

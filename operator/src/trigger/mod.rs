@@ -159,7 +159,7 @@ pub async fn receive(
                 .map(alert::Alert::fingerprint)
                 .collect();
             let mut payload = serde_json::to_value(&payload).unwrap_or(Value::Null);
-            config.catalog.redactor_for(policy).value(&mut payload);
+            crate::redact::Redactor::for_policy(&config.catalog, policy).value(&mut payload);
             // An alert's identity is kept as Alertmanager computed it (a hash of its labels,
             // not their text).
             for (a, fp) in payload["alerts"]
@@ -496,7 +496,8 @@ impl Dispatcher {
                         "Resolved: every alert of this group has resolved ({}). No investigation was run for this.",
                         names.join("; ")
                     );
-                    let (message, _) = config.catalog.redactor_for(policy).text(&message);
+                    let (message, _) =
+                        crate::redact::Redactor::for_policy(&config.catalog, policy).text(&message);
                     self.engine
                         .emit_session(
                             &session.id,

@@ -107,7 +107,7 @@ try {
   await page.locator('article.proposal').focus();
   await page.keyboard.press('a');
   await page.locator('article.proposal[data-phase="Approved"]').waitFor();
-  await page.locator('article.proposal').getByText('alice: evidence is clear').waitFor();
+  await page.locator('article.proposal').getByText('alice: evidence is clear', { exact: true }).waitFor();
   step('proposal approved; the card shows Approved and who decided');
 
   // The proposals page.

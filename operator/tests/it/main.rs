@@ -35,6 +35,7 @@ mod retention;
 mod run_control;
 mod samples;
 mod sharing;
+mod standalone_actions;
 mod store;
 mod tools;
 mod traces;

@@ -528,6 +528,76 @@ async fn proposals_are_decided_once_and_versioned() {
     }
 }
 
+/// A standalone execution whose process stopped is failed once its time limit and grace
+/// are past (never run again); one still within them is left to finish.
+#[tokio::test]
+async fn an_execution_outliving_its_time_limit_is_failed_as_interrupted() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let now = now_ms();
+        let executing = |id: &str, since: i64| ProposalRecord {
+            id: id.into(),
+            name: format!("restart-{id}"),
+            namespace: "shop".into(),
+            session_id: None,
+            session_name: "incident-1".into(),
+            user: "alice".into(),
+            policy: Some("default/ops".into()),
+            action: "restart".into(),
+            target: None,
+            params: None,
+            rationale: "stuck".into(),
+            blast_radius: None,
+            reversible: None,
+            provider: None,
+            model: None,
+            phase: "Executing".into(),
+            decision: Some(json!({"verdict": "Approve", "by": "bob"})),
+            message: Some("approved by bob; executing".into()),
+            preview: None,
+            undo: None,
+            expires_at: since + 600_000,
+            created_at: since,
+            updated_at: since,
+            version: 2,
+        };
+        let stopped = new_id();
+        let running = new_id();
+        for p in [
+            executing(&stopped, now - 5 * 60_000),
+            executing(&running, now - 60_000),
+        ] {
+            s.insert_proposal(&p)
+                .await
+                .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        }
+        let (_tx, rx) =
+            tokio::sync::watch::channel(std::sync::Arc::new(kortex::live::LiveConfig::default()));
+        let engine = kortex::chat::Engine::new(
+            s.clone(),
+            rx,
+            std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
+                kortex::metrics::Metrics::new(),
+            ))),
+        );
+        let ended = kortex::chat::proposals::expire(&engine)
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", db.url));
+        assert_eq!(ended, 1, "{}", db.url);
+        let phase = |id: String| async move {
+            s.get_proposal(&id)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .map(|p| (p.phase, p.message.unwrap_or_default()))
+                .unwrap_or_default()
+        };
+        let (p, message) = phase(stopped).await;
+        assert_eq!(p, "Failed", "{}", db.url);
+        assert!(message.starts_with("interrupted"), "{message}");
+        assert_eq!(phase(running).await.0, "Executing", "{}", db.url);
+    }
+}
+
 #[tokio::test]
 async fn migrations_are_idempotent_and_the_database_file_is_created() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

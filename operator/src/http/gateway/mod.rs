@@ -294,7 +294,7 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, Gat
             )
         })?;
     let scope = Scope::new(&policy, &credential.principal, None, "gateway");
-    let redactor = config.catalog.redactor_for(&policy);
+    let redactor = crate::redact::Redactor::for_policy(&config.catalog, &policy);
     let limits = crate::govern::rate::limits_of(
         &namespace,
         &policy_name,

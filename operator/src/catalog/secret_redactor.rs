@@ -8,7 +8,7 @@
 //! [`MIN_SECRET_LEN`] characters are not searched for: replacing every `a` or `42` in a
 //! log would destroy the evidence without protecting anything worth a Secret.
 
-use crate::catalog::SecretValue;
+use super::SecretValue;
 use aho_corasick::{AhoCorasick, MatchKind};
 
 /// The placeholder a resolved Secret value is replaced with.

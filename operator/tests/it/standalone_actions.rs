@@ -1,0 +1,238 @@
+//! `kortex serve --kubeconfig`: a proposal approved in the API is carried out in that
+//! cluster under the same rules as in cluster mode — pinned and previewed when the model
+//! makes it, executed once after the approval, refused when the target moved since, left
+//! alone under `execute: false` — and the session, the audit log and the listing say so.
+
+use crate::investigation::{chat_once, tool_calls};
+use crate::llm::{mock, openai, push, streamed};
+use crate::operator::{FakeApi, deployment};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+async fn proposal(client: &reqwest::Client, server: &crate::binary::Server, id: &str) -> Value {
+    let list: Value = crate::chat::get_json(client, server.url("/chat/v1/proposals")).await;
+    list["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["id"] == id).cloned())
+        .unwrap_or_else(|| panic!("no proposal {id}: {list}"))
+}
+
+/// Waits until proposal `id` reaches a final phase; returns it.
+async fn settled(client: &reqwest::Client, server: &crate::binary::Server, id: &str) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let p = proposal(client, server, id).await;
+        if !matches!(p["status"]["phase"].as_str(), Some("Pending" | "Executing")) {
+            return p;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never settled: {p}\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The id of the proposal the model made in session `session`.
+async fn made_in(
+    client: &reqwest::Client,
+    server: &crate::binary::Server,
+    session: &str,
+) -> String {
+    let list: Value = crate::chat::get_json(client, server.url("/chat/v1/proposals")).await;
+    list["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|p| p["spec"]["session"]["id"] == session))
+        .and_then(|p| p["id"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no proposal of {session}: {list}\n{}", server.log()))
+}
+
+fn writes(fake: &FakeApi, path_end: &str) -> usize {
+    fake.seen()
+        .iter()
+        .filter(|s| {
+            s.method == "PATCH" && s.path.ends_with(path_end) && !s.query.contains("dryRun")
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    for name in ["api", "web", "batch"] {
+        let mut d = deployment();
+        d["metadata"]["name"] = json!(name);
+        fake.apply("deployments", d);
+    }
+    let (llm, script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let kubeconfig = crate::cluster::write_kubeconfig(dir.path(), &fake.url);
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt}}
+spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m1}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: ops}}
+spec:
+  sessions: ["ops-*"]
+  provider: gpt
+  # One person on loopback proposes (through the model) and approves.
+  proposals: {{allowedActions: [restart, scale], allowedNamespaces: [shop], requireDistinctApprover: false}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: hands-off}}
+spec:
+  sessions: ["manual-*"]
+  provider: gpt
+  proposals: {{allowedActions: [restart], allowedNamespaces: [shop], execute: false, requireDistinctApprover: false}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let server = crate::binary::Server::start_with_args(
+        &m,
+        &dir.path().join("k.db"),
+        &["--kubeconfig", &kubeconfig.display().to_string()],
+    );
+    let client = crate::common::http_client();
+    let propose = |id: &str, action: &str, target: &str, params: Value| {
+        push(
+            &script,
+            tool_calls(&[(
+                id,
+                "propose_action",
+                json!({"action": action, "rationale": "stuck", "params": params,
+                    "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": target}}),
+            )]),
+        );
+        push(
+            &script,
+            streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+        );
+    };
+
+    // A restart: pinned and previewed by a dry run when made; approved, it is executed
+    // once, and the session, the listing and the audit log say so.
+    propose("p1", "restart", "api", json!({}));
+    let session = chat_once(&client, &server, json!({"name": "ops-1"}), "restart api").await;
+    let id = made_in(&client, &server, &session).await;
+    let made = proposal(&client, &server, &id).await;
+    assert!(
+        server
+            .log()
+            .contains("approved proposals are executed in the cluster at"),
+        "{}",
+        server.log()
+    );
+    assert_eq!(made["status"]["phase"], "Pending", "{made}");
+    assert_eq!(made["status"]["preview"]["dryRun"], true, "{made}");
+    assert!(
+        made["status"]["preview"]["after"]["restartedAt"].is_string(),
+        "{made}"
+    );
+    assert_eq!(made["spec"]["params"]["expectGeneration"], 1, "{made}");
+    assert_eq!(
+        writes(&fake, "/deployments/api"),
+        0,
+        "nothing written before approval"
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
+        .json(&json!({"reason": "go"}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200);
+    let decided: Value = r.json().await.unwrap_or_default();
+    assert_eq!(decided["status"]["phase"], "Executing", "{decided}");
+    let done = settled(&client, &server, &id).await;
+    assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
+    assert_eq!(writes(&fake, "/deployments/api"), 1, "executed once");
+    let api = fake
+        .get("deployments", "shop", "api")
+        .unwrap_or_else(|| panic!("no deployment"));
+    assert!(
+        api["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
+            .is_string(),
+        "{api}"
+    );
+    let told =
+        |e: &crate::chat::Sse| e.event == "proposal.updated" && e.data["phase"] == "Succeeded";
+    let r = client
+        .get(server.url(&format!("/chat/v1/sessions/{session}/events?after=0")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let events = crate::chat::read_sse(r, |got| got.iter().any(told)).await;
+    assert!(events.iter().any(told), "the session is told: {events:?}");
+    let audit: Value =
+        crate::chat::get_json(&client, server.url("/api/v1/audit?kind=execution")).await;
+    assert_eq!(audit["items"][0]["outcome"], "succeeded", "{audit}");
+    assert_eq!(audit["items"][0]["user"], "local", "{audit}");
+
+    // A scale approved after someone else changed the Deployment: what was approved is not
+    // what it would do now, so nothing is written.
+    propose("p2", "scale", "web", json!({"replicas": 5}));
+    let session = chat_once(&client, &server, json!({"name": "ops-2"}), "scale web").await;
+    let id = made_in(&client, &server, &session).await;
+    assert_eq!(
+        proposal(&client, &server, &id).await["spec"]["params"]["expectReplicas"],
+        2
+    );
+    let mut web = fake
+        .get("deployments", "shop", "web")
+        .unwrap_or_else(|| panic!("no deployment"));
+    web["spec"]["template"]["spec"]["containers"][0]["image"] = json!("shop/api:5");
+    fake.apply("deployments", web);
+    let r = client
+        .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200);
+    let done = settled(&client, &server, &id).await;
+    assert_eq!(done["status"]["phase"], "Failed", "{done}");
+    assert!(
+        done["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("changed since the proposal was made")),
+        "{done}"
+    );
+    assert_eq!(writes(&fake, "/deployments/web/scale"), 0);
+
+    // `execute: false`: approved and left for other automation.
+    propose("p3", "restart", "batch", json!({}));
+    let session = chat_once(
+        &client,
+        &server,
+        json!({"name": "manual-1"}),
+        "restart batch",
+    )
+    .await;
+    let id = made_in(&client, &server, &session).await;
+    let r = client
+        .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let decided: Value = r.json().await.unwrap_or_default();
+    assert_eq!(decided["status"]["phase"], "Approved", "{decided}");
+    assert!(
+        decided["status"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("execute: false")),
+        "{decided}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(writes(&fake, "/deployments/batch"), 0);
+}
