@@ -233,8 +233,9 @@ fn anthropic_error_type(e: &GatewayError) -> &'static str {
     }
 }
 
-/// A gateway key's holder and the policy that governs it.
-pub struct Caller {
+/// A gateway key's holder (a team or application, not a person: the chat API's caller is
+/// [`crate::http::auth::Caller`]) and the policy that governs it.
+pub struct KeyHolder {
     /// Team or application (the key's `team`).
     pub team: String,
     /// Namespace of the key's policy (and of its providers).
@@ -264,7 +265,7 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
 }
 
 /// Authenticates a gateway key (held hashed, compared in constant time, never logged).
-pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, GatewayError> {
+pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<KeyHolder, GatewayError> {
     let key = presented_key(headers).ok_or_else(|| {
         GatewayError::unauthorized(
             "missing API key: send a Kortex gateway key as Authorization: Bearer <key> or x-api-key",
@@ -302,7 +303,7 @@ pub fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Caller, Gat
         &format!("{}/{}", credential.source, credential.principal),
         &credential.rate_limits,
     );
-    Ok(Caller {
+    Ok(KeyHolder {
         redactor,
         limits,
         team: credential.principal.clone(),
@@ -360,7 +361,7 @@ fn provider_models(catalog: &Catalog, namespace: &str, provider: &str) -> Vec<St
 
 /// The models a caller may ask for: `(id, provider)`, bare ids first (the first provider
 /// that serves an id answers for it), then every `provider/model`.
-pub fn available_models(catalog: &Catalog, caller: &Caller) -> Vec<(String, String)> {
+pub fn available_models(catalog: &Catalog, caller: &KeyHolder) -> Vec<(String, String)> {
     let plan = route::plan(catalog, &caller.namespace, &caller.policy, Role::Default);
     let mut bare: Vec<(String, String)> = Vec::new();
     let mut pinned = Vec::new();
@@ -381,7 +382,7 @@ pub fn available_models(catalog: &Catalog, caller: &Caller) -> Vec<(String, Stri
 /// the ids the caller may use.
 pub fn routes_for(
     catalog: &Catalog,
-    caller: &Caller,
+    caller: &KeyHolder,
     model: &str,
 ) -> Result<Vec<Route>, GatewayError> {
     let plan = route::plan(catalog, &caller.namespace, &caller.policy, Role::Default);
@@ -481,7 +482,7 @@ pub struct Started {
 /// ([`routes_for`], then [`dispatch`]): what every generating endpoint does.
 pub async fn route_and_dispatch(
     state: &AppState,
-    caller: &Caller,
+    caller: &KeyHolder,
     model: &str,
     request: ChatRequest,
     endpoint: &'static str,
@@ -502,7 +503,7 @@ pub async fn route_and_dispatch(
 /// servers that send no usage in streams report it in whole answers.
 pub async fn dispatch(
     state: &AppState,
-    caller: &Caller,
+    caller: &KeyHolder,
     routes: Vec<Route>,
     request: ChatRequest,
     endpoint: &'static str,

@@ -5,7 +5,7 @@
 //! and usage). With `store` (the default, as OpenAI's) a response is kept, scoped to the
 //! key's team, for `previous_response_id`, `GET /v1/responses/{id}` and `DELETE`.
 
-use super::{Caller, Flavor, GatewayError, authenticate, new_id, parse_body};
+use super::{Flavor, GatewayError, KeyHolder, authenticate, new_id, parse_body};
 use crate::http::AppState;
 use crate::llm::{self, ChatRequest, Message, StopReason, StreamEvent, ToolCall};
 use axum::body::Bytes;
@@ -325,7 +325,7 @@ fn status_of(stop: StopReason) -> &'static str {
 /// Keeps a completed response (with its conversation) for chaining and retrieval.
 async fn keep(
     state: &AppState,
-    caller: &Caller,
+    caller: &KeyHolder,
     items: &[Value],
     output: &[Value],
     response: &Value,
