@@ -418,10 +418,12 @@
         parts.push(h('details', {}, h('summary', {}, 'Dry-run preview'),
           h('pre', {}, typeof preview === 'string' ? preview : (preview.note || preview.error || JSON.stringify(preview, null, 2)))));
       }
-      // The same decision from a terminal, to copy; the undo of an executed proposal.
+      // The same decision from a terminal, to copy; the undo of an executed proposal. In a
+      // cluster it is an ActionProposal (kubectl); `kortex serve` keeps it in its database.
+      const inCluster = Boolean(me && me.actionProposals);
       const kubectl = (verb) => `kubectl kortex ${verb} ${p.name} -n ${p.namespace}`;
-      if (phase === 'Pending') parts.push(commandLine(kubectl('approve'), 'approve command'));
-      if (phase === 'Succeeded' && status.undo) parts.push(h('p', { class: 'muted' }, 'Undo: '), commandLine(kubectl('undo'), 'undo command'));
+      if (phase === 'Pending') parts.push(commandLine(inCluster ? kubectl('approve') : `kortex proposals approve ${p.id}`, 'approve command'));
+      if (phase === 'Succeeded' && status.undo && inCluster) parts.push(h('p', { class: 'muted' }, 'Undo: '), commandLine(kubectl('undo'), 'undo command'));
       if (phase === 'Pending') {
         const reason = h('input', { type: 'text', placeholder: 'Reason (optional)', 'aria-label': `Reason for deciding ${p.name}` });
         const result = h('div', { 'aria-live': 'polite' });

@@ -89,6 +89,9 @@ fn me_json(state: &AppState, caller: &Caller) -> serde_json::Value {
         "mode": mode(state),
         "proxy": state.auth_proxy.is_some(),
         "kubernetesIdentity": caller.token.is_some(),
+        // Proposals are ActionProposal objects (cluster mode: `kubectl kortex approve`),
+        // else rows of this server's database (`kortex proposals approve`).
+        "actionProposals": state.engine.cluster.get().is_some(),
     })
 }
 

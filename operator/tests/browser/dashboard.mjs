@@ -100,9 +100,10 @@ try {
 
   // Approve the proposal from its card, with the keyboard (focus the card, press a); the
   // phase changes.
-  // The same decision from a terminal: the exact command, to copy.
+  // The same decision from a terminal: the exact command, to copy (kortex serve keeps
+  // proposals in its database: the kortex CLI, not kubectl).
   const command = await page.locator('article.proposal .command code').innerText();
-  assert.match(command, /^kubectl kortex approve \S+ -n shop$/);
+  assert.match(command, /^kortex proposals approve \S+$/);
   await page.locator('article.proposal').getByLabel(/Reason for deciding/).fill('evidence is clear');
   await page.locator('article.proposal').focus();
   await page.keyboard.press('a');
