@@ -274,12 +274,16 @@ pub async fn propose(
         "awaitsConfirmation": true,
         "message": "Proposed, not executed: nothing changes unless a person approves it before it expires (the dashboard, kortex proposals approve, or kubectl kortex approve in a cluster).",
         "expiresAt": jiff::Timestamp::from_millisecond(record.expires_at).map(|t| t.to_string()).unwrap_or_default()});
-    if engine.cluster.get().is_some() {
-        out["approveWith"] = json!(format!(
+    out["approveWith"] = if engine.cluster.get().is_some() {
+        json!(format!(
             "kubectl kortex approve {} -n {}",
             record.name, record.namespace
-        ));
-        out["preview"] = record.preview.clone().unwrap_or(Value::Null);
+        ))
+    } else {
+        json!(format!("kortex proposals approve {}", record.id))
+    };
+    if let Some(preview) = &record.preview {
+        out["preview"] = preview.clone();
     }
     Ok(out)
 }

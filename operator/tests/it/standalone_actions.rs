@@ -141,6 +141,23 @@ spec:
         "{made}"
     );
     assert_eq!(made["spec"]["params"]["expectGeneration"], 1, "{made}");
+    // The model sees the dry run, and the line that decides it here.
+    let told = script
+        .seen
+        .lock()
+        .map(|seen| {
+            seen.iter()
+                .find_map(|r| crate::investigation::tool_result(&r.body, "p1"))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default();
+    let told: Value = serde_json::from_str(&told).unwrap_or_else(|e| panic!("{e}: {told}"));
+    assert_eq!(told["preview"]["dryRun"], true, "{told}");
+    assert_eq!(
+        told["approveWith"],
+        format!("kortex proposals approve {id}"),
+        "{told}"
+    );
     assert_eq!(
         writes(&fake, "/deployments/api"),
         0,
