@@ -363,6 +363,12 @@ impl StreamDecoder {
     fn done_event(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
         let mut out = self.flush_tools()?;
         self.done = true;
+        // Every server we know sends a finish_reason before `[DONE]`; a stream without one
+        // was cut short by the server (llama-cpp-python does it when another request
+        // interrupts the answer). The text so far is kept, and the user is told.
+        if self.finish.is_none() {
+            out.push(StreamEvent::Warning(NO_FINISH_REASON.to_owned()));
+        }
         let mut stop = self.finish.unwrap_or_default();
         if stop == StopReason::EndTurn && out.iter().any(|e| matches!(e, StreamEvent::ToolCall(_)))
         {
@@ -376,6 +382,9 @@ impl StreamDecoder {
         Ok(out)
     }
 }
+
+/// The warning for a stream that ended with `[DONE]` but no `finish_reason`.
+pub const NO_FINISH_REASON: &str = "the model server ended this answer without a finish_reason, so it may be cut short (llama-cpp-python does this when another request interrupts an answer: start it with --interrupt_requests False)";
 
 impl Decoder for StreamDecoder {
     type Item = SseEvent;
@@ -656,6 +665,36 @@ mod tests {
             event: String::new(),
             data: v.to_string(),
         }
+    }
+
+    #[test]
+    fn a_done_without_a_finish_reason_keeps_the_text_and_warns() {
+        let mut d = StreamDecoder::new("local");
+        let mut out = Vec::new();
+        for e in [
+            data(
+                json!({"model": "m", "choices": [{"index": 0, "delta": {"content": "The pod is OOMKi"}, "finish_reason": null}]}),
+            ),
+            SseEvent {
+                id: String::new(),
+                event: String::new(),
+                data: "[DONE]".into(),
+            },
+        ] {
+            out.extend(d.feed(e).unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert_eq!(out[0], StreamEvent::TextDelta("The pod is OOMKi".into()));
+        assert_eq!(out[1], StreamEvent::Warning(NO_FINISH_REASON.into()));
+        assert!(
+            matches!(
+                &out[2],
+                StreamEvent::Done {
+                    stop_reason: StopReason::EndTurn,
+                    ..
+                }
+            ),
+            "{out:?}"
+        );
     }
 
     #[test]
