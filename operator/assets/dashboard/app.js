@@ -423,7 +423,7 @@
       const inCluster = Boolean(me && me.actionProposals);
       const kubectl = (verb) => `kubectl kortex ${verb} ${p.name} -n ${p.namespace}`;
       if (phase === 'Pending') parts.push(commandLine(inCluster ? kubectl('approve') : `kortex proposals approve ${p.id}`, 'approve command'));
-      if (phase === 'Succeeded' && status.undo && inCluster) parts.push(h('p', { class: 'muted' }, 'Undo: '), commandLine(kubectl('undo'), 'undo command'));
+      if (phase === 'Succeeded' && status.undo) parts.push(h('p', { class: 'muted' }, 'Undo: '), commandLine(inCluster ? kubectl('undo') : `kortex proposals undo ${p.id}`, 'undo command'));
       if (phase === 'Pending') {
         const reason = h('input', { type: 'text', placeholder: 'Reason (optional)', 'aria-label': `Reason for deciding ${p.name}` });
         const result = h('div', { 'aria-live': 'polite' });

@@ -460,6 +460,132 @@ pub async fn execute_approved(
     }
 }
 
+/// Asks for the inverse of an executed proposal (standalone mode; in a cluster,
+/// `kubectl kortex undo` asks the leader): a new `Pending` proposal named `undo-NAME`,
+/// pinned and previewed like any other, that people decide as usual. One per proposal:
+/// asking again returns the first (`false`: not created now).
+pub async fn undo(
+    engine: &Engine,
+    p: &ProposalRecord,
+    requester: &str,
+) -> Result<(ProposalRecord, bool), String> {
+    if p.phase != "Succeeded" {
+        return Err(format!(
+            "{} is {}: only an executed proposal can be undone",
+            p.name, p.phase
+        ));
+    }
+    let Some(inverse) = &p.undo else {
+        return Err(format!(
+            "{} has nothing to undo: Kortex records no inverse of {}",
+            p.name, p.action
+        ));
+    };
+    let name = format!("undo-{}", p.name);
+    let stored = |e: crate::store::StoreError| format!("could not read or store the proposal: {e}");
+    if let Some(first) = engine
+        .store
+        .get_proposal_by_name(&p.namespace, &name)
+        .await
+        .map_err(stored)?
+    {
+        return Ok((first, false));
+    }
+    let config = engine.config.borrow().clone();
+    let policy = p
+        .policy
+        .as_deref()
+        .and_then(|q| config.catalog.policy_named(q))
+        .ok_or_else(|| {
+            format!(
+                "the ChatPolicy {} that governed {} no longer exists",
+                p.policy.as_deref().unwrap_or("-"),
+                p.name
+            )
+        })?;
+    let mut spec = crate::crd::ActionProposalSpec {
+        action: inverse["action"].as_str().unwrap_or_default().to_owned(),
+        target: serde_json::from_value(inverse["target"].clone()).ok(),
+        params: inverse.get("params").cloned(),
+        rationale: format!(
+            "Undo of {} ({}), requested by {requester}.",
+            p.name, p.action
+        ),
+        blast_radius: p.blast_radius.clone(),
+        reversible: Some(true),
+        session: crate::crd::ProposalSession {
+            id: p.session_id.clone().unwrap_or_default(),
+            name: p.session_name.clone(),
+            user: requester.to_owned(),
+        },
+        model: None,
+        decision: None,
+    };
+    let mut preview = None;
+    if let Some(executor) = engine.executor.get() {
+        crate::operator::proposals::pin(executor, &mut spec).await?;
+        preview = Some(crate::operator::proposals::preview(executor, &spec).await);
+    }
+    let now = crate::store::now_ms();
+    let expire =
+        std::time::Duration::from(policy.object.spec.proposals.expire_after).as_millis() as i64;
+    let record = ProposalRecord {
+        id: crate::store::new_id(),
+        name,
+        namespace: p.namespace.clone(),
+        session_id: p.session_id.clone(),
+        session_name: p.session_name.clone(),
+        user: requester.to_owned(),
+        policy: p.policy.clone(),
+        action: spec.action.clone(),
+        target: inverse.get("target").cloned(),
+        params: spec.params.clone(),
+        rationale: spec.rationale.clone(),
+        blast_radius: spec.blast_radius.clone(),
+        reversible: Some(true),
+        provider: None,
+        model: None,
+        phase: "Pending".into(),
+        decision: None,
+        message: None,
+        preview,
+        undo: None,
+        expires_at: now + expire,
+        created_at: now,
+        updated_at: now,
+        version: 1,
+    };
+    engine
+        .store
+        .insert_proposal(&record)
+        .await
+        .map_err(stored)?;
+    let _ = engine
+        .store
+        .record_decision(&NewDecision {
+            kind: "proposal".into(),
+            namespace: Some(record.namespace.clone()),
+            session_id: record.session_id.clone(),
+            user: Some(requester.to_owned()),
+            policy: record.policy.clone(),
+            subject: record.name.clone(),
+            outcome: "created".into(),
+            detail: json!({"proposalId": record.id, "action": record.action, "target": record.target, "via": "undo", "undoes": p.id}),
+            ..Default::default()
+        })
+        .await;
+    if let Some(session) = &record.session_id {
+        let _ = engine
+            .emit_session(
+                session,
+                event::CREATED,
+                json!({"proposalId": record.id, "name": record.name, "action": record.action, "target": record.target}),
+            )
+            .await;
+    }
+    Ok((record, true))
+}
+
 /// Marks every undecided proposal past its `expiresAt` as `Expired`, and every execution
 /// that outlived its time limit (its process stopped) as `Failed`, and tells their sessions.
 pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> {

@@ -48,6 +48,19 @@ pub enum ProposalsCommand {
     Approve(DecideArgs),
     /// Reject a proposal.
     Reject(DecideArgs),
+    /// Ask for the inverse of an executed proposal: a new proposal, decided as usual
+    /// (`kortex serve`; in a cluster, `kubectl kortex undo`).
+    Undo(UndoArgs),
+}
+
+/// Undo options.
+#[derive(Args, Debug)]
+pub struct UndoArgs {
+    /// Server.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Id of the executed proposal (`kortex proposals list` shows it).
+    pub id: String,
 }
 
 /// `kortex erase-user` options.
@@ -536,6 +549,24 @@ pub async fn proposals(command: ProposalsCommand) -> Result<(), String> {
         }
         ProposalsCommand::Approve(args) => decide(args, "approve").await,
         ProposalsCommand::Reject(args) => decide(args, "reject").await,
+        ProposalsCommand::Undo(args) => {
+            let api = Api::new(&args.server);
+            let p = api
+                .json(api.request(
+                    reqwest::Method::POST,
+                    &format!("/chat/v1/proposals/{}/undo", args.id),
+                ))
+                .await?;
+            println!(
+                "{} ({}) {}: {} {}",
+                p["name"].as_str().unwrap_or_default(),
+                p["id"].as_str().unwrap_or_default(),
+                p["status"]["phase"].as_str().unwrap_or_default(),
+                p["spec"]["action"].as_str().unwrap_or_default(),
+                p["spec"]["rationale"].as_str().unwrap_or_default()
+            );
+            Ok(())
+        }
     }
 }
 

@@ -169,6 +169,10 @@ pub fn router(state: AppState) -> Router {
             "/chat/v1/proposals/{id}/reject",
             axum::routing::post(proposals_api::reject),
         )
+        .route(
+            "/chat/v1/proposals/{id}/undo",
+            axum::routing::post(proposals_api::undo),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::authenticate,

@@ -10,6 +10,7 @@ use crate::chat::proposals::event;
 use crate::store::{NewDecision, ProposalRecord, StoreError};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -124,6 +125,41 @@ pub async fn approve(
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
     decide(state, caller, id, body, "Approve").await
+}
+
+/// `POST /chat/v1/proposals/{id}/undo` (standalone mode): the inverse of an executed
+/// proposal, as a new `Pending` proposal — 201, or 200 with the one asked for before.
+pub async fn undo(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if state.engine.cluster.get().is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "in_cluster",
+            "in a cluster, ask for the undo with kubectl kortex undo NAME -n NAMESPACE: the leader creates the inverse proposal",
+        ));
+    }
+    let p = state
+        .store
+        .get_proposal(&id)
+        .await
+        .map_err(ApiError::from)?
+        .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
+    // Who may decide the proposals of its policy (or made it) may ask; others learn nothing.
+    let config = state.config.borrow().clone();
+    if state.auth != super::auth::AuthMode::Loopback
+        && p.user != caller.user
+        && !may_decide(&p, &caller, &config.catalog)
+    {
+        return Err(ApiError::not_found(format!("proposal {id} not found")));
+    }
+    match crate::chat::proposals::undo(&state.engine, &p, &caller.user).await {
+        Ok((undo, true)) => Ok((StatusCode::CREATED, Json(view(&undo))).into_response()),
+        Ok((undo, false)) => Ok(Json(view(&undo)).into_response()),
+        Err(e) => Err(ApiError::new(StatusCode::CONFLICT, "cannot_undo", e)),
+    }
 }
 
 /// `POST /chat/v1/proposals/{id}/reject`

@@ -197,6 +197,82 @@ spec:
     assert_eq!(audit["items"][0]["outcome"], "succeeded", "{audit}");
     assert_eq!(audit["items"][0]["user"], "local", "{audit}");
 
+    // A restart has no inverse: nothing to undo.
+    let r = client
+        .post(server.url(&format!("/chat/v1/proposals/{id}/undo")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 409);
+    let body: Value = r.json().await.unwrap_or_default();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("nothing to undo")),
+        "{body}"
+    );
+
+    // A scale executes and records its inverse; `kortex proposals undo` turns it into a new
+    // proposal (once), which, approved, scales back.
+    propose("p4", "scale", "api", json!({"replicas": 4}));
+    let session = chat_once(&client, &server, json!({"name": "ops-3"}), "scale api").await;
+    let id = made_in(&client, &server, &session).await;
+    client
+        .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let done = settled(&client, &server, &id).await;
+    assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
+    assert_eq!(done["status"]["undo"]["params"]["replicas"], 2, "{done}");
+    let replicas = |f: &FakeApi| {
+        f.get("deployments", "shop", "api")
+            .map(|d| d["spec"]["replicas"].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(replicas(&fake), 4);
+    let url = server.url("");
+    let asked = id.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
+            .args(["proposals", "undo", &asked, "--server", &url])
+            .output()
+            .unwrap_or_else(|e| panic!("{e}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success() && stdout.contains("undo-") && stdout.contains("Pending"),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = client
+        .post(server.url(&format!("/chat/v1/proposals/{id}/undo")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(r.status().as_u16(), 200, "asking again returns the first");
+    let undo: Value = r.json().await.unwrap_or_default();
+    assert_eq!(undo["status"]["phase"], "Pending", "{undo}");
+    assert_eq!(undo["spec"]["action"], "scale", "{undo}");
+    assert_eq!(undo["status"]["preview"]["after"]["replicas"], 2, "{undo}");
+    let undo_id = undo["id"].as_str().unwrap_or_default().to_owned();
+    let listed: Value = crate::chat::get_json(&client, server.url("/chat/v1/proposals")).await;
+    let undos = listed["items"]
+        .as_array()
+        .map(|a| a.iter().filter(|p| p["id"] == undo_id.as_str()).count())
+        .unwrap_or_default();
+    assert_eq!(undos, 1, "{listed}");
+    client
+        .post(server.url(&format!("/chat/v1/proposals/{undo_id}/approve")))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let done = settled(&client, &server, &undo_id).await;
+    assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
+    assert_eq!(replicas(&fake), 2);
+
     // A scale approved after someone else changed the Deployment: what was approved is not
     // what it would do now, so nothing is written.
     propose("p2", "scale", "web", json!({"replicas": 5}));
