@@ -6,6 +6,7 @@
 
 use super::Engine;
 use crate::catalog::PolicyEntry;
+use crate::crd::ProposalPhase;
 use crate::llm::ToolSpec;
 use crate::store::{NewDecision, ProposalRecord, SessionRecord};
 use serde_json::{Value, json};
@@ -173,7 +174,7 @@ pub async fn propose(
         reversible: input.get("reversible").and_then(Value::as_bool),
         provider: Some(model.0.to_owned()),
         model: Some(model.1.to_owned()),
-        phase: "Pending".into(),
+        phase: ProposalPhase::Pending.as_str().into(),
         decision: None,
         message: None,
         preview: None,
@@ -293,7 +294,7 @@ pub async fn propose(
 pub struct Approval {
     /// The phase recorded with the decision: `Executing` when Kortex carries it out here,
     /// else final (`Approved`, or `Failed` when a guard refuses it).
-    pub phase: &'static str,
+    pub phase: crate::crd::ProposalPhase,
     /// Its `message`.
     pub message: String,
     /// What to carry out (with `Executing`).
@@ -312,7 +313,7 @@ pub fn approval(
     groups: &[String],
     reason: Option<&str>,
 ) -> Approval {
-    use crate::crd::{ActionProposal, ActionProposalSpec, ActionProposalStatus, ProposalPhase};
+    use crate::crd::{ActionProposal, ActionProposalSpec, ActionProposalStatus};
     use crate::operator::proposals::{Transition, next};
     let spec = ActionProposalSpec {
         action: p.action.clone(),
@@ -349,24 +350,24 @@ pub fn approval(
     );
     match next(&object, Some(&policy.object.spec), jiff::Timestamp::now()) {
         Transition::Execute(action) if engine.executor.get().is_some() => Approval {
-            phase: "Executing",
+            phase: ProposalPhase::Executing,
             message: format!("{approved}; executing"),
             action: Some(action),
         },
         Transition::Execute(_) => Approval {
-            phase: "Approved",
+            phase: ProposalPhase::Approved,
             message: format!(
                 "{approved}; not executed: Kortex runs without a cluster here (kortex serve executes approved proposals in the cluster of --kubeconfig or KUBECONFIG)"
             ),
             action: None,
         },
         Transition::Final(phase, message) => Approval {
-            phase: phase.as_str(),
+            phase,
             message,
             action: None,
         },
         Transition::Wait => Approval {
-            phase: "Approved",
+            phase: ProposalPhase::Approved,
             message: approved,
             action: None,
         },
@@ -392,10 +393,10 @@ pub async fn execute_approved(
     )
     .await
     {
-        Ok(Ok(done)) => ("Succeeded", done.message, done.undo),
-        Ok(Err(e)) => ("Failed", e, None),
+        Ok(Ok(done)) => (ProposalPhase::Succeeded, done.message, done.undo),
+        Ok(Err(e)) => (ProposalPhase::Failed, e, None),
         Err(_) => (
-            "Failed",
+            ProposalPhase::Failed,
             format!(
                 "the action did not finish within {} s, so whether it took effect is unknown: check {} before proposing it again",
                 EXECUTION_TIMEOUT.as_secs(),
@@ -404,6 +405,7 @@ pub async fn execute_approved(
             None,
         ),
     };
+    let phase = phase.as_str();
     tracing::info!(proposal = %p.name, phase, %message, "proposal executed");
     // Carried out: the result is written, retried here, never by executing again.
     let mut recorded = false;
@@ -469,7 +471,7 @@ pub async fn undo(
     p: &ProposalRecord,
     requester: &str,
 ) -> Result<(ProposalRecord, bool), String> {
-    if p.phase != "Succeeded" {
+    if p.phase != ProposalPhase::Succeeded.as_str() {
         return Err(format!(
             "{} is {}: only an executed proposal can be undone",
             p.name, p.phase
@@ -545,7 +547,7 @@ pub async fn undo(
         reversible: Some(true),
         provider: None,
         model: None,
-        phase: "Pending".into(),
+        phase: ProposalPhase::Pending.as_str().into(),
         decision: None,
         message: None,
         preview,
@@ -603,15 +605,16 @@ pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> 
         .await?;
     let endings = expired
         .into_iter()
-        .map(|p| (p, "Expired", "not decided before it expired"))
+        .map(|p| (p, ProposalPhase::Expired, "not decided before it expired"))
         .chain(interrupted.into_iter().map(|p| {
             (
                 p,
-                "Failed",
+                ProposalPhase::Failed,
                 "interrupted: Kortex stopped while executing it, so whether it took effect is unknown; check the target before proposing it again",
             )
         }));
     for (p, phase, message) in endings {
+        let phase = phase.as_str();
         if engine
             .store
             .update_proposal_phase(&p.id, p.version, phase, Some(message), None, None)

@@ -207,7 +207,7 @@ async fn decide(
     {
         return Err(ApiError::not_found(format!("proposal {id} not found")));
     }
-    if p.phase != "Pending" {
+    if p.phase != crate::crd::ProposalPhase::Pending.as_str() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "proposal_final",
@@ -258,7 +258,7 @@ async fn decide(
     let (phase, message, action) = match verdict {
         "Approve" => (approval.phase, approval.message, approval.action),
         _ => (
-            "Rejected",
+            crate::crd::ProposalPhase::Rejected,
             format!(
                 "rejected by {}{}",
                 caller.user,
@@ -273,7 +273,7 @@ async fn decide(
     let decision = json!({"verdict": verdict, "by": caller.user, "reason": reason});
     let updated = match state
         .store
-        .decide_proposal(&id, p.version, &decision, phase, Some(&message))
+        .decide_proposal(&id, p.version, &decision, phase.as_str(), Some(&message))
         .await
     {
         Ok(u) => u,
@@ -303,7 +303,7 @@ async fn decide(
             .emit_session(
                 session,
                 event::UPDATED,
-                json!({"proposalId": p.id, "phase": phase, "message": message}),
+                json!({"proposalId": p.id, "phase": phase.as_str(), "message": message}),
             )
             .await;
     }
