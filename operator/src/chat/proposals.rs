@@ -383,28 +383,10 @@ pub async fn execute_approved(
     p: ProposalRecord,
     action: crate::operator::executor::Action,
 ) {
-    use crate::operator::proposals::EXECUTION_TIMEOUT;
     let Some(executor) = engine.executor.get() else {
         return;
     };
-    let (phase, message, undo) = match tokio::time::timeout(
-        EXECUTION_TIMEOUT,
-        executor.execute(&action),
-    )
-    .await
-    {
-        Ok(Ok(done)) => (ProposalPhase::Succeeded, done.message, done.undo),
-        Ok(Err(e)) => (ProposalPhase::Failed, e, None),
-        Err(_) => (
-            ProposalPhase::Failed,
-            format!(
-                "the action did not finish within {} s, so whether it took effect is unknown: check {} before proposing it again",
-                EXECUTION_TIMEOUT.as_secs(),
-                action.target
-            ),
-            None,
-        ),
-    };
+    let (phase, message, undo) = crate::operator::proposals::carry_out(executor, &action).await;
     let phase = phase.as_str();
     tracing::info!(proposal = %p.name, phase, %message, "proposal executed");
     // Carried out: the result is written, retried here, never by executing again.

@@ -110,6 +110,31 @@ fn may_decide(p: &ProposalRecord, caller: &Caller, catalog: &crate::catalog::Cat
     })
 }
 
+/// Stored proposal `id` (standalone mode), if `caller` may see it: its proposer, or someone
+/// who may decide the proposals of its policy. Anyone else learns nothing of it, not even
+/// that it exists (404).
+async fn stored_for(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+) -> Result<ProposalRecord, ApiError> {
+    let not_found = || ApiError::not_found(format!("proposal {id} not found"));
+    let p = state
+        .store
+        .get_proposal(id)
+        .await
+        .map_err(ApiError::from)?
+        .ok_or_else(not_found)?;
+    let config = state.config.borrow().clone();
+    if state.auth != super::auth::AuthMode::Loopback
+        && p.user != caller.user
+        && !may_decide(&p, caller, &config.catalog)
+    {
+        return Err(not_found());
+    }
+    Ok(p)
+}
+
 /// Body of approve/reject.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -141,20 +166,8 @@ pub async fn undo(
             "in a cluster, ask for the undo with kubectl kortex undo NAME -n NAMESPACE: the leader creates the inverse proposal",
         ));
     }
-    let p = state
-        .store
-        .get_proposal(&id)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
-    // Who may decide the proposals of its policy (or made it) may ask; others learn nothing.
-    let config = state.config.borrow().clone();
-    if state.auth != super::auth::AuthMode::Loopback
-        && p.user != caller.user
-        && !may_decide(&p, &caller, &config.catalog)
-    {
-        return Err(ApiError::not_found(format!("proposal {id} not found")));
-    }
+    // Who may decide the proposals of its policy (or made it) may ask.
+    let p = stored_for(&state, &caller, &id).await?;
     match crate::chat::proposals::undo(&state.engine, &p, &caller.user).await {
         Ok((undo, true)) => Ok((StatusCode::CREATED, Json(view(&undo))).into_response()),
         Ok((undo, false)) => Ok(Json(view(&undo)).into_response()),
@@ -193,20 +206,8 @@ async fn decide(
     crate::chat::proposals::expire(&state.engine)
         .await
         .map_err(ApiError::from)?;
-    let p = state
-        .store
-        .get_proposal(&id)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
-    // Someone who may not see a proposal learns nothing of it, not even that it exists.
+    let p = stored_for(&state, &caller, &id).await?;
     let config = state.config.borrow().clone();
-    if state.auth != super::auth::AuthMode::Loopback
-        && p.user != caller.user
-        && !may_decide(&p, &caller, &config.catalog)
-    {
-        return Err(ApiError::not_found(format!("proposal {id} not found")));
-    }
     if p.phase != crate::crd::ProposalPhase::Pending.as_str() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,

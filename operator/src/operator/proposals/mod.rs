@@ -82,6 +82,27 @@ pub async fn pin(executor: &Executor, spec: &mut ActionProposalSpec) -> Result<(
     Ok(())
 }
 
+/// Carries out an approved action within [`EXECUTION_TIMEOUT`]: the phase it ends in
+/// (`Succeeded` or `Failed`), the message for its status and what undoes it.
+pub async fn carry_out(
+    executor: &Executor,
+    action: &Action,
+) -> (ProposalPhase, String, Option<Value>) {
+    match tokio::time::timeout(EXECUTION_TIMEOUT, executor.execute(action)).await {
+        Ok(Ok(done)) => (ProposalPhase::Succeeded, done.message, done.undo),
+        Ok(Err(e)) => (ProposalPhase::Failed, e, None),
+        Err(_) => (
+            ProposalPhase::Failed,
+            format!(
+                "the action did not finish within {} s, so whether it took effect is unknown: check {} before proposing it again",
+                EXECUTION_TIMEOUT.as_secs(),
+                action.target
+            ),
+            None,
+        ),
+    }
+}
+
 /// The dry-run preview of a proposal (or why there is none).
 pub async fn preview(executor: &Executor, spec: &ActionProposalSpec) -> Value {
     if !executor::EXECUTABLE.contains(&spec.action.as_str()) {
@@ -517,24 +538,7 @@ impl ClusterProposals {
         )
         .await;
         // Once `Executing` is written the action is never started again; a hung one fails.
-        let (phase, message, undo) = match tokio::time::timeout(
-            EXECUTION_TIMEOUT,
-            self.executor.execute(&action),
-        )
-        .await
-        {
-            Ok(Ok(done)) => (ProposalPhase::Succeeded, done.message, done.undo),
-            Ok(Err(e)) => (ProposalPhase::Failed, e, None),
-            Err(_) => (
-                ProposalPhase::Failed,
-                format!(
-                    "the action did not finish within {} s, so whether it took effect is unknown: check {} before proposing it again",
-                    EXECUTION_TIMEOUT.as_secs(),
-                    action.target
-                ),
-                None,
-            ),
-        };
+        let (phase, message, undo) = carry_out(&self.executor, &action).await;
         // Carried out: the result is written, retried here, never by executing again.
         for attempt in 0..5 {
             if self
