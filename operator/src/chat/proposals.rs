@@ -40,6 +40,17 @@ impl crate::operator::proposals::ProposalHost for Engine {
     }
 }
 
+/// The model's params without the pins only Kortex may set (`expectGeneration`,
+/// `expectReplicas`): a pin is read from the target when the proposal is made, never
+/// taken from the model.
+fn unpinned(mut params: Value) -> Value {
+    if let Some(map) = params.as_object_mut() {
+        map.remove(crate::operator::executor::EXPECT_GENERATION);
+        map.remove(crate::operator::executor::EXPECT_REPLICAS);
+    }
+    params
+}
+
 /// The tool as offered to the model, when the policy allows any action.
 pub fn spec(policy: &PolicyEntry) -> Option<ToolSpec> {
     let rules = &policy.object.spec.proposals;
@@ -155,6 +166,11 @@ pub async fn propose(
         .namespace
         .clone()
         .unwrap_or_else(|| "default".into());
+    let stored_target = {
+        let mut t = target.clone();
+        t["namespace"] = json!(namespace);
+        t
+    };
     let record = ProposalRecord {
         id: crate::store::new_id(),
         name: format!("{}-{}", base.to_ascii_lowercase(), suffix()),
@@ -167,8 +183,13 @@ pub async fn propose(
             policy.object.metadata.name.as_deref().unwrap_or_default()
         )),
         action: action.to_owned(),
-        target: Some(target.clone()),
-        params: input.get("params").filter(|p| p.is_object()).cloned(),
+        // With the namespace it defaulted to: what is decided and executed names it.
+        target: Some(stored_target),
+        params: input
+            .get("params")
+            .filter(|p| p.is_object())
+            .cloned()
+            .map(unpinned),
         rationale: rationale.to_owned(),
         blast_radius: str_field(input, "blastRadius").map(str::to_owned),
         reversible: input.get("reversible").and_then(Value::as_bool),
@@ -406,6 +427,9 @@ pub async fn execute_approved(
                 tracing::error!(proposal = %p.name, phase, %message, conflict = %m, "the result of an executed proposal could not be recorded");
                 break;
             }
+            Err(e) if attempt == 4 => {
+                tracing::error!(proposal = %p.name, phase, %message, error = %e, "the result of an executed proposal could not be recorded");
+            }
             Err(e) => {
                 tracing::warn!(proposal = %p.name, error = %e, attempt, "cannot record the result of an executed proposal; retrying");
                 tokio::time::sleep(std::time::Duration::from_secs(1 << attempt)).await;
@@ -444,6 +468,17 @@ pub async fn execute_approved(
     }
 }
 
+/// Why an undo was not proposed.
+#[derive(Debug, thiserror::Error)]
+pub enum UndoError {
+    /// The proposal cannot be undone, and why (for the caller).
+    #[error("{0}")]
+    Refused(String),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+}
+
 /// Asks for the inverse of an executed proposal (standalone mode; in a cluster,
 /// `kubectl kortex undo` asks the leader): a new `Pending` proposal named `undo-NAME`,
 /// pinned and previewed like any other, that people decide as usual. One per proposal:
@@ -452,26 +487,24 @@ pub async fn undo(
     engine: &Engine,
     p: &ProposalRecord,
     requester: &str,
-) -> Result<(ProposalRecord, bool), String> {
+) -> Result<(ProposalRecord, bool), UndoError> {
     if p.phase != ProposalPhase::Succeeded.as_str() {
-        return Err(format!(
+        return Err(UndoError::Refused(format!(
             "{} is {}: only an executed proposal can be undone",
             p.name, p.phase
-        ));
+        )));
     }
     let Some(inverse) = &p.undo else {
-        return Err(format!(
+        return Err(UndoError::Refused(format!(
             "{} has nothing to undo: Kortex records no inverse of {}",
             p.name, p.action
-        ));
+        )));
     };
     let name = format!("undo-{}", p.name);
-    let stored = |e: crate::store::StoreError| format!("could not read or store the proposal: {e}");
     if let Some(first) = engine
         .store
         .get_proposal_by_name(&p.namespace, &name)
-        .await
-        .map_err(stored)?
+        .await?
     {
         return Ok((first, false));
     }
@@ -481,11 +514,11 @@ pub async fn undo(
         .as_deref()
         .and_then(|q| config.catalog.policy_named(q))
         .ok_or_else(|| {
-            format!(
+            UndoError::Refused(format!(
                 "the ChatPolicy {} that governed {} no longer exists",
                 p.policy.as_deref().unwrap_or("-"),
                 p.name
-            )
+            ))
         })?;
     let mut spec = crate::crd::ActionProposalSpec {
         action: inverse["action"].as_str().unwrap_or_default().to_owned(),
@@ -507,7 +540,9 @@ pub async fn undo(
     };
     let mut preview = None;
     if let Some(executor) = engine.executor.get() {
-        crate::operator::proposals::pin(executor, &mut spec).await?;
+        crate::operator::proposals::pin(executor, &mut spec)
+            .await
+            .map_err(UndoError::Refused)?;
         preview = Some(crate::operator::proposals::preview(executor, &spec).await);
     }
     let now = crate::store::now_ms();
@@ -539,11 +574,17 @@ pub async fn undo(
         updated_at: now,
         version: 1,
     };
-    engine
-        .store
-        .insert_proposal(&record)
-        .await
-        .map_err(stored)?;
+    if let Err(e) = engine.store.insert_proposal(&record).await {
+        // Asked twice at once: the other request stored it first.
+        return match engine
+            .store
+            .get_proposal_by_name(&p.namespace, &record.name)
+            .await?
+        {
+            Some(first) => Ok((first, false)),
+            None => Err(e.into()),
+        };
+    }
     let _ = engine
         .store
         .record_decision(&NewDecision {
@@ -596,6 +637,7 @@ pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> 
             )
         }));
     for (p, phase, message) in endings {
+        let interrupted = p.phase == ProposalPhase::Executing.as_str();
         let phase = phase.as_str();
         if engine
             .store
@@ -604,6 +646,26 @@ pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> 
             .is_ok()
         {
             n += 1;
+            if interrupted {
+                let _ = engine
+                    .store
+                    .record_decision(&NewDecision {
+                        kind: "execution".into(),
+                        namespace: Some(p.namespace.clone()),
+                        session_id: p.session_id.clone(),
+                        user: p
+                            .decision
+                            .as_ref()
+                            .and_then(|d| d["by"].as_str())
+                            .map(str::to_owned),
+                        policy: p.policy.clone(),
+                        subject: p.name.clone(),
+                        outcome: "failed".into(),
+                        detail: json!({"proposalId": p.id, "action": p.action, "target": p.target, "message": message}),
+                        ..Default::default()
+                    })
+                    .await;
+            }
             if let Some(session) = &p.session_id {
                 let _ = engine
                     .emit_session(
@@ -616,4 +678,20 @@ pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> 
         }
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A pin is Kortex's own reading of the target: one the model wrote could let a later
+    // execution skip the check that the target is still as approved.
+    #[test]
+    fn the_models_pins_are_dropped() {
+        assert_eq!(
+            unpinned(json!({"replicas": 4, "expectGeneration": 99, "expectReplicas": 1})),
+            json!({"replicas": 4})
+        );
+        assert_eq!(unpinned(json!({"toRevision": 3})), json!({"toRevision": 3}));
+    }
 }

@@ -320,6 +320,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         listen: args.listen,
         probe_interval: args.probe_interval,
         cluster,
+        // A kubeconfig (the flag or KUBECONFIG) is the user's choice of a cluster to act on;
+        // the in-cluster service account of a pod `kortex serve` happens to run in is not.
+        execute_proposals: args.kubeconfig.is_some() || std::env::var_os("KUBECONFIG").is_some(),
         tools: args.tools,
         limits: args.limits,
         retention: args.retention,
@@ -348,6 +351,9 @@ struct Server {
     listen: SocketAddr,
     probe_interval: std::time::Duration,
     cluster: Option<(kube::Client, String)>,
+    /// Standalone: approved proposals are executed in `cluster` (only when a kubeconfig
+    /// named it: a pod's own service account is for reading).
+    execute_proposals: bool,
     tools: ToolArgs,
     limits: crate::http::limits::LimitArgs,
     retention: crate::store::retention::RetentionArgs,
@@ -385,6 +391,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         listen,
         probe_interval,
         cluster,
+        execute_proposals,
         tools,
         limits,
         retention,
@@ -499,7 +506,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         None => {
             // With a kubeconfig, approved proposals are carried out in that cluster, with
             // its rights, after the same checks as in cluster mode.
-            if let Some((client, url)) = cluster_client {
+            if let Some((client, url)) = cluster_client.filter(|_| execute_proposals) {
                 let _ = state
                     .engine
                     .executor

@@ -258,6 +258,8 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         listen: args.listen,
         probe_interval: args.probe_interval,
         cluster: Some((client, url)),
+        // The leader executes ActionProposals; the server itself never does.
+        execute_proposals: false,
         tools: args.tools,
         limits: args.limits,
         retention: args.retention,

@@ -171,7 +171,10 @@ pub async fn undo(
     match crate::chat::proposals::undo(&state.engine, &p, &caller.user).await {
         Ok((undo, true)) => Ok((StatusCode::CREATED, Json(view(&undo))).into_response()),
         Ok((undo, false)) => Ok(Json(view(&undo)).into_response()),
-        Err(e) => Err(ApiError::new(StatusCode::CONFLICT, "cannot_undo", e)),
+        Err(crate::chat::proposals::UndoError::Refused(why)) => {
+            Err(ApiError::new(StatusCode::CONFLICT, "cannot_undo", why))
+        }
+        Err(crate::chat::proposals::UndoError::Store(e)) => Err(ApiError::from(e)),
     }
 }
 
@@ -289,15 +292,6 @@ async fn decide(
         "rejected"
     };
     audit(&state, &p, &caller, outcome.into(), verdict, &reason).await;
-    // Recorded as `Executing` in the same conditional write as the decision: whichever
-    // replica wins it executes, once.
-    if let Some(action) = action {
-        tokio::spawn(crate::chat::proposals::execute_approved(
-            state.engine.clone(),
-            updated.clone(),
-            action,
-        ));
-    }
     if let Some(session) = &p.session_id {
         let _ = state
             .engine
@@ -307,6 +301,16 @@ async fn decide(
                 json!({"proposalId": p.id, "phase": phase.as_str(), "message": message}),
             )
             .await;
+    }
+    // Recorded as `Executing` in the same conditional write as the decision: whichever
+    // replica wins it executes, once — after the session was told, so the outcome comes
+    // after `Executing` in its events.
+    if let Some(action) = action {
+        tokio::spawn(crate::chat::proposals::execute_approved(
+            state.engine.clone(),
+            updated.clone(),
+            action,
+        ));
     }
     Ok(Json(view(&updated)))
 }

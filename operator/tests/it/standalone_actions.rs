@@ -95,6 +95,20 @@ spec:
   sessions: ["manual-*"]
   provider: gpt
   proposals: {{allowedActions: [restart], allowedNamespaces: [shop], execute: false, requireDistinctApprover: false}}
+---
+# The team's own namespace: its sessions' proposals default to it.
+apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: gpt, namespace: shop}}
+spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m1}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: shop-ops, namespace: shop}}
+spec:
+  sessions: ["shop-*"]
+  provider: gpt
+  proposals: {{allowedActions: [scale], allowedNamespaces: [shop], requireDistinctApprover: false}}
 "#
         ),
     )
@@ -214,9 +228,39 @@ spec:
 
     // A scale executes and records its inverse; `kortex proposals undo` turns it into a new
     // proposal (once), which, approved, scales back.
-    propose("p4", "scale", "api", json!({"replicas": 4}));
-    let session = chat_once(&client, &server, json!({"name": "ops-3"}), "scale api").await;
+    // The target's namespace left to the session's, and a pin the model made up: the
+    // proposal names the namespace, and Kortex reads the pin from the target itself.
+    push(
+        &script,
+        tool_calls(&[(
+            "p4",
+            "propose_action",
+            json!({"action": "scale", "rationale": "load", "params": {"replicas": 4, "expectGeneration": 99},
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "api"}}),
+        )]),
+    );
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+    );
+    let session = chat_once(
+        &client,
+        &server,
+        json!({"name": "shop-1", "namespace": "shop"}),
+        "scale api",
+    )
+    .await;
     let id = made_in(&client, &server, &session).await;
+    let made = proposal(&client, &server, &id).await;
+    assert_eq!(made["spec"]["target"]["namespace"], "shop", "{made}");
+    let generation = fake
+        .get("deployments", "shop", "api")
+        .map(|d| d["metadata"]["generation"].clone())
+        .unwrap_or_default();
+    assert_eq!(
+        made["spec"]["params"]["expectGeneration"], generation,
+        "{made}"
+    );
     client
         .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
         .send()
