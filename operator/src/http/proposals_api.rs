@@ -331,15 +331,15 @@ async fn decide_in_cluster(
         .await
         .map_err(ApiError::from)?
         .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
+    // The proposal is not named here: without a Kubernetes identity nothing says the caller
+    // may read it (the API server judges that, with their token).
     let (Some(token), Some(cluster)) = (&caller.token, &state.cluster_auth) else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "kubernetes_identity_required",
             format!(
-                "deciding needs a Kubernetes identity: sign in with a Kubernetes token, or run kubectl kortex {} {} -n {}",
-                verdict.to_ascii_lowercase(),
-                p.name,
-                p.namespace
+                "deciding needs a Kubernetes identity: sign in with a Kubernetes token, or run kubectl kortex {} NAME -n NAMESPACE (kubectl kortex list shows them)",
+                verdict.to_ascii_lowercase()
             ),
         ));
     };
