@@ -439,6 +439,19 @@ pub async fn execute_approved(
     if !recorded {
         return;
     }
+    audit_execution(&engine, &p, phase, &message, undo.as_ref()).await;
+    tell_session(&engine, &p, phase, &message).await;
+}
+
+/// The audit row of an execution's outcome (`phase`: `Succeeded` or `Failed`), in the
+/// name of whoever approved it.
+async fn audit_execution(
+    engine: &Engine,
+    p: &ProposalRecord,
+    phase: &str,
+    message: &str,
+    undo: Option<&Value>,
+) {
     let _ = engine
         .store
         .record_decision(&NewDecision {
@@ -457,6 +470,10 @@ pub async fn execute_approved(
             ..Default::default()
         })
         .await;
+}
+
+/// Tells the proposing session (if any) that `p` is now in `phase` (`proposal.updated`).
+pub async fn tell_session(engine: &Engine, p: &ProposalRecord, phase: &str, message: &str) {
     if let Some(session) = &p.session_id {
         let _ = engine
             .emit_session(
@@ -647,34 +664,9 @@ pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> 
         {
             n += 1;
             if interrupted {
-                let _ = engine
-                    .store
-                    .record_decision(&NewDecision {
-                        kind: "execution".into(),
-                        namespace: Some(p.namespace.clone()),
-                        session_id: p.session_id.clone(),
-                        user: p
-                            .decision
-                            .as_ref()
-                            .and_then(|d| d["by"].as_str())
-                            .map(str::to_owned),
-                        policy: p.policy.clone(),
-                        subject: p.name.clone(),
-                        outcome: "failed".into(),
-                        detail: json!({"proposalId": p.id, "action": p.action, "target": p.target, "message": message}),
-                        ..Default::default()
-                    })
-                    .await;
+                audit_execution(engine, &p, phase, message, None).await;
             }
-            if let Some(session) = &p.session_id {
-                let _ = engine
-                    .emit_session(
-                        session,
-                        event::UPDATED,
-                        json!({"proposalId": p.id, "phase": phase, "message": message}),
-                    )
-                    .await;
-            }
+            tell_session(engine, &p, phase, message).await;
         }
     }
     Ok(n)

@@ -6,7 +6,6 @@
 use super::AppState;
 use super::auth::Caller;
 use super::error::ApiError;
-use crate::chat::proposals::event;
 use crate::store::{NewDecision, ProposalRecord, StoreError};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -292,16 +291,7 @@ async fn decide(
         "rejected"
     };
     audit(&state, &p, &caller, outcome.into(), verdict, &reason).await;
-    if let Some(session) = &p.session_id {
-        let _ = state
-            .engine
-            .emit_session(
-                session,
-                event::UPDATED,
-                json!({"proposalId": p.id, "phase": phase.as_str(), "message": message}),
-            )
-            .await;
-    }
+    crate::chat::proposals::tell_session(&state.engine, &p, phase.as_str(), &message).await;
     // Recorded as `Executing` in the same conditional write as the decision: whichever
     // replica wins it executes, once — after the session was told, so the outcome comes
     // after `Executing` in its events.

@@ -571,15 +571,7 @@ async fn an_execution_outliving_its_time_limit_is_failed_as_interrupted() {
                 .await
                 .unwrap_or_else(|e| panic!("{}: {e}", db.url));
         }
-        let (_tx, rx) =
-            tokio::sync::watch::channel(std::sync::Arc::new(kortex::live::LiveConfig::default()));
-        let engine = kortex::chat::Engine::new(
-            s.clone(),
-            rx,
-            std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
-                kortex::metrics::Metrics::new(),
-            ))),
-        );
+        let engine = bare_engine(s);
         let ended = kortex::chat::proposals::expire(&engine)
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", db.url));
@@ -663,15 +655,7 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
         )
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-        let (_tx, rx) =
-            tokio::sync::watch::channel(std::sync::Arc::new(kortex::live::LiveConfig::default()));
-        let engine = kortex::chat::Engine::new(
-            s.clone(),
-            rx,
-            std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
-                kortex::metrics::Metrics::new(),
-            ))),
-        );
+        let engine = bare_engine(s);
 
         // A live run (fresh heartbeat) is never touched.
         assert_eq!(
@@ -1195,4 +1179,18 @@ async fn trigger_events_are_claimed_in_order_and_settled_once() {
             .map(|e| (e.state.clone(), e.session_id.clone()));
         assert_eq!(settled, Some(("unchanged".into(), Some("s1".into()))));
     }
+}
+
+/// A chat engine on `store` with no configuration and no tools: for what it does with the
+/// database alone (recovery, expiry).
+fn bare_engine(store: &Store) -> std::sync::Arc<kortex::chat::Engine> {
+    let (_tx, rx) =
+        tokio::sync::watch::channel(std::sync::Arc::new(kortex::live::LiveConfig::default()));
+    kortex::chat::Engine::new(
+        store.clone(),
+        rx,
+        std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
+            kortex::metrics::Metrics::new(),
+        ))),
+    )
 }
