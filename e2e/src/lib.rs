@@ -200,3 +200,18 @@ pub fn any_policy(namespace: &str, name: &str) -> anyhow::Result<kortex::catalog
         triggers: Vec::new(),
     })
 }
+
+/// The YAML documents of `path` (relative to the repository root), as JSON; empty ones left
+/// out.
+pub fn yaml_docs(path: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let text = std::fs::read_to_string(root.join(path))?;
+    let mut out = Vec::new();
+    for doc in text.split("\n---\n") {
+        let v: serde_json::Value = serde_saphyr::from_str(doc)?;
+        if !v.is_null() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}

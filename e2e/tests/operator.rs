@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kortex::crd::{ActionProposal, LLMProvider};
 use kortex_e2e::{
     MANAGER, TempNamespace, client, install_crds, kortex_service_account, kortex_username,
-    rejection,
+    rejection, yaml_docs,
 };
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
@@ -45,18 +45,6 @@ fn binary(name: &str) -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| repo().join("target/debug"))
         .join(name)
-}
-
-fn yaml_docs(path: &str) -> anyhow::Result<Vec<Value>> {
-    let text = std::fs::read_to_string(repo().join(path))?;
-    let mut out = Vec::new();
-    for doc in text.split("\n---\n") {
-        let v: Value = serde_saphyr::from_str(doc)?;
-        if !v.is_null() {
-            out.push(v);
-        }
-    }
-    Ok(out)
 }
 
 async fn apply(
@@ -826,6 +814,28 @@ async fn run(
         "the admin, outside approverGroups",
         err,
         &format!("only members of {groups} may decide"),
+    )?;
+
+    // alice, in sre, approving with a plain `kubectl patch` that leaves out her groups: the
+    // API server refuses it when she writes it, naming `kubectl kortex approve` (issue 44:
+    // it was admitted and failed minutes later, when her rights were checked without the
+    // groups that grant them).
+    let as_alice = kube::Client::try_from(
+        kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&alice)?,
+            &Default::default(),
+        )
+        .await?,
+    )?;
+    let plain = json!({"spec": {"decision": {"verdict": "Approve", "by": "alice"}}});
+    refused(
+        "an approval without the approver's groups",
+        rejection(
+            Api::<ActionProposal>::namespaced(as_alice, ns)
+                .patch(&first, &PatchParams::default(), &Patch::Merge(&plain))
+                .await,
+        ),
+        "kubectl kortex approve",
     )?;
 
     // alice rejects it with `kubectl kortex reject`, as herself.

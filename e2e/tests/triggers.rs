@@ -3,13 +3,15 @@
 //! the Kubernetes tools run with it — a ServiceAccount allowed pods but not `pods/log` gets
 //! a permission error from the logs tool, where Kortex's own account is allowed (and only
 //! finds the pod missing). Also: the `trigger` verb on a ChatPolicy is what a
-//! SubjectAccessReview answers for the caller.
+//! SubjectAccessReview answers for the caller. And Kortex's own ServiceAccount, with the
+//! shipped RBAC, mints tokens only of the runAs ServiceAccounts granted to it by name in
+//! their namespace (config/rbac/trigger_runas.yaml), never of kube-system's controllers.
 
 use kortex::llm::ToolCall;
-use kortex::operator::auth::ClusterAuth;
+use kortex::operator::auth::{ClusterAuth, TokenRequestError};
 use kortex::store::{NewSession, Store};
 use kortex::tools::{KubeIdentity, ToolContext};
-use kortex_e2e::{TempNamespace, any_policy, apply, client, kube_tools};
+use kortex_e2e::{TempNamespace, any_policy, apply, client, impersonating, kube_tools, yaml_docs};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -131,5 +133,143 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         as_kortex.content
     );
     let _ = std::fs::remove_file(&path);
+    Ok(())
+}
+
+/// Applies a cluster-scoped `object` (server-side apply, forced).
+async fn apply_cluster(client: &kube::Client, object: serde_json::Value) -> anyhow::Result<()> {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use kube::core::{ApiResource, GroupVersionKind};
+    let kind = object["kind"].as_str().unwrap_or_default();
+    let gvk = GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
+    let api: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &resource);
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    api.patch(
+        &name,
+        &PatchParams::apply(kortex_e2e::MANAGER).force(),
+        &Patch::Apply(&object),
+    )
+    .await?;
+    Ok(())
+}
+
+async fn delete_cluster(client: &kube::Client, kind: &str, name: &str) {
+    use kube::api::{DeleteParams, DynamicObject};
+    use kube::core::{ApiResource, GroupVersionKind};
+    let gvk = GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
+    let resource = ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
+    let api: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &resource);
+    let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+/// Issue 44 item 1: with config/rbac/role.yaml bound cluster-wide and
+/// config/rbac/trigger_runas.yaml in one namespace, Kortex mints a token of the runAs
+/// ServiceAccount named there, and of nobody else: not another ServiceAccount of that
+/// namespace, not the same name elsewhere, not kube-system's controllers.
+#[tokio::test]
+async fn kortex_mints_tokens_only_of_the_run_as_service_accounts_granted_to_it()
+-> anyhow::Result<()> {
+    let Some(client) = client().await else {
+        return Ok(());
+    };
+    let granted = TempNamespace::create(&client, "runas").await?;
+    let other = TempNamespace::create(&client, "elsewhere").await?;
+    let tag = format!("kortex-e2e-runas-{}", std::process::id());
+    let result = run_as_grants(&client, &granted.name, &other.name, &tag).await;
+    delete_cluster(&client, "ClusterRoleBinding", &tag).await;
+    delete_cluster(&client, "ClusterRole", &tag).await;
+    granted.delete().await?;
+    other.delete().await?;
+    result
+}
+
+async fn run_as_grants(
+    client: &kube::Client,
+    ns: &str,
+    elsewhere: &str,
+    tag: &str,
+) -> anyhow::Result<()> {
+    for (namespace, name) in [
+        (ns, "kortex"),
+        (ns, "kortex-investigator"),
+        (ns, "builder"),
+        (elsewhere, "kortex-investigator"),
+    ] {
+        apply(
+            client,
+            namespace,
+            json!({"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": name, "namespace": namespace}}),
+        )
+        .await?;
+    }
+    // Kortex's ClusterRole as shipped, bound cluster-wide to a ServiceAccount `kortex` here.
+    let subject = json!([{"kind": "ServiceAccount", "name": "kortex", "namespace": ns}]);
+    let mut role = yaml_docs("config/rbac/role.yaml")?.remove(0);
+    role["metadata"]["name"] = json!(tag);
+    apply_cluster(client, role).await?;
+    apply_cluster(
+        client,
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": tag},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": tag},
+        "subjects": subject}),
+    )
+    .await?;
+    // The runAs grant as shipped, in this namespace.
+    let mut runas = yaml_docs("config/rbac/trigger_runas.yaml")?;
+    for doc in &mut runas {
+        doc["metadata"]["namespace"] = json!(ns);
+    }
+    runas[1]["subjects"] = subject;
+    for doc in runas {
+        apply(client, ns, doc).await?;
+    }
+
+    let kortex = impersonating(
+        &format!("system:serviceaccount:{ns}:kortex"),
+        &[
+            "system:serviceaccounts",
+            &format!("system:serviceaccounts:{ns}"),
+        ],
+    )
+    .await?;
+    let auth = ClusterAuth::new(kortex, kube::Config::infer().await?);
+    // RBAC settles within moments of the binding.
+    let mut minted = Err(TokenRequestError::Failed("not tried".into()));
+    for _ in 0..20 {
+        minted = auth
+            .service_account_token(ns, "kortex-investigator", 600)
+            .await;
+        if minted.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    assert!(
+        minted.is_ok(),
+        "the granted runAs ServiceAccount: {minted:?}"
+    );
+    for (namespace, name) in [
+        (ns, "builder"),
+        (elsewhere, "kortex-investigator"),
+        ("kube-system", "generic-garbage-collector"),
+        ("kube-system", "clusterrole-aggregation-controller"),
+        ("kube-system", "default"),
+        ("default", "default"),
+    ] {
+        match auth.service_account_token(namespace, name, 600).await {
+            Err(e @ TokenRequestError::Forbidden { .. }) => {
+                assert!(e.to_string().contains("serviceaccounts/token"), "{e}");
+            }
+            other => {
+                panic!("Kortex minted or tried to mint a token of {namespace}/{name}: {other:?}")
+            }
+        }
+    }
     Ok(())
 }

@@ -487,6 +487,16 @@ fn positive(d: Option<kube::core::Duration>) -> Option<std::time::Duration> {
 /// already present on an object's status keep their `lastTransitionTime` unless their
 /// status changed.
 pub fn compile(objects: &ObjectSet, now: jiff::Timestamp) -> Catalog {
+    compile_with(objects, now, &crate::egress::current())
+}
+
+/// [`compile`] under the given egress rules (what this process may reach): an endpoint
+/// they always refuse makes its provider or tool not ready instead of failing every call.
+pub fn compile_with(
+    objects: &ObjectSet,
+    now: jiff::Timestamp,
+    egress: &crate::egress::Egress,
+) -> Catalog {
     let secrets = SecretIndex::new(&objects.secrets);
     let mut used_values: BTreeSet<Arc<str>> = BTreeSet::new();
 
@@ -494,13 +504,19 @@ pub fn compile(objects: &ObjectSet, now: jiff::Timestamp) -> Catalog {
         .providers
         .iter()
         .map(|p| {
-            let entry = compile_provider(p, &secrets, &objects.reserved_headers, now);
+            let entry = compile_provider(p, &secrets, &objects.reserved_headers, now, egress);
             used_values.extend(entry.secrets.values().map(|v| Arc::from(v.expose())));
             (ObjectKey::of(p), entry)
         })
         .collect();
 
-    let tools = compile_tools(&objects.tools, &secrets, &objects.reserved_headers, now);
+    let tools = compile_tools(
+        &objects.tools,
+        &secrets,
+        &objects.reserved_headers,
+        now,
+        egress,
+    );
     for t in tools.values() {
         used_values.extend(t.secrets.values().map(|v| Arc::from(v.expose())));
     }
@@ -614,11 +630,20 @@ pub fn set_discovered(
     status.models = models;
 }
 
+/// Why the egress guard refuses every request to `url` (a literal address, or a name it
+/// always refuses), if it does. A name that merely resolves to a refused address is caught
+/// per request instead: resolution can change.
+fn egress_refusal(egress: &crate::egress::Egress, url: &str, open: bool) -> Option<String> {
+    let url = url::Url::parse(url).ok()?;
+    egress.check_url(&url, open).err()
+}
+
 fn compile_provider(
     p: &LLMProvider,
     secrets: &SecretIndex<'_>,
     objects_reserved: &[String],
     now: jiff::Timestamp,
+    egress: &crate::egress::Egress,
 ) -> ProviderEntry {
     let ns = p.namespace().unwrap_or_else(|| "default".into());
     let spec = &p.spec;
@@ -672,6 +697,13 @@ fn compile_provider(
     );
 
     let has_model = spec.default_model.is_some() || !spec.models.is_empty();
+    // claude-code runs a local CLI: its baseUrl is the CLI's business, not Kortex's client's.
+    let refused = spec
+        .base_url
+        .as_deref()
+        .or(spec.provider_type.default_base_url())
+        .filter(|_| !claude_code)
+        .and_then(|url| egress_refusal(egress, url, spec.allow_private_targets));
     let ready = if !reserved.is_empty() {
         Desired::fail(types::READY, reasons::RESERVED_HEADER, reserved.join("; "))
     } else if !spec_problems.is_empty() {
@@ -693,6 +725,12 @@ fn compile_provider(
             format!(
                 "no {command:?} on PATH: install @anthropic-ai/claude-code (the image's claude-code target has it) or set spec.command; no other provider stands in unless a policy lists it in fallbackProviders"
             ),
+        )
+    } else if let Some(refused) = refused {
+        Desired::fail(
+            types::READY,
+            reasons::EGRESS_REFUSED,
+            format!("spec.baseUrl {refused}; nothing is contacted"),
         )
     } else if !has_model && !spec.provider_type.discovers_models() {
         Desired::fail(
@@ -793,6 +831,7 @@ fn compile_tools(
     secrets: &SecretIndex<'_>,
     objects_reserved: &[String],
     now: jiff::Timestamp,
+    egress: &crate::egress::Egress,
 ) -> BTreeMap<ObjectKey, ToolEntry> {
     // The older resource keeps a contested name: order by creation, then namespace/name.
     let mut ordered: Vec<&KortexTool> = tools.iter().collect();
@@ -924,6 +963,14 @@ fn compile_tools(
 
         let refs = spec.secret_refs();
         let (values, secret_cond) = resolve_all(secrets, &key.namespace, &refs);
+        let endpoint = match (&spec.http, &spec.mcp) {
+            (Some(h), _) => Some(("spec.http.url", h.url.as_str())),
+            (None, Some(m)) => Some(("spec.mcp.url", m.url.as_str())),
+            (None, None) => None,
+        };
+        let refused = endpoint.and_then(|(path, url)| {
+            egress_refusal(egress, url, spec.allow_private_targets).map(|r| format!("{path} {r}"))
+        });
         let ready = if !accepted.status {
             Desired::fail(types::READY, accepted.reason, accepted.message.clone())
         } else if !secret_cond.status {
@@ -931,6 +978,12 @@ fn compile_tools(
                 types::READY,
                 reasons::SECRET_NOT_RESOLVED,
                 format!("unavailable: {}", secret_cond.message),
+            )
+        } else if let Some(refused) = refused {
+            Desired::fail(
+                types::READY,
+                reasons::EGRESS_REFUSED,
+                format!("{refused}; nothing is contacted"),
             )
         } else {
             Desired::ok(types::READY, reasons::AVAILABLE, "tool available")

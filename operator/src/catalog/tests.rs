@@ -530,3 +530,93 @@ fn invalid_triggers_are_named_in_the_triggers_condition_and_the_rest_still_fire(
     let s = none.object.status.clone().unwrap_or_default();
     assert!(s.conditions.iter().all(|c| c.type_ != "Triggers"));
 }
+
+/// Issue 44: a provider whose baseUrl the egress guard always refuses (loopback in cluster
+/// mode, link-local anywhere) showed Ready=True and failed every chat; it is not ready, with
+/// its own reason, and a policy left with no provider is not ready either.
+#[test]
+fn a_provider_or_tool_the_egress_guard_always_refuses_is_not_ready() {
+    let cluster = crate::egress::Egress::cluster(crate::egress::Own::default(), "m");
+    let standalone = crate::egress::Egress::standalone(crate::egress::Own::default());
+    let local = |url: &str, open: bool| {
+        provider(
+            "local",
+            serde_json::json!({"type": "openai-compatible", "baseUrl": url,
+                "defaultModel": "m", "allowPrivateTargets": open}),
+        )
+    };
+    let set = |p: LLMProvider| ObjectSet {
+        providers: vec![p],
+        tools: vec![tool(
+            "lookup",
+            1,
+            serde_json::json!({"description": "d", "http": {"url": "http://[fe80::1]:8080/lookup"}}),
+        )],
+        policies: vec![policy(
+            "default",
+            serde_json::json!({"sessions": ["*"], "provider": "local"}),
+        )],
+        ..Default::default()
+    };
+    let ready = |cat: &Catalog| {
+        let p = &cat.providers[&ObjectKey::new("default", "local")];
+        let status = p.object.status.clone().unwrap_or_default();
+        let (s, r, m) = cond(&status.conditions, "Ready");
+        let policy = &cat.policies[&ObjectKey::new("default", "default")];
+        let pstatus = policy.object.status.clone().unwrap_or_default();
+        let (ps, pr, _) = cond(&pstatus.conditions, "Ready");
+        (
+            p.available,
+            format!("{s} {r}"),
+            m.to_owned(),
+            format!("{ps} {pr}"),
+        )
+    };
+
+    let (available, ready_, message, policy_ready) = ready(&compile_with(
+        &set(local("http://127.0.0.1:9/v1", false)),
+        ts(10),
+        &cluster,
+    ));
+    assert!(!available);
+    assert_eq!(ready_, "False EgressRefused");
+    assert!(
+        message.contains("127.0.0.1") && message.contains("allowPrivateTargets"),
+        "{message}"
+    );
+    assert_eq!(policy_ready, "False ProviderUnavailable");
+    // Allowed explicitly, or a local model server under kortex serve: ready.
+    let (available, ready_, _, policy_ready) = ready(&compile_with(
+        &set(local("http://127.0.0.1:9/v1", true)),
+        ts(10),
+        &cluster,
+    ));
+    assert!(available, "{ready_}");
+    assert_eq!(policy_ready, "True Available");
+    let (available, ..) = ready(&compile_with(
+        &set(local("http://127.0.0.1:11434/v1", false)),
+        ts(10),
+        &standalone,
+    ));
+    assert!(available);
+    // Link-local is refused in both modes.
+    let (available, ready_, ..) = ready(&compile_with(
+        &set(local("http://[fe80::1]:8000/v1", false)),
+        ts(10),
+        &standalone,
+    ));
+    assert!(!available);
+    assert_eq!(ready_, "False EgressRefused");
+    // A tool too.
+    let cat = compile_with(
+        &set(local("http://127.0.0.1:9/v1", true)),
+        ts(10),
+        &standalone,
+    );
+    let t = &cat.tools[&ObjectKey::new("default", "lookup")];
+    assert!(!t.available);
+    let status = t.object.status.clone().unwrap_or_default();
+    let (s, r, m) = cond(&status.conditions, "Ready");
+    assert_eq!((s, r), ("False", "EgressRefused"), "{m}");
+    assert!(m.starts_with("spec.http.url refused: [fe80::1]"), "{m}");
+}

@@ -71,6 +71,9 @@ pub mod reasons {
     pub const NO_MODEL: &str = "NoModel";
     /// `claude-code`: the CLI named by `spec.command` is not on `PATH`.
     pub const CLAUDE_CODE_NOT_INSTALLED: &str = "ClaudeCodeNotInstalled";
+    /// The endpoint is an address (or a name) Kortex's egress guard refuses every request
+    /// to, e.g. loopback in cluster mode without `allowPrivateTargets`: nothing is contacted.
+    pub const EGRESS_REFUSED: &str = "EgressRefused";
     /// The manifest could not be loaded.
     pub const INVALID_MANIFEST: &str = "InvalidManifest";
     /// Every model has `cost` in `spec.models`.

@@ -29,6 +29,25 @@ pub struct KubeUser {
     pub groups: Vec<String>,
 }
 
+/// Why no token of a ServiceAccount could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenRequestError {
+    /// RBAC does not let Kortex mint it: `create` on `serviceaccounts/token` is granted only
+    /// per namespace and by name (docs/triggers.md#identity).
+    #[error(
+        "Kortex may not mint a token of ServiceAccount {namespace}/{name}: grant it create on serviceaccounts/token for {name} in {namespace} (the chart's triggers.runAs, or config/rbac/trigger_runas.yaml; docs/triggers.md#identity)"
+    )]
+    Forbidden {
+        /// The ServiceAccount's namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// The API server did not answer, or answered with another error.
+    #[error("{0}")]
+    Failed(String),
+}
+
 type Cached<T> = Mutex<HashMap<[u8; 32], (Instant, T)>>;
 
 /// TokenReview and SubjectAccessReview, cached; clients acting as a caller.
@@ -157,7 +176,7 @@ impl ClusterAuth {
         namespace: &str,
         name: &str,
         seconds: i64,
-    ) -> Result<crate::catalog::SecretValue, String> {
+    ) -> Result<crate::catalog::SecretValue, TokenRequestError> {
         use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
         use k8s_openapi::api::core::v1::ServiceAccount;
         let request = TokenRequest {
@@ -172,15 +191,23 @@ impl ClusterAuth {
         let answer: TokenRequest = api
             .create_subresource("token", name, &PostParams::default(), &request)
             .await
-            .map_err(|e| {
-                format!("TokenRequest for ServiceAccount {namespace}/{name} failed: {e}")
+            .map_err(|e| match e {
+                kube::Error::Api(s) if s.code == 403 => TokenRequestError::Forbidden {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                },
+                e => TokenRequestError::Failed(format!(
+                    "TokenRequest for ServiceAccount {namespace}/{name} failed: {e}"
+                )),
             })?;
         let token = answer
             .status
             .map(|s| s.token)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| {
-                format!("TokenRequest for ServiceAccount {namespace}/{name} returned no token")
+                TokenRequestError::Failed(format!(
+                    "TokenRequest for ServiceAccount {namespace}/{name} returned no token"
+                ))
             })?;
         Ok(crate::catalog::SecretValue::new(token))
     }

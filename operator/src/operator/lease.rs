@@ -123,40 +123,44 @@ pub async fn run(
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
     // The last record seen (resourceVersion) and when, by our clock.
     let mut seen: Option<(String, Instant)> = None;
+    // When this replica, leading, last renewed; `None` while it does not lead.
     let mut last_renewal: Option<Instant> = None;
+    // Whether the API server's last answer was a failure (one log line per outage).
+    let mut failing = false;
     loop {
-        // kube's client has no read timeout: a hung request must not keep a leader that
-        // can no longer renew in charge. The attempt gets what is left of the renew
-        // deadline, so a leader steps down when it passes, not whenever the call returns.
-        let budget = last_renewal.map_or(config.renew_deadline, |t| {
-            config
-                .renew_deadline
-                .saturating_sub(t.elapsed())
-                .max(Duration::from_millis(100))
-        });
-        let result = match tokio::time::timeout(budget, attempt(&api, &config, &mut seen)).await {
-            Ok(result) => result.map_err(|e| e.to_string()),
-            Err(_) => Err(format!("no answer within {} ms", budget.as_millis())),
-        };
+        let budget = budget(&config, last_renewal);
+        let result = attempt(&api, &config, &mut seen, budget).await;
         match result {
             Ok(true) => {
                 last_renewal = Some(Instant::now());
+                if std::mem::take(&mut failing) {
+                    tracing::info!(lease = %config.name, "the leader Lease can be read and renewed again");
+                }
                 if leader.send_if_modified(|l| !std::mem::replace(l, true)) {
                     tracing::info!(identity = %config.identity, lease = %config.name, "became the leader");
                 }
             }
             Ok(false) => {
                 last_renewal = None;
+                if std::mem::take(&mut failing) {
+                    tracing::info!(lease = %config.name, "the leader Lease can be read again");
+                }
                 if leader.send_if_modified(|l| std::mem::replace(l, false)) {
                     tracing::warn!(identity = %config.identity, "lost the leader Lease");
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, lease = %config.name, "cannot read or renew the leader Lease");
-                if last_renewal.is_none_or(|t| t.elapsed() >= config.renew_deadline)
-                    && leader.send_if_modified(|l| std::mem::replace(l, false))
-                {
-                    tracing::warn!(identity = %config.identity, "stepped down: the Lease could not be renewed in time");
+                if !std::mem::replace(&mut failing, true) {
+                    tracing::warn!(error = %e, lease = %config.name, leading = last_renewal.is_some(), "cannot read or renew the leader Lease; retrying every {} s", config.retry_period.as_secs_f32());
+                } else {
+                    tracing::debug!(error = %e, lease = %config.name, "cannot read or renew the leader Lease");
+                }
+                // Stepped down (or never led): the next attempts get the whole deadline again.
+                if last_renewal.is_none_or(|t| t.elapsed() >= config.renew_deadline) {
+                    last_renewal = None;
+                    if leader.send_if_modified(|l| std::mem::replace(l, false)) {
+                        tracing::warn!(identity = %config.identity, "stepped down: the Lease could not be renewed in time");
+                    }
                 }
             }
         }
@@ -171,13 +175,37 @@ pub async fn run(
     }
 }
 
-/// One read and, when due, one write. `Ok(true)`: we hold the Lease now.
+/// How long one attempt (a read and a write) may take. kube's client has no read timeout:
+/// a hung request must not keep a leader that can no longer renew in charge, so a leader's
+/// attempt gets what is left of its renew deadline (it steps down when that passes, not
+/// whenever the call returns). A replica that does not lead — never did, or stepped down —
+/// gets the whole deadline: it has nothing to give up, and a slow API server (each round
+/// trip ~100 ms) must not keep every attempt from finishing.
+pub fn budget(config: &LeaseConfig, last_renewal: Option<Instant>) -> Duration {
+    last_renewal.map_or(config.renew_deadline, |t| {
+        config
+            .renew_deadline
+            .saturating_sub(t.elapsed())
+            .max(Duration::from_millis(100))
+    })
+}
+
+/// One read and, when due, one write, within `budget`. `Ok(true)`: we hold the Lease now.
+/// A write whose outcome is unknown (no answer in time, a broken connection) may have
+/// reached the API server: the Lease is read again to learn who holds it before anything
+/// is decided.
 async fn attempt(
     api: &Api<Lease>,
     config: &LeaseConfig,
     seen: &mut Option<(String, Instant)>,
-) -> Result<bool, kube::Error> {
-    let current = api.get_opt(&config.name).await?;
+    budget: Duration,
+) -> Result<bool, String> {
+    let deadline = tokio::time::Instant::now() + budget;
+    let no_answer = || format!("no answer within {} ms", budget.as_millis());
+    let current = tokio::time::timeout_at(deadline, api.get_opt(&config.name))
+        .await
+        .map_err(|_| no_answer())?
+        .map_err(|e| e.to_string())?;
     let version = current
         .as_ref()
         .and_then(|l| l.metadata.resource_version.clone())
@@ -189,24 +217,72 @@ async fn attempt(
             Duration::ZERO
         }
     };
-    let outcome = match decide(
+    let post = PostParams::default();
+    let (written, outcome) = match decide(
         current.as_ref(),
         unchanged_for,
         config,
         jiff::Timestamp::now(),
     ) {
         Step::Wait { .. } => return Ok(false),
-        Step::Create(lease) => api.create(&PostParams::default(), &lease).await,
+        Step::Create(lease) => {
+            let call = api.create(&post, &lease);
+            (lease.clone(), tokio::time::timeout_at(deadline, call).await)
+        }
         Step::Write(lease) => {
-            api.replace(&config.name, &PostParams::default(), &lease)
-                .await
+            let call = api.replace(&config.name, &post, &lease);
+            (lease.clone(), tokio::time::timeout_at(deadline, call).await)
         }
     };
-    match outcome {
-        Ok(_) => Ok(true),
+    let why = match outcome {
+        Ok(Ok(_)) => return Ok(true),
         // Another replica wrote first.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(false),
-        Err(e) => Err(e),
+        Ok(Err(kube::Error::Api(s))) if s.code == 409 => return Ok(false),
+        // The API server refused it: the write did not happen. (A 5xx may come from a proxy
+        // or a timeout after the write: unknown.)
+        Ok(Err(kube::Error::Api(s))) if s.code < 500 => return Err(s.message),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => no_answer(),
+    };
+    // Re-read within one retry period: the answer to "did it land?" is the Lease itself.
+    let reread = tokio::time::timeout(config.retry_period, api.get_opt(&config.name)).await;
+    match reread {
+        Ok(Ok(lease)) => {
+            if let Some(l) = &lease {
+                *seen = Some((
+                    l.metadata.resource_version.clone().unwrap_or_default(),
+                    Instant::now(),
+                ));
+            }
+            match landed(lease.as_ref(), &written, config) {
+                Some(ours) => Ok(ours),
+                None => Err(format!("{why}; the Lease was not written")),
+            }
+        }
+        Ok(Err(e)) => Err(format!("{why}; reading the Lease again failed: {e}")),
+        Err(_) => Err(format!(
+            "{why}; reading the Lease again got no answer either"
+        )),
+    }
+}
+
+/// After a write whose outcome is unknown, what the Lease read again says: `Some(true)` it
+/// is ours as written (the write landed), `Some(false)` someone else holds it, `None`
+/// nothing changed (the write was lost).
+pub fn landed(lease: Option<&Lease>, written: &Lease, config: &LeaseConfig) -> Option<bool> {
+    let spec = lease.and_then(|l| l.spec.as_ref());
+    let holder = spec
+        .and_then(|s| s.holder_identity.as_deref())
+        .unwrap_or("");
+    let wrote = written.spec.as_ref();
+    if holder == config.identity
+        && spec.and_then(|s| s.renew_time.as_ref()) == wrote.and_then(|s| s.renew_time.as_ref())
+    {
+        Some(true)
+    } else if !holder.is_empty() && holder != config.identity {
+        Some(false)
+    } else {
+        None
     }
 }
 
@@ -323,6 +399,44 @@ mod tests {
             Some(MicroTime(jiff::Timestamp::UNIX_EPOCH))
         );
         assert_eq!(spec.renew_time, Some(MicroTime(now)));
+    }
+
+    #[test]
+    fn a_replica_that_does_not_lead_gets_the_whole_deadline() {
+        let config = config("pod-a");
+        // Issue 44: after stepping down, each attempt got max(10 s - elapsed, 100 ms) =
+        // 100 ms, too little for a read and a write behind a slow API server.
+        assert_eq!(budget(&config, None), config.renew_deadline);
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(30))
+            .unwrap_or_else(Instant::now);
+        assert_eq!(
+            budget(&config, Some(long_ago)),
+            Duration::from_millis(100),
+            "a leader past its deadline gets only the floor"
+        );
+        let just_now = Instant::now();
+        assert!(budget(&config, Some(just_now)) > Duration::from_secs(9));
+    }
+
+    #[test]
+    fn an_unknown_write_is_settled_by_what_the_lease_says() {
+        let config = config("pod-a");
+        let now = jiff::Timestamp::now();
+        let Step::Write(written) = decide(Some(&held_by("pod-a", 1)), Duration::ZERO, &config, now)
+        else {
+            panic!("expected a renewal");
+        };
+        // It landed: the Lease is ours with the renewTime we wrote.
+        assert_eq!(landed(Some(&written), &written, &config), Some(true));
+        // It was lost: the old record, still naming us.
+        assert_eq!(landed(Some(&held_by("pod-a", 1)), &written, &config), None);
+        // Someone else took it meanwhile.
+        assert_eq!(
+            landed(Some(&held_by("pod-b", 2)), &written, &config),
+            Some(false)
+        );
+        assert_eq!(landed(None, &written, &config), None);
     }
 
     #[test]

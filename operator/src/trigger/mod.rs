@@ -20,6 +20,7 @@ pub mod template;
 use crate::catalog::{PolicyEntry, TriggerEntry};
 use crate::chat::{ChatError, Engine};
 use crate::metrics::Metrics;
+use crate::operator::auth::TokenRequestError;
 use crate::store::{
     NewTriggerEvent, SessionRecord, StoreError, TriggerEvent, TriggerGroup, now_ms,
 };
@@ -830,10 +831,15 @@ impl Dispatcher {
             }
             // A missing ServiceAccount, like an unreachable API server, may be fixed within
             // the wait: the event waits, then is skipped with the API server's answer.
+            // Kortex not allowed to mint it is configuration: skipped at once, saying what to
+            // grant.
             let token = auth
                 .service_account_token(namespace, &sa, TOKEN_SECONDS)
                 .await
-                .map_err(Refused::Now)?;
+                .map_err(|e| match e {
+                    TokenRequestError::Forbidden { .. } => Refused::Never(e.to_string()),
+                    TokenRequestError::Failed(e) => Refused::Now(e),
+                })?;
             return Ok(Identity {
                 user,
                 token: Some(token),

@@ -477,17 +477,35 @@ pub fn enforces_the_trust_rules(policy: &Policy, kortex: &User) {
         let done = with_phase(&p, "Succeeded");
         // Approving as oneself on the main resource: admitted (the bug that shipped:
         // request.subResource is absent here, and the policy failed to evaluate).
-        let ok = decided(&pending, person.name(), Some(json!([member(&person)])));
+        let all_groups = Some(json!(person.groups));
+        let ok = decided(&pending, person.name(), all_groups.clone());
         assert_eq!(
             admit(Op::Update, &ok, Some(&pending)),
             Vec::<String>::new(),
             "{how}: approving as oneself"
         );
-        let bare_decision = decided(&pending, person.name(), None);
+        // An approval without the approver's groups (a plain `kubectl patch`), or with only
+        // some: refused when written, not at execution (issue 44: "kubernetes-admin may not
+        // patch deployments" minutes later, the groups that grant it left out).
+        let needs_groups = "an approval must list all your groups in spec.decision.groups: Kortex checks with them that you may carry out the action yourself before it executes. Approve with kubectl kortex approve NAME -n NAMESPACE (or the dashboard), which fills them in";
+        for (what, groups) in [
+            ("without groups", None),
+            ("with some of them", Some(json!([member(&person)]))),
+        ] {
+            let partial = decided(&pending, person.name(), groups);
+            assert_eq!(
+                admit(Op::Update, &partial, Some(&pending)),
+                [needs_groups],
+                "{how}: an approval {what}"
+            );
+        }
+        // A rejection executes nothing: it needs no groups.
+        let mut rejected = decided(&pending, person.name(), None);
+        rejected["spec"]["decision"]["verdict"] = json!("Reject");
         assert_eq!(
-            admit(Op::Update, &bare_decision, Some(&pending)),
+            admit(Op::Update, &rejected, Some(&pending)),
             Vec::<String>::new(),
-            "{how}: a decision without groups"
+            "{how}: a rejection without groups"
         );
         // Creating a proposal or forging its status.
         assert_eq!(
@@ -501,7 +519,7 @@ pub fn enforces_the_trust_rules(policy: &Policy, kortex: &User) {
             "{how}"
         );
         // In someone else's name.
-        let forged = decided(&pending, "mallory", None);
+        let forged = decided(&pending, "mallory", all_groups.clone());
         assert_eq!(
             admit(Op::Update, &forged, Some(&pending)),
             [format!(
@@ -511,7 +529,9 @@ pub fn enforces_the_trust_rules(policy: &Policy, kortex: &User) {
             "{how}"
         );
         // Claiming a group one is not in.
-        let claims = decided(&pending, person.name(), Some(json!(["admins"])));
+        let mut claimed = person.groups.clone();
+        claimed.push("admins".into());
+        let claims = decided(&pending, person.name(), Some(json!(claimed)));
         assert_eq!(
             admit(Op::Update, &claims, Some(&pending)),
             ["spec.decision.groups may only name groups you belong to"],
@@ -519,7 +539,7 @@ pub fn enforces_the_trust_rules(policy: &Policy, kortex: &User) {
         );
         // Too late: no longer Pending (or no status at all).
         for old in [with_phase(&p, "Expired"), p.clone()] {
-            let late = decided(&old, person.name(), None);
+            let late = decided(&old, person.name(), all_groups.clone());
             assert_eq!(
                 admit(Op::Update, &late, Some(&old)),
                 ["a decision can be written only while the proposal is Pending"],
@@ -554,14 +574,14 @@ pub fn enforces_the_trust_rules(policy: &Policy, kortex: &User) {
 
     // The proposer may not decide when the policy requires someone else.
     let alice = User::x509("alice", &["sre"]);
-    let own = decided(&pending, "alice", None);
+    let own = decided(&pending, "alice", Some(json!(alice.groups)));
     assert_eq!(
         policy.admit(&request(&alice, Op::Update, &own), &own, Some(&pending)),
         ["the policy requires someone other than the proposer to decide"]
     );
     // Outside approverGroups; with no groups at all.
     for outsider in [User::x509("carol", &["dev"]), User::bare("carol")] {
-        let d = decided(&pending, "carol", None);
+        let d = decided(&pending, "carol", Some(json!(outsider.groups)));
         assert_eq!(
             policy.admit(&request(&outsider, Op::Update, &d), &d, Some(&pending)),
             ["only members of sre,admins may decide this proposal"],
@@ -576,7 +596,7 @@ pub fn enforces_the_trust_rules(policy: &Policy, kortex: &User) {
         m.remove("labels");
         m.remove("annotations");
     }
-    let d = decided(&bare, "alice", None);
+    let d = decided(&bare, "alice", Some(json!(alice.groups)));
     assert_eq!(
         policy.admit(&request(&alice, Op::Update, &d), &d, Some(&bare)),
         Vec::<String>::new()

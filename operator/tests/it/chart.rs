@@ -421,12 +421,17 @@ fn chart_lints_and_every_rendered_object_is_valid() {
                         | "ValidatingAdmissionPolicyBinding"
                 )
             );
-            assert_eq!(
-                o["metadata"]["namespace"].as_str(),
-                namespaced.then_some(NAMESPACE),
-                "{name}: {}",
-                key(o)
-            );
+            // Everything namespaced is in the release's namespace, but the grants of
+            // triggers.runAs, which live where those ServiceAccounts do.
+            let run_as = o["metadata"]["name"] == "kortex-trigger-runas";
+            if !run_as {
+                assert_eq!(
+                    o["metadata"]["namespace"].as_str(),
+                    namespaced.then_some(NAMESPACE),
+                    "{name}: {}",
+                    key(o)
+                );
+            }
         }
         let args: Vec<&str> = if name == "defaults" {
             vec![]
@@ -493,6 +498,23 @@ fn chart_rbac_is_config_rbac_and_covers_every_call() {
             .collect();
         assert_eq!(own.len(), 2, "{name}");
         assert_rbac_covers_calls(&own, &name);
+        // A token of a ServiceAccount only from triggers.runAs: in its namespace, by name.
+        for role in &roles {
+            if !granted(
+                std::slice::from_ref(role),
+                "create",
+                "",
+                "serviceaccounts/token",
+            ) {
+                continue;
+            }
+            assert_eq!(key(role), "Role/kortex-trigger-runas", "{name}");
+            let names = &role["rules"][0]["resourceNames"];
+            assert!(
+                names.as_array().is_some_and(|n| !n.is_empty()),
+                "{name}: {names}"
+            );
+        }
         for role in &roles {
             for what in [
                 "users",
@@ -562,6 +584,62 @@ fn chart_rbac_is_config_rbac_and_covers_every_call() {
             policy["metadata"]["name"]
         );
     }
+    // triggers.runAs: one Role and RoleBinding per namespace, for the named ServiceAccounts.
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let values = |name: &str, yaml: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, yaml).unwrap_or_else(|e| panic!("{e}"));
+        path.to_string_lossy().into_owned()
+    };
+    let two = values(
+        "runas.yaml",
+        "triggers:\n  runAs:\n    - {namespace: shop, serviceAccounts: [investigator]}\n    - {namespace: billing, serviceAccounts: [a, b]}\n",
+    );
+    let run_as = template(&helm, &["-f", &two]);
+    let mut granted_in: Vec<(String, Value)> = find(&run_as, "Role")
+        .into_iter()
+        .filter(|r| r["metadata"]["name"] == "kortex-trigger-runas")
+        .map(|r| {
+            (
+                r["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                r["rules"].clone(),
+            )
+        })
+        .collect();
+    granted_in.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        granted_in,
+        vec![
+            (
+                "billing".to_owned(),
+                serde_json::json!([{"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"], "resourceNames": ["a", "b"]}])
+            ),
+            (
+                "shop".to_owned(),
+                serde_json::json!([{"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"], "resourceNames": ["investigator"]}])
+            ),
+        ]
+    );
+    let bound: Vec<&Value> = find(&run_as, "RoleBinding")
+        .into_iter()
+        .filter(|b| b["metadata"]["name"] == "kortex-trigger-runas")
+        .collect();
+    assert_eq!(bound.len(), 2);
+    for b in bound {
+        assert_eq!(b["roleRef"]["name"], "kortex-trigger-runas");
+        assert_eq!(b["subjects"][0]["name"], "kortex");
+        assert_eq!(b["subjects"][0]["namespace"], NAMESPACE);
+    }
+    // A runAs entry without ServiceAccount names is refused (no namespace-wide grant).
+    let unnamed = values(
+        "unnamed.yaml",
+        "triggers:\n  runAs:\n    - {namespace: shop}\n",
+    );
+    let refused = template_text(&helm, &["-f", &unnamed]);
+    assert!(refused.is_err(), "{refused:?}");
     // rbac.create=false leaves Kortex's own RBAC to you; admissionPolicy.enabled=false
     // leaves out the policy.
     let bare = template(

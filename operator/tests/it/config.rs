@@ -60,8 +60,6 @@ pub const CALLS: &[(&str, &str, &str)] = &[
     ("update", "coordination.k8s.io", "leases"),
     ("create", "authentication.k8s.io", "tokenreviews"),
     ("create", "authorization.k8s.io", "subjectaccessreviews"),
-    // triggers' runAs: a short-lived token of the ServiceAccount a trigger names
-    ("create", "", "serviceaccounts/token"),
     // the admission guard: is the policy that authenticates decisions enforced?
     ("create", "authentication.k8s.io", "selfsubjectreviews"),
     (
@@ -102,6 +100,9 @@ pub const FORBIDDEN: &[(&str, &str, &str)] = &[
     ("delete", "apps", "deployments"),
     ("update", "", "secrets"),
     ("create", "", "secrets"),
+    // a token of any ServiceAccount (triggers' runAs gets it per namespace and by name:
+    // config/rbac/trigger_runas.yaml)
+    ("create", "", "serviceaccounts/token"),
     // nor more than the code uses
     ("update", "apps", "statefulsets"),
     ("update", "apps", "deployments/scale"),
@@ -155,4 +156,39 @@ pub fn assert_rbac_covers_calls(roles: &[Value], origin: &str) {
 fn rbac_covers_what_kortex_calls() {
     let roles = docs(&root().join("config/rbac/role.yaml"));
     assert_rbac_covers_calls(&roles, "config/rbac/role.yaml");
+}
+
+/// Triggers' runAs: the only grant of `create` on `serviceaccounts/token` is a Role, in one
+/// namespace, for named ServiceAccounts, bound to Kortex's ServiceAccount.
+#[test]
+fn trigger_run_as_tokens_are_granted_per_namespace_and_by_name() {
+    let objects = docs(&root().join("config/rbac/trigger_runas.yaml"));
+    let role = &objects[0];
+    assert_eq!(role["kind"], "Role");
+    assert!(role["metadata"]["namespace"].is_string());
+    let rules = role["rules"].as_array().cloned().unwrap_or_default();
+    assert_eq!(rules.len(), 1, "{rules:?}");
+    assert_eq!(
+        rules[0]["resources"],
+        serde_json::json!(["serviceaccounts/token"])
+    );
+    assert_eq!(rules[0]["verbs"], serde_json::json!(["create"]));
+    assert!(
+        rules[0]["resourceNames"]
+            .as_array()
+            .is_some_and(|n| !n.is_empty()),
+        "by name only: {rules:?}"
+    );
+    let binding = &objects[1];
+    assert_eq!(binding["kind"], "RoleBinding");
+    assert_eq!(
+        binding["metadata"]["namespace"],
+        role["metadata"]["namespace"]
+    );
+    assert_eq!(binding["roleRef"]["kind"], "Role");
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    assert_eq!(
+        binding["subjects"][0],
+        serde_json::json!({"kind": "ServiceAccount", "name": "kortex", "namespace": "kortex"})
+    );
 }

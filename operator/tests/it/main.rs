@@ -20,6 +20,7 @@ mod fuzz;
 mod gateway;
 mod http;
 mod investigation;
+mod leader;
 mod limits;
 mod llm;
 mod local_models;

@@ -36,6 +36,8 @@ struct State {
     allowed: Vec<String>,
     /// Paths whose writes (PATCH, not dry-run) never answer.
     hung: Vec<String>,
+    /// How long each answer takes (a slow API server, or one far away).
+    latency: Duration,
     /// Paths whose reads answer 500.
     failing: Vec<String>,
     /// Every watch event sent, so that a watch resumed from a `resourceVersion` gets what
@@ -258,6 +260,11 @@ impl FakeApi {
         self.outage.send_replace(down);
     }
 
+    /// Makes every answer take `latency` (before it is computed: a write lands after it).
+    pub(crate) fn latency(&self, latency: Duration) {
+        self.lock().latency = latency;
+    }
+
     /// Lets SubjectAccessReviews allow `user`.
     pub(crate) fn allow(&self, user: &str) {
         self.lock().allowed.push(user.to_owned());
@@ -306,6 +313,10 @@ impl FakeApi {
             .await
             .unwrap_or_default();
         let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let latency = self.lock().latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
         let content_type = headers
             .get("content-type")
             .and_then(|v| v.to_str().ok())
