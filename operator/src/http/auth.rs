@@ -244,8 +244,9 @@ pub async fn caller_for_token(state: &AppState, presented: &str) -> Result<Calle
             Ok(None) => Err(ApiError::unauthorized(
                 "invalid token: neither a chat key nor a Kubernetes token the API server accepts",
             )),
+            // Logged once per outage by ClusterAuth, not per request.
             Err(e) => {
-                tracing::warn!(error = %e, "cannot review a bearer token");
+                tracing::debug!(error = %e, "cannot review a bearer token");
                 Err(ApiError::new(
                     axum::http::StatusCode::SERVICE_UNAVAILABLE,
                     "auth_unavailable",

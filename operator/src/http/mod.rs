@@ -100,6 +100,7 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(chat_api::post_message),
         )
         .route("/chat/v1/sessions/{id}/events", get(chat_api::events))
+        .route("/chat/v1/route", get(dashboard::route_any))
         .route("/chat/v1/sessions/{id}/route", get(chat_api::route_now))
         .route(
             "/chat/v1/sessions/{id}/cancel",
@@ -260,9 +261,21 @@ async fn readyz(State(state): State<AppState>) -> Response {
     // Version 0: the first configuration (in cluster mode, the first list of every watch)
     // has not been compiled yet.
     let loaded = config.version > 0;
+    // Shown, not counted against readiness: an API server outage is every replica's at
+    // once, and taking them all out of the Service would turn the clear 503
+    // `auth_unavailable` (and chat keys, the gateway, cached identities, which still work)
+    // into connection errors (docs/reliability.md).
+    let kubernetes_api = state
+        .cluster_auth
+        .as_ref()
+        .map(|auth| match auth.unreachable_since() {
+            None => serde_json::json!("ok"),
+            Some(t) => serde_json::json!({"unreachableSince": t.to_string()}),
+        });
     let body = serde_json::json!({
         "ready": database && loaded,
         "checks": {
+            "kubernetesApi": kubernetes_api,
             "database": if database { "ok" } else { "unreachable" },
             "manifests": {
                 "loaded": loaded,

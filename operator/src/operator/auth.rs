@@ -56,6 +56,8 @@ pub struct ClusterAuth {
     config: kube::Config,
     tokens: Cached<Option<KubeUser>>,
     access: Cached<bool>,
+    /// Since when the API server has not answered a review (`None`: it answered the last).
+    unreachable_since: Mutex<Option<jiff::Timestamp>>,
 }
 
 fn digest(parts: &[&str]) -> [u8; 32] {
@@ -98,6 +100,41 @@ impl ClusterAuth {
             config,
             tokens: Mutex::default(),
             access: Mutex::default(),
+            unreachable_since: Mutex::default(),
+        }
+    }
+
+    /// Since when the API server has not answered a TokenReview or SubjectAccessReview
+    /// (`None` while it answers). Requests that need one are refused meanwhile (503
+    /// `auth_unavailable`); `/readyz` shows it.
+    pub fn unreachable_since(&self) -> Option<jiff::Timestamp> {
+        *self
+            .unreachable_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records whether a review got an answer; logs once when the API server stops
+    /// answering and once when it is back, not per request.
+    fn answered<T>(&self, what: &str, result: Result<T, kube::Error>) -> Result<T, String> {
+        let mut since = self
+            .unreachable_since
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(v) => {
+                if let Some(t) = since.take() {
+                    tracing::info!(down_since = %t, "the API server answers reviews again: chat with Kubernetes identities resumes");
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                if since.is_none() {
+                    *since = Some(jiff::Timestamp::now());
+                    tracing::warn!(error = %e, "the API server does not answer {what}s: requests with a Kubernetes identity that is not cached are refused (503 auth_unavailable) until it does");
+                }
+                Err(format!("{what} failed: {e}"))
+            }
         }
     }
 
@@ -117,10 +154,10 @@ impl ClusterAuth {
             ..Default::default()
         };
         let api: Api<TokenReview> = Api::all(self.client.clone());
-        let answer = api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| format!("TokenReview failed: {e}"))?;
+        let answer = self.answered(
+            "TokenReview",
+            api.create(&PostParams::default(), &review).await,
+        )?;
         let status = answer.status.unwrap_or_default();
         let user = status
             .authenticated
@@ -296,10 +333,10 @@ impl ClusterAuth {
             ..Default::default()
         };
         let api: Api<SubjectAccessReview> = Api::all(self.client.clone());
-        let answer = api
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| format!("SubjectAccessReview failed: {e}"))?;
+        let answer = self.answered(
+            "SubjectAccessReview",
+            api.create(&PostParams::default(), &review).await,
+        )?;
         let allowed = answer.status.is_some_and(|s| s.allowed);
         store(&self.access, key, allowed);
         Ok(allowed)

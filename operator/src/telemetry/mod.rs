@@ -3,7 +3,8 @@
 //!
 //! - Logs: human-readable lines by default, JSON lines (`--log-format json`) for clusters.
 //!   The level comes from `RUST_LOG` (default `info`, with the MCP SDK's per-message lines
-//!   at `warn`: they would log every MCP session's handshake and notifications).
+//!   at `warn`: they would log every MCP session's handshake and notifications; the kube
+//!   client's per-request errors are off unless `RUST_LOG` names `kube_client`).
 //! - Traces: OpenTelemetry spans, exported over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //!   `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set ([`export`]); off otherwise, and then the
 //!   spans are not even created. Spans are opened where the work is, with the helpers of
@@ -28,14 +29,29 @@ pub enum LogFormat {
     Json,
 }
 
-/// The filter of log lines: `RUST_LOG`, never the trace spans.
+/// The kube client's request tracing: it logs every failed API call at ERROR ("failed with
+/// error client error (Connect)"), without saying what the call was for. Kortex logs each
+/// condition itself, once, with what it was doing, where it handles it (a watch serving
+/// the last known configuration, the Lease, a status write that will be retried), so these
+/// lines are off unless `RUST_LOG` names the kube client.
+const KUBE_CLIENT_REQUESTS: &str = "kube_client::client::builder";
+
+/// The filter of log lines: `RUST_LOG`, never the trace spans, and not the kube client's
+/// per-request errors unless asked for.
 fn log_filter() -> EnvFilter {
+    let asked = std::env::var("RUST_LOG").unwrap_or_default();
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rmcp=warn"));
-    match format!("{}=off", trace::TARGET).parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
+    let mut off = vec![trace::TARGET];
+    if !asked.contains("kube_client") {
+        off.push(KUBE_CLIENT_REQUESTS);
     }
+    off.into_iter().fold(filter, |filter, target| {
+        match format!("{target}=off").parse() {
+            Ok(directive) => filter.add_directive(directive),
+            Err(_) => filter,
+        }
+    })
 }
 
 /// Installs the global subscriber (logs go to stderr) and, when the environment configures

@@ -887,6 +887,76 @@ async fn cluster_api_server_unreachable_then_back() {
     )
     .await;
     assert_eq!(transcript(id).await["messages"][1]["content"], "After.");
+    // An outage Kortex rides out is not an error, and each thing it could not do is said
+    // once, with what it was doing, not per failed call (issue 44: 54 ERROR lines from the
+    // kube client in a 66 s outage, without context).
+    let log = server.log();
+    let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+    assert!(
+        errors.is_empty(),
+        "ERROR lines for a handled outage:\n{}",
+        errors.join("\n")
+    );
+    let mut warnings: std::collections::BTreeMap<String, usize> = Default::default();
+    for line in log.lines().filter(|l| l.contains(" WARN ")) {
+        // The message without the time and the fields that vary (errors, timings).
+        let message = line
+            .split_once(" WARN ")
+            .map_or(line, |(_, m)| m)
+            .split(" error=")
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        *warnings.entry(message).or_default() += 1;
+    }
+    let repeated: Vec<_> = warnings.iter().filter(|(_, n)| **n > 2).collect();
+    assert!(
+        repeated.is_empty(),
+        "the same warning over and over in a 20 s outage: {repeated:#?}\n{log}"
+    );
+    assert!(server.terminate().success());
+}
+
+/// Cluster mode, the API server unreachable: a Kubernetes identity that is not cached
+/// cannot be checked, so it is refused with 503 `auth_unavailable`; the replica stays ready
+/// and `/readyz` says why (docs/reliability.md#the-api-server-unreachable); once the API
+/// server answers, the same caller gets in and `/readyz` says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_says_why() {
+    use crate::operator::{FakeApi, start_run_with};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let fake = FakeApi::start().await;
+    let (llm, _script) = mock().await;
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
+    let client = http_client();
+    let as_bob = || async {
+        let r = client
+            .get(server.url("/chat/v1/sessions"))
+            .bearer_auth("bob-token")
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let status = r.status().as_u16();
+        (status, r.json::<Value>().await.unwrap_or_default())
+    };
+    let kubernetes_api = || async {
+        let (status, body) = server.get("/readyz").await;
+        let body: Value = serde_json::from_str(&body).unwrap_or_default();
+        (status, body["checks"]["kubernetesApi"].clone())
+    };
+    assert_eq!(kubernetes_api().await, (200, json!("ok")));
+    fake.outage(true);
+    let (status, body) = as_bob().await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "auth_unavailable", "{body}");
+    let (status, check) = kubernetes_api().await;
+    assert_eq!(status, 200);
+    assert!(check["unreachableSince"].is_string(), "{check}");
+    fake.outage(false);
+    let (status, body) = as_bob().await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(kubernetes_api().await, (200, json!("ok")));
     assert!(server.terminate().success());
 }
 
