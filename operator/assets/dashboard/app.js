@@ -526,7 +526,10 @@
       h('option', { value: '' }, 'any state'),
       Object.entries(STATES).map(([v, t]) => h('option', { value: v }, t)));
     const filters = h('div', { class: 'session-filters' }, search, h('div', { class: 'session-selects' }, policyFilter, stateFilter));
-    show(h('div', { class: 'chat' },
+    // No session open: over both columns, whether any model can answer (a first run's first
+    // screen says so before anyone creates a session).
+    const landingBanner = h('div', { class: 'route-banner', id: 'route-banner', role: 'alert', hidden: true });
+    show(...(id ? [] : [landingBanner]), h('div', { class: 'chat' },
       h('aside', { class: 'panel sessions', 'aria-label': 'Sessions' }, form, filters, listEl,
         h('h3', { class: 'shared-head' }, 'Shared with me'), sharedEl,
         h('h3', { class: 'shared-head' }, 'Triggered'), triggeredEl),
@@ -615,6 +618,23 @@
     await loadSessions();
     if (!id) {
       conversation.append(h('p', { class: 'muted' }, 'Create a session or open one. Its name decides which ChatPolicy governs it.'));
+      const checkAny = async () => {
+        try {
+          const r = await api('GET', '/chat/v1/route');
+          const said = r.messages || [];
+          if (r.reachable) {
+            landingBanner.hidden = true;
+            landingBanner.replaceChildren();
+          } else {
+            landingBanner.replaceChildren(h('strong', {}, 'No model can answer right now. '),
+              said.length === 1 ? said[0] : h('ul', {}, said.map((m) => h('li', {}, m))), ' ', h('a', { href: '#/status' }, 'Status page'));
+            landingBanner.hidden = false;
+          }
+        } catch (_) { /* the next poll tries again */ }
+      };
+      checkAny();
+      const anyTimer = setInterval(checkAny, 3000);
+      view.cleanup.push(() => clearInterval(anyTimer));
       name.focus();
       return;
     }
@@ -778,14 +798,23 @@
     view.cleanup.push(() => clearInterval(routeTimer));
 
     // The transcript follows what arrives while the reader is at its end; scrolled up to
-    // read, they stay where they are (their own question brings them back down).
+    // read, they stay where they are (their own question brings them back down). Events do
+    // not tell the two apart: the scroll event of the page's own scroll can come a frame
+    // later, after more was added (chips, then a proposal's placeholder), and a reader's
+    // after more arrived. The position does: above where the page last put it is the reader.
     let following = true;
+    let pinned = 0;
+    const atEnd = () => transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 48;
+    const readerMoved = () => transcript.scrollTop < pinned - 1;
     transcript.addEventListener('scroll', () => {
-      following = transcript.scrollHeight - transcript.scrollTop - transcript.clientHeight < 48;
+      following = atEnd() || (following && !readerMoved());
     });
     const scroll = (force) => {
       if (force === true) following = true;
-      if (following) transcript.scrollTop = transcript.scrollHeight;
+      else if (following && readerMoved() && !atEnd()) following = false;
+      if (!following) return;
+      transcript.scrollTop = transcript.scrollHeight;
+      pinned = transcript.scrollTop;
     };
     // The run that controls apply to (the active one, or the last one seen).
     let currentRun = session.activeRun ? session.activeRun.id : null;
@@ -905,6 +934,7 @@
       const placeholder = h('div', { class: 'card', 'data-proposal': proposalId }, 'Loading proposal…');
       cards.set(proposalId, placeholder);
       transcript.append(placeholder);
+      scroll();
       try {
         const p = await findProposal(proposalId);
         if (p) {
@@ -918,6 +948,7 @@
       } catch (e) {
         placeholder.replaceChildren(errorBox(e));
       }
+      scroll();
       return placeholder;
     }
 
@@ -1058,6 +1089,7 @@
         if (!live.text || live.text.dataset.run !== d.runId) return;
         const line = byline(new Date().toISOString(), d.provider, d.model);
         if (line) live.text.append(line);
+        scroll();
       },
       'plan.proposal': (d) => planCard(d),
       handover: (d) => handoverCard(d),
@@ -1107,7 +1139,7 @@
         const card = await addCard(d.proposalId);
         try {
           const p = await findProposal(d.proposalId);
-          if (p && card.refill) card.refill(p);
+          if (p && card.refill) { card.refill(p); scroll(); }
         } catch (_) { /* shown on the next update */ }
       },
     };

@@ -200,6 +200,29 @@ pub async fn me(
     Json(me_json(&state, &caller))
 }
 
+/// `GET /chat/v1/route`: whether any ChatPolicy can answer now (from the last probes) and,
+/// when none can, each policy's reason and fix — the dashboard's first screen says so before
+/// a session exists (a session's own banner uses `/chat/v1/sessions/{id}/route`).
+pub async fn route_any(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let config = state.config.borrow().clone();
+    let probes = state
+        .engine
+        .probes
+        .get()
+        .and_then(|(board, _)| board.read().ok().map(|b| b.clone()))
+        .unwrap_or_default();
+    let lines = crate::govern::reach::summary(&config.catalog, &probes, jiff::Timestamp::now());
+    let reachable = lines.iter().any(Result::is_ok);
+    let messages: Vec<String> = if config.catalog.policies.is_empty() {
+        vec!["No ChatPolicy is loaded: a session needs one to be answered.".into()]
+    } else if reachable {
+        Vec::new()
+    } else {
+        lines.into_iter().filter_map(Result::err).collect()
+    };
+    Json(json!({"reachable": reachable, "messages": messages}))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

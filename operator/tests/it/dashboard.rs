@@ -531,3 +531,90 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
     };
     passed(&out, &server);
 }
+
+/// The scripted model of the layout browser test: a long answer (with a shell line wider
+/// than a phone) when asked for lines; otherwise a look at the history and a restart
+/// proposal, then, a moment after the card, a short answer.
+fn layout_responder(body: &Value) -> Option<Reply> {
+    let d = openai();
+    let messages = body["messages"].as_array()?;
+    let last = messages.last()?;
+    if last["role"] == "tool" {
+        let mut reply = streamed(
+            &d,
+            (d.text_stream)(&["Proposed a restart ", "of checkout."]),
+        );
+        reply.chunk_delay = Some(Duration::from_millis(300));
+        return Some(reply);
+    }
+    if last["content"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("lines")
+    {
+        let mut text = String::from("What the history says:\n\n");
+        for i in 1..=40 {
+            text.push_str(&format!("- line {i}: checkout-7d9 was OOMKilled\n"));
+        }
+        text.push_str("\n```sh\nkubectl -n shop logs deployment/checkout --since=1h --all-containers --prefix --timestamps | grep -i oomkilled\n```\n");
+        return Some(streamed(&d, (d.text_stream)(&[&text])));
+    }
+    // Call ids unique in the session: one pair per question.
+    let n = messages.iter().filter(|m| m["role"] == "user").count();
+    let propose = json!({
+        "action": "restart",
+        "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "checkout"},
+        "rationale": "OOMKilled 14 times since the 1.4.2 deploy; a restart clears the leaked cache until the fix ships.",
+        "blastRadius": "checkout pods restart one at a time",
+        "reversible": true
+    })
+    .to_string();
+    let (history, proposal) = (format!("call_history_{n}"), format!("call_propose_{n}"));
+    Some(streamed(
+        &d,
+        (d.tools_stream)(&[
+            (
+                &history,
+                "get_incident_history",
+                r#"{"query": "checkout OOMKilled"}"#,
+            ),
+            (&proposal, "propose_action", &propose),
+        ]),
+    ))
+}
+
+/// At 1366×860 and 390 px: live proposal cards scroll into view, nothing spills out of a
+/// proposal card, and no page scrolls sideways on a phone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_keeps_live_cards_in_view_and_fits_a_phone() {
+    let (llm, script) = mock().await;
+    *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(layout_responder));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        dir.path().join("p.yaml"),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
+kind: LLMProvider
+metadata: {{name: scripted}}
+spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m, timeout: 20s}}
+---
+apiVersion: kortex.dev/v1alpha1
+kind: ChatPolicy
+metadata: {{name: incidents}}
+spec:
+  sessions: ["incident-*"]
+  provider: scripted
+  proposals: {{allowedActions: [restart], allowedNamespaces: ["shop"], requireDistinctApprover: false}}
+"#
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    // On loopback: no sign-in.
+    let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
+    let url = server.url("");
+    let env = [("KORTEX_URL", url.trim_end_matches('/'))];
+    let Some(out) = run_browser("layout.mjs", &env).await else {
+        return;
+    };
+    passed(&out, &server);
+}

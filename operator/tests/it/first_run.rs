@@ -2,8 +2,9 @@
 //! and no Ollama. The start-up log says, per policy, that nothing can answer and what to do;
 //! a question fails at once with `no_provider_reachable` and the fix, without a connection
 //! to the provider its fresh probe found unreachable; the session's route says the same (the
-//! dashboard's banner, in headless Chromium); `providers check` fails with the fix. Then the
-//! local model becomes reachable: the banner goes and the question is answered.
+//! dashboard's banner, in headless Chromium, on the first screen before any session is open
+//! and in the session); `providers check` fails with the fix. Then the local model becomes
+//! reachable: the banners go and the question is answered.
 
 use crate::binary::Server;
 use crate::common::{eventually, http_client};
