@@ -215,3 +215,119 @@ pub fn yaml_docs(path: &str) -> anyhow::Result<Vec<serde_json::Value>> {
     }
     Ok(out)
 }
+
+/// A TCP proxy on 127.0.0.1 in front of the API server that adds latency to every chunk
+/// in each direction and can cut every connection (an outage): what a slow or distant API
+/// server, or a network partition, looks like to a client.
+pub struct DelayingProxy {
+    /// Its address.
+    pub addr: std::net::SocketAddr,
+    latency: std::sync::Arc<std::sync::Mutex<Duration>>,
+    down: tokio::sync::watch::Sender<bool>,
+}
+
+impl DelayingProxy {
+    /// Starts one in front of `upstream` (`host:port`).
+    pub async fn start(upstream: String) -> anyhow::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let latency = std::sync::Arc::new(std::sync::Mutex::new(Duration::ZERO));
+        let (down, _) = tokio::sync::watch::channel(false);
+        let (lat, down_rx) = (latency.clone(), down.subscribe());
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                if *down_rx.borrow() {
+                    continue; // dropped: the connection is refused
+                }
+                let (upstream, lat, mut cut) = (upstream.clone(), lat.clone(), down_rx.clone());
+                tokio::spawn(async move {
+                    let Ok(outbound) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (ri, wi) = inbound.into_split();
+                    let (ro, wo) = outbound.into_split();
+                    tokio::select! {
+                        _ = pump(ri, wo, lat.clone()) => {}
+                        _ = pump(ro, wi, lat) => {}
+                        _ = cut.wait_for(|d| *d) => {}
+                    }
+                });
+            }
+        });
+        Ok(Self {
+            addr,
+            latency,
+            down,
+        })
+    }
+
+    /// Every chunk waits `latency` before it is passed on, in each direction.
+    pub fn set_latency(&self, latency: Duration) {
+        *self.latency.lock().unwrap_or_else(|e| e.into_inner()) = latency;
+    }
+
+    /// `true`: open connections are cut and new ones refused; `false`: back.
+    pub fn set_down(&self, down: bool) {
+        self.down.send_replace(down);
+    }
+
+    /// A client of the cluster in `KUBECONFIG` that goes through this proxy (the server's
+    /// certificate still checked against its own name).
+    pub async fn client(&self) -> anyhow::Result<Client> {
+        let mut config = kube::Config::infer().await?;
+        let original = config.cluster_url.clone();
+        if let Some(host) = original.host()
+            && host.parse::<std::net::IpAddr>().is_err()
+        {
+            config.tls_server_name = Some(host.to_owned());
+        }
+        let scheme = original.scheme_str().unwrap_or("https");
+        config.cluster_url = format!("{scheme}://{}", self.addr).parse()?;
+        Ok(Client::try_from(config)?)
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    latency: std::sync::Arc<std::sync::Mutex<Duration>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let delay = *latency.lock().unwrap_or_else(|e| e.into_inner());
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `host:port` of the API server in `KUBECONFIG`.
+pub async fn api_server_address() -> anyhow::Result<String> {
+    let config = kube::Config::infer().await?;
+    let url = &config.cluster_url;
+    let host = url
+        .host()
+        .ok_or_else(|| anyhow::anyhow!("{url} has no host"))?
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = url
+        .port_u16()
+        .unwrap_or(if url.scheme_str() == Some("http") {
+            80
+        } else {
+            443
+        });
+    Ok(if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    })
+}

@@ -48,6 +48,16 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods-no-logs"},
         "subjects": [{"kind": "ServiceAccount", "name": "investigator", "namespace": ns}]})).await?;
 
+    // The pod exists (Pending without nodes is enough): the ServiceAccount may read it but
+    // not its logs, so the logs tool's refusal is RBAC's, not a missing pod.
+    apply(
+        client,
+        ns,
+        json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "checkout-0", "namespace": ns},
+        "spec": {"containers": [{"name": "app", "image": "busybox:1.36", "command": ["sleep", "3600"]}]}}),
+    )
+    .await?;
     let config = kube::Config::infer().await?;
     let auth = ClusterAuth::new(client.clone(), config);
     let user = format!("system:serviceaccount:{ns}:investigator");
