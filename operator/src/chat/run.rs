@@ -842,9 +842,11 @@ async fn answer_step(
                 }));
             }
         };
-        // The run's own credential for the provider's calls to /mcp, gone with the call.
+        // The run's own credential for the provider's calls to /mcp: it goes into
+        // `stream_step` and is revoked as that returns (the call ended, failed, or was
+        // cancelled).
         let mut delegated = None;
-        let _grant = if delegating {
+        if delegating {
             let (tx, rx) = tokio::sync::mpsc::channel(8);
             let grant = engine.delegations.grant(super::delegate::Delegation {
                 session_id: session.id.clone(),
@@ -864,11 +866,8 @@ async fn answer_step(
                 });
             request.max_turns = Some(delegable.max_turns);
             request.tools = delegable.tools.clone();
-            delegated = Some((rx, grant.token()));
-            Some(grant)
-        } else {
-            None
-        };
+            delegated = Some((rx, grant));
+        }
         let caller = tool_calls::Caller {
             session,
             run_id,
@@ -878,8 +877,9 @@ async fn answer_step(
             via: "chat",
             model: (route.provider.as_str(), model.as_str()),
         };
-        let delegated = delegated.map(|(rx, _)| Delegated {
+        let delegated = delegated.map(|(rx, grant)| Delegated {
             rx,
+            _grant: grant,
             caller: &caller,
             guides: delegable.guides.clone(),
         });
@@ -1151,15 +1151,28 @@ async fn stream_step(
     // With a provider's own tool loop: how much of `out.text` is stored already (before
     // the calls it made).
     let mut stored = 0;
-    let mut stream = tokio::select! {
-        s = adapter.stream(request) => match s {
-            Ok(s) => s,
-            Err(e) => {
-                out.error = Some(e);
-                return Ok(out);
+    // The stream opens with its first event, and a provider's own tool loop may call
+    // Kortex's tools before any (a turn that opens with a tool call): those calls are served
+    // meanwhile, or the provider would wait for them and the run for the provider.
+    let mut opening = std::pin::pin!(adapter.stream(request));
+    let mut stream = loop {
+        tokio::select! {
+            s = &mut opening => match s {
+                Ok(s) => break s,
+                Err(e) => {
+                    out.error = Some(e);
+                    return Ok(out);
+                }
+            },
+            Some(asked) = next_delegated(&mut delegated) => {
+                if let Some(d) = &delegated
+                    && !serve_delegated(engine, session, run_id, d, asked, &mut out, &mut stored).await?
+                {
+                    return Ok(out);
+                }
             }
-        },
-        _ = cancel.changed() => return Ok(out),
+            _ = cancel.changed() => return Ok(out),
+        }
     };
     // What is sent never shows what the stored copy redacts: text waits while a
     // credential or personal data could still be forming at its end.
@@ -1170,37 +1183,14 @@ async fn stream_step(
     loop {
         let next = tokio::select! {
             item = stream.next() => item,
-            Some(asked) = async {
-                match delegated.as_mut() {
-                    Some(d) => d.rx.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => {
+            Some(asked) = next_delegated(&mut delegated) => {
                 if let Some(d) = &delegated {
-                    // A pause or a redirect asked meanwhile: the loop stops here (the call is
-                    // not made), and the run's next step parks or takes the redirect in.
-                    if engine.store.run_status(run_id).await?.as_deref() == Some("pausing")
-                        || engine.store.redirect_pending(run_id).await?
-                    {
-                        let _ = asked.reply.send(crate::tools::Outcome {
-                            content: "not made: the user paused or redirected the run".to_owned(),
-                            is_error: true,
-                            error_kind: Some("cancelled"),
-                            truncated: false,
-                            duration: Duration::ZERO,
-                        });
-                        out.interrupted = true;
-                        break;
-                    }
-                    // What the model said before the call is final: out, then stored with it.
+                    // What the model said before the call is final: out before the call.
                     flush_at = None;
                     send_text(engine, session, run_id, pending.finish()).await?;
-                    out.output_started = true;
-                    let before = redactor.text(&out.text[stored..]).0;
-                    stored = out.text.len();
-                    let outcome = delegated_call(engine, session, run_id, d, before, asked.call).await?;
-                    out.delegated_calls += 1;
-                    let _ = asked.reply.send(outcome);
+                    if !serve_delegated(engine, session, run_id, d, asked, &mut out, &mut stored).await? {
+                        break;
+                    }
                 }
                 continue;
             }
@@ -1263,6 +1253,51 @@ async fn stream_step(
     Ok(out)
 }
 
+/// The next call the provider's process made over /mcp (never, without a delegation).
+async fn next_delegated(
+    delegated: &mut Option<Delegated<'_>>,
+) -> Option<super::delegate::DelegatedCall> {
+    match delegated {
+        Some(d) => d.rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves one call the provider's process made over /mcp, after the text streamed before
+/// it (`out.text[stored..]`, already sent), which is stored with the call. A pause or a
+/// redirect asked meanwhile stops the provider's loop instead (the call is not made):
+/// `false`, the step ends, and the run's next step parks or takes the redirect in.
+async fn serve_delegated(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    d: &Delegated<'_>,
+    asked: super::delegate::DelegatedCall,
+    out: &mut StepOutcome,
+    stored: &mut usize,
+) -> Result<bool, crate::store::StoreError> {
+    if engine.store.run_status(run_id).await?.as_deref() == Some("pausing")
+        || engine.store.redirect_pending(run_id).await?
+    {
+        let _ = asked.reply.send(crate::tools::Outcome {
+            content: "not made: the user paused or redirected the run".to_owned(),
+            is_error: true,
+            error_kind: Some("cancelled"),
+            truncated: false,
+            duration: Duration::ZERO,
+        });
+        out.interrupted = true;
+        return Ok(false);
+    }
+    out.output_started = true;
+    let before = d.caller.redactor.text(&out.text[*stored..]).0;
+    *stored = out.text.len();
+    let outcome = delegated_call(engine, session, run_id, d, before, asked.call).await?;
+    out.delegated_calls += 1;
+    let _ = asked.reply.send(outcome);
+    Ok(true)
+}
+
 /// The notice a tool call that is taking long sends (once, after thirty seconds).
 async fn slow_notice(engine: &Engine, session: &SessionRecord, run_id: &str, tool: &str) {
     let message = format!("{tool} is taking longer than usual…");
@@ -1311,6 +1346,8 @@ struct Delegable<'a> {
 /// The calls a provider's process makes during one provider call.
 struct Delegated<'a> {
     rx: tokio::sync::mpsc::Receiver<super::delegate::DelegatedCall>,
+    /// The run's credential for them: revoked when the provider call ends.
+    _grant: super::delegate::Grant,
     caller: &'a tool_calls::Caller<'a>,
     guides: std::sync::Arc<[crate::tools::guides::Guide]>,
 }

@@ -405,6 +405,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         egress,
         leader,
     } = server;
+    crate::llm::claude_code::sweep();
     let config_rx = config_tx.subscribe();
     let egress = crate::egress::install(egress);
     let mut router = crate::tools::Router::new(metrics.clone());

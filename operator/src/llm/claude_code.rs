@@ -7,9 +7,11 @@
 //! given no built-in tool at all (`--tools ""`), an allow-list of `mcp__kortex`,
 //! `--permission-mode dontAsk` (anything else is refused, never asked), a settings file
 //! that denies the built-ins by name as well, no filesystem settings, skills, hooks or
-//! other MCP servers, and an empty `HOME` of its own that is removed afterwards. Its
-//! environment is built from nothing: `PATH`, proxy and CA variables, telemetry off, and
-//! the credential.
+//! other MCP servers, and an empty `HOME` of its own. Its environment is built from
+//! nothing: `PATH`, proxy and CA variables, telemetry off, and the credential. It runs in a
+//! process group of its own, killed whole with the `HOME` removed whenever the call ends
+//! (answered, failed, timed out, or its stream dropped); what a replica killed outright
+//! left, [`sweep`] clears at the next start.
 //!
 //! The tool calls themselves are carried out by the run that owns the credential
 //! ([`crate::chat`]): audited, redacted and bound by the policy as any other call. What
@@ -60,6 +62,13 @@ const BUILT_INS: &[&str] = &[
 ];
 /// How much of the CLI's standard error a failure quotes.
 const STDERR_TAIL: usize = 2000;
+/// A call's `HOME` in the temporary directory: this, then an id.
+const HOME_PREFIX: &str = "kortex-claude-";
+/// In a call's `HOME`: the file the replica holds locked while the call lasts, holding the
+/// CLI's process group.
+const LOCK: &str = "kortex.lock";
+/// A `HOME` this young with no process group recorded may be one being made.
+const YOUNG: Duration = Duration::from_secs(60);
 
 /// Where a chat run's Claude Code finds Kortex's tools.
 #[derive(Clone, Debug, PartialEq)]
@@ -107,8 +116,8 @@ impl ClaudeCode {
         let mut cmd = tokio::process::Command::new(&self.command);
         cmd.args(args)
             .env_clear()
-            .current_dir(&home.0)
-            .env("HOME", &home.0)
+            .current_dir(&home.path)
+            .env("HOME", &home.path)
             .env("DISABLE_TELEMETRY", "1")
             .env("DISABLE_AUTOUPDATER", "1")
             .env("DISABLE_ERROR_REPORTING", "1")
@@ -116,6 +125,8 @@ impl ClaudeCode {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
+            // Its own group, so that all it started is killed with it (see `Process`).
+            .process_group(0)
             .kill_on_drop(true);
         for var in [
             "PATH",
@@ -257,7 +268,7 @@ impl ClaudeCode {
                     "url": bridge.url,
                     "headers": {"Authorization": format!("Bearer {}", bridge.token.expose())},
                 }}});
-                let path = home.0.join("kortex-mcp.json");
+                let path = home.path.join("kortex-mcp.json");
                 write_private(&path, config.to_string().as_bytes()).map_err(|e| {
                     self.error(
                         ErrorKind::Config,
@@ -270,7 +281,7 @@ impl ClaudeCode {
         };
         let args = self.args(request, mcp_config.as_deref())?;
         let mut cmd = self.command(&args, &home);
-        let mut child = cmd.spawn().map_err(|e| {
+        let child = cmd.spawn().map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 self.error(
                     ErrorKind::Config,
@@ -283,8 +294,10 @@ impl ClaudeCode {
                 self.error(ErrorKind::Config, format!("cannot start {}: {e}", self.command))
             }
         })?;
+        // From here every way out (an error below, the stream's end or drop) kills it.
+        let mut process = Process::new(child, home);
         let input = json!({"type": "user", "message": {"role": "user", "content": prompt(&request.messages)}});
-        if let Some(mut stdin) = child.stdin.take() {
+        if let Some(mut stdin) = process.child.stdin.take() {
             let line = format!("{input}\n");
             stdin.write_all(line.as_bytes()).await.map_err(|e| {
                 self.error(
@@ -294,11 +307,12 @@ impl ClaudeCode {
             })?;
             // Closed: one message, then the CLI ends after its result.
         }
-        let stdout = child
+        let stdout = process
+            .child
             .stdout
             .take()
             .ok_or_else(|| self.error(ErrorKind::Config, "no stdout"))?;
-        let stderr = child.stderr.take();
+        let stderr = process.child.stderr.take();
         let stderr_tail = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         if let Some(stderr) = stderr {
             let tail = stderr_tail.clone();
@@ -321,8 +335,7 @@ impl ClaudeCode {
         let structured = request.response_format.is_some();
         let state = Reader {
             lines: BufReader::new(stdout).lines(),
-            child,
-            _home: home,
+            process,
             parser: Parser::new(name, structured),
             stderr: stderr_tail,
             pending: std::collections::VecDeque::new(),
@@ -344,7 +357,7 @@ impl ClaudeCode {
                 match line {
                     Err(_) => {
                         st.done = true;
-                        let _ = st.child.start_kill();
+                        st.process.kill();
                         let e = LlmError::new(
                             ErrorKind::Timeout,
                             &st.parser.provider,
@@ -358,7 +371,7 @@ impl ClaudeCode {
                     }
                     Ok(Ok(None)) | Ok(Err(_)) => {
                         st.done = true;
-                        let status = st.child.wait().await.ok();
+                        let status = st.process.child.wait().await.ok();
                         if st.parser.finished {
                             continue;
                         }
@@ -385,28 +398,188 @@ fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
         .write_all(bytes)
 }
 
-/// A directory, only its owner's, that is removed when dropped.
-struct HomeDir(std::path::PathBuf);
+/// A call's `HOME`: a directory only its owner may enter, removed when dropped. While it
+/// lives this replica holds its [`LOCK`] file locked (the kernel lets go of the lock when the
+/// replica dies, however it dies): a `HOME` whose lock nobody holds is a leftover.
+struct HomeDir {
+    path: std::path::PathBuf,
+    lock: std::fs::File,
+}
 
 impl HomeDir {
     fn new() -> std::io::Result<Self> {
-        use std::os::unix::fs::DirBuilderExt;
-        let dir = std::env::temp_dir().join(format!("kortex-claude-{}", crate::store::new_id()));
-        std::fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        Ok(Self(dir))
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let path = std::env::temp_dir().join(format!("{HOME_PREFIX}{}", crate::store::new_id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path.join(LOCK))
+            .and_then(|file| file.lock().map(|()| file));
+        match lock {
+            Ok(lock) => Ok(Self { path, lock }),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Records the CLI's process group, for [`sweep`] should this replica die.
+    fn record(&self, group: i32) {
+        use std::io::Write;
+        let _ = (&self.lock).write_all(group.to_string().as_bytes());
     }
 }
 
 impl Drop for HomeDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.path);
     }
+}
+
+/// One call's CLI, leader of a process group of its own, and its `HOME`. Dropped — the
+/// answer read, an error, a timeout, the stream dropped with its run (cancelled, or the
+/// server stopping) — the whole group is killed, then the `HOME` (with the run's
+/// credential in `kortex-mcp.json`) is removed.
+struct Process {
+    child: tokio::process::Child,
+    group: Option<rustix::process::Pid>,
+    /// Removed when dropped, after the child (fields drop in order).
+    _home: HomeDir,
+}
+
+impl Process {
+    fn new(child: tokio::process::Child, home: HomeDir) -> Self {
+        let group = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(group) = group {
+            home.record(group.as_raw_pid());
+        }
+        Self {
+            child,
+            group,
+            _home: home,
+        }
+    }
+
+    /// Kills the CLI and everything it started.
+    fn kill(&mut self) {
+        if let Some(group) = self.group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
+impl Drop for Process {
+    /// Killed first; then the fields go in order: the child (reaped), the `HOME`.
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Clears what calls of a replica killed outright (when nothing of the above could run)
+/// left in the temporary directory: each `HOME` whose lock nobody holds is removed, after
+/// the process group it records is killed, when that group still runs there. Called once
+/// as the server starts; a `HOME` of a live replica on the same machine is left alone.
+pub fn sweep() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let home = entry.path();
+        let ours = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(HOME_PREFIX))
+            && entry.file_type().is_ok_and(|t| t.is_dir());
+        let Some((group, _lock)) = ours.then(|| abandoned(&home)).flatten() else {
+            continue;
+        };
+        if let Some(group) = group {
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        }
+        match std::fs::remove_dir_all(&home) {
+            Ok(()) => tracing::info!(
+                home = %home.display(),
+                killed = group.map(|g| g.as_raw_pid()),
+                "removed a Claude Code home left by a server that was killed"
+            ),
+            Err(e) => tracing::warn!(
+                home = %home.display(),
+                error = %e,
+                "cannot remove a Claude Code home left by a server that was killed"
+            ),
+        }
+    }
+}
+
+/// Whether `home` is a leftover: then the process group to kill first, if one still runs
+/// there, and the lock (held until it is removed).
+fn abandoned(
+    home: &std::path::Path,
+) -> Option<(Option<rustix::process::Pid>, Option<std::fs::File>)> {
+    use std::io::Read;
+    let young = || {
+        std::fs::metadata(home)
+            .and_then(|m| m.modified())
+            .map_or(true, |t| t.elapsed().unwrap_or_default() < YOUNG)
+    };
+    let mut lock = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(home.join(LOCK))
+    {
+        Ok(lock) => lock,
+        // Being made, or not Kortex's to judge (another user's).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return (!young()).then_some((None, None));
+        }
+        Err(_) => return None,
+    };
+    // Held: a live replica's call.
+    lock.try_lock().ok()?;
+    let mut recorded = String::new();
+    lock.read_to_string(&mut recorded).ok()?;
+    let group = recorded
+        .trim()
+        .parse::<i32>()
+        .ok()
+        .and_then(rustix::process::Pid::from_raw);
+    if group.is_none() && young() {
+        return None;
+    }
+    Some((group.filter(|g| runs_in(*g, home)), Some(lock)))
+}
+
+/// Whether a process of `group` still works in `home` (Linux's `/proc`): the number is
+/// still the call's, not another's since.
+fn runs_in(group: rustix::process::Pid, home: &std::path::Path) -> bool {
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    processes.flatten().any(|p| {
+        let dir = p.path();
+        // `pid (comm) state ppid pgrp …`
+        let pgrp = std::fs::read_to_string(dir.join("stat"))
+            .ok()
+            .and_then(|stat| {
+                let (_, rest) = stat.rsplit_once(')')?;
+                rest.split_whitespace().nth(2)?.parse::<i32>().ok()
+            });
+        pgrp == Some(group.as_raw_pid())
+            && std::fs::read_link(dir.join("cwd")).is_ok_and(|cwd| cwd.starts_with(home))
+    })
 }
 
 struct Reader {
     lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
-    child: tokio::process::Child,
-    _home: HomeDir,
+    process: Process,
     parser: Parser,
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
     pending: std::collections::VecDeque<Result<StreamEvent, LlmError>>,
@@ -1025,6 +1198,33 @@ mod tests {
             }]),
             "hi"
         );
+    }
+
+    #[test]
+    fn a_home_is_left_over_only_when_no_replica_holds_it() {
+        use std::os::unix::process::CommandExt;
+        let home = HomeDir::new().unwrap_or_else(|e| panic!("{e}"));
+        assert!(abandoned(&home.path).is_none(), "its replica holds it");
+        // The replica gone (its lock let go), its CLI's group still running there.
+        let mut cli = std::process::Command::new("sleep")
+            .arg("30")
+            .current_dir(&home.path)
+            .process_group(0)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let group = i32::try_from(cli.id()).unwrap_or_else(|e| panic!("{e}"));
+        home.record(group);
+        home.lock.unlock().unwrap_or_else(|e| panic!("{e}"));
+        let (found, lock) = abandoned(&home.path).unwrap_or_else(|| panic!("not a leftover"));
+        assert_eq!(found.map(|g| g.as_raw_pid()), Some(group));
+        // Held by the sweep meanwhile.
+        assert!(abandoned(&home.path).is_none());
+        drop(lock);
+        let _ = cli.kill();
+        let _ = cli.wait();
+        // The group gone, its number may be another's: nothing to kill.
+        let (found, _) = abandoned(&home.path).unwrap_or_else(|| panic!("not a leftover"));
+        assert_eq!(found, None);
     }
 
     #[test]

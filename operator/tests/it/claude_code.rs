@@ -193,24 +193,14 @@ async fn model(marker: PathBuf) -> (String, Seen) {
     (crate::common::serve(app).await, seen)
 }
 
-/// A claude-code provider (the CLI at `command`, the model at `base`, `key` in its Secret)
-/// and a policy that uses it, in `dir`.
-fn manifests(dir: &Path, command: &str, base: &str, key: &str) {
-    std::fs::write(
-        dir.join("all.yaml"),
-        format!(
-            r#"apiVersion: v1
+/// A claude-code provider (the CLI at `command`, the model at `base`, `key` in its Secret,
+/// `timeout`) and a policy that uses it.
+fn provider_yaml(command: &str, base: &str, key: &str, timeout: &str) -> String {
+    format!(
+        r#"apiVersion: v1
 kind: Secret
 metadata: {{name: claude}}
 stringData: {{key: "{key}"}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: ops}}
-stringData: {{team: ops, key: {GATEWAY_KEY}}}
 ---
 apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
@@ -222,13 +212,31 @@ spec:
   authSecretRef: {{name: claude, key: key}}
   authKind: apiKey
   defaultModel: sonnet
-  timeout: 120s
+  timeout: {timeout}
 ---
 apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {{name: ops}}
 spec: {{sessions: ["*"], provider: cc}}
 "#
+    )
+}
+
+/// [`provider_yaml`] (a 120 s timeout) and a gateway key, in `dir`.
+fn manifests(dir: &Path, command: &str, base: &str, key: &str) {
+    std::fs::write(
+        dir.join("all.yaml"),
+        format!(
+            r#"apiVersion: v1
+kind: Secret
+metadata:
+  name: gateway
+  labels: {{kortex.dev/credentials: gateway}}
+  annotations: {{kortex.dev/policy: ops}}
+stringData: {{team: ops, key: {GATEWAY_KEY}}}
+---
+{}"#,
+            provider_yaml(command, base, key, "120s")
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
@@ -843,5 +851,316 @@ spec: {{sessions: ["gateway-coding"], provider: anthropic}}
     let (key, body) = calls.last().cloned().unwrap_or_default();
     assert_eq!(key.as_deref(), Some(KEY));
     assert_eq!(body["count_tokens"]["model"], "claude-test");
+    assert!(server.terminate().success());
+}
+
+/// The scripted model of the tests below. With Kortex's tools offered, its first answer is
+/// a call of Kortex's `get_incident_history` with no text before it, the next one says what
+/// came back; a question that says "Hold on" gets no answer (the CLI waits in its loop).
+async fn opener() -> (String, Seen) {
+    use axum::response::IntoResponse;
+    async fn messages(
+        axum::extract::State(seen): axum::extract::State<Seen>,
+        headers: axum::http::HeaderMap,
+        axum::Json(body): axum::Json<Value>,
+    ) -> axum::response::Response {
+        if let Some(refused) = admit(&seen, &headers, &body) {
+            return refused;
+        }
+        let model = &body["model"];
+        let kortex = body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["name"] == "mcp__kortex__get_incident_history");
+        if kortex && body["messages"].to_string().contains("Hold on") {
+            tokio::time::sleep(std::time::Duration::from_secs(300)).await;
+        }
+        let events = match result_of(&body, "toolu_first") {
+            _ if !kortex => answer(
+                model,
+                json!({"type": "text", "text": ""}),
+                json!({"type": "text_delta", "text": "OK"}),
+                "end_turn",
+            ),
+            Some(r) => answer(
+                model,
+                json!({"type": "text", "text": ""}),
+                json!({"type": "text_delta", "text": format!("Kortex answered: {}", r["content"])}),
+                "end_turn",
+            ),
+            None => tool_use(
+                model,
+                "toolu_first",
+                "mcp__kortex__get_incident_history",
+                json!({"query": "checkout"}),
+            ),
+        };
+        ([("content-type", "text/event-stream")], events).into_response()
+    }
+    let seen: Seen = Arc::default();
+    let app = axum::Router::new()
+        .route("/v1/messages", axum::routing::post(messages))
+        .with_state(seen.clone());
+    (crate::common::serve(app).await, seen)
+}
+
+/// The Claude Code homes (`kortex-claude-*`) in `tmp`.
+fn homes(tmp: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(tmp)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("kortex-claude-"))
+        })
+        .collect()
+}
+
+/// The live processes (not zombies) working in `dir`: a call's CLI and anything it started.
+fn processes_in(dir: &Path) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd.starts_with(dir))
+        })
+        .filter(|pid| alive(*pid))
+        .collect()
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+    })
+}
+
+/// A turn that opens with a call of Kortex's tool, no text before it (as models often do),
+/// completes: the run serves the call while the provider's stream is still opening. (A
+/// short provider timeout: were the call left waiting, the run would fail within it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_turn_that_opens_with_a_kortex_tool_call_completes() {
+    let Some(claude) = claude() else { return };
+    let (base, _seen) = opener().await;
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        m.join("all.yaml"),
+        provider_yaml(&claude, &base, KEY, "15s"),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let tmpdir = tmp.path().to_string_lossy().into_owned();
+    let server = Server::start(&m, &dir.path().join("k.db"), &[("TMPDIR", &tmpdir)]);
+    let id = session(&server, "opens-with-a-call").await;
+    let started = std::time::Instant::now();
+    let events = ask(&server, &id, "Has checkout failed before?").await;
+    assert_eq!(
+        state(&events),
+        json!("completed"),
+        "{events:?}\n{}",
+        server.log()
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let answer = text(&events);
+    assert!(answer.contains("Kortex answered"), "{answer}");
+    let called: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.event == "tool.start")
+        .map(|e| &e.data)
+        .collect();
+    assert_eq!(called.len(), 1, "{events:?}");
+    assert_eq!(called[0]["name"], "get_incident_history");
+    let ended = events
+        .iter()
+        .find(|e| e.event == "tool.end")
+        .map(|e| e.data.clone())
+        .unwrap_or_default();
+    assert_eq!(ended["ok"], true, "{ended}");
+    // Nothing of the call is left: its HOME went with it.
+    assert_eq!(homes(tmp.path()), Vec::<PathBuf>::new());
+    assert!(server.terminate().success());
+}
+
+const ALICE: &str = "kx-alice-claude-code-0123456789";
+
+/// A run in Claude Code's loop (waiting for the model): its HOME, the processes working in
+/// it, and the run's credential from the `kortex-mcp.json` there.
+struct Held {
+    home: PathBuf,
+    processes: Vec<u32>,
+    bearer: String,
+    session: String,
+    run: String,
+}
+
+impl Held {
+    /// Starts a run at `api` (as Alice) and waits until its CLI waits for the model.
+    async fn start(api: &str, tmp: &Path, seen: &Seen) -> Self {
+        let asked = || {
+            seen.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .filter(|(_, b)| b["messages"].to_string().contains("Hold on"))
+                .count()
+        };
+        let before = asked();
+        let client = http_client();
+        let r = client
+            .post(format!("{api}/chat/v1/sessions"))
+            .bearer_auth(ALICE)
+            .json(&json!({"name": format!("held-{before}")}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 201);
+        let session = r.json::<Value>().await.unwrap_or_default()["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let r = client
+            .post(format!("{api}/chat/v1/sessions/{session}/messages"))
+            .bearer_auth(ALICE)
+            .json(&json!({"content": "Hold on: has checkout failed before?"}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status().as_u16(), 202);
+        let run = r.json::<Value>().await.unwrap_or_default()["runId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        eventually("Claude Code waits for the model", || async {
+            let homes = homes(tmp);
+            let [home] = homes.as_slice() else {
+                return Err(format!("homes: {homes:?}"));
+            };
+            let processes = processes_in(home);
+            let config = std::fs::read_to_string(home.join("kortex-mcp.json")).unwrap_or_default();
+            let config: Value = serde_json::from_str(&config).unwrap_or_default();
+            let bearer = config["mcpServers"]["kortex"]["headers"]["Authorization"]
+                .as_str()
+                .and_then(|a| a.strip_prefix("Bearer "))
+                .unwrap_or_default()
+                .to_owned();
+            if asked() > before && !processes.is_empty() && !bearer.is_empty() {
+                Ok(Self {
+                    home: home.clone(),
+                    processes,
+                    bearer,
+                    session: session.clone(),
+                    run: run.clone(),
+                })
+            } else {
+                Err(format!("processes {processes:?}, config {config}"))
+            }
+        })
+        .await
+    }
+
+    /// Waits until no process of the call is left and its HOME is gone.
+    async fn gone(&self, what: &str) {
+        eventually(what, || async {
+            let left: Vec<u32> = self
+                .processes
+                .iter()
+                .copied()
+                .filter(|p| alive(*p))
+                .collect();
+            if left.is_empty() && !self.home.exists() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "processes {left:?} alive, HOME {} exists: {}",
+                    self.home.display(),
+                    self.home.exists()
+                ))
+            }
+        })
+        .await;
+    }
+}
+
+/// The status `/mcp` answers an `initialize` with `bearer`.
+async fn mcp_status(api: &str, bearer: &str) -> u16 {
+    http_client()
+        .post(format!("{api}/mcp"))
+        .bearer_auth(bearer)
+        .header("accept", "application/json, text/event-stream")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "probe", "version": "1"}}}),
+        )
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+        .status()
+        .as_u16()
+}
+
+/// However a claude-code run ends, nothing of it is left: cancelled, its CLI's processes
+/// and HOME (with the `kortex-mcp.json` holding the run's credential) are gone and the
+/// credential is refused; `kortex serve` stopped (SIGTERM), the same; killed (SIGKILL),
+/// when nothing in it could run, the next start clears what it left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claude_code_run_leaves_no_process_home_or_credential_behind() {
+    let Some(claude) = claude() else { return };
+    let (base, seen) = opener().await;
+    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmpdir = tmp.path().to_string_lossy().into_owned();
+    let env = [("TMPDIR", tmpdir.as_str())];
+    let (dir, db) = crate::common::keyed_manifests(
+        &[("alice", ALICE, "")],
+        &provider_yaml(&claude, &base, KEY, "120s"),
+    );
+    let m = dir.path().join("m");
+
+    // Cancelled.
+    let (server, api) = Server::start_keyed(&m, &db, &env);
+    let held = Held::start(&api, tmp.path(), &seen).await;
+    assert_eq!(
+        mcp_status(&api, &held.bearer).await,
+        200,
+        "{}",
+        server.log()
+    );
+    let r = http_client()
+        .post(format!(
+            "{api}/chat/v1/sessions/{}/runs/{}/cancel",
+            held.session, held.run
+        ))
+        .bearer_auth(ALICE)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(r.status().is_success(), "{}", r.status());
+    held.gone("the cancelled run's CLI and HOME are gone").await;
+    assert_eq!(mcp_status(&api, &held.bearer).await, 401);
+
+    // The server stopped.
+    let held = Held::start(&api, tmp.path(), &seen).await;
+    assert!(server.terminate().success());
+    held.gone("the stopped server's CLI and HOME are gone")
+        .await;
+
+    // The server killed: the next start clears what it left.
+    let (server, api) = Server::start_keyed(&m, &db, &env);
+    let held = Held::start(&api, tmp.path(), &seen).await;
+    server.kill9();
+    let (server, api) = Server::start_keyed(&m, &db, &env);
+    held.gone("the killed server's CLI and HOME are gone").await;
+    assert_eq!(mcp_status(&api, &held.bearer).await, 401);
     assert!(server.terminate().success());
 }
