@@ -202,7 +202,9 @@ pub async fn me(
 
 /// `GET /chat/v1/route`: whether any ChatPolicy can answer now (from the last probes) and,
 /// when none can, each policy's reason and fix — the dashboard's first screen says so before
-/// a session exists (a session's own banner uses `/chat/v1/sessions/{id}/route`).
+/// a session exists (a session's own banner uses `/chat/v1/sessions/{id}/route`). In a
+/// cluster the reasons name policies and providers of every namespace, which a caller may not
+/// be allowed to see: there only whether any can answer, and where to look.
 pub async fn route_any(State(state): State<AppState>) -> Json<serde_json::Value> {
     let config = state.config.borrow().clone();
     let probes = state
@@ -213,7 +215,13 @@ pub async fn route_any(State(state): State<AppState>) -> Json<serde_json::Value>
         .unwrap_or_default();
     let lines = crate::govern::reach::summary(&config.catalog, &probes, jiff::Timestamp::now());
     let reachable = lines.iter().any(Result::is_ok);
-    let messages: Vec<String> = if config.catalog.policies.is_empty() {
+    let messages: Vec<String> = if state.auth == AuthMode::Cluster {
+        if reachable {
+            Vec::new()
+        } else {
+            vec!["No provider can answer now: the LLMProviders' Ready and Reachable conditions say why (kubectl get llmproviders -A).".into()]
+        }
+    } else if config.catalog.policies.is_empty() {
         vec!["No ChatPolicy is loaded: a session needs one to be answered.".into()]
     } else if reachable {
         Vec::new()
