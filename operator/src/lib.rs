@@ -9,7 +9,6 @@ pub mod chat;
 pub mod cli;
 pub mod crd;
 pub mod egress;
-pub mod eval;
 pub mod glob;
 pub mod govern;
 pub mod http;
@@ -25,3 +24,6 @@ pub mod store;
 pub mod telemetry;
 pub mod tools;
 pub mod trigger;
+
+/// `kortex eval` (it lives under `cli`, the only room that uses it).
+pub use cli::eval;

@@ -3,11 +3,21 @@
 //! status (conditions, observedGeneration, ...) filled in.
 //!
 //! Both modes use it: standalone mode feeds it objects parsed from manifest files, cluster
-//! mode feeds it the watched objects. It does no I/O, so it is tested with plain calls.
+//! mode feeds it the watched objects. It does no I/O, so it is tested with plain calls; the
+//! two facts about the machine it needs come from below or from its caller: the egress rules
+//! ([`compile_with`]) and whether a command is installed ([`check_commands_with`]). It also
+//! holds the pure parsers of what it validates: alert matchers and payloads (`alert`),
+//! schedules (`cron`), prompt templates (`template`), URL templates (`url_template`).
+//!
+//! Imports only `crd`, `store` (ids), `egress`, `glob` and `metrics`-free leaves: nothing
+//! that talks to the network, the cluster or a provider (scripts/layers.py checks).
 
+pub mod alert;
 pub mod credentials;
+pub mod cron;
 pub mod secret_redactor;
 pub mod secrets;
+pub mod template;
 pub mod url_template;
 
 use crate::crd::conditions::{self, Desired, reasons, types};
@@ -263,11 +273,11 @@ pub struct TriggerEntry {
     /// As declared.
     pub spec: crate::crd::Trigger,
     /// `alerts.matchers`, compiled (`None` for a schedule).
-    pub matchers: Option<crate::trigger::alert::Matchers>,
+    pub matchers: Option<alert::Matchers>,
     /// `schedule`, parsed, with its time zone.
-    pub schedule: Option<(crate::trigger::cron::Cron, jiff::tz::TimeZone)>,
+    pub schedule: Option<(cron::Cron, jiff::tz::TimeZone)>,
     /// `prompt`, parsed.
-    pub prompt: crate::trigger::template::Template,
+    pub prompt: template::Template,
 }
 
 /// Default `startingDeadlineSeconds` of a schedule.
@@ -279,10 +289,9 @@ fn compile_trigger(
     declared_targets: &[crate::crd::NotifyTarget],
 ) -> Result<TriggerEntry, String> {
     let matchers = match (&t.alerts, &t.schedule) {
-        (Some(a), None) => Some(
-            crate::trigger::alert::Matchers::parse(&a.matchers)
-                .map_err(|e| format!("alerts.{e}"))?,
-        ),
+        (Some(a), None) => {
+            Some(alert::Matchers::parse(&a.matchers).map_err(|e| format!("alerts.{e}"))?)
+        }
         (None, Some(_)) => None,
         _ => return Err("exactly one of alerts and schedule must be set".into()),
     };
@@ -290,10 +299,9 @@ fn compile_trigger(
         .schedule
         .as_ref()
         .map(|s| {
-            let cron: crate::trigger::cron::Cron =
-                s.cron.parse().map_err(|e| format!("schedule.cron: {e}"))?;
-            let tz = crate::trigger::cron::time_zone(s.time_zone.as_deref())
-                .map_err(|e| format!("schedule.{e}"))?;
+            let cron: cron::Cron = s.cron.parse().map_err(|e| format!("schedule.cron: {e}"))?;
+            let tz =
+                cron::time_zone(s.time_zone.as_deref()).map_err(|e| format!("schedule.{e}"))?;
             Ok::<_, String>((cron, tz))
         })
         .transpose()?;
@@ -630,6 +638,22 @@ pub fn set_discovered(
     status.models = models;
 }
 
+/// How the process checks that a command is installed (a `claude-code` provider's CLI): a
+/// look at the machine the catalog does not make itself (it does no I/O), so whoever runs
+/// it says how ([`check_commands_with`]; the `kortex` binary installs
+/// [`crate::llm::probe::installed`] at start). Until then every command counts as installed.
+static COMMANDS: std::sync::OnceLock<fn(&str) -> bool> = std::sync::OnceLock::new();
+
+/// Makes `check` the process's way to tell whether a command is installed (the first call
+/// wins).
+pub fn check_commands_with(check: fn(&str) -> bool) {
+    let _ = COMMANDS.set(check);
+}
+
+fn command_installed(command: &str) -> bool {
+    COMMANDS.get().is_none_or(|check| check(command))
+}
+
 /// Why the egress guard refuses every request to `url` (a literal address, or a name it
 /// always refuses), if it does. A name that merely resolves to a refused address is caught
 /// per request instead: resolution can change.
@@ -673,7 +697,7 @@ fn compile_provider(
         ));
     }
     let command = spec.command.as_deref().unwrap_or("claude");
-    let installed = !claude_code || crate::llm::claude_code::locate(command).is_some();
+    let installed = !claude_code || command_installed(command);
     if spec.base_url.is_none() && spec.provider_type.default_base_url().is_none() {
         spec_problems.push(format!(
             "spec.baseUrl is required for type {}",

@@ -618,7 +618,7 @@ pub async fn usage(args: UsageArgs) -> Result<(), String> {
 
 /// The table `kortex usage` prints: one row per group and a total.
 pub fn usage_table(by: &str, rows: &[crate::store::UsageRow]) -> String {
-    let total = crate::http::usage_total(rows);
+    let total = crate::store::usage_total(rows);
     let width = rows
         .iter()
         .map(|r| r.key.chars().count())

@@ -2,6 +2,7 @@
 //! proposals | usage | erase-user | mcp`.
 
 pub mod client;
+pub mod eval;
 pub(crate) mod llm;
 pub mod mcp;
 pub mod pruner;
@@ -67,7 +68,7 @@ pub enum Command {
     /// Measure investigation quality: run incident scenarios through the chat engine with
     /// recorded tools, score the answers, report per scenario and configuration
     /// (docs/evals.md). `kortex eval record SESSION_ID` turns a session into a scenario.
-    Eval(crate::eval::EvalArgs),
+    Eval(crate::cli::eval::EvalArgs),
 }
 
 /// `kortex providers ...`
@@ -176,15 +177,7 @@ pub async fn cluster_config(
     Ok(Some(config))
 }
 
-pub(crate) fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let d: kube::core::Duration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 30s or 5m: {e}"))?;
-    if d.is_negative() {
-        return Err("the interval must not be negative".into());
-    }
-    Ok(std::time::Duration::from(d).max(std::time::Duration::from_secs(1)))
-}
+pub(crate) use crate::crd::parse_duration;
 
 /// Runs a parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> ExitCode {
@@ -192,6 +185,7 @@ pub fn run(cli: Cli) -> ExitCode {
     // the trace exporter's too.
     let _ = rustls::crypto::ring::default_provider().install_default();
     telemetry::init(cli.log_format);
+    crate::catalog::check_commands_with(crate::llm::probe::installed);
     match cli.command {
         Command::Crds => match crate::crd::crds_yaml() {
             Ok(yaml) => {
@@ -231,7 +225,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Eval(args) => {
             let mut met = true;
             let code = block_on(async {
-                met = crate::eval::run(args).await?;
+                met = crate::cli::eval::run(args).await?;
                 Ok(())
             });
             if code == ExitCode::SUCCESS && !met {

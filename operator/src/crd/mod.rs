@@ -206,6 +206,19 @@ pub(crate) fn conditions_schema(generator: &mut schemars::SchemaGenerator) -> sc
     schema
 }
 
+/// A command-line or environment interval (`30s`, `5m`, `1h30m`): not negative, at least a
+/// second. The one parser of durations given to the binary (flags of `kortex serve`/`run`,
+/// `kortex eval`, the HTTP limits).
+pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let d: kube::core::Duration = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a duration like 30s or 5m: {e}"))?;
+    if d.is_negative() {
+        return Err("the interval must not be negative".into());
+    }
+    Ok(std::time::Duration::from(d).max(std::time::Duration::from_secs(1)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

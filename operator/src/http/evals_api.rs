@@ -49,7 +49,7 @@ pub async fn evals(
     let items: Vec<Value> = runs
         .iter()
         .map(|r| {
-            let (lo, hi) = crate::eval::wilson(r.passed.max(0) as u64, r.attempts.max(0) as u64);
+            let (lo, hi) = crate::store::wilson(r.passed.max(0) as u64, r.attempts.max(0) as u64);
             let rate = if r.attempts > 0 { r.passed as f64 / r.attempts as f64 } else { 0.0 };
             let mut v = json!({
                 "id": r.id, "at": super::chat_api::ms_to_rfc3339(r.at), "label": r.label, "kind": r.kind,

@@ -32,7 +32,7 @@ pub struct LimitArgs {
     /// connection may stay idle; a slower one is disconnected. The default stays above the
     /// 60 s idle timeout of common load balancers and ingress controllers, which reuse idle
     /// connections (a backend closing them first causes occasional 502s).
-    #[arg(long, env = "KORTEX_HEADER_TIMEOUT", default_value = "75s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, env = "KORTEX_HEADER_TIMEOUT", default_value = "75s", value_parser = crate::crd::parse_duration)]
     pub header_timeout: Duration,
     /// Event streams one user may hold open at once on each replica; more get 429
     /// `too_many_streams`.

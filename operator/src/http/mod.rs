@@ -9,7 +9,7 @@ mod evals_api;
 pub mod gateway;
 mod usage_api;
 
-pub use usage_api::totals as usage_total;
+pub use crate::store::usage_total;
 pub mod auth;
 mod chat_api;
 mod config_api;

@@ -5,7 +5,7 @@ use super::AppState;
 use super::audit_api::admins_only;
 use super::auth::Caller;
 use super::error::ApiError;
-use crate::store::{UsageGroup, UsageRow};
+use crate::store::UsageGroup;
 use axum::extract::{Query, State};
 use axum::{Extension, Json};
 use serde::Deserialize;
@@ -82,31 +82,9 @@ pub async fn usage(
     Ok(Json(json!({
         "since": since,
         "by": by,
-        "totals": totals(&rows),
+        "totals": crate::store::usage_total(&rows),
         "items": rows,
     })))
-}
-
-/// The sum of `rows`.
-pub fn totals(rows: &[UsageRow]) -> UsageRow {
-    rows.iter().fold(
-        UsageRow {
-            key: "total".into(),
-            requests: 0,
-            input_tokens: 0,
-            output_tokens: 0,
-            cost_usd: 0.0,
-            estimated_requests: 0,
-        },
-        |mut t, r| {
-            t.estimated_requests += r.estimated_requests;
-            t.requests += r.requests;
-            t.input_tokens += r.input_tokens;
-            t.output_tokens += r.output_tokens;
-            t.cost_usd += r.cost_usd;
-            t
-        },
-    )
 }
 
 #[cfg(test)]

@@ -905,18 +905,7 @@ pub fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     Some((parts.next()??, parts.next()??, parts.next()??))
 }
 
-/// Where `command` is: itself when it names a path, else the first match on `PATH`.
-pub fn locate(command: &str) -> Option<std::path::PathBuf> {
-    let path = std::path::Path::new(command);
-    if command.contains('/') {
-        return path.is_file().then(|| path.to_owned());
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(command))
-            .find(|candidate| candidate.is_file())
-    })
-}
+pub use super::probe::locate;
 
 /// Credentials a probe call accepted, and when (by provider and a hash of the credential):
 /// a probe that costs a model call is made again only after [`AUTH_RECHECK`].

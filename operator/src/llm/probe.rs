@@ -64,6 +64,25 @@ impl ProbeResult {
     }
 }
 
+/// Where `command` is: itself when it names a path, else the first match on `PATH`.
+pub fn locate(command: &str) -> Option<std::path::PathBuf> {
+    let path = std::path::Path::new(command);
+    if command.contains('/') {
+        return path.is_file().then(|| path.to_owned());
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(command))
+            .find(|candidate| candidate.is_file())
+    })
+}
+
+/// Whether `command` can be run (it is a file, or on `PATH`): the check the catalog makes
+/// for a `claude-code` provider's CLI, installed with [`crate::catalog::check_commands_with`].
+pub fn installed(command: &str) -> bool {
+    locate(command).is_some()
+}
+
 /// Latest probe per provider, shared between the prober and the API.
 pub type ProbeBoard = Arc<RwLock<BTreeMap<ObjectKey, ProbeResult>>>;
 

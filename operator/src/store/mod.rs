@@ -33,12 +33,13 @@ mod sharing;
 mod triggers;
 mod usage;
 
-pub use evals::{EvalRun, SessionUsage};
+pub use evals::{EvalRun, SessionUsage, wilson};
 pub use mcp::MCP_ORIGIN;
 pub use notify::{Delivery, NotifyEventRecord};
 pub use runs::{PlanRecord, RunRecord};
 pub use sharing::{Access, Handover, Share};
 pub use triggers::{FinishedTriggerRun, NewTriggerEvent, RunDigest, TriggerEvent, TriggerGroup};
+pub use usage::usage_total;
 
 pub use budget::{BudgetHold, BudgetRefused, BudgetSettle, LeaseAsk, LeaseDraw, LeaseKey};
 pub use models::*;

@@ -6,6 +6,28 @@ use super::repo::{ROWS_PER_INSERT, numbered, utc_day, values_clause};
 use super::{Store, StoreError, new_id};
 use sqlx::Row;
 
+/// The sum of `rows`.
+pub fn usage_total(rows: &[UsageRow]) -> UsageRow {
+    rows.iter().fold(
+        UsageRow {
+            key: "total".into(),
+            requests: 0,
+            input_tokens: 0,
+            output_tokens: 0,
+            cost_usd: 0.0,
+            estimated_requests: 0,
+        },
+        |mut t, r| {
+            t.estimated_requests += r.estimated_requests;
+            t.requests += r.requests;
+            t.input_tokens += r.input_tokens;
+            t.output_tokens += r.output_tokens;
+            t.cost_usd += r.cost_usd;
+            t
+        },
+    )
+}
+
 /// Usage and spend.
 impl Store {
     /// Records one provider call and adds it to the day's roll-up in the same transaction,

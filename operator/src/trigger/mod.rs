@@ -10,12 +10,12 @@
 //!   a schedule in the database (one replica fires it) and announces each ended run as
 //!   `investigation.finished`.
 //!
-//! The leaf files are pure and used by the catalog to validate triggers: `alert.rs` (the
-//! webhook payload, matchers), `cron.rs` (schedules), `template.rs` (prompts).
+//! The pure parsers it works with — the webhook payload and matchers, cron schedules, prompt
+//! templates — live in the catalog, which validates triggers with them
+//! ([`crate::catalog::alert`], [`crate::catalog::cron`], [`crate::catalog::template`]).
+//! Imports `chat`, `notify` and what is below them; nothing above (`http`, `cli`).
 
-pub mod alert;
-pub mod cron;
-pub mod template;
+pub use crate::catalog::{alert, cron, template};
 
 use crate::catalog::{PolicyEntry, TriggerEntry};
 use crate::chat::{ChatError, Engine};

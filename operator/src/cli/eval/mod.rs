@@ -83,7 +83,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub min_pass_rate: Option<f64>,
     /// Longest an attempt may take before it is cancelled and fails.
-    #[arg(long, default_value = "300s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = crate::crd::parse_duration)]
     pub timeout: Duration,
     /// Store the result in the database (`--database-url`) for `GET /api/v1/evals`.
     #[arg(long)]
