@@ -24,6 +24,7 @@ LAYERS = [
     ["trigger"],
     ["chat", "notify"],
     ["operator"],
+    ["proposals"],
     ["tools"],
     ["govern", "redact"],
     ["llm"],

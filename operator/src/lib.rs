@@ -1,8 +1,17 @@
 //! Kortex: a Kubernetes operator and in-cluster LLM chat server.
 //!
-//! Modules by capability: `crd` (the four kinds), `catalog` (objects → the validated
-//! configuration the server runs on; pure), `source` (manifest files), `store` (sqlx),
-//! `http` (axum routes), plus the CLI entry points in `cli`.
+//! Rooms by capability, on floors: a room imports only from floors below its own
+//! (docs/architecture.md has the diagram; `scripts/layers.py` checks it). From the top:
+//! `cli` and `kubectl_plugin` (the command lines; `cli::eval`), `http` (every door: chat
+//! API, dashboard, gateway, MCP, alerts), `trigger` (alert- and schedule-started runs),
+//! `chat` (sessions, the run loop) and `notify` (notifications), `operator` (cluster mode:
+//! watches, statuses, the Lease, `ActionProposal` objects), `proposals` (rules, pins,
+//! previews and execution both modes share), `tools` (the router and every tool), `govern`
+//! (routing, budgets, limits) and `redact`, `llm` (one trait, a file per provider), `live`
+//! (the running configuration), `source` (manifest files), `catalog` (objects → validated
+//! configuration; pure), `store` (SQLite and PostgreSQL), `metrics`, and at the bottom
+//! `crd` (the four kinds), `telemetry` (logs, traces), `egress` (what may be reached) and
+//! `glob`.
 
 pub mod catalog;
 pub mod chat;
@@ -18,6 +27,7 @@ pub mod llm;
 pub mod metrics;
 pub mod notify;
 pub mod operator;
+pub mod proposals;
 pub mod redact;
 pub mod source;
 pub mod store;

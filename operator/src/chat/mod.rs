@@ -143,7 +143,7 @@ pub struct Engine {
     pub cluster: std::sync::OnceLock<crate::operator::proposals::ClusterProposals>,
     /// Standalone with a kubeconfig: carries out approved proposals in that cluster (set
     /// once at start-up; never in cluster mode, where the leader executes).
-    pub executor: std::sync::OnceLock<crate::operator::executor::Executor>,
+    pub executor: std::sync::OnceLock<crate::proposals::executor::Executor>,
     /// The latest Kubernetes token of each session's user (memory only, never stored):
     /// tools run as the user with it (`runToolsAsUser`).
     tokens: Mutex<HashMap<(String, String), crate::catalog::SecretValue>>,

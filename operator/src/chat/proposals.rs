@@ -40,17 +40,6 @@ impl crate::operator::proposals::ProposalHost for Engine {
     }
 }
 
-/// The model's params without the pins only Kortex may set (`expectGeneration`,
-/// `expectReplicas`): a pin is read from the target when the proposal is made, never
-/// taken from the model.
-fn unpinned(mut params: Value) -> Value {
-    if let Some(map) = params.as_object_mut() {
-        map.remove(crate::operator::executor::EXPECT_GENERATION);
-        map.remove(crate::operator::executor::EXPECT_REPLICAS);
-    }
-    params
-}
-
 /// The tool as offered to the model, when the policy allows any action.
 pub fn spec(policy: &PolicyEntry) -> Option<ToolSpec> {
     let rules = &policy.object.spec.proposals;
@@ -189,7 +178,7 @@ pub async fn propose(
             .get("params")
             .filter(|p| p.is_object())
             .cloned()
-            .map(unpinned),
+            .map(crate::proposals::unpinned),
         rationale: rationale.to_owned(),
         blast_radius: str_field(input, "blastRadius").map(str::to_owned),
         reversible: input.get("reversible").and_then(Value::as_bool),
@@ -257,8 +246,8 @@ pub async fn propose(
             // database (approved, it is executed there: `execute_approved`).
             (None, Some(executor)) => {
                 let mut spec = spec;
-                crate::operator::proposals::pin(executor, &mut spec).await?;
-                record.preview = Some(crate::operator::proposals::preview(executor, &spec).await);
+                crate::proposals::pin(executor, &mut spec).await?;
+                record.preview = Some(crate::proposals::preview(executor, &spec).await);
                 record.params = spec.params;
             }
             (None, None) => {}
@@ -310,91 +299,6 @@ pub async fn propose(
     Ok(out)
 }
 
-/// What approving a stored proposal (standalone mode) leads to.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Approval {
-    /// The phase recorded with the decision: `Executing` when Kortex carries it out here,
-    /// else final (`Approved`, or `Failed` when a guard refuses it).
-    pub phase: crate::crd::ProposalPhase,
-    /// Its `message`.
-    pub message: String,
-    /// What to carry out (with `Executing`).
-    pub action: Option<crate::operator::executor::Action>,
-}
-
-/// The rules of cluster mode ([`crate::operator::proposals::next`]) applied to a stored
-/// proposal that `by` (in `groups`) approves under `policy` as it is now: the policy must
-/// still allow the action and namespace and have `execute: true`, and Kortex must have a
-/// cluster (a kubeconfig) to carry it out in.
-pub fn approval(
-    engine: &Engine,
-    p: &ProposalRecord,
-    policy: &PolicyEntry,
-    by: &str,
-    groups: &[String],
-    reason: Option<&str>,
-) -> Approval {
-    use crate::crd::{ActionProposal, ActionProposalSpec, ActionProposalStatus};
-    use crate::operator::proposals::{Transition, next};
-    let spec = ActionProposalSpec {
-        action: p.action.clone(),
-        target: p
-            .target
-            .clone()
-            .and_then(|t| serde_json::from_value(t).ok()),
-        params: p.params.clone(),
-        rationale: p.rationale.clone(),
-        blast_radius: None,
-        reversible: None,
-        session: crate::crd::ProposalSession {
-            id: p.session_id.clone().unwrap_or_default(),
-            name: p.session_name.clone(),
-            user: p.user.clone(),
-        },
-        model: None,
-        decision: Some(crate::crd::Decision {
-            verdict: crate::crd::Verdict::Approve,
-            by: by.to_owned(),
-            reason: reason.map(str::to_owned),
-            groups: groups.to_vec(),
-        }),
-    };
-    let mut object = ActionProposal::new(&p.name, spec);
-    // Expiry was checked when the decision was taken (and is again when it is written).
-    object.status = Some(ActionProposalStatus {
-        phase: ProposalPhase::Pending,
-        ..Default::default()
-    });
-    let approved = format!(
-        "approved by {by}{}",
-        reason.map(|r| format!(": {r}")).unwrap_or_default()
-    );
-    match next(&object, Some(&policy.object.spec), jiff::Timestamp::now()) {
-        Transition::Execute(action) if engine.executor.get().is_some() => Approval {
-            phase: ProposalPhase::Executing,
-            message: format!("{approved}; executing"),
-            action: Some(action),
-        },
-        Transition::Execute(_) => Approval {
-            phase: ProposalPhase::Approved,
-            message: format!(
-                "{approved}; not executed: Kortex runs without a cluster here (kortex serve executes approved proposals in the cluster of --kubeconfig or KUBECONFIG)"
-            ),
-            action: None,
-        },
-        Transition::Final(phase, message) => Approval {
-            phase,
-            message,
-            action: None,
-        },
-        Transition::Wait => Approval {
-            phase: ProposalPhase::Approved,
-            message: approved,
-            action: None,
-        },
-    }
-}
-
 /// Carries out an approved proposal (standalone mode, recorded as `Executing` by the
 /// decision), within the same time limit as the cluster's leader, and records the outcome
 /// and what undoes it. Started once: a proposal left `Executing` by a stopped process is
@@ -402,12 +306,12 @@ pub fn approval(
 pub async fn execute_approved(
     engine: std::sync::Arc<Engine>,
     p: ProposalRecord,
-    action: crate::operator::executor::Action,
+    action: crate::proposals::executor::Action,
 ) {
     let Some(executor) = engine.executor.get() else {
         return;
     };
-    let (phase, message, undo) = crate::operator::proposals::carry_out(executor, &action).await;
+    let (phase, message, undo) = crate::proposals::carry_out(executor, &action).await;
     let phase = phase.as_str();
     tracing::info!(proposal = %p.name, phase, %message, "proposal executed");
     // Carried out: the result is written, retried here, never by executing again.
@@ -557,10 +461,10 @@ pub async fn undo(
     };
     let mut preview = None;
     if let Some(executor) = engine.executor.get() {
-        crate::operator::proposals::pin(executor, &mut spec)
+        crate::proposals::pin(executor, &mut spec)
             .await
             .map_err(UndoError::Refused)?;
-        preview = Some(crate::operator::proposals::preview(executor, &spec).await);
+        preview = Some(crate::proposals::preview(executor, &spec).await);
     }
     let now = crate::store::now_ms();
     let expire =
@@ -637,8 +541,8 @@ pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> 
     // An execution runs within EXECUTION_TIMEOUT; one still `Executing` well after that was
     // stopped with its process.
     let interrupted_before = now
-        - (crate::operator::proposals::EXECUTION_TIMEOUT.as_millis() as i64
-            + crate::operator::proposals::EXECUTION_GRACE.as_millis() as i64);
+        - (crate::proposals::EXECUTION_TIMEOUT.as_millis() as i64
+            + crate::proposals::EXECUTION_GRACE.as_millis() as i64);
     let interrupted = engine
         .store
         .executing_since_before(interrupted_before, 1000)
@@ -681,9 +585,14 @@ mod tests {
     #[test]
     fn the_models_pins_are_dropped() {
         assert_eq!(
-            unpinned(json!({"replicas": 4, "expectGeneration": 99, "expectReplicas": 1})),
+            crate::proposals::unpinned(
+                json!({"replicas": 4, "expectGeneration": 99, "expectReplicas": 1})
+            ),
             json!({"replicas": 4})
         );
-        assert_eq!(unpinned(json!({"toRevision": 3})), json!({"toRevision": 3}));
+        assert_eq!(
+            crate::proposals::unpinned(json!({"toRevision": 3})),
+            json!({"toRevision": 3})
+        );
     }
 }

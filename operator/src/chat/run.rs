@@ -563,7 +563,7 @@ async fn steps(
         // run, all of them at once, through the one path every door uses.
         let mut waiting = false;
         let mut routed = Vec::new();
-        let caller = tool_calls::Caller {
+        let caller = tool_calls::CallScope {
             session,
             run_id,
             policy,
@@ -868,7 +868,7 @@ async fn answer_step(
             request.tools = delegable.tools.clone();
             delegated = Some((rx, grant));
         }
-        let caller = tool_calls::Caller {
+        let caller = tool_calls::CallScope {
             session,
             run_id,
             policy: delegable.policy,
@@ -1348,7 +1348,7 @@ struct Delegated<'a> {
     rx: tokio::sync::mpsc::Receiver<super::delegate::DelegatedCall>,
     /// The run's credential for them: revoked when the provider call ends.
     _grant: super::delegate::Grant,
-    caller: &'a tool_calls::Caller<'a>,
+    caller: &'a tool_calls::CallScope<'a>,
     guides: std::sync::Arc<[crate::tools::guides::Guide]>,
 }
 

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument as _;
 
-/// Who calls, in which session, under which policy.
-pub struct Caller<'a> {
+/// The scope of a tool call: in which session and run, under which policy, as whom (not
+/// to be confused with the API's caller, [`crate::http::auth::Caller`], a person).
+pub struct CallScope<'a> {
     /// The session the call belongs to.
     pub session: &'a SessionRecord,
     /// The run (chat), or an id of the call's own (MCP).
@@ -52,7 +53,7 @@ pub fn offered(
 /// result.
 pub async fn call(
     engine: &Engine,
-    caller: &Caller<'_>,
+    caller: &CallScope<'_>,
     call: &ToolCall,
     guides: Arc<[Guide]>,
     on_slow: impl std::future::Future<Output = ()>,
@@ -79,7 +80,7 @@ pub async fn call(
 
 async fn carry_out(
     engine: &Engine,
-    caller: &Caller<'_>,
+    caller: &CallScope<'_>,
     call: &ToolCall,
     guides: Arc<[Guide]>,
     on_slow: impl std::future::Future<Output = ()>,

@@ -505,7 +505,7 @@ async fn run_server(server: Server) -> Result<(), String> {
                 let _ = state
                     .engine
                     .executor
-                    .set(crate::operator::executor::Executor::new(client));
+                    .set(crate::proposals::executor::Executor::new(client));
                 tracing::info!(server = %url, "approved proposals are executed in the cluster at {url} (policies with proposals.execute: true)");
             }
             Some(tokio::spawn(expire_proposals(

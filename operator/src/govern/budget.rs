@@ -104,8 +104,8 @@ impl Counter {
     }
 
     /// What a call asks of this counter's lease, when it has a limit.
-    pub fn want(&self, amount: i64) -> Option<super::lease::Want> {
-        self.limit.map(|limit| super::lease::Want {
+    pub fn want(&self, amount: i64) -> Option<super::budget_lease::Want> {
+        self.limit.map(|limit| super::budget_lease::Want {
             scope: self.scope.clone(),
             window_start: self.window_start,
             counter_expires_at: self.expires_at,

@@ -4,7 +4,7 @@
 //! a `usage_events` row, the daily roll-up, the budget counters and the metrics, together.
 
 pub mod budget;
-pub mod lease;
+pub mod budget_lease;
 pub mod rate;
 pub mod reach;
 pub mod route;
@@ -17,7 +17,7 @@ use crate::store::{
     BudgetSettle, LeaseDraw, NewDecision, Store, StoreError, UsageEvent, new_id, now_ms,
 };
 use budget::{Counter, Counters, Exceeded};
-use lease::Leases;
+use budget_lease::Leases;
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! database round trip per call, and never let more through together than the limit.
 
 use super::Governor;
-use super::lease::{NoRoom, Want};
+use super::budget_lease::{NoRoom, Want};
 use crate::store::{StoreError, now_ms};
 
 /// One minute.

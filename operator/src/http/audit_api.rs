@@ -2,6 +2,7 @@
 //! cursor; `GET /chat/v1/sessions/{id}/export`: a session's transcript as Markdown or JSON.
 
 use super::AppState;
+use super::access::admins_only;
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::store::DecisionQuery;
@@ -93,51 +94,6 @@ pub async fn audit(
     Ok(Json(json!({"items": items, "nextCursor": next})))
 }
 
-/// Group whose members may read the audit log and usage reports in key mode.
-pub const ADMIN_GROUP: &str = "kortex-admins";
-
-/// What concerns every user — reports (`get` `/kortex/audit`, `/kortex/usage`), erasure
-/// (`delete` `/kortex/erase`), other users' sessions (`delete` `/kortex/sessions`) — is for
-/// members of [`ADMIN_GROUP`]; in cluster mode also for whoever RBAC lets `verb` that
-/// non-resource URL (the `kortex-admin` ClusterRole); in loopback mode for the local user.
-pub async fn admins_only(
-    state: &AppState,
-    caller: &Caller,
-    what: &str,
-    verb: &str,
-    path: &str,
-) -> Result<(), ApiError> {
-    use super::auth::AuthMode;
-    if state.auth == AuthMode::Loopback || caller.groups.iter().any(|g| g == ADMIN_GROUP) {
-        return Ok(());
-    }
-    if let (AuthMode::Cluster, Some(cluster)) = (state.auth, &state.cluster_auth) {
-        match cluster
-            .may_access(&caller.user, &caller.groups, verb, path)
-            .await
-        {
-            Ok(true) => return Ok(()),
-            Ok(false) => {
-                return Err(ApiError::forbidden(format!(
-                    "{what} is for the group {ADMIN_GROUP} or users RBAC allows to {verb} {path} (ClusterRole kortex-admin)"
-                )));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot review access to a report");
-                return Err(ApiError::new(
-                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                    "auth_unavailable",
-                    "the Kubernetes API server could not check your access; try again",
-                ));
-            }
-        }
-    }
-    // Behind an authenticating proxy in key mode too: the group decides.
-    Err(ApiError::forbidden(format!(
-        "{what} is for members of the group {ADMIN_GROUP}"
-    )))
-}
-
 /// `GET /chat/v1/sessions/{id}/export`: Markdown with `Accept: text/markdown` (or
 /// `?format=markdown`), JSON otherwise.
 pub async fn export(
@@ -148,7 +104,7 @@ pub async fn export(
     Query(q): Query<std::collections::HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let session =
-        super::chat_api::reachable(&state, &caller, &id, crate::store::Access::Read).await?;
+        super::access::reachable(&state, &caller, &id, crate::store::Access::Read).await?;
     let messages = state
         .store
         .list_messages(&id)

@@ -258,6 +258,38 @@ pub async fn caller_for_token(state: &AppState, presented: &str) -> Result<Calle
     }
 }
 
+/// Where the MCP door is (`crate::http::mcp`); a claude-code run's credential is taken there only.
+pub const MCP_PATH: &str = "/mcp";
+
+/// The run a request's bearer credential was made for: only to `/mcp`, only from this
+/// machine, only while the run's provider call lasts.
+pub fn run_credential(
+    state: &AppState,
+    req: &axum::extract::Request,
+) -> Option<std::sync::Arc<crate::chat::delegate::Delegation>> {
+    if req.uri().path() != MCP_PATH {
+        return None;
+    }
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")?
+        .trim();
+    if !bearer.starts_with("kortex-run-") {
+        return None;
+    }
+    let local = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .is_some_and(|c| c.0.ip().is_loopback());
+    if !local {
+        return None;
+    }
+    state.engine.delegations.get(bearer)
+}
+
 /// Authenticates every `/api` and `/chat` request: an authenticating proxy's headers (from
 /// its networks only), loopback checks, or a bearer token — in the `Authorization` header,
 /// or, for a signed-in browser, in the HttpOnly [`AUTH_COOKIE`], in which case requests
@@ -273,7 +305,7 @@ pub async fn authenticate(
         return Ok(next.run(req).await);
     }
     // A claude-code run's own credential, presented by its CLI on this machine to /mcp.
-    if let Some(delegation) = super::mcp::run_credential(&state, &req) {
+    if let Some(delegation) = run_credential(&state, &req) {
         req.extensions_mut().insert(Caller {
             user: delegation.user.clone(),
             groups: Vec::new(),

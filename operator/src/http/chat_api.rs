@@ -2,6 +2,7 @@
 //! streaming the run back), follow the event log with replay, cancel.
 
 use super::AppState;
+use super::access::{json_body, may_use, ms_to_rfc3339, owned, reach, reachable};
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::chat::{ChatError, event};
@@ -37,21 +38,6 @@ impl From<ChatError> for ApiError {
             }
         }
     }
-}
-
-pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    body.map(|Json(v)| v).map_err(|e| {
-        // Over `--max-request-bytes`: kept 413, which `limits::limit_body` words and counts.
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "request_too_large",
-                e.body_text(),
-            )
-        } else {
-            ApiError::invalid(e.body_text())
-        }
-    })
 }
 
 /// `POST /chat/v1/sessions` body.
@@ -103,12 +89,6 @@ fn session_json(s: &SessionRecord, messages: Option<Vec<crate::store::MessageRec
             .collect();
     }
     v
-}
-
-pub(crate) fn ms_to_rfc3339(ms: i64) -> String {
-    jiff::Timestamp::from_millisecond(ms)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
 }
 
 /// `POST /chat/v1/sessions`
@@ -163,45 +143,6 @@ pub async fn create(
         .await
         .map_err(ApiError::from)?;
     Ok((StatusCode::CREATED, Json(session_json(&session, None))).into_response())
-}
-
-/// In cluster mode, the caller must be allowed the verb `use` on the policy
-/// (`chatpolicies/<name>`), so naming a session cannot grant a policy's budget, tools or
-/// execution rights to someone not allowed them.
-pub(crate) async fn may_use(
-    state: &AppState,
-    caller: &Caller,
-    policy: &crate::catalog::PolicyEntry,
-) -> Result<(), ApiError> {
-    let (Some(cluster), crate::http::auth::AuthMode::Cluster) = (&state.cluster_auth, state.auth)
-    else {
-        return Ok(());
-    };
-    let namespace = policy
-        .object
-        .metadata
-        .namespace
-        .as_deref()
-        .unwrap_or("default");
-    let name = policy.object.metadata.name.as_deref().unwrap_or_default();
-    match cluster
-        .may_use_policy(&caller.user, &caller.groups, namespace, name)
-        .await
-    {
-        Ok(true) => Ok(()),
-        Ok(false) => Err(ApiError::forbidden(format!(
-            "{} may not use ChatPolicy {namespace}/{name}: RBAC must allow the verb use on chatpolicies/{name} (e.g. a RoleBinding to the kortex-user ClusterRole)",
-            caller.user
-        ))),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot check the use of a ChatPolicy");
-            Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "auth_unavailable",
-                "the Kubernetes API server could not check your access to the ChatPolicy; try again",
-            ))
-        }
-    }
 }
 
 /// Checks the client-executed tools of a new session: well-formed, unique, not shadowing a
@@ -362,78 +303,6 @@ pub async fn rename(
     Ok(Json(session_json(&session, None)))
 }
 
-/// Session `id` if the caller owns it; anyone else gets 404, as for a session that does
-/// not exist.
-pub(crate) async fn owned(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-) -> Result<SessionRecord, ApiError> {
-    state
-        .store
-        .get_session(id, &caller.user)
-        .await
-        .map_err(ApiError::from)?
-        .ok_or_else(|| ApiError::not_found(format!("session {id} not found")))
-}
-
-/// Session `id` if the caller owns it, or it is shared with them for at least `need`
-/// (`docs/chat.md#sharing`). Shared to read but asked to take part: 403; not shared: 404.
-pub(crate) async fn reachable(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-    need: crate::store::Access,
-) -> Result<SessionRecord, ApiError> {
-    reach(state, caller, id, need).await.map(|(s, _)| s)
-}
-
-/// [`reachable`], with what a share gives the caller (`None`: they own it).
-pub(crate) async fn reach(
-    state: &AppState,
-    caller: &Caller,
-    id: &str,
-    need: crate::store::Access,
-) -> Result<(SessionRecord, Option<crate::store::Access>), ApiError> {
-    if let Some(s) = state
-        .store
-        .get_session(id, &caller.user)
-        .await
-        .map_err(ApiError::from)?
-    {
-        return Ok((s, None));
-    }
-    match state
-        .store
-        .shared_access(id, &caller.user, &caller.groups)
-        .await
-        .map_err(ApiError::from)?
-    {
-        Some((s, access)) if access >= need => Ok((s, Some(access))),
-        Some(_) => Err(ApiError::forbidden(format!(
-            "session {id} is shared with you to read; its owner can share it with access: continue"
-        ))),
-        None => {
-            // A session a trigger started belongs to its policy's users: whoever may use
-            // the policy takes part (`docs/triggers.md#results`).
-            let not_found = || ApiError::not_found(format!("session {id} not found"));
-            let session = state
-                .store
-                .session_by_id(id)
-                .await
-                .map_err(ApiError::from)?
-                .filter(|s| s.trigger.is_some())
-                .ok_or_else(not_found)?;
-            let config = state.config.borrow().clone();
-            let policy = config.catalog.policy_of(&session).ok_or_else(not_found)?;
-            may_use(state, caller, policy)
-                .await
-                .map_err(|_| not_found())?;
-            Ok((session, Some(crate::store::Access::Continue)))
-        }
-    }
-}
-
 /// `GET /chat/v1/sessions/{id}`
 pub async fn get(
     State(state): State<AppState>,
@@ -509,7 +378,7 @@ pub async fn delete(
         let Some(other) = store.session_by_id(&id).await.map_err(ApiError::from)? else {
             return Err(ApiError::not_found(format!("session {id} not found")));
         };
-        if crate::http::audit_api::admins_only(
+        if super::access::admins_only(
             &state,
             &caller,
             "deleting another user's session",

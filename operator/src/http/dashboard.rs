@@ -127,7 +127,7 @@ pub async fn login(
     headers: HeaderMap,
     body: Result<Json<Login>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let body = super::chat_api::json_body(body)?;
+    let body = super::access::json_body(body)?;
     if state.auth == AuthMode::Loopback {
         check_loopback(&headers)?;
         let caller = Caller {

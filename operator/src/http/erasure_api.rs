@@ -3,7 +3,7 @@
 //! non-resource URL `/kortex/erase` (ClusterRole `kortex-admin`); loopback: the local user.
 
 use super::AppState;
-use super::audit_api::admins_only;
+use super::access::admins_only;
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::store::StoreError;

@@ -4,7 +4,7 @@
 //! `get` on `/kortex/evals`).
 
 use super::AppState;
-use super::audit_api::admins_only;
+use super::access::admins_only;
 use super::auth::Caller;
 use super::error::ApiError;
 use axum::extract::{Query, State};
@@ -52,7 +52,7 @@ pub async fn evals(
             let (lo, hi) = crate::store::wilson(r.passed.max(0) as u64, r.attempts.max(0) as u64);
             let rate = if r.attempts > 0 { r.passed as f64 / r.attempts as f64 } else { 0.0 };
             let mut v = json!({
-                "id": r.id, "at": super::chat_api::ms_to_rfc3339(r.at), "label": r.label, "kind": r.kind,
+                "id": r.id, "at": super::access::ms_to_rfc3339(r.at), "label": r.label, "kind": r.kind,
                 "suite": r.suite, "scenarios": r.scenarios, "attempts": r.attempts, "passed": r.passed,
                 "passRate": rate, "interval": [lo, hi],
                 "inputTokens": r.input_tokens, "outputTokens": r.output_tokens, "costUsd": r.cost_usd,

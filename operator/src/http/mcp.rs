@@ -42,7 +42,7 @@ use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 
 /// The path.
-pub const PATH: &str = "/mcp";
+pub use super::auth::MCP_PATH as PATH;
 /// The session name of MCP calls when the URL names only a policy.
 pub const DEFAULT_SESSION: &str = "mcp";
 const SESSION_HEADER: &str = "mcp-session-id";
@@ -166,32 +166,6 @@ pub struct Access {
     pub delegation: Option<Arc<Delegation>>,
 }
 
-/// The run a request's bearer credential was made for: only to `/mcp`, only from this
-/// machine, only while the run's provider call lasts.
-pub fn run_credential(state: &AppState, req: &Request) -> Option<Arc<Delegation>> {
-    if req.uri().path() != PATH {
-        return None;
-    }
-    let bearer = req
-        .headers()
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")?
-        .trim();
-    if !bearer.starts_with("kortex-run-") {
-        return None;
-    }
-    let local = req
-        .extensions()
-        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-        .is_some_and(|c| c.0.ip().is_loopback());
-    if !local {
-        return None;
-    }
-    state.engine.delegations.get(bearer)
-}
-
 /// The `/mcp` service: rmcp's Streamable HTTP server over [`KortexMcp`].
 pub fn service(state: AppState) -> StreamableHttpService<KortexMcp, LocalSessionManager> {
     // `Host` is checked where it matters (loopback mode, by the authentication layer); in a
@@ -306,7 +280,7 @@ pub async fn admit(
             let (policy, namespace, name) = select(&config.catalog, &selection).map_err(|e| {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "no_matching_policy", e)
             })?;
-            super::chat_api::may_use(&state, &caller, policy).await?;
+            super::access::may_use(&state, &caller, policy).await?;
             let policy_name = policy.object.metadata.name.clone();
             let session = state
                 .store
@@ -622,7 +596,7 @@ impl ServerHandler for KortexMcp {
             .map(|p| p.client_info.name.clone())
             .unwrap_or_else(|| "mcp-client".to_owned());
         let run_id = call.id.clone();
-        let caller = tool_calls::Caller {
+        let caller = tool_calls::CallScope {
             session: &usable.session,
             run_id: &run_id,
             policy: &usable.policy,

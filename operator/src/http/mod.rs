@@ -1,6 +1,11 @@
-//! The HTTP server: health, readiness and metrics; the configuration, chat, proposals,
-//! audit and usage APIs; the dashboard; the `/v1` gateway; and the `/mcp` door.
+//! The HTTP server, every door: health, readiness and metrics; the configuration, chat,
+//! runs, sharing, proposals, audit, usage, evals, erasure and alerts APIs; the dashboard;
+//! the `/v1` gateway; and the `/mcp` door. `auth` says who is calling (one [`auth::Caller`]
+//! for every door), `access` what they may do with sessions and reports (handlers share
+//! these and never import one another), `limits` bounds requests, `error` is the one error
+//! answer. The top floor but `cli`: imports any room below.
 
+mod access;
 mod alerts_api;
 mod audit_api;
 mod dashboard;

@@ -244,8 +244,8 @@ async fn decide(
                 rules.approver_groups.join(", ")
             )));
         }
-        crate::chat::proposals::approval(
-            &state.engine,
+        crate::proposals::approval(
+            state.engine.executor.get().is_some(),
             &p,
             policy,
             &caller.user,

@@ -2,8 +2,8 @@
 //! any replica ([`crate::chat::control`] owns the state machine; these are its doors).
 
 use super::AppState;
+use super::access::{json_body, reachable};
 use super::auth::Caller;
-use super::chat_api::{json_body, reachable};
 use super::error::ApiError;
 use crate::chat::control::{self, Control, ControlError, Input, Refusal};
 use axum::extract::rejection::JsonRejection;

@@ -4,8 +4,8 @@
 //! `session.handover` notification.
 
 use super::AppState;
+use super::access::{json_body, owned, reachable};
 use super::auth::Caller;
-use super::chat_api::{json_body, owned, reachable};
 use super::error::ApiError;
 use crate::store::Access;
 use axum::extract::rejection::JsonRejection;
@@ -255,5 +255,5 @@ pub async fn handover(
 /// A hand-over as the API shows it (`createdAt` in RFC 3339, like messages).
 pub(crate) fn handover_json(h: &crate::store::Handover) -> Value {
     json!({"id": h.id, "from": h.from, "to": h.to, "note": h.note, "summary": h.summary,
-        "createdAt": super::chat_api::ms_to_rfc3339(h.created_at)})
+        "createdAt": super::access::ms_to_rfc3339(h.created_at)})
 }

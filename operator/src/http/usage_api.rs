@@ -2,7 +2,7 @@
 //! the usage events), grouped for tables and charts.
 
 use super::AppState;
-use super::audit_api::admins_only;
+use super::access::admins_only;
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::store::UsageGroup;

@@ -1,6 +1,9 @@
 //! The LLM provider layer: provider-agnostic request, response and stream types, one trait,
 //! and one adapter per wire protocol (`anthropic`, `openai` — also for `openai-compatible`
-//! servers —, `ollama`), built from the catalog with their keys resolved.
+//! servers —, `ollama`) or local CLI (`claude_code`), built from the catalog with their keys
+//! resolved; `probe` checks each provider (and whether a CLI is installed), `recover` and
+//! `prompt_tools` read tool calls small models write as text, `semconv` names their spans.
+//! Imports `live`, `catalog`, `store`, `egress`, `telemetry` and `crd` only.
 //!
 //! Every adapter speaks its vendor's documented wire format over reqwest; no vendor SDK.
 //! Errors are typed and never carry the key; retries happen only while nothing has been

@@ -1,10 +1,17 @@
 //! Cluster mode (`kortex run`): the operator side of Kortex. The custom resources and the
 //! Secrets they reference are watched and compiled into the live configuration the chat
-//! server runs on; statuses and Events are written by the leader.
+//! server runs on (`watch`); statuses and Events are written by the leader (`status`), which
+//! holds the Lease (`lease`); `ActionProposal` objects are created, moved and executed
+//! (`proposals`, with the shared rules and executor of [`crate::proposals`]) only while the
+//! admission policy that authenticates decisions is enforced (`admission_guard`); callers
+//! are reviewed with TokenReview and SubjectAccessReview (`auth`); the egress guard learns
+//! Kortex's own addresses (`own_addresses`).
+//!
+//! Imports `proposals`, `tools`, `llm` and below; never `chat`, `http` or `cli` (the chat
+//! engine reaches the reconciler through [`proposals::ProposalHost`]).
 
 pub mod admission_guard;
 pub mod auth;
-pub mod executor;
 pub mod lease;
 pub mod own_addresses;
 pub mod proposals;

@@ -1,5 +1,8 @@
 //! Storage: one schema for PostgreSQL and SQLite (sqlx's `Any` driver), the migrations in
-//! `migrations/` embedded in the binary, and a small repository per table.
+//! `migrations/` embedded in the binary, and one [`Store`] whose methods are grouped by
+//! what they keep, a file each (`runs.rs`, `proposals.rs`, `usage.rs`, `audit.rs`, …), with
+//! the rows in `models.rs`. Also the arithmetic over stored numbers that several rooms
+//! report (`usage_total`, `wilson`). Imports only `crd` and `telemetry`.
 //!
 //! Portable SQL only: `$N` placeholders (SQLite accepts them too), integer Unix-millisecond
 //! timestamps, JSON as TEXT, `INSERT ... ON CONFLICT`, `UPDATE ... RETURNING`.

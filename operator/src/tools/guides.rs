@@ -3,6 +3,7 @@
 //! built-in tool family, and a `KortexTool`'s `spec.guide` for its tools. A session sees
 //! only the guides of tools it may use; MCP clients read the same guides as resources.
 
+pub use super::plugins::PluginGuide;
 use super::plugins::PluginSet;
 use super::{Tool, ToolContext, ToolError};
 use crate::llm::{BoxFuture, ToolSpec};
@@ -134,15 +135,6 @@ pub fn usable(offered: &[ToolSpec], plugins: &PluginSet, namespace: &str) -> Vec
         }
     }
     guides
-}
-
-/// A `KortexTool`'s guide, shared by the tools it exposes.
-#[derive(Debug)]
-pub struct PluginGuide {
-    /// The `KortexTool`'s tool name (the prefix, for an MCP server).
-    pub name: String,
-    /// The Markdown.
-    pub body: Arc<str>,
 }
 
 /// `list_tool_guides`.

@@ -17,6 +17,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
+/// A `KortexTool`'s guide, shared by the tools it exposes.
+#[derive(Debug)]
+pub struct PluginGuide {
+    /// The `KortexTool`'s tool name (the prefix, for an MCP server).
+    pub name: String,
+    /// The Markdown.
+    pub body: Arc<str>,
+}
+
 /// One plugin tool as offered.
 pub struct Plugin {
     /// The tool, its spec and compiled schema.
@@ -26,7 +35,7 @@ pub struct Plugin {
     /// The `KortexTool` it comes from.
     pub source: ObjectKey,
     /// The `KortexTool`'s guide, if it has one.
-    pub guide: Option<Arc<super::guides::PluginGuide>>,
+    pub guide: Option<Arc<PluginGuide>>,
 }
 
 /// What an MCP server's last discovery found.
@@ -93,7 +102,7 @@ fn http_tool(entry: &ToolEntry, host: &PluginHost) -> Result<HttpTool, String> {
 
 fn plugin(entry: &ToolEntry, key: &ObjectKey, tool: Arc<dyn Tool>) -> Arc<Plugin> {
     let guide = entry.object.spec.guide.as_deref().map(|body| {
-        Arc::new(super::guides::PluginGuide {
+        Arc::new(PluginGuide {
             name: entry.tool_name.clone(),
             body: Arc::from(body),
         })

@@ -1,4 +1,6 @@
-//! `ActionProposal` objects in cluster mode.
+//! `ActionProposal` objects in cluster mode: the cluster's object handling only. What both
+//! modes share — the phase rules, pins, previews, carrying an action out — is the
+//! [`crate::proposals`] room below.
 //!
 //! The replica whose model proposed an action creates the object (in the target's
 //! namespace) and writes its initial status: `Pending`, `expiresAt` and the dry-run
@@ -12,15 +14,16 @@
 //! sent to the proposing session as `proposal.updated`; Events record decisions and
 //! executions on the object.
 
-mod rules;
-
-pub use rules::{EXECUTING_CONDITION, EXECUTION_GRACE, Transition, next};
+pub use crate::proposals::{
+    EXECUTING_CONDITION, EXECUTION_GRACE, EXECUTION_TIMEOUT, Transition, carry_out, next, pin,
+    preview,
+};
 
 use super::admission_guard::AdmissionGuard;
-use super::executor::{self, Action, Executor};
 use crate::crd::{
     ActionProposal, ActionProposalSpec, ChatPolicySpec, ProposalPhase, ProposalTarget,
 };
+use crate::proposals::executor::{self, Action, Executor};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -60,68 +63,6 @@ pub const UNDO_PROPOSAL_ANNOTATION: &str = "kortex.dev/undo-proposal";
 /// Field manager of proposal statuses.
 const FIELD_MANAGER: &str = "kortex";
 
-/// Pins the target's state in the (immutable) params of a proposal Kortex can carry out:
-/// what is approved is what the preview showed, or nothing ([`executor::moved`]). A
-/// proposal whose target cannot be read now could never be executed: it is not made, and
-/// the model is told why.
-pub async fn pin(executor: &Executor, spec: &mut ActionProposalSpec) -> Result<(), String> {
-    if executor::EXECUTABLE.contains(&spec.action.as_str())
-        && let Some(target) = spec.target.clone()
-    {
-        let action = Action {
-            verb: spec.action.clone(),
-            target,
-            params: spec.params.clone().unwrap_or(json!({})),
-        };
-        let params = executor
-            .pin(&action)
-            .await
-            .map_err(|e| format!("cannot propose to {} {}: {e}", action.verb, action.target))?;
-        spec.params = Some(params);
-    }
-    Ok(())
-}
-
-/// Carries out an approved action within [`EXECUTION_TIMEOUT`]: the phase it ends in
-/// (`Succeeded` or `Failed`), the message for its status and what undoes it.
-pub async fn carry_out(
-    executor: &Executor,
-    action: &Action,
-) -> (ProposalPhase, String, Option<Value>) {
-    match tokio::time::timeout(EXECUTION_TIMEOUT, executor.execute(action)).await {
-        Ok(Ok(done)) => (ProposalPhase::Succeeded, done.message, done.undo),
-        Ok(Err(e)) => (ProposalPhase::Failed, e, None),
-        Err(_) => (
-            ProposalPhase::Failed,
-            format!(
-                "the action did not finish within {} s, so whether it took effect is unknown: check {} before proposing it again",
-                EXECUTION_TIMEOUT.as_secs(),
-                action.target
-            ),
-            None,
-        ),
-    }
-}
-
-/// The dry-run preview of a proposal (or why there is none).
-pub async fn preview(executor: &Executor, spec: &ActionProposalSpec) -> Value {
-    if !executor::EXECUTABLE.contains(&spec.action.as_str()) {
-        return json!({"note": format!("Kortex does not carry out {}; approving it records the decision for other automation", spec.action)});
-    }
-    let Some(target) = spec.target.clone() else {
-        return json!({"error": "no target"});
-    };
-    let action = Action {
-        verb: spec.action.clone(),
-        target,
-        params: spec.params.clone().unwrap_or(json!({})),
-    };
-    match executor.preview(&action).await {
-        Ok(p) => p,
-        Err(e) => json!({"error": e}),
-    }
-}
-
 /// Proposals in a cluster: creation (any replica) and the lifecycle (the leader).
 #[derive(Clone)]
 pub struct ClusterProposals {
@@ -145,9 +86,6 @@ pub struct ClusterProposals {
 
 /// How many approved proposals are executed at once.
 const EXECUTIONS: usize = 8;
-/// How long the action itself (its dry run and write) may take; the checks before it and
-/// the status writes after it have their own per-call deadlines.
-pub const EXECUTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
 
 impl ClusterProposals {
     /// Counts transitions (`kortex_proposal_transitions_total`) and failed status writes
