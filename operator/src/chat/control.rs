@@ -6,6 +6,7 @@
 //! transition is a `run.lifecycle` event and a `run_control` audit row.
 
 use super::{Engine, event};
+use crate::store::RunState;
 use crate::store::{NewDecision, SessionRecord, StoreError};
 use serde_json::{Value, json};
 
@@ -102,40 +103,42 @@ pub enum Refusal {
 
 /// What a run in `state` does take, for a refusal to say.
 fn next_steps(state: &str) -> &'static str {
-    match state {
-        "running" => "pause, redirect or cancel it",
-        "pausing" => "resume, redirect or cancel it",
-        "paused" => "resume, redirect or cancel it",
-        "awaiting_plan" => "approve or reject its plan (plan/approve, plan/reject), or cancel it",
-        "requires_action" => "post the client's tool results, or cancel it",
-        "cancelling" => "wait for it to stop",
+    match RunState::parse(state) {
+        Some(RunState::Running) => "pause, redirect or cancel it",
+        Some(RunState::Pausing | RunState::Paused) => "resume, redirect or cancel it",
+        Some(RunState::AwaitingPlan) => {
+            "approve or reject its plan (plan/approve, plan/reject), or cancel it"
+        }
+        Some(RunState::RequiresAction) => "post the client's tool results, or cancel it",
+        Some(RunState::Cancelling) => "wait for it to stop",
         _ => "see its state in the session's run.lifecycle events",
     }
 }
 
 /// The transition table: what `control` does to a run in `state`.
-pub fn decide(run: &str, state: &str, control: Control) -> Result<Effect, Refusal> {
+pub fn decide(run: &str, state: RunState, control: Control) -> Result<Effect, Refusal> {
     use Control::*;
+    use RunState::*;
     let effect = match (state, control) {
-        ("completed" | "failed" | "cancelled", _) => {
+        (s, _) if s.is_final() => {
             return Err(Refusal::Final {
                 run: run.to_owned(),
-                state: state.to_owned(),
+                state: state.to_string(),
             });
         }
-        ("running", Pause) => Effect::AskPause,
-        ("pausing", Resume) => Effect::WithdrawPause,
-        ("paused", Resume) => Effect::Unpark,
-        ("running" | "pausing" | "paused", Redirect) => Effect::Queue,
-        ("running" | "pausing", Cancel) => Effect::CancelLive,
-        ("paused", Cancel) => Effect::CancelParked,
-        ("requires_action", Cancel) => Effect::CancelWaiting,
-        ("awaiting_plan", ApprovePlan) => Effect::Approve,
-        ("awaiting_plan", RejectPlan | Cancel) => Effect::Reject,
+        (Running, Pause) => Effect::AskPause,
+        (Pausing, Resume) => Effect::WithdrawPause,
+        (Paused, Resume) => Effect::Unpark,
+        (Running | Pausing | Paused, Redirect) => Effect::Queue,
+        (Running | Pausing, Cancel) => Effect::CancelLive,
+        (Paused, Cancel) => Effect::CancelParked,
+        (RequiresAction, Cancel) => Effect::CancelWaiting,
+        (AwaitingPlan, ApprovePlan) => Effect::Approve,
+        (AwaitingPlan, RejectPlan | Cancel) => Effect::Reject,
         (_, control) => {
             return Err(Refusal::State {
                 run: run.to_owned(),
-                state: state.to_owned(),
+                state: state.to_string(),
                 action: match control {
                     Pause => "paused",
                     Resume => "resumed",
@@ -231,29 +234,25 @@ pub async fn apply(
         .await?
         .filter(|r| r.session_id == session.id)
         .ok_or_else(|| ControlError::NotFound(run_id.to_owned()))?;
-    let effect = decide(run_id, &run.status, control)?;
+    let effect = decide(run_id, run.status, control)?;
     // A state that changed under us (the run moved on meanwhile) is said as it is now.
     let moved_on = || async {
-        let now = engine
-            .store
-            .run_record(run_id)
-            .await?
-            .map_or_else(|| "gone".to_owned(), |r| r.status);
-        Err::<Value, _>(ControlError::from(
-            decide(run_id, &now, control)
-                .err()
-                .unwrap_or(Refusal::State {
-                    run: run_id.to_owned(),
-                    state: now,
-                    action: "changed",
-                }),
-        ))
+        let now = engine.store.run_record(run_id).await?.map(|r| r.status);
+        let changed = Refusal::State {
+            run: run_id.to_owned(),
+            state: now.map_or_else(|| "gone".to_owned(), |s| s.to_string()),
+            action: "changed",
+        };
+        Err::<Value, _>(ControlError::from(match now {
+            Some(state) => decide(run_id, state, control).err().unwrap_or(changed),
+            None => changed,
+        }))
     };
     match effect {
         Effect::AskPause => {
             if !engine
                 .store
-                .transition_run(run_id, "running", "pausing")
+                .transition_run(run_id, RunState::Running, RunState::Pausing)
                 .await?
             {
                 return moved_on().await;
@@ -272,7 +271,7 @@ pub async fn apply(
         Effect::WithdrawPause => {
             if !engine
                 .store
-                .transition_run(run_id, "pausing", "running")
+                .transition_run(run_id, RunState::Pausing, RunState::Running)
                 .await?
             {
                 return moved_on().await;
@@ -343,7 +342,7 @@ pub async fn apply(
                 session,
                 run_id,
                 user,
-                (&run.status, "redirecting"),
+                (run.status.as_str(), "redirecting"),
                 json!({"redirectId": id, "rewindTo": input.rewind_to}),
             )
             .await?;
@@ -359,7 +358,7 @@ pub async fn apply(
                 session,
                 run_id,
                 user,
-                (&run.status, "cancelling"),
+                (run.status.as_str(), "cancelling"),
                 json!({}),
             )
             .await;
@@ -437,7 +436,7 @@ pub async fn apply(
                 .await?;
             if !engine
                 .store
-                .take_run(run_id, "awaiting_plan", &engine.replica)
+                .take_run(run_id, RunState::AwaitingPlan, &engine.replica)
                 .await?
             {
                 return moved_on().await;
@@ -476,7 +475,7 @@ pub async fn apply(
             super::answer_pending(engine, &session.id, run_id, &reason, false).await?;
             if !engine
                 .store
-                .transition_run(run_id, "awaiting_plan", "cancelling")
+                .transition_run(run_id, RunState::AwaitingPlan, RunState::Cancelling)
                 .await?
             {
                 return moved_on().await;
@@ -508,13 +507,13 @@ async fn end_parked(
     // Compare-and-set: of the replicas that might end it, one does.
     let from = if engine
         .store
-        .transition_run(run_id, "paused", "cancelling")
+        .transition_run(run_id, RunState::Paused, RunState::Cancelling)
         .await?
     {
         "paused"
     } else if engine
         .store
-        .transition_run(run_id, "awaiting_plan", "cancelling")
+        .transition_run(run_id, RunState::AwaitingPlan, RunState::Cancelling)
         .await?
     {
         // The plan's call gets its result: the transcript stays valid.
@@ -579,7 +578,7 @@ pub async fn at_boundary(
     session: &SessionRecord,
     run_id: &str,
 ) -> Result<Boundary, StoreError> {
-    if engine.store.run_status(run_id).await?.as_deref() == Some("pausing")
+    if engine.store.run_status(run_id).await? == Some(RunState::Pausing)
         && engine.store.park_run(run_id).await?
     {
         return Ok(Boundary::Park);
@@ -655,7 +654,10 @@ mod tests {
     #[test]
     fn the_transition_table() {
         use Control::*;
-        let ok = |state: &str, c: Control| decide("r", state, c);
+        let ok = |state: &str, c: Control| {
+            let state = RunState::parse(state).unwrap_or_else(|| panic!("no state {state}"));
+            decide("r", state, c)
+        };
         assert_eq!(ok("running", Pause), Ok(Effect::AskPause));
         assert_eq!(ok("pausing", Resume), Ok(Effect::WithdrawPause));
         assert_eq!(ok("paused", Resume), Ok(Effect::Unpark));

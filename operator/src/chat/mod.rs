@@ -550,8 +550,8 @@ impl Engine {
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    if let Ok(Some(status)) = store.run_status(&id).await
-                        && status == "cancelling"
+                    if let Ok(Some(crate::store::RunState::Cancelling)) =
+                        store.run_status(&id).await
                     {
                         let _ = tx.send(true);
                         return;

@@ -1276,7 +1276,7 @@ async fn serve_delegated(
     out: &mut StepOutcome,
     stored: &mut usize,
 ) -> Result<bool, crate::store::StoreError> {
-    if engine.store.run_status(run_id).await?.as_deref() == Some("pausing")
+    if engine.store.run_status(run_id).await? == Some(crate::store::RunState::Pausing)
         || engine.store.redirect_pending(run_id).await?
     {
         let _ = asked.reply.send(crate::tools::Outcome {

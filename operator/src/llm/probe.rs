@@ -22,9 +22,6 @@ pub mod reasons {
     pub const UNREACHABLE: &str = "Unreachable";
     /// The endpoint answered with an error.
     pub const PROBE_FAILED: &str = "ProbeFailed";
-    /// Nothing was contacted: the provider's own settings stop the call first (an address
-    /// the egress guard refuses once resolved, a CA bundle that is not PEM).
-    pub const NOT_CONTACTED: &str = "NotContacted";
     /// `claude-code`: Claude Code refused the credential in `authSecretRef`.
     pub const CLAUDE_CODE_AUTH_FAILED: &str = "ClaudeCodeAuthFailed";
     /// `claude-code`: the CLI does not run, or is too old for Kortex's flags.
@@ -138,9 +135,6 @@ pub async fn probe(entry: &ProviderEntry) -> ProbeResult {
         ),
         Err(e) if matches!(e.kind, ErrorKind::Connection | ErrorKind::Timeout) => {
             (false, false, reasons::UNREACHABLE, e.message, Vec::new())
-        }
-        Err(e) if e.kind == ErrorKind::Config => {
-            (false, false, reasons::NOT_CONTACTED, e.message, Vec::new())
         }
         Err(e) => (
             true,

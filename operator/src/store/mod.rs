@@ -39,7 +39,7 @@ mod usage;
 pub use evals::{EvalRun, SessionUsage, wilson};
 pub use mcp::MCP_ORIGIN;
 pub use notify::{Delivery, NotifyEventRecord};
-pub use runs::{PlanRecord, RunRecord};
+pub use runs::{PlanRecord, RunRecord, RunState};
 pub use sharing::{Access, Handover, Share};
 pub use triggers::{FinishedTriggerRun, NewTriggerEvent, RunDigest, TriggerEvent, TriggerGroup};
 pub use usage::usage_total;

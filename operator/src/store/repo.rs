@@ -602,14 +602,13 @@ impl Store {
     }
 
     /// The status of a run.
-    pub async fn run_status(&self, run_id: &str) -> Result<Option<String>, StoreError> {
+    pub async fn run_status(&self, run_id: &str) -> Result<Option<super::RunState>, StoreError> {
         let row = sqlx::query("SELECT status FROM chat_runs WHERE id = $1")
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await?;
-        row.map(|r| r.try_get("status"))
+        row.map(|r| super::runs::run_state(&r.try_get::<String, _>("status")?))
             .transpose()
-            .map_err(StoreError::from)
     }
 
     /// The session's run in progress (running, waiting for tool results or cancelling) and

@@ -7,6 +7,86 @@ use super::models::{MessageRecord, NewMessage};
 use super::{Store, StoreError, new_id, now_ms};
 use sqlx::Row;
 
+/// The state of a run: `chat_runs.status`, and the `state` of `run.lifecycle` events and
+/// of run control's answers (the serde names are those strings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Taking steps.
+    Running,
+    /// Asked to pause: parks at its next step boundary.
+    Pausing,
+    /// Parked; any replica may resume it.
+    Paused,
+    /// Parked until a person decides its plan.
+    AwaitingPlan,
+    /// Waiting for a client's tool results.
+    RequiresAction,
+    /// Asked to stop; its owner ends it.
+    Cancelling,
+    /// Ended with an answer.
+    Completed,
+    /// Ended with an error.
+    Failed,
+    /// Ended by a person (or a timeout).
+    Cancelled,
+}
+
+impl RunState {
+    /// Every state.
+    pub const ALL: [Self; 9] = [
+        Self::Running,
+        Self::Pausing,
+        Self::Paused,
+        Self::AwaitingPlan,
+        Self::RequiresAction,
+        Self::Cancelling,
+        Self::Completed,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    /// As stored and sent.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Pausing => "pausing",
+            Self::Paused => "paused",
+            Self::AwaitingPlan => "awaiting_plan",
+            Self::RequiresAction => "requires_action",
+            Self::Cancelling => "cancelling",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// The state stored as `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+
+    /// An ended run: it takes no control.
+    pub const fn is_final(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stored run state, or a decode error naming it.
+pub(crate) fn run_state(s: &str) -> Result<RunState, StoreError> {
+    RunState::parse(s).ok_or_else(|| {
+        StoreError::from(sqlx::Error::Decode(
+            format!("chat_runs.status {s:?} is not a run state").into(),
+        ))
+    })
+}
+
 /// A run as run control sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunRecord {
@@ -14,9 +94,8 @@ pub struct RunRecord {
     pub id: String,
     /// Its session.
     pub session_id: String,
-    /// `running`, `pausing`, `paused`, `cancelling`, `requires_action`, `completed`,
-    /// `failed` or `cancelled`.
-    pub status: String,
+    /// Its state.
+    pub status: RunState,
     /// When it parked, if it is paused.
     pub paused_at: Option<i64>,
 }
@@ -33,7 +112,7 @@ impl Store {
             Ok(RunRecord {
                 id: r.try_get("id")?,
                 session_id: r.try_get("session_id")?,
-                status: r.try_get("status")?,
+                status: run_state(&r.try_get::<String, _>("status")?)?,
                 paused_at: r.try_get("paused_at")?,
             })
         })
@@ -44,13 +123,13 @@ impl Store {
     pub async fn transition_run(
         &self,
         run_id: &str,
-        from: &str,
-        to: &str,
+        from: RunState,
+        to: RunState,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query("UPDATE chat_runs SET status = $1 WHERE id = $2 AND status = $3")
-            .bind(to)
+            .bind(to.as_str())
             .bind(run_id)
-            .bind(from)
+            .bind(from.as_str())
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected() > 0)
@@ -82,14 +161,14 @@ impl Store {
 
     /// A paused run goes on, executed by `owner`.
     pub async fn unpark_run(&self, run_id: &str, owner: &str) -> Result<bool, StoreError> {
-        self.take_run(run_id, "paused", owner).await
+        self.take_run(run_id, RunState::Paused, owner).await
     }
 
     /// A run parked in `from` (`paused`, `awaiting_plan`) goes on, executed by `owner`.
     pub async fn take_run(
         &self,
         run_id: &str,
-        from: &str,
+        from: RunState,
         owner: &str,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query(
@@ -99,7 +178,7 @@ impl Store {
         .bind(owner)
         .bind(now_ms())
         .bind(run_id)
-        .bind(from)
+        .bind(from.as_str())
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() > 0)

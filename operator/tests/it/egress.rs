@@ -182,8 +182,28 @@ spec:
         "{accepted}"
     );
 
-    // Kortex's own address is refused before any request; through a relay, Kortex refuses
-    // the request itself (it carries the installation's marker).
+    // Kortex's own address is refused when the KortexTool is compiled: not ready, with the
+    // reason, never offered, so nothing is ever sent there (a model naming it anyway is
+    // refused); through a relay, Kortex refuses the request itself (it carries the
+    // installation's marker).
+    let own = tools["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|t| t.to_string().contains("self-call")))
+        .cloned()
+        .unwrap_or_else(|| panic!("{tools}"));
+    let ready = own["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(ready["status"], "False", "{own}");
+    assert_eq!(ready["reason"], "EgressRefused", "{own}");
+    assert!(
+        ready["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Kortex itself")),
+        "{ready}"
+    );
     push(
         &script,
         tool_calls(&[("c1", "self_call", json!({})), ("c2", "relay", json!({}))]),
@@ -193,7 +213,7 @@ spec:
     let events = ask(&server, "ops-1", "read the page").await;
     assert!(run_ended(&events), "{events:?}");
     let direct = tool_result(&script, "c1");
-    assert!(direct.contains("Kortex itself"), "{direct}");
+    assert!(direct.contains("self_call"), "{direct}");
     let relayed = tool_result(&script, "c2");
     assert!(relayed.contains("403"), "{relayed}");
     assert_eq!(

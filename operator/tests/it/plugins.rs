@@ -274,6 +274,27 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         "{accepted:?}"
     );
 
+    // The metadata service is refused when the resource is compiled: not ready, with the
+    // reason, never offered, nothing sent (issue 44: it showed Ready=True and failed
+    // every call).
+    let metadata = config
+        .catalog
+        .tools
+        .values()
+        .find(|t| t.tool_name == "metadata")
+        .unwrap_or_else(|| panic!("metadata not loaded"));
+    let ready = metadata
+        .object
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
+    assert!(
+        matches!(&ready, Some((s, r, m)) if s == "False" && r == "EgressRefused"
+            && m.contains("169.254.169.254") && m.contains("allowPrivateTargets")),
+        "{ready:?}"
+    );
+    assert!(!metadata.available);
     let redactor = config.catalog.redactor.clone();
     let mut plugins = Plugins::start(config);
     plugins
@@ -390,11 +411,10 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         out.content.len()
     );
 
-    // The metadata service is refused before any request is made.
+    // A model naming the metadata tool anyway is refused, and nothing is sent.
     let before = seen.lock().map(|s| s.len()).unwrap_or(0);
     let out = call(router, &ctx, "metadata", json!({})).await;
     assert_eq!(out.error_kind, Some("denied"), "{out:?}");
-    assert!(out.content.contains("allowPrivateTargets"), "{out:?}");
     assert_eq!(seen.lock().map(|s| s.len()).unwrap_or(0), before);
 
     // allowedSessions: refused for this session even when the model names it; offered to

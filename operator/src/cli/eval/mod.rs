@@ -491,9 +491,9 @@ async fn wait(
             _ = tick.tick() => {
                 // Events missed by a lagging receiver: the database has the end too.
                 if let Ok(Some(status)) = lab.engine.store.run_status(run_id).await
-                    && matches!(status.as_str(), "completed" | "failed" | "cancelled")
+                    && status.is_final()
                 {
-                    return Ok((status, error));
+                    return Ok((status.to_string(), error));
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
