@@ -308,17 +308,46 @@ struct Answer {
     model: String,
 }
 
-async fn steps(
+/// The run's fixed part, worked out once before its first step: the policy as it matches
+/// now, whose rights the tools read with, the routes that may answer, and what the steps
+/// offer.
+struct Prepared<'a> {
+    policy: &'a crate::catalog::PolicyEntry,
+    kube: crate::tools::KubeIdentity,
+    routing: Routing,
+    scope: crate::govern::Scope,
+    redactor: crate::redact::Redactor,
+    planning: crate::crd::Planning,
+    /// Client-executed tools declared by the session, as far as the policy allows them now.
+    dynamic: Vec<llm::ToolSpec>,
+}
+
+impl Prepared<'_> {
+    /// The system prompt: Kortex's, then (with the guide tools) how to use them, then the
+    /// policy's own instructions, last.
+    fn system(&self, guides: bool) -> String {
+        let mut prompt = BASE_PROMPT.to_owned();
+        if guides {
+            prompt.push_str("\n\n");
+            prompt.push_str(GUIDES_PROMPT);
+        }
+        match self.policy.object.spec.system_prompt.as_deref() {
+            Some(extra) if !extra.trim().is_empty() => format!("{prompt}\n\n{extra}"),
+            _ => prompt,
+        }
+    }
+}
+
+/// Matches the session's policy again (configuration may have changed) and plans its
+/// routes, leaving out providers a fresh probe found unreachable; `Err` ends the run at
+/// once with why.
+fn prepare<'a>(
     engine: &Engine,
     session: &SessionRecord,
-    run_id: &str,
-    cancel: &mut watch::Receiver<bool>,
-) -> Result<End, crate::store::StoreError> {
-    let config = engine.config.borrow().clone();
-    let catalog = &config.catalog;
-    // The policy is matched again on every run: configuration may have changed.
+    catalog: &'a crate::catalog::Catalog,
+) -> Result<Prepared<'a>, End> {
     let Some(policy) = catalog.policy_of(session) else {
-        return Ok(End::Failed {
+        return Err(End::Failed {
             code: "no_matching_policy",
             message: format!(
                 "no ChatPolicy in namespace {} matches session {}",
@@ -351,7 +380,7 @@ async fn steps(
         None => Vec::new(),
     };
     if plan.routes.is_empty() {
-        return Ok(End::Failed {
+        return Err(End::Failed {
             code: if dropped.is_empty() {
                 "provider_unavailable"
             } else {
@@ -366,41 +395,50 @@ async fn steps(
             detail: (!dropped.is_empty()).then(|| dropped.join("; ")),
         });
     }
-    let mut routing = Routing {
-        policy: policy_name.clone(),
+    let routing = Routing {
+        policy: policy_name,
         redactor: crate::redact::Redactor::for_policy(catalog, policy),
         plan,
         current: 0,
         escalated: false,
         adapters: Default::default(),
     };
-    let scope = crate::govern::Scope::new(policy, &session.user, Some(&session.id), "chat");
-    let redactor = crate::redact::Redactor::for_policy(catalog, policy);
-    // The policy's own instructions come last, after what Kortex says of its tools.
-    let system = |guides: bool| {
-        let mut prompt = BASE_PROMPT.to_owned();
-        if guides {
-            prompt.push_str("\n\n");
-            prompt.push_str(GUIDES_PROMPT);
-        }
-        match spec.system_prompt.as_deref() {
-            Some(extra) if !extra.trim().is_empty() => format!("{prompt}\n\n{extra}"),
-            _ => prompt,
-        }
-    };
+    let dynamic = serde_json::from_value::<Vec<llm::ToolSpec>>(session.dynamic_tools.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| crate::glob::allowed(&spec.tools.allow, &spec.tools.deny, &t.name))
+        .collect();
+    Ok(Prepared {
+        policy,
+        kube,
+        routing,
+        scope: crate::govern::Scope::new(policy, &session.user, Some(&session.id), "chat"),
+        redactor: crate::redact::Redactor::for_policy(catalog, policy),
+        planning: spec
+            .run_control
+            .as_ref()
+            .map(|r| r.planning)
+            .unwrap_or_default(),
+        dynamic,
+    })
+}
 
-    let planning = spec
-        .run_control
-        .as_ref()
-        .map(|r| r.planning)
-        .unwrap_or_default();
-    // Client-executed tools declared by the session, as far as the policy allows them now.
-    let dynamic: Vec<llm::ToolSpec> =
-        serde_json::from_value::<Vec<llm::ToolSpec>>(session.dynamic_tools.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|t| crate::glob::allowed(&spec.tools.allow, &spec.tools.deny, &t.name))
-            .collect();
+/// The run's steps: at each boundary a pause parks it and redirects join; the step is
+/// answered (with failover), the answer kept, and its tool calls carried out; until an
+/// answer without calls, a wait (client tools, a plan), a cancel, or `maxToolDepth`.
+async fn steps(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    cancel: &mut watch::Receiver<bool>,
+) -> Result<End, crate::store::StoreError> {
+    let config = engine.config.borrow().clone();
+    let mut run = match prepare(engine, session, &config.catalog) {
+        Ok(run) => run,
+        Err(end) => return Ok(end),
+    };
+    let (policy, planning) = (run.policy, run.planning);
+    let spec = &policy.object.spec;
     // The transcript, read whole once and then only what each step added (a long session's
     // transcript is hundreds of messages: re-reading it at every step cost more than
     // everything else a step writes).
@@ -439,27 +477,27 @@ async fn steps(
         let tools: Vec<llm::ToolSpec> = if std::mem::take(&mut without_tools) {
             Vec::new()
         } else {
-            tool_calls::offered(engine, policy, session, &kube)
+            tool_calls::offered(engine, policy, session, &run.kube)
                 .into_iter()
-                .chain(dynamic.iter().cloned())
+                .chain(run.dynamic.iter().cloned())
                 .chain((planning != crate::crd::Planning::Off).then(super::plan::spec))
                 .collect()
         };
         let offered_names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
         let guides = engine.router.guides(&tools, &session.namespace);
-        let system = system(tools.iter().any(|t| t.name == crate::tools::guides::LIST));
+        let system = run.system(tools.iter().any(|t| t.name == crate::tools::guides::LIST));
         // What a provider with its own tool loop may call over /mcp: the step's tools but
         // the client's own (it cannot wait for a client) and the plan tool.
         let delegable = Delegable {
             policy,
-            kube: &kube,
+            kube: &run.kube,
             guides: guides.clone(),
             planning,
             max_turns: spec.max_tool_depth.saturating_sub(step - 1).max(1),
             tools: tools
                 .iter()
                 .filter(|t| {
-                    t.name != super::plan::TOOL && !dynamic.iter().any(|d| d.name == t.name)
+                    t.name != super::plan::TOOL && !run.dynamic.iter().any(|d| d.name == t.name)
                 })
                 .cloned()
                 .collect(),
@@ -470,9 +508,9 @@ async fn steps(
             session,
             run_id,
             step,
-            &mut routing,
-            &scope,
-            &redactor,
+            &mut run.routing,
+            &run.scope,
+            &run.redactor,
             (&system, &history, &tools),
             &delegable,
             cancel,
@@ -483,196 +521,33 @@ async fn steps(
             Ok(answer) => answer,
             Err(end) => return Ok(end),
         };
-        let Answer {
-            step: outcome,
-            provider: provider_name,
-            model: served_model,
-        } = answer;
-        let StepOutcome {
-            text,
-            mut calls,
-            error,
-            interrupted,
-            ..
-        } = outcome;
-        if *cancel.borrow() {
-            // Keep what the model had said when the user cancelled.
-            if !text.is_empty() {
-                let partial = NewMessage {
-                    run_id: Some(run_id.to_owned()),
-                    role: "assistant".into(),
-                    content: redactor.text(&text).0,
-                    provider: Some(provider_name.clone()),
-                    model: Some(served_model.clone()),
-                    ..Default::default()
-                };
-                engine.append(&session.id, &partial).await?;
-            }
-            return Ok(End::Cancelled);
-        }
-        // Tool arguments are stored, shown and executed as redacted as everything else.
-        for call in &mut calls {
-            redactor.value(&mut call.input);
-        }
-        if !text.is_empty() || !calls.is_empty() {
-            // Stored with the event saying who wrote it (one transaction).
-            engine
-                .append_and_emit(
-                    &session.id,
-                    &NewMessage {
-                        run_id: Some(run_id.to_owned()),
-                        role: "assistant".into(),
-                        content: redactor.text(&text).0,
-                        tool_calls: (!calls.is_empty()).then(|| json!(calls)),
-                        provider: Some(provider_name.clone()),
-                        model: Some(served_model.clone()),
-                        ..Default::default()
-                    },
-                    event::STEP_ANSWERED,
-                    json!({"runId": run_id, "step": step, "provider": provider_name, "model": served_model}),
-                )
-                .await?;
-        }
-        if let Some(e) = error {
-            let mut message = redactor.text(&e.to_string()).0;
-            if !text.is_empty() {
-                message.push_str("; the partial answer is kept");
-            }
-            return Ok(End::Failed {
-                code: "provider_error",
-                message,
-                detail: e.detail.as_deref().map(|d| redactor.text(d).0),
-            });
-        }
-        if interrupted {
-            continue;
-        }
-        if calls.is_empty() && text.trim().is_empty() {
-            notice(
-                engine,
-                session,
-                run_id,
-                &format!("{provider_name} returned an empty answer (model {served_model}); ask again, and if it repeats check the model server's log or the provider's maxTokens"),
-            )
-            .await?;
-        }
-        if calls.is_empty() {
-            return Ok(End::Completed);
-        }
-        // Dynamic tools wait for the client; a proposal is stored before the other calls
-        // run, all of them at once, through the one path every door uses.
-        let mut waiting = false;
-        let mut routed = Vec::new();
-        let caller = tool_calls::CallScope {
+        let calls = match keep_answer(engine, session, run_id, step, answer, &run.redactor, cancel)
+            .await?
+        {
+            Kept::Calls(calls) => calls,
+            Kept::Interrupted => continue,
+            Kept::End(end) => return Ok(end),
+        };
+        let step_calls = StepCalls {
+            engine,
             session,
             run_id,
-            policy,
-            redactor: &redactor,
-            kube: &kube,
-            via: "chat",
-            model: (provider_name.as_str(), served_model.as_str()),
+            scope: tool_calls::CallScope {
+                session,
+                run_id,
+                policy,
+                redactor: &run.redactor,
+                kube: &run.kube,
+                via: "chat",
+                model: (calls.provider.as_str(), calls.model.as_str()),
+            },
+            planning,
+            dynamic: &run.dynamic,
+            offered: &offered_names,
+            guides,
         };
-        let mut plan = if planning == crate::crd::Planning::Off {
-            None
-        } else {
-            engine.store.latest_plan(run_id).await?
-        };
-        let mut awaiting_plan = false;
-        for call in &calls {
-            let start =
-                json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input});
-            engine
-                .emit(&session.id, run_id, event::TOOL_START, start)
-                .await?;
-            if dynamic.iter().any(|t| t.name == call.name) {
-                waiting = true;
-            } else if call.name == super::plan::TOOL && planning != crate::crd::Planning::Off {
-                let started = Instant::now();
-                match super::plan::steps(&call.input, &offered_names) {
-                    Err(why) => {
-                        let outcome = crate::tools::Outcome {
-                            content: format!("invalid plan: {why}"),
-                            is_error: true,
-                            error_kind: Some("validation"),
-                            truncated: false,
-                            duration: started.elapsed(),
-                        };
-                        finish_call(engine, session, run_id, call, outcome).await?;
-                    }
-                    Ok(steps) => {
-                        let required = planning == crate::crd::Planning::Required;
-                        let status = if required { "proposed" } else { "noted" };
-                        let id = engine
-                            .store
-                            .add_plan(run_id, &session.id, &call.id, &steps, status)
-                            .await?;
-                        let mode = if required { "required" } else { "preview" };
-                        engine
-                            .emit(
-                                &session.id,
-                                run_id,
-                                super::plan::EVENT,
-                                json!({"runId": run_id, "planId": id, "mode": mode, "steps": steps}),
-                            )
-                            .await?;
-                        plan = engine.store.latest_plan(run_id).await?;
-                        if required {
-                            // Its result is the person's decision.
-                            awaiting_plan = true;
-                        } else {
-                            let outcome = crate::tools::Outcome {
-                                content: format!(
-                                    "Plan {id} noted and shown to the user; go ahead."
-                                ),
-                                is_error: false,
-                                error_kind: None,
-                                truncated: false,
-                                duration: started.elapsed(),
-                            };
-                            finish_call(engine, session, run_id, call, outcome).await?;
-                        }
-                    }
-                }
-            } else if let Some(why) = super::plan::refuses(planning, plan.as_ref(), &call.name) {
-                let outcome = crate::tools::Outcome {
-                    content: why,
-                    is_error: true,
-                    error_kind: Some("denied"),
-                    truncated: false,
-                    duration: Duration::ZERO,
-                };
-                finish_call(engine, session, run_id, call, outcome).await?;
-            } else if call.name == super::proposals::TOOL {
-                let outcome = tool_calls::call(engine, &caller, call, guides.clone(), async {})
-                    .instrument(step_span.clone())
-                    .await;
-                finish_call(engine, session, run_id, call, outcome).await?;
-            } else {
-                routed.push(call);
-            }
-        }
-        let caller = &caller;
-        let guides = &guides;
-        let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
-            let slow = slow_notice(engine, session, run_id, &call.name);
-            (
-                call,
-                tool_calls::call(engine, caller, call, guides.clone(), slow).await,
-            )
-        }))
-        .instrument(step_span)
-        .await;
-        for (call, outcome) in outcomes {
-            finish_call(engine, session, run_id, call, outcome).await?;
-        }
-        if *cancel.borrow() {
-            return Ok(End::Cancelled);
-        }
-        if waiting {
-            return Ok(End::RequiresAction);
-        }
-        if awaiting_plan {
-            return Ok(End::AwaitingPlan);
+        if let Some(end) = carry_out_calls(&step_calls, &calls.calls, &step_span, cancel).await? {
+            return Ok(end);
         }
     }
     let message = format!(
@@ -699,6 +574,256 @@ async fn steps(
         )
         .await?;
     Ok(End::Completed)
+}
+
+/// What keeping a step's answer leaves to do.
+enum Kept {
+    /// Carry out these calls (the answer asked for them).
+    Calls(AnsweredCalls),
+    /// The provider's own loop was stopped for a pause or a redirect: the next boundary.
+    Interrupted,
+    /// The run ends.
+    End(End),
+}
+
+/// The calls of an answer, with who answered.
+struct AnsweredCalls {
+    calls: Vec<ToolCall>,
+    provider: String,
+    model: String,
+}
+
+/// Keeps a step's answer: what the model said (redacted, with who said it) is stored and
+/// sent; a provider error, a cancel, or an answer without calls ends the run.
+async fn keep_answer(
+    engine: &Engine,
+    session: &SessionRecord,
+    run_id: &str,
+    step: u32,
+    answer: Answer,
+    redactor: &crate::redact::Redactor,
+    cancel: &watch::Receiver<bool>,
+) -> Result<Kept, crate::store::StoreError> {
+    let Answer {
+        step: outcome,
+        provider: provider_name,
+        model: served_model,
+    } = answer;
+    let StepOutcome {
+        text,
+        mut calls,
+        error,
+        interrupted,
+        ..
+    } = outcome;
+    if *cancel.borrow() {
+        // Keep what the model had said when the user cancelled.
+        if !text.is_empty() {
+            let partial = NewMessage {
+                run_id: Some(run_id.to_owned()),
+                role: "assistant".into(),
+                content: redactor.text(&text).0,
+                provider: Some(provider_name.clone()),
+                model: Some(served_model.clone()),
+                ..Default::default()
+            };
+            engine.append(&session.id, &partial).await?;
+        }
+        return Ok(Kept::End(End::Cancelled));
+    }
+    // Tool arguments are stored, shown and executed as redacted as everything else.
+    for call in &mut calls {
+        redactor.value(&mut call.input);
+    }
+    if !text.is_empty() || !calls.is_empty() {
+        // Stored with the event saying who wrote it (one transaction).
+        engine
+            .append_and_emit(
+                &session.id,
+                &NewMessage {
+                    run_id: Some(run_id.to_owned()),
+                    role: "assistant".into(),
+                    content: redactor.text(&text).0,
+                    tool_calls: (!calls.is_empty()).then(|| json!(calls)),
+                    provider: Some(provider_name.clone()),
+                    model: Some(served_model.clone()),
+                    ..Default::default()
+                },
+                event::STEP_ANSWERED,
+                json!({"runId": run_id, "step": step, "provider": provider_name, "model": served_model}),
+            )
+            .await?;
+    }
+    if let Some(e) = error {
+        let mut message = redactor.text(&e.to_string()).0;
+        if !text.is_empty() {
+            message.push_str("; the partial answer is kept");
+        }
+        return Ok(Kept::End(End::Failed {
+            code: "provider_error",
+            message,
+            detail: e.detail.as_deref().map(|d| redactor.text(d).0),
+        }));
+    }
+    if interrupted {
+        return Ok(Kept::Interrupted);
+    }
+    if calls.is_empty() && text.trim().is_empty() {
+        notice(
+            engine,
+            session,
+            run_id,
+            &format!("{provider_name} returned an empty answer (model {served_model}); ask again, and if it repeats check the model server's log or the provider's maxTokens"),
+        )
+        .await?;
+    }
+    if calls.is_empty() {
+        return Ok(Kept::End(End::Completed));
+    }
+    Ok(Kept::Calls(AnsweredCalls {
+        calls,
+        provider: provider_name,
+        model: served_model,
+    }))
+}
+
+/// What carrying out one step's calls needs besides the calls.
+struct StepCalls<'a> {
+    engine: &'a Engine,
+    session: &'a SessionRecord,
+    run_id: &'a str,
+    scope: tool_calls::CallScope<'a>,
+    planning: crate::crd::Planning,
+    /// The session's client-executed tools: their calls wait for the client.
+    dynamic: &'a [llm::ToolSpec],
+    /// The names of the tools the step offered (a plan may name only these).
+    offered: &'a [String],
+    guides: std::sync::Arc<[crate::tools::guides::Guide]>,
+}
+
+/// Carries out a step's calls: client tools wait for the client, the plan tool records
+/// the plan, a proposal is stored before the other calls run, all of them at once, through
+/// the one path every door uses. `Some` ends the run (or parks it).
+async fn carry_out_calls(
+    c: &StepCalls<'_>,
+    calls: &[ToolCall],
+    step_span: &tracing::Span,
+    cancel: &watch::Receiver<bool>,
+) -> Result<Option<End>, crate::store::StoreError> {
+    let (engine, session, run_id) = (c.engine, c.session, c.run_id);
+    let mut waiting = false;
+    let mut routed = Vec::new();
+    let mut plan = if c.planning == crate::crd::Planning::Off {
+        None
+    } else {
+        engine.store.latest_plan(run_id).await?
+    };
+    let mut awaiting_plan = false;
+    for call in calls {
+        let start =
+            json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input});
+        engine
+            .emit(&session.id, run_id, event::TOOL_START, start)
+            .await?;
+        if c.dynamic.iter().any(|t| t.name == call.name) {
+            waiting = true;
+        } else if call.name == super::plan::TOOL && c.planning != crate::crd::Planning::Off {
+            if take_plan(c, call).await? {
+                // Its result is the person's decision.
+                awaiting_plan = true;
+            }
+            plan = engine.store.latest_plan(run_id).await?;
+        } else if let Some(why) = super::plan::refuses(c.planning, plan.as_ref(), &call.name) {
+            let outcome = crate::tools::Outcome {
+                content: why,
+                is_error: true,
+                error_kind: Some("denied"),
+                truncated: false,
+                duration: Duration::ZERO,
+            };
+            finish_call(engine, session, run_id, call, outcome).await?;
+        } else if call.name == super::proposals::TOOL {
+            let outcome = tool_calls::call(engine, &c.scope, call, c.guides.clone(), async {})
+                .instrument(step_span.clone())
+                .await;
+            finish_call(engine, session, run_id, call, outcome).await?;
+        } else {
+            routed.push(call);
+        }
+    }
+    let (caller, guides) = (&c.scope, &c.guides);
+    let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
+        let slow = slow_notice(engine, session, run_id, &call.name);
+        (
+            call,
+            tool_calls::call(engine, caller, call, guides.clone(), slow).await,
+        )
+    }))
+    .instrument(step_span.clone())
+    .await;
+    for (call, outcome) in outcomes {
+        finish_call(engine, session, run_id, call, outcome).await?;
+    }
+    if *cancel.borrow() {
+        return Ok(Some(End::Cancelled));
+    }
+    if waiting {
+        return Ok(Some(End::RequiresAction));
+    }
+    if awaiting_plan {
+        return Ok(Some(End::AwaitingPlan));
+    }
+    Ok(None)
+}
+
+/// The plan tool's call: the plan (if valid) is recorded and shown; under `planning:
+/// required` the run then waits for a person (`true`), in preview mode the model is told to
+/// go ahead. An invalid plan gets the reason as the call's result.
+async fn take_plan(c: &StepCalls<'_>, call: &ToolCall) -> Result<bool, crate::store::StoreError> {
+    let (engine, session, run_id) = (c.engine, c.session, c.run_id);
+    let (offered_names, planning) = (c.offered, c.planning);
+    let started = Instant::now();
+    match super::plan::steps(&call.input, offered_names) {
+        Err(why) => {
+            let outcome = crate::tools::Outcome {
+                content: format!("invalid plan: {why}"),
+                is_error: true,
+                error_kind: Some("validation"),
+                truncated: false,
+                duration: started.elapsed(),
+            };
+            finish_call(engine, session, run_id, call, outcome).await?;
+            Ok(false)
+        }
+        Ok(steps) => {
+            let required = planning == crate::crd::Planning::Required;
+            let status = if required { "proposed" } else { "noted" };
+            let id = engine
+                .store
+                .add_plan(run_id, &session.id, &call.id, &steps, status)
+                .await?;
+            let mode = if required { "required" } else { "preview" };
+            engine
+                .emit(
+                    &session.id,
+                    run_id,
+                    super::plan::EVENT,
+                    json!({"runId": run_id, "planId": id, "mode": mode, "steps": steps}),
+                )
+                .await?;
+            if !required {
+                let outcome = crate::tools::Outcome {
+                    content: format!("Plan {id} noted and shown to the user; go ahead."),
+                    is_error: false,
+                    error_kind: None,
+                    truncated: false,
+                    duration: started.elapsed(),
+                };
+                finish_call(engine, session, run_id, call, outcome).await?;
+            }
+            Ok(required)
+        }
+    }
 }
 
 async fn notice(
