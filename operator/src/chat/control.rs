@@ -6,8 +6,8 @@
 //! transition is a `run.lifecycle` event and a `run_control` audit row.
 
 use super::{Engine, event};
-use crate::store::RunState;
 use crate::store::{NewDecision, SessionRecord, StoreError};
+use crate::store::{RunRecord, RunState};
 use serde_json::{Value, json};
 
 /// What a person asks of a run.
@@ -235,263 +235,379 @@ pub async fn apply(
         .filter(|r| r.session_id == session.id)
         .ok_or_else(|| ControlError::NotFound(run_id.to_owned()))?;
     let effect = decide(run_id, run.status, control)?;
-    // A state that changed under us (the run moved on meanwhile) is said as it is now.
-    let moved_on = || async {
-        let now = engine.store.run_record(run_id).await?.map(|r| r.status);
+    let ctl = Ctl {
+        engine,
+        session,
+        run_id,
+        user,
+        control,
+    };
+    match effect {
+        Effect::AskPause => ctl.ask_pause().await,
+        Effect::WithdrawPause => ctl.withdraw_pause().await,
+        Effect::Unpark => ctl.unpark().await,
+        Effect::Queue => ctl.queue(&run, input).await,
+        Effect::CancelLive => ctl.cancel_live(&run).await,
+        Effect::CancelParked => ctl.cancel_parked().await,
+        Effect::CancelWaiting => ctl.cancel_waiting().await,
+        Effect::Approve => ctl.approve_plan(input).await,
+        Effect::Reject => ctl.reject_plan().await,
+    }
+}
+
+/// One control being carried out: who asks what of which run.
+#[derive(Clone, Copy)]
+struct Ctl<'a> {
+    engine: &'a std::sync::Arc<Engine>,
+    session: &'a SessionRecord,
+    run_id: &'a str,
+    user: &'a str,
+    control: Control,
+}
+
+impl Ctl<'_> {
+    /// A state that changed under us (the run moved on meanwhile), said as it is now.
+    async fn moved_on(&self) -> Result<Value, ControlError> {
+        let now = self
+            .engine
+            .store
+            .run_record(self.run_id)
+            .await?
+            .map(|r| r.status);
         let changed = Refusal::State {
-            run: run_id.to_owned(),
+            run: self.run_id.to_owned(),
             state: now.map_or_else(|| "gone".to_owned(), |s| s.to_string()),
             action: "changed",
         };
-        Err::<Value, _>(ControlError::from(match now {
-            Some(state) => decide(run_id, state, control).err().unwrap_or(changed),
+        Err(ControlError::from(match now {
+            Some(state) => decide(self.run_id, state, self.control)
+                .err()
+                .unwrap_or(changed),
             None => changed,
         }))
-    };
-    match effect {
-        Effect::AskPause => {
-            if !engine
-                .store
-                .transition_run(run_id, RunState::Running, RunState::Pausing)
-                .await?
-            {
-                return moved_on().await;
+    }
+
+    /// `running → pausing`: the run parks at its next step boundary.
+    async fn ask_pause(&self) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        if !engine
+            .store
+            .transition_run(run_id, RunState::Running, RunState::Pausing)
+            .await?
+        {
+            return self.moved_on().await;
+        }
+        record(
+            engine,
+            session,
+            run_id,
+            user,
+            ("running", "pausing"),
+            json!({}),
+        )
+        .await?;
+        Ok(json!({"runId": run_id, "state": "pausing"}))
+    }
+
+    /// `pausing → running`: resumed before it parked.
+    async fn withdraw_pause(&self) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        if !engine
+            .store
+            .transition_run(run_id, RunState::Pausing, RunState::Running)
+            .await?
+        {
+            return self.moved_on().await;
+        }
+        record(
+            engine,
+            session,
+            run_id,
+            user,
+            ("pausing", "running"),
+            json!({"reason": "resumed before it paused"}),
+        )
+        .await?;
+        Ok(json!({"runId": run_id, "state": "running"}))
+    }
+
+    /// `paused → running`: this replica takes the run on again.
+    async fn unpark(&self) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        if !engine.store.unpark_run(run_id, &engine.replica).await? {
+            return self.moved_on().await;
+        }
+        engine
+            .store
+            .transition_session(&session.id, &["paused"], "running")
+            .await?;
+        record(
+            engine,
+            session,
+            run_id,
+            user,
+            ("paused", "running"),
+            json!({"reason": "resumed"}),
+        )
+        .await?;
+        let mut running = session.clone();
+        running.status = "running".into();
+        engine.continue_run(&running, run_id);
+        Ok(json!({"runId": run_id, "state": "running"}))
+    }
+
+    /// A redirect, kept for the run's next boundary (optionally rewinding to a step).
+    async fn queue(&self, run: &RunRecord, input: Input<'_>) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        let text = input.message.unwrap_or_default();
+        // Stored as redacted as anything a user types.
+        let redactor = {
+            let config = engine.config.borrow().clone();
+            match config.catalog.policy_of(session) {
+                Some(p) => crate::redact::Redactor::for_policy(&config.catalog, p),
+                None => crate::redact::Redactor::secrets_only(config.catalog.redactor.clone()),
             }
-            record(
-                engine,
-                session,
-                run_id,
-                user,
-                ("running", "pausing"),
-                json!({}),
+        };
+        let (text, _) = redactor.text(text);
+        if let Some(n) = input.rewind_to {
+            let steps = engine.store.run_steps(&session.id, run_id).await?;
+            if n < 1 || !steps.contains(&n) {
+                return Err(ControlError::Rewind(format!(
+                    "rewindTo {n}: run {run_id} has no such step (its steps: {})",
+                    steps
+                        .iter()
+                        .map(i64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        let id = engine
+            .store
+            .add_redirect(run_id, &session.id, user, &text, input.rewind_to)
+            .await?;
+        record(
+            engine,
+            session,
+            run_id,
+            user,
+            (run.status.as_str(), "redirecting"),
+            json!({"redirectId": id, "rewindTo": input.rewind_to}),
+        )
+        .await?;
+        Ok(json!({"runId": run_id, "state": run.status, "redirectId": id}))
+    }
+
+    /// `running|pausing → cancelling`: its owner stops it.
+    async fn cancel_live(&self, run: &RunRecord) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        if !(engine.cancel(&session.id) || engine.store.request_cancel(&session.id).await?) {
+            return self.moved_on().await;
+        }
+        // Its `cancelled` event comes when the run stops.
+        audit(
+            engine,
+            session,
+            run_id,
+            user,
+            (run.status.as_str(), "cancelling"),
+            json!({}),
+        )
+        .await;
+        Ok(json!({"runId": run_id, "state": "cancelling"}))
+    }
+
+    /// `paused → cancelled`.
+    async fn cancel_parked(&self) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        if !end_parked(engine, session, run_id, "cancelled by the user", false).await? {
+            return self.moved_on().await;
+        }
+        audit(
+            engine,
+            session,
+            run_id,
+            user,
+            ("paused", "cancelled"),
+            json!({}),
+        )
+        .await;
+        Ok(json!({"runId": run_id, "state": "cancelled"}))
+    }
+
+    /// `requires_action → cancelled`: the pending client calls get error results.
+    async fn cancel_waiting(&self) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        // Hold the session (as running, so no message or tool result slips in) while the
+        // pending client calls get error results, then release it.
+        if !engine
+            .store
+            .transition_session(&session.id, &["requires_action"], "running")
+            .await?
+        {
+            return self.moved_on().await;
+        }
+        let why = "cancelled by the user before the client returned a result";
+        super::answer_pending(engine, &session.id, run_id, why, false).await?;
+        let reason = "cancelled by the user";
+        finish_cancelled(engine, session, run_id, "running", reason).await?;
+        record(
+            engine,
+            session,
+            run_id,
+            user,
+            ("requires_action", "cancelled"),
+            json!({"reason": reason}),
+        )
+        .await?;
+        Ok(json!({"runId": run_id, "state": "cancelled"}))
+    }
+
+    /// `awaiting_plan → running`: the plan approved (possibly edited), the run goes on.
+    async fn approve_plan(&self, input: Input<'_>) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        let plan = engine
+            .store
+            .latest_plan(run_id)
+            .await?
+            .filter(|p| p.status == "proposed")
+            .ok_or_else(|| ControlError::NotFound(format!("{run_id}'s plan")))?;
+        let steps = super::plan::edit(&plan.steps, input.steps).map_err(ControlError::PlanEdit)?;
+        if !engine
+            .store
+            .decide_plan(&plan.id, "approved", Some(&steps), user)
+            .await?
+        {
+            return self.moved_on().await;
+        }
+        // The submit_plan call's result is the decision.
+        engine
+            .store
+            .append_message(
+                &session.id,
+                &crate::store::NewMessage {
+                    run_id: Some(run_id.to_owned()),
+                    role: "tool".into(),
+                    content: super::plan::approved_text(user, &steps),
+                    tool_call_id: Some(plan.call_id.clone()),
+                    ..Default::default()
+                },
             )
             .await?;
-            Ok(json!({"runId": run_id, "state": "pausing"}))
+        if !engine
+            .store
+            .take_run(run_id, RunState::AwaitingPlan, &engine.replica)
+            .await?
+        {
+            return self.moved_on().await;
         }
-        Effect::WithdrawPause => {
-            if !engine
-                .store
-                .transition_run(run_id, RunState::Pausing, RunState::Running)
-                .await?
-            {
-                return moved_on().await;
-            }
-            record(
-                engine,
-                session,
-                run_id,
-                user,
-                ("pausing", "running"),
-                json!({"reason": "resumed before it paused"}),
-            )
+        engine
+            .store
+            .transition_session(&session.id, &["awaiting_plan"], "running")
             .await?;
-            Ok(json!({"runId": run_id, "state": "running"}))
-        }
-        Effect::Unpark => {
-            if !engine.store.unpark_run(run_id, &engine.replica).await? {
-                return moved_on().await;
-            }
+        record(
+            engine,
+            session,
+            run_id,
+            user,
+            ("awaiting_plan", "running"),
+            json!({"reason": "plan approved", "planId": plan.id, "steps": steps}),
+        )
+        .await?;
+        let mut running = session.clone();
+        running.status = "running".into();
+        engine.continue_run(&running, run_id);
+        Ok(json!({"runId": run_id, "state": "running", "planId": plan.id, "steps": steps}))
+    }
+
+    /// `awaiting_plan → cancelled`: the plan rejected.
+    async fn reject_plan(&self) -> Result<Value, ControlError> {
+        let Ctl {
+            engine,
+            session,
+            run_id,
+            user,
+            ..
+        } = *self;
+        if let Some(plan) = engine
+            .store
+            .latest_plan(run_id)
+            .await?
+            .filter(|p| p.status == "proposed")
+        {
             engine
                 .store
-                .transition_session(&session.id, &["paused"], "running")
+                .decide_plan(&plan.id, "rejected", None, user)
                 .await?;
-            record(
-                engine,
-                session,
-                run_id,
-                user,
-                ("paused", "running"),
-                json!({"reason": "resumed"}),
-            )
-            .await?;
-            let mut running = session.clone();
-            running.status = "running".into();
-            engine.continue_run(&running, run_id);
-            Ok(json!({"runId": run_id, "state": "running"}))
         }
-        Effect::Queue => {
-            let text = input.message.unwrap_or_default();
-            // Stored as redacted as anything a user types.
-            let redactor = {
-                let config = engine.config.borrow().clone();
-                match config.catalog.policy_of(session) {
-                    Some(p) => crate::redact::Redactor::for_policy(&config.catalog, p),
-                    None => crate::redact::Redactor::secrets_only(config.catalog.redactor.clone()),
-                }
-            };
-            let (text, _) = redactor.text(text);
-            if let Some(n) = input.rewind_to {
-                let steps = engine.store.run_steps(&session.id, run_id).await?;
-                if n < 1 || !steps.contains(&n) {
-                    return Err(ControlError::Rewind(format!(
-                        "rewindTo {n}: run {run_id} has no such step (its steps: {})",
-                        steps
-                            .iter()
-                            .map(i64::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )));
-                }
-            }
-            let id = engine
-                .store
-                .add_redirect(run_id, &session.id, user, &text, input.rewind_to)
-                .await?;
-            record(
-                engine,
-                session,
-                run_id,
-                user,
-                (run.status.as_str(), "redirecting"),
-                json!({"redirectId": id, "rewindTo": input.rewind_to}),
-            )
-            .await?;
-            Ok(json!({"runId": run_id, "state": run.status, "redirectId": id}))
+        let reason = format!("the plan was rejected by {user}");
+        super::answer_pending(engine, &session.id, run_id, &reason, false).await?;
+        if !engine
+            .store
+            .transition_run(run_id, RunState::AwaitingPlan, RunState::Cancelling)
+            .await?
+        {
+            return self.moved_on().await;
         }
-        Effect::CancelLive => {
-            if !(engine.cancel(&session.id) || engine.store.request_cancel(&session.id).await?) {
-                return moved_on().await;
-            }
-            // Its `cancelled` event comes when the run stops.
-            audit(
-                engine,
-                session,
-                run_id,
-                user,
-                (run.status.as_str(), "cancelling"),
-                json!({}),
-            )
-            .await;
-            Ok(json!({"runId": run_id, "state": "cancelling"}))
-        }
-        Effect::CancelParked => {
-            if !end_parked(engine, session, run_id, "cancelled by the user", false).await? {
-                return moved_on().await;
-            }
-            audit(
-                engine,
-                session,
-                run_id,
-                user,
-                ("paused", "cancelled"),
-                json!({}),
-            )
-            .await;
-            Ok(json!({"runId": run_id, "state": "cancelled"}))
-        }
-        Effect::CancelWaiting => {
-            // Hold the session (as running, so no message or tool result slips in) while the
-            // pending client calls get error results, then release it.
-            if !engine
-                .store
-                .transition_session(&session.id, &["requires_action"], "running")
-                .await?
-            {
-                return moved_on().await;
-            }
-            let why = "cancelled by the user before the client returned a result";
-            super::answer_pending(engine, &session.id, run_id, why, false).await?;
-            let reason = "cancelled by the user";
-            finish_cancelled(engine, session, run_id, "running", reason).await?;
-            record(
-                engine,
-                session,
-                run_id,
-                user,
-                ("requires_action", "cancelled"),
-                json!({"reason": reason}),
-            )
-            .await?;
-            Ok(json!({"runId": run_id, "state": "cancelled"}))
-        }
-        Effect::Approve => {
-            let plan = engine
-                .store
-                .latest_plan(run_id)
-                .await?
-                .filter(|p| p.status == "proposed")
-                .ok_or_else(|| ControlError::NotFound(format!("{run_id}'s plan")))?;
-            let steps =
-                super::plan::edit(&plan.steps, input.steps).map_err(ControlError::PlanEdit)?;
-            if !engine
-                .store
-                .decide_plan(&plan.id, "approved", Some(&steps), user)
-                .await?
-            {
-                return moved_on().await;
-            }
-            // The submit_plan call's result is the decision.
-            engine
-                .store
-                .append_message(
-                    &session.id,
-                    &crate::store::NewMessage {
-                        run_id: Some(run_id.to_owned()),
-                        role: "tool".into(),
-                        content: super::plan::approved_text(user, &steps),
-                        tool_call_id: Some(plan.call_id.clone()),
-                        ..Default::default()
-                    },
-                )
-                .await?;
-            if !engine
-                .store
-                .take_run(run_id, RunState::AwaitingPlan, &engine.replica)
-                .await?
-            {
-                return moved_on().await;
-            }
-            engine
-                .store
-                .transition_session(&session.id, &["awaiting_plan"], "running")
-                .await?;
-            record(
-                engine,
-                session,
-                run_id,
-                user,
-                ("awaiting_plan", "running"),
-                json!({"reason": "plan approved", "planId": plan.id, "steps": steps}),
-            )
-            .await?;
-            let mut running = session.clone();
-            running.status = "running".into();
-            engine.continue_run(&running, run_id);
-            Ok(json!({"runId": run_id, "state": "running", "planId": plan.id, "steps": steps}))
-        }
-        Effect::Reject => {
-            if let Some(plan) = engine
-                .store
-                .latest_plan(run_id)
-                .await?
-                .filter(|p| p.status == "proposed")
-            {
-                engine
-                    .store
-                    .decide_plan(&plan.id, "rejected", None, user)
-                    .await?;
-            }
-            let reason = format!("the plan was rejected by {user}");
-            super::answer_pending(engine, &session.id, run_id, &reason, false).await?;
-            if !engine
-                .store
-                .transition_run(run_id, RunState::AwaitingPlan, RunState::Cancelling)
-                .await?
-            {
-                return moved_on().await;
-            }
-            finish_cancelled(engine, session, run_id, "awaiting_plan", &reason).await?;
-            record(
-                engine,
-                session,
-                run_id,
-                user,
-                ("awaiting_plan", "cancelled"),
-                json!({"reason": reason}),
-            )
-            .await?;
-            Ok(json!({"runId": run_id, "state": "cancelled"}))
-        }
+        finish_cancelled(engine, session, run_id, "awaiting_plan", &reason).await?;
+        record(
+            engine,
+            session,
+            run_id,
+            user,
+            ("awaiting_plan", "cancelled"),
+            json!({"reason": reason}),
+        )
+        .await?;
+        Ok(json!({"runId": run_id, "state": "cancelled"}))
     }
 }
 
