@@ -843,6 +843,93 @@ async fn notice(
         .map(|_| ())
 }
 
+/// The run a helper works for: its engine, session and id.
+#[derive(Clone, Copy)]
+struct RunRef<'a> {
+    engine: &'a Engine,
+    session: &'a SessionRecord,
+    run_id: &'a str,
+}
+
+/// Why a fast model's answer goes to the full model instead, if it does: it could not take
+/// the request, stopped at its output token limit, or asked for more (the marker).
+fn escalation(out: &StepOutcome) -> Option<&'static str> {
+    let refused = out.error.as_ref().is_some_and(|e| {
+        matches!(
+            e.kind,
+            llm::ErrorKind::ContextTooLong | llm::ErrorKind::BadRequest
+        )
+    });
+    if refused {
+        Some("could not take the request")
+    } else if out.error.is_some() {
+        None
+    } else if out.stop_reason == StopReason::MaxTokens {
+        Some("stopped at its output token limit")
+    } else if out.text.contains(ESCALATE_MARKER) {
+        Some("asked for more context")
+    } else {
+        None
+    }
+}
+
+/// The request of one attempt: the history fitted to the model's context window (a
+/// notice, once per step, says how much was left out), the fast model's instructions when
+/// it answers first, and everything redacted. Returns it with the number of redactions.
+async fn attempt_request(
+    RunRef {
+        engine,
+        session,
+        run_id,
+    }: RunRef<'_>,
+    adapter: &dyn llm::LlmProvider,
+    model: &str,
+    fast: bool,
+    (system, history, tools): (&str, &[Message], &[llm::ToolSpec]),
+    redactor: &crate::redact::Redactor,
+    fit_noticed: &mut bool,
+) -> Result<(ChatRequest, usize), crate::store::StoreError> {
+    let max_tokens = adapter.config().max_tokens;
+    let mut messages = history.to_vec();
+    if let Some(window) = adapter.context_window(model) {
+        let fixed = (system.len()
+            + tools
+                .iter()
+                .map(|t| t.parameters.to_string().len() + t.description.len())
+                .sum::<usize>()) as u64
+            / 4;
+        let budget = window.saturating_sub(u64::from(max_tokens) + fixed);
+        let (kept, dropped) = super::context::fit(messages, budget);
+        messages = kept;
+        if dropped > 0 && !*fit_noticed {
+            *fit_noticed = true;
+            let text = format!(
+                "{dropped} older message(s) were left out to fit the model's context window"
+            );
+            notice(engine, session, run_id, &text).await?;
+        }
+    }
+    let mut request = ChatRequest {
+        model: model.to_owned(),
+        system: Some(if fast {
+            format!("{system}\n\n{FAST_PROMPT}")
+        } else {
+            system.to_owned()
+        }),
+        messages,
+        tools: tools.to_vec(),
+        metadata: llm::RequestMetadata {
+            session: Some(session.id.clone()),
+            user: Some(session.user.clone()),
+            purpose: Some("chat".into()),
+        },
+        ..Default::default()
+    };
+    // Nothing leaves for a provider unredacted (SPEC §1.3).
+    let redactions = redactor.request(&mut request);
+    Ok((request, redactions))
+}
+
 /// Gets one step answered: the current route's provider (its fast model first in frugal
 /// mode), failing over to the next route on a hard failure before any output reached the
 /// user, and escalating a fast answer to the full model when it stopped at its token limit
@@ -904,43 +991,20 @@ async fn answer_step(
             }));
         }
         let max_tokens = adapter.config().max_tokens;
-        let mut messages = history.to_vec();
-        if let Some(window) = adapter.context_window(&model) {
-            let fixed = (system.len()
-                + tools
-                    .iter()
-                    .map(|t| t.parameters.to_string().len() + t.description.len())
-                    .sum::<usize>()) as u64
-                / 4;
-            let budget = window.saturating_sub(u64::from(max_tokens) + fixed);
-            let (kept, dropped) = super::context::fit(messages, budget);
-            messages = kept;
-            if dropped > 0 && !fit_noticed {
-                fit_noticed = true;
-                let text = format!(
-                    "{dropped} older message(s) were left out to fit the model's context window"
-                );
-                notice(engine, session, run_id, &text).await?;
-            }
-        }
-        let mut request = ChatRequest {
-            model: model.clone(),
-            system: Some(if fast.is_some() {
-                format!("{system}\n\n{FAST_PROMPT}")
-            } else {
-                system.to_owned()
-            }),
-            messages,
-            tools: tools.to_vec(),
-            metadata: llm::RequestMetadata {
-                session: Some(session.id.clone()),
-                user: Some(session.user.clone()),
-                purpose: Some("chat".into()),
+        let (mut request, redactions) = attempt_request(
+            RunRef {
+                engine,
+                session,
+                run_id,
             },
-            ..Default::default()
-        };
-        // Nothing leaves for a provider unredacted (SPEC §1.3).
-        let redactions = redactor.request(&mut request);
+            adapter.as_ref(),
+            &model,
+            fast.is_some(),
+            (system, history, tools),
+            redactor,
+            &mut fit_noticed,
+        )
+        .await?;
         let cost = adapter
             .models()
             .iter()
@@ -1098,24 +1162,7 @@ async fn answer_step(
         if fast.is_some() {
             // A fast model that cannot take the request (a smaller context window, an
             // unsupported parameter) hands it to the full model too.
-            let refused = out.error.as_ref().is_some_and(|e| {
-                matches!(
-                    e.kind,
-                    llm::ErrorKind::ContextTooLong | llm::ErrorKind::BadRequest
-                )
-            });
-            let why = if refused {
-                Some("could not take the request")
-            } else if out.error.is_some() {
-                None
-            } else if out.stop_reason == StopReason::MaxTokens {
-                Some("stopped at its output token limit")
-            } else if out.text.contains(ESCALATE_MARKER) {
-                Some("asked for more context")
-            } else {
-                None
-            };
-            if let Some(why) = why {
+            if let Some(why) = escalation(&out) {
                 routing.escalated = true;
                 let text = format!(
                     "the fast model {}/{model} {why}; {} answers instead",
