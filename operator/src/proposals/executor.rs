@@ -46,11 +46,59 @@ pub struct Executed {
     pub undo: Option<Value>,
 }
 
+/// Why an action could not be previewed, pinned or carried out. Its message is what the
+/// proposal's status, the model and the log say; [`ExecError::metric_label`] is its short
+/// category (for counters and Events), in one place.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// Not an action Kortex carries out as asked (verb, kind, parameters): checked before
+    /// anything is sent.
+    #[error("{0}")]
+    Invalid(String),
+    /// The target changed since it was proposed: nothing was written.
+    #[error("not executed: {0}")]
+    Moved(String),
+    /// The target is not as the action needs (no revision to roll back to, …).
+    #[error("{0}")]
+    Target(String),
+    /// The API server refused or failed a call; `what` says which.
+    #[error("{what}: {}", api_error(source))]
+    Api {
+        /// What was being done.
+        what: String,
+        /// The client's error, kept.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl ExecError {
+    /// The short category: `invalid`, `moved`, `target`, `forbidden`, `conflict`,
+    /// `not_found` or `api`.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Invalid(_) => "invalid",
+            Self::Moved(_) => "moved",
+            Self::Target(_) => "target",
+            Self::Api {
+                source: kube::Error::Api(s),
+                ..
+            } => match s.code {
+                403 => "forbidden",
+                404 => "not_found",
+                409 => "conflict",
+                _ => "api",
+            },
+            Self::Api { .. } => "api",
+        }
+    }
+}
+
 /// The Kubernetes resource, verb and subresource an action needs the approver to be
 /// allowed (for the SubjectAccessReview).
 pub fn required_access(
     action: &Action,
-) -> Result<(&'static str, String, String, Option<String>), String> {
+) -> Result<(&'static str, String, String, Option<String>), ExecError> {
     let resource = plural(&action.target.kind)?;
     Ok(match action.verb.as_str() {
         "scale" => (
@@ -65,19 +113,23 @@ pub fn required_access(
     })
 }
 
-fn plural(kind: &str) -> Result<&'static str, String> {
+fn plural(kind: &str) -> Result<&'static str, ExecError> {
     match kind {
         "Deployment" => Ok("deployments"),
         "StatefulSet" => Ok("statefulsets"),
         "DaemonSet" => Ok("daemonsets"),
-        other => Err(format!(
+        other => Err(ExecError::Invalid(format!(
             "Kortex carries out actions on Deployments, StatefulSets and DaemonSets, not {other}"
-        )),
+        ))),
     }
 }
 
 /// Checks an action before anything is sent: a supported verb, kind and parameters.
-pub fn validate(action: &Action) -> Result<(), String> {
+pub fn validate(action: &Action) -> Result<(), ExecError> {
+    check(action).map_err(ExecError::Invalid)
+}
+
+fn check(action: &Action) -> Result<(), String> {
     if !EXECUTABLE.contains(&action.verb.as_str()) {
         return Err(format!(
             "{} is not an action Kortex carries out (only {})",
@@ -91,7 +143,7 @@ pub fn validate(action: &Action) -> Result<(), String> {
             action.target.api_version
         ));
     }
-    plural(&action.target.kind)?;
+    plural(&action.target.kind).map_err(|e| e.to_string())?;
     if action.target.namespace.is_none() {
         return Err("the target needs a namespace".into());
     }
@@ -165,7 +217,7 @@ impl Executor {
         Self { client }
     }
 
-    fn api(&self, action: &Action) -> Result<Api<DynamicObject>, String> {
+    fn api(&self, action: &Action) -> Result<Api<DynamicObject>, ExecError> {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("apps", "v1", &action.target.kind),
             plural(&action.target.kind)?,
@@ -180,7 +232,7 @@ impl Executor {
 
     /// What the action would change (a server-side dry run), with warnings about other
     /// controllers that own what would change.
-    pub async fn preview(&self, action: &Action) -> Result<Value, String> {
+    pub async fn preview(&self, action: &Action) -> Result<Value, ExecError> {
         validate(action)?;
         let api = self.api(action)?;
         let current = read(&api, action).await?;
@@ -200,7 +252,7 @@ impl Executor {
     /// The action's parameters with the target's state pinned ([`EXPECT_GENERATION`],
     /// [`EXPECT_REPLICAS`], and the `toRevision` a rollback would choose now), for the
     /// proposal and its preview.
-    pub async fn pin(&self, action: &Action) -> Result<Value, String> {
+    pub async fn pin(&self, action: &Action) -> Result<Value, ExecError> {
         validate(action)?;
         let api = self.api(action)?;
         let current = read(&api, action).await?;
@@ -231,12 +283,12 @@ impl Executor {
 
     /// Carries the action out: a dry run first, then the real change. Returns what was done
     /// and how to undo it. The target must still be as the proposal pinned it.
-    pub async fn execute(&self, action: &Action) -> Result<Executed, String> {
+    pub async fn execute(&self, action: &Action) -> Result<Executed, ExecError> {
         validate(action)?;
         let api = self.api(action)?;
         let current = read(&api, action).await?;
         if let Some(why) = moved(action, &serde_json::to_value(&current).unwrap_or_default()) {
-            return Err(format!("not executed: {why}"));
+            return Err(ExecError::Moved(why));
         }
         self.apply(&api, &current, action, true).await?;
         let after = self.apply(&api, &current, action, false).await?;
@@ -285,7 +337,7 @@ impl Executor {
         current: &DynamicObject,
         action: &Action,
         dry_run: bool,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, ExecError> {
         let name = &action.target.name;
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.into()),
@@ -320,14 +372,14 @@ impl Executor {
                     .map(|o| serde_json::to_value(o).unwrap_or_default())
             }
         };
-        result.map_err(|e| {
-            format!(
-                "{}{} of {} {name} failed: {}",
+        result.map_err(|source| ExecError::Api {
+            what: format!(
+                "{}{} of {} {name} failed",
                 action.verb,
                 if dry_run { " (dry run)" } else { "" },
                 action.target.kind,
-                api_error(&e)
-            )
+            ),
+            source,
         })
     }
 
@@ -336,7 +388,7 @@ impl Executor {
         &self,
         action: &Action,
         deployment: &DynamicObject,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, ExecError> {
         Ok(self.rollback_target(action, deployment).await?.1)
     }
 
@@ -346,7 +398,7 @@ impl Executor {
         &self,
         action: &Action,
         deployment: &DynamicObject,
-    ) -> Result<(i64, Value), String> {
+    ) -> Result<(i64, Value), ExecError> {
         let namespace = action.target.namespace.as_deref().unwrap_or("default");
         let current = revision(&serde_json::to_value(deployment).unwrap_or_default()).unwrap_or(0);
         let uid = deployment.metadata.uid.clone().unwrap_or_default();
@@ -359,7 +411,10 @@ impl Executor {
         let list = api
             .list(&Default::default())
             .await
-            .map_err(|e| format!("cannot list ReplicaSets in {namespace}: {}", api_error(&e)))?;
+            .map_err(|source| ExecError::Api {
+                what: format!("cannot list ReplicaSets in {namespace}"),
+                source,
+            })?;
         let mut owned: Vec<(i64, Value)> = list
             .items
             .into_iter()
@@ -380,18 +435,22 @@ impl Executor {
             Some(r) => owned.iter().find(|(rev, _)| *rev == r),
             None => owned.iter().find(|(rev, _)| *rev < current),
         }
-        .ok_or_else(|| match wanted {
-            Some(r) => format!(
-                "revision {r} of Deployment {} no longer exists",
-                action.target.name
-            ),
-            None => format!(
-                "Deployment {} has no earlier revision to roll back to",
-                action.target.name
-            ),
+        .ok_or_else(|| {
+            ExecError::Target(match wanted {
+                Some(r) => format!(
+                    "revision {r} of Deployment {} no longer exists",
+                    action.target.name
+                ),
+                None => format!(
+                    "Deployment {} has no earlier revision to roll back to",
+                    action.target.name
+                ),
+            })
         })?;
         if chosen.0 == current {
-            return Err(format!("revision {current} is already the current one"));
+            return Err(ExecError::Target(format!(
+                "revision {current} is already the current one"
+            )));
         }
         let mut template = chosen.1["spec"]["template"].clone();
         if let Some(labels) = template["metadata"]["labels"].as_object_mut() {
@@ -429,14 +488,11 @@ impl Executor {
     }
 }
 
-async fn read(api: &Api<DynamicObject>, action: &Action) -> Result<DynamicObject, String> {
+async fn read(api: &Api<DynamicObject>, action: &Action) -> Result<DynamicObject, ExecError> {
     let name = &action.target.name;
-    api.get(name).await.map_err(|e| {
-        format!(
-            "cannot read {} {name}: {}",
-            action.target.kind,
-            api_error(&e)
-        )
+    api.get(name).await.map_err(|source| ExecError::Api {
+        what: format!("cannot read {} {name}", action.target.kind),
+        source,
     })
 }
 
@@ -557,12 +613,15 @@ mod tests {
                 "toRevision",
             ),
         ] {
-            let e = validate(&a).err().unwrap_or_default();
+            let e = validate(&a)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
             assert!(e.contains(why), "{a:?}: {e}");
         }
         assert_eq!(
-            required_access(&action("scale", "Deployment", json!({"replicas": 1}))),
-            Ok((
+            required_access(&action("scale", "Deployment", json!({"replicas": 1}))).ok(),
+            Some((
                 "patch",
                 "apps".into(),
                 "deployments".into(),
@@ -570,8 +629,15 @@ mod tests {
             ))
         );
         assert_eq!(
-            required_access(&action("rollback", "Deployment", json!({}))).map(|a| a.0),
-            Ok("update")
+            required_access(&action("rollback", "Deployment", json!({})))
+                .ok()
+                .map(|a| a.0),
+            Some("update")
+        );
+        let kind = required_access(&action("restart", "CronJob", json!({})));
+        assert!(
+            matches!(&kind, Err(e) if e.metric_label() == "invalid"),
+            "{kind:?}"
         );
     }
 

@@ -54,7 +54,10 @@ pub async fn carry_out(
 ) -> (ProposalPhase, String, Option<Value>) {
     match tokio::time::timeout(EXECUTION_TIMEOUT, executor.execute(action)).await {
         Ok(Ok(done)) => (ProposalPhase::Succeeded, done.message, done.undo),
-        Ok(Err(e)) => (ProposalPhase::Failed, e, None),
+        Ok(Err(e)) => {
+            tracing::warn!(target = %action.target, verb = %action.verb, category = e.metric_label(), error = %e, "the action failed");
+            (ProposalPhase::Failed, e.to_string(), None)
+        }
         Err(_) => (
             ProposalPhase::Failed,
             format!(
@@ -82,7 +85,7 @@ pub async fn preview(executor: &Executor, spec: &ActionProposalSpec) -> Value {
     };
     match executor.preview(&action).await {
         Ok(p) => p,
-        Err(e) => json!({"error": e}),
+        Err(e) => json!({"error": e.to_string()}),
     }
 }
 

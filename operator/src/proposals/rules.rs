@@ -151,7 +151,7 @@ pub fn next(
         params: p.spec.params.clone().unwrap_or(json!({})),
     };
     if let Err(e) = executor::validate(&action) {
-        return refused(e);
+        return refused(e.to_string());
     }
     Transition::Execute(action)
 }

@@ -529,7 +529,8 @@ impl ClusterProposals {
         let Some(decision) = decision else {
             return Ok(false);
         };
-        let (verb, group, resource, subresource) = executor::required_access(action)?;
+        let (verb, group, resource, subresource) =
+            executor::required_access(action).map_err(|e| e.to_string())?;
         // Every signed-in user is in system:authenticated, whatever the decision lists.
         let mut groups = decision.groups.clone();
         if !groups.iter().any(|g| g == "system:authenticated") {
