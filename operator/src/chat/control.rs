@@ -6,6 +6,7 @@
 //! transition is a `run.lifecycle` event and a `run_control` audit row.
 
 use super::{Engine, event};
+use crate::store::SessionState as SS;
 use crate::store::{NewDecision, SessionRecord, StoreError};
 use crate::store::{RunRecord, RunState};
 use serde_json::{Value, json};
@@ -357,7 +358,7 @@ impl Ctl<'_> {
         }
         engine
             .store
-            .transition_session(&session.id, &["paused"], "running")
+            .transition_session(&session.id, &[SS::Paused], SS::Running)
             .await?;
         record(
             engine,
@@ -369,7 +370,7 @@ impl Ctl<'_> {
         )
         .await?;
         let mut running = session.clone();
-        running.status = "running".into();
+        running.status = SS::Running;
         engine.continue_run(&running, run_id);
         Ok(json!({"runId": run_id, "state": "running"}))
     }
@@ -484,7 +485,7 @@ impl Ctl<'_> {
         // pending client calls get error results, then release it.
         if !engine
             .store
-            .transition_session(&session.id, &["requires_action"], "running")
+            .transition_session(&session.id, &[SS::RequiresAction], SS::Running)
             .await?
         {
             return self.moved_on().await;
@@ -492,7 +493,7 @@ impl Ctl<'_> {
         let why = "cancelled by the user before the client returned a result";
         super::answer_pending(engine, &session.id, run_id, why, false).await?;
         let reason = "cancelled by the user";
-        finish_cancelled(engine, session, run_id, "running", reason).await?;
+        finish_cancelled(engine, session, run_id, SS::Running, reason).await?;
         record(
             engine,
             session,
@@ -551,7 +552,7 @@ impl Ctl<'_> {
         }
         engine
             .store
-            .transition_session(&session.id, &["awaiting_plan"], "running")
+            .transition_session(&session.id, &[SS::AwaitingPlan], SS::Running)
             .await?;
         record(
             engine,
@@ -563,7 +564,7 @@ impl Ctl<'_> {
         )
         .await?;
         let mut running = session.clone();
-        running.status = "running".into();
+        running.status = SS::Running;
         engine.continue_run(&running, run_id);
         Ok(json!({"runId": run_id, "state": "running", "planId": plan.id, "steps": steps}))
     }
@@ -597,7 +598,7 @@ impl Ctl<'_> {
         {
             return self.moved_on().await;
         }
-        finish_cancelled(engine, session, run_id, "awaiting_plan", &reason).await?;
+        finish_cancelled(engine, session, run_id, SS::AwaitingPlan, &reason).await?;
         record(
             engine,
             session,
@@ -626,7 +627,7 @@ async fn end_parked(
         .transition_run(run_id, RunState::Paused, RunState::Cancelling)
         .await?
     {
-        "paused"
+        SS::Paused
     } else if engine
         .store
         .transition_run(run_id, RunState::AwaitingPlan, RunState::Cancelling)
@@ -634,7 +635,7 @@ async fn end_parked(
     {
         // The plan's call gets its result: the transcript stays valid.
         super::answer_pending(engine, &session.id, run_id, reason, false).await?;
-        "awaiting_plan"
+        SS::AwaitingPlan
     } else {
         return Ok(false);
     };
@@ -665,7 +666,7 @@ async fn finish_cancelled(
     engine: &Engine,
     session: &SessionRecord,
     run_id: &str,
-    from: &str,
+    from: SS,
     reason: &str,
 ) -> Result<(), StoreError> {
     engine
@@ -674,7 +675,7 @@ async fn finish_cancelled(
         .await?;
     engine
         .store
-        .transition_session(&session.id, &[from], "idle")
+        .transition_session(&session.id, &[from], SS::Idle)
         .await?;
     Ok(())
 }

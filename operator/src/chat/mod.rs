@@ -14,6 +14,7 @@ pub use roles::handover_summary;
 pub mod tool_calls;
 
 use crate::live::LiveConfig;
+use crate::store::SessionState as SS;
 use crate::store::{EventRecord, SessionRecord, Store, StoreError};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -387,7 +388,7 @@ impl Engine {
     ) -> Result<String, ChatError> {
         if !self
             .store
-            .transition_session(&session.id, &["idle", "failed"], "running")
+            .transition_session(&session.id, &[SS::Idle, SS::Failed], SS::Running)
             .await?
         {
             return Err(ChatError::Busy(session.id.clone()));
@@ -435,7 +436,7 @@ impl Engine {
             if let Some(e) = refused {
                 let _ = self
                     .store
-                    .transition_session(&session.id, &["running"], &session.status)
+                    .transition_session(&session.id, &[SS::Running], session.status)
                     .await;
                 return Err(e);
             }
@@ -452,7 +453,7 @@ impl Engine {
                 Err(e) => {
                     let _ = self
                         .store
-                        .transition_session(&session.id, &["running"], &session.status)
+                        .transition_session(&session.id, &[SS::Running], session.status)
                         .await;
                     return Err(e);
                 }
@@ -470,7 +471,7 @@ impl Engine {
         let give_back = || async {
             let _ = self
                 .store
-                .transition_session(&session.id, &["running"], &session.status)
+                .transition_session(&session.id, &[SS::Running], session.status)
                 .await;
         };
         // Not recorded (too many runs, or a run of this id exists: a trigger's event started
@@ -642,7 +643,7 @@ impl Engine {
             )
             .await?;
             self.store
-                .transition_session(&session_id, &["running"], "failed")
+                .transition_session(&session_id, &[SS::Running], SS::Failed)
                 .await?;
             let error =
                 serde_json::json!({"runId": run_id, "code": "run_interrupted", "message": reason});

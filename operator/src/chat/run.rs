@@ -3,6 +3,7 @@
 use super::{Engine, event, tool_calls};
 use crate::govern::route;
 use crate::llm::{self, ChatRequest, LlmError, Message, StopReason, StreamEvent, ToolCall};
+use crate::store::SessionState as SS;
 use crate::store::{NewDecision, NewMessage, SessionRecord};
 use futures_util::StreamExt;
 use serde_json::json;
@@ -77,10 +78,10 @@ pub async fn run(
     };
     if let End::Paused | End::AwaitingPlan = end {
         // Parked: the run row says so; the session waits for a person.
-        let state = if let End::Paused = end {
-            "paused"
+        let (state, session_state) = if let End::Paused = end {
+            ("paused", SS::Paused)
         } else {
-            "awaiting_plan"
+            ("awaiting_plan", SS::AwaitingPlan)
         };
         let parked = crate::store::patiently("a parked run", || async {
             if state == "awaiting_plan" {
@@ -88,7 +89,7 @@ pub async fn run(
             }
             engine
                 .store
-                .transition_session(&session.id, &["running"], state)
+                .transition_session(&session.id, &[SS::Running], session_state)
                 .await
         })
         .await;
@@ -106,12 +107,12 @@ pub async fn run(
         return;
     }
     let (state, session_status, reason) = match &end {
-        End::Paused | End::AwaitingPlan => ("paused", "paused", None),
-        End::Completed => ("completed", "idle", None),
-        End::RequiresAction => ("requires_action", "requires_action", None),
+        End::Paused | End::AwaitingPlan => ("paused", SS::Paused, None),
+        End::Completed => ("completed", SS::Idle, None),
+        End::RequiresAction => ("requires_action", SS::RequiresAction, None),
         End::Cancelled => (
             "cancelled",
-            "idle",
+            SS::Idle,
             Some("cancelled by the user".to_owned()),
         ),
         End::Failed {
@@ -126,7 +127,7 @@ pub async fn run(
                 data["detail"] = json!(d);
             }
             let _ = engine.emit(&session.id, run_id, event::ERROR, data).await;
-            ("failed", "failed", Some(message.clone()))
+            ("failed", SS::Failed, Some(message.clone()))
         }
     };
     // A transcript never keeps a tool call without a result: the next provider call would
@@ -148,7 +149,7 @@ pub async fn run(
             if let Err(e) = crate::store::patiently("the session's status", || {
                 engine
                     .store
-                    .transition_session(&session.id, &["running"], session_status)
+                    .transition_session(&session.id, &[SS::Running], session_status)
             })
             .await
             {

@@ -6,6 +6,7 @@ use super::access::{json_body, may_use, ms_to_rfc3339, owned, reach, reachable};
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::chat::{ChatError, event};
+use crate::store::SessionState as SS;
 use crate::store::{EventRecord, NewSession, SessionRecord};
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, State};
@@ -772,7 +773,7 @@ pub async fn tool_results(
 ) -> Result<Response, ApiError> {
     let body = json_body(body)?;
     let session = reachable(&state, &caller, &id, crate::store::Access::Continue).await?;
-    if session.status != "requires_action" {
+    if session.status != crate::store::SessionState::RequiresAction {
         return Err(not_waiting(&id));
     }
     let messages = state
@@ -804,7 +805,7 @@ pub async fn tool_results(
     // First POST wins: only one request moves the session back to running.
     if !state
         .store
-        .transition_session(&id, &["requires_action"], "running")
+        .transition_session(&id, &[SS::RequiresAction], SS::Running)
         .await
         .map_err(ApiError::from)?
     {
@@ -829,7 +830,7 @@ pub async fn tool_results(
     {
         state
             .store
-            .transition_session(&id, &["running"], "requires_action")
+            .transition_session(&id, &[SS::Running], SS::RequiresAction)
             .await
             .map_err(ApiError::from)?;
         return Err(not_waiting(&id));
@@ -922,7 +923,7 @@ pub async fn cancel(
         return Ok((StatusCode::ACCEPTED, Json(json!({"cancelled": true}))).into_response());
     }
     // On this replica: stop it now; elsewhere: ask through the database (its owner polls).
-    let asked = session.status == "running"
+    let asked = session.status == crate::store::SessionState::Running
         && (state.engine.cancel(&id)
             || state
                 .store

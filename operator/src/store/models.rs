@@ -4,6 +4,66 @@
 use serde::Serialize;
 use serde_json::Value;
 
+/// The state of a session (`chat_sessions.status`, and `status` in the API; the serde names
+/// are those strings). A session takes a new message only when `idle` or `failed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionState {
+    /// No run; a message starts one.
+    Idle,
+    /// A run is taking steps (or being cancelled).
+    Running,
+    /// Its run waits for a client's tool results.
+    RequiresAction,
+    /// Its run is parked by a pause.
+    Paused,
+    /// Its run is parked until a person decides its plan.
+    AwaitingPlan,
+    /// Its last run failed; a message starts another.
+    Failed,
+}
+
+impl SessionState {
+    /// Every state.
+    pub const ALL: [Self; 6] = [
+        Self::Idle,
+        Self::Running,
+        Self::RequiresAction,
+        Self::Paused,
+        Self::AwaitingPlan,
+        Self::Failed,
+    ];
+
+    /// As stored and sent.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Running => "running",
+            Self::RequiresAction => "requires_action",
+            Self::Paused => "paused",
+            Self::AwaitingPlan => "awaiting_plan",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// The state stored as `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for SessionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for SessionState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// A chat session.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -18,8 +78,8 @@ pub struct SessionRecord {
     pub user: String,
     /// Governing ChatPolicy at the last run.
     pub policy: Option<String>,
-    /// `idle`, `running`, `requires_action` or `failed`.
-    pub status: String,
+    /// Its state.
+    pub status: SessionState,
     /// Title written by the summarize model.
     pub title: Option<String>,
     /// Client-executed tools declared at creation.

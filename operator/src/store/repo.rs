@@ -53,7 +53,14 @@ fn session_row(row: &AnyRow) -> Result<SessionRecord, StoreError> {
         namespace: row.try_get("namespace")?,
         user: row.try_get("user_name")?,
         policy: row.try_get("policy")?,
-        status: row.try_get("status")?,
+        status: {
+            let s: String = row.try_get("status")?;
+            SessionState::parse(&s).ok_or_else(|| {
+                StoreError::from(sqlx::Error::Decode(
+                    format!("chat_sessions.status {s:?} is not a session state").into(),
+                ))
+            })?
+        },
         title: row.try_get("title")?,
         dynamic_tools: json_col(row, "dynamic_tools")?,
         created_at: row.try_get("created_at")?,
@@ -139,7 +146,7 @@ impl Store {
                 namespace: new.namespace.clone(),
                 user: new.user.clone(),
                 policy: new.policy.clone(),
-                status: "idle".to_owned(),
+                status: SessionState::Idle,
                 title: None,
                 dynamic_tools: new.dynamic_tools.clone(),
                 created_at: now_ms(),
@@ -155,7 +162,7 @@ impl Store {
             .bind(&record.namespace)
             .bind(&record.user)
             .bind(&record.policy)
-            .bind(&record.status)
+            .bind(record.status.as_str())
             .bind(json_text(&record.dynamic_tools))
             .bind(record.created_at)
             .bind(record.updated_at)
@@ -281,8 +288,8 @@ impl Store {
     pub async fn transition_session(
         &self,
         id: &str,
-        from: &[&str],
-        status: &str,
+        from: &[SessionState],
+        status: SessionState,
     ) -> Result<bool, StoreError> {
         self.traced("UPDATE chat_sessions", async move {
             let mut moved = false;
@@ -290,10 +297,10 @@ impl Store {
                 let done = sqlx::query(
                     "UPDATE chat_sessions SET status = $1, updated_at = $2 WHERE id = $3 AND status = $4 AND deleted_at IS NULL",
                 )
-                .bind(status)
+                .bind(status.as_str())
                 .bind(now_ms())
                 .bind(id)
-                .bind(*f)
+                .bind(f.as_str())
                 .execute(&self.pool)
                 .await?;
                 if done.rows_affected() > 0 {

@@ -672,10 +672,12 @@ impl Dispatcher {
         }
         // What would refuse the run is checked before asking the API server for a token or
         // creating a session: a waiting event neither mints tokens nor leaves sessions.
-        if session
-            .as_ref()
-            .is_some_and(|s| !matches!(s.status.as_str(), "idle" | "failed"))
-        {
+        if session.as_ref().is_some_and(|s| {
+            !matches!(
+                s.status,
+                crate::store::SessionState::Idle | crate::store::SessionState::Failed
+            )
+        }) {
             return self
                 .wait_or_skip(
                     event,

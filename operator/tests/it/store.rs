@@ -51,12 +51,16 @@ async fn sessions_are_private_and_soft_deleted() {
         );
 
         assert!(
-            s.transition_session(&a.id, &["idle", "failed"], "running")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
+            s.transition_session(
+                &a.id,
+                &[SessionState::Idle, SessionState::Failed],
+                SessionState::Running
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
         );
         assert!(
-            !s.transition_session(&a.id, &["idle"], "running")
+            !s.transition_session(&a.id, &[SessionState::Idle], SessionState::Running)
                 .await
                 .unwrap_or_else(|e| panic!("{e}")),
             "compare-and-set"
@@ -627,7 +631,7 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
             .unwrap_or_else(|e| panic!("{e}"));
         // A replica started a run, the model called a tool, then the replica died.
         assert!(
-            s.transition_session(&session.id, &["idle"], "running")
+            s.transition_session(&session.id, &[SessionState::Idle], SessionState::Running)
                 .await
                 .unwrap_or_else(|e| panic!("{e}"))
         );
