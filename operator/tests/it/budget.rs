@@ -2,7 +2,7 @@
 //! database), settlement from reported usage, request counting, session caps, alerts once
 //! per window, and the release of reservations whose call never finished.
 
-use crate::common::all_dbs;
+use crate::support::db::all_dbs;
 use kortex::crd::{Budget, ModelCost};
 use kortex::govern::budget::Kind;
 use kortex::govern::{Governor, Outcome, Scope};

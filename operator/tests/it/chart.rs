@@ -10,7 +10,7 @@
 //! `KORTEX_REQUIRE_HELM=1`.
 
 use super::config::{assert_rbac_covers_calls, granted};
-use super::manifests::{check, docs, key, parse, root};
+use crate::support::yaml::{check, docs, key, parse, root};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;

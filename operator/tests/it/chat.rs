@@ -1,100 +1,13 @@
 //! The chat API end to end: the real binary, a wire-format provider server, SQLite and
 //! PostgreSQL.
 
-use crate::binary::Server;
-use crate::common::{http_client, postgres};
-use crate::llm::{json_reply, mock, openai, push, streamed};
-use futures_util::StreamExt;
+use crate::support::chat::{Sse, get_json, post_json, read_sse, run_ended};
+use crate::support::db::postgres;
+use crate::support::net::http_client;
+use crate::support::provider::{json_reply, mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
-
-/// One parsed SSE event.
-#[derive(Debug, Clone)]
-pub(crate) struct Sse {
-    pub(crate) id: i64,
-    pub(crate) event: String,
-    pub(crate) data: Value,
-}
-
-pub(crate) async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value {
-    client
-        .get(url)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default()
-}
-
-pub(crate) async fn post_json(
-    client: &reqwest::Client,
-    url: impl reqwest::IntoUrl,
-    body: &Value,
-) -> Value {
-    client
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default()
-}
-
-/// Reads SSE events from `resp` until `stop` says so (or 20 s pass).
-pub(crate) async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[Sse]) -> bool) -> Vec<Sse> {
-    read_sse_within(resp, stop, Duration::from_secs(20)).await
-}
-
-/// [`read_sse`] for at most `within`.
-pub(crate) async fn read_sse_within(
-    resp: reqwest::Response,
-    stop: impl Fn(&[Sse]) -> bool,
-    within: Duration,
-) -> Vec<Sse> {
-    let mut body = resp.bytes_stream();
-    let mut buf = String::new();
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + within;
-    while !stop(&out) {
-        let chunk = tokio::time::timeout_at(deadline, body.next()).await;
-        let Ok(Some(Ok(bytes))) = chunk else { break };
-        buf.push_str(&String::from_utf8_lossy(&bytes));
-        while let Some(pos) = buf.find("\n\n") {
-            let block: String = buf.drain(..pos + 2).collect();
-            let mut e = Sse {
-                id: 0,
-                event: String::new(),
-                data: Value::Null,
-            };
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id:") {
-                    e.id = v.trim().parse().unwrap_or(0);
-                } else if let Some(v) = line.strip_prefix("event:") {
-                    e.event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    e.data = serde_json::from_str(v.trim()).unwrap_or(Value::Null);
-                }
-            }
-            if !e.event.is_empty() {
-                out.push(e);
-            }
-        }
-    }
-    out
-}
-
-pub(crate) fn run_ended(events: &[Sse]) -> bool {
-    events.iter().any(|e| {
-        e.event == "run.lifecycle"
-            && matches!(
-                e.data["state"].as_str(),
-                Some("completed" | "failed" | "cancelled")
-            )
-    })
-}
 
 fn manifests(dir: &std::path::Path, base: &str) {
     std::fs::write(
@@ -106,7 +19,7 @@ fn manifests(dir: &std::path::Path, base: &str) {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     let client = http_client();
     let d = openai();
 
@@ -294,7 +207,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
     // Busy while running, then cancel.
     push(
         script,
-        crate::llm::Reply {
+        crate::support::provider::Reply {
             stall: Some(Duration::from_secs(30)),
             ..streamed(&d, (d.text_stream)(&["slow"])[..2].to_vec())
         },
@@ -418,7 +331,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
 
 /// A session with a client-executed tool: the run pauses in `requires_action`, results are
 /// validated (400 / 409, first POST wins), the run resumes; cancel works while waiting.
-async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     let client = http_client();
     let d = openai();
     let post = |path: String, body: Value| {
@@ -492,7 +405,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
     let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "requires_action");
     // Chat requests only: the provider probe's model listings may come in between.
-    let chats = |s: &[crate::llm::Seen]| -> Vec<crate::llm::Seen> {
+    let chats = |s: &[crate::support::provider::Seen]| -> Vec<crate::support::provider::Seen> {
         s.iter()
             .filter(|x| x.body.get("messages").is_some())
             .cloned()
@@ -617,7 +530,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
 
 /// `propose_action`: validated against the policy, stored, announced; decided once through
 /// the API; undecided proposals expire.
-async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     let client = http_client();
     let d = openai();
     let session = |name: &'static str| {
@@ -813,7 +726,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
 
 /// A model that never stops calling tools is stopped at `maxToolDepth` (3 here), with a
 /// notice and a message that say so; a read of a kept result works inside a run.
-async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     let client = http_client();
     let d = openai();
     let session: Value = post_json(
@@ -896,7 +809,10 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::llm::Script
 }
 
 /// `kortex chat` and `kortex proposals` against the server.
-async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn terminal_clients(
+    server: &Server,
+    script: &std::sync::Arc<crate::support::provider::Script>,
+) {
     let d = openai();
     push(
         script,
@@ -956,7 +872,7 @@ async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::S
 }
 
 /// Every scenario in turn against one server, which then must stop cleanly.
-async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     scenario(&server, script).await;
     dynamic_tools(&server, script).await;
     proposals(&server, script).await;
@@ -1009,7 +925,7 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
     chunks.truncate(2);
     push(
         &script,
-        crate::llm::Reply {
+        crate::support::provider::Reply {
             stall: Some(Duration::from_secs(30)),
             ..streamed(&d, chunks)
         },

@@ -4,10 +4,10 @@
 //! Kortex's, through this replica's `/mcp`; every call is the run's own — stored, announced,
 //! audited — and a built-in tool the model asks for never runs.
 
-use crate::binary::Server;
-use crate::chat::get_json;
-use crate::common::{eventually, http_client};
-use crate::policy::{ask, session, state, text};
+use crate::support::chat::{ask, get_json, session, state, text};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::messages_answer;
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -65,38 +65,8 @@ fn sse(event: &str, data: Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
 }
 
-/// One streamed Messages API answer (as Claude Code asks for it): a tool call, or text.
-pub(crate) fn answer(model: &Value, block: Value, delta: Value, stop: &str) -> String {
-    [
-        sse(
-            "message_start",
-            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
-                "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": 120, "output_tokens": 1}}}),
-        ),
-        sse(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0, "content_block": block}),
-        ),
-        sse(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0, "delta": delta}),
-        ),
-        sse(
-            "content_block_stop",
-            json!({"type": "content_block_stop", "index": 0}),
-        ),
-        sse(
-            "message_delta",
-            json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 30}}),
-        ),
-        sse("message_stop", json!({"type": "message_stop"})),
-    ]
-    .concat()
-}
-
 fn tool_use(model: &Value, id: &str, name: &str, input: Value) -> String {
-    answer(
+    messages_answer(
         model,
         json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
         json!({"type": "input_json_delta", "partial_json": input.to_string()}),
@@ -138,7 +108,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
             .collect();
         let events = if tools.contains(&"StructuredOutput") {
             if result_of(&body, "toolu_so").is_some() {
-                answer(
+                messages_answer(
                     model,
                     json!({"type": "text", "text": ""}),
                     json!({"type": "text_delta", "text": "done"}),
@@ -162,7 +132,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
                 tool_use(model, "toolu_bash", "Bash", json!({"command": touch}))
             } else if let Some(r) = result_of(&body, "toolu_kortex") {
                 let said = r["content"].to_string();
-                answer(
+                messages_answer(
                     model,
                     json!({"type": "text", "text": ""}),
                     json!({"type": "text_delta", "text": format!("Kortex answered: {said}")}),
@@ -177,7 +147,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
                 )
             }
         } else {
-            answer(
+            messages_answer(
                 model,
                 json!({"type": "text", "text": ""}),
                 json!({"type": "text_delta", "text": "OK"}),
@@ -190,7 +160,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state((seen.clone(), Arc::new(marker)));
-    (crate::common::serve(app).await, seen)
+    (crate::support::net::serve(app).await, seen)
 }
 
 /// A claude-code provider (the CLI at `command`, the model at `base`, `key` in its Secret,
@@ -671,7 +641,7 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
                 call
             }
         } else {
-            answer(
+            messages_answer(
                 model,
                 json!({"type": "text", "text": ""}),
                 json!({"type": "text_delta", "text": "The marker file is created."}),
@@ -699,7 +669,7 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
         .route("/v1/messages", axum::routing::post(messages))
         .route("/v1/messages/count_tokens", axum::routing::post(count))
         .with_state((seen.clone(), Arc::new(marker)));
-    (crate::common::serve(app).await, seen)
+    (crate::support::net::serve(app).await, seen)
 }
 
 /// Claude Code pointed at Kortex's gateway (`ANTHROPIC_BASE_URL`, a gateway key): a `-p`
@@ -877,13 +847,13 @@ async fn opener() -> (String, Seen) {
             tokio::time::sleep(std::time::Duration::from_secs(300)).await;
         }
         let events = match result_of(&body, "toolu_first") {
-            _ if !kortex => answer(
+            _ if !kortex => messages_answer(
                 model,
                 json!({"type": "text", "text": ""}),
                 json!({"type": "text_delta", "text": "OK"}),
                 "end_turn",
             ),
-            Some(r) => answer(
+            Some(r) => messages_answer(
                 model,
                 json!({"type": "text", "text": ""}),
                 json!({"type": "text_delta", "text": format!("Kortex answered: {}", r["content"])}),
@@ -902,7 +872,7 @@ async fn opener() -> (String, Seen) {
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state(seen.clone());
-    (crate::common::serve(app).await, seen)
+    (crate::support::net::serve(app).await, seen)
 }
 
 /// The Claude Code homes (`kortex-claude-*`) in `tmp`.
@@ -1120,7 +1090,7 @@ async fn a_claude_code_run_leaves_no_process_home_or_credential_behind() {
     let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let tmpdir = tmp.path().to_string_lossy().into_owned();
     let env = [("TMPDIR", tmpdir.as_str())];
-    let (dir, db) = crate::common::keyed_manifests(
+    let (dir, db) = crate::support::manifests::keyed_manifests(
         &[("alice", ALICE, "")],
         &provider_yaml(&claude, &base, KEY, "120s"),
     );

@@ -4,7 +4,7 @@
 //! every condition reason it sets.
 
 use super::chart::registered_metrics;
-use super::manifests::root;
+use crate::support::yaml::root;
 use serde_json::Value;
 use std::fmt::Write;
 

@@ -5,8 +5,8 @@
 //! `--record` then `GET /api/v1/evals`; `eval record` round-trips a real session; and the
 //! starter suite in `evals/` loads and its recordings answer the calls they expect.
 
-use crate::binary::Server;
-use crate::llm::{mock, openai, streamed};
+use crate::support::provider::{mock, openai, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
@@ -84,7 +84,7 @@ fn scenarios(dir: &Path) {
 
 /// The scripted model: what it does depends on the question and on how many tool results
 /// the conversation already has; the `weak` model never calls a tool.
-fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::llm::Reply> {
+fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::support::provider::Reply> {
     let d = openai();
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     let question = messages
@@ -115,7 +115,7 @@ fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::llm::Reply> {
         } else {
             json!({"pass": false, "reason": "names no fix"})
         };
-        return Some(crate::llm::json_reply(
+        return Some(crate::support::provider::json_reply(
             200,
             &(d.text_json)(&verdict.to_string()),
         ));
@@ -319,8 +319,11 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
 
     // --record: the server's API lists it.
     let server = Server::start_with_url(&dir.path().join("config"), &db_url, &[]);
-    let evals: Value =
-        crate::chat::get_json(&crate::common::http_client(), server.url("/api/v1/evals")).await;
+    let evals: Value = crate::support::chat::get_json(
+        &crate::support::net::http_client(),
+        server.url("/api/v1/evals"),
+    )
+    .await;
     let items = evals["items"].as_array().cloned().unwrap_or_default();
     assert_eq!(items.len(), 1, "{evals:#}");
     assert_eq!(
@@ -338,13 +341,15 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
     );
     // The dashboard's Evals page shows it.
     let url = server.url("");
-    if let Some(out) =
-        crate::dashboard::run_browser("evals.mjs", &[("KORTEX_URL", url.trim_end_matches('/'))])
-            .await
+    if let Some(out) = crate::support::browser::run_browser(
+        "evals.mjs",
+        &[("KORTEX_URL", url.trim_end_matches('/'))],
+    )
+    .await
     {
-        crate::dashboard::passed(&out, &server);
+        crate::support::browser::passed(&out, &server);
         assert!(
-            crate::dashboard::screenshots()
+            crate::support::browser::screenshots()
                 .join("evals-dark.png")
                 .exists()
         );
@@ -464,7 +469,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     config(dir.path(), &llm);
     let server = Server::start(&dir.path().join("config"), &dir.path().join("k.db"), &[]);
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
     let session: Value = client
         .post(server.url("/chat/v1/sessions"))
         .json(&json!({"name": "incident-checkout"}))
@@ -483,7 +488,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse(r, crate::chat::run_ended).await;
+    let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
     assert!(
         events.iter().any(|e| e.event == "tool.end"),
         "the session called a tool"

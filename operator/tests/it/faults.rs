@@ -1,9 +1,9 @@
 //! Faults injected from outside into the real binary and real servers (docs/reliability.md).
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::llm::{mock, openai, push, streamed};
-use crate::policy::{ask, session, state};
+use crate::support::chat::{ask, session, state};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -138,7 +138,7 @@ fn own_postgres() -> Option<Postgres> {
 async fn on_own_postgres() -> Option<(
     Postgres,
     Server,
-    std::sync::Arc<crate::llm::Script>,
+    std::sync::Arc<crate::support::provider::Script>,
     tempfile::TempDir,
 )> {
     let pg = own_postgres()?;
@@ -204,7 +204,8 @@ async fn postgres_stopped_and_started_again() {
     let events = ask(&server, &id, "second question").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
     let stored =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     let texts: Vec<&str> = stored["messages"]
         .as_array()
         .map(|m| m.iter().filter_map(|m| m["content"].as_str()).collect())
@@ -267,7 +268,10 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
     assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
     pg.up();
     let d = openai();
-    push(&script, crate::llm::json_reply(200, &(d.text_json)("back")));
+    push(
+        &script,
+        crate::support::provider::json_reply(200, &(d.text_json)("back")),
+    );
     eventually("the gateway serving again", || async {
         let r = call().await.map_err(|e| e.to_string())?;
         match r.status().as_u16() {
@@ -334,9 +338,9 @@ async fn postgres_stopped_during_a_run() {
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse(r, crate::chat::run_ended).await;
+    let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
     assert_eq!(
-        crate::policy::text(&events),
+        crate::support::chat::text(&events),
         "Slow and steady answer.",
         "{events:?}"
     );
@@ -384,13 +388,13 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status().as_u16(), 202);
-    crate::llm::provider_called(&script).await;
+    crate::support::provider::provider_called(&script).await;
     a.kill9();
     let killed = tokio::time::Instant::now();
 
     let url = b.url(&format!("/chat/v1/sessions/{id}"));
     let stored = loop {
-        let s = crate::chat::get_json(&client, url.as_str()).await;
+        let s = crate::support::chat::get_json(&client, url.as_str()).await;
         if s["status"] != "running" {
             break s;
         }
@@ -412,7 +416,7 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse(r, |e| state(e) == json!("failed")).await;
+    let events = crate::support::chat::read_sse(r, |e| state(e) == json!("failed")).await;
     assert!(
         events
             .iter()
@@ -526,7 +530,8 @@ async fn sqlite_on_a_full_disk() {
     );
     // Reads go on, and the session is not left running.
     let stored =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     assert_eq!(stored["status"], "idle", "{stored}");
     assert_eq!(server.get("/healthz").await.0, 200);
 
@@ -566,7 +571,7 @@ async fn sqlite_on_a_full_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let (base, script) = mock().await;
-    let (bridge, bridge_seen) = crate::plugins::upstream().await;
+    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
@@ -613,11 +618,11 @@ spec:
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status().as_u16(), 202);
-    crate::llm::provider_called(&script).await;
+    crate::support::provider::provider_called(&script).await;
     // Mid-tool-call: the model calls the slow tool; Kortex dies while it runs.
     push(
         &script,
-        crate::investigation::tool_calls(&[("c1", "slow_lookup", json!({}))]),
+        crate::support::provider::tool_calls(&[("c1", "slow_lookup", json!({}))]),
     );
     let tool = session(&server, "s-tool").await;
     let r = post(&server, &tool, "question two")
@@ -670,7 +675,7 @@ spec:
     for id in [&answer, &tool] {
         let url = server.url(&format!("/chat/v1/sessions/{id}"));
         let stored = eventually("the interrupted run ended", || async {
-            let s = crate::chat::get_json(&client, url.as_str()).await;
+            let s = crate::support::chat::get_json(&client, url.as_str()).await;
             if s["status"] == "running" {
                 Err(s.to_string())
             } else {
@@ -705,7 +710,8 @@ spec:
         assert_eq!(state(&events), json!("completed"), "{events:?}");
     }
     let tool_session =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{tool}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{tool}")))
+            .await;
     assert!(
         tool_session.to_string().contains("slow_lookup"),
         "the interrupted call is in the transcript: {tool_session}"
@@ -738,7 +744,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
     let client = &client;
     let available = |want: bool| {
         eventually("the provider's availability", move || async move {
-            let v = crate::chat::get_json(client, url.as_str()).await;
+            let v = crate::support::chat::get_json(client, url.as_str()).await;
             let p = v["items"]
                 .as_array()
                 .and_then(|i| i.iter().find(|p| p["name"] == "model").cloned())
@@ -789,8 +795,10 @@ async fn a_secret_deleted_while_in_use_then_restored() {
 /// watches are back (they resume where they were), and its status is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_then_back() {
-    use crate::investigation::{chat_once, tool_calls};
-    use crate::operator::{FakeApi, condition, provider, start_run};
+    use crate::support::chat::chat_once;
+    use crate::support::fake_api::{FakeApi, condition, provider};
+    use crate::support::provider::tool_calls;
+    use crate::support::server::start_run;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -807,7 +815,7 @@ async fn cluster_api_server_unreachable_then_back() {
     let transcript = |id: String| {
         let client = client.clone();
         let url = server.url(&format!("/chat/v1/sessions/{id}"));
-        async move { crate::chat::get_json(&client, url).await }
+        async move { crate::support::chat::get_json(&client, url).await }
     };
     push(&script, streamed(&d, (d.text_stream)(&["Before."])));
     let id = chat_once(
@@ -923,7 +931,8 @@ async fn cluster_api_server_unreachable_then_back() {
 /// server answers, the same caller gets in and `/readyz` says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_says_why() {
-    use crate::operator::{FakeApi, start_run_with};
+    use crate::support::fake_api::FakeApi;
+    use crate::support::server::start_run_with;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, _script) = mock().await;
@@ -966,14 +975,16 @@ async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_sa
 /// after it the proposal ends `Failed` as interrupted. The target was written once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_leader_lost_mid_execution_executes_once() {
-    use crate::operator::{FakeApi, kubectl_kortex, pending_restarts, phase, start_run_with};
+    use crate::support::fake_api::{FakeApi, phase};
+    use crate::support::server::{kubectl_kortex, pending_restarts, start_run_with};
     const STUCK: &str = "/apis/apps/v1/namespaces/shop/deployments/stuck";
     let fake = FakeApi::start().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (leader, names) = pending_restarts(&fake, dir.path(), &["stuck"]).await;
     let stuck = names[0].clone();
     fake.hang(STUCK);
-    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob =
+        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &stuck, "--no-wait"]).await;
     assert!(ok, "{out}");
     let writes = |f: &FakeApi| {
@@ -1044,8 +1055,9 @@ async fn cluster_leader_lost_mid_execution_executes_once() {
 /// Secret is back, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_secret_deleted_while_in_use_then_restored() {
-    use crate::investigation::chat_once;
-    use crate::operator::{FakeApi, condition, secret, start_run};
+    use crate::support::chat::chat_once;
+    use crate::support::fake_api::{FakeApi, condition, secret};
+    use crate::support::server::start_run;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -1069,7 +1081,7 @@ async fn cluster_a_secret_deleted_while_in_use_then_restored() {
     .await;
     let url = server.url(&format!("/chat/v1/sessions/{id}"));
     assert_eq!(
-        crate::chat::get_json(&client, url.as_str()).await["messages"][1]["content"],
+        crate::support::chat::get_json(&client, url.as_str()).await["messages"][1]["content"],
         "Keyed."
     );
 

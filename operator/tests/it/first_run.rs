@@ -6,9 +6,9 @@
 //! and in the session); `providers check` fails with the fix. Then the local model becomes
 //! reachable: the banners go and the question is answered.
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::llm::{mock, ollama, streamed};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, ollama, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -56,7 +56,7 @@ impl Toggle {
     }
 }
 
-async fn ask(server: &Server, id: &str, question: &str) -> Vec<crate::chat::Sse> {
+async fn ask(server: &Server, id: &str, question: &str) -> Vec<crate::support::chat::Sse> {
     let r = http_client()
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
         .header("accept", "text/event-stream")
@@ -65,7 +65,7 @@ async fn ask(server: &Server, id: &str, question: &str) -> Vec<crate::chat::Sse>
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status().as_u16(), 202);
-    crate::chat::read_sse(r, crate::chat::run_ended).await
+    crate::support::chat::read_sse(r, crate::support::chat::run_ended).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -175,14 +175,15 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
     );
     // Read back later, the session says why that run failed.
     let stored: Value =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     assert_eq!(
         stored["failedRuns"][0]["reason"].as_str(),
         Some(message.as_str()),
         "{stored}"
     );
     // The session's route (the dashboard's banner) says the same.
-    let route: Value = crate::chat::get_json(
+    let route: Value = crate::support::chat::get_json(
         &client,
         server.url(&format!("/chat/v1/sessions/{id}/route")),
     )
@@ -227,12 +228,15 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         ("SESSION", id.as_str()),
         ("SEEN", seen_path.as_str()),
     ];
-    let (browser, ()) = tokio::join!(crate::dashboard::run_browser("first_run.mjs", &env), flip);
+    let (browser, ()) = tokio::join!(
+        crate::support::browser::run_browser("first_run.mjs", &env),
+        flip
+    );
     if let Some(out) = browser {
-        crate::dashboard::passed(&out, &server);
+        crate::support::browser::passed(&out, &server);
     }
     eventually("the route is reachable", || async {
-        let route: Value = crate::chat::get_json(
+        let route: Value = crate::support::chat::get_json(
             &client,
             server.url(&format!("/chat/v1/sessions/{id}/route")),
         )
@@ -245,7 +249,8 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
     })
     .await;
     let session: Value =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     if session["status"] != "idle" {
         // Without a browser, ask here.
         let events = ask(&server, &id, "Hello?").await;
@@ -256,7 +261,8 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         );
     }
     let session: Value =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     let answered = session["messages"]
         .as_array()
         .into_iter()

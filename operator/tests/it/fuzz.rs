@@ -283,7 +283,7 @@ fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
     use axum::http::{Request, header};
     use kortex::http::auth::AuthMode;
     let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
-    let h = rt.block_on(crate::http::harness(AuthMode::Loopback));
+    let h = rt.block_on(crate::support::app::harness(AuthMode::Loopback));
     let post = |path: &str, content_type: &str, body: Vec<u8>| {
         Request::post(path)
             .header(header::HOST, "127.0.0.1:8080")
@@ -291,7 +291,7 @@ fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
             .body(Body::from(body))
             .unwrap_or_else(|e| panic!("{e}"))
     };
-    let (status, _, created) = rt.block_on(crate::http::call(
+    let (status, _, created) = rt.block_on(crate::support::app::call(
         &h.app,
         post(
             "/chat/v1/sessions",
@@ -325,7 +325,7 @@ fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
             let (status, _, text) = rt.block_on(async {
                 tokio::time::timeout(
                     std::time::Duration::from_secs(10),
-                    crate::http::call(&h.app, post(path, content_type, body)),
+                    crate::support::app::call(&h.app, post(path, content_type, body)),
                 )
                 .await
                 .unwrap_or_else(|_| panic!("{path}: no answer within 10 s"))
@@ -341,7 +341,7 @@ fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
             Ok(())
         })
         .unwrap_or_else(|e| panic!("{e}"));
-    let (status, _, _) = rt.block_on(crate::http::call(
+    let (status, _, _) = rt.block_on(crate::support::app::call(
         &h.app,
         Request::get("/healthz")
             .body(Body::empty())

@@ -3,9 +3,9 @@
 //! streaming, tool calls, JSON-schema output, models, an unknown model, a bad key and an
 //! exhausted budget — then usage per team and what reached the upstream.
 
-use crate::binary::Server;
-use crate::common::http_client;
-use crate::llm::{Reply, mock, openai, streamed};
+use crate::support::net::http_client;
+use crate::support::provider::{Reply, mock, openai, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Duration;
@@ -19,7 +19,7 @@ fn responder(body: &Value) -> Option<Reply> {
         let data: Vec<Value> = (0..inputs.len())
             .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.5, -0.25, 0.125]}))
             .collect();
-        return Some(crate::llm::json_reply(
+        return Some(crate::support::provider::json_reply(
             200,
             &json!({"object": "list", "data": data, "model": "embed-small", "usage": {"prompt_tokens": 4, "total_tokens": 4}}),
         ));
@@ -29,7 +29,7 @@ fn responder(body: &Value) -> Option<Reply> {
     let whole = body["stream"] != json!(true);
     let text = |parts: &[&str]| {
         if whole {
-            crate::llm::json_reply(200, &(d.text_json)(&parts.concat()))
+            crate::support::provider::json_reply(200, &(d.text_json)(&parts.concat()))
         } else {
             streamed(&d, (d.text_stream)(parts))
         }
@@ -37,7 +37,7 @@ fn responder(body: &Value) -> Option<Reply> {
     if body["tools"].as_array().is_some_and(|t| !t.is_empty()) && last["role"] == "user" {
         let call = [("call_w1", "get_weather", r#"{"city": "Paris"}"#)];
         return Some(if whole {
-            crate::llm::json_reply(200, &(d.tools_json)(&call))
+            crate::support::provider::json_reply(200, &(d.tools_json)(&call))
         } else {
             streamed(&d, (d.tools_stream)(&call))
         });
@@ -358,7 +358,7 @@ spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requests
     assert!(server.terminate().success());
 
     // Two replicas, one PostgreSQL, one policy limit of 4 per minute.
-    let Some(db) = crate::common::postgres().await else {
+    let Some(db) = crate::support::db::postgres().await else {
         return;
     };
     let second = jiff::Timestamp::now().as_second().rem_euclid(60);

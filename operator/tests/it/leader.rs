@@ -3,7 +3,7 @@
 //! round trip takes longer than the 100 ms a leader at its deadline is left; and two
 //! replicas never lead at once meanwhile.
 
-use super::operator::FakeApi;
+use crate::support::fake_api::FakeApi;
 use kortex::operator::lease::{self, LeaseConfig};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;

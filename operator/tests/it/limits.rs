@@ -2,10 +2,10 @@
 //! the real binary: each refuses with its own error and counts in
 //! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::llm::{mock, openai, push, streamed};
-use crate::policy::{ask, session, state};
+use crate::support::chat::{ask, session, state};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -267,7 +267,8 @@ async fn event_streams_and_sessions_per_user_are_limited() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(refusal(r).await.1, "too_many_streams");
     let stored =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     assert_eq!(
         stored["messages"],
         json!([]),
@@ -344,7 +345,8 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
         (429, "too_many_runs", Some("5"))
     );
     let stored =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{other}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{other}")))
+            .await;
     assert_eq!(stored["messages"], json!([]), "{stored}");
     assert_eq!(stored["status"], "idle", "{stored}");
     assert_eq!(refused(&server, "concurrent_runs").await, 1);
@@ -352,7 +354,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
     // The first run ends (cancelled, once its provider call is under way: cancelled
     // earlier, its scripted reply would be left for the next run); the other session's run
     // may then start.
-    crate::llm::provider_called(&script).await;
+    crate::support::provider::provider_called(&script).await;
     let r = client
         .post(server.url(&format!("/chat/v1/sessions/{busy}/cancel")))
         .send()
@@ -360,8 +362,11 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(r.status().is_success());
     eventually("the cancelled run ended", || async {
-        let s =
-            crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{busy}"))).await;
+        let s = crate::support::chat::get_json(
+            &client,
+            server.url(&format!("/chat/v1/sessions/{busy}")),
+        )
+        .await;
         match s["status"].as_str() {
             Some("running") => Err(s.to_string()),
             _ => Ok(()),
@@ -377,7 +382,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
 /// One run whose answer is 32 MiB, in 8 KiB deltas, read to its end by a streaming client;
 /// the server's resident memory when 30 MiB of it had been read (before the run's end
 /// stores it).
-async fn firehose(server: &Server, script: &crate::llm::Script, id: &str) -> u64 {
+async fn firehose(server: &Server, script: &crate::support::provider::Script, id: &str) -> u64 {
     use futures_util::StreamExt;
     let d = openai();
     let piece = "x".repeat(8 * 1024);
@@ -483,7 +488,7 @@ async fn a_client_that_never_reads_its_stream_costs_bounded_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
     let (base, script) = mock().await;
-    let (bridge, _) = crate::plugins::upstream().await;
+    let (bridge, _) = crate::support::plugins::upstream().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
@@ -510,11 +515,11 @@ spec:
     );
     push(
         &script,
-        crate::investigation::tool_calls(&[("c1", "big_report", json!({}))]),
+        crate::support::provider::tool_calls(&[("c1", "big_report", json!({}))]),
     );
     // Then the model reads the first chunk of the kept result, and answers.
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body| {
-        if let Some(chunk) = crate::investigation::tool_result(body, "c2") {
+        if let Some(chunk) = crate::support::provider::tool_result(body, "c2") {
             let chunk: Value = serde_json::from_str(&chunk).unwrap_or_default();
             let read = chunk["content"].as_str().map_or(0, str::len);
             let d = openai();
@@ -524,8 +529,8 @@ spec:
             ));
         }
         let index: Value =
-            serde_json::from_str(&crate::investigation::tool_result(body, "c1")?).ok()?;
-        Some(crate::investigation::tool_calls(&[(
+            serde_json::from_str(&crate::support::provider::tool_result(body, "c1")?).ok()?;
+        Some(crate::support::provider::tool_calls(&[(
             "c2",
             "read_result_chunk",
             json!({"resultId": index["resultId"], "chunk": 0}),
@@ -536,7 +541,7 @@ spec:
         state(&ask(&server, &id, "report?").await),
         json!("completed")
     );
-    let stored = crate::chat::get_json(
+    let stored = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )
@@ -585,7 +590,7 @@ async fn retention_deletes_a_failed_runs_events_at_the_next_pass() {
     let server = Server::start_with_args(&m, &db, &[]);
     push(
         &script,
-        crate::llm::json_reply(
+        crate::support::provider::json_reply(
             400,
             &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
         ),

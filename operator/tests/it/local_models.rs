@@ -2,11 +2,12 @@
 //! `ollama`): a tool call the model writes as text is run as a call, in chat and through the
 //! gateway, against the real binary and a wire-format upstream.
 
-use crate::binary::Server;
-use crate::chat::get_json;
-use crate::common::http_client;
-use crate::llm::{mock, openai, push, streamed};
-use crate::policy::{ask, notices, session, state, text};
+use crate::support::chat::{
+    ask, get_json, notices, provider_usage, session, state, text, until_listed,
+};
+use crate::support::net::http_client;
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 
 const KEY: &str = "kx-local-gateway-KEY-1";
@@ -157,7 +158,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
                 streamed(&d, (d.text_stream)(&parts))
             } else {
                 // A client that asks for no stream gets a non-streamed upstream call.
-                crate::llm::json_reply(200, &(d.text_json)(&parts.concat()))
+                crate::support::provider::json_reply(200, &(d.text_json)(&parts.concat()))
             },
         );
         let r = http_client()
@@ -212,65 +213,13 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     assert!(server.terminate().success());
 }
 
-/// The usage row of `provider` once it counts `requests` calls (books are written behind;
-/// gives up after 5 s and returns what it has).
-pub(crate) async fn provider_usage(server: &Server, provider: &str, requests: i64) -> Value {
-    let mut row = Value::Null;
-    for _ in 0..100 {
-        let usage = get_json(&http_client(), server.url("/api/v1/usage?by=provider")).await;
-        row = usage["items"]
-            .as_array()
-            .and_then(|r| r.iter().find(|r| r["key"] == provider))
-            .cloned()
-            .unwrap_or_default();
-        if row["requests"].as_i64() >= Some(requests) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    row
-}
-
-/// Waits until the model ids the gateway lists to `key` satisfy `check`; returns them.
-pub(crate) async fn until_listed(
-    server: &Server,
-    key: &str,
-    check: impl Fn(&[String]) -> bool,
-) -> Vec<String> {
-    crate::common::eventually("the gateway's model list", || async {
-        let v = http_client()
-            .get(server.url("/v1/models"))
-            .bearer_auth(key)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json::<Value>()
-            .await
-            .unwrap_or_default();
-        let ids: Vec<String> = v["data"]
-            .as_array()
-            .map(|d| {
-                d.iter()
-                    .filter_map(|m| m["id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if check(&ids) {
-            Ok(ids)
-        } else {
-            Err(format!("{ids:?}"))
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones() {
     let (base, script) = mock().await;
     for _ in 0..50 {
-        crate::llm::push_get(
+        crate::support::provider::push_get(
             &script,
-            crate::llm::json_reply(
+            crate::support::provider::json_reply(
                 200,
                 &json!({"object": "list", "data": [{"id": "qwen-local", "object": "model"}]}),
             ),
@@ -385,7 +334,7 @@ async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     // the export says so where it happened.
     push(
         &script,
-        crate::llm::json_reply(
+        crate::support::provider::json_reply(
             400,
             &json!({"error": {"message": "the prompt is too long", "type": "invalid_request_error"}}),
         ),

@@ -4,9 +4,10 @@
 //! without credentials, from a wrong origin, of another user's session and of malformed
 //! messages; Kortex's own MCP client against another Kortex.
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::plugins::python_with_mcp as python;
+use crate::support::net::{eventually, http_client};
+use crate::support::plugins::python_with_mcp as python;
+use crate::support::provider::messages_answer;
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -147,7 +148,7 @@ struct Setup {
     server: Server,
     base: String,
     dir: tempfile::TempDir,
-    _upstream: crate::plugins::McpServer,
+    _upstream: crate::support::plugins::McpServer,
 }
 
 impl Setup {
@@ -159,7 +160,7 @@ impl Setup {
 /// Kortex listening off loopback (so callers need keys), with an MCP plugin server.
 async fn setup() -> Option<(Setup, String)> {
     let python = python()?;
-    let upstream = crate::plugins::mcp_server(MCP_TOKEN)?;
+    let upstream = crate::support::plugins::mcp_server(MCP_TOKEN)?;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
@@ -937,13 +938,14 @@ spec: {sessions: ["*"], provider: none}
 /// `ActionProposal` object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_mcp_callers_act_with_their_own_rights() {
-    use crate::operator::{FakeApi, deployment, start_run_with};
+    use crate::support::fake_api::{FakeApi, deployment};
+    use crate::support::server::start_run_with;
     let Some(python) = python() else {
         return;
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, _script) = crate::llm::mock().await;
+    let (llm, _script) = crate::support::provider::mock().await;
     fake.apply("deployments", deployment());
     fake.apply(
         "chatpolicies",
@@ -1068,14 +1070,14 @@ async fn tool_calling_model() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Va
                 "end_turn",
             ),
         };
-        let events = crate::claude_code::answer(&body["model"], block, delta, stop);
+        let events = messages_answer(&body["model"], block, delta, stop);
         ([("content-type", "text/event-stream")], events).into_response()
     }
     let seen: Seen = std::sync::Arc::default();
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state(seen.clone());
-    (crate::common::serve(app).await, seen)
+    (crate::support::net::serve(app).await, seen)
 }
 
 /// Claude Code, the MCP client engineers use, investigates through Kortex: it lists the

@@ -2,71 +2,14 @@
 //! policy's webhooks — Kortex's JSON envelope, signed, and Slack's format — through the
 //! outbox, after retries when the receiver fails, once per delivery id.
 
-use crate::binary::Server;
-use crate::chat::{read_sse, run_ended};
-use crate::common::{eventually, http_client};
-use crate::llm::{mock, openai, push, streamed};
+use crate::support::chat::{read_sse, run_ended};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::receiver::{receiver, slow_receiver};
+use crate::support::server::Server;
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// A webhook receiver on 127.0.0.1 that records what it is sent (headers and body) and
-/// answers 503 to its first `fail_first` requests; each answer takes `delay`.
-pub(crate) struct Receiver {
-    pub(crate) url: String,
-    seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>>,
-    refused: Arc<AtomicUsize>,
-}
-
-pub(crate) async fn receiver(fail_first: usize) -> Receiver {
-    slow_receiver(fail_first, std::time::Duration::ZERO).await
-}
-
-async fn slow_receiver(fail_first: usize, delay: std::time::Duration) -> Receiver {
-    let seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>> = Arc::default();
-    let refused = Arc::new(AtomicUsize::new(0));
-    let (s, r) = (seen.clone(), refused.clone());
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
-            let (s, r) = (s.clone(), r.clone());
-            async move {
-                tokio::time::sleep(delay).await;
-                if r.load(Ordering::SeqCst) < fail_first {
-                    r.fetch_add(1, Ordering::SeqCst);
-                    return axum::http::StatusCode::SERVICE_UNAVAILABLE;
-                }
-                s.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((headers, body));
-                axum::http::StatusCode::OK
-            }
-        }),
-    );
-    let base = crate::common::serve(app).await;
-    Receiver {
-        url: format!("{base}/hook"),
-        seen,
-        refused,
-    }
-}
-
-impl Receiver {
-    pub(crate) fn got(&self) -> Vec<(axum::http::HeaderMap, Value)> {
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(h, b)| (h.clone(), serde_json::from_str(b).unwrap_or(Value::Null)))
-            .collect()
-    }
-
-    fn raw(&self, i: usize) -> String {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner())[i]
-            .1
-            .clone()
-    }
-}
 
 fn header(h: &axum::http::HeaderMap, name: &str) -> String {
     h.get(name)
@@ -101,10 +44,10 @@ fn write_policy(m: &std::path::Path, base: &str, policy: &str) {
 }
 
 /// The provider's next answer is a 400: the chat run fails (`run.failed`).
-fn fail_next_call(script: &crate::llm::Script) {
+fn fail_next_call(script: &crate::support::provider::Script) {
     push(
         script,
-        crate::llm::json_reply(
+        crate::support::provider::json_reply(
             400,
             &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
         ),
@@ -301,9 +244,9 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
     );
     let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
     fail_next_call(&script);
-    let id = crate::policy::session(&server, "incident-2").await;
-    let events = crate::policy::ask(&server, &id, "what broke?").await;
-    assert_eq!(crate::policy::state(&events), json!("failed"));
+    let id = crate::support::chat::session(&server, "incident-2").await;
+    let events = crate::support::chat::ask(&server, &id, "what broke?").await;
+    assert_eq!(crate::support::chat::state(&events), json!("failed"));
     eventually("Notify=False", || async {
         let (_, policies) = server.get("/api/v1/policies").await;
         if policies.contains("DeliveryFailing") && policies.contains("pager: ") {
@@ -324,8 +267,8 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
         &script,
         streamed(&openai(), (openai().text_stream)(&["Fine."])),
     );
-    let events = crate::policy::ask(&server, &id, "and now?").await;
-    assert_eq!(crate::policy::state(&events), json!("completed"));
+    let events = crate::support::chat::ask(&server, &id, "and now?").await;
+    assert_eq!(crate::support::chat::state(&events), json!("completed"));
 }
 
 /// Two `kortex serve` replicas on one PostgreSQL database both run the worker: every
@@ -333,7 +276,7 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
 /// to answer, so each worker comes round while the other is sending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_send_each_delivery_once() {
-    let Some(db) = crate::common::postgres().await else {
+    let Some(db) = crate::support::db::postgres().await else {
         return;
     };
     let hook = slow_receiver(0, std::time::Duration::from_millis(1500)).await;
@@ -349,7 +292,7 @@ async fn two_replicas_send_each_delivery_once() {
     let b = Server::start_with_url(&m, &db.url, &[]);
     for i in 0..4 {
         let mut p =
-            crate::retention::proposal(None, "alice", &format!("restart-api-{i}"), "Pending");
+            crate::support::db::proposal(None, "alice", &format!("restart-api-{i}"), "Pending");
         p.policy = Some("default/incidents".into());
         db.store
             .insert_proposal(&p)
@@ -395,7 +338,7 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
             }
         }),
     );
-    let url = format!("{}/hook", crate::common::serve(app).await);
+    let url = format!("{}/hook", crate::support::net::serve(app).await);
     let dir = policy_manifests(
         &base,
         &format!(
@@ -404,9 +347,9 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
     );
     let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
     fail_next_call(&script);
-    let id = crate::policy::session(&server, "incident-3").await;
-    let events = crate::policy::ask(&server, &id, "what broke?").await;
-    assert_eq!(crate::policy::state(&events), json!("failed"));
+    let id = crate::support::chat::session(&server, "incident-3").await;
+    let events = crate::support::chat::ask(&server, &id, "what broke?").await;
+    assert_eq!(crate::support::chat::state(&events), json!("failed"));
     eventually("the receiver holds the delivery", || async {
         match waiting.load(Ordering::SeqCst) {
             0 => Err("not yet".to_owned()),
@@ -418,8 +361,8 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
         &script,
         streamed(&openai(), (openai().text_stream)(&["Fine."])),
     );
-    let events = crate::policy::ask(&server, &id, "and now?").await;
-    assert_eq!(crate::policy::state(&events), json!("completed"));
+    let events = crate::support::chat::ask(&server, &id, "and now?").await;
+    assert_eq!(crate::support::chat::state(&events), json!("completed"));
     // The run finished while the delivery was still in flight (a run that waited for it
     // would have hung above until the test timed out).
     assert_eq!(
@@ -445,12 +388,12 @@ async fn budgets_and_providers_notify_once_per_change() {
     let m = dir.path().join("m");
     let write = |provider_url: &str| write_policy(&m, provider_url, &policy);
     let server = Server::start_with_args(&m, &dir.path().join("k.db"), &["--probe-interval", "1s"]);
-    let id = crate::policy::session(&server, "incident-4").await;
+    let id = crate::support::chat::session(&server, "incident-4").await;
     let d = openai();
     for _ in 0..2 {
         push(&script, streamed(&d, (d.text_stream)(&["ok"])));
-        let events = crate::policy::ask(&server, &id, "status?").await;
-        assert_eq!(crate::policy::state(&events), json!("completed"));
+        let events = crate::support::chat::ask(&server, &id, "status?").await;
+        assert_eq!(crate::support::chat::state(&events), json!("completed"));
     }
     // Refused three times: one event.
     for _ in 0..3 {
@@ -527,11 +470,11 @@ async fn min_interval_spaces_deliveries_to_a_target() {
         ),
     );
     let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
-    let id = crate::policy::session(&server, "incident-5").await;
+    let id = crate::support::chat::session(&server, "incident-5").await;
     for _ in 0..2 {
         fail_next_call(&script);
-        let events = crate::policy::ask(&server, &id, "what broke?").await;
-        assert_eq!(crate::policy::state(&events), json!("failed"));
+        let events = crate::support::chat::ask(&server, &id, "what broke?").await;
+        assert_eq!(crate::support::chat::state(&events), json!("failed"));
     }
     eventually("the first delivery", || async {
         match hook.got().len() {

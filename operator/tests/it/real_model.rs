@@ -9,10 +9,9 @@
 //! usage is recorded (estimated where the server reports none), and a server killed
 //! mid-answer ends the run in words a user acts on, the partial answer kept.
 
-use crate::binary::Server;
-use crate::chat::get_json;
-use crate::common::http_client;
-use crate::policy::{notices, session, state};
+use crate::support::chat::{get_json, notices, session, state};
+use crate::support::net::http_client;
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -157,7 +156,8 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
 
     // The model the server lists is discovered and served.
-    crate::local_models::until_listed(&server, KEY, |ids| ids.iter().any(|m| m == "smollm2")).await;
+    crate::support::chat::until_listed(&server, KEY, |ids| ids.iter().any(|m| m == "smollm2"))
+        .await;
 
     // Chat: the model writes the call as text; it runs, and the next step (which carries
     // the call and its result back to the server) is accepted.
@@ -172,8 +172,12 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status().as_u16(), 202);
-    let events =
-        crate::chat::read_sse_within(r, crate::chat::run_ended, Duration::from_secs(120)).await;
+    let events = crate::support::chat::read_sse_within(
+        r,
+        crate::support::chat::run_ended,
+        Duration::from_secs(120),
+    )
+    .await;
     let ran = events
         .iter()
         .any(|e| e.event == "tool.start" && e.data["name"] == "get_incident_history");
@@ -249,7 +253,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     assert_eq!(sdk["tool"]["finish"], "tool_calls", "{sdk}");
 
     // Usage: every call recorded; the streamed ones (no usage from this server) estimated.
-    let row = crate::local_models::provider_usage(&server, "llama", 5).await;
+    let row = crate::support::chat::provider_usage(&server, "llama", 5).await;
     assert!(row["requests"].as_i64() >= Some(5), "{row}");
     assert!(row["estimatedRequests"].as_i64() >= Some(1), "{row}");
     assert!(row["outputTokens"].as_i64() > Some(0), "{row}");

@@ -2,47 +2,12 @@
 //! SQLite and PostgreSQL databases, with time moved by the test (each pass is asked "as of"
 //! days ahead), and erasure on the real binary.
 
-use crate::common::all_dbs;
+use crate::support::db::{all_dbs, proposal};
 use kortex::store::retention::{Governs, Scope, Windows};
 use kortex::store::*;
 use serde_json::json;
 
 const DAY: i64 = 86_400_000;
-
-pub(crate) fn proposal(
-    session: Option<&str>,
-    user: &str,
-    name: &str,
-    phase: &str,
-) -> ProposalRecord {
-    let now = now_ms();
-    ProposalRecord {
-        id: new_id(),
-        name: name.into(),
-        namespace: "default".into(),
-        session_id: session.map(str::to_owned),
-        session_name: "incident".into(),
-        user: user.into(),
-        policy: None,
-        action: "restart".into(),
-        target: None,
-        params: None,
-        rationale: "stuck".into(),
-        blast_radius: None,
-        reversible: Some(true),
-        provider: None,
-        model: None,
-        phase: phase.into(),
-        decision: None,
-        message: None,
-        preview: None,
-        undo: None,
-        expires_at: now + 600_000,
-        created_at: now,
-        updated_at: now,
-        version: 1,
-    }
-}
 
 fn usage(user: &str, policy: &str, at: i64, cost: f64) -> UsageEvent {
     UsageEvent {
@@ -809,9 +774,9 @@ const ADMIN_KEY: &str = "kx-admin-0123456789abcdef";
 /// a second `kortex erase-user` says nothing was left; the database file names her nowhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_erases_a_user_with_one_command() {
-    use crate::binary::Server;
-    use crate::common::http_client;
-    use crate::llm::{mock, openai, push, streamed};
+    use crate::support::net::http_client;
+    use crate::support::provider::{mock, openai, push, streamed};
+    use crate::support::server::Server;
     use serde_json::Value;
 
     let (base, script) = mock().await;
@@ -824,7 +789,9 @@ async fn an_admin_erases_a_user_with_one_command() {
         ("bob", BOB_KEY, ""),
         ("root-admin", ADMIN_KEY, "kortex-admins"),
     ] {
-        yaml.push_str(&crate::common::chat_key_secret(user, key, groups));
+        yaml.push_str(&crate::support::manifests::chat_key_secret(
+            user, key, groups,
+        ));
     }
     yaml.push_str(&format!(
         r#"apiVersion: kortex.dev/v1alpha1
@@ -1065,7 +1032,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         }
     );
 
-    let db = crate::common::sqlite().await;
+    let db = crate::support::db::sqlite().await;
     let s = db.store.clone();
     let session = s
         .create_session(&NewSession {
@@ -1117,7 +1084,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         "a replica that does not lead prunes nothing"
     );
     let _ = leader_tx.send(true);
-    crate::common::eventually("the new leader pruned", || async {
+    crate::support::net::eventually("the new leader pruned", || async {
         match events().await {
             0 => Ok(()),
             n => Err(format!("{n} events left")),

@@ -2,11 +2,10 @@
 //! cancel a run (from the API, persisted, surviving a restart, expiring), and the events
 //! export for postmortems.
 
-use crate::binary::Server;
-use crate::chat::{Sse, read_sse, run_ended};
-use crate::common::{eventually, http_client};
-use crate::llm::{Script, mock, openai, provider_called, push, streamed};
-use crate::policy::{ask, session};
+use crate::support::chat::{Sse, ask, read_sse, run_ended, session};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{Script, mock, openai, provider_called, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -65,7 +64,7 @@ async fn the_jsonl_export_is_the_sse_replay() {
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     push(
         &script,
-        crate::investigation::tool_calls(&[(
+        crate::support::provider::tool_calls(&[(
             "c1",
             "get_incident_history",
             json!({"query": "checkout"}),
@@ -172,7 +171,7 @@ async fn the_jsonl_export_is_the_sse_replay() {
 
 /// A first step that takes a while (a slow tool-call stream), then a final answer.
 fn script_two_steps(script: &Script, answer: &str) {
-    let mut slow = crate::investigation::tool_calls(&[(
+    let mut slow = crate::support::provider::tool_calls(&[(
         "c1",
         "get_incident_history",
         json!({"query": "checkout"}),
@@ -246,7 +245,7 @@ fn has_state(state: &'static str) -> impl Fn(&[Sse]) -> bool {
 }
 
 async fn session_status(server: &Server, id: &str) -> String {
-    let v = crate::chat::get_json(
+    let v = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )
@@ -328,8 +327,11 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
     }
     let (status, _) = control(&server, &id, "no-such-run", "pause", json!({})).await;
     assert_eq!(status, 404);
-    let audit =
-        crate::chat::get_json(&http_client(), server.url("/api/v1/audit?kind=run_control")).await;
+    let audit = crate::support::chat::get_json(
+        &http_client(),
+        server.url("/api/v1/audit?kind=run_control"),
+    )
+    .await;
     let moves: Vec<(String, String)> = audit["items"]
         .as_array()
         .map(|rows| {
@@ -476,7 +478,7 @@ async fn a_pause_survives_a_restart_and_expires() {
 /// through B, resumed through B (which then executes it), and completes with the redirect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_postgres() {
-    let Some(db) = crate::common::postgres().await else {
+    let Some(db) = crate::support::db::postgres().await else {
         return;
     };
     let (llm, script) = mock().await;
@@ -553,11 +555,11 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
     );
 }
 
-fn calls(list: &[(&str, &str, Value)]) -> crate::llm::Reply {
-    crate::investigation::tool_calls(list)
+fn calls(list: &[(&str, &str, Value)]) -> crate::support::provider::Reply {
+    crate::support::provider::tool_calls(list)
 }
 
-fn text(answer: &str) -> crate::llm::Reply {
+fn text(answer: &str) -> crate::support::provider::Reply {
     streamed(&openai(), (openai().text_stream)(&[answer]))
 }
 
@@ -566,7 +568,7 @@ fn result_of(requests: &[Value], call: &str) -> String {
     requests
         .iter()
         .rev()
-        .find_map(|r| crate::investigation::tool_result(r, call))
+        .find_map(|r| crate::support::provider::tool_result(r, call))
         .unwrap_or_default()
 }
 
@@ -651,7 +653,8 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         result_of(&requests, "c2").contains("sessions"),
         "the planned tool ran"
     );
-    let proposals = crate::chat::get_json(&http_client(), server.url("/chat/v1/proposals")).await;
+    let proposals =
+        crate::support::chat::get_json(&http_client(), server.url("/chat/v1/proposals")).await;
     assert_eq!(
         proposals["items"].as_array().map(Vec::len),
         Some(0),
@@ -670,7 +673,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         "{body}"
     );
     assert_eq!(session_status(&server, &id).await, "idle");
-    let stored = crate::chat::get_json(
+    let stored = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )
@@ -739,7 +742,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         "{events:?}"
     );
     assert_eq!(session_status(&server, &id).await, "idle");
-    let stored = crate::chat::get_json(
+    let stored = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )
@@ -761,7 +764,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body: &Value| {
         let system = body["messages"][0]["content"].as_str().unwrap_or_default();
         Some(if system.contains("follow-up questions") {
-            crate::llm::json_reply(
+            crate::support::provider::json_reply(
                 200,
                 &(openai().text_json)(
                     "1. What changed in the last deploy?\n2. Is the database healthy?\n3. Are other services slow?",
@@ -770,7 +773,10 @@ async fn follow_ups_come_from_the_summarize_model_only() {
         } else if body["stream"] == true {
             text("It was the database.")
         } else {
-            crate::llm::json_reply(200, &(openai().text_json)("Checkout slow: database"))
+            crate::support::provider::json_reply(
+                200,
+                &(openai().text_json)("Checkout slow: database"),
+            )
         })
     }));
     let follow_up_calls = || {
@@ -798,7 +804,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     ]);
     assert_eq!(suggested.data["questions"], expected);
     assert_eq!(suggested.data["runId"], run.as_str());
-    let got = crate::chat::get_json(
+    let got = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/follow-ups")),
     )
@@ -820,7 +826,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!events.iter().any(|e| e.event == "follow_ups"));
     assert_eq!(follow_up_calls(), 1);
-    let got = crate::chat::get_json(
+    let got = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/follow-ups")),
     )
@@ -1019,7 +1025,7 @@ async fn a_rewind_supersedes_the_later_steps() {
         "step 2 is gone: {seen}"
     );
     assert!(seen.contains("forget the cache"), "{seen}");
-    let stored = crate::chat::get_json(
+    let stored = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )

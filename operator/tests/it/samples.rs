@@ -160,7 +160,7 @@ fn samples_validate_against_the_crd_schemas() {
         }
     }
     for path in files {
-        for doc in super::manifests::docs(&path) {
+        for doc in crate::support::yaml::docs(&path) {
             let kind = doc["kind"].as_str().unwrap_or_default();
             if doc["apiVersion"] != "kortex.dev/v1alpha1" {
                 continue;

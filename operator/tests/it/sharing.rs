@@ -2,9 +2,9 @@
 //! continue, authors on messages, the shared list, revoking, and 404 for everyone else;
 //! hand-over (docs/chat.md#hand-over) with a note, a summary and a notification.
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::llm::{Reply, json_reply, mock, openai, push, streamed};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{Reply, json_reply, mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 
 const ALICE: &str = "kx-alice-0123456789abcdef";
@@ -15,7 +15,7 @@ const DAVE: &str = "kx-dave-0123456789abcdef";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
     let (base, script) = mock().await;
-    let (dir, db) = crate::common::keyed_manifests(
+    let (dir, db) = crate::support::manifests::keyed_manifests(
         &[
             ("alice", ALICE, ""),
             ("bob", BOB, ""),
@@ -296,7 +296,7 @@ async fn a_session_is_handed_over_with_a_note_a_summary_and_a_notification() {
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(handover_responder));
-    let hook = crate::notify::receiver(0).await;
+    let hook = crate::support::receiver::receiver(0).await;
     let yaml = format!(
         r#"apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
@@ -322,7 +322,7 @@ spec: {{sessions: ["chat-*"], provider: gpt}}
 "#,
         hook = hook.url
     );
-    let (dir, db) = crate::common::keyed_manifests(
+    let (dir, db) = crate::support::manifests::keyed_manifests(
         &[
             ("alice", ALICE, ""),
             ("bob", BOB, ""),
@@ -366,7 +366,7 @@ spec: {{sessions: ["chat-*"], provider: gpt}}
         async move {
             let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(r.status().as_u16(), 202);
-            crate::chat::read_sse(r, crate::chat::run_ended).await
+            crate::support::chat::read_sse(r, crate::support::chat::run_ended).await
         }
     };
 

@@ -3,14 +3,19 @@
 //! makes it, executed once after the approval, refused when the target moved since, left
 //! alone under `execute: false` — and the session, the audit log and the listing say so.
 
-use crate::investigation::{chat_once, tool_calls};
-use crate::llm::{mock, openai, push, streamed};
-use crate::operator::{FakeApi, deployment};
+use crate::support::chat::chat_once;
+use crate::support::fake_api::{FakeApi, deployment};
+use crate::support::provider::{mock, openai, push, streamed, tool_calls};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-async fn proposal(client: &reqwest::Client, server: &crate::binary::Server, id: &str) -> Value {
-    let list: Value = crate::chat::get_json(client, server.url("/chat/v1/proposals")).await;
+async fn proposal(
+    client: &reqwest::Client,
+    server: &crate::support::server::Server,
+    id: &str,
+) -> Value {
+    let list: Value =
+        crate::support::chat::get_json(client, server.url("/chat/v1/proposals")).await;
     list["items"]
         .as_array()
         .and_then(|a| a.iter().find(|p| p["id"] == id).cloned())
@@ -18,7 +23,11 @@ async fn proposal(client: &reqwest::Client, server: &crate::binary::Server, id: 
 }
 
 /// Waits until proposal `id` reaches a final phase; returns it.
-async fn settled(client: &reqwest::Client, server: &crate::binary::Server, id: &str) -> Value {
+async fn settled(
+    client: &reqwest::Client,
+    server: &crate::support::server::Server,
+    id: &str,
+) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let p = proposal(client, server, id).await;
@@ -37,10 +46,11 @@ async fn settled(client: &reqwest::Client, server: &crate::binary::Server, id: &
 /// The id of the proposal the model made in session `session`.
 async fn made_in(
     client: &reqwest::Client,
-    server: &crate::binary::Server,
+    server: &crate::support::server::Server,
     session: &str,
 ) -> String {
-    let list: Value = crate::chat::get_json(client, server.url("/chat/v1/proposals")).await;
+    let list: Value =
+        crate::support::chat::get_json(client, server.url("/chat/v1/proposals")).await;
     list["items"]
         .as_array()
         .and_then(|a| a.iter().find(|p| p["spec"]["session"]["id"] == session))
@@ -68,7 +78,7 @@ async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
     }
     let (llm, script) = mock().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig = crate::cluster::write_kubeconfig(dir.path(), &fake.url);
+    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &fake.url);
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
     std::fs::write(
@@ -113,12 +123,12 @@ spec:
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let server = crate::binary::Server::start_with_args(
+    let server = crate::support::server::Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &["--kubeconfig", &kubeconfig.display().to_string()],
     );
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
     let propose = |id: &str, action: &str, target: &str, params: Value| {
         push(
             &script,
@@ -161,7 +171,7 @@ spec:
         .lock()
         .map(|seen| {
             seen.iter()
-                .find_map(|r| crate::investigation::tool_result(&r.body, "p1"))
+                .find_map(|r| crate::support::provider::tool_result(&r.body, "p1"))
                 .unwrap_or_default()
         })
         .unwrap_or_default();
@@ -197,17 +207,18 @@ spec:
             .is_string(),
         "{api}"
     );
-    let told =
-        |e: &crate::chat::Sse| e.event == "proposal.updated" && e.data["phase"] == "Succeeded";
+    let told = |e: &crate::support::chat::Sse| {
+        e.event == "proposal.updated" && e.data["phase"] == "Succeeded"
+    };
     let r = client
         .get(server.url(&format!("/chat/v1/sessions/{session}/events?after=0")))
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse(r, |got| got.iter().any(told)).await;
+    let events = crate::support::chat::read_sse(r, |got| got.iter().any(told)).await;
     assert!(events.iter().any(told), "the session is told: {events:?}");
     let audit: Value =
-        crate::chat::get_json(&client, server.url("/api/v1/audit?kind=execution")).await;
+        crate::support::chat::get_json(&client, server.url("/api/v1/audit?kind=execution")).await;
     assert_eq!(audit["items"][0]["outcome"], "succeeded", "{audit}");
     assert_eq!(audit["items"][0]["user"], "local", "{audit}");
 
@@ -302,7 +313,8 @@ spec:
     assert_eq!(undo["spec"]["action"], "scale", "{undo}");
     assert_eq!(undo["status"]["preview"]["after"]["replicas"], 2, "{undo}");
     let undo_id = undo["id"].as_str().unwrap_or_default().to_owned();
-    let listed: Value = crate::chat::get_json(&client, server.url("/chat/v1/proposals")).await;
+    let listed: Value =
+        crate::support::chat::get_json(&client, server.url("/chat/v1/proposals")).await;
     let undos = listed["items"]
         .as_array()
         .map(|a| a.iter().filter(|p| p["id"] == undo_id.as_str()).count())

@@ -1,6 +1,6 @@
 //! The repository layer against real SQLite and PostgreSQL databases.
 
-use crate::common::all_dbs;
+use crate::support::db::all_dbs;
 use kortex::store::*;
 use serde_json::json;
 

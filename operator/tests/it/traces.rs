@@ -5,8 +5,8 @@
 //! then redacted; the trace id reaches the provider, the HTTP plugin, the audit rows, the
 //! session JSON and the latency histograms' exemplars. A dead collector changes nothing.
 
-use crate::investigation::{chat_once, tool_calls};
-use crate::llm::{mock, openai, push, streamed};
+use crate::support::chat::chat_once;
+use crate::support::provider::{mock, openai, push, streamed, tool_calls};
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -73,7 +73,7 @@ async fn collector() -> (String, Received) {
             }
         }),
     );
-    (crate::common::serve(app).await, spans)
+    (crate::support::net::serve(app).await, spans)
 }
 
 /// The spans of an OTLP export request.
@@ -117,7 +117,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Waits until the collector holds a span of `trace` named `name`.
 async fn span_named(spans: &Received, trace: &str, name: &str) -> Span {
-    crate::common::eventually(&format!("span {name:?} of trace {trace}"), || async {
+    crate::support::net::eventually(&format!("span {name:?} of trace {trace}"), || async {
         let all = spans.lock().map(|s| s.clone()).unwrap_or_default();
         all.iter()
             .find(|s| s.trace_id == trace && s.name == name)
@@ -206,20 +206,20 @@ fn traceparent_of(headers: &axum::http::HeaderMap) -> String {
 /// A `kortex serve` on the test manifests with `env`, a scripted provider that will ask for
 /// `jira_search` and then answer, and the HTTP tool's upstream.
 struct Setup {
-    server: crate::binary::Server,
-    script: Arc<crate::llm::Script>,
-    bridge_seen: Arc<Mutex<Vec<crate::plugins::Seen>>>,
+    server: crate::support::server::Server,
+    script: Arc<crate::support::provider::Script>,
+    bridge_seen: Arc<Mutex<Vec<crate::support::plugins::Seen>>>,
     _dir: tempfile::TempDir,
 }
 
 async fn setup(env: &[(&str, &str)]) -> Setup {
     let (base, script) = mock().await;
-    let (bridge, bridge_seen) = crate::plugins::upstream().await;
+    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let m = dir.path().join("m");
     std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
     manifests(&m, &base, &bridge);
-    let server = crate::binary::Server::start(&m, &dir.path().join("k.db"), env);
+    let server = crate::support::server::Server::start(&m, &dir.path().join("k.db"), env);
     push(
         &script,
         tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
@@ -253,7 +253,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         ("OTEL_SERVICE_NAME", "kortex-traces-test"),
     ])
     .await;
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
 
     // A chat run with one tool call, started by a caller that sends its own traceparent.
     let created: Value = client
@@ -276,7 +276,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(posted.status(), 202);
     let session =
-        crate::investigation::wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}")))
+        crate::support::chat::wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}")))
             .await;
 
     // The span tree: the request (child of the caller's span) > the run > its steps > the
@@ -288,7 +288,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
     let tool = span_named(&spans, TRACE, "execute_tool jira_search").await;
     let calls: Vec<Span> = {
         span_named(&spans, TRACE, "chat m1").await;
-        crate::common::eventually("both provider call spans", || async {
+        crate::support::net::eventually("both provider call spans", || async {
             let c: Vec<Span> = of_trace(&spans, TRACE)
                 .into_iter()
                 .filter(|s| s.name == "chat m1")
@@ -506,7 +506,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         traceparent_of(&last.headers),
         format!("00-{GW_TRACE}-{}-01", call.span_id)
     );
-    let gateway_row = crate::common::eventually("the gateway call's audit row", || async {
+    let gateway_row = crate::support::net::eventually("the gateway call's audit row", || async {
         let audit: Value = client
             .get(server.url("/api/v1/audit?kind=llm_call"))
             .send()
@@ -542,7 +542,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         &format!("key {UPSTREAM_SECRET} leaked, ask bob@example.com"),
     )
     .await;
-    let captured = crate::common::eventually("the captured provider call", || async {
+    let captured = crate::support::net::eventually("the captured provider call", || async {
         let all = spans.lock().map(|s| s.clone()).unwrap_or_default();
         let run = all
             .iter()
@@ -614,7 +614,7 @@ async fn a_dead_collector_changes_no_outcome() {
         ("OTEL_BSP_EXPORT_TIMEOUT", "500"),
     ])
     .await;
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
     let id = chat_once(&client, &server, json!({"name": "incident-2"}), "why?").await;
     let session: Value = client
         .get(server.url(&format!("/chat/v1/sessions/{id}")))
@@ -643,7 +643,7 @@ async fn a_dead_collector_changes_no_outcome() {
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(answer.status(), 200);
     // The spans that could not be sent are counted, and the server says why, once.
-    crate::common::eventually("dropped spans counted", || async {
+    crate::support::net::eventually("dropped spans counted", || async {
         let (_, metrics) = server.get("/metrics").await;
         metrics
             .lines()
@@ -660,7 +660,7 @@ async fn a_dead_collector_changes_no_outcome() {
 
 #[tokio::test]
 async fn an_mcp_server_gets_the_trace_in_meta() {
-    let Some(mcp) = crate::plugins::mcp_server("mcp-token-7") else {
+    let Some(mcp) = crate::support::plugins::mcp_server("mcp-token-7") else {
         return;
     };
     let (otlp, spans) = collector().await;
@@ -699,7 +699,7 @@ spec:
         ),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let server = crate::binary::Server::start(
+    let server = crate::support::server::Server::start(
         &m,
         &dir.path().join("k.db"),
         &[
@@ -707,8 +707,8 @@ spec:
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
     );
-    let client = crate::common::http_client();
-    crate::common::eventually("the MCP tool discovered", || async {
+    let client = crate::support::net::http_client();
+    crate::support::net::eventually("the MCP tool discovered", || async {
         let tools: Value = client
             .get(server.url("/api/v1/tools"))
             .send()
@@ -811,7 +811,7 @@ async fn traces_go_over_grpc_when_asked() {
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ])
     .await;
-    let answer = crate::common::http_client()
+    let answer = crate::support::net::http_client()
         .post(server.url("/v1/chat/completions"))
         .bearer_auth(GATEWAY_KEY)
         .header("traceparent", format!("00-{GW_TRACE}-{GW_CALLER_SPAN}-01"))
@@ -832,12 +832,12 @@ async fn traces_go_over_grpc_when_asked() {
 async fn cluster_mode_traces_the_leaders_status_writes() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (otlp, spans) = collector().await;
-    let fake = crate::operator::FakeApi::start().await;
+    let fake = crate::support::fake_api::FakeApi::start().await;
     let (llm, _script) = mock().await;
     fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let _server = crate::operator::start_run_with_env(
+    let _server = crate::support::server::start_run_with_env(
         &fake,
         dir.path(),
         &llm,
@@ -848,7 +848,7 @@ async fn cluster_mode_traces_the_leaders_status_writes() {
         ],
     )
     .await;
-    let reconcile = crate::common::eventually("a status write span", || async {
+    let reconcile = crate::support::net::eventually("a status write span", || async {
         spans
             .lock()
             .map(|s| s.clone())

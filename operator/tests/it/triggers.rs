@@ -3,11 +3,12 @@
 //! group, one run per group change, a resolved note without a model call, limits in a
 //! storm, nothing lost across kill -9, schedules fired once per slot by two replicas.
 
-use crate::binary::Server;
-use crate::chat::get_json;
-use crate::common::{eventually, http_client, keyed_manifests};
-use crate::llm::{Reply, mock, openai, openai_chunk, streamed};
-use crate::notify::receiver;
+use crate::support::chat::get_json;
+use crate::support::manifests::keyed_manifests;
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{Reply, mock, openai, openai_chunk, streamed};
+use crate::support::receiver::receiver;
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -74,7 +75,7 @@ fn manifests(base: &str, hook: &str, triggers: &str) -> (tempfile::TempDir, Stri
 const CRASHLOOP_TRIGGER: &str = "    - name: crashloops\n      alerts: {matchers: {severity: \"~critical|page\", team: checkout}}\n      prompt: \"Alert {{ labels.alertname }} fires in {{ labels.namespace }}: find the root cause.\"\n      runAs: {user: oncall-bot}\n      callers: {groups: [alerting]}\n      limits: {maxRunsPerHour: 10, maxConcurrent: 3}\n      notify: [oncall]\n";
 
 /// The model's chat calls so far.
-fn chat_calls(script: &crate::llm::Script) -> usize {
+fn chat_calls(script: &crate::support::provider::Script) -> usize {
     script
         .seen
         .lock()
@@ -349,7 +350,7 @@ async fn a_real_alertmanager_pages_kortex_and_the_verdict_reaches_the_channel() 
 
     // Everything resolves: a note, and no model call.
     fire(&am, &["web-1", "web-2"], true).await;
-    let resolved = |evs: &[crate::chat::Sse]| {
+    let resolved = |evs: &[crate::support::chat::Sse]| {
         evs.iter().any(|e| {
             e.event == "notice"
                 && e.data["message"]
@@ -367,7 +368,8 @@ async fn a_real_alertmanager_pages_kortex_and_the_verdict_reaches_the_channel() 
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse_within(stream, resolved, Duration::from_secs(30)).await;
+    let events =
+        crate::support::chat::read_sse_within(stream, resolved, Duration::from_secs(30)).await;
     assert!(resolved(&events), "no resolved note");
     assert_eq!(
         chat_calls(&script),
@@ -643,7 +645,7 @@ async fn an_accepted_alert_runs_once_after_a_crash() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_fire_each_schedule_slot_once() {
-    let Some(db) = crate::common::postgres().await else {
+    let Some(db) = crate::support::db::postgres().await else {
         return;
     };
     let (base, script) = mock().await;
@@ -708,10 +710,10 @@ async fn the_dashboard_lists_and_marks_triggered_sessions() {
     assert_eq!(status, 200, "{body}");
     settled(&kortex, 1).await;
     let env = [("KORTEX_URL", kortex.as_str()), ("KORTEX_KEY", ALICE_KEY)];
-    let Some(out) = crate::dashboard::run_browser("triggers.mjs", &env).await else {
+    let Some(out) = crate::support::browser::run_browser("triggers.mjs", &env).await else {
         return;
     };
-    crate::dashboard::passed(&out, &server);
+    crate::support::browser::passed(&out, &server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,36 @@
+//! Manifest folders for `kortex serve`: chat keys, providers, policies, written to a
+//! temporary folder.
+
+/// A chat credential Secret of `kortex serve`'s manifests (a YAML document and its `---`):
+/// `key` signs in as `user`, member of the comma-separated `groups`.
+pub fn chat_key_secret(user: &str, key: &str, groups: &str) -> String {
+    let name: String = user
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: chat-{name}\n  labels: {{kortex.dev/credentials: chat}}\nstringData: {{user: {user}, key: \"{key}\", groups: \"{groups}\"}}\n---\n"
+    )
+}
+
+/// A manifest folder (`<dir>/m`) holding a chat key for each `(user, key, groups)` and then
+/// `yaml`, and the URL of a SQLite database beside it: what a key-mode server starts from.
+pub fn keyed_manifests(users: &[(&str, &str, &str)], yaml: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let mut all: String = users
+        .iter()
+        .map(|(user, key, groups)| chat_key_secret(user, key, groups))
+        .collect();
+    all.push_str(yaml);
+    std::fs::write(m.join("all.yaml"), all).unwrap_or_else(|e| panic!("{e}"));
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    (dir, db)
+}

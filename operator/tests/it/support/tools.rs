@@ -1,0 +1,42 @@
+//! Calling tools in-process: the policy and context a tool call runs under.
+
+use kortex::store::Store;
+
+/// A ChatPolicy for namespace `default` matching every session, with `tools` rules
+/// (`json!({})`: every tool allowed).
+pub fn tool_policy(tools: serde_json::Value) -> kortex::catalog::PolicyEntry {
+    kortex::catalog::PolicyEntry {
+        object: serde_json::from_value(
+            serde_json::json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "p", "namespace": "default"},
+            "spec": {"sessions": ["*"], "provider": "x", "tools": tools}}),
+        )
+        .unwrap_or_else(|e| panic!("{e}")),
+        available: true,
+        notify: Vec::new(),
+        triggers: Vec::new(),
+    }
+}
+
+/// What a tool gets when session `name` of user `u` in namespace `default` calls it.
+pub async fn tool_context(store: &Store, name: &str) -> kortex::tools::ToolContext {
+    let session = store
+        .create_session(&kortex::store::NewSession {
+            name: name.into(),
+            namespace: "default".into(),
+            user: "u".into(),
+            policy: None,
+            dynamic_tools: serde_json::json!([]),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    kortex::tools::ToolContext {
+        store: store.clone(),
+        session,
+        run_id: "run-1".into(),
+        redactor: Default::default(),
+        kube: Default::default(),
+        guides: std::sync::Arc::from(Vec::new()),
+        via: "chat",
+    }
+}
