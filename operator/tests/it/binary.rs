@@ -14,16 +14,16 @@ spec: {type: ollama, defaultModel: MODEL}
 
 #[tokio::test]
 async fn serves_reloads_on_edit_and_stops_on_sigterm() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("manifests");
-    std::fs::create_dir(&manifests).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&manifests).unwrap();
     let file = manifests.join("provider.yaml");
-    std::fs::write(&file, PROVIDER.replace("MODEL", "llama3")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&file, PROVIDER.replace("MODEL", "llama3")).unwrap();
     std::fs::write(
         manifests.join("keys.yaml"),
         "apiVersion: v1\nkind: Secret\nmetadata: {name: k}\nstringData: {a: ${KORTEX_TEST_LEAK}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {name: cloud}\nspec: {type: openai, apiKeySecretRef: {name: k, key: a}, defaultModel: gpt-5}\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start(
         &manifests,
         &dir.path().join("k.db"),
@@ -37,7 +37,7 @@ async fn serves_reloads_on_edit_and_stops_on_sigterm() {
     assert!(!body.contains("LEAKCHECK"), "{body}");
 
     // Edit the manifest: the API follows (the watcher polls every 250 ms).
-    std::fs::write(&file, PROVIDER.replace("MODEL", "qwen3")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&file, PROVIDER.replace("MODEL", "qwen3")).unwrap();
     let edited = Instant::now();
     let mut seen = false;
     while edited.elapsed() < Duration::from_secs(10) {
@@ -53,7 +53,7 @@ async fn serves_reloads_on_edit_and_stops_on_sigterm() {
 
     // A broken edit keeps the last good version and names file and field.
     std::fs::write(&file, "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {name: local}\nspec: {type: ollama, maxTokens: -1}\n")
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut problem = String::new();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
@@ -85,26 +85,25 @@ async fn serves_reloads_on_edit_and_stops_on_sigterm() {
 
 #[tokio::test]
 async fn json_logs_and_bad_flags() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let out = Command::new(BIN)
         .args(["serve", "--manifests"])
         .arg(dir.path().join("missing"))
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("does not exist"), "{stderr}");
 
     // Beyond loopback without any chat credential: refuse to start.
-    std::fs::write(dir.path().join("p.yaml"), PROVIDER.replace("MODEL", "x"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("p.yaml"), PROVIDER.replace("MODEL", "x")).unwrap();
     let out = Command::new(BIN)
         .args(["serve", "--listen", "0.0.0.0:0", "--manifests"])
         .arg(dir.path())
         .arg("--database-url")
         .arg(format!("sqlite://{}", dir.path().join("x.db").display()))
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -116,7 +115,7 @@ async fn json_logs_and_bad_flags() {
         .args(["--log-format", "json", "migrate", "--database-url"])
         .arg(format!("sqlite://{}", dir.path().join("m.db").display()))
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -135,10 +134,7 @@ async fn json_logs_and_bad_flags() {
 
 #[test]
 fn crds_command_prints_the_crds_folder() {
-    let out = Command::new(BIN)
-        .arg("crds")
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN).arg("crds").output().unwrap();
     assert!(out.status.success());
     let printed = String::from_utf8_lossy(&out.stdout).into_owned();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");

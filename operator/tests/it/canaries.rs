@@ -110,10 +110,10 @@ spec:
             m.url
         )
     });
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -166,7 +166,7 @@ spec:
 {mcp_tool}"#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -249,7 +249,7 @@ spec:
                 "messages": [{"role": "user", "content": "hello"}]}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200, "gateway (stream {stream})");
         let body = r.bytes().await.unwrap_or_default();
         responses.push((format!("gateway (stream {stream})"), body.to_vec()));
@@ -281,7 +281,7 @@ spec:
         .bearer_auth(GATEWAY_KEY)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200, "GET /v1/models");
     let models = r.bytes().await.unwrap_or_default();
     responses.push(("GET /v1/models".into(), models.to_vec()));
@@ -292,7 +292,7 @@ spec:
         .header("last-event-id", "0")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut replayed = Vec::new();
     let until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
     while let Ok(Ok(Some(chunk))) = tokio::time::timeout_at(until, replay.chunk()).await {
@@ -350,7 +350,7 @@ spec:
     let log = server.log();
     assert!(server.terminate().success());
     scan("the log", log.as_bytes(), &mut hits);
-    let db = std::fs::read(dir.path().join("k.db")).unwrap_or_else(|e| panic!("k.db: {e}"));
+    let db = std::fs::read(dir.path().join("k.db")).expect("k.db");
     scan("the database file", &db, &mut hits);
     // The WAL and its index exist only until the last connection checkpoints them.
     for file in ["k.db-wal", "k.db-shm"] {
@@ -403,7 +403,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
     );
     fake.allow("erin");
     fake.allow("alice");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(
         &fake,
         dir.path(),
@@ -433,7 +433,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             .json(&json!({"name": format!("incident-{who}"), "namespace": "team-a"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 201, "{who}");
         let created: serde_json::Value = r.json().await.unwrap_or_default();
         let id = created["id"].as_str().unwrap_or_default().to_owned();
@@ -443,7 +443,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             .json(&json!({"content": "status?"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
         assert_eq!(state(&events), json!("completed"), "{who}: {events:?}");
         for e in &events {
@@ -460,10 +460,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             "/api/v1/policies".to_owned(),
             "/auth/v1/me".to_owned(),
         ] {
-            let r = sign(client.get(server.url(&path)))
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let r = sign(client.get(server.url(&path))).send().await.unwrap();
             assert_eq!(r.status().as_u16(), 200, "GET {path} ({who})");
             responses.push((
                 format!("GET {path} ({who})"),

@@ -16,7 +16,7 @@ fn manifests(dir: &std::path::Path, base: &str) {
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: llm-keys}}\nstringData: {{openai: sk-test-9f8e7d6c5b}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", apiKeySecretRef: {{name: llm-keys, key: openai}}, defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}, proposals: {{allowedActions: [restart, scale], allowedNamespaces: [\"shop-*\"], requireDistinctApprover: false}}}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: hasty}}\nspec: {{sessions: [\"expire-*\"], provider: gpt, proposals: {{allowedActions: [restart], allowedNamespaces: [\"*\"], expireAfter: 1s}}}}\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
@@ -29,7 +29,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .json(&json!({"name": "random"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 422);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "no_matching_policy");
@@ -39,7 +39,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .json(&json!({"name": "incident-42"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let session: Value = r.json().await.unwrap_or_default();
     assert_eq!(
@@ -62,7 +62,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .json(&json!({"content": "why is api down?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let events = read_sse(r, run_ended).await;
     let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
@@ -106,7 +106,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .iter()
         .rev()
         .find(|s| s.body.get("messages").is_some())
-        .unwrap_or_else(|| panic!("no provider call"))
+        .expect("no provider call")
         .body;
     assert!(
         sent["messages"][0]["content"]
@@ -152,14 +152,14 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .get(server.url("/api/v1/audit?cursor=bogus"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     let md = client
         .get(server.url(&format!("/chat/v1/sessions/{id}/export")))
         .header("accept", "text/markdown")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(
         md.headers()["content-type"]
             .to_str()
@@ -186,7 +186,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .header("last-event-id", ids[1].to_string())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let total = ids.len();
     let replay = read_sse(r, |got| got.len() >= total - 2).await;
     assert_eq!(
@@ -200,7 +200,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         )))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let tail = read_sse(r, |got| !got.is_empty()).await;
     assert_eq!(tail.first().map(|e| e.id), Some(ids[total - 1]));
 
@@ -217,7 +217,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .json(&json!({"content": "again"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let run: Value = r.json().await.unwrap_or_default();
     let calls_before = seen.len();
@@ -234,7 +234,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .json(&json!({"content": "more"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 409);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "session_busy");
@@ -242,7 +242,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .post(server.url(&format!("/chat/v1/sessions/{id}/cancel")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let r = client
         .get(server.url(&format!(
@@ -251,12 +251,9 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         )))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
-    let last = events
-        .last()
-        .cloned()
-        .unwrap_or_else(|| panic!("no events"));
+    let last = events.last().cloned().expect("no events");
     assert_eq!(
         (last.data["runId"].clone(), last.data["state"].clone()),
         (run["runId"].clone(), json!("cancelled"))
@@ -276,7 +273,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .json(&json!({"content": "and now?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     let error = events
         .iter()
@@ -304,7 +301,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .json(&json!({"content": "retry"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         r.status().as_u16(),
         202,
@@ -319,13 +316,13 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         .delete(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     let r = client
         .get(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 404);
 }
 
@@ -336,13 +333,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
     let d = openai();
     let post = |path: String, body: Value| {
         let c = client.clone();
-        async move {
-            c.post(path)
-                .json(&body)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        }
+        async move { c.post(path).json(&body).send().await.unwrap() }
     };
     let open_url = json!({"name": "open_url", "description": "Open a URL in the user's browser",
         "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}});
@@ -380,12 +371,9 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
         .json(&json!({"content": "show me the dashboard"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
-    let last = events
-        .last()
-        .cloned()
-        .unwrap_or_else(|| panic!("no events"));
+    let last = events.last().cloned().expect("no events");
     assert_eq!(last.data["state"], "requires_action", "{events:?}");
     let starts: Vec<&str> = events
         .iter()
@@ -465,7 +453,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
         .get(server.url(&format!("/chat/v1/sessions/{id}/events?after={after}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     let text: String = events
         .iter()
@@ -504,7 +492,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
         .json(&json!({"content": "open it again"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),
@@ -542,7 +530,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
                 .json(&json!({"name": name}))
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
                 .json()
                 .await
                 .unwrap_or_default();
@@ -577,7 +565,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         .json(&json!({"content": "fix the api"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),
@@ -648,7 +636,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         .json(&json!({"reason": "go ahead"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let decided: Value = r.json().await.unwrap_or_default();
     assert_eq!(decided["status"]["phase"], "Approved");
@@ -660,13 +648,13 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         .post(server.url(&format!("/chat/v1/proposals/{proposal_id}/reject")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 409, "a decision is final");
     let r = client
         .get(server.url(&format!("/chat/v1/sessions/{id}/events?after={last_seq}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let updates = read_sse(r, |got| got.iter().any(|e| e.event == "proposal.updated")).await;
     assert_eq!(
         updates.last().map(|e| e.data["phase"].clone()),
@@ -694,7 +682,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         .json(&json!({"content": "restart it"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     let pid = events
         .iter()
@@ -709,7 +697,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         )))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         r.status().as_u16(),
         409,
@@ -756,7 +744,7 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::support::pr
         .json(&json!({"content": "dig"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     assert_eq!(
         events.iter().filter(|e| e.event == "step.boundary").count(),
@@ -834,14 +822,14 @@ async fn terminal_clients(
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"what do the logs say?\n/quit\n");
         }
-        child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
+        child.wait_with_output().unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -860,10 +848,10 @@ async fn terminal_clients(
         std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
             .args(["proposals", "list", "--server", &url, "--phase", "Approved"])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("Approved") && stdout.contains("restart"),
@@ -884,9 +872,9 @@ async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::support::p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     all_scenarios(server, &script).await;
@@ -896,7 +884,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
     let Some(db) = postgres().await else { return };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &base);
     let server = Server::start_with_url(dir.path(), &db.url, &[]);
     all_scenarios(server, &script).await;
@@ -908,7 +896,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
 async fn another_replica_follows_and_cancels_a_run_on_postgres() {
     let Some(db) = postgres().await else { return };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &base);
     let a = Server::start_with_url(dir.path(), &db.url, &[]);
     let b = Server::start_with_url(dir.path(), &db.url, &[]);
@@ -935,14 +923,14 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
         .json(&json!({"content": "go"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     // B follows the stream A writes.
     let follow = client
         .get(b.url(&format!("/chat/v1/sessions/{id}/events")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let started = read_sse(follow, |got| got.iter().any(|e| e.event == "text.delta")).await;
     assert!(
         started.iter().any(|e| e.event == "text.delta"),
@@ -953,14 +941,14 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
         .post(b.url(&format!("/chat/v1/sessions/{id}/cancel")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let after = started.last().map(|e| e.id).unwrap_or(0);
     let r = client
         .get(b.url(&format!("/chat/v1/sessions/{id}/events?after={after}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),

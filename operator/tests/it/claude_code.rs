@@ -209,13 +209,13 @@ stringData: {{team: ops, key: {GATEWAY_KEY}}}
             provider_yaml(command, base, key, "120s")
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 fn start(command: &str, base: &str, key: &str) -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, command, base, key);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     (server, dir)
@@ -240,7 +240,7 @@ fn condition(provider: &Value, kind: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
     let Some(claude) = claude() else { return };
-    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
     let marker = work.path().join("bash-ran");
     let (base, seen) = model(marker.clone()).await;
     let (server, dir) = start(&claude, &base, KEY);
@@ -367,7 +367,7 @@ async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_answers_structured_output_and_fails_loudly() {
     let Some(claude) = claude() else { return };
-    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
     let (base, _seen) = model(work.path().join("unused")).await;
 
     // Structured output, through `kortex ask`'s path: the adapter alone.
@@ -380,7 +380,7 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
                 {"type": "object", "properties": {"severity": {"type": "string"}, "pods": {"type": "integer"}}, "required": ["severity"]}}}}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let status = r.status().as_u16();
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(status, 200, "{body}");
@@ -399,7 +399,7 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
             "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "array"}}}}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let refused = r.status().as_u16();
     let body = r.text().await.unwrap_or_default();
     assert!(
@@ -409,14 +409,14 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
     assert!(server.terminate().success());
 
     // The command line: `providers check` runs the CLI and a one-token call; `ask` answers.
-    let m = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = tempfile::tempdir().unwrap();
     manifests(m.path(), &claude, &base, KEY);
     let kortex = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
             .args(args)
             .args(["--manifests", &m.path().to_string_lossy()])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -482,7 +482,7 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
     let Some(claude) = claude() else { return };
-    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
     let (base, seen) = model(work.path().join("bash-ran")).await;
     let (server, _dir) = start(&claude, &base, KEY);
     let id = session(&server, "paused").await;
@@ -499,7 +499,7 @@ async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
         .json(&json!({"content": "Has checkout failed before? Take it slowly."}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let run = r.json::<Value>().await.unwrap_or_default()["runId"]
         .as_str()
@@ -509,12 +509,7 @@ async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
         let url = server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/{what}"));
         let client = client.clone();
         async move {
-            let r = client
-                .post(url)
-                .json(&json!({}))
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let r = client.post(url).json(&json!({})).send().await.unwrap();
             let status = r.status().as_u16();
             (status, r.text().await.unwrap_or_default())
         }
@@ -678,11 +673,11 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_works_through_the_gateway_and_is_accounted_to_the_team() {
     let Some(claude) = claude() else { return };
-    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
     let marker = work.path().join("made-through-the-gateway");
     let (base, seen) = upstream(marker.clone()).await;
     let m = work.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -716,11 +711,11 @@ spec: {{sessions: ["gateway-coding"], provider: anthropic}}
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start(&m, &work.path().join("k.db"), &[]);
     let url = server.url("");
     let home = work.path().join("home");
-    std::fs::create_dir(&home).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&home).unwrap();
     let cwd = work.path().to_owned();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(claude)
@@ -750,10 +745,10 @@ spec: {{sessions: ["gateway-coding"], provider: anthropic}}
             .env("DISABLE_ERROR_REPORTING", "1")
             .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -808,7 +803,7 @@ spec: {{sessions: ["gateway-coding"], provider: anthropic}}
         .json(&json!({"model": "claude-test", "messages": [{"role": "user", "content": "hello"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         r.headers()
             .get("x-kortex-token-count")
@@ -917,15 +912,15 @@ fn alive(pid: u32) -> bool {
 async fn a_claude_code_turn_that_opens_with_a_kortex_tool_call_completes() {
     let Some(claude) = claude() else { return };
     let (base, _seen) = opener().await;
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         provider_yaml(&claude, &base, KEY, "15s"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let tmpdir = tmp.path().to_string_lossy().into_owned();
     let server = Server::start(&m, &dir.path().join("k.db"), &[("TMPDIR", &tmpdir)]);
     let id = session(&server, "opens-with-a-call").await;
@@ -992,7 +987,7 @@ impl Held {
             .json(&json!({"name": format!("held-{before}")}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 201);
         let session = r.json::<Value>().await.unwrap_or_default()["id"]
             .as_str()
@@ -1004,7 +999,7 @@ impl Held {
             .json(&json!({"content": "Hold on: has checkout failed before?"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 202);
         let run = r.json::<Value>().await.unwrap_or_default()["runId"]
             .as_str()
@@ -1074,7 +1069,7 @@ async fn mcp_status(api: &str, bearer: &str) -> u16 {
         )
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .status()
         .as_u16()
 }
@@ -1087,7 +1082,7 @@ async fn mcp_status(api: &str, bearer: &str) -> u16 {
 async fn a_claude_code_run_leaves_no_process_home_or_credential_behind() {
     let Some(claude) = claude() else { return };
     let (base, seen) = opener().await;
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
     let tmpdir = tmp.path().to_string_lossy().into_owned();
     let env = [("TMPDIR", tmpdir.as_str())];
     let (dir, db) = crate::support::manifests::keyed_manifests(
@@ -1114,7 +1109,7 @@ async fn a_claude_code_run_leaves_no_process_home_or_credential_behind() {
         .json(&json!({}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     held.gone("the cancelled run's CLI and HOME are gone").await;
     assert_eq!(mcp_status(&api, &held.bearer).await, 401);

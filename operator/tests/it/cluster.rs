@@ -26,8 +26,8 @@ impl Harness {
     async fn start() -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (url, seen) = fake_api_server().await;
-        let config = kube::Config::new(url.parse().unwrap_or_else(|e| panic!("{e}")));
-        let client = kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+        let config = kube::Config::new(url.parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
         let mut router = Router::new(Arc::new(Metrics::default()));
         for tool in kortex::tools::cluster::Cluster::new(client).tools() {
             router.add(tool);
@@ -430,17 +430,17 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
     use crate::support::provider::{mock, openai, push, streamed};
     let (api, _) = fake_api_server().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let kubeconfig = write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("k.yaml"),
         format!(
             "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: openai}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m1}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: openai}}\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = crate::support::server::Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -468,7 +468,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         .json(&json!({"name": "incident-logs"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -478,7 +478,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         .json(&json!({"content": "why is checkout crashing?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let tool_message = loop {
@@ -486,7 +486,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
             .get(server.url(&format!("/chat/v1/sessions/{id}")))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .json()
             .await
             .unwrap_or_default();
@@ -530,15 +530,14 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
 
 /// A kube client of `url` that authenticates with `token` (none: Kortex's own).
 fn kube_client(url: &str, token: Option<&str>) -> kube::Client {
-    let mut config = kube::Config::new(url.parse().unwrap_or_else(|e| panic!("{e}")));
+    let mut config = kube::Config::new(url.parse().unwrap());
     if let Some(token) = token {
         config.headers.push((
             axum::http::header::AUTHORIZATION,
-            axum::http::HeaderValue::from_str(&format!("Bearer {token}"))
-                .unwrap_or_else(|e| panic!("{e}")),
+            axum::http::HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
         ));
     }
-    kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"))
+    kube::Client::try_from(config).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -601,7 +600,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
             std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
         )
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut router = Router::new(Arc::new(Metrics::default()));
     router.add(Arc::new(kortex::tools::admin_info::AdminInfo::new(
         kortex::tools::cluster::Cluster::new(kube_client(&api, None)),

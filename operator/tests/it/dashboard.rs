@@ -89,16 +89,16 @@ spec:
   proposals: {{allowedActions: [restart], allowedNamespaces: ["shop"], requireDistinctApprover: false}}
 "#
     );
-    std::fs::write(dir.join("dashboard.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("dashboard.yaml"), yaml).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base);
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let m = m.display().to_string();
@@ -205,7 +205,7 @@ async fn the_dashboard_pauses_redirects_resumes_and_approves_plans() {
     let (llm, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(steering_responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
         format!(
@@ -226,7 +226,7 @@ spec: {{sessions: ["planned-*"], provider: scripted, runControl: {{planning: req
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // On loopback: no sign-in.
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let url = server.url("");
@@ -383,7 +383,7 @@ async fn the_dashboard_renders_markdown_answers_safely() {
         chunks.push("data: [DONE]\n\n".into());
         Some(streamed(&d, chunks))
     }));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
         format!(
@@ -399,7 +399,7 @@ spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: m}}}}
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // On loopback: no sign-in.
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let url = server.url("");
@@ -440,7 +440,7 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
         "spec": {"sessions": ["*"], "provider": "gpt",
             "proposals": {"allowedActions": ["scale"], "allowedNamespaces": ["shop"]}}}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = crate::support::server::start_run(&fake, dir.path(), &llm).await;
     let target =
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
@@ -529,7 +529,7 @@ fn layout_responder(body: &Value) -> Option<Reply> {
 async fn the_dashboard_keeps_live_cards_in_view_and_fits_a_phone() {
     let (llm, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(layout_responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
         format!(
@@ -548,7 +548,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // On loopback: no sign-in.
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let url = server.url("");

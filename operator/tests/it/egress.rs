@@ -102,9 +102,9 @@ async fn no_resource_can_reach_kortex_itself_speak_as_someone_or_flood_it() {
     let (elsewhere, elsewhere_seen) = mock().await;
     let redirect = redirector(format!("{elsewhere}/v1/chat/completions")).await;
     let (flood, flood_script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     let provider = |name: &str, url: &str| {
         format!(
             "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: {name}}}\nspec: {{type: openai-compatible, baseUrl: \"{url}/v1\", defaultModel: m1, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: {name}}}\nspec: {{sessions: [\"{name}-*\"], provider: {name}}}\n---\n"
@@ -134,7 +134,7 @@ spec:
     headers: [{{name: X-Forwarded-User, value: victim}}]
 "#
     ));
-    std::fs::write(m.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(m.join("all.yaml"), yaml).unwrap();
     let server = crate::support::server::Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
     *state.to.lock().unwrap_or_else(|e| e.into_inner()) = server.url("");
     // Kortex's own address, as a tool author who knows it would write it.
@@ -145,7 +145,7 @@ spec:
             server.url("/chat/v1/sessions")
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let client = http_client();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let tools = loop {

@@ -17,9 +17,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_kortex");
 
 fn write(path: &Path, text: &str) {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(dir).unwrap();
     }
-    std::fs::write(path, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(path, text).unwrap();
 }
 
 fn config(dir: &Path, llm: &str) {
@@ -168,11 +168,7 @@ fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::support::provider:
 }
 
 fn eval(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .arg("eval")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN).arg("eval").args(args).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -204,7 +200,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
     let f = flaky.clone();
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(move |body: &Value| script(body, &f)));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     scenarios(dir.path());
     let junit = dir.path().join("junit.xml");
@@ -236,7 +232,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     assert_eq!(code, 1, "1 of 4 passed, below --min-pass-rate 50%: {err}");
     // Without manifests and without a cluster: told what to pass.
@@ -249,7 +245,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
         .env_remove("KUBECONFIG")
         .env("HOME", dir.path())
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(!bare.status.success());
     assert!(
         String::from_utf8_lossy(&bare.stderr)
@@ -309,7 +305,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
             &junit.display().to_string(),
         ])
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let parsed = String::from_utf8_lossy(&check.stdout);
     assert!(
         parsed.starts_with("4 3 scripted 4 3 called get_events"),
@@ -364,7 +360,7 @@ async fn repeats_give_an_interval_and_compare_runs_side_by_side() {
     let f = flaky.clone();
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(move |body: &Value| script(body, &f)));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let d = dir.path().join("flaky");
     write(
@@ -392,7 +388,7 @@ async fn repeats_give_an_interval_and_compare_runs_side_by_side() {
             ])
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     };
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
@@ -424,7 +420,7 @@ async fn repeats_give_an_interval_and_compare_runs_side_by_side() {
         ])
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(code, 0, "{err}");
     let header = out.lines().next().unwrap_or_default();
     assert!(
@@ -466,7 +462,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
     let f = flaky.clone();
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(move |body: &Value| script(body, &f)));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let server = Server::start(&dir.path().join("config"), &dir.path().join("k.db"), &[]);
     let client = crate::support::net::http_client();
@@ -475,7 +471,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         .json(&json!({"name": "incident-checkout"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -487,7 +483,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         .json(&json!({"content": "Has checkout crashed like this before? Our token is sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
     assert!(
         events.iter().any(|e| e.event == "tool.end"),
@@ -510,10 +506,10 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
                 "checkout-before",
             ])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert!(
         recorded.status.success(),
         "{}",
@@ -546,7 +542,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         scenario_dir.join("scenario.yaml"),
         yaml.replace("facts: []", "facts: [PAYMENT_URL]"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let (scenarios, manifests) = (
         scenario_dir.display().to_string(),
         dir.path().join("config").display().to_string(),
@@ -565,7 +561,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         ])
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(code, 0, "{out}\n{err}");
     let report: Value = serde_json::from_str(&out).unwrap_or_default();
     assert_eq!(
@@ -594,7 +590,7 @@ fn concrete(pattern: &Value) -> Value {
 async fn every_starter_scenario_can_be_passed() {
     use kortex::eval::scenario::Scenario;
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("../evals");
-    let scenarios: Vec<Scenario> = Scenario::load_all(&suite).unwrap_or_else(|e| panic!("{e}"));
+    let scenarios: Vec<Scenario> = Scenario::load_all(&suite).unwrap();
     let (llm, s) = mock().await;
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(move |body: &Value| {
         let d = openai();
@@ -658,7 +654,7 @@ async fn every_starter_scenario_can_be_passed() {
             .collect();
         Some(streamed(&d, (d.tools_stream)(&scripted)))
     }));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let (suite, manifests) = (
         suite.display().to_string(),
@@ -680,7 +676,7 @@ async fn every_starter_scenario_can_be_passed() {
         ])
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     let failed: Vec<String> = report["targets"][0]["results"]
         .as_array()
@@ -703,7 +699,7 @@ async fn a_judge_grades_the_rubric_once_the_checks_pass() {
     let f = flaky.clone();
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(move |body: &Value| script(body, &f)));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let logs = r#"[{"tool": "get_logs", "args": {}, "result": "fatal: missing required config key PAYMENT_URL"}]"#;
     for (name, question) in [
@@ -737,7 +733,7 @@ async fn a_judge_grades_the_rubric_once_the_checks_pass() {
         ])
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(report["judged"], true);

@@ -116,7 +116,7 @@ spec: {{sessions: ["*"], provider: model{policy}}}
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 /// A PostgreSQL of the test's own, or `None` (the test is skipped) without PostgreSQL's
@@ -143,9 +143,9 @@ async fn on_own_postgres() -> Option<(
 )> {
     let pg = own_postgres()?;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base, "");
     let server = Server::start_with_url(&m, &pg.url(), &[]);
     Some((pg, server, script, dir))
@@ -175,7 +175,7 @@ async fn postgres_stopped_and_started_again() {
         .json(&json!({"name": "s-2"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 503);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
@@ -234,9 +234,9 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
         return;
     };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests_with(
         &m,
         &base,
@@ -247,7 +247,7 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
         m.join("gateway.yaml"),
         "apiVersion: v1\nkind: Secret\nmetadata: {name: gw, labels: {kortex.dev/credentials: gateway}, annotations: {kortex.dev/policy: all}}\nstringData: {team: shop, key: kgw-faults-1}\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start_with_url(&m, &pg.url(), &[]);
     let client = http_client();
     let call = || {
@@ -258,7 +258,7 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
             .send()
     };
     pg.down();
-    let r = call().await.unwrap_or_else(|e| panic!("{e}"));
+    let r = call().await.unwrap();
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(
         r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
@@ -305,7 +305,7 @@ async fn postgres_stopped_during_a_run() {
         .json(&json!({"content": "a question"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     pg.down();
@@ -337,7 +337,7 @@ async fn postgres_stopped_during_a_run() {
         .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
     assert_eq!(
         crate::support::chat::text(&events),
@@ -360,7 +360,7 @@ async fn sqlite_pool(path: &Path) -> sqlx::AnyPool {
     sqlx::any::install_default_drivers();
     sqlx::AnyPool::connect(&format!("sqlite://{}", path.display()))
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// Two replicas on one PostgreSQL; the one running a run is killed (`kill -9`) in the middle
@@ -386,7 +386,7 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
         .json(&json!({"content": "a question"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     crate::support::provider::provider_called(&script).await;
     a.kill9();
@@ -415,7 +415,7 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
         .get(b.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = crate::support::chat::read_sse(r, |e| state(e) == json!("failed")).await;
     assert!(
         events
@@ -454,7 +454,7 @@ impl Tmpfs {
     fn fill(&self) -> PathBuf {
         use std::io::Write;
         let path = self.path().join("filler");
-        let mut f = std::fs::File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+        let mut f = std::fs::File::create(&path).unwrap();
         let block = vec![0u8; 16 * 1024];
         while f.write_all(&block).and_then(|()| f.flush()).is_ok() {}
         path
@@ -481,9 +481,9 @@ async fn sqlite_on_a_full_disk() {
         return;
     };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base, "");
     let db = disk.path().join("k.db");
     let server = Server::start_with_args(&m, &db, &[]);
@@ -506,7 +506,7 @@ async fn sqlite_on_a_full_disk() {
             .json(&json!({"name": "s-2"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
     )
     .await;
     assert_eq!(
@@ -520,7 +520,7 @@ async fn sqlite_on_a_full_disk() {
             .json(&json!({"content": "while full"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
     )
     .await;
     assert_eq!(
@@ -535,7 +535,7 @@ async fn sqlite_on_a_full_disk() {
     assert_eq!(stored["status"], "idle", "{stored}");
     assert_eq!(server.get("/healthz").await.0, 200);
 
-    std::fs::remove_file(&filler).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(&filler).unwrap();
     push(&script, streamed(&d, (d.text_stream)(&["Stored after."])));
     let events = ask(&server, &id, "after").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
@@ -543,17 +543,17 @@ async fn sqlite_on_a_full_disk() {
 
     let store = kortex::store::Store::connect(&format!("sqlite://{}", db.display()))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let pool = sqlite_pool(&db).await;
     let check: String = sqlx::query_scalar("PRAGMA integrity_check")
         .fetch_one(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(check, "ok");
     let texts: Vec<String> = store
         .list_messages(&id)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .into_iter()
         .map(|m| m.content)
         .collect();
@@ -572,9 +572,9 @@ async fn sqlite_on_a_full_disk() {
 async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let (base, script) = mock().await;
     let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     // A priced model under a daily limit: every call reserves budget first.
     manifests_with(
         &m,
@@ -596,7 +596,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let db = dir.path().join("k.db");
     let d = openai();
     let client = http_client();
@@ -614,9 +614,7 @@ spec:
     stalled.stall = Some(Duration::from_secs(60));
     push(&script, stalled);
     let answer = session(&server, "s-answer").await;
-    let r = post(&server, &answer, "question one")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post(&server, &answer, "question one").await.unwrap();
     assert_eq!(r.status().as_u16(), 202);
     crate::support::provider::provider_called(&script).await;
     // Mid-tool-call: the model calls the slow tool; Kortex dies while it runs.
@@ -625,9 +623,7 @@ spec:
         crate::support::provider::tool_calls(&[("c1", "slow_lookup", json!({}))]),
     );
     let tool = session(&server, "s-tool").await;
-    let r = post(&server, &tool, "question two")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post(&server, &tool, "question two").await.unwrap();
     assert_eq!(r.status().as_u16(), 202);
     eventually("the tool call under way", || async {
         let slow = bridge_seen
@@ -647,13 +643,13 @@ spec:
         let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM budget_reservations")
             .fetch_one(&pool)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let total: i64 = sqlx::query_scalar(
             "SELECT CAST(COALESCE(SUM(reserved), 0) AS BIGINT) FROM budget_counters",
         )
         .fetch_one(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         pool.close().await;
         (rows, total)
     };
@@ -725,14 +721,14 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_deleted_while_in_use_then_restored() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base, ", apiKeySecretRef: {name: keys, key: model}");
     let secret = m.join("secret.yaml");
     let secret_yaml =
         "apiVersion: v1\nkind: Secret\nmetadata: {name: keys}\nstringData: {model: sk-in-use-1}\n";
-    std::fs::write(&secret, secret_yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&secret, secret_yaml).unwrap();
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let client = http_client();
     let d = openai();
@@ -756,7 +752,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
             }
         })
     };
-    std::fs::remove_file(&secret).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(&secret).unwrap();
     let p = available(false).await;
     let resolved = p["conditions"]
         .as_array()
@@ -782,7 +778,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
         error.contains("provider_unavailable") && error.contains("model"),
         "{error}"
     );
-    std::fs::write(&secret, secret_yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&secret, secret_yaml).unwrap();
     available(true).await;
     push(&script, streamed(&d, (d.text_stream)(&["back"])));
     assert_eq!(state(&ask(&server, &id, "three").await), json!("completed"));
@@ -808,7 +804,7 @@ async fn cluster_api_server_unreachable_then_back() {
             "metadata": {"name": "all", "namespace": "team-a"},
             "spec": {"sessions": ["*"], "provider": "gpt", "runToolsAsUser": false}}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
     let client = http_client();
     let d = openai();
@@ -936,7 +932,7 @@ async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_sa
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, _script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
     let client = http_client();
     let as_bob = || async {
@@ -945,7 +941,7 @@ async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_sa
             .bearer_auth("bob-token")
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json::<Value>().await.unwrap_or_default())
     };
@@ -979,7 +975,7 @@ async fn cluster_leader_lost_mid_execution_executes_once() {
     use crate::support::server::{kubectl_kortex, pending_restarts, start_run_with};
     const STUCK: &str = "/apis/apps/v1/namespaces/shop/deployments/stuck";
     let fake = FakeApi::start().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (leader, names) = pending_restarts(&fake, dir.path(), &["stuck"]).await;
     let stuck = names[0].clone();
     fake.hang(STUCK);
@@ -1067,7 +1063,7 @@ async fn cluster_a_secret_deleted_while_in_use_then_restored() {
             "metadata": {"name": "all", "namespace": "team-a"},
             "spec": {"sessions": ["*"], "provider": "gpt"}}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
     let client = http_client();
     let d = openai();

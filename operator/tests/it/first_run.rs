@@ -23,13 +23,8 @@ struct Toggle {
 
 impl Toggle {
     async fn start(target: String) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let url = format!(
-            "http://{}",
-            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
-        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
         let up = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(AtomicUsize::new(0));
         let (u, c) = (up.clone(), connections.clone());
@@ -63,7 +58,7 @@ async fn ask(server: &Server, id: &str, question: &str) -> Vec<crate::support::c
         .json(&json!({"content": question}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     crate::support::chat::read_sse(r, crate::support::chat::run_ended).await
 }
@@ -77,15 +72,15 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
     }));
     let toggle = Toggle::start(llm.trim_start_matches("http://").to_owned()).await;
     // The README's local samples, with Ollama's address on the toggle.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let samples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples/local");
     for f in ["policy.yaml", "providers.yaml"] {
-        let text = std::fs::read_to_string(samples.join(f)).unwrap_or_else(|e| panic!("{e}"));
+        let text = std::fs::read_to_string(samples.join(f)).unwrap();
         std::fs::write(
             dir.path().join(f),
             text.replace("http://127.0.0.1:11434", &toggle.url),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     }
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
 
@@ -131,7 +126,7 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         .json(&json!({"name": "incident-1"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -199,10 +194,10 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("OPENAI_API_KEY")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let said = String::from_utf8_lossy(&check.stdout);
     assert!(!check.status.success(), "{said}");
     assert!(said.contains("✗ ChatPolicy local: No provider of ChatPolicy local can answer now — ollama: unreachable"), "{said}");
@@ -218,8 +213,7 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         toggle.up.store(true, Ordering::SeqCst);
         let policy = dir.path().join("policy.yaml");
         let text = std::fs::read_to_string(&policy).unwrap_or_default();
-        std::fs::write(&policy, format!("{text}\n# Ollama is up\n"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&policy, format!("{text}\n# Ollama is up\n")).unwrap();
     };
     let url = server.url("");
     let seen_path = seen.display().to_string();

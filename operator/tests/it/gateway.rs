@@ -95,7 +95,7 @@ metadata: {{name: broke}}
 spec: {{sessions: ["gateway-broke"], provider: upstream, budget: {{dailyUsdLimit: 0}}}}
 "#
     );
-    std::fs::write(dir.join("gateway.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("gateway.yaml"), yaml).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,9 +118,9 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
     }
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let url = server.url("");
@@ -135,9 +135,9 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
     });
     let out = tokio::time::timeout(Duration::from_secs(120), run)
         .await
-        .unwrap_or_else(|_| panic!("the SDK script did not finish in 120 s"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("python: {e}"));
+        .expect("the SDK script did not finish in 120 s")
+        .unwrap()
+        .expect("python");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -209,7 +209,7 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
             .get(server.url("/api/v1/usage?by=user"))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .json()
             .await
             .unwrap_or_default();
@@ -291,7 +291,7 @@ spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requests
 "#
             ),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     };
     // Within one clock minute: the windows are per minute.
     let second = jiff::Timestamp::now().as_second().rem_euclid(60);
@@ -301,7 +301,7 @@ spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requests
         ))
         .await;
     }
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     write(dir.path());
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let client = http_client();
@@ -316,7 +316,7 @@ spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requests
                 )
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         }
     };
     let url = server.url("/v1/chat/completions");

@@ -17,7 +17,7 @@ fn get(path: &str) -> Request<Body> {
     Request::get(path)
         .header(header::HOST, "127.0.0.1:8080")
         .body(Body::empty())
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// A request with a chat key (`Bearer {key}`), and a JSON body when given.
@@ -29,7 +29,7 @@ fn request_as(key: &str, method: &str, path: &str, body: Option<Value>) -> Reque
         .header(header::AUTHORIZATION, format!("Bearer {key}"))
         .header(header::CONTENT_TYPE, "application/json")
         .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// A Pending restart proposal `id` of `user` under the policy `team-a/default`, stored.
@@ -67,10 +67,7 @@ async fn pending_proposal(
         updated_at: now,
         version: 1,
     };
-    h.db.store
-        .insert_proposal(&record)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    h.db.store.insert_proposal(&record).await.unwrap();
 }
 
 fn json(body: &str) -> Value {
@@ -185,7 +182,7 @@ async fn health_readiness_metrics_and_json_errors() {
     let post = Request::post("/api/v1/tools")
         .header(header::HOST, "localhost")
         .body(Body::empty())
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let (status, _, body) = call(&h.app, post).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(json(&body)["error"]["code"], "method_not_allowed");
@@ -209,7 +206,7 @@ async fn loopback_mode_refuses_foreign_host_and_origin() {
         if let Some(o) = origin {
             b = b.header(header::ORIGIN, o);
         }
-        b.body(Body::empty()).unwrap_or_else(|e| panic!("{e}"))
+        b.body(Body::empty()).unwrap()
     };
     let (status, _, body) = call(&h.app, req("attacker.example:8080", None)).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "DNS rebinding: {body}");
@@ -228,7 +225,7 @@ async fn loopback_mode_refuses_foreign_host_and_origin() {
         Request::get("/healthz")
             .header(header::HOST, "10.0.0.7:8080")
             .body(Body::empty())
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
     )
     .await;
     assert_eq!(status, StatusCode::OK);
@@ -242,7 +239,7 @@ async fn key_mode_needs_a_chat_key() {
         if let Some(k) = key {
             b = b.header(header::AUTHORIZATION, format!("Bearer {k}"));
         }
-        b.body(Body::empty()).unwrap_or_else(|e| panic!("{e}"))
+        b.body(Body::empty()).unwrap()
     };
     let (status, headers, body) = call(&h.app, with_key(None)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -298,7 +295,7 @@ async fn key_mode_shows_proposals_only_to_their_user_and_possible_deciders() {
 /// objects served.
 #[tokio::test]
 async fn metrics_report_reachability_and_budgets_at_scrape_time() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("all.yaml"),
         "apiVersion: kortex.dev/v1alpha1
@@ -312,9 +309,9 @@ metadata: {name: capped}
 spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
 ",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let mut source = ManifestSource::new(vec![dir.path().to_path_buf()], Box::new(|_| None))
-        .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
+    let mut source =
+        ManifestSource::new(vec![dir.path().to_path_buf()], Box::new(|_| None)).unwrap();
     let metrics = Arc::new(Metrics::new());
     let config = live::load(&mut source, None, &metrics);
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));

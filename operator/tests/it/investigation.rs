@@ -21,10 +21,10 @@ async fn a_model_investigates_a_crashing_pod_end_to_end() {
     let (prometheus, _) = crate::support::prometheus::server().await;
     let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -67,7 +67,7 @@ spec:
             url = mcp.url
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = crate::support::server::Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -87,7 +87,7 @@ spec:
             .get(server.url("/api/v1/tools"))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .json()
             .await
             .unwrap_or_default();
@@ -201,7 +201,7 @@ spec:
         .json(&json!({"name": "incident-checkout"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -211,7 +211,7 @@ spec:
         .json(&json!({"content": "checkout keeps crashing, why?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let s = wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
     let messages = s["messages"].as_array().cloned().unwrap_or_default();
     let result = |call: &str| -> Value {
@@ -266,7 +266,7 @@ spec:
         .map(|s| s.last().cloned())
         .ok()
         .flatten()
-        .unwrap_or_else(|| panic!("the bridge saw no request"));
+        .expect("the bridge saw no request");
     assert_eq!(
         sent.headers["authorization"],
         format!("Bearer {BRIDGE_TOKEN}")

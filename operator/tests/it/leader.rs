@@ -10,8 +10,8 @@ use tokio::sync::watch;
 
 fn client(url: &str) -> kube::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let uri = url.parse().unwrap_or_else(|e| panic!("{e}"));
-    kube::Client::try_from(kube::Config::new(uri)).unwrap_or_else(|e| panic!("{e}"))
+    let uri = url.parse().unwrap();
+    kube::Client::try_from(kube::Config::new(uri)).unwrap()
 }
 
 /// Short timings (15 s / 10 s / 2 s scaled down), so the test takes seconds.

@@ -28,14 +28,14 @@ spec: {{sessions: ["*"], provider: model, budget: {budget}}}
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 /// `kortex serve` with `args` on a fresh SQLite database and the provider at `base`.
 fn start(base: &str, budget: &str, args: &[&str]) -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, base, budget);
     let server = Server::start_with_args(&m, &dir.path().join("k.db"), args);
     (server, dir)
@@ -110,7 +110,7 @@ async fn request_bodies_and_heads_past_their_limits_are_refused() {
         .body(big.clone())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         refusal(r).await,
         (413, "request_too_large".to_owned(), None)
@@ -149,13 +149,12 @@ async fn request_bodies_and_heads_past_their_limits_are_refused() {
     assert!(!id.is_empty());
 
     // A request head of 20 KiB: 431 from the HTTP layer, before any route.
-    let mut tcp = std::net::TcpStream::connect(addr(&server)).unwrap_or_else(|e| panic!("{e}"));
+    let mut tcp = std::net::TcpStream::connect(addr(&server)).unwrap();
     let head = format!(
         "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
         "a".repeat(20 * 1024)
     );
-    tcp.write_all(head.as_bytes())
-        .unwrap_or_else(|e| panic!("{e}"));
+    tcp.write_all(head.as_bytes()).unwrap();
     let mut answer = String::new();
     // The server closes with part of the head unread, so the answer may be lost to a reset.
     if tcp.read_to_string(&mut answer).is_ok() || !answer.is_empty() {
@@ -179,9 +178,9 @@ async fn slow_clients_are_disconnected_after_the_header_timeout() {
     let address = addr(&server);
     let slow: Vec<std::net::TcpStream> = (0..20)
         .map(|_| {
-            let mut tcp = std::net::TcpStream::connect(&address).unwrap_or_else(|e| panic!("{e}"));
+            let mut tcp = std::net::TcpStream::connect(&address).unwrap();
             tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ")
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             tcp
         })
         .collect();
@@ -246,13 +245,13 @@ async fn event_streams_and_sessions_per_user_are_limited() {
     let id = session(&server, "s-1").await;
     let events = server.url(&format!("/chat/v1/sessions/{id}/events"));
     let open = || client.get(&events).send();
-    let first = open().await.unwrap_or_else(|e| panic!("{e}"));
-    let second = open().await.unwrap_or_else(|e| panic!("{e}"));
+    let first = open().await.unwrap();
+    let second = open().await.unwrap();
     assert_eq!(
         (first.status().as_u16(), second.status().as_u16()),
         (200, 200)
     );
-    let third = open().await.unwrap_or_else(|e| panic!("{e}"));
+    let third = open().await.unwrap();
     assert_eq!(
         refusal(third).await,
         (429, "too_many_streams".to_owned(), Some("5".to_owned()))
@@ -264,7 +263,7 @@ async fn event_streams_and_sessions_per_user_are_limited() {
         .json(&json!({"content": "hello"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(refusal(r).await.1, "too_many_streams");
     let stored =
         crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
@@ -294,7 +293,7 @@ async fn event_streams_and_sessions_per_user_are_limited() {
         .json(&json!({"name": "s-4"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         refusal(r).await,
         (429, "too_many_sessions".to_owned(), None)
@@ -304,7 +303,7 @@ async fn event_streams_and_sessions_per_user_are_limited() {
         .delete(server.url(&format!("/chat/v1/sessions/{third}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success());
     session(&server, "s-4").await;
     assert!(server.terminate().success());
@@ -329,7 +328,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
         .json(&json!({"content": "a long question"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
 
     let other = session(&server, "other").await;
@@ -339,7 +338,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
             .json(&json!({"content": "meanwhile"}))
             .send()
     };
-    let (status, code, retry) = refusal(post().await.unwrap_or_else(|e| panic!("{e}"))).await;
+    let (status, code, retry) = refusal(post().await.unwrap()).await;
     assert_eq!(
         (status, code.as_str(), retry.as_deref()),
         (429, "too_many_runs", Some("5"))
@@ -359,7 +358,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
         .post(server.url(&format!("/chat/v1/sessions/{busy}/cancel")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success());
     eventually("the cancelled run ended", || async {
         let s = crate::support::chat::get_json(
@@ -396,7 +395,7 @@ async fn firehose(server: &Server, script: &crate::support::provider::Script, id
         .json(&json!({"content": "tell me everything"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut body = r.bytes_stream();
     let mut received = 0usize;
     let mut rss = None;
@@ -446,12 +445,12 @@ async fn a_client_that_never_reads_its_stream_costs_bounded_memory() {
     let stuck: Vec<std::net::TcpStream> = (0..STUCK)
         .map(|_| {
             let mut s =
-                std::net::TcpStream::connect(addr(&server)).unwrap_or_else(|e| panic!("{e}"));
+                std::net::TcpStream::connect(addr(&server)).unwrap();
             write!(
                 s,
                 "GET /chat/v1/sessions/{id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
             )
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
             s
         })
         .collect();
@@ -489,9 +488,9 @@ async fn a_client_that_never_reads_its_stream_costs_bounded_memory() {
 async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
     let (base, script) = mock().await;
     let (bridge, _) = crate::support::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base, "{}");
     std::fs::write(
         m.join("tool.yaml"),
@@ -507,7 +506,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -582,9 +581,9 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_deletes_a_failed_runs_events_at_the_next_pass() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base, "{}");
     let db = dir.path().join("k.db");
     let server = Server::start_with_args(&m, &db, &[]);
@@ -652,7 +651,7 @@ async fn a_deleted_session_is_removed_for_good() {
         .delete(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     assert_eq!(server.get(&format!("/chat/v1/sessions/{id}")).await.0, 404);
     let audit = eventually("the deletion is recorded", || async {
@@ -672,7 +671,7 @@ async fn a_deleted_session_is_removed_for_good() {
     let store =
         kortex::store::Store::connect(&format!("sqlite://{}", dir.path().join("k.db").display()))
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
     assert!(
         store
             .list_messages(&id)

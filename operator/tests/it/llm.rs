@@ -32,22 +32,18 @@ fn provider_with(d: &Dialect, base: &str, timeout: &str, tool_mode: &str) -> Arc
                      "apiKeySecretRef": {"name": "keys", "key": "k"}, "timeout": timeout, "toolMode": tool_mode,
                      "headers": [{"name": "X-Kortex-Test", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "h"}}}]}
         }))
-        .unwrap_or_else(|e| panic!("{e}"))],
+        .unwrap()],
         secrets: vec![serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": "default", "labels": {"kortex.dev/use": "true"}},
             "stringData": {"k": KEY, "h": "header-from-secret"}
         }))
-        .unwrap_or_else(|e| panic!("{e}"))],
+        .unwrap()],
         ..Default::default()
     };
     let catalog = compile(&objects, jiff::Timestamp::now());
-    let entry = catalog
-        .providers
-        .values()
-        .next()
-        .unwrap_or_else(|| panic!("no provider"));
+    let entry = catalog.providers.values().next().expect("no provider");
     assert!(entry.available, "{:?}", entry.object.status);
-    llm::build(entry).unwrap_or_else(|e| panic!("{e}"))
+    llm::build(entry).unwrap()
 }
 
 fn request(tools: bool) -> ChatRequest {
@@ -301,11 +297,7 @@ async fn contract_errors_are_typed_and_never_carry_the_key() {
                 .starts_with(&format!("provider {}: auth: HTTP 401", d.name)),
             "{e}"
         );
-        let e = p
-            .complete(&request(false))
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("accepted"));
+        let e = p.complete(&request(false)).await.expect_err("accepted");
         assert_eq!(e.kind, ErrorKind::ContextTooLong, "{}: {e}", d.name);
         assert_eq!(
             script.seen.lock().map(|s| s.len()).unwrap_or(0),
@@ -364,11 +356,7 @@ async fn contract_retries_429_with_retry_after_and_500_before_output() {
                 },
             );
         }
-        let e = p
-            .stream(&request(false))
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("accepted"));
+        let e = p.stream(&request(false)).await.err().expect("accepted");
         assert_eq!(e.kind, ErrorKind::RateLimited, "{}", d.name);
         assert_eq!(e.retry_after, Some(Duration::ZERO));
     }
@@ -520,7 +508,7 @@ fn write_manifests(dir: &std::path::Path, providers: &[(&str, &str, String, bool
             "---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: {name}}}\nspec:\n  type: {kind}\n  baseUrl: {base}\n  defaultModel: test-model\n  timeout: 5s\n  {key}\n  models:\n    - {{id: test-model, cost: {{inputUsdPerMTok: 10, outputUsdPerMTok: 20}}}}\n"
         ));
     }
-    std::fs::write(dir.join("providers.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("providers.yaml"), text).unwrap();
 }
 
 async fn kortex(args: Vec<String>) -> std::process::Output {
@@ -530,17 +518,17 @@ async fn kortex(args: Vec<String>) -> std::process::Output {
             .env("KORTEX_ASK_TEST_KEY", KEY)
             .env("RUST_LOG", "warn")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ask_streams_text_and_returns_tool_calls_for_every_format() {
     for d in dialects() {
         let (base, script) = mock().await;
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         write_manifests(
             dir.path(),
             &[(
@@ -551,10 +539,10 @@ async fn ask_streams_text_and_returns_tool_calls_for_every_format() {
             )],
         );
         let manifests = dir.path().display().to_string();
-        let tools_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let tools_dir = tempfile::tempdir().unwrap();
         let tools = tools_dir.path().join("tools.json");
         std::fs::write(&tools, r#"[{"name": "get_logs", "description": "Pod logs", "parameters": {"type": "object"}}]"#)
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let tools = tools.display().to_string();
         let base_args = |extra: &[&str]| -> Vec<String> {
             let mut v: Vec<String> = vec![
@@ -665,7 +653,7 @@ async fn providers_check_explains_every_provider_in_one_line() {
             &json!({"error": {"message": "Incorrect API key provided"}}),
         ),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     write_manifests(
         dir.path(),
         &[
@@ -788,9 +776,9 @@ async fn serve_probes_providers_into_reachable_conditions() {
         &script,
         json_reply(200, &json!({"data": [{"id": "discovered-model"}]})),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("m");
-    std::fs::create_dir(&manifests).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&manifests).unwrap();
     write_manifests(
         &manifests,
         &[
@@ -861,7 +849,7 @@ async fn http_proxy_from_the_environment_is_honoured() {
     let (proxy, script) = mock().await;
     let d = openai();
     push(&script, streamed(&d, (d.text_stream)(&["via proxy"])));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     write_manifests(
         dir.path(),
         &[(
@@ -882,10 +870,10 @@ async fn http_proxy_from_the_environment_is_honoured() {
             .env_remove("NO_PROXY")
             .env_remove("no_proxy")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -910,18 +898,16 @@ async fn https_server(body: &'static str) -> (String, String) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cert =
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
     let pem = cert.cert.pem();
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
     let config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(vec![cert.cert.der().clone()], key)
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         while let Ok((tcp, _)) = listener.accept().await {
@@ -961,41 +947,23 @@ async fn ca_bundle_secret_makes_an_internal_tls_endpoint_trusted() {
         let objects = ObjectSet {
             providers: vec![serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
                 "metadata": {"name": "internal", "namespace": "default"}, "spec": spec}))
-            .unwrap_or_else(|e| panic!("{e}"))],
+            .unwrap()],
             secrets: vec![serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
                 "metadata": {"name": "corp-ca", "namespace": "default", "labels": {"kortex.dev/use": "true"}}, "stringData": {"ca.crt": pem}}))
-            .unwrap_or_else(|e| panic!("{e}"))],
+            .unwrap()],
             ..Default::default()
         };
         compile(&objects, jiff::Timestamp::now())
     };
     let trusted = catalog_with(true);
-    let entry = trusted
-        .providers
-        .values()
-        .next()
-        .unwrap_or_else(|| panic!("no provider"));
-    let models = llm::build(entry)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .list_models()
-        .await;
-    assert_eq!(
-        models.unwrap_or_else(|e| panic!("{e}")),
-        vec!["internal-model".to_owned()]
-    );
+    let entry = trusted.providers.values().next().expect("no provider");
+    let models = llm::build(entry).unwrap().list_models().await;
+    assert_eq!(models.unwrap(), vec!["internal-model".to_owned()]);
 
     let untrusted = catalog_with(false);
-    let entry = untrusted
-        .providers
-        .values()
-        .next()
-        .unwrap_or_else(|| panic!("no provider"));
-    let e = llm::build(entry)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .list_models()
-        .await
-        .err();
-    let e = e.unwrap_or_else(|| panic!("a self-signed endpoint was trusted without the CA bundle"));
+    let entry = untrusted.providers.values().next().expect("no provider");
+    let e = llm::build(entry).unwrap().list_models().await.err();
+    let e = e.expect("a self-signed endpoint was trusted without the CA bundle");
     assert_eq!(e.kind, ErrorKind::Connection, "{e}");
     assert!(
         e.message.to_lowercase().contains("certificate"),
@@ -1015,12 +983,12 @@ async fn ask_without_a_configured_model_uses_the_first_discovered_one() {
         ),
     );
     push(&script, streamed(&d, (d.text_stream)(&["hi"])));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
         format!("apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: vllm}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\"}}\n"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let out = kortex(vec![
         "ask".into(),
         "--manifests".into(),
@@ -1066,16 +1034,12 @@ async fn compatible_servers_that_reject_stream_options_get_a_second_request_with
         ..openai()
     };
     let p = provider(&compatible, &base, "5s");
-    let out = events(&*p, &request(false))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let out = events(&*p, &request(false)).await.unwrap();
     assert!(
         matches!(out.first(), Some(StreamEvent::TextDelta(t)) if t == "fine"),
         "{out:?}"
     );
-    events(&*p, &request(false))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    events(&*p, &request(false)).await.unwrap();
     let seen = script
         .seen
         .lock()

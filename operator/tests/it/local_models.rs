@@ -37,15 +37,15 @@ metadata:
 stringData: {{team: local, key: {KEY}}}
 "#
     );
-    std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();
@@ -170,7 +170,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
             )
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200);
         let body = r.text().await.unwrap_or_default();
         // Upstream: streamed only when the client streams, and an explicit "auto" kept.
@@ -225,16 +225,16 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
             ),
         );
     }
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     let write = |models: &str| {
         manifests(&m, &base);
         let path = m.join("all.yaml");
         let yaml = std::fs::read_to_string(&path)
             .unwrap_or_default()
             .replace("defaultModel: qwen, ", models);
-        std::fs::write(&path, yaml).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, yaml).unwrap();
     };
     // No models and no defaultModel: what the server lists is used.
     write("");
@@ -269,7 +269,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
         .json(&json!({"model": "gemma", "messages": [{"role": "user", "content": "hi"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_client_error(), "{}", r.status());
     assert!(server.terminate().success());
 }
@@ -277,9 +277,9 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();
@@ -312,9 +312,9 @@ async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();
@@ -345,7 +345,7 @@ async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
         .get(server.url(&format!("/chat/v1/sessions/{id}/export?format=markdown")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .text()
         .await
         .unwrap_or_default();

@@ -1,4 +1,9 @@
-//! Integration tests: one binary (it links once), one module per area.
+//! Integration tests: one binary (it links once), one module per area, and `support/`, the
+//! harness they share.
+
+// A panic is how a test fails: helpers unwrap as `#[test]` functions may (clippy.toml
+// allows it only inside those).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod admission;
 mod binary;

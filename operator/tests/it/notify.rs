@@ -21,9 +21,9 @@ fn header(h: &axum::http::HeaderMap, name: &str) -> String {
 /// A manifest folder `m` in a new temp dir: the LLMProvider `gpt` at `base` and the
 /// ChatPolicy `incidents` for every session, with `policy` (YAML lines under its `spec:`).
 fn policy_manifests(base: &str, policy: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     write_policy(&m, base, policy);
     dir
 }
@@ -40,7 +40,7 @@ fn write_policy(m: &std::path::Path, base: &str, policy: &str) {
              spec:\n  sessions: [\"*\"]\n  provider: gpt\n{policy}"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 /// The provider's next answer is a 400: the chat run fails (`run.failed`).
@@ -59,9 +59,9 @@ async fn a_proposal_reaches_its_webhooks_signed_and_after_retries() {
     let (base, script) = mock().await;
     let json_hook = receiver(2).await;
     let slack_hook = receiver(0).await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -96,7 +96,7 @@ spec:
             json = json_hook.url,
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -122,7 +122,7 @@ spec:
         .json(&json!({"name": "incident-1"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -133,7 +133,7 @@ spec:
         .json(&json!({"content": "fix the api"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     let proposal = events
         .iter()
@@ -195,7 +195,7 @@ spec:
         .json(&json!({}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     eventually("proposal.decided delivered", || async {
         match json_hook.got().len() {
@@ -294,10 +294,7 @@ async fn two_replicas_send_each_delivery_once() {
         let mut p =
             crate::support::db::proposal(None, "alice", &format!("restart-api-{i}"), "Pending");
         p.policy = Some("default/incidents".into());
-        db.store
-            .insert_proposal(&p)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        db.store.insert_proposal(&p).await.unwrap();
     }
     eventually("four deliveries", || async {
         match hook.got().len() {
@@ -402,7 +399,7 @@ async fn budgets_and_providers_notify_once_per_change() {
             .json(&json!({"content": "status?"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 429);
     }
     let types = || {

@@ -43,7 +43,7 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
         "spec": {"description": "x", "http": {"url": "http://x/y", "method": "DELETE"}}}),
     );
 
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &fake.url);
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let kubeconfig = kubeconfig.display().to_string();
@@ -136,7 +136,7 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
     let patch = status_patches(&fake, "llmproviders", "gpt")
         .into_iter()
         .next()
-        .unwrap_or_else(|| panic!("no status patch"));
+        .expect("no status patch");
     assert_eq!(patch.content_type, "application/apply-patch+yaml");
     assert!(
         patch.query.contains("fieldManager=kortex") && patch.query.contains("force=true"),
@@ -239,8 +239,8 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     use kortex::operator::lease::{LeaseConfig, run};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let config = kube::Config::new(fake.url.parse().unwrap_or_else(|e| panic!("{e}")));
-    let client = kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+    let config = kube::Config::new(fake.url.parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
     let settings = |identity: &str| LeaseConfig {
         duration: Duration::from_secs(3),
         renew_deadline: Duration::from_secs(2),
@@ -254,8 +254,8 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     let task_a = tokio::spawn(run(client.clone(), settings("pod-a"), a_tx, stop_a));
     tokio::time::timeout(Duration::from_secs(10), a.wait_for(|l| *l))
         .await
-        .unwrap_or_else(|_| panic!("pod-a never led"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("pod-a never led")
+        .unwrap();
     let task_b = tokio::spawn(run(client.clone(), settings("pod-b"), b_tx, stop_b));
     // pod-b keeps following while pod-a renews.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -269,8 +269,8 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     let mut b_watch = b.clone();
     tokio::time::timeout(Duration::from_secs(10), b_watch.wait_for(|l| *l))
         .await
-        .unwrap_or_else(|_| panic!("pod-b never took over"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("pod-b never took over")
+        .unwrap();
     assert!(
         stopped.elapsed() < Duration::from_secs(3),
         "{:?}",
@@ -289,8 +289,8 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     fake.apply("leases", taken);
     tokio::time::timeout(Duration::from_secs(10), b_watch.wait_for(|l| !*l))
         .await
-        .unwrap_or_else(|_| panic!("pod-b kept leading"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("pod-b kept leading")
+        .unwrap();
     let _ = stop_b_tx.send(true);
     let _ = task_b.await;
 }
@@ -313,7 +313,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         "spec": {"sessions": ["*"], "provider": "gpt",
             "proposals": {"allowedActions": ["restart", "scale"], "allowedNamespaces": ["shop"], "expireAfter": "10m"}}}));
     fake.allow("bob");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
     let client = crate::support::net::http_client();
 
@@ -342,7 +342,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         .json(&json!({"name": "incident-9", "namespace": "team-a"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -356,7 +356,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
             .json(&json!({"content": content}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -409,7 +409,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         api["spec"]["template"]["metadata"]["annotations"].is_null(),
         "{api}"
     );
-    let scale = proposal_named(&fake, "scale-api-").unwrap_or_else(|| panic!("no scale proposal"));
+    let scale = proposal_named(&fake, "scale-api-").expect("no scale proposal");
     let scale_name = scale["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
@@ -550,7 +550,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         .json(&json!({"content": "give it 3 replicas"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     fake.until("a third proposal", |f| f.list("actionproposals").len() == 3)
         .await;
     let third = fake
@@ -683,7 +683,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         .header("accept", "text/event-stream")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     // The stream follows live after the replay: read what arrives within the timeout.
     let mut text = String::new();
     let mut body = events.bytes_stream();
@@ -718,7 +718,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         "spec": {"sessions": ["*"], "provider": "gpt",
             "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"], "requireDistinctApprover": true}}}));
     fake.allow("alice");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
     let client = crate::support::net::http_client();
     let call = |method: reqwest::Method, path: &str, token: Option<&str>, body: Value| {
@@ -736,7 +736,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         session.clone(),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     let r = call(
         reqwest::Method::POST,
@@ -745,7 +745,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         session.clone(),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     // dave has a valid token but no right to use the policy.
     let r = call(
@@ -755,7 +755,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         session.clone(),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     let body: Value = r.json().await.unwrap_or_default();
     assert!(
@@ -772,7 +772,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         session,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let created: Value = r.json().await.unwrap_or_default();
     assert_eq!(created["user"], "alice");
@@ -782,7 +782,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         .into_iter()
         .filter(|s| s.path.ends_with("/subjectaccessreviews"))
         .collect();
-    let last = &reviews.last().unwrap_or_else(|| panic!("no review")).body["spec"];
+    let last = &reviews.last().expect("no review").body["spec"];
     assert_eq!(last["user"], "alice");
     assert_eq!(
         last["resourceAttributes"],
@@ -797,7 +797,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         Value::Null,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     let r = call(
         reqwest::Method::GET,
@@ -806,7 +806,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         Value::Null,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let review = fake
         .seen()
@@ -836,7 +836,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"content": "how is api?"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     fake.until("the read as alice", |f| {
         f.seen().iter().any(|s| {
@@ -872,7 +872,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"users": ["dave", "carol"], "access": "continue"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let r = call(
         reqwest::Method::POST,
@@ -881,7 +881,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"content": "and now?"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 403, "dave may not use the policy");
     let body: Value = r.json().await.unwrap_or_default();
     assert!(
@@ -911,7 +911,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"content": "and now?"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     fake.until("the read as carol", |f| {
         f.seen().iter().any(|s| {
@@ -941,7 +941,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
             Value::Null,
         )
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let s: Value = r.json().await.unwrap_or_default();
         if s["status"] == "idle" {
             break;
@@ -975,7 +975,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"content": "restart api"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let proposal = loop {
@@ -986,7 +986,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
             Value::Null,
         )
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let list: Value = r.json().await.unwrap_or_default();
         if let Some(p) = list["items"].as_array().and_then(|a| a.first()).cloned() {
             break p;
@@ -1008,7 +1008,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         Value::Null,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let list: Value = r.json().await.unwrap_or_default();
     assert_eq!(list["items"], json!([]), "{list}");
     let review = fake
@@ -1032,7 +1032,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"reason": "ok"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let status = r.status().as_u16();
     let text = r.text().await.unwrap_or_default();
     assert_eq!(status, 200, "{text}");
@@ -1044,7 +1044,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
                 && s.path
                     == format!("/apis/kortex.dev/v1alpha1/namespaces/shop/actionproposals/{name}")
         })
-        .unwrap_or_else(|| panic!("no decision patch"));
+        .expect("no decision patch");
     assert_eq!(patch.token, "bob-token", "written as bob, not as Kortex");
     assert_eq!(patch.body["spec"]["decision"]["by"], "bob");
     assert_eq!(patch.body["spec"]["decision"]["reason"], "ok");
@@ -1062,7 +1062,7 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
         fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
             "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
         fake.allow("erin");
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let server = start_run_with(
             &fake,
             dir.path(),
@@ -1084,7 +1084,7 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
             .json(&json!({"name": "incident-1", "namespace": "team-a"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), expected, "from {from}");
         if expected == 201 {
             let s: Value = r.json().await.unwrap_or_default();
@@ -1093,7 +1093,7 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
                 .seen()
                 .into_iter()
                 .rfind(|s| s.path.ends_with("/subjectaccessreviews"))
-                .unwrap_or_else(|| panic!("no review"));
+                .expect("no review");
             assert_eq!(review.body["spec"]["groups"], json!(["sre", "oncall"]));
         }
         assert!(server.terminate().success());
@@ -1112,7 +1112,7 @@ async fn without_the_admission_policy_approved_proposals_are_not_executed() {
         None,
         "kortex-actionproposals",
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (server, names) = pending_restarts(&fake, dir.path(), &["api"]).await;
     let name = names.concat();
 
@@ -1168,7 +1168,7 @@ async fn without_the_admission_policy_approved_proposals_are_not_executed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_execution_holds_up_no_other_proposal() {
     let fake = FakeApi::start().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (server, names) = pending_restarts(&fake, dir.path(), &["stuck", "api"]).await;
     let (stuck, api) = (names[0].clone(), names[1].clone());
     // The stuck Deployment's write never answers (a wedged webhook, say).
@@ -1210,7 +1210,7 @@ async fn an_admission_check_that_fails_for_a_while_delays_an_execution_not_ends_
     const POLICIES: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies";
     let fake = FakeApi::start().await;
     fake.fail(POLICIES, true);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (server, names) = pending_restarts(&fake, dir.path(), &["api"]).await;
     let name = names.concat();
     let bob =
@@ -1265,7 +1265,7 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
         "spec": {"sessions": ["*"], "provider": "gpt",
             "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
     push(
         &script,

@@ -18,9 +18,8 @@ use tokio::sync::watch;
 
 /// Loads manifests written to a temporary folder.
 fn config(dir: &Path, yaml: &str) -> LiveConfig {
-    std::fs::write(dir.join("m.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
-    let mut src = ManifestSource::new(vec![dir.to_path_buf()], Box::new(|_| None))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("m.yaml"), yaml).unwrap();
+    let mut src = ManifestSource::new(vec![dir.to_path_buf()], Box::new(|_| None)).unwrap();
     let now = jiff::Timestamp::now();
     LiveConfig::build(src.load(now), None, now)
 }
@@ -39,8 +38,7 @@ impl Plugins {
         let (config_tx, config_rx) = watch::channel(Arc::new(config));
         let (set_tx, set_rx) = watch::channel(Arc::new(PluginSet::default()));
         let (stop_tx, stop_rx) = watch::channel(false);
-        let host = PluginHost::new(std::sync::Arc::new(kortex::egress::Egress::default()))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let host = PluginHost::new(std::sync::Arc::new(kortex::egress::Egress::default())).unwrap();
         tokio::spawn(kortex::tools::plugins::run(
             config_rx, set_tx, host, stop_rx,
         ));
@@ -188,7 +186,7 @@ fn last_seen(seen: &Mutex<Vec<Seen>>) -> Option<Seen> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_plugin_tools_call_their_endpoint_safely() {
     let (base, seen) = upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &http_manifests(&base));
     // A placeholder in the host is refused when the resource is compiled.
     let hostile = config
@@ -196,7 +194,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         .tools
         .values()
         .find(|t| t.tool_name == "hostile_host")
-        .unwrap_or_else(|| panic!("hostile-host not loaded"));
+        .expect("hostile-host not loaded");
     let accepted = hostile
         .object
         .status
@@ -252,7 +250,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     .await;
     assert!(!out.is_error, "{out:?}");
     assert!(out.content.contains("OPS-1"), "{out:?}");
-    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    let req = last_seen(&seen).expect("no request");
     assert_eq!(req.method, "GET");
     assert_eq!(
         req.target,
@@ -268,7 +266,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     // POST: arguments as a JSON body, the API key in its header.
     let out = call(router, &ctx, "jira_search", json!({"jql": "project = OPS"})).await;
     assert!(!out.is_error, "{out:?}");
-    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    let req = last_seen(&seen).expect("no request");
     assert_eq!(
         (req.method.as_str(), req.target.as_str()),
         ("POST", "/search")
@@ -285,7 +283,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     // Basic auth: user:password split at the first colon.
     let out = call(router, &ctx, "basic", json!({})).await;
     assert!(!out.is_error, "{out:?}");
-    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    let req = last_seen(&seen).expect("no request");
     assert_eq!(req.headers["authorization"], "Basic b3BzOnBhNTU6d29yZA==");
 
     // An upstream that echoes the credentials back never shows them to the model: the
@@ -362,7 +360,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         .await;
     let out = call(&plugins.router, &ctx, "jira_get", json!({"key": "OPS-1"})).await;
     assert!(!out.is_error, "{out:?}");
-    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    let req = last_seen(&seen).expect("no request");
     assert_eq!(req.headers["authorization"], "Bearer tok-789");
 }
 
@@ -405,7 +403,7 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     let Some(server) = mcp_server("s3cret-token") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut plugins = Plugins::start(config(
         dir.path(),
         &mcp_manifests(&server.url, "s3cret-token"),
@@ -502,7 +500,7 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     let lost = |s: &PluginSet| s.discovery.get(&key).is_some_and(|d| d.error.is_some());
     plugins.wait("the lost server reported", lost).await;
     // It comes back on the same address: the tools work again after a reconnect.
-    let _server = mcp_server_on("s3cret-token", port).unwrap_or_else(|| panic!("no server"));
+    let _server = mcp_server_on("s3cret-token", port).expect("no server");
     plugins.wait("the reconnect", |s| !lost(s)).await;
     let out = call(
         &plugins.router,
@@ -523,7 +521,7 @@ async fn mcp_answers_are_read_within_a_bound_and_a_huge_one_fails_alone() {
     let Some(server) = mcp_server("t0ken") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let manifests = format!(
         r#"apiVersion: v1
 kind: Secret

@@ -76,7 +76,7 @@ metadata: {{name: private}}
 spec: {{sessions: ["private-*"], provider: backup, privacy: {{redactSecrets: true, redactPii: true}}}}
 "#
     );
-    std::fs::write(dir.join("policies.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("policies.yaml"), yaml).unwrap();
 }
 
 /// A streamed OpenAI answer of `text` that stopped for `finish` with `completion` tokens.
@@ -290,7 +290,7 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
         .json(&json!({"content": "third"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 429);
     let retry: u64 = r
         .headers()
@@ -334,8 +334,8 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
             .output()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap()
+    .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -468,9 +468,9 @@ async fn policies_fail_over_economize_stay_local_keep_budgets_and_redact() {
     let (primary_url, primary) = mock().await;
     let (backup_url, backup) = mock().await;
     let (cloud_url, cloud) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &primary_url, &backup_url, &cloud_url);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     failover(&server, &primary, &backup).await;

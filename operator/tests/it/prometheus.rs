@@ -21,8 +21,7 @@ impl Setup {
     async fn new() -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (base, seen) = server().await;
-        let prometheus =
-            Prometheus::new(&base, reqwest::Client::new()).unwrap_or_else(|e| panic!("{e}"));
+        let prometheus = Prometheus::new(&base, reqwest::Client::new()).unwrap();
         let db = sqlite().await;
         let ctx = crate::support::tools::tool_context(&db.store, "s").await;
         Self {
@@ -285,8 +284,7 @@ async fn errors_are_upstream_or_validation() {
     }
     assert!(s.take().is_empty(), "invalid calls reach no server");
 
-    let unreachable = Prometheus::new("http://127.0.0.1:1", reqwest::Client::new())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let unreachable = Prometheus::new("http://127.0.0.1:1", reqwest::Client::new()).unwrap();
     let tool = unreachable.tools().remove(0);
     match tool.call(s.ctx.clone(), json!({"query": "up"})).await {
         Err(ToolError::Upstream(m)) => assert!(m.starts_with("prometheus: "), "{m}"),

@@ -52,8 +52,8 @@ async fn llama(log: &std::path::Path) -> Option<Llama> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let log = std::fs::File::create(log).unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
+    let log = std::fs::File::create(log).unwrap();
     let child = Command::new(&python)
         .args(["-m", "llama_cpp.server", "--model", &gguf])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -119,7 +119,7 @@ metadata:
 stringData: {{team: local, key: {KEY}}}
 "#
     );
-    std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 
 /// The official OpenAI SDK against the gateway: a whole answer, a streamed one and a call
@@ -146,12 +146,12 @@ print(json.dumps(out))
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let Some(mut model) = llama(&dir.path().join("llama.log")).await else {
         return;
     };
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &model.url);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
 
@@ -170,7 +170,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         .json(&json!({"content": "Has checkout failed before?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let events = crate::support::chat::read_sse_within(
         r,
@@ -225,8 +225,8 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
             .output()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap()
+    .unwrap();
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -267,7 +267,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         .json(&json!({"content": "Write a long story about a cat named Tom who sails around the world."}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut seen = String::new();
     let mut killed = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -313,7 +313,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
 /// asserted (at temperature 0 it answers off-topic and calls no tool).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kortex_eval_runs_a_starter_scenario_on_a_small_open_model() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let Some(llama) = llama(&dir.path().join("llama.log")).await else {
         return;
     };
@@ -328,10 +328,10 @@ async fn kortex_eval_runs_a_starter_scenario_on_a_small_open_model() {
             .args(["eval", "--scenarios", &scenario, "--manifests", &config])
             .args(["--policy", "default/local", "--timeout", "240s", "--json"])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");

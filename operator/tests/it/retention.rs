@@ -40,7 +40,7 @@ pub async fn columns_containing(url: &str, needle: &str) -> Vec<String> {
         )
         .fetch_all(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .iter()
         .map(|r| r.get::<String, _>("name"))
         .collect();
@@ -51,7 +51,7 @@ pub async fn columns_containing(url: &str, needle: &str) -> Vec<String> {
             )))
             .fetch_all(&pool)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
             out.extend(cols.iter().map(|r| (t.clone(), r.get::<String, _>("name"))));
         }
         out
@@ -62,7 +62,7 @@ pub async fn columns_containing(url: &str, needle: &str) -> Vec<String> {
         )
         .fetch_all(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .iter()
         .map(|r| (r.get::<String, _>("t"), r.get::<String, _>("c")))
         .collect()
@@ -780,9 +780,9 @@ async fn an_admin_erases_a_user_with_one_command() {
     use serde_json::Value;
 
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     let mut yaml = String::new();
     for (user, key, groups) in [
         (ERIN, ERIN_KEY, ""),
@@ -805,7 +805,7 @@ metadata: {{name: all}}
 spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}}}}
 "#
     ));
-    std::fs::write(m.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(m.join("all.yaml"), yaml).unwrap();
     let url = format!("sqlite://{}", dir.path().join("k.db").display());
     let (server, api) = Server::start_keyed(
         &m,
@@ -819,7 +819,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
             .bearer_auth(key)
     };
     let json = |r: reqwest::RequestBuilder| async move {
-        let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+        let r = r.send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json::<Value>().await.unwrap_or_default())
     };
@@ -844,7 +844,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
         .json(&serde_json::json!({"content": "why is checkout slow?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let events = r.text().await.unwrap_or_default();
         assert!(events.contains("completed"), "{events}");
         sessions.push(id);
@@ -890,7 +890,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
     )
     .send()
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 404);
     // An admin may delete Bob's session.
     let r = call(
@@ -900,7 +900,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
     )
     .send()
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     let (status, _) = json(call(
         reqwest::Method::GET,
@@ -917,7 +917,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
             .env_remove("KORTEX_API_KEY")
             .env_remove("KORTEX_SERVER")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     };
     let out = erase();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -1005,7 +1005,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         "metadata": {"name": "short", "namespace": "shop"},
         "spec": {"sessions": ["*"], "provider": "p", "retention": {"failedRuns": "1s", "audit": "7d"}},
     }))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let catalog = compile(
         &ObjectSet {
             policies: vec![policy],
@@ -1043,16 +1043,14 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
             dynamic_tools: json!([]),
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     s.create_run("r1", &session.id, "replica", "someone", None)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     s.append_event(&session.id, Some("r1"), "text.delta", &json!({"text": "x"}))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    s.finish_run("r1", "failed", None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
+    s.finish_run("r1", "failed", None).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
 
     let config = watch::channel(Arc::new(kortex::live::LiveConfig {
@@ -1071,12 +1069,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         Some(leader_rx),
         stop_rx,
     ));
-    let events = || async {
-        s.events_after(&session.id, 0, 10)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .len()
-    };
+    let events = || async { s.events_after(&session.id, 0, 10).await.unwrap().len() };
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(
         events().await,

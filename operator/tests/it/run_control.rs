@@ -51,7 +51,7 @@ metadata: {{name: summarized}}
 spec: {{sessions: ["summed-*"], provider: scripted, models: {{summarize: small}}}}
 "#
     );
-    std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 
 /// `?format=jsonl` gives the same events, with the same ids, as the SSE replay, from any
@@ -59,7 +59,7 @@ spec: {{sessions: ["summed-*"], provider: scripted, models: {{summarize: small}}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_jsonl_export_is_the_sse_replay() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     push(
@@ -86,18 +86,14 @@ async fn the_jsonl_export_is_the_sse_replay() {
             .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
         run_ended,
     )
     .await;
     let export = |query: &'static str| {
         let url = server.url(&format!("/chat/v1/sessions/{id}/events?{query}"));
         async move {
-            let r = http_client()
-                .get(url)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let r = http_client().get(url).send().await.unwrap();
             let status = r.status().as_u16();
             let kind = r
                 .headers()
@@ -202,7 +198,7 @@ async fn start(server: &Server, id: &str, content: &str) -> String {
         .json(&json!({"content": content}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let v: Value = r.json().await.unwrap_or_default();
     v["runId"].as_str().unwrap_or_default().to_owned()
@@ -214,7 +210,7 @@ async fn control(server: &Server, id: &str, run: &str, what: &str, body: Value) 
         .json(&body)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or_default())
 }
@@ -226,7 +222,7 @@ async fn events_until(server: &Server, id: &str, stop: impl Fn(&[Sse]) -> bool) 
             .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
         stop,
     )
     .await
@@ -260,7 +256,7 @@ async fn session_status(server: &Server, id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_run_sends_nothing_until_it_is_resumed() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     script_two_steps(&script, "The database was slow.");
@@ -299,7 +295,7 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
         .json(&json!({"content": "hello?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 409);
 
     let (status, body) = control(&server, &id, &run, "resume", json!({})).await;
@@ -361,7 +357,7 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_join_the_run_once_each_in_order() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     script_two_steps(&script, "Looked at the database and the cache.");
@@ -418,7 +414,7 @@ async fn redirects_join_the_run_once_each_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_survives_a_restart_and_expires() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let db = dir.path().join("k.db");
     let server = Server::start(dir.path(), &db, &[]);
@@ -482,7 +478,7 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
         return;
     };
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let a = Server::start_with_url(dir.path(), &db.url, &[]);
     let b = Server::start_with_url(dir.path(), &db.url, &[]);
@@ -514,7 +510,7 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
         .get(b.url(&format!("/chat/v1/sessions/{id}/events?format=jsonl")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .text()
         .await
         .unwrap_or_default();
@@ -578,7 +574,7 @@ fn result_of(requests: &[Value], call: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let plan = json!({"steps": [
@@ -758,7 +754,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_ups_come_from_the_summarize_model_only() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body: &Value| {
@@ -856,12 +852,11 @@ impl Terminal {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         for pipe in [
-            Box::new(child.stdout.take().unwrap_or_else(|| panic!("stdout")))
-                as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap_or_else(|| panic!("stderr"))),
+            Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().expect("stderr")),
         ] {
             let out = out.clone();
             std::thread::spawn(move || {
@@ -877,7 +872,7 @@ impl Terminal {
                 }
             });
         }
-        let stdin = child.stdin.take().unwrap_or_else(|| panic!("stdin"));
+        let stdin = child.stdin.take().expect("stdin");
         Self { child, stdin, out }
     }
 
@@ -886,7 +881,7 @@ impl Terminal {
         self.stdin
             .write_all(format!("{line}\n").as_bytes())
             .and_then(|()| self.stdin.flush())
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
     }
 
     async fn shown(&self, what: &str) {
@@ -914,7 +909,7 @@ impl Drop for Terminal {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_terminal_client_pauses_redirects_resumes_and_approves_plans() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     script_two_steps(&script, "The database it was.");
@@ -968,7 +963,7 @@ async fn the_terminal_client_pauses_redirects_resumes_and_approves_plans() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewind_supersedes_the_later_steps() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     push(

@@ -37,7 +37,7 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
             r = r.json(&b);
         }
         async move {
-            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let r = r.send().await.unwrap();
             let status = r.status().as_u16();
             (status, r.json::<Value>().await.unwrap_or_default())
         }
@@ -53,7 +53,7 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
                 .json(&json!({"content": format!("question from {key}")}))
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             let status = r.status().as_u16();
             (status, r.text().await.unwrap_or_default())
         }
@@ -185,14 +185,14 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"anything new?\n/quit\n");
         }
-        child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
+        child.wait_with_output().unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -345,7 +345,7 @@ spec: {{sessions: ["chat-*"], provider: gpt}}
             r = r.json(&b);
         }
         async move {
-            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let r = r.send().await.unwrap();
             let status = r.status().as_u16();
             let text = r.text().await.unwrap_or_default();
             (
@@ -364,7 +364,7 @@ spec: {{sessions: ["chat-*"], provider: gpt}}
             .header("accept", "text/event-stream")
             .json(&json!({"content": content}));
         async move {
-            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let r = r.send().await.unwrap();
             assert_eq!(r.status().as_u16(), 202);
             crate::support::chat::read_sse(r, crate::support::chat::run_ended).await
         }

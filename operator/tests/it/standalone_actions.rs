@@ -77,10 +77,10 @@ async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
         fake.apply("deployments", d);
     }
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &fake.url);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -122,7 +122,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = crate::support::server::Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -192,7 +192,7 @@ spec:
         .json(&json!({"reason": "go"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let decided: Value = r.json().await.unwrap_or_default();
     assert_eq!(decided["status"]["phase"], "Executing", "{decided}");
@@ -201,7 +201,7 @@ spec:
     assert_eq!(writes(&fake, "/deployments/api"), 1, "executed once");
     let api = fake
         .get("deployments", "shop", "api")
-        .unwrap_or_else(|| panic!("no deployment"));
+        .expect("no deployment");
     assert!(
         api["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
             .is_string(),
@@ -214,7 +214,7 @@ spec:
         .get(server.url(&format!("/chat/v1/sessions/{session}/events?after=0")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = crate::support::chat::read_sse(r, |got| got.iter().any(told)).await;
     assert!(events.iter().any(told), "the session is told: {events:?}");
     let audit: Value =
@@ -227,7 +227,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{id}/undo")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 409);
     let body: Value = r.json().await.unwrap_or_default();
     assert!(
@@ -276,7 +276,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let done = settled(&client, &server, &id).await;
     assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
     assert_eq!(done["status"]["undo"]["params"]["replicas"], 2, "{done}");
@@ -292,10 +292,10 @@ spec:
         std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
             .args(["proposals", "undo", &asked, "--server", &url])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success() && stdout.contains("undo-") && stdout.contains("Pending"),
@@ -306,7 +306,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{id}/undo")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200, "asking again returns the first");
     let undo: Value = r.json().await.unwrap_or_default();
     assert_eq!(undo["status"]["phase"], "Pending", "{undo}");
@@ -324,7 +324,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{undo_id}/approve")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let done = settled(&client, &server, &undo_id).await;
     assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
     assert_eq!(replicas(&fake), 2);
@@ -340,14 +340,14 @@ spec:
     );
     let mut web = fake
         .get("deployments", "shop", "web")
-        .unwrap_or_else(|| panic!("no deployment"));
+        .expect("no deployment");
     web["spec"]["template"]["spec"]["containers"][0]["image"] = json!("shop/api:5");
     fake.apply("deployments", web);
     let r = client
         .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let done = settled(&client, &server, &id).await;
     assert_eq!(done["status"]["phase"], "Failed", "{done}");
@@ -373,7 +373,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let decided: Value = r.json().await.unwrap_or_default();
     assert_eq!(decided["status"]["phase"], "Approved", "{decided}");
     assert!(

@@ -164,7 +164,7 @@ async fn router_turns_every_failure_into_an_error_result() {
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(audit.len(), 13, "one audit row per call on {}", db.url);
         let text = metrics.render();
         assert!(
@@ -199,7 +199,7 @@ async fn a_slow_tool_produces_one_notice_after_thirty_seconds() {
         )
         .await;
     assert_eq!(outcome.content, "finally");
-    let noticed = rx.recv().await.unwrap_or_else(|| panic!("no notice"));
+    let noticed = rx.recv().await.expect("no notice");
     assert_eq!(noticed.duration_since(started).as_secs(), 30);
     assert!(rx.try_recv().is_err(), "only one notice");
 }

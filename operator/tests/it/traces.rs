@@ -78,8 +78,7 @@ async fn collector() -> (String, Received) {
 
 /// The spans of an OTLP export request.
 fn decode(body: &[u8]) -> Vec<Span> {
-    let request = ExportTraceServiceRequest::decode(body)
-        .unwrap_or_else(|e| panic!("not an OTLP trace export: {e}"));
+    let request = ExportTraceServiceRequest::decode(body).expect("not an OTLP trace export");
     let mut out = Vec::new();
     for rs in request.resource_spans {
         let service = rs
@@ -192,7 +191,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 fn traceparent_of(headers: &axum::http::HeaderMap) -> String {
@@ -215,9 +214,9 @@ struct Setup {
 async fn setup(env: &[(&str, &str)]) -> Setup {
     let (base, script) = mock().await;
     let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &base, &bridge);
     let server = crate::support::server::Server::start(&m, &dir.path().join("k.db"), env);
     push(
@@ -261,7 +260,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .json(&json!({"name": "incident-1"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -273,7 +272,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .json(&json!({"content": "why is checkout failing?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(posted.status(), 202);
     let session =
         crate::support::chat::wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}")))
@@ -406,7 +405,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
     let jira = bridge_calls
         .iter()
         .find(|s| s.target.starts_with("/jira/search"))
-        .unwrap_or_else(|| panic!("the HTTP tool was not called"));
+        .expect("the HTTP tool was not called");
     assert_eq!(
         traceparent_of(&jira.headers),
         format!("00-{TRACE}-{}-01", tool.span_id)
@@ -430,7 +429,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .get(server.url(&format!("/api/v1/audit?session={id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -481,7 +480,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
             "messages": [{"role": "user", "content": "ping"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(answer.status(), 200);
     let body = answer.text().await.unwrap_or_default();
     assert!(body.contains("pong"), "{body}");
@@ -501,7 +500,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .lock()
         .map(|s| s.last().cloned())
         .unwrap_or_default()
-        .unwrap_or_else(|| panic!("the provider saw nothing"));
+        .expect("the provider saw nothing");
     assert_eq!(
         traceparent_of(&last.headers),
         format!("00-{GW_TRACE}-{}-01", call.span_id)
@@ -598,8 +597,8 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
 async fn a_dead_collector_changes_no_outcome() {
     // A port nothing listens on.
     let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-        let a = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
         drop(l);
         format!("http://{a}")
     };
@@ -620,7 +619,7 @@ async fn a_dead_collector_changes_no_outcome() {
         .get(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -640,7 +639,7 @@ async fn a_dead_collector_changes_no_outcome() {
         .json(&json!({"model": "m1", "stream": true, "messages": [{"role": "user", "content": "ping"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(answer.status(), 200);
     // The spans that could not be sent are counted, and the server says why, once.
     crate::support::net::eventually("dropped spans counted", || async {
@@ -665,9 +664,9 @@ async fn an_mcp_server_gets_the_trace_in_meta() {
     };
     let (otlp, spans) = collector().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -698,7 +697,7 @@ spec:
             url = mcp.url
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = crate::support::server::Server::start(
         &m,
         &dir.path().join("k.db"),
@@ -737,7 +736,7 @@ spec:
         .get(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -780,10 +779,8 @@ async fn grpc_collector() -> (String, Received) {
     }
     let spans: Received = Arc::default();
     let service = TraceServiceServer::new(Sink(spans.clone()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let service = service.clone();
@@ -818,7 +815,7 @@ async fn traces_go_over_grpc_when_asked() {
         .json(&json!({"model": "m1", "stream": true, "messages": [{"role": "user", "content": "ping"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(answer.status(), 200);
     let gw = span_named(&spans, GW_TRACE, "POST /v1/chat/completions").await;
     let call = span_named(&spans, GW_TRACE, "chat m1").await;
@@ -836,7 +833,7 @@ async fn cluster_mode_traces_the_leaders_status_writes() {
     let (llm, _script) = mock().await;
     fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let _server = crate::support::server::start_run_with_env(
         &fake,
         dir.path(),

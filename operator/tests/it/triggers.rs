@@ -88,15 +88,13 @@ fn chat_calls(script: &crate::support::provider::Script) -> usize {
 /// A client that sends `key` as its bearer token.
 fn keyed(key: &str) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
-    let value = format!("Bearer {key}")
-        .parse()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let value = format!("Bearer {key}").parse().unwrap();
     headers.insert(reqwest::header::AUTHORIZATION, value);
     let _ = http_client();
     reqwest::Client::builder()
         .default_headers(headers)
         .build()
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// The triggered sessions `key`'s user sees.
@@ -157,11 +155,11 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 async fn start_alertmanager(binary: &str, kortex: &str, key: &str) -> Alertmanager {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("alertmanager.yml");
     std::fs::write(
         &config,
@@ -171,7 +169,7 @@ async fn start_alertmanager(binary: &str, kortex: &str, key: &str) -> Alertmanag
              \x20       http_config:\n          authorization: {{credentials: {key}}}\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let port = free_port();
     let child = std::process::Command::new(binary)
         .arg(format!("--config.file={}", config.display()))
@@ -226,7 +224,7 @@ async fn fire(am: &Alertmanager, pods: &[&str], ends: bool) {
         .json(&alerts)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(
         r.status().is_success(),
         "Alertmanager refused the alerts: {}",
@@ -367,7 +365,7 @@ async fn a_real_alertmanager_pages_kortex_and_the_verdict_reaches_the_channel() 
         .bearer_auth(ALICE_KEY)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events =
         crate::support::chat::read_sse_within(stream, resolved, Duration::from_secs(30)).await;
     assert!(resolved(&events), "no resolved note");
@@ -405,7 +403,7 @@ async fn post(base: &str, key: Option<&str>, body: Vec<u8>) -> (u16, Value) {
     if let Some(key) = key {
         r = r.bearer_auth(key);
     }
-    let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+    let r = r.send().await.unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
@@ -596,13 +594,11 @@ async fn an_accepted_alert_runs_once_after_a_crash() {
         }
     })
     .await;
-    let store = kortex::store::Store::connect(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let store = kortex::store::Store::connect(&db).await.unwrap();
     let stored = store
         .trigger_events("default/incidents", "crashloops", 10)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].state, "run");
     assert!(
@@ -667,7 +663,7 @@ async fn two_replicas_on_postgres_fire_each_schedule_slot_once() {
         .store
         .trigger_events("default/incidents", "health", 100)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let slots: std::collections::BTreeSet<&str> =
         events.iter().map(|e| e.group_key.as_str()).collect();
     assert!(events.len() >= 3, "{} slots in 9 s", events.len());

@@ -69,12 +69,11 @@ pub struct Harness {
 }
 
 pub async fn harness(auth: AuthMode) -> Harness {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.path().join("all.yaml"), MANIFESTS).unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("all.yaml"), MANIFESTS).unwrap();
     let env: kortex::source::EnvLookup =
         Box::new(|name| (name == "TEST_ANTHROPIC_KEY").then(|| "sk-ant-TOPSECRET-123".to_owned()));
-    let mut source =
-        ManifestSource::new(vec![dir.path().to_path_buf()], env).unwrap_or_else(|e| panic!("{e}"));
+    let mut source = ManifestSource::new(vec![dir.path().to_path_buf()], env).unwrap();
     let metrics = Arc::new(Metrics::new());
     let config = live::load(&mut source, None, &metrics);
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));

@@ -40,8 +40,8 @@ pub async fn run_browser(script: &str, env: &[(&str, &str)]) -> Option<std::proc
         tokio::time::timeout(Duration::from_secs(150), run)
             .await
             .unwrap_or_else(|_| panic!("the browser test {script} did not finish in 150 s"))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("node: {e}")),
+            .unwrap()
+            .expect("node"),
     )
 }
 

@@ -20,7 +20,7 @@ pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> V
         .get(url)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default()
@@ -36,7 +36,7 @@ pub async fn post_json(
         .json(body)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default()
@@ -101,7 +101,7 @@ pub async fn session(server: &Server, name: &str) -> String {
         .json(&json!({"name": name}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201, "{name}");
     let v: Value = r.json().await.unwrap_or_default();
     v["id"].as_str().unwrap_or_default().to_owned()
@@ -114,7 +114,7 @@ pub async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
         .json(&json!({"content": content}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     read_sse(r, run_ended).await
 }
@@ -157,7 +157,7 @@ pub async fn chat_once(
         .json(&session)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -170,7 +170,7 @@ pub async fn chat_once(
         .json(&json!({"content": content}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     wait_idle(client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
     id
 }
@@ -182,7 +182,7 @@ pub async fn wait_idle(client: &reqwest::Client, url: &str) -> Value {
             .get(url)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .json()
             .await
             .unwrap_or_default();

@@ -52,10 +52,10 @@ impl Drop for TestDb {
 }
 
 pub async fn sqlite() -> TestDb {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("sqlite://{}", dir.path().join("kortex.db").display());
-    let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
-    store.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+    let store = Store::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
     TestDb {
         store,
         url,
@@ -84,12 +84,12 @@ pub async fn postgres() -> Option<TestDb> {
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&admin_pool)
         .await
-        .unwrap_or_else(|e| panic!("create database: {e}"));
+        .expect("create database");
     admin_pool.close().await;
     let base = admin.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin);
     let url = format!("{base}/{name}");
-    let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
-    store.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+    let store = Store::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
     Some(TestDb {
         store,
         url,

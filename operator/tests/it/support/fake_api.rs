@@ -655,12 +655,11 @@ pub fn condition(object: &Option<Value>, type_: &str) -> Option<(String, String)
 
 /// `config/admission/policy.yaml` (policy and binding) trusting `user`.
 pub fn admission_policy(user: &str) -> (Value, Value) {
-    let text = std::fs::read_to_string(root().join("config/admission/policy.yaml"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(root().join("config/admission/policy.yaml")).unwrap();
     let text = text.replace("system:serviceaccount:kortex:kortex", user);
     let mut docs = text
         .split("\n---\n")
-        .map(|d| serde_saphyr::from_str::<Value>(d).unwrap_or_else(|e| panic!("{e}")));
+        .map(|d| serde_saphyr::from_str::<Value>(d).unwrap());
     let policy = docs.next().unwrap_or_default();
     let binding = docs.next().unwrap_or_default();
     (policy, binding)
@@ -707,6 +706,6 @@ pub fn write_kubeconfig_as(
             "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: {token}}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: shop}}}}]\ncurrent-context: c\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     path
 }

@@ -22,15 +22,15 @@ pub fn chat_key_secret(user: &str, key: &str, groups: &str) -> String {
 /// A manifest folder (`<dir>/m`) holding a chat key for each `(user, key, groups)` and then
 /// `yaml`, and the URL of a SQLite database beside it: what a key-mode server starts from.
 pub fn keyed_manifests(users: &[(&str, &str, &str)], yaml: &str) -> (tempfile::TempDir, String) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     let mut all: String = users
         .iter()
         .map(|(user, key, groups)| chat_key_secret(user, key, groups))
         .collect();
     all.push_str(yaml);
-    std::fs::write(m.join("all.yaml"), all).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(m.join("all.yaml"), all).unwrap();
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
     (dir, db)
 }

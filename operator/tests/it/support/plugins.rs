@@ -125,7 +125,7 @@ pub fn mcp_server_on(token: &str, port: u16) -> Option<McpServer> {
         .stderr(std::process::Stdio::inherit())
         .spawn()
         .unwrap_or_else(|e| panic!("{python}: {e}"));
-    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let stdout = child.stdout.take().expect("no stdout");
     let mut line = String::new();
     let _ = BufReader::new(stdout).read_line(&mut line);
     let port = line

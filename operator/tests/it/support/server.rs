@@ -87,7 +87,7 @@ impl Server {
             cmd.env(k, v);
         }
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
-        let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+        let stderr = child.stderr.take().expect("no stderr");
         let log = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let log2 = log.clone();
@@ -251,8 +251,8 @@ pub async fn kubectl_kortex(kubeconfig: &std::path::Path, args: &[&str]) -> (boo
             .output()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
-    .unwrap_or_else(|e| panic!("kubectl-kortex: {e}"));
+    .unwrap()
+    .expect("kubectl-kortex");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

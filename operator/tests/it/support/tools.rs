@@ -11,7 +11,7 @@ pub fn tool_policy(tools: serde_json::Value) -> kortex::catalog::PolicyEntry {
             "metadata": {"name": "p", "namespace": "default"},
             "spec": {"sessions": ["*"], "provider": "x", "tools": tools}}),
         )
-        .unwrap_or_else(|e| panic!("{e}")),
+        .unwrap(),
         available: true,
         notify: Vec::new(),
         triggers: Vec::new(),
@@ -29,7 +29,7 @@ pub async fn tool_context(store: &Store, name: &str) -> kortex::tools::ToolConte
             dynamic_tools: serde_json::json!([]),
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     kortex::tools::ToolContext {
         store: store.clone(),
         session,
