@@ -1,8 +1,9 @@
 //! The chat API end to end: the real binary, a wire-format provider server, SQLite and
 //! PostgreSQL.
 
-use crate::support::chat::{Sse, get_json, post_json, read_sse, run_ended};
+use crate::support::chat::{Sse, ask, get_json, post_json, post_message, read_sse, run_ended};
 use crate::support::db::postgres;
+use crate::support::manifests::manifest_dir;
 use crate::support::net::http_client;
 use crate::support::provider::{json_reply, mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -56,15 +57,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
             (d.text_stream)(&["The api ", "pods are ", "OOMKilled."]),
         ),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "why is api down?"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202);
-    let events = read_sse(r, run_ended).await;
+    let events = ask(&server, &id, "why is api down?").await;
     let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(kinds.first(), Some(&"run.lifecycle"), "{kinds:?}");
     assert!(kinds.contains(&"step.boundary"), "{kinds:?}");
@@ -212,12 +205,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
             ..streamed(&d, (d.text_stream)(&["slow"])[..2].to_vec())
         },
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "again"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &id, "again").await;
     assert_eq!(r.status().as_u16(), 202);
     let run: Value = r.json().await.unwrap_or_default();
     let calls_before = seen.len();
@@ -229,12 +217,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "more"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &id, "more").await;
     assert_eq!(r.status().as_u16(), 409);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "session_busy");
@@ -267,14 +250,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
             &json!({"error": {"message": "Incorrect API key provided"}}),
         ),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "and now?"}))
-        .send()
-        .await
-        .unwrap();
-    let events = read_sse(r, run_ended).await;
+    let events = ask(&server, &id, "and now?").await;
     let error = events
         .iter()
         .find(|e| e.event == "error")
@@ -296,12 +272,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
     let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "failed");
     push(script, streamed(&d, (d.text_stream)(&["back"])));
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "retry"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &id, "retry").await;
     assert_eq!(
         r.status().as_u16(),
         202,
@@ -365,14 +336,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
             ]),
         ),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "show me the dashboard"}))
-        .send()
-        .await
-        .unwrap();
-    let events = read_sse(r, run_ended).await;
+    let events = ask(&server, &id, "show me the dashboard").await;
     let last = events.last().cloned().expect("no events");
     assert_eq!(last.data["state"], "requires_action", "{events:?}");
     let starts: Vec<&str> = events
@@ -486,14 +450,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
             (d.tools_stream)(&[("call_5", "open_url", r#"{"url": "https://x"}"#)]),
         ),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "open it again"}))
-        .send()
-        .await
-        .unwrap();
-    let events = read_sse(r, run_ended).await;
+    let events = ask(&server, &id, "open it again").await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("requires_action"))
@@ -559,14 +516,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         script,
         streamed(&d, (d.text_stream)(&["I proposed a restart."])),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "fix the api"}))
-        .send()
-        .await
-        .unwrap();
-    let events = read_sse(r, run_ended).await;
+    let events = ask(&server, &id, "fix the api").await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("completed")),
@@ -676,14 +626,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         script,
         streamed(&d, (d.text_stream)(&["Waiting for approval."])),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "restart it"}))
-        .send()
-        .await
-        .unwrap();
-    let events = read_sse(r, run_ended).await;
+    let events = ask(&server, &id, "restart it").await;
     let pid = events
         .iter()
         .find(|e| e.event == "proposal.created")
@@ -738,14 +681,7 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::support::pr
             ),
         );
     }
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "dig"}))
-        .send()
-        .await
-        .unwrap();
-    let events = read_sse(r, run_ended).await;
+    let events = ask(&server, &id, "dig").await;
     assert_eq!(
         events.iter().filter(|e| e.event == "step.boundary").count(),
         3,
@@ -872,9 +808,7 @@ async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::support::p
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     all_scenarios(server, &script).await;

@@ -4,7 +4,8 @@
 //! Kortex's, through this replica's `/mcp`; every call is the run's own — stored, announced,
 //! audited — and a built-in tool the model asks for never runs.
 
-use crate::support::chat::{ask, get_json, session, state, text};
+use crate::support::chat::{ask, get_json, post_message, session, state, text};
+use crate::support::manifests::manifest_dir;
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::messages_answer;
 use crate::support::server::Server;
@@ -213,9 +214,7 @@ stringData: {{team: ops, key: {GATEWAY_KEY}}}
 }
 
 fn start(command: &str, base: &str, key: &str) -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, command, base, key);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     (server, dir)
@@ -494,12 +493,7 @@ async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
             .count()
     };
     let client = http_client();
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "Has checkout failed before? Take it slowly."}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &id, "Has checkout failed before? Take it slowly.").await;
     assert_eq!(r.status().as_u16(), 202);
     let run = r.json::<Value>().await.unwrap_or_default()["runId"]
         .as_str()
@@ -913,9 +907,7 @@ async fn a_claude_code_turn_that_opens_with_a_kortex_tool_call_completes() {
     let Some(claude) = claude() else { return };
     let (base, _seen) = opener().await;
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
         provider_yaml(&claude, &base, KEY, "15s"),

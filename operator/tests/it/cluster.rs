@@ -3,6 +3,7 @@
 //! `kortex serve --kubeconfig` in a chat.
 
 use crate::support::canned_api::{fake_api_server, status};
+use crate::support::chat::{open_session, post_message};
 use crate::support::db::sqlite;
 use crate::support::fake_api::write_kubeconfig;
 use axum::body::Body;
@@ -463,22 +464,8 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         streamed(&d, (d.text_stream)(&["The database times out."])),
     );
     let client = crate::support::net::http_client();
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-logs"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "why is checkout crashing?"}))
-        .send()
-        .await
-        .unwrap();
+    let id = open_session(&server, json!({"name": "incident-logs"})).await;
+    let r = post_message(&server, &id, "why is checkout crashing?").await;
     assert_eq!(r.status().as_u16(), 202);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let tool_message = loop {

@@ -4,6 +4,7 @@
 //! unless `KORTEX_REQUIRE_BROWSER=1` (the test script sets it after installing them).
 
 use crate::support::browser::{passed, run_browser, screenshots};
+use crate::support::manifests::manifest_dir;
 use crate::support::provider::{Reply, mock, openai, openai_chunk, streamed};
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -96,9 +97,7 @@ spec:
 async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let m = m.display().to_string();

@@ -4,6 +4,7 @@
 //! memory with an endless answer.
 
 use crate::support::chat::{Sse, get_json, run_ended};
+use crate::support::manifests::manifest_dir;
 use crate::support::net::http_client;
 use crate::support::provider::{Reply, mock, openai, push, streamed, tool_calls};
 use axum::extract::State;
@@ -102,9 +103,7 @@ async fn no_resource_can_reach_kortex_itself_speak_as_someone_or_flood_it() {
     let (elsewhere, elsewhere_seen) = mock().await;
     let redirect = redirector(format!("{elsewhere}/v1/chat/completions")).await;
     let (flood, flood_script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     let provider = |name: &str, url: &str| {
         format!(
             "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: {name}}}\nspec: {{type: openai-compatible, baseUrl: \"{url}/v1\", defaultModel: m1, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: {name}}}\nspec: {{sessions: [\"{name}-*\"], provider: {name}}}\n---\n"

@@ -5,6 +5,7 @@
 //! `--record` then `GET /api/v1/evals`; `eval record` round-trips a real session; and the
 //! starter suite in `evals/` loads and its recordings answer the calls they expect.
 
+use crate::support::chat::open_session;
 use crate::support::provider::{mock, openai, streamed};
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -466,16 +467,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
     config(dir.path(), &llm);
     let server = Server::start(&dir.path().join("config"), &dir.path().join("k.db"), &[]);
     let client = crate::support::net::http_client();
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-checkout"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    let id = open_session(&server, json!({"name": "incident-checkout"})).await;
     // A question with an API-key-looking string in it: recorded redacted.
     let r = client
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))

@@ -1,6 +1,7 @@
 //! Faults injected from outside into the real binary and real servers (docs/reliability.md).
 
-use crate::support::chat::{ask, session, state};
+use crate::support::chat::{ask, post_message, session, state};
+use crate::support::manifests::manifest_dir;
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -143,9 +144,7 @@ async fn on_own_postgres() -> Option<(
 )> {
     let pg = own_postgres()?;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, "");
     let server = Server::start_with_url(&m, &pg.url(), &[]);
     Some((pg, server, script, dir))
@@ -234,9 +233,7 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
         return;
     };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (_dir, m) = manifest_dir();
     manifests_with(
         &m,
         &base,
@@ -300,12 +297,7 @@ async fn postgres_stopped_during_a_run() {
     push(&script, slow);
     let id = session(&server, "s-1").await;
     let client = http_client();
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "a question"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &id, "a question").await;
     assert_eq!(r.status().as_u16(), 202);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     pg.down();
@@ -481,9 +473,7 @@ async fn sqlite_on_a_full_disk() {
         return;
     };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (_dir, m) = manifest_dir();
     manifests(&m, &base, "");
     let db = disk.path().join("k.db");
     let server = Server::start_with_args(&m, &db, &[]);
@@ -572,9 +562,7 @@ async fn sqlite_on_a_full_disk() {
 async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let (base, script) = mock().await;
     let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     // A priced model under a daily limit: every call reserves budget first.
     manifests_with(
         &m,
@@ -721,9 +709,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_deleted_while_in_use_then_restored() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, ", apiKeySecretRef: {name: keys, key: model}");
     let secret = m.join("secret.yaml");
     let secret_yaml =

@@ -6,6 +6,7 @@
 //! and in the session); `providers check` fails with the fix. Then the local model becomes
 //! reachable: the banners go and the question is answered.
 
+use crate::support::chat::open_session;
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, ollama, streamed};
 use crate::support::server::Server;
@@ -121,16 +122,7 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
 
     // A question fails at once, saying what to do, and nothing is sent to Ollama.
     let client = http_client();
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    let id = open_session(&server, json!({"name": "incident-1"})).await;
     let events = ask(&server, &id, "Why is checkout down?").await;
     let error = events
         .iter()

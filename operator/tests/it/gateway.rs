@@ -3,6 +3,7 @@
 //! streaming, tool calls, JSON-schema output, models, an unknown model, a bad key and an
 //! exhausted budget — then usage per team and what reached the upstream.
 
+use crate::support::manifests::manifest_dir;
 use crate::support::net::http_client;
 use crate::support::provider::{Reply, mock, openai, streamed};
 use crate::support::server::Server;
@@ -118,9 +119,7 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
     }
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let url = server.url("");

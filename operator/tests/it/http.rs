@@ -2,7 +2,7 @@
 //! (`support::app::MANIFESTS`) and SQLite.
 
 use crate::support::app::{Harness, call, harness};
-use crate::support::db::sqlite;
+use crate::support::db::{proposal, sqlite};
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use kortex::http::auth::AuthMode;
@@ -40,32 +40,19 @@ async fn pending_proposal(
     session_id: Option<String>,
     rationale: &str,
 ) {
-    let now = kortex::store::now_ms();
     let record = kortex::store::ProposalRecord {
         id: id.into(),
-        name: format!("restart-api-{id}"),
         namespace: "team-a".into(),
-        session_id,
         session_name: "incident-9".into(),
-        user: user.into(),
         policy: Some("team-a/default".into()),
-        action: "restart".into(),
-        target: None,
-        params: None,
         rationale: rationale.into(),
-        blast_radius: None,
         reversible: None,
-        provider: None,
-        model: None,
-        phase: "Pending".into(),
-        decision: None,
-        message: None,
-        preview: None,
-        undo: None,
-        expires_at: now + 600_000,
-        created_at: now,
-        updated_at: now,
-        version: 1,
+        ..proposal(
+            session_id.as_deref(),
+            user,
+            &format!("restart-api-{id}"),
+            "Pending",
+        )
     };
     h.db.store.insert_proposal(&record).await.unwrap();
 }

@@ -4,7 +4,7 @@
 //! events and rollout history, compares a metric with its baseline, finds a similar past
 //! incident, calls a Jira-like HTTP tool and an MCP server's tool — and never sees a Secret.
 
-use crate::support::chat::{chat_once, wait_idle};
+use crate::support::chat::{chat_once, open_session, post_message, wait_idle};
 use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -196,22 +196,8 @@ spec:
             ]))
         }));
     }
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-checkout"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "checkout keeps crashing, why?"}))
-        .send()
-        .await
-        .unwrap();
+    let id = open_session(&server, json!({"name": "incident-checkout"})).await;
+    post_message(&server, &id, "checkout keeps crashing, why?").await;
     let s = wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
     let messages = s["messages"].as_array().cloned().unwrap_or_default();
     let result = |call: &str| -> Value {

@@ -3,6 +3,7 @@
 //! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
 
 use crate::support::chat::{ask, session, state};
+use crate::support::manifests::manifest_dir;
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -33,9 +34,7 @@ spec: {{sessions: ["*"], provider: model, budget: {budget}}}
 
 /// `kortex serve` with `args` on a fresh SQLite database and the provider at `base`.
 fn start(base: &str, budget: &str, args: &[&str]) -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, base, budget);
     let server = Server::start_with_args(&m, &dir.path().join("k.db"), args);
     (server, dir)
@@ -488,9 +487,7 @@ async fn a_client_that_never_reads_its_stream_costs_bounded_memory() {
 async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
     let (base, script) = mock().await;
     let (bridge, _) = crate::support::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, "{}");
     std::fs::write(
         m.join("tool.yaml"),
@@ -581,9 +578,7 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_deletes_a_failed_runs_events_at_the_next_pass() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, "{}");
     let db = dir.path().join("k.db");
     let server = Server::start_with_args(&m, &db, &[]);

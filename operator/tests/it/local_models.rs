@@ -5,6 +5,7 @@
 use crate::support::chat::{
     ask, get_json, notices, provider_usage, session, state, text, until_listed,
 };
+use crate::support::manifests::manifest_dir;
 use crate::support::net::http_client;
 use crate::support::provider::{mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -43,9 +44,7 @@ stringData: {{team: local, key: {KEY}}}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();
@@ -225,9 +224,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
             ),
         );
     }
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     let write = |models: &str| {
         manifests(&m, &base);
         let path = m.join("all.yaml");
@@ -277,9 +274,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();
@@ -312,9 +307,7 @@ async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();

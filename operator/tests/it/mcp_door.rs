@@ -4,6 +4,7 @@
 //! without credentials, from a wrong origin, of another user's session and of malformed
 //! messages; Kortex's own MCP client against another Kortex.
 
+use crate::support::manifests::manifest_dir;
 use crate::support::net::{eventually, http_client};
 use crate::support::plugins::python_with_mcp as python;
 use crate::support::provider::messages_answer;
@@ -159,9 +160,7 @@ impl Setup {
 async fn setup() -> Option<(Setup, String)> {
     let python = python()?;
     let upstream = crate::support::plugins::mcp_server(MCP_TOKEN)?;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
         manifests(&upstream.url, "grafana__fail"),
@@ -843,9 +842,7 @@ async fn tool_guides_are_bounded_by_the_schema() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_session_goes_on_at_another_replica() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("p.yaml"),
         r#"apiVersion: kortex.dev/v1alpha1

@@ -2,7 +2,8 @@
 //! policy's webhooks — Kortex's JSON envelope, signed, and Slack's format — through the
 //! outbox, after retries when the receiver fails, once per delivery id.
 
-use crate::support::chat::{read_sse, run_ended};
+use crate::support::chat::{ask, open_session};
+use crate::support::manifests::manifest_dir;
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, openai, push, streamed};
 use crate::support::receiver::{receiver, slow_receiver};
@@ -21,9 +22,7 @@ fn header(h: &axum::http::HeaderMap, name: &str) -> String {
 /// A manifest folder `m` in a new temp dir: the LLMProvider `gpt` at `base` and the
 /// ChatPolicy `incidents` for every session, with `policy` (YAML lines under its `spec:`).
 fn policy_manifests(base: &str, policy: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     write_policy(&m, base, policy);
     dir
 }
@@ -59,9 +58,7 @@ async fn a_proposal_reaches_its_webhooks_signed_and_after_retries() {
     let (base, script) = mock().await;
     let json_hook = receiver(2).await;
     let slack_hook = receiver(0).await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -117,24 +114,8 @@ spec:
         &script,
         streamed(&d, (d.text_stream)(&["I proposed a restart."])),
     );
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default();
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "fix the api"}))
-        .send()
-        .await
-        .unwrap();
-    let events = read_sse(r, run_ended).await;
+    let id = open_session(&server, json!({"name": "incident-1"})).await;
+    let events = ask(&server, &id, "fix the api").await;
     let proposal = events
         .iter()
         .find(|e| e.event == "proposal.created")

@@ -2,6 +2,7 @@
 //! the real wire protocol the kube client uses and records every request, so the tests
 //! assert the exact writes the operator makes.
 
+use crate::support::chat::post_message;
 use crate::support::fake_api::{
     FakeApi, Seen, base64, condition, deployment, phase, proposal_named, provider, secret,
     status_patches,
@@ -351,12 +352,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         .unwrap_or_else(|| panic!("{session}"))
         .to_owned();
     for content in ["api is stuck, restart it", "and scale it to 5"] {
-        client
-            .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-            .json(&json!({"content": content}))
-            .send()
-            .await
-            .unwrap();
+        post_message(&server, &id, content).await;
         wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -545,12 +541,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         &script,
         streamed(&openai(), (openai().text_stream)(&["Proposed."])),
     );
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "give it 3 replicas"}))
-        .send()
-        .await
-        .unwrap();
+    post_message(&server, &id, "give it 3 replicas").await;
     fake.until("a third proposal", |f| f.list("actionproposals").len() == 3)
         .await;
     let third = fake

@@ -4,6 +4,7 @@
 //! with a message naming them, and redaction of everything sent to a provider.
 
 use crate::support::chat::{ask, get_json, notices, session, state, text};
+use crate::support::manifests::manifest_dir;
 use crate::support::net::http_client;
 use crate::support::provider::{
     Reply, Script, json_reply, mock, openai, openai_chunk, push, streamed,
@@ -468,9 +469,7 @@ async fn policies_fail_over_economize_stay_local_keep_budgets_and_redact() {
     let (primary_url, primary) = mock().await;
     let (backup_url, backup) = mock().await;
     let (cloud_url, cloud) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &primary_url, &backup_url, &cloud_url);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     failover(&server, &primary, &backup).await;

@@ -2,7 +2,8 @@
 //! SQLite and PostgreSQL databases, with time moved by the test (each pass is asked "as of"
 //! days ahead), and erasure on the real binary.
 
-use crate::support::db::{all_dbs, proposal};
+use crate::support::db::{all_dbs, message, new_session, proposal};
+use crate::support::manifests::manifest_dir;
 use kortex::store::retention::{Governs, Scope, Windows};
 use kortex::store::*;
 use serde_json::json;
@@ -105,15 +106,9 @@ async fn retention_deletes_what_its_windows_no_longer_keep() {
         let s = &db.store;
         let fail = |e: StoreError| -> ! { panic!("{}: {e}", db.url) };
         let session = |name: &'static str| async move {
-            s.create_session(&NewSession {
-                name: name.into(),
-                namespace: "default".into(),
-                user: "alice".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap_or_else(|e| fail(e))
+            s.create_session(&new_session("alice", name))
+                .await
+                .unwrap_or_else(|e| fail(e))
         };
         // A session with a completed run and a failed one, a message and a stored result.
         let used = session("used").await;
@@ -134,16 +129,9 @@ async fn retention_deletes_what_its_windows_no_longer_keep() {
                 .await
                 .unwrap_or_else(|e| fail(e));
         }
-        s.append_message(
-            &used.id,
-            &NewMessage {
-                role: "user".into(),
-                content: "hi".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| fail(e));
+        s.append_message(&used.id, &message("user", "hi"))
+            .await
+            .unwrap_or_else(|e| fail(e));
         s.put_tool_result(&used.id, "c1", "get_logs", "long")
             .await
             .unwrap_or_else(|e| fail(e));
@@ -412,13 +400,7 @@ async fn past_the_size_cap_a_users_oldest_sessions_go_first() {
             ("bob", "only"),
         ] {
             let session = s
-                .create_session(&NewSession {
-                    name: name.into(),
-                    namespace: "default".into(),
-                    user: user.into(),
-                    policy: None,
-                    dynamic_tools: json!([]),
-                })
+                .create_session(&new_session(user, name))
                 .await
                 .unwrap_or_else(|e| fail(e));
             s.append_message(
@@ -564,11 +546,7 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
             .unwrap_or_else(|e| fail(e));
         s.append_message(
             &bob.id,
-            &NewMessage {
-                role: "assistant".into(),
-                content: format!("The restart was approved by {ERIN}."),
-                ..Default::default()
-            },
+            &message("assistant", format!("The restart was approved by {ERIN}.")),
         )
         .await
         .unwrap_or_else(|e| fail(e));
@@ -780,9 +758,7 @@ async fn an_admin_erases_a_user_with_one_command() {
     use serde_json::Value;
 
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     let mut yaml = String::new();
     for (user, key, groups) in [
         (ERIN, ERIN_KEY, ""),

@@ -1,6 +1,6 @@
 //! The repository layer against real SQLite and PostgreSQL databases.
 
-use crate::support::db::all_dbs;
+use crate::support::db::{all_dbs, message, new_session};
 use kortex::store::*;
 use serde_json::json;
 
@@ -61,22 +61,9 @@ async fn sessions_are_private_and_soft_deleted() {
 async fn messages_keep_order_tool_calls_and_error_flags() {
     for db in all_dbs().await {
         let s = &db.store;
-        let session = s
-            .create_session(&NewSession {
-                name: "x".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap();
+        let session = s.create_session(&new_session("u", "x")).await.unwrap();
         let msgs = [
-            NewMessage {
-                role: "user".into(),
-                content: "why is api down?".into(),
-                ..Default::default()
-            },
+            message("user", "why is api down?"),
             NewMessage {
                 role: "assistant".into(),
                 content: "".into(),
@@ -122,16 +109,7 @@ async fn messages_keep_order_tool_calls_and_error_flags() {
 async fn event_pages_are_bounded_by_size() {
     for db in all_dbs().await {
         let s = db.store.clone();
-        let session = s
-            .create_session(&NewSession {
-                name: "big".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap();
+        let session = s.create_session(&new_session("u", "big")).await.unwrap();
         let text = "y".repeat(300 << 10);
         for _ in 0..6 {
             s.append_event(
@@ -175,16 +153,7 @@ async fn event_pages_are_bounded_by_size() {
 async fn event_sequence_numbers_are_gapless_under_concurrency() {
     for db in all_dbs().await {
         let s = db.store.clone();
-        let session = s
-            .create_session(&NewSession {
-                name: "x".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap();
+        let session = s.create_session(&new_session("u", "x")).await.unwrap();
         let mut tasks = Vec::new();
         for i in 0..20 {
             let s = s.clone();
@@ -230,25 +199,10 @@ async fn concurrent_writers_never_see_a_locked_database() {
         for w in 0..16 {
             let s = db.store.clone();
             tasks.push(tokio::spawn(async move {
-                let session = s
-                    .create_session(&NewSession {
-                        name: format!("w{w}"),
-                        namespace: "default".into(),
-                        user: "u".into(),
-                        policy: None,
-                        dynamic_tools: json!([]),
-                    })
-                    .await?;
+                let session = s.create_session(&new_session("u", format!("w{w}"))).await?;
                 for i in 0..40 {
-                    s.append_message(
-                        &session.id,
-                        &NewMessage {
-                            role: "user".into(),
-                            content: format!("message {i}"),
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
+                    s.append_message(&session.id, &message("user", format!("message {i}")))
+                        .await?;
                 }
                 s.list_messages(&session.id).await.map(|m| m.len())
             }));
@@ -563,16 +517,7 @@ async fn migrations_are_idempotent_and_the_database_file_is_created() {
 async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
     for db in all_dbs().await {
         let s = &db.store;
-        let session = s
-            .create_session(&NewSession {
-                name: "x".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap();
+        let session = s.create_session(&new_session("u", "x")).await.unwrap();
         // A replica started a run, the model called a tool, then the replica died.
         assert!(
             s.transition_session(&session.id, &["idle"], "running")
@@ -582,16 +527,9 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
         s.create_run("run-1", &session.id, "dead-replica", "someone", None)
             .await
             .unwrap();
-        s.append_message(
-            &session.id,
-            &NewMessage {
-                role: "user".into(),
-                content: "q".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+        s.append_message(&session.id, &message("user", "q"))
+            .await
+            .unwrap();
         s.append_message(
             &session.id,
             &NewMessage {
@@ -660,25 +598,14 @@ async fn past_incidents_are_found_by_every_word() {
                 "The new image raised memory use; rolling back fixed it.",
             ),
         ] {
-            s.append_message(
-                &old.id,
-                &NewMessage {
-                    role: role.into(),
-                    content: content.into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+            s.append_message(&old.id, &message(role, content))
+                .await
+                .unwrap();
         }
         let unrelated = s.create_session(&session("capacity-review")).await.unwrap();
         s.append_message(
             &unrelated.id,
-            &NewMessage {
-                role: "user".into(),
-                content: "how much memory does search use? 100%_of it".into(),
-                ..Default::default()
-            },
+            &message("user", "how much memory does search use? 100%_of it"),
         )
         .await
         .unwrap();
@@ -788,23 +715,16 @@ async fn past_incidents_are_found_by_every_word() {
 async fn sessions_are_found_by_name_title_and_text_and_renamed_by_their_owner() {
     for db in all_dbs().await {
         let s = &db.store;
-        let new = |user: &str, name: &str| NewSession {
-            name: name.into(),
-            namespace: "default".into(),
-            user: user.into(),
-            policy: None,
-            dynamic_tools: json!([]),
-        };
         let oom = s
-            .create_session(&new("alice", "incident-checkout"))
+            .create_session(&new_session("alice", "incident-checkout"))
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", db.url));
         let disk = s
-            .create_session(&new("alice", "incident-disk"))
+            .create_session(&new_session("alice", "incident-disk"))
             .await
             .unwrap();
         let bobs = s
-            .create_session(&new("bob", "incident-checkout-bob"))
+            .create_session(&new_session("bob", "incident-checkout-bob"))
             .await
             .unwrap();
         for (session, text) in [
@@ -812,16 +732,9 @@ async fn sessions_are_found_by_name_title_and_text_and_renamed_by_their_owner() 
             (&disk, "the volume is 100% full"),
             (&bobs, "OOMKilled here too"),
         ] {
-            s.append_message(
-                &session.id,
-                &kortex::store::NewMessage {
-                    role: "user".into(),
-                    content: text.into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+            s.append_message(&session.id, &message("user", text))
+                .await
+                .unwrap();
         }
         let names = |found: Vec<kortex::store::SessionRecord>| -> Vec<String> {
             found.into_iter().map(|x| x.name).collect()

@@ -5,7 +5,8 @@
 //! then redacted; the trace id reaches the provider, the HTTP plugin, the audit rows, the
 //! session JSON and the latency histograms' exemplars. A dead collector changes nothing.
 
-use crate::support::chat::chat_once;
+use crate::support::chat::{chat_once, open_session};
+use crate::support::manifests::manifest_dir;
 use crate::support::provider::{mock, openai, push, streamed, tool_calls};
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -214,9 +215,7 @@ struct Setup {
 async fn setup(env: &[(&str, &str)]) -> Setup {
     let (base, script) = mock().await;
     let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, &bridge);
     let server = crate::support::server::Server::start(&m, &dir.path().join("k.db"), env);
     push(
@@ -255,16 +254,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
     let client = crate::support::net::http_client();
 
     // A chat run with one tool call, started by a caller that sends its own traceparent.
-    let created: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-1"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = created["id"].as_str().unwrap_or_default().to_owned();
+    let id = open_session(&server, json!({"name": "incident-1"})).await;
     let posted = client
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
         .header("traceparent", format!("00-{TRACE}-{CALLER_SPAN}-01"))
@@ -664,9 +654,7 @@ async fn an_mcp_server_gets_the_trace_in_meta() {
     };
     let (otlp, spans) = collector().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
         format!(

@@ -95,16 +95,33 @@ pub fn run_ended(events: &[Sse]) -> bool {
     })
 }
 
+/// Opens the session `name`; its id.
 pub async fn session(server: &Server, name: &str) -> String {
+    open_session(server, json!({"name": name})).await
+}
+
+/// Opens a session described by `body` (its `name`, `namespace`...); its id.
+pub async fn open_session(server: &Server, body: Value) -> String {
     let r = http_client()
         .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": name}))
+        .json(&body)
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 201, "{name}");
+    assert_eq!(r.status().as_u16(), 201, "{body}");
     let v: Value = r.json().await.unwrap_or_default();
     v["id"].as_str().unwrap_or_default().to_owned()
+}
+
+/// Posts `content` to session `id` without waiting for the run: the response (202 and the
+/// run's id, or why not).
+pub async fn post_message(server: &Server, id: &str, content: &str) -> reqwest::Response {
+    http_client()
+        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
+        .json(&json!({"content": content}))
+        .send()
+        .await
+        .unwrap()
 }
 
 pub async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
@@ -152,25 +169,8 @@ pub async fn chat_once(
     session: Value,
     content: &str,
 ) -> String {
-    let created: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&session)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = created["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no session: {created}"))
-        .to_owned();
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": content}))
-        .send()
-        .await
-        .unwrap();
+    let id = open_session(server, session).await;
+    post_message(server, &id, content).await;
     wait_idle(client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
     id
 }

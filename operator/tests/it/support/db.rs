@@ -1,7 +1,7 @@
 //! Databases for tests: SQLite always, PostgreSQL when configured (each test gets a fresh
 //! one, dropped at the end), and rows to put in them.
 
-use kortex::store::{ProposalRecord, Store, new_id, now_ms};
+use kortex::store::{NewMessage, NewSession, ProposalRecord, Store, new_id, now_ms};
 
 /// Environment variable with an admin URL of a PostgreSQL server for tests; each test gets
 /// a fresh database on it.
@@ -109,6 +109,8 @@ fn uuid_like() -> String {
     kortex::store::new_id().replace('-', "")
 }
 
+/// A restart proposal `name` of `user` (from `session`, if any) in namespace `default`, in
+/// `phase`, expiring in 10 minutes.
 pub fn proposal(session: Option<&str>, user: &str, name: &str, phase: &str) -> ProposalRecord {
     let now = now_ms();
     ProposalRecord {
@@ -136,5 +138,25 @@ pub fn proposal(session: Option<&str>, user: &str, name: &str, phase: &str) -> P
         created_at: now,
         updated_at: now,
         version: 1,
+    }
+}
+
+/// A session `name` of `user` in namespace `default`, under no policy, without dynamic tools.
+pub fn new_session(user: &str, name: impl Into<String>) -> NewSession {
+    NewSession {
+        name: name.into(),
+        namespace: "default".into(),
+        user: user.into(),
+        policy: None,
+        dynamic_tools: serde_json::json!([]),
+    }
+}
+
+/// A message of `role` (`user`, `assistant`, `tool`) saying `content`.
+pub fn message(role: &str, content: impl Into<String>) -> NewMessage {
+    NewMessage {
+        role: role.into(),
+        content: content.into(),
+        ..Default::default()
     }
 }

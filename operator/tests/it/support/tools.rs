@@ -1,5 +1,6 @@
 //! Calling tools in-process: the policy and context a tool call runs under.
 
+use crate::support::db::new_session;
 use kortex::store::Store;
 
 /// A ChatPolicy for namespace `default` matching every session, with `tools` rules
@@ -20,16 +21,7 @@ pub fn tool_policy(tools: serde_json::Value) -> kortex::catalog::PolicyEntry {
 
 /// What a tool gets when session `name` of user `u` in namespace `default` calls it.
 pub async fn tool_context(store: &Store, name: &str) -> kortex::tools::ToolContext {
-    let session = store
-        .create_session(&kortex::store::NewSession {
-            name: name.into(),
-            namespace: "default".into(),
-            user: "u".into(),
-            policy: None,
-            dynamic_tools: serde_json::json!([]),
-        })
-        .await
-        .unwrap();
+    let session = store.create_session(&new_session("u", name)).await.unwrap();
     kortex::tools::ToolContext {
         store: store.clone(),
         session,
