@@ -81,7 +81,7 @@ impl Policy {
         old: Option<&Value>,
     ) -> Result<Vec<String>, Vec<String>> {
         let mut ctx = Context::default().with_all();
-        let value = |v: &Value| cel::to_value(v).unwrap_or_else(|e| panic!("{e}"));
+        let value = |v: &Value| cel::to_value(v).unwrap();
         ctx.add_variable_from_value("request", value(request));
         ctx.add_variable_from_value("object", value(object));
         ctx.add_variable_from_value("oldObject", old.map_or(CelValue::Null, value));
@@ -130,9 +130,9 @@ impl Policy {
 pub fn shipped() -> Policy {
     let path =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/admission/policy.yaml");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(&path).unwrap();
     let doc = text.split("\n---\n").next().unwrap_or_default();
-    let vap: Value = serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("{e}"));
+    let vap: Value = serde_saphyr::from_str(doc).unwrap();
     Policy::from_object(&vap)
 }
 

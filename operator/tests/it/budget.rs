@@ -2,7 +2,7 @@
 //! database), settlement from reported usage, request counting, session caps, alerts once
 //! per window, and the release of reservations whose call never finished.
 
-use crate::common::all_dbs;
+use crate::support::db::all_dbs;
 use kortex::crd::{Budget, ModelCost};
 use kortex::govern::budget::Kind;
 use kortex::govern::{Governor, Outcome, Scope};
@@ -51,8 +51,8 @@ fn outcome(output_tokens: u64) -> Outcome {
 }
 
 async fn second_replica(url: &str) -> Store {
-    let store = Store::connect(url).await.unwrap_or_else(|e| panic!("{e}"));
-    store.migrate().await.unwrap_or_else(|e| panic!("{e}"));
+    let store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
     store
 }
 
@@ -103,25 +103,22 @@ async fn concurrent_reservations_on_two_replicas_never_overshoot_the_daily_limit
             replicas[0]
                 .settle(reservation, &outcome(100))
                 .await
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
         }
-        let spent = replicas[1]
-            .spent_today("ops/incidents")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let spent = replicas[1].spent_today("ops/incidents").await.unwrap();
         assert!((spent - 0.09).abs() < 1e-9, "{spent}");
         // The settled budget has room again.
         let again = replicas[1]
             .reserve(&s, "claude", "m", Some(&PRICE), &r, 1000)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert!(again.is_ok());
         // Usage rows and the daily roll-up were written with the settlement.
         let rows = db
             .store
             .usage_summary("1970-01-01", kortex::store::UsageGroup::Policy)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(
             (rows[0].key.as_str(), rows[0].requests),
@@ -142,15 +139,14 @@ async fn requests_per_user_hour_and_session_tokens_are_capped() {
         };
         let alice = scope(budget.clone(), "alice", Some("s1"));
         for _ in 0..2 {
-            let admitted = g.admit(&alice).await.unwrap_or_else(|e| panic!("{e}"));
+            let admitted = g.admit(&alice).await.unwrap();
             assert!(admitted.is_ok(), "{}", db.url);
         }
         let refused = g
             .admit(&alice)
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .err()
-            .unwrap_or_else(|| panic!("a third request in the hour was admitted"));
+            .unwrap()
+            .expect_err("a third request in the hour was admitted");
         assert_eq!(refused.kind, Kind::UserHourlyRequests);
         assert!(
             refused.to_string().contains("limit 2 requests"),
@@ -160,38 +156,29 @@ async fn requests_per_user_hour_and_session_tokens_are_capped() {
         assert!((1..=3600).contains(&retry), "{retry}");
         // Another user of the same policy has their own hour.
         let bob = scope(budget.clone(), "bob", Some("s2"));
-        assert!(
-            g.admit(&bob)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .is_ok()
-        );
+        assert!(g.admit(&bob).await.unwrap().is_ok());
 
         // Session tokens: a call reserves its input estimate plus its output allowance.
         let r = request();
         let first = g
             .reserve(&alice, "claude", "m", None, &r, 4000)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let first = first.unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
+        let first = first.unwrap();
         // While it is in flight, a second one does not fit.
         let second = g
             .reserve(&alice, "claude", "m", None, &r, 4000)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(second.err().map(|e| e.kind), Some(Kind::SessionTokens));
-        g.settle(first, &outcome(900))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        g.settle(first, &outcome(900)).await.unwrap();
         // 1000 tokens used: 4000 more still fit; then the cap is reached for good.
         let third = g
             .reserve(&alice, "claude", "m", None, &r, 3900)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let third = third.unwrap_or_else(|e| panic!("{e}"));
-        g.settle(third, &outcome(3900))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
+        let third = third.unwrap();
+        g.settle(third, &outcome(3900)).await.unwrap();
         let spent = g
             .admit(&scope(
                 Budget {
@@ -202,9 +189,8 @@ async fn requests_per_user_hour_and_session_tokens_are_capped() {
                 Some("s1"),
             ))
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .err()
-            .unwrap_or_else(|| panic!("a spent session was admitted"));
+            .unwrap()
+            .expect_err("a spent session was admitted");
         assert_eq!(spent.kind, Kind::SessionTokens);
         assert!(spent.to_string().contains("start a new session"), "{spent}");
     }
@@ -227,13 +213,9 @@ async fn alerts_fire_once_per_window_and_dead_reservations_are_released() {
             let reservation = g
                 .reserve(&s, "claude", "m", Some(&PRICE), &r, 1000)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .unwrap_or_else(|e| panic!("{e}"));
-            alerts.push(
-                g.settle(reservation, &outcome(800))
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}")),
-            );
+                .unwrap()
+                .unwrap();
+            alerts.push(g.settle(reservation, &outcome(800)).await.unwrap());
         }
         assert_eq!(
             alerts,
@@ -251,20 +233,15 @@ async fn alerts_fire_once_per_window_and_dead_reservations_are_released() {
         let dropped = g
             .reserve(&s, "claude", "m", Some(&PRICE), &r, 900)
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap()
+            .unwrap();
         drop(dropped);
         let scope_key = kortex::govern::budget::usd_scope("ops/incidents");
         let day = kortex::govern::budget::day_start(kortex::store::now_ms());
         let mut reserved = -1;
         for _ in 0..50 {
             g.release_leases().await;
-            reserved = db
-                .store
-                .budget_used(&scope_key, day)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .1;
+            reserved = db.store.budget_used(&scope_key, day).await.unwrap().1;
             if reserved == 0 {
                 break;
             }
@@ -284,25 +261,21 @@ async fn alerts_fire_once_per_window_and_dead_reservations_are_released() {
             .store
             .reserve_budget("dead-replica-call", &[hold], kortex::store::now_ms() - 1)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert!(granted.is_ok());
         let swept = db
             .store
             .sweep_budgets(kortex::store::now_ms())
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(swept, 1);
-        let (used, reserved) = db
-            .store
-            .budget_used(&scope_key, day)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (used, reserved) = db.store.budget_used(&scope_key, day).await.unwrap();
         assert_eq!((used, reserved), (720_000, 0));
         // And the $0.28 left today fit a $0.27 call again.
         let again = g
             .reserve(&s, "claude", "m", Some(&PRICE), &r, 900)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert!(again.is_ok(), "{}", db.url);
     }
 }
@@ -315,28 +288,19 @@ async fn calls_under_no_limit_reserve_nothing_and_are_counted_when_they_settle()
         let reservation = g
             .reserve(&s, "claude", "m", Some(&PRICE), &request(), 1000)
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap()
+            .unwrap();
         let day = kortex::govern::budget::day_start(kortex::store::now_ms());
         let usd = kortex::govern::budget::usd_scope("ops/incidents");
-        let before = db
-            .store
-            .budget_used(&usd, day)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let before = db.store.budget_used(&usd, day).await.unwrap();
         assert_eq!(
             before,
             (0, 0),
             "{}: nothing reserved without a limit",
             db.url
         );
-        g.settle(reservation, &outcome(100))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let spent = g
-            .spent_today("ops/incidents")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        g.settle(reservation, &outcome(100)).await.unwrap();
+        let spent = g.spent_today("ops/incidents").await.unwrap();
         assert!((spent - 0.03).abs() < 1e-9, "{}: {spent}", db.url);
     }
 }
@@ -363,17 +327,13 @@ async fn a_replica_leases_budget_in_chunks_and_a_swept_lease_is_not_released_twi
         for result in futures_util::future::join_all(calls).await {
             held.push(
                 result
-                    .unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap()
                     .unwrap_or_else(|e| panic!("{}: {e}", db.url)),
             );
         }
         let day = kortex::govern::budget::day_start(kortex::store::now_ms());
         let usd = kortex::govern::budget::usd_scope("ops/incidents");
-        let (used, reserved) = db
-            .store
-            .budget_used(&usd, day)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (used, reserved) = db.store.budget_used(&usd, day).await.unwrap();
         // One lease covers them all: the calls' $1.20 plus a chunk of at most 5 % ($5).
         assert_eq!(used, 0);
         assert!(
@@ -381,36 +341,24 @@ async fn a_replica_leases_budget_in_chunks_and_a_swept_lease_is_not_released_twi
             "{}: {reserved}",
             db.url
         );
-        let leases = db
-            .store
-            .leases_of(&usd, day)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let leases = db.store.leases_of(&usd, day).await.unwrap();
         assert_eq!(leases, 1, "{}: one lease for 40 calls", db.url);
         // Half settle; then the lease lapses (as if this replica had stopped renewing it)
         // and is swept; then the rest settle.
         let rest = held.split_off(20);
         for reservation in held {
-            g.settle(reservation, &outcome(50))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            g.settle(reservation, &outcome(50)).await.unwrap();
         }
         let swept = db
             .store
             .sweep_budgets(kortex::store::now_ms() + 6 * 60_000)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(swept, 1, "{}", db.url);
         for reservation in rest {
-            g.settle(reservation, &outcome(50))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            g.settle(reservation, &outcome(50)).await.unwrap();
         }
-        let (used, reserved) = db
-            .store
-            .budget_used(&usd, day)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (used, reserved) = db.store.budget_used(&usd, day).await.unwrap();
         // 40 calls of 50 output tokens at $300/M: $0.60, and nothing reserved (not less).
         assert_eq!((used, reserved), (600_000, 0), "{}", db.url);
     }

@@ -7,11 +7,10 @@
 //! API server (status fields, Events, reviews) and every object's status, for each value,
 //! raw, base64 and URL-encoded: zero hits.
 
-use crate::binary::Server;
-use crate::common::http_client;
-use crate::investigation::tool_calls;
-use crate::llm::{mock, openai, push, streamed};
-use crate::policy::{ask, session, state};
+use crate::support::chat::{ask, session, state};
+use crate::support::net::http_client;
+use crate::support::provider::{mock, openai, push, streamed, tool_calls};
+use crate::support::server::Server;
 use serde_json::json;
 
 /// The planted values (`/` and `+` so that URL-encoding and base64 forms differ).
@@ -60,7 +59,7 @@ fn forms() -> Vec<(String, String)> {
 }
 
 /// What the scripted provider was sent: `(path, Authorization header, body)`.
-fn provider_requests(script: &crate::llm::Script) -> Vec<(String, String, String)> {
+fn provider_requests(script: &crate::support::provider::Script) -> Vec<(String, String, String)> {
     script
         .seen
         .lock()
@@ -91,11 +90,11 @@ fn scan(place: &str, text: &[u8], hits: &mut Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_planted_secret_appears_anywhere() {
-    let (api, _) = crate::cluster::fake_api_server().await;
-    let (bridge, bridge_seen) = crate::plugins::upstream().await;
+    let (api, _) = crate::support::canned_api::fake_api_server().await;
+    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
     let (base, script) = mock().await;
     // The real MCP server (Python SDK), when installed (required in CI).
-    let mcp = crate::plugins::mcp_server(MCP_TOKEN);
+    let mcp = crate::support::plugins::mcp_server(MCP_TOKEN);
     let mcp_tool = mcp.as_ref().map_or_else(String::new, |m| {
         format!(
             r#"---
@@ -111,10 +110,10 @@ spec:
             m.url
         )
     });
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig = crate::cluster::write_kubeconfig(dir.path(), &api);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -167,7 +166,7 @@ spec:
 {mcp_tool}"#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -184,7 +183,7 @@ spec:
         ("c2", "ticket_search", json!({"q": "checkout"})),
     ];
     if mcp.is_some() {
-        crate::common::eventually("the MCP tool discovered", || async {
+        crate::support::net::eventually("the MCP tool discovered", || async {
             let (_, tools) = server.get("/api/v1/tools").await;
             if tools.contains("grafana__echo") {
                 Ok(())
@@ -218,7 +217,8 @@ spec:
     }
     if mcp.is_some() {
         let transcript =
-            crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+            crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+                .await;
         let result = transcript["messages"]
             .as_array()
             .and_then(|m| m.iter().find(|m| m["toolCallId"] == "c3"))
@@ -239,7 +239,7 @@ spec:
                 streamed(&d, (d.text_stream)(&["hi"]))
             } else {
                 // A client that asks for no stream gets a whole upstream answer.
-                crate::llm::json_reply(200, &(d.text_json)("hi"))
+                crate::support::provider::json_reply(200, &(d.text_json)("hi"))
             },
         );
         let r = client
@@ -249,7 +249,7 @@ spec:
                 "messages": [{"role": "user", "content": "hello"}]}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200, "gateway (stream {stream})");
         let body = r.bytes().await.unwrap_or_default();
         responses.push((format!("gateway (stream {stream})"), body.to_vec()));
@@ -281,7 +281,7 @@ spec:
         .bearer_auth(GATEWAY_KEY)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200, "GET /v1/models");
     let models = r.bytes().await.unwrap_or_default();
     responses.push(("GET /v1/models".into(), models.to_vec()));
@@ -292,7 +292,7 @@ spec:
         .header("last-event-id", "0")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut replayed = Vec::new();
     let until = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
     while let Ok(Ok(Some(chunk))) = tokio::time::timeout_at(until, replay.chunk()).await {
@@ -350,7 +350,7 @@ spec:
     let log = server.log();
     assert!(server.terminate().success());
     scan("the log", log.as_bytes(), &mut hits);
-    let db = std::fs::read(dir.path().join("k.db")).unwrap_or_else(|e| panic!("k.db: {e}"));
+    let db = std::fs::read(dir.path().join("k.db")).expect("k.db");
     scan("the database file", &db, &mut hits);
     // The WAL and its index exist only until the last connection checkpoints them.
     for file in ["k.db-wal", "k.db-shm"] {
@@ -381,7 +381,8 @@ spec:
 /// status, every response, provider request body, log line and database byte is scanned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
-    use crate::operator::{FakeApi, secret, start_run_with};
+    use crate::support::fake_api::{FakeApi, secret};
+    use crate::support::server::start_run_with;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -402,7 +403,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
     );
     fake.allow("erin");
     fake.allow("alice");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(
         &fake,
         dir.path(),
@@ -432,7 +433,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             .json(&json!({"name": format!("incident-{who}"), "namespace": "team-a"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 201, "{who}");
         let created: serde_json::Value = r.json().await.unwrap_or_default();
         let id = created["id"].as_str().unwrap_or_default().to_owned();
@@ -442,8 +443,8 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             .json(&json!({"content": "status?"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let events = crate::chat::read_sse(r, crate::chat::run_ended).await;
+            .unwrap();
+        let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
         assert_eq!(state(&events), json!("completed"), "{who}: {events:?}");
         for e in &events {
             responses.push((
@@ -459,10 +460,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             "/api/v1/policies".to_owned(),
             "/auth/v1/me".to_owned(),
         ] {
-            let r = sign(client.get(server.url(&path)))
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let r = sign(client.get(server.url(&path))).send().await.unwrap();
             assert_eq!(r.status().as_u16(), 200, "GET {path} ({who})");
             responses.push((
                 format!("GET {path} ({who})"),
@@ -472,7 +470,8 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
     }
     // The statuses are written (the provider's key hashed into secretHash, never itself).
     fake.until("the provider's status", |f| {
-        crate::operator::condition(&f.get("llmproviders", "team-a", "gpt"), "Ready").is_some()
+        crate::support::fake_api::condition(&f.get("llmproviders", "team-a", "gpt"), "Ready")
+            .is_some()
     })
     .await;
     let (_, metrics) = server.get("/metrics").await;

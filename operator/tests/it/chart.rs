@@ -10,7 +10,7 @@
 //! `KORTEX_REQUIRE_HELM=1`.
 
 use super::config::{assert_rbac_covers_calls, granted};
-use super::manifests::{check, docs, key, parse, root};
+use crate::support::yaml::{check, docs, key, parse, root};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -179,7 +179,7 @@ fn validate_object(object: &Value, origin: &str) {
         .is_some_and(|v| v.starts_with("monitoring.coreos.com/"))
     {
         let schema = monitoring_schema(kind);
-        let validator = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{e}"));
+        let validator = jsonschema::validator_for(&schema).unwrap();
         let errors: Vec<String> = validator
             .iter_errors(object)
             .map(|e| format!("{}: {e}", e.instance_path()))
@@ -207,9 +207,9 @@ fn kubernetes_validate(text: &str, origin: &str) {
         eprintln!("not running kubernetes-validate: KORTEX_TEST_KUBE_VALIDATE is not set");
         return;
     };
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("objects.yaml");
-    std::fs::write(&file, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&file, text).unwrap();
     let file = file.to_string_lossy().into_owned();
     for version in ["1.30.0", "1.37.0"] {
         let out = run(
@@ -277,8 +277,7 @@ fn leaves(value: &Value, prefix: &str, out: &mut BTreeSet<String>) {
 /// describes), and `values.schema.json` declares exactly the keys `values.yaml` has.
 #[test]
 fn chart_values_are_documented_and_in_the_schema() {
-    let text = std::fs::read_to_string(root().join("charts/kortex/values.yaml"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let text = std::fs::read_to_string(root().join("charts/kortex/values.yaml")).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         if key_line(line).is_some() {
@@ -291,12 +290,12 @@ fn chart_values_are_documented_and_in_the_schema() {
         }
     }
 
-    let values: Value = serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    let values: Value = serde_saphyr::from_str(&text).unwrap();
     let schema: Value = serde_json::from_str(
         &std::fs::read_to_string(root().join("charts/kortex/values.schema.json"))
             .unwrap_or_default(),
     )
-    .unwrap_or_else(|e| panic!("values.schema.json: {e}"));
+    .expect("values.schema.json");
     let mut in_values = BTreeSet::new();
     leaves(&values, "", &mut in_values);
     for path in &in_values {
@@ -585,10 +584,10 @@ fn chart_rbac_is_config_rbac_and_covers_every_call() {
         );
     }
     // triggers.runAs: one Role and RoleBinding per namespace, for the named ServiceAccounts.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let values = |name: &str, yaml: &str| {
         let path = dir.path().join(name);
-        std::fs::write(&path, yaml).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, yaml).unwrap();
         path.to_string_lossy().into_owned()
     };
     let two = values(
@@ -867,7 +866,7 @@ fn chart_values_map_to_real_flags_and_variables() {
     let cli = kortex::cli::Cli::command();
     let run_cmd = cli
         .find_subcommand("run")
-        .unwrap_or_else(|| panic!("no run subcommand"))
+        .expect("no run subcommand")
         .clone();
     let mut known_env: BTreeSet<String> = run_cmd
         .get_arguments()
@@ -1085,13 +1084,13 @@ fn chart_values_map_to_real_flags_and_variables() {
 /// the PrometheusRule's alerts likewise.
 #[test]
 fn chart_dashboard_and_alerts_use_real_metrics() {
-    let text = std::fs::read_to_string(root().join("charts/kortex/dashboards/kortex.json"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let dashboard: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("dashboard: {e}"));
+    let text =
+        std::fs::read_to_string(root().join("charts/kortex/dashboards/kortex.json")).unwrap();
+    let dashboard: Value = serde_json::from_str(&text).expect("dashboard");
     assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() >= 6));
     let rules = std::fs::read_to_string(root().join("charts/kortex/templates/prometheusrule.yaml"))
         .unwrap_or_default();
-    let re = regex::Regex::new(r"kortex_[a-z_]+").unwrap_or_else(|e| panic!("{e}"));
+    let re = regex::Regex::new(r"kortex_[a-z_]+").unwrap();
     let mut used = BTreeSet::new();
     for m in re.find_iter(&text).chain(re.find_iter(&rules)) {
         used.insert(m.as_str().to_owned());
@@ -1109,10 +1108,8 @@ fn chart_dashboard_and_alerts_use_real_metrics() {
 /// The metric names Kortex registers (`kortex_` + the names in metrics.rs), which is also
 /// what docs/metrics.md must describe.
 pub fn registered_metrics() -> Vec<String> {
-    let source = std::fs::read_to_string(root().join("operator/src/metrics.rs"))
-        .unwrap_or_else(|e| panic!("{e}"));
-    let re = regex::Regex::new(r#"registry\.register\(\s*"([a-z_]+)""#)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let source = std::fs::read_to_string(root().join("operator/src/metrics.rs")).unwrap();
+    let re = regex::Regex::new(r#"registry\.register\(\s*"([a-z_]+)""#).unwrap();
     re.captures_iter(&source)
         .map(|c| format!("kortex_{}", &c[1]))
         .collect()

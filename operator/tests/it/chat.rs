@@ -1,100 +1,14 @@
 //! The chat API end to end: the real binary, a wire-format provider server, SQLite and
 //! PostgreSQL.
 
-use crate::binary::Server;
-use crate::common::{http_client, postgres};
-use crate::llm::{json_reply, mock, openai, push, streamed};
-use futures_util::StreamExt;
+use crate::support::chat::{Sse, ask, get_json, post_json, post_message, read_sse, run_ended};
+use crate::support::db::postgres;
+use crate::support::manifests::manifest_dir;
+use crate::support::net::http_client;
+use crate::support::provider::{json_reply, mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
-
-/// One parsed SSE event.
-#[derive(Debug, Clone)]
-pub(crate) struct Sse {
-    pub(crate) id: i64,
-    pub(crate) event: String,
-    pub(crate) data: Value,
-}
-
-pub(crate) async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value {
-    client
-        .get(url)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default()
-}
-
-pub(crate) async fn post_json(
-    client: &reqwest::Client,
-    url: impl reqwest::IntoUrl,
-    body: &Value,
-) -> Value {
-    client
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default()
-}
-
-/// Reads SSE events from `resp` until `stop` says so (or 20 s pass).
-pub(crate) async fn read_sse(resp: reqwest::Response, stop: impl Fn(&[Sse]) -> bool) -> Vec<Sse> {
-    read_sse_within(resp, stop, Duration::from_secs(20)).await
-}
-
-/// [`read_sse`] for at most `within`.
-pub(crate) async fn read_sse_within(
-    resp: reqwest::Response,
-    stop: impl Fn(&[Sse]) -> bool,
-    within: Duration,
-) -> Vec<Sse> {
-    let mut body = resp.bytes_stream();
-    let mut buf = String::new();
-    let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + within;
-    while !stop(&out) {
-        let chunk = tokio::time::timeout_at(deadline, body.next()).await;
-        let Ok(Some(Ok(bytes))) = chunk else { break };
-        buf.push_str(&String::from_utf8_lossy(&bytes));
-        while let Some(pos) = buf.find("\n\n") {
-            let block: String = buf.drain(..pos + 2).collect();
-            let mut e = Sse {
-                id: 0,
-                event: String::new(),
-                data: Value::Null,
-            };
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id:") {
-                    e.id = v.trim().parse().unwrap_or(0);
-                } else if let Some(v) = line.strip_prefix("event:") {
-                    e.event = v.trim().to_owned();
-                } else if let Some(v) = line.strip_prefix("data:") {
-                    e.data = serde_json::from_str(v.trim()).unwrap_or(Value::Null);
-                }
-            }
-            if !e.event.is_empty() {
-                out.push(e);
-            }
-        }
-    }
-    out
-}
-
-pub(crate) fn run_ended(events: &[Sse]) -> bool {
-    events.iter().any(|e| {
-        e.event == "run.lifecycle"
-            && matches!(
-                e.data["state"].as_str(),
-                Some("completed" | "failed" | "cancelled")
-            )
-    })
-}
 
 fn manifests(dir: &std::path::Path, base: &str) {
     std::fs::write(
@@ -103,10 +17,10 @@ fn manifests(dir: &std::path::Path, base: &str) {
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: llm-keys}}\nstringData: {{openai: sk-test-9f8e7d6c5b}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", apiKeySecretRef: {{name: llm-keys, key: openai}}, defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}, proposals: {{allowedActions: [restart, scale], allowedNamespaces: [\"shop-*\"], requireDistinctApprover: false}}}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: hasty}}\nspec: {{sessions: [\"expire-*\"], provider: gpt, proposals: {{allowedActions: [restart], allowedNamespaces: [\"*\"], expireAfter: 1s}}}}\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
-async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     let client = http_client();
     let d = openai();
 
@@ -116,7 +30,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .json(&json!({"name": "random"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 422);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "no_matching_policy");
@@ -126,7 +40,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .json(&json!({"name": "incident-42"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let session: Value = r.json().await.unwrap_or_default();
     assert_eq!(
@@ -143,15 +57,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
             (d.text_stream)(&["The api ", "pods are ", "OOMKilled."]),
         ),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "why is api down?"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status().as_u16(), 202);
-    let events = read_sse(r, run_ended).await;
+    let events = ask(server, &id, "why is api down?").await;
     let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(kinds.first(), Some(&"run.lifecycle"), "{kinds:?}");
     assert!(kinds.contains(&"step.boundary"), "{kinds:?}");
@@ -193,7 +99,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .iter()
         .rev()
         .find(|s| s.body.get("messages").is_some())
-        .unwrap_or_else(|| panic!("no provider call"))
+        .expect("no provider call")
         .body;
     assert!(
         sent["messages"][0]["content"]
@@ -239,14 +145,14 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .get(server.url("/api/v1/audit?cursor=bogus"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 400);
     let md = client
         .get(server.url(&format!("/chat/v1/sessions/{id}/export")))
         .header("accept", "text/markdown")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(
         md.headers()["content-type"]
             .to_str()
@@ -273,7 +179,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .header("last-event-id", ids[1].to_string())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let total = ids.len();
     let replay = read_sse(r, |got| got.len() >= total - 2).await;
     assert_eq!(
@@ -287,24 +193,19 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         )))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let tail = read_sse(r, |got| !got.is_empty()).await;
     assert_eq!(tail.first().map(|e| e.id), Some(ids[total - 1]));
 
     // Busy while running, then cancel.
     push(
         script,
-        crate::llm::Reply {
+        crate::support::provider::Reply {
             stall: Some(Duration::from_secs(30)),
             ..streamed(&d, (d.text_stream)(&["slow"])[..2].to_vec())
         },
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "again"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_message(server, &id, "again").await;
     assert_eq!(r.status().as_u16(), 202);
     let run: Value = r.json().await.unwrap_or_default();
     let calls_before = seen.len();
@@ -316,12 +217,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "more"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_message(server, &id, "more").await;
     assert_eq!(r.status().as_u16(), 409);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "session_busy");
@@ -329,7 +225,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .post(server.url(&format!("/chat/v1/sessions/{id}/cancel")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let r = client
         .get(server.url(&format!(
@@ -338,12 +234,9 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         )))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
-    let last = events
-        .last()
-        .cloned()
-        .unwrap_or_else(|| panic!("no events"));
+    let last = events.last().cloned().expect("no events");
     assert_eq!(
         (last.data["runId"].clone(), last.data["state"].clone()),
         (run["runId"].clone(), json!("cancelled"))
@@ -357,14 +250,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
             &json!({"error": {"message": "Incorrect API key provided"}}),
         ),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "and now?"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = read_sse(r, run_ended).await;
+    let events = ask(server, &id, "and now?").await;
     let error = events
         .iter()
         .find(|e| e.event == "error")
@@ -386,12 +272,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
     let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "failed");
     push(script, streamed(&d, (d.text_stream)(&["back"])));
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "retry"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_message(server, &id, "retry").await;
     assert_eq!(
         r.status().as_u16(),
         202,
@@ -406,30 +287,24 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::llm::Script>) 
         .delete(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     let r = client
         .get(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 404);
 }
 
 /// A session with a client-executed tool: the run pauses in `requires_action`, results are
 /// validated (400 / 409, first POST wins), the run resumes; cancel works while waiting.
-async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     let client = http_client();
     let d = openai();
     let post = |path: String, body: Value| {
         let c = client.clone();
-        async move {
-            c.post(path)
-                .json(&body)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        }
+        async move { c.post(path).json(&body).send().await.unwrap() }
     };
     let open_url = json!({"name": "open_url", "description": "Open a URL in the user's browser",
         "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}});
@@ -461,18 +336,8 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
             ]),
         ),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "show me the dashboard"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = read_sse(r, run_ended).await;
-    let last = events
-        .last()
-        .cloned()
-        .unwrap_or_else(|| panic!("no events"));
+    let events = ask(server, &id, "show me the dashboard").await;
+    let last = events.last().cloned().expect("no events");
     assert_eq!(last.data["state"], "requires_action", "{events:?}");
     let starts: Vec<&str> = events
         .iter()
@@ -492,7 +357,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
     let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "requires_action");
     // Chat requests only: the provider probe's model listings may come in between.
-    let chats = |s: &[crate::llm::Seen]| -> Vec<crate::llm::Seen> {
+    let chats = |s: &[crate::support::provider::Seen]| -> Vec<crate::support::provider::Seen> {
         s.iter()
             .filter(|x| x.body.get("messages").is_some())
             .cloned()
@@ -552,7 +417,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
         .get(server.url(&format!("/chat/v1/sessions/{id}/events?after={after}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     let text: String = events
         .iter()
@@ -585,14 +450,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
             (d.tools_stream)(&[("call_5", "open_url", r#"{"url": "https://x"}"#)]),
         ),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "open it again"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = read_sse(r, run_ended).await;
+    let events = ask(server, &id, "open it again").await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("requires_action"))
@@ -617,7 +475,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::llm::Scri
 
 /// `propose_action`: validated against the policy, stored, announced; decided once through
 /// the API; undecided proposals expire.
-async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     let client = http_client();
     let d = openai();
     let session = |name: &'static str| {
@@ -629,7 +487,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
                 .json(&json!({"name": name}))
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
                 .json()
                 .await
                 .unwrap_or_default();
@@ -658,14 +516,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
         script,
         streamed(&d, (d.text_stream)(&["I proposed a restart."])),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "fix the api"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = read_sse(r, run_ended).await;
+    let events = ask(server, &id, "fix the api").await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("completed")),
@@ -735,7 +586,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
         .json(&json!({"reason": "go ahead"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let decided: Value = r.json().await.unwrap_or_default();
     assert_eq!(decided["status"]["phase"], "Approved");
@@ -747,13 +598,13 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
         .post(server.url(&format!("/chat/v1/proposals/{proposal_id}/reject")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 409, "a decision is final");
     let r = client
         .get(server.url(&format!("/chat/v1/sessions/{id}/events?after={last_seq}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let updates = read_sse(r, |got| got.iter().any(|e| e.event == "proposal.updated")).await;
     assert_eq!(
         updates.last().map(|e| e.data["phase"].clone()),
@@ -775,14 +626,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
         script,
         streamed(&d, (d.text_stream)(&["Waiting for approval."])),
     );
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "restart it"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = read_sse(r, run_ended).await;
+    let events = ask(server, &id, "restart it").await;
     let pid = events
         .iter()
         .find(|e| e.event == "proposal.created")
@@ -796,7 +640,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
         )))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         r.status().as_u16(),
         409,
@@ -813,7 +657,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::llm::Script>)
 
 /// A model that never stops calling tools is stopped at `maxToolDepth` (3 here), with a
 /// notice and a message that say so; a read of a kept result works inside a run.
-async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     let client = http_client();
     let d = openai();
     let session: Value = post_json(
@@ -837,14 +681,7 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::llm::Script
             ),
         );
     }
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "dig"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = read_sse(r, run_ended).await;
+    let events = ask(server, &id, "dig").await;
     assert_eq!(
         events.iter().filter(|e| e.event == "step.boundary").count(),
         3,
@@ -896,7 +733,10 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::llm::Script
 }
 
 /// `kortex chat` and `kortex proposals` against the server.
-async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn terminal_clients(
+    server: &Server,
+    script: &std::sync::Arc<crate::support::provider::Script>,
+) {
     let d = openai();
     push(
         script,
@@ -918,14 +758,14 @@ async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::S
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"what do the logs say?\n/quit\n");
         }
-        child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
+        child.wait_with_output().unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -944,10 +784,10 @@ async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::S
         std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
             .args(["proposals", "list", "--server", &url, "--phase", "Approved"])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("Approved") && stdout.contains("restart"),
@@ -956,7 +796,7 @@ async fn terminal_clients(server: &Server, script: &std::sync::Arc<crate::llm::S
 }
 
 /// Every scenario in turn against one server, which then must stop cleanly.
-async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::llm::Script>) {
+async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::support::provider::Script>) {
     scenario(&server, script).await;
     dynamic_tools(&server, script).await;
     proposals(&server, script).await;
@@ -968,9 +808,7 @@ async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::llm::Scrip
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     all_scenarios(server, &script).await;
@@ -980,7 +818,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_sqlite() {
 async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
     let Some(db) = postgres().await else { return };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &base);
     let server = Server::start_with_url(dir.path(), &db.url, &[]);
     all_scenarios(server, &script).await;
@@ -992,7 +830,7 @@ async fn chat_session_streams_replays_cancels_and_fails_cleanly_on_postgres() {
 async fn another_replica_follows_and_cancels_a_run_on_postgres() {
     let Some(db) = postgres().await else { return };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &base);
     let a = Server::start_with_url(dir.path(), &db.url, &[]);
     let b = Server::start_with_url(dir.path(), &db.url, &[]);
@@ -1009,7 +847,7 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
     chunks.truncate(2);
     push(
         &script,
-        crate::llm::Reply {
+        crate::support::provider::Reply {
             stall: Some(Duration::from_secs(30)),
             ..streamed(&d, chunks)
         },
@@ -1019,14 +857,14 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
         .json(&json!({"content": "go"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     // B follows the stream A writes.
     let follow = client
         .get(b.url(&format!("/chat/v1/sessions/{id}/events")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let started = read_sse(follow, |got| got.iter().any(|e| e.event == "text.delta")).await;
     assert!(
         started.iter().any(|e| e.event == "text.delta"),
@@ -1037,14 +875,14 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
         .post(b.url(&format!("/chat/v1/sessions/{id}/cancel")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let after = started.last().map(|e| e.id).unwrap_or(0);
     let r = client
         .get(b.url(&format!("/chat/v1/sessions/{id}/events?after={after}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let events = read_sse(r, run_ended).await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),

@@ -4,10 +4,11 @@
 //! Kortex's, through this replica's `/mcp`; every call is the run's own — stored, announced,
 //! audited — and a built-in tool the model asks for never runs.
 
-use crate::binary::Server;
-use crate::chat::get_json;
-use crate::common::{eventually, http_client};
-use crate::policy::{ask, session, state, text};
+use crate::support::chat::{ask, get_json, post_message, session, state, text};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::messages_answer;
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -65,38 +66,8 @@ fn sse(event: &str, data: Value) -> String {
     format!("event: {event}\ndata: {data}\n\n")
 }
 
-/// One streamed Messages API answer (as Claude Code asks for it): a tool call, or text.
-pub(crate) fn answer(model: &Value, block: Value, delta: Value, stop: &str) -> String {
-    [
-        sse(
-            "message_start",
-            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
-                "model": model, "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": 120, "output_tokens": 1}}}),
-        ),
-        sse(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0, "content_block": block}),
-        ),
-        sse(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0, "delta": delta}),
-        ),
-        sse(
-            "content_block_stop",
-            json!({"type": "content_block_stop", "index": 0}),
-        ),
-        sse(
-            "message_delta",
-            json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": 30}}),
-        ),
-        sse("message_stop", json!({"type": "message_stop"})),
-    ]
-    .concat()
-}
-
 fn tool_use(model: &Value, id: &str, name: &str, input: Value) -> String {
-    answer(
+    messages_answer(
         model,
         json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
         json!({"type": "input_json_delta", "partial_json": input.to_string()}),
@@ -138,7 +109,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
             .collect();
         let events = if tools.contains(&"StructuredOutput") {
             if result_of(&body, "toolu_so").is_some() {
-                answer(
+                messages_answer(
                     model,
                     json!({"type": "text", "text": ""}),
                     json!({"type": "text_delta", "text": "done"}),
@@ -162,7 +133,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
                 tool_use(model, "toolu_bash", "Bash", json!({"command": touch}))
             } else if let Some(r) = result_of(&body, "toolu_kortex") {
                 let said = r["content"].to_string();
-                answer(
+                messages_answer(
                     model,
                     json!({"type": "text", "text": ""}),
                     json!({"type": "text_delta", "text": format!("Kortex answered: {said}")}),
@@ -177,7 +148,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
                 )
             }
         } else {
-            answer(
+            messages_answer(
                 model,
                 json!({"type": "text", "text": ""}),
                 json!({"type": "text_delta", "text": "OK"}),
@@ -190,7 +161,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state((seen.clone(), Arc::new(marker)));
-    (crate::common::serve(app).await, seen)
+    (crate::support::net::serve(app).await, seen)
 }
 
 /// A claude-code provider (the CLI at `command`, the model at `base`, `key` in its Secret,
@@ -239,13 +210,11 @@ stringData: {{team: ops, key: {GATEWAY_KEY}}}
             provider_yaml(command, base, key, "120s")
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 fn start(command: &str, base: &str, key: &str) -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, command, base, key);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     (server, dir)
@@ -270,7 +239,7 @@ fn condition(provider: &Value, kind: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
     let Some(claude) = claude() else { return };
-    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
     let marker = work.path().join("bash-ran");
     let (base, seen) = model(marker.clone()).await;
     let (server, dir) = start(&claude, &base, KEY);
@@ -397,7 +366,7 @@ async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_answers_structured_output_and_fails_loudly() {
     let Some(claude) = claude() else { return };
-    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
     let (base, _seen) = model(work.path().join("unused")).await;
 
     // Structured output, through `kortex ask`'s path: the adapter alone.
@@ -410,7 +379,7 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
                 {"type": "object", "properties": {"severity": {"type": "string"}, "pods": {"type": "integer"}}, "required": ["severity"]}}}}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let status = r.status().as_u16();
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(status, 200, "{body}");
@@ -429,7 +398,7 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
             "response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "array"}}}}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let refused = r.status().as_u16();
     let body = r.text().await.unwrap_or_default();
     assert!(
@@ -439,14 +408,14 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
     assert!(server.terminate().success());
 
     // The command line: `providers check` runs the CLI and a one-token call; `ask` answers.
-    let m = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let m = tempfile::tempdir().unwrap();
     manifests(m.path(), &claude, &base, KEY);
     let kortex = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
             .args(args)
             .args(["--manifests", &m.path().to_string_lossy()])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -512,7 +481,7 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
     let Some(claude) = claude() else { return };
-    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
     let (base, seen) = model(work.path().join("bash-ran")).await;
     let (server, _dir) = start(&claude, &base, KEY);
     let id = session(&server, "paused").await;
@@ -524,12 +493,7 @@ async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
             .count()
     };
     let client = http_client();
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "Has checkout failed before? Take it slowly."}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_message(&server, &id, "Has checkout failed before? Take it slowly.").await;
     assert_eq!(r.status().as_u16(), 202);
     let run = r.json::<Value>().await.unwrap_or_default()["runId"]
         .as_str()
@@ -539,12 +503,7 @@ async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
         let url = server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/{what}"));
         let client = client.clone();
         async move {
-            let r = client
-                .post(url)
-                .json(&json!({}))
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let r = client.post(url).json(&json!({})).send().await.unwrap();
             let status = r.status().as_u16();
             (status, r.text().await.unwrap_or_default())
         }
@@ -671,7 +630,7 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
                 call
             }
         } else {
-            answer(
+            messages_answer(
                 model,
                 json!({"type": "text", "text": ""}),
                 json!({"type": "text_delta", "text": "The marker file is created."}),
@@ -699,7 +658,7 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
         .route("/v1/messages", axum::routing::post(messages))
         .route("/v1/messages/count_tokens", axum::routing::post(count))
         .with_state((seen.clone(), Arc::new(marker)));
-    (crate::common::serve(app).await, seen)
+    (crate::support::net::serve(app).await, seen)
 }
 
 /// Claude Code pointed at Kortex's gateway (`ANTHROPIC_BASE_URL`, a gateway key): a `-p`
@@ -708,11 +667,11 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_works_through_the_gateway_and_is_accounted_to_the_team() {
     let Some(claude) = claude() else { return };
-    let work = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let work = tempfile::tempdir().unwrap();
     let marker = work.path().join("made-through-the-gateway");
     let (base, seen) = upstream(marker.clone()).await;
     let m = work.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -746,11 +705,11 @@ spec: {{sessions: ["gateway-coding"], provider: anthropic}}
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start(&m, &work.path().join("k.db"), &[]);
     let url = server.url("");
     let home = work.path().join("home");
-    std::fs::create_dir(&home).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&home).unwrap();
     let cwd = work.path().to_owned();
     let out = tokio::task::spawn_blocking(move || {
         std::process::Command::new(claude)
@@ -780,10 +739,10 @@ spec: {{sessions: ["gateway-coding"], provider: anthropic}}
             .env("DISABLE_ERROR_REPORTING", "1")
             .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -838,7 +797,7 @@ spec: {{sessions: ["gateway-coding"], provider: anthropic}}
         .json(&json!({"model": "claude-test", "messages": [{"role": "user", "content": "hello"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         r.headers()
             .get("x-kortex-token-count")
@@ -877,13 +836,13 @@ async fn opener() -> (String, Seen) {
             tokio::time::sleep(std::time::Duration::from_secs(300)).await;
         }
         let events = match result_of(&body, "toolu_first") {
-            _ if !kortex => answer(
+            _ if !kortex => messages_answer(
                 model,
                 json!({"type": "text", "text": ""}),
                 json!({"type": "text_delta", "text": "OK"}),
                 "end_turn",
             ),
-            Some(r) => answer(
+            Some(r) => messages_answer(
                 model,
                 json!({"type": "text", "text": ""}),
                 json!({"type": "text_delta", "text": format!("Kortex answered: {}", r["content"])}),
@@ -902,7 +861,7 @@ async fn opener() -> (String, Seen) {
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state(seen.clone());
-    (crate::common::serve(app).await, seen)
+    (crate::support::net::serve(app).await, seen)
 }
 
 /// The Claude Code homes (`kortex-claude-*`) in `tmp`.
@@ -947,15 +906,13 @@ fn alive(pid: u32) -> bool {
 async fn a_claude_code_turn_that_opens_with_a_kortex_tool_call_completes() {
     let Some(claude) = claude() else { return };
     let (base, _seen) = opener().await;
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
         provider_yaml(&claude, &base, KEY, "15s"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let tmpdir = tmp.path().to_string_lossy().into_owned();
     let server = Server::start(&m, &dir.path().join("k.db"), &[("TMPDIR", &tmpdir)]);
     let id = session(&server, "opens-with-a-call").await;
@@ -1022,7 +979,7 @@ impl Held {
             .json(&json!({"name": format!("held-{before}")}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 201);
         let session = r.json::<Value>().await.unwrap_or_default()["id"]
             .as_str()
@@ -1034,7 +991,7 @@ impl Held {
             .json(&json!({"content": "Hold on: has checkout failed before?"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 202);
         let run = r.json::<Value>().await.unwrap_or_default()["runId"]
             .as_str()
@@ -1104,7 +1061,7 @@ async fn mcp_status(api: &str, bearer: &str) -> u16 {
         )
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .status()
         .as_u16()
 }
@@ -1117,10 +1074,10 @@ async fn mcp_status(api: &str, bearer: &str) -> u16 {
 async fn a_claude_code_run_leaves_no_process_home_or_credential_behind() {
     let Some(claude) = claude() else { return };
     let (base, seen) = opener().await;
-    let tmp = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let tmp = tempfile::tempdir().unwrap();
     let tmpdir = tmp.path().to_string_lossy().into_owned();
     let env = [("TMPDIR", tmpdir.as_str())];
-    let (dir, db) = crate::common::keyed_manifests(
+    let (dir, db) = crate::support::manifests::keyed_manifests(
         &[("alice", ALICE, "")],
         &provider_yaml(&claude, &base, KEY, "120s"),
     );
@@ -1144,7 +1101,7 @@ async fn a_claude_code_run_leaves_no_process_home_or_credential_behind() {
         .json(&json!({}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     held.gone("the cancelled run's CLI and HOME are gone").await;
     assert_eq!(mcp_status(&api, &held.bearer).await, 401);

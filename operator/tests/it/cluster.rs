@@ -1,9 +1,11 @@
-//! The Kubernetes tools against a fake API server on 127.0.0.1 that answers the real
-//! Kubernetes API paths and JSON shapes (pods, logs with timestamps, events, ReplicaSets,
-//! ControllerRevisions, Secrets, discovery, continue tokens, 403 Status objects), through
-//! the tool router, and through `kortex serve --kubeconfig` in a chat.
+//! The Kubernetes tools against a read-only API server with canned answers in the real
+//! paths and JSON shapes (`support::canned_api`), through the tool router, and through
+//! `kortex serve --kubeconfig` in a chat.
 
-use crate::common::sqlite;
+use crate::support::canned_api::{fake_api_server, status};
+use crate::support::chat::{open_session, post_message};
+use crate::support::db::sqlite;
+use crate::support::fake_api::write_kubeconfig;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
@@ -14,268 +16,25 @@ use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Lines of checkout-1/app: one every 5 s up to now, every 10th an error.
-const LINES: i64 = 250;
-
-fn ts(secs_ago: i64) -> String {
-    let t = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(secs_ago);
-    t.to_string()
-}
-
-fn pod(name: &str, restarts: i64) -> Value {
-    json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "shop", "labels": {"app": "checkout"}, "creationTimestamp": ts(3600),
-            "managedFields": [{"manager": "kubelet"}]},
-        "spec": {"nodeName": "node-a", "containers": [{"name": "app", "image": "shop/checkout:2.3"}, {"name": "proxy", "image": "envoy:1.30"}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": "app", "ready": false, "restartCount": restarts,
-             "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-             "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}},
-            {"name": "proxy", "ready": true, "restartCount": 0, "state": {"running": {}}}]}})
-}
-
-/// Log text of a container, oldest first, honouring sinceTime and tailLines.
-fn logs(pod: &str, container: &str, query: &str) -> String {
-    let param = |k: &str| {
-        query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-            .map(|v| v.replace("%3A", ":"))
-    };
-    if param("previous").as_deref() == Some("true") {
-        return format!(
-            "{} panic: assignment to entry in nil map\n{} \tgoroutine 1 [running]:\n",
-            ts(700),
-            ts(700)
-        );
-    }
-    let since: Option<jiff::Timestamp> = param("sinceTime").and_then(|s| s.parse().ok());
-    let mut lines: Vec<String> = (0..LINES)
-        .rev()
-        .map(|i| {
-            let message = if container == "proxy" {
-                format!("[info] proxy heartbeat {i}")
-            } else if i % 10 == 0 {
-                format!(r#"{{"level":"error","msg":"db timeout {i} on {pod}"}}"#)
-            } else {
-                format!("INFO request {i} served")
-            };
-            (i * 5, message)
-        })
-        .filter(|(ago, _)| {
-            since
-                .is_none_or(|s| jiff::Timestamp::now() - jiff::SignedDuration::from_secs(*ago) >= s)
-        })
-        .map(|(ago, m)| format!("{} {m}", ts(ago)))
-        .collect();
-    if let Some(tail) = param("tailLines").and_then(|t| t.parse::<usize>().ok()) {
-        let skip = lines.len().saturating_sub(tail);
-        lines.drain(..skip);
-    }
-    lines.join("\n") + "\n"
-}
-
-/// Pod `chatty-1`'s `app` container: 6000 lines of about 1 KB, one a second, the newest
-/// numbered 0, one of them not UTF-8; kubelet semantics: `limitBytes` counts from
-/// the start of the `tailLines` selected.
-fn chatty_logs(query: &str) -> Vec<u8> {
-    let param = |k: &str| {
-        query
-            .split('&')
-            .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-            .and_then(|v| v.parse::<usize>().ok())
-    };
-    let mut lines: Vec<Vec<u8>> = (0..6000)
-        .rev()
-        .map(|i| {
-            let mut line = format!("{} INFO chatty line {i} ", ts(i + 1)).into_bytes();
-            if i == 7 {
-                line.extend_from_slice(b"latin-1 caf\xe9 ");
-            }
-            line.extend(std::iter::repeat_n(b'x', 1000));
-            line.push(b'\n');
-            line
-        })
-        .collect();
-    if let Some(tail) = param("tailLines") {
-        let skip = lines.len().saturating_sub(tail);
-        lines.drain(..skip);
-    }
-    let mut body = lines.concat();
-    if let Some(limit) = param("limitBytes") {
-        body.truncate(limit);
-    }
-    body
-}
-
-fn status(code: u16, message: &str) -> (StatusCode, String) {
-    (
-        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message,
-            "reason": if code == 403 { "Forbidden" } else { "NotFound" }, "code": code})
-        .to_string(),
-    )
-}
-
-fn answer(path: &str, query: &str) -> (StatusCode, String) {
-    let ok = |v: Value| (StatusCode::OK, v.to_string());
-    let rs = |name: &str, revision: &str, image: &str, history: Option<&str>, ago: i64| {
-        let mut annotations = json!({"deployment.kubernetes.io/revision": revision});
-        if let Some(h) = history {
-            annotations["deployment.kubernetes.io/revision-history"] = json!(h);
-        }
-        if revision == "2" {
-            annotations["kubernetes.io/change-cause"] = json!("release 2.3");
-        }
-        json!({"metadata": {"name": name, "namespace": "shop", "creationTimestamp": ts(ago), "annotations": annotations,
-                "ownerReferences": [{"kind": "Deployment", "name": "checkout", "uid": "d-uid", "controller": true}]},
-            "spec": {"template": {"spec": {"containers": [{"name": "app", "image": image}]}}},
-            "status": {"replicas": if revision == "3" { 2 } else { 0 }}})
-    };
-    match path {
-        "/api/v1/namespaces/shop/pods/checkout-1" => ok(pod("checkout-1", 4)),
-        "/api/v1/namespaces/shop/pods/chatty-1" => ok(pod("chatty-1", 0)),
-        "/api/v1/namespaces/shop/pods" if query.contains("labelSelector=app%3Dcheckout") => ok(
-            json!({"kind": "PodList", "apiVersion": "v1", "metadata": {},
-                "items": [pod("checkout-2", 0), pod("checkout-1", 4)]}),
-        ),
-        p if p.starts_with("/api/v1/namespaces/shop/pods/") && p.ends_with("/log") => {
-            let pod = p.split('/').nth(6).unwrap_or_default();
-            let container = query
-                .split('&')
-                .find_map(|kv| kv.strip_prefix("container="))
-                .unwrap_or_default();
-            (StatusCode::OK, logs(pod, container, query))
-        }
-        "/apis/apps/v1/namespaces/shop/deployments/checkout" => ok(deployment()),
-        "/apis/apps/v1/namespaces/shop/deployments" => {
-            ok(json!({"kind": "DeploymentList", "metadata": {}, "items": [deployment()]}))
-        }
-        "/apis/apps/v1/namespaces/shop/statefulsets"
-        | "/apis/apps/v1/namespaces/shop/daemonsets" => ok(json!({"metadata": {}, "items": []})),
-        "/apis/apps/v1/namespaces/shop/replicasets" => {
-            ok(json!({"kind": "ReplicaSetList", "metadata": {}, "items": [
-                rs("checkout-5d8f", "3", "shop/checkout:2.2", Some("1"), 86_400),
-                rs("checkout-6c9a", "2", "shop/checkout:2.3", None, 1800),
-                rs("other-1", "1", "shop/other:1", None, 100)
-                    .as_object().map(|o| { let mut o = o.clone(); o["metadata"]["ownerReferences"][0]["uid"] = json!("x"); Value::Object(o) }).unwrap_or_default(),
-            ]}))
-        }
-        "/api/v1/namespaces/shop/events" => {
-            ok(json!({"kind": "EventList", "metadata": {}, "items": [
-                {"type": "Normal", "reason": "Pulled", "message": "Container image pulled", "count": 3,
-                 "involvedObject": {"kind": "Pod", "name": "checkout-1"}, "lastTimestamp": ts(60), "firstTimestamp": ts(900), "source": {"component": "kubelet"}},
-                {"type": "Warning", "reason": "BackOff", "message": "Back-off restarting failed container app", "count": 12,
-                 "involvedObject": {"kind": "Pod", "name": "checkout-1"}, "lastTimestamp": ts(120), "firstTimestamp": ts(800), "source": {"component": "kubelet"}},
-                {"type": "Warning", "reason": "OOMKilling", "message": "Memory cgroup out of memory", "count": 1,
-                 "involvedObject": {"kind": "Pod", "name": "checkout-1"}, "eventTime": ts(7200), "reportingComponent": "kernel-monitor"}
-            ]}))
-        }
-        "/api/v1/namespaces/shop/secrets/db" => ok(json!({"apiVersion": "v1", "kind": "Secret",
-            "metadata": {"name": "db", "namespace": "shop", "annotations": {
-                "kubectl.kubernetes.io/last-applied-configuration": "{\"stringData\":{\"password\":\"hunter2-plain\"}}"}},
-            "type": "Opaque", "data": {"password": "aHVudGVyMi1wbGFpbg=="}})),
-        "/api/v1/namespaces/shop/secrets" => ok(
-            json!({"kind": "SecretList", "apiVersion": "v1", "metadata": {},
-            "items": [{"metadata": {"name": "db", "namespace": "shop", "creationTimestamp": ts(50)}, "type": "Opaque",
-                "data": {"password": "aHVudGVyMi1wbGFpbg=="}}]}),
-        ),
-        "/api/v1/namespaces/shop/configmaps" => {
-            if query.contains("continue=page2") {
-                ok(
-                    json!({"kind": "ConfigMapList", "metadata": {}, "items": [{"metadata": {"name": "cm-b", "namespace": "shop"}}]}),
-                )
-            } else {
-                ok(
-                    json!({"kind": "ConfigMapList", "metadata": {"continue": "page2", "remainingItemCount": 1},
-                    "items": [{"metadata": {"name": "cm-a", "namespace": "shop"}}]}),
-                )
-            }
-        }
-        "/api/v1/nodes" => status(
-            403,
-            "nodes is forbidden: User \"system:serviceaccount:kortex:kortex\" cannot list resource \"nodes\"",
-        ),
-        "/apis" => ok(json!({"kind": "APIGroupList", "groups": [
-            {"name": "cert-manager.io", "versions": [{"groupVersion": "cert-manager.io/v1", "version": "v1"}],
-             "preferredVersion": {"groupVersion": "cert-manager.io/v1", "version": "v1"}}]})),
-        "/api/v1" => ok(
-            json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
-            {"name": "pods", "namespaced": true, "kind": "Pod", "verbs": ["get", "list"]}]}),
-        ),
-        "/apis/cert-manager.io/v1" => ok(
-            json!({"kind": "APIResourceList", "groupVersion": "cert-manager.io/v1", "resources": [
-            {"name": "certificates", "singularName": "certificate", "namespaced": true, "kind": "Certificate",
-             "shortNames": ["cert", "certs"], "verbs": ["get", "list", "watch"]},
-            {"name": "certificates/status", "namespaced": true, "kind": "Certificate", "verbs": ["get"]}]}),
-        ),
-        "/apis/cert-manager.io/v1/namespaces/shop/certificates/web" => {
-            ok(json!({"apiVersion": "cert-manager.io/v1",
-            "kind": "Certificate", "metadata": {"name": "web", "namespace": "shop"},
-            "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Expired"}]}}))
-        }
-        _ => status(
-            404,
-            &format!("the server could not find the requested resource ({path})"),
-        ),
-    }
-}
-
-fn deployment() -> Value {
-    json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "checkout", "namespace": "shop", "uid": "d-uid", "generation": 4,
-            "annotations": {"deployment.kubernetes.io/revision": "3"}, "creationTimestamp": ts(90_000)},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "checkout"}},
-            "template": {"spec": {"containers": [{"name": "app", "image": "shop/checkout:2.2"}]}}},
-        "status": {"observedGeneration": 4, "replicas": 2, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 2,
-            "conditions": [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "lastUpdateTime": ts(600)}]}})
-}
-
-/// The fake API server; returns its URL and the requests it saw (path?query).
-pub(crate) async fn fake_api_server() -> (String, Arc<Mutex<Vec<String>>>) {
-    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-    let record = seen.clone();
-    let app = axum::Router::new().fallback(move |req: Request<Body>| {
-        let record = record.clone();
-        async move {
-            let path = req.uri().path().to_owned();
-            let query = req.uri().query().unwrap_or_default().to_owned();
-            if let Ok(mut s) = record.lock() {
-                s.push(format!("{} {path}?{query}", req.method()));
-            }
-            if req.method() != axum::http::Method::GET {
-                return status(405, "read-only fake").into_response();
-            }
-            if path == "/api/v1/namespaces/shop/pods/chatty-1/log"
-                && query.contains("container=app")
-            {
-                return (StatusCode::OK, chatty_logs(&query)).into_response();
-            }
-            answer(&path, &query).into_response()
-        }
-    });
-    (crate::common::serve(app).await, seen)
-}
-
 struct Harness {
     router: Router,
     ctx: ToolContext,
     seen: Arc<Mutex<Vec<String>>>,
-    _db: crate::common::TestDb,
+    _db: crate::support::db::TestDb,
 }
 
 impl Harness {
     async fn start() -> Self {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let (url, seen) = fake_api_server().await;
-        let config = kube::Config::new(url.parse().unwrap_or_else(|e| panic!("{e}")));
-        let client = kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+        let config = kube::Config::new(url.parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
         let mut router = Router::new(Arc::new(Metrics::default()));
         for tool in kortex::tools::cluster::Cluster::new(client).tools() {
             router.add(tool);
         }
         let db = sqlite().await;
-        let ctx = crate::common::tool_context(&db.store, "s").await;
+        let ctx = crate::support::tools::tool_context(&db.store, "s").await;
         Self {
             router,
             ctx,
@@ -294,7 +53,7 @@ impl Harness {
             .execute(
                 self.ctx.clone(),
                 &call,
-                &crate::common::tool_policy(json!({})),
+                &crate::support::tools::tool_policy(json!({})),
                 std::future::pending(),
             )
             .await
@@ -665,49 +424,25 @@ async fn events_resources_and_rollout_history() {
     assert_eq!(revisions[1]["changeCause"], "release 2.3");
 }
 
-/// A kubeconfig in `dir` for the API server at `api` (a made-up token).
-pub(crate) fn write_kubeconfig(dir: &std::path::Path, api: &str) -> std::path::PathBuf {
-    write_kubeconfig_as(dir, api, "not-a-real-token", "kubeconfig")
-}
-
-/// A kubeconfig file `file` in `dir` for the API server at `api`, with `token`, and the
-/// context's namespace `shop`.
-pub(crate) fn write_kubeconfig_as(
-    dir: &std::path::Path,
-    api: &str,
-    token: &str,
-    file: &str,
-) -> std::path::PathBuf {
-    let path = dir.join(file);
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: fake, cluster: {{server: \"{api}\"}}}}]\nusers: [{{name: u, user: {{token: {token}}}}}]\ncontexts: [{{name: c, context: {{cluster: fake, user: u, namespace: shop}}}}]\ncurrent-context: c\n"
-        ),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    path
-}
-
 /// `kortex serve --kubeconfig` offers the Kubernetes tools, and a model paging through a
 /// crashing pod's logs gets them in the chat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
-    use crate::llm::{mock, openai, push, streamed};
+    use crate::support::provider::{mock, openai, push, streamed};
     let (api, _) = fake_api_server().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let kubeconfig = write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("k.yaml"),
         format!(
             "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: openai}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m1}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: openai}}\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let server = crate::binary::Server::start_with_args(
+    .unwrap();
+    let server = crate::support::server::Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &["--kubeconfig", &kubeconfig.display().to_string()],
@@ -728,23 +463,9 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         &script,
         streamed(&d, (d.text_stream)(&["The database times out."])),
     );
-    let client = crate::common::http_client();
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-logs"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "why is checkout crashing?"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let client = crate::support::net::http_client();
+    let id = open_session(&server, json!({"name": "incident-logs"})).await;
+    let r = post_message(&server, &id, "why is checkout crashing?").await;
     assert_eq!(r.status().as_u16(), 202);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let tool_message = loop {
@@ -752,7 +473,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
             .get(server.url(&format!("/chat/v1/sessions/{id}")))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .json()
             .await
             .unwrap_or_default();
@@ -796,15 +517,14 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
 
 /// A kube client of `url` that authenticates with `token` (none: Kortex's own).
 fn kube_client(url: &str, token: Option<&str>) -> kube::Client {
-    let mut config = kube::Config::new(url.parse().unwrap_or_else(|e| panic!("{e}")));
+    let mut config = kube::Config::new(url.parse().unwrap());
     if let Some(token) = token {
         config.headers.push((
             axum::http::header::AUTHORIZATION,
-            axum::http::HeaderValue::from_str(&format!("Bearer {token}"))
-                .unwrap_or_else(|e| panic!("{e}")),
+            axum::http::HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
         ));
     }
-    kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"))
+    kube::Client::try_from(config).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -827,7 +547,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
             }),
         )
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") });
-    let url = crate::common::serve(app).await;
+    let url = crate::support::net::serve(app).await;
     let port: u16 = url
         .rsplit(':')
         .next()
@@ -858,7 +578,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
             _ => status(404, "services \"ghost\" not found").into_response(),
         }
     });
-    let api = crate::common::serve(api).await;
+    let api = crate::support::net::serve(api).await;
     // The Service's DNS name resolves to the local server, as cluster DNS would.
     let client = reqwest::Client::builder()
         .resolve("checkout.shop.svc.cluster.local", addr)
@@ -867,7 +587,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
             std::net::SocketAddr::from(([127, 0, 0, 1], 9)),
         )
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut router = Router::new(Arc::new(Metrics::default()));
     router.add(Arc::new(kortex::tools::admin_info::AdminInfo::new(
         kortex::tools::cluster::Cluster::new(kube_client(&api, None)),
@@ -875,7 +595,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
         "cluster.local",
     )));
     let db = sqlite().await;
-    let kortex_ctx = crate::common::tool_context(&db.store, "s").await;
+    let kortex_ctx = crate::support::tools::tool_context(&db.store, "s").await;
     let as_user = |token: &str| {
         let mut ctx = kortex_ctx.clone();
         ctx.kube = kortex::tools::KubeIdentity::User(kube_client(&api, Some(token)));
@@ -892,7 +612,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
                         name: "get_admin_info".into(),
                         input,
                     },
-                    &crate::common::tool_policy(json!({})),
+                    &crate::support::tools::tool_policy(json!({})),
                     std::future::pending(),
                 )
                 .await

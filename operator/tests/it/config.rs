@@ -3,7 +3,7 @@
 //! is caught), every kustomization lists files that exist, and the RBAC grants what the
 //! code calls.
 
-use super::manifests::{check, docs, root};
+use crate::support::yaml::{check, docs, root};
 use serde_json::Value;
 
 #[test]

@@ -3,81 +3,16 @@
 //! wire-format provider server. Skipped when Chromium or the npm package is missing,
 //! unless `KORTEX_REQUIRE_BROWSER=1` (the test script sets it after installing them).
 
-use crate::binary::Server;
-use crate::llm::{Reply, mock, openai, openai_chunk, streamed};
+use crate::support::browser::{passed, run_browser, screenshots};
+use crate::support::manifests::manifest_dir;
+use crate::support::provider::{Reply, mock, openai, openai_chunk, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 const KEY: &str = "kx-dashboard-test-key-7f3a9c";
 const ANSWER: &str = "The checkout pods restart because they run out of memory after the 1.4.2 deploy. I proposed a restart of deployment checkout; confirm it if the evidence convinces you.";
-
-fn browser_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
-}
-
-/// Runs `script` (in `tests/browser`) with node and `env` plus `CHROMIUM` and `SCREENSHOTS`,
-/// beside this runtime (which keeps serving the mock provider); `None` when Chromium or
-/// playwright-core is missing (a failure under `KORTEX_REQUIRE_BROWSER=1`).
-pub(crate) async fn run_browser(
-    script: &str,
-    env: &[(&str, &str)],
-) -> Option<std::process::Output> {
-    let required = std::env::var("KORTEX_REQUIRE_BROWSER").is_ok_and(|v| v == "1");
-    let modules = browser_dir().join("node_modules/playwright-core");
-    let (Some(chromium), true) = (chromium(), modules.exists()) else {
-        assert!(
-            !required,
-            "KORTEX_REQUIRE_BROWSER=1 but Chromium or {} is missing",
-            modules.display()
-        );
-        eprintln!(
-            "skipping: Chromium or playwright-core is not installed (scripts/test.sh installs them)"
-        );
-        return None;
-    };
-    let mut command = std::process::Command::new("node");
-    command
-        .arg(browser_dir().join(script))
-        .env("CHROMIUM", &chromium)
-        .env("SCREENSHOTS", screenshots());
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let run = tokio::task::spawn_blocking(move || command.output());
-    Some(
-        tokio::time::timeout(Duration::from_secs(150), run)
-            .await
-            .unwrap_or_else(|_| panic!("the browser test {script} did not finish in 150 s"))
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("node: {e}")),
-    )
-}
-
-pub(crate) fn screenshots() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots")
-}
-
-/// Fails with the script's output and the server's log unless the browser script passed.
-pub(crate) fn passed(out: &std::process::Output, server: &Server) {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "browser test failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}\n--- server log\n{}",
-        server.log()
-    );
-    println!("{stdout}");
-}
-
-fn chromium() -> Option<String> {
-    std::env::var("KORTEX_TEST_CHROMIUM").ok().or_else(|| {
-        ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .map(str::to_owned)
-    })
-}
 
 /// The provider's part of the scenario: tool calls for a question, then a slow answer
 /// once the tool results are in (slow enough to reload the page in the middle of it).
@@ -155,16 +90,14 @@ spec:
   proposals: {{allowedActions: [restart], allowedNamespaces: ["shop"], requireDistinctApprover: false}}
 "#
     );
-    std::fs::write(dir.join("dashboard.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("dashboard.yaml"), yaml).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let m = m.display().to_string();
@@ -213,7 +146,7 @@ fn steering_responder(body: &Value) -> Option<Reply> {
     let d = openai();
     let system = body["messages"][0]["content"].as_str().unwrap_or_default();
     if system.contains("follow-up questions") {
-        return Some(crate::llm::json_reply(
+        return Some(crate::support::provider::json_reply(
             200,
             &(d.text_json)(
                 "Is the database healthy?\nWhat changed today?\nAre other services slow?",
@@ -221,7 +154,7 @@ fn steering_responder(body: &Value) -> Option<Reply> {
         ));
     }
     if body["stream"] != true {
-        return Some(crate::llm::json_reply(
+        return Some(crate::support::provider::json_reply(
             200,
             &(d.text_json)("Checkout incident"),
         ));
@@ -271,7 +204,7 @@ async fn the_dashboard_pauses_redirects_resumes_and_approves_plans() {
     let (llm, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(steering_responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
         format!(
@@ -292,7 +225,7 @@ spec: {{sessions: ["planned-*"], provider: scripted, runControl: {{planning: req
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // On loopback: no sign-in.
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let url = server.url("");
@@ -307,7 +240,7 @@ spec: {{sessions: ["planned-*"], provider: scripted, runControl: {{planning: req
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .find_map(|s| crate::investigation::tool_result(&s.body, "p1"))
+        .find_map(|s| crate::support::provider::tool_result(&s.body, "p1"))
         .unwrap_or_default();
     assert!(
         told.contains("2. similar alerts") && !told.contains("1. past incidents"),
@@ -329,7 +262,10 @@ fn sharing_responder(body: &Value) -> Option<Reply> {
         } else {
             "Database incident"
         };
-        return Some(crate::llm::json_reply(200, &(d.text_json)(text)));
+        return Some(crate::support::provider::json_reply(
+            200,
+            &(d.text_json)(text),
+        ));
     }
     let last = body["messages"].as_array()?.last()?["content"]
         .as_str()
@@ -365,7 +301,7 @@ spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: scrip
 "#
     );
     let users: Vec<(&str, &str, &str)> = KEYS.iter().map(|(u, k)| (*u, *k, "")).collect();
-    let (dir, db) = crate::common::keyed_manifests(&users, &yaml);
+    let (dir, db) = crate::support::manifests::keyed_manifests(&users, &yaml);
     // Not on loopback: each person signs in with their own key.
     let (server, url) = Server::start_keyed(&dir.path().join("m"), &db, &[]);
     let keys = serde_json::to_string(
@@ -411,7 +347,10 @@ async fn the_dashboard_renders_markdown_answers_safely() {
             } else {
                 "Which deploy lowered the limit?\nAre other pods near their limit?"
             };
-            return Some(crate::llm::json_reply(200, &(d.text_json)(text)));
+            return Some(crate::support::provider::json_reply(
+                200,
+                &(d.text_json)(text),
+            ));
         }
         let mut chunks = vec![openai_chunk(
             json!({"role": "assistant", "content": ""}),
@@ -427,7 +366,7 @@ async fn the_dashboard_renders_markdown_answers_safely() {
             }
             chunks.push(openai_chunk(json!({}), json!("stop")));
             chunks.push("data: [DONE]\n\n".into());
-            return Some(crate::llm::Reply {
+            return Some(crate::support::provider::Reply {
                 chunk_delay: Some(Duration::from_millis(50)),
                 ..streamed(&d, chunks)
             });
@@ -443,7 +382,7 @@ async fn the_dashboard_renders_markdown_answers_safely() {
         chunks.push("data: [DONE]\n\n".into());
         Some(streamed(&d, chunks))
     }));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
         format!(
@@ -459,7 +398,7 @@ spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: m}}}}
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // On loopback: no sign-in.
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let url = server.url("");
@@ -488,11 +427,11 @@ spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: m}}}}
 /// Cluster mode: a scale proposal's card shows the dry run as a diff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
-    use crate::investigation::tool_calls;
+    use crate::support::provider::tool_calls;
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let fake = crate::operator::FakeApi::start().await;
+    let fake = crate::support::fake_api::FakeApi::start().await;
     let (llm, script) = mock().await;
-    fake.apply("deployments", crate::operator::deployment());
+    fake.apply("deployments", crate::support::fake_api::deployment());
     fake.apply(
         "chatpolicies",
         json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
@@ -500,11 +439,11 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
         "spec": {"sessions": ["*"], "provider": "gpt",
             "proposals": {"allowedActions": ["scale"], "allowedNamespaces": ["shop"]}}}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let server = crate::operator::start_run(&fake, dir.path(), &llm).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = crate::support::server::start_run(&fake, dir.path(), &llm).await;
     let target =
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
-    crate::llm::push(
+    crate::support::provider::push(
         &script,
         tool_calls(&[(
             "p1",
@@ -513,12 +452,12 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
                 "rationale": "the queue is backing up"}),
         )]),
     );
-    crate::llm::push(
+    crate::support::provider::push(
         &script,
         streamed(&openai(), (openai().text_stream)(&["Proposed."])),
     );
-    crate::investigation::chat_once(
-        &crate::common::http_client(),
+    crate::support::chat::chat_once(
+        &crate::support::net::http_client(),
         &server,
         json!({"name": "incident-diff", "namespace": "team-a"}),
         "scale api to 5",
@@ -589,7 +528,7 @@ fn layout_responder(body: &Value) -> Option<Reply> {
 async fn the_dashboard_keeps_live_cards_in_view_and_fits_a_phone() {
     let (llm, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(layout_responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
         format!(
@@ -608,7 +547,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     // On loopback: no sign-in.
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let url = server.url("");

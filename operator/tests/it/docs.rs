@@ -4,7 +4,7 @@
 //! every condition reason it sets.
 
 use super::chart::registered_metrics;
-use super::manifests::root;
+use crate::support::yaml::root;
 use serde_json::Value;
 use std::fmt::Write;
 
@@ -171,7 +171,7 @@ fn crd_reference_is_generated_from_the_schemas() {
     let path = root().join("docs/crds.md");
     let expected = crd_reference();
     if std::env::var_os("KORTEX_UPDATE_DOCS").is_some() {
-        std::fs::write(&path, &expected).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, &expected).unwrap();
         return;
     }
     let actual = std::fs::read_to_string(&path).unwrap_or_default();
@@ -198,8 +198,7 @@ fn metrics_reference_describes_every_metric() {
 fn troubleshooting_covers_every_condition_reason() {
     let doc = std::fs::read_to_string(root().join("docs/troubleshooting.md")).unwrap_or_default();
     let mut reasons = Vec::new();
-    let re = regex::Regex::new(r#"pub const [A-Z_]+: &str = "([A-Za-z]+)";"#)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let re = regex::Regex::new(r#"pub const [A-Z_]+: &str = "([A-Za-z]+)";"#).unwrap();
     for (file, module) in [
         ("operator/src/crd/conditions.rs", "pub mod reasons"),
         ("operator/src/llm/probe.rs", "pub mod reasons"),

@@ -3,10 +3,10 @@
 //! speak with an identity header, reach a metadata address, follow a redirect, or exhaust
 //! memory with an endless answer.
 
-use crate::chat::{Sse, get_json, run_ended};
-use crate::common::http_client;
-use crate::investigation::tool_calls;
-use crate::llm::{Reply, mock, openai, push, streamed};
+use crate::support::chat::{Sse, get_json, run_ended};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::http_client;
+use crate::support::provider::{Reply, mock, openai, push, streamed, tool_calls};
 use axum::extract::State;
 use axum::response::IntoResponse;
 use serde_json::json;
@@ -62,13 +62,13 @@ async fn redirector(to: String) -> String {
                 .into_response()
         }
     });
-    crate::common::serve(app).await
+    crate::support::net::serve(app).await
 }
 
 /// Opens the session `name` and asks once; the run's events.
-async fn ask(server: &crate::binary::Server, name: &str, content: &str) -> Vec<Sse> {
-    let id = crate::policy::session(server, name).await;
-    crate::policy::ask(server, &id, content).await
+async fn ask(server: &crate::support::server::Server, name: &str, content: &str) -> Vec<Sse> {
+    let id = crate::support::chat::session(server, name).await;
+    crate::support::chat::ask(server, &id, content).await
 }
 
 fn error_message(events: &[Sse]) -> String {
@@ -80,13 +80,13 @@ fn error_message(events: &[Sse]) -> String {
 }
 
 /// The tool result a provider server was sent for `call_id`.
-fn tool_result(script: &crate::llm::Script, call_id: &str) -> String {
+fn tool_result(script: &crate::support::provider::Script, call_id: &str) -> String {
     script
         .seen
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .find_map(|s| crate::investigation::tool_result(&s.body, call_id))
+        .find_map(|s| crate::support::provider::tool_result(&s.body, call_id))
         .unwrap_or_else(|| panic!("no result for {call_id}"))
 }
 
@@ -94,7 +94,7 @@ fn tool_result(script: &crate::llm::Script, call_id: &str) -> String {
 async fn no_resource_can_reach_kortex_itself_speak_as_someone_or_flood_it() {
     let (base, script) = mock().await;
     let state = Arc::new(Relay::default());
-    let relay_url = crate::common::serve(
+    let relay_url = crate::support::net::serve(
         axum::Router::new()
             .fallback(relay)
             .with_state(state.clone()),
@@ -103,9 +103,7 @@ async fn no_resource_can_reach_kortex_itself_speak_as_someone_or_flood_it() {
     let (elsewhere, elsewhere_seen) = mock().await;
     let redirect = redirector(format!("{elsewhere}/v1/chat/completions")).await;
     let (flood, flood_script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     let provider = |name: &str, url: &str| {
         format!(
             "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: {name}}}\nspec: {{type: openai-compatible, baseUrl: \"{url}/v1\", defaultModel: m1, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: {name}}}\nspec: {{sessions: [\"{name}-*\"], provider: {name}}}\n---\n"
@@ -135,8 +133,8 @@ spec:
     headers: [{{name: X-Forwarded-User, value: victim}}]
 "#
     ));
-    std::fs::write(m.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
-    let server = crate::binary::Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
+    std::fs::write(m.join("all.yaml"), yaml).unwrap();
+    let server = crate::support::server::Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
     *state.to.lock().unwrap_or_else(|e| e.into_inner()) = server.url("");
     // Kortex's own address, as a tool author who knows it would write it.
     std::fs::write(
@@ -146,7 +144,7 @@ spec:
             server.url("/chat/v1/sessions")
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let client = http_client();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let tools = loop {

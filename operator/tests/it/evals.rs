@@ -5,8 +5,9 @@
 //! `--record` then `GET /api/v1/evals`; `eval record` round-trips a real session; and the
 //! starter suite in `evals/` loads and its recordings answer the calls they expect.
 
-use crate::binary::Server;
-use crate::llm::{mock, openai, streamed};
+use crate::support::chat::open_session;
+use crate::support::provider::{mock, openai, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;
@@ -17,9 +18,9 @@ const BIN: &str = env!("CARGO_BIN_EXE_kortex");
 
 fn write(path: &Path, text: &str) {
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::create_dir_all(dir).unwrap();
     }
-    std::fs::write(path, text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(path, text).unwrap();
 }
 
 fn config(dir: &Path, llm: &str) {
@@ -84,7 +85,7 @@ fn scenarios(dir: &Path) {
 
 /// The scripted model: what it does depends on the question and on how many tool results
 /// the conversation already has; the `weak` model never calls a tool.
-fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::llm::Reply> {
+fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::support::provider::Reply> {
     let d = openai();
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     let question = messages
@@ -115,7 +116,7 @@ fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::llm::Reply> {
         } else {
             json!({"pass": false, "reason": "names no fix"})
         };
-        return Some(crate::llm::json_reply(
+        return Some(crate::support::provider::json_reply(
             200,
             &(d.text_json)(&verdict.to_string()),
         ));
@@ -168,11 +169,7 @@ fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::llm::Reply> {
 }
 
 fn eval(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .arg("eval")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new(BIN).arg("eval").args(args).output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -204,7 +201,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
     let f = flaky.clone();
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(move |body: &Value| script(body, &f)));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     scenarios(dir.path());
     let junit = dir.path().join("junit.xml");
@@ -236,7 +233,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
         }
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     assert_eq!(code, 1, "1 of 4 passed, below --min-pass-rate 50%: {err}");
     // Without manifests and without a cluster: told what to pass.
@@ -249,7 +246,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
         .env_remove("KUBECONFIG")
         .env("HOME", dir.path())
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(!bare.status.success());
     assert!(
         String::from_utf8_lossy(&bare.stderr)
@@ -309,7 +306,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
             &junit.display().to_string(),
         ])
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let parsed = String::from_utf8_lossy(&check.stdout);
     assert!(
         parsed.starts_with("4 3 scripted 4 3 called get_events"),
@@ -319,8 +316,11 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
 
     // --record: the server's API lists it.
     let server = Server::start_with_url(&dir.path().join("config"), &db_url, &[]);
-    let evals: Value =
-        crate::chat::get_json(&crate::common::http_client(), server.url("/api/v1/evals")).await;
+    let evals: Value = crate::support::chat::get_json(
+        &crate::support::net::http_client(),
+        server.url("/api/v1/evals"),
+    )
+    .await;
     let items = evals["items"].as_array().cloned().unwrap_or_default();
     assert_eq!(items.len(), 1, "{evals:#}");
     assert_eq!(
@@ -338,13 +338,15 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
     );
     // The dashboard's Evals page shows it.
     let url = server.url("");
-    if let Some(out) =
-        crate::dashboard::run_browser("evals.mjs", &[("KORTEX_URL", url.trim_end_matches('/'))])
-            .await
+    if let Some(out) = crate::support::browser::run_browser(
+        "evals.mjs",
+        &[("KORTEX_URL", url.trim_end_matches('/'))],
+    )
+    .await
     {
-        crate::dashboard::passed(&out, &server);
+        crate::support::browser::passed(&out, &server);
         assert!(
-            crate::dashboard::screenshots()
+            crate::support::browser::screenshots()
                 .join("evals-dark.png")
                 .exists()
         );
@@ -359,7 +361,7 @@ async fn repeats_give_an_interval_and_compare_runs_side_by_side() {
     let f = flaky.clone();
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(move |body: &Value| script(body, &f)));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let d = dir.path().join("flaky");
     write(
@@ -387,7 +389,7 @@ async fn repeats_give_an_interval_and_compare_runs_side_by_side() {
             ])
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     };
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
@@ -419,7 +421,7 @@ async fn repeats_give_an_interval_and_compare_runs_side_by_side() {
         ])
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(code, 0, "{err}");
     let header = out.lines().next().unwrap_or_default();
     assert!(
@@ -461,20 +463,11 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
     let f = flaky.clone();
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(move |body: &Value| script(body, &f)));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let server = Server::start(&dir.path().join("config"), &dir.path().join("k.db"), &[]);
-    let client = crate::common::http_client();
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-checkout"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    let client = crate::support::net::http_client();
+    let id = open_session(&server, json!({"name": "incident-checkout"})).await;
     // A question with an API-key-looking string in it: recorded redacted.
     let r = client
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
@@ -482,8 +475,8 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         .json(&json!({"content": "Has checkout crashed like this before? Our token is sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse(r, crate::chat::run_ended).await;
+        .unwrap();
+    let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
     assert!(
         events.iter().any(|e| e.event == "tool.end"),
         "the session called a tool"
@@ -505,10 +498,10 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
                 "checkout-before",
             ])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert!(
         recorded.status.success(),
         "{}",
@@ -541,7 +534,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         scenario_dir.join("scenario.yaml"),
         yaml.replace("facts: []", "facts: [PAYMENT_URL]"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let (scenarios, manifests) = (
         scenario_dir.display().to_string(),
         dir.path().join("config").display().to_string(),
@@ -560,7 +553,7 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
         ])
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(code, 0, "{out}\n{err}");
     let report: Value = serde_json::from_str(&out).unwrap_or_default();
     assert_eq!(
@@ -589,7 +582,7 @@ fn concrete(pattern: &Value) -> Value {
 async fn every_starter_scenario_can_be_passed() {
     use kortex::eval::scenario::Scenario;
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("../evals");
-    let scenarios: Vec<Scenario> = Scenario::load_all(&suite).unwrap_or_else(|e| panic!("{e}"));
+    let scenarios: Vec<Scenario> = Scenario::load_all(&suite).unwrap();
     let (llm, s) = mock().await;
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(move |body: &Value| {
         let d = openai();
@@ -653,7 +646,7 @@ async fn every_starter_scenario_can_be_passed() {
             .collect();
         Some(streamed(&d, (d.tools_stream)(&scripted)))
     }));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let (suite, manifests) = (
         suite.display().to_string(),
@@ -675,7 +668,7 @@ async fn every_starter_scenario_can_be_passed() {
         ])
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}\n{err}"));
     let failed: Vec<String> = report["targets"][0]["results"]
         .as_array()
@@ -698,7 +691,7 @@ async fn a_judge_grades_the_rubric_once_the_checks_pass() {
     let f = flaky.clone();
     *s.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(move |body: &Value| script(body, &f)));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let logs = r#"[{"tool": "get_logs", "args": {}, "result": "fatal: missing required config key PAYMENT_URL"}]"#;
     for (name, question) in [
@@ -732,7 +725,7 @@ async fn a_judge_grades_the_rubric_once_the_checks_pass() {
         ])
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(code, 0, "{err}");
     let report: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(report["judged"], true);

@@ -1,9 +1,10 @@
 //! Faults injected from outside into the real binary and real servers (docs/reliability.md).
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::llm::{mock, openai, push, streamed};
-use crate::policy::{ask, session, state};
+use crate::support::chat::{ask, post_message, session, state};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -116,7 +117,7 @@ spec: {{sessions: ["*"], provider: model{policy}}}
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 /// A PostgreSQL of the test's own, or `None` (the test is skipped) without PostgreSQL's
@@ -138,14 +139,12 @@ fn own_postgres() -> Option<Postgres> {
 async fn on_own_postgres() -> Option<(
     Postgres,
     Server,
-    std::sync::Arc<crate::llm::Script>,
+    std::sync::Arc<crate::support::provider::Script>,
     tempfile::TempDir,
 )> {
     let pg = own_postgres()?;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, "");
     let server = Server::start_with_url(&m, &pg.url(), &[]);
     Some((pg, server, script, dir))
@@ -175,7 +174,7 @@ async fn postgres_stopped_and_started_again() {
         .json(&json!({"name": "s-2"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 503);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
@@ -204,7 +203,8 @@ async fn postgres_stopped_and_started_again() {
     let events = ask(&server, &id, "second question").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
     let stored =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     let texts: Vec<&str> = stored["messages"]
         .as_array()
         .map(|m| m.iter().filter_map(|m| m["content"].as_str()).collect())
@@ -233,9 +233,7 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
         return;
     };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (_dir, m) = manifest_dir();
     manifests_with(
         &m,
         &base,
@@ -246,7 +244,7 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
         m.join("gateway.yaml"),
         "apiVersion: v1\nkind: Secret\nmetadata: {name: gw, labels: {kortex.dev/credentials: gateway}, annotations: {kortex.dev/policy: all}}\nstringData: {team: shop, key: kgw-faults-1}\n",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start_with_url(&m, &pg.url(), &[]);
     let client = http_client();
     let call = || {
@@ -257,7 +255,7 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
             .send()
     };
     pg.down();
-    let r = call().await.unwrap_or_else(|e| panic!("{e}"));
+    let r = call().await.unwrap();
     assert_eq!(r.status().as_u16(), 503);
     assert_eq!(
         r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
@@ -267,7 +265,10 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
     assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
     pg.up();
     let d = openai();
-    push(&script, crate::llm::json_reply(200, &(d.text_json)("back")));
+    push(
+        &script,
+        crate::support::provider::json_reply(200, &(d.text_json)("back")),
+    );
     eventually("the gateway serving again", || async {
         let r = call().await.map_err(|e| e.to_string())?;
         match r.status().as_u16() {
@@ -296,12 +297,7 @@ async fn postgres_stopped_during_a_run() {
     push(&script, slow);
     let id = session(&server, "s-1").await;
     let client = http_client();
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "a question"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post_message(&server, &id, "a question").await;
     assert_eq!(r.status().as_u16(), 202);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     pg.down();
@@ -333,10 +329,10 @@ async fn postgres_stopped_during_a_run() {
         .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse(r, crate::chat::run_ended).await;
+        .unwrap();
+    let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
     assert_eq!(
-        crate::policy::text(&events),
+        crate::support::chat::text(&events),
         "Slow and steady answer.",
         "{events:?}"
     );
@@ -356,7 +352,7 @@ async fn sqlite_pool(path: &Path) -> sqlx::AnyPool {
     sqlx::any::install_default_drivers();
     sqlx::AnyPool::connect(&format!("sqlite://{}", path.display()))
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// Two replicas on one PostgreSQL; the one running a run is killed (`kill -9`) in the middle
@@ -382,15 +378,15 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
         .json(&json!({"content": "a question"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    crate::llm::provider_called(&script).await;
+    crate::support::provider::provider_called(&script).await;
     a.kill9();
     let killed = tokio::time::Instant::now();
 
     let url = b.url(&format!("/chat/v1/sessions/{id}"));
     let stored = loop {
-        let s = crate::chat::get_json(&client, url.as_str()).await;
+        let s = crate::support::chat::get_json(&client, url.as_str()).await;
         if s["status"] != "running" {
             break s;
         }
@@ -411,8 +407,8 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
         .get(b.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse(r, |e| state(e) == json!("failed")).await;
+        .unwrap();
+    let events = crate::support::chat::read_sse(r, |e| state(e) == json!("failed")).await;
     assert!(
         events
             .iter()
@@ -450,7 +446,7 @@ impl Tmpfs {
     fn fill(&self) -> PathBuf {
         use std::io::Write;
         let path = self.path().join("filler");
-        let mut f = std::fs::File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+        let mut f = std::fs::File::create(&path).unwrap();
         let block = vec![0u8; 16 * 1024];
         while f.write_all(&block).and_then(|()| f.flush()).is_ok() {}
         path
@@ -477,9 +473,7 @@ async fn sqlite_on_a_full_disk() {
         return;
     };
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (_dir, m) = manifest_dir();
     manifests(&m, &base, "");
     let db = disk.path().join("k.db");
     let server = Server::start_with_args(&m, &db, &[]);
@@ -502,7 +496,7 @@ async fn sqlite_on_a_full_disk() {
             .json(&json!({"name": "s-2"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
     )
     .await;
     assert_eq!(
@@ -516,7 +510,7 @@ async fn sqlite_on_a_full_disk() {
             .json(&json!({"content": "while full"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
     )
     .await;
     assert_eq!(
@@ -526,11 +520,12 @@ async fn sqlite_on_a_full_disk() {
     );
     // Reads go on, and the session is not left running.
     let stored =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     assert_eq!(stored["status"], "idle", "{stored}");
     assert_eq!(server.get("/healthz").await.0, 200);
 
-    std::fs::remove_file(&filler).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(&filler).unwrap();
     push(&script, streamed(&d, (d.text_stream)(&["Stored after."])));
     let events = ask(&server, &id, "after").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
@@ -538,17 +533,17 @@ async fn sqlite_on_a_full_disk() {
 
     let store = kortex::store::Store::connect(&format!("sqlite://{}", db.display()))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let pool = sqlite_pool(&db).await;
     let check: String = sqlx::query_scalar("PRAGMA integrity_check")
         .fetch_one(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(check, "ok");
     let texts: Vec<String> = store
         .list_messages(&id)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .into_iter()
         .map(|m| m.content)
         .collect();
@@ -566,10 +561,8 @@ async fn sqlite_on_a_full_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let (base, script) = mock().await;
-    let (bridge, bridge_seen) = crate::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
+    let (dir, m) = manifest_dir();
     // A priced model under a daily limit: every call reserves budget first.
     manifests_with(
         &m,
@@ -591,7 +584,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let db = dir.path().join("k.db");
     let d = openai();
     let client = http_client();
@@ -609,20 +602,16 @@ spec:
     stalled.stall = Some(Duration::from_secs(60));
     push(&script, stalled);
     let answer = session(&server, "s-answer").await;
-    let r = post(&server, &answer, "question one")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post(&server, &answer, "question one").await.unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    crate::llm::provider_called(&script).await;
+    crate::support::provider::provider_called(&script).await;
     // Mid-tool-call: the model calls the slow tool; Kortex dies while it runs.
     push(
         &script,
-        crate::investigation::tool_calls(&[("c1", "slow_lookup", json!({}))]),
+        crate::support::provider::tool_calls(&[("c1", "slow_lookup", json!({}))]),
     );
     let tool = session(&server, "s-tool").await;
-    let r = post(&server, &tool, "question two")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post(&server, &tool, "question two").await.unwrap();
     assert_eq!(r.status().as_u16(), 202);
     eventually("the tool call under way", || async {
         let slow = bridge_seen
@@ -642,13 +631,13 @@ spec:
         let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM budget_reservations")
             .fetch_one(&pool)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let total: i64 = sqlx::query_scalar(
             "SELECT CAST(COALESCE(SUM(reserved), 0) AS BIGINT) FROM budget_counters",
         )
         .fetch_one(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         pool.close().await;
         (rows, total)
     };
@@ -670,7 +659,7 @@ spec:
     for id in [&answer, &tool] {
         let url = server.url(&format!("/chat/v1/sessions/{id}"));
         let stored = eventually("the interrupted run ended", || async {
-            let s = crate::chat::get_json(&client, url.as_str()).await;
+            let s = crate::support::chat::get_json(&client, url.as_str()).await;
             if s["status"] == "running" {
                 Err(s.to_string())
             } else {
@@ -705,7 +694,8 @@ spec:
         assert_eq!(state(&events), json!("completed"), "{events:?}");
     }
     let tool_session =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{tool}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{tool}")))
+            .await;
     assert!(
         tool_session.to_string().contains("slow_lookup"),
         "the interrupted call is in the transcript: {tool_session}"
@@ -719,14 +709,12 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_deleted_while_in_use_then_restored() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, ", apiKeySecretRef: {name: keys, key: model}");
     let secret = m.join("secret.yaml");
     let secret_yaml =
         "apiVersion: v1\nkind: Secret\nmetadata: {name: keys}\nstringData: {model: sk-in-use-1}\n";
-    std::fs::write(&secret, secret_yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&secret, secret_yaml).unwrap();
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let client = http_client();
     let d = openai();
@@ -738,7 +726,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
     let client = &client;
     let available = |want: bool| {
         eventually("the provider's availability", move || async move {
-            let v = crate::chat::get_json(client, url.as_str()).await;
+            let v = crate::support::chat::get_json(client, url.as_str()).await;
             let p = v["items"]
                 .as_array()
                 .and_then(|i| i.iter().find(|p| p["name"] == "model").cloned())
@@ -750,7 +738,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
             }
         })
     };
-    std::fs::remove_file(&secret).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(&secret).unwrap();
     let p = available(false).await;
     let resolved = p["conditions"]
         .as_array()
@@ -776,7 +764,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
         error.contains("provider_unavailable") && error.contains("model"),
         "{error}"
     );
-    std::fs::write(&secret, secret_yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&secret, secret_yaml).unwrap();
     available(true).await;
     push(&script, streamed(&d, (d.text_stream)(&["back"])));
     assert_eq!(state(&ask(&server, &id, "three").await), json!("completed"));
@@ -789,8 +777,10 @@ async fn a_secret_deleted_while_in_use_then_restored() {
 /// watches are back (they resume where they were), and its status is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_then_back() {
-    use crate::investigation::{chat_once, tool_calls};
-    use crate::operator::{FakeApi, condition, provider, start_run};
+    use crate::support::chat::chat_once;
+    use crate::support::fake_api::{FakeApi, condition, provider};
+    use crate::support::provider::tool_calls;
+    use crate::support::server::start_run;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -800,14 +790,14 @@ async fn cluster_api_server_unreachable_then_back() {
             "metadata": {"name": "all", "namespace": "team-a"},
             "spec": {"sessions": ["*"], "provider": "gpt", "runToolsAsUser": false}}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
     let client = http_client();
     let d = openai();
     let transcript = |id: String| {
         let client = client.clone();
         let url = server.url(&format!("/chat/v1/sessions/{id}"));
-        async move { crate::chat::get_json(&client, url).await }
+        async move { crate::support::chat::get_json(&client, url).await }
     };
     push(&script, streamed(&d, (d.text_stream)(&["Before."])));
     let id = chat_once(
@@ -923,11 +913,12 @@ async fn cluster_api_server_unreachable_then_back() {
 /// server answers, the same caller gets in and `/readyz` says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_says_why() {
-    use crate::operator::{FakeApi, start_run_with};
+    use crate::support::fake_api::FakeApi;
+    use crate::support::server::start_run_with;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, _script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
     let client = http_client();
     let as_bob = || async {
@@ -936,7 +927,7 @@ async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_sa
             .bearer_auth("bob-token")
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json::<Value>().await.unwrap_or_default())
     };
@@ -966,14 +957,16 @@ async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_sa
 /// after it the proposal ends `Failed` as interrupted. The target was written once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_leader_lost_mid_execution_executes_once() {
-    use crate::operator::{FakeApi, kubectl_kortex, pending_restarts, phase, start_run_with};
+    use crate::support::fake_api::{FakeApi, phase};
+    use crate::support::server::{kubectl_kortex, pending_restarts, start_run_with};
     const STUCK: &str = "/apis/apps/v1/namespaces/shop/deployments/stuck";
     let fake = FakeApi::start().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (leader, names) = pending_restarts(&fake, dir.path(), &["stuck"]).await;
     let stuck = names[0].clone();
     fake.hang(STUCK);
-    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob =
+        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &stuck, "--no-wait"]).await;
     assert!(ok, "{out}");
     let writes = |f: &FakeApi| {
@@ -1044,8 +1037,9 @@ async fn cluster_leader_lost_mid_execution_executes_once() {
 /// Secret is back, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_secret_deleted_while_in_use_then_restored() {
-    use crate::investigation::chat_once;
-    use crate::operator::{FakeApi, condition, secret, start_run};
+    use crate::support::chat::chat_once;
+    use crate::support::fake_api::{FakeApi, condition, secret};
+    use crate::support::server::start_run;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -1055,7 +1049,7 @@ async fn cluster_a_secret_deleted_while_in_use_then_restored() {
             "metadata": {"name": "all", "namespace": "team-a"},
             "spec": {"sessions": ["*"], "provider": "gpt"}}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
     let client = http_client();
     let d = openai();
@@ -1069,7 +1063,7 @@ async fn cluster_a_secret_deleted_while_in_use_then_restored() {
     .await;
     let url = server.url(&format!("/chat/v1/sessions/{id}"));
     assert_eq!(
-        crate::chat::get_json(&client, url.as_str()).await["messages"][1]["content"],
+        crate::support::chat::get_json(&client, url.as_str()).await["messages"][1]["content"],
         "Keyed."
     );
 

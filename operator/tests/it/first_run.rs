@@ -6,9 +6,10 @@
 //! and in the session); `providers check` fails with the fix. Then the local model becomes
 //! reachable: the banners go and the question is answered.
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::llm::{mock, ollama, streamed};
+use crate::support::chat::open_session;
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, ollama, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,13 +24,8 @@ struct Toggle {
 
 impl Toggle {
     async fn start(target: String) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let url = format!(
-            "http://{}",
-            listener.local_addr().unwrap_or_else(|e| panic!("{e}"))
-        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
         let up = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(AtomicUsize::new(0));
         let (u, c) = (up.clone(), connections.clone());
@@ -56,16 +52,16 @@ impl Toggle {
     }
 }
 
-async fn ask(server: &Server, id: &str, question: &str) -> Vec<crate::chat::Sse> {
+async fn ask(server: &Server, id: &str, question: &str) -> Vec<crate::support::chat::Sse> {
     let r = http_client()
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
         .header("accept", "text/event-stream")
         .json(&json!({"content": question}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    crate::chat::read_sse(r, crate::chat::run_ended).await
+    crate::support::chat::read_sse(r, crate::support::chat::run_ended).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,15 +73,15 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
     }));
     let toggle = Toggle::start(llm.trim_start_matches("http://").to_owned()).await;
     // The README's local samples, with Ollama's address on the toggle.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let samples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples/local");
     for f in ["policy.yaml", "providers.yaml"] {
-        let text = std::fs::read_to_string(samples.join(f)).unwrap_or_else(|e| panic!("{e}"));
+        let text = std::fs::read_to_string(samples.join(f)).unwrap();
         std::fs::write(
             dir.path().join(f),
             text.replace("http://127.0.0.1:11434", &toggle.url),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     }
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
 
@@ -126,16 +122,7 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
 
     // A question fails at once, saying what to do, and nothing is sent to Ollama.
     let client = http_client();
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-1"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
+    let id = open_session(&server, json!({"name": "incident-1"})).await;
     let events = ask(&server, &id, "Why is checkout down?").await;
     let error = events
         .iter()
@@ -175,14 +162,15 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
     );
     // Read back later, the session says why that run failed.
     let stored: Value =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     assert_eq!(
         stored["failedRuns"][0]["reason"].as_str(),
         Some(message.as_str()),
         "{stored}"
     );
     // The session's route (the dashboard's banner) says the same.
-    let route: Value = crate::chat::get_json(
+    let route: Value = crate::support::chat::get_json(
         &client,
         server.url(&format!("/chat/v1/sessions/{id}/route")),
     )
@@ -198,10 +186,10 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
             .env_remove("ANTHROPIC_API_KEY")
             .env_remove("OPENAI_API_KEY")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let said = String::from_utf8_lossy(&check.stdout);
     assert!(!check.status.success(), "{said}");
     assert!(said.contains("✗ ChatPolicy local: No provider of ChatPolicy local can answer now — ollama: unreachable"), "{said}");
@@ -217,8 +205,7 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         toggle.up.store(true, Ordering::SeqCst);
         let policy = dir.path().join("policy.yaml");
         let text = std::fs::read_to_string(&policy).unwrap_or_default();
-        std::fs::write(&policy, format!("{text}\n# Ollama is up\n"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&policy, format!("{text}\n# Ollama is up\n")).unwrap();
     };
     let url = server.url("");
     let seen_path = seen.display().to_string();
@@ -227,12 +214,15 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         ("SESSION", id.as_str()),
         ("SEEN", seen_path.as_str()),
     ];
-    let (browser, ()) = tokio::join!(crate::dashboard::run_browser("first_run.mjs", &env), flip);
+    let (browser, ()) = tokio::join!(
+        crate::support::browser::run_browser("first_run.mjs", &env),
+        flip
+    );
     if let Some(out) = browser {
-        crate::dashboard::passed(&out, &server);
+        crate::support::browser::passed(&out, &server);
     }
     eventually("the route is reachable", || async {
-        let route: Value = crate::chat::get_json(
+        let route: Value = crate::support::chat::get_json(
             &client,
             server.url(&format!("/chat/v1/sessions/{id}/route")),
         )
@@ -245,7 +235,8 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
     })
     .await;
     let session: Value =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     if session["status"] != "idle" {
         // Without a browser, ask here.
         let events = ask(&server, &id, "Hello?").await;
@@ -256,7 +247,8 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         );
     }
     let session: Value =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     let answered = session["messages"]
         .as_array()
         .into_iter()

@@ -282,16 +282,16 @@ fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
     use axum::body::Body;
     use axum::http::{Request, header};
     use kortex::http::auth::AuthMode;
-    let rt = tokio::runtime::Runtime::new().unwrap_or_else(|e| panic!("{e}"));
-    let h = rt.block_on(crate::http::harness(AuthMode::Loopback));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let h = rt.block_on(crate::support::app::harness(AuthMode::Loopback));
     let post = |path: &str, content_type: &str, body: Vec<u8>| {
         Request::post(path)
             .header(header::HOST, "127.0.0.1:8080")
             .header(header::CONTENT_TYPE, content_type)
             .body(Body::from(body))
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     };
-    let (status, _, created) = rt.block_on(crate::http::call(
+    let (status, _, created) = rt.block_on(crate::support::app::call(
         &h.app,
         post(
             "/chat/v1/sessions",
@@ -325,7 +325,7 @@ fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
             let (status, _, text) = rt.block_on(async {
                 tokio::time::timeout(
                     std::time::Duration::from_secs(10),
-                    crate::http::call(&h.app, post(path, content_type, body)),
+                    crate::support::app::call(&h.app, post(path, content_type, body)),
                 )
                 .await
                 .unwrap_or_else(|_| panic!("{path}: no answer within 10 s"))
@@ -340,12 +340,10 @@ fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
             }
             Ok(())
         })
-        .unwrap_or_else(|e| panic!("{e}"));
-    let (status, _, _) = rt.block_on(crate::http::call(
+        .unwrap();
+    let (status, _, _) = rt.block_on(crate::support::app::call(
         &h.app,
-        Request::get("/healthz")
-            .body(Body::empty())
-            .unwrap_or_else(|e| panic!("{e}")),
+        Request::get("/healthz").body(Body::empty()).unwrap(),
     ));
     assert_eq!(status.as_u16(), 200);
 }
@@ -422,7 +420,7 @@ proptest! {
         let result: rmcp::model::CallToolResult = serde_json::from_value(
             serde_json::json!({"content": content, "structuredContent": value}),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let rendered = kortex::tools::mcp::render(&result, max);
         let note = format!(
             "\n[truncated: the result is longer than maxResultBytes ({max} bytes)]"

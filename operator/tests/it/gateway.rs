@@ -3,9 +3,10 @@
 //! streaming, tool calls, JSON-schema output, models, an unknown model, a bad key and an
 //! exhausted budget — then usage per team and what reached the upstream.
 
-use crate::binary::Server;
-use crate::common::http_client;
-use crate::llm::{Reply, mock, openai, streamed};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::http_client;
+use crate::support::provider::{Reply, mock, openai, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Duration;
@@ -19,7 +20,7 @@ fn responder(body: &Value) -> Option<Reply> {
         let data: Vec<Value> = (0..inputs.len())
             .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.5, -0.25, 0.125]}))
             .collect();
-        return Some(crate::llm::json_reply(
+        return Some(crate::support::provider::json_reply(
             200,
             &json!({"object": "list", "data": data, "model": "embed-small", "usage": {"prompt_tokens": 4, "total_tokens": 4}}),
         ));
@@ -29,7 +30,7 @@ fn responder(body: &Value) -> Option<Reply> {
     let whole = body["stream"] != json!(true);
     let text = |parts: &[&str]| {
         if whole {
-            crate::llm::json_reply(200, &(d.text_json)(&parts.concat()))
+            crate::support::provider::json_reply(200, &(d.text_json)(&parts.concat()))
         } else {
             streamed(&d, (d.text_stream)(parts))
         }
@@ -37,7 +38,7 @@ fn responder(body: &Value) -> Option<Reply> {
     if body["tools"].as_array().is_some_and(|t| !t.is_empty()) && last["role"] == "user" {
         let call = [("call_w1", "get_weather", r#"{"city": "Paris"}"#)];
         return Some(if whole {
-            crate::llm::json_reply(200, &(d.tools_json)(&call))
+            crate::support::provider::json_reply(200, &(d.tools_json)(&call))
         } else {
             streamed(&d, (d.tools_stream)(&call))
         });
@@ -95,7 +96,7 @@ metadata: {{name: broke}}
 spec: {{sessions: ["gateway-broke"], provider: upstream, budget: {{dailyUsdLimit: 0}}}}
 "#
     );
-    std::fs::write(dir.join("gateway.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("gateway.yaml"), yaml).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,9 +119,7 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
     }
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(responder));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let url = server.url("");
@@ -135,9 +134,9 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
     });
     let out = tokio::time::timeout(Duration::from_secs(120), run)
         .await
-        .unwrap_or_else(|_| panic!("the SDK script did not finish in 120 s"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|e| panic!("python: {e}"));
+        .expect("the SDK script did not finish in 120 s")
+        .unwrap()
+        .expect("python");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -209,7 +208,7 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
             .get(server.url("/api/v1/usage?by=user"))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .json()
             .await
             .unwrap_or_default();
@@ -291,7 +290,7 @@ spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requests
 "#
             ),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     };
     // Within one clock minute: the windows are per minute.
     let second = jiff::Timestamp::now().as_second().rem_euclid(60);
@@ -301,7 +300,7 @@ spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requests
         ))
         .await;
     }
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     write(dir.path());
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let client = http_client();
@@ -316,7 +315,7 @@ spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requests
                 )
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         }
     };
     let url = server.url("/v1/chat/completions");
@@ -358,7 +357,7 @@ spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requests
     assert!(server.terminate().success());
 
     // Two replicas, one PostgreSQL, one policy limit of 4 per minute.
-    let Some(db) = crate::common::postgres().await else {
+    let Some(db) = crate::support::db::postgres().await else {
         return;
     };
     let second = jiff::Timestamp::now().as_second().rem_euclid(60);

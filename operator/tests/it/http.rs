@@ -1,9 +1,10 @@
-//! The HTTP API in-process (axum `oneshot`), over a real manifest folder and SQLite.
+//! The HTTP API in-process (axum `oneshot`, `support::app`), over a real manifest folder
+//! (`support::app::MANIFESTS`) and SQLite.
 
-use crate::common::sqlite;
+use crate::support::app::{Harness, call, harness};
+use crate::support::db::{proposal, sqlite};
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use http_body_util::BodyExt;
 use kortex::http::auth::AuthMode;
 use kortex::http::{AppState, router};
 use kortex::live;
@@ -11,122 +12,12 @@ use kortex::metrics::Metrics;
 use kortex::source::ManifestSource;
 use serde_json::Value;
 use std::sync::Arc;
-use tower::ServiceExt;
-
-const MANIFESTS: &str = "apiVersion: v1
-kind: Secret
-metadata: {name: llm-keys}
-stringData:
-  anthropic: ${TEST_ANTHROPIC_KEY}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: alice-key
-  labels: {kortex.dev/credentials: chat}
-stringData: {user: alice, key: chat-key-alice}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {name: anthropic}
-spec:
-  type: anthropic
-  apiKeySecretRef: {name: llm-keys, key: anthropic}
-  defaultModel: claude-opus-4-6
-  headers:
-    - {name: X-Team, value: literal-header-value}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {name: openai}
-spec:
-  type: openai
-  apiKeySecretRef: {name: missing, key: openai}
-  defaultModel: gpt-5
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {name: broken}
-spec:
-  type: azure
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {name: default, namespace: team-a}
-spec: {sessions: ['*'], provider: nope, proposals: {allowedActions: [restart], approverGroups: [sre]}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: bob-key
-  labels: {kortex.dev/credentials: chat}
-stringData: {user: bob, key: chat-key-bob}
-";
-
-pub(crate) struct Harness {
-    pub(crate) app: axum::Router,
-    db: crate::common::TestDb,
-    _dir: tempfile::TempDir,
-}
-
-pub(crate) async fn harness(auth: AuthMode) -> Harness {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    std::fs::write(dir.path().join("all.yaml"), MANIFESTS).unwrap_or_else(|e| panic!("{e}"));
-    let env: kortex::source::EnvLookup =
-        Box::new(|name| (name == "TEST_ANTHROPIC_KEY").then(|| "sk-ant-TOPSECRET-123".to_owned()));
-    let mut source =
-        ManifestSource::new(vec![dir.path().to_path_buf()], env).unwrap_or_else(|e| panic!("{e}"));
-    let metrics = Arc::new(Metrics::new());
-    let config = live::load(&mut source, None, &metrics);
-    let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));
-    std::mem::forget(_tx); // keep the channel open for the test's lifetime
-    let db = sqlite().await;
-    let app = router(AppState::from(kortex::http::AppShared {
-        config: rx.clone(),
-        store: db.store.clone(),
-        probes: Default::default(),
-        engine: kortex::chat::Engine::new(
-            db.store.clone(),
-            rx.clone(),
-            std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
-                kortex::metrics::Metrics::new(),
-            ))),
-        ),
-        metrics,
-        auth,
-        cluster_auth: None,
-        auth_proxy: None,
-        limits: kortex::http::limits::Limits::new(Default::default()),
-        erasure_key: None,
-    }));
-    Harness { app, db, _dir: dir }
-}
-
-pub(crate) async fn call(
-    app: &axum::Router,
-    req: Request<Body>,
-) -> (StatusCode, axum::http::HeaderMap, String) {
-    let resp = app
-        .clone()
-        .oneshot(req)
-        .await
-        .unwrap_or_else(|e| match e {});
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    (status, headers, String::from_utf8_lossy(&body).into_owned())
-}
 
 fn get(path: &str) -> Request<Body> {
     Request::get(path)
         .header(header::HOST, "127.0.0.1:8080")
         .body(Body::empty())
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// A request with a chat key (`Bearer {key}`), and a JSON body when given.
@@ -138,7 +29,7 @@ fn request_as(key: &str, method: &str, path: &str, body: Option<Value>) -> Reque
         .header(header::AUTHORIZATION, format!("Bearer {key}"))
         .header(header::CONTENT_TYPE, "application/json")
         .body(body.map_or_else(Body::empty, |v| Body::from(v.to_string())))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// A Pending restart proposal `id` of `user` under the policy `team-a/default`, stored.
@@ -149,37 +40,21 @@ async fn pending_proposal(
     session_id: Option<String>,
     rationale: &str,
 ) {
-    let now = kortex::store::now_ms();
     let record = kortex::store::ProposalRecord {
         id: id.into(),
-        name: format!("restart-api-{id}"),
         namespace: "team-a".into(),
-        session_id,
         session_name: "incident-9".into(),
-        user: user.into(),
         policy: Some("team-a/default".into()),
-        action: "restart".into(),
-        target: None,
-        params: None,
         rationale: rationale.into(),
-        blast_radius: None,
         reversible: None,
-        provider: None,
-        model: None,
-        phase: "Pending".into(),
-        decision: None,
-        message: None,
-        preview: None,
-        undo: None,
-        expires_at: now + 600_000,
-        created_at: now,
-        updated_at: now,
-        version: 1,
+        ..proposal(
+            session_id.as_deref(),
+            user,
+            &format!("restart-api-{id}"),
+            "Pending",
+        )
     };
-    h.db.store
-        .insert_proposal(&record)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    h.db.store.insert_proposal(&record).await.unwrap();
 }
 
 fn json(body: &str) -> Value {
@@ -294,7 +169,7 @@ async fn health_readiness_metrics_and_json_errors() {
     let post = Request::post("/api/v1/tools")
         .header(header::HOST, "localhost")
         .body(Body::empty())
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let (status, _, body) = call(&h.app, post).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(json(&body)["error"]["code"], "method_not_allowed");
@@ -318,7 +193,7 @@ async fn loopback_mode_refuses_foreign_host_and_origin() {
         if let Some(o) = origin {
             b = b.header(header::ORIGIN, o);
         }
-        b.body(Body::empty()).unwrap_or_else(|e| panic!("{e}"))
+        b.body(Body::empty()).unwrap()
     };
     let (status, _, body) = call(&h.app, req("attacker.example:8080", None)).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "DNS rebinding: {body}");
@@ -337,7 +212,7 @@ async fn loopback_mode_refuses_foreign_host_and_origin() {
         Request::get("/healthz")
             .header(header::HOST, "10.0.0.7:8080")
             .body(Body::empty())
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
     )
     .await;
     assert_eq!(status, StatusCode::OK);
@@ -351,7 +226,7 @@ async fn key_mode_needs_a_chat_key() {
         if let Some(k) = key {
             b = b.header(header::AUTHORIZATION, format!("Bearer {k}"));
         }
-        b.body(Body::empty()).unwrap_or_else(|e| panic!("{e}"))
+        b.body(Body::empty()).unwrap()
     };
     let (status, headers, body) = call(&h.app, with_key(None)).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -407,7 +282,7 @@ async fn key_mode_shows_proposals_only_to_their_user_and_possible_deciders() {
 /// objects served.
 #[tokio::test]
 async fn metrics_report_reachability_and_budgets_at_scrape_time() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("all.yaml"),
         "apiVersion: kortex.dev/v1alpha1
@@ -421,9 +296,9 @@ metadata: {name: capped}
 spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
 ",
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let mut source = ManifestSource::new(vec![dir.path().to_path_buf()], Box::new(|_| None))
-        .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
+    let mut source =
+        ManifestSource::new(vec![dir.path().to_path_buf()], Box::new(|_| None)).unwrap();
     let metrics = Arc::new(Metrics::new());
     let config = live::load(&mut source, None, &metrics);
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));

@@ -4,99 +4,27 @@
 //! events and rollout history, compares a metric with its baseline, finds a similar past
 //! incident, calls a Jira-like HTTP tool and an MCP server's tool — and never sees a Secret.
 
-use crate::llm::{Reply, mock, openai, push, streamed};
+use crate::support::chat::{chat_once, open_session, post_message, wait_idle};
+use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
 use serde_json::{Value, json};
 use std::time::Duration;
 
 /// The bearer token of the Jira bridge: must never reach the model.
 const BRIDGE_TOKEN: &str = "bridge-SECRET-7f3a9";
 
-pub(crate) fn tool_calls(calls: &[(&str, &str, Value)]) -> Reply {
-    let d = openai();
-    let args: Vec<String> = calls.iter().map(|(_, _, a)| a.to_string()).collect();
-    let refs: Vec<(&str, &str, &str)> = calls
-        .iter()
-        .zip(&args)
-        .map(|((id, name, _), a)| (*id, *name, a.as_str()))
-        .collect();
-    streamed(&d, (d.tools_stream)(&refs))
-}
-
-/// The content of the tool result for `call_id` in a chat request body.
-pub(crate) fn tool_result(body: &Value, call_id: &str) -> Option<String> {
-    body["messages"]
-        .as_array()?
-        .iter()
-        .find(|m| m["role"] == "tool" && m["tool_call_id"] == call_id)
-        .and_then(|m| m["content"].as_str().map(str::to_owned))
-}
-
-/// Opens a session with `session` (its `name`, `namespace`...), sends `content` and waits
-/// until the run is over; the session's id.
-pub(crate) async fn chat_once(
-    client: &reqwest::Client,
-    server: &crate::binary::Server,
-    session: Value,
-    content: &str,
-) -> String {
-    let created: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&session)
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = created["id"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no session: {created}"))
-        .to_owned();
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": content}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    wait_idle(client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
-    id
-}
-
-pub(crate) async fn wait_idle(client: &reqwest::Client, url: &str) -> Value {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let s: Value = client
-            .get(url)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .json()
-            .await
-            .unwrap_or_default();
-        if s["status"] != "running" && s["messages"].as_array().is_some_and(|m| m.len() > 1) {
-            return s;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "run did not end: {s}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_investigates_a_crashing_pod_end_to_end() {
-    let Some(mcp) = crate::plugins::mcp_server("mcp-token-1") else {
+    let Some(mcp) = crate::support::plugins::mcp_server("mcp-token-1") else {
         return;
     };
-    let (api, _) = crate::cluster::fake_api_server().await;
-    let (prometheus, _) = crate::prometheus::server().await;
-    let (bridge, bridge_seen) = crate::plugins::upstream().await;
+    let (api, _) = crate::support::canned_api::fake_api_server().await;
+    let (prometheus, _) = crate::support::prometheus::server().await;
+    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig = crate::cluster::write_kubeconfig(dir.path(), &api);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &api);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -139,8 +67,8 @@ spec:
             url = mcp.url
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let server = crate::binary::Server::start_with_args(
+    .unwrap();
+    let server = crate::support::server::Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &[
@@ -150,7 +78,7 @@ spec:
             &prometheus,
         ],
     );
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
 
     // The MCP server's tools are discovered and listed.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -159,7 +87,7 @@ spec:
             .get(server.url("/api/v1/tools"))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .json()
             .await
             .unwrap_or_default();
@@ -268,22 +196,8 @@ spec:
             ]))
         }));
     }
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-checkout"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default().to_owned();
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "checkout keeps crashing, why?"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let id = open_session(&server, json!({"name": "incident-checkout"})).await;
+    post_message(&server, &id, "checkout keeps crashing, why?").await;
     let s = wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
     let messages = s["messages"].as_array().cloned().unwrap_or_default();
     let result = |call: &str| -> Value {
@@ -338,7 +252,7 @@ spec:
         .map(|s| s.last().cloned())
         .ok()
         .flatten()
-        .unwrap_or_else(|| panic!("the bridge saw no request"));
+        .expect("the bridge saw no request");
     assert_eq!(
         sent.headers["authorization"],
         format!("Bearer {BRIDGE_TOKEN}")

@@ -3,15 +3,15 @@
 //! round trip takes longer than the 100 ms a leader at its deadline is left; and two
 //! replicas never lead at once meanwhile.
 
-use super::operator::FakeApi;
+use crate::support::fake_api::FakeApi;
 use kortex::operator::lease::{self, LeaseConfig};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 fn client(url: &str) -> kube::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let uri = url.parse().unwrap_or_else(|e| panic!("{e}"));
-    kube::Client::try_from(kube::Config::new(uri)).unwrap_or_else(|e| panic!("{e}"))
+    let uri = url.parse().unwrap();
+    kube::Client::try_from(kube::Config::new(uri)).unwrap()
 }
 
 /// Short timings (15 s / 10 s / 2 s scaled down), so the test takes seconds.

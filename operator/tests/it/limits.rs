@@ -2,10 +2,11 @@
 //! the real binary: each refuses with its own error and counts in
 //! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::llm::{mock, openai, push, streamed};
-use crate::policy::{ask, session, state};
+use crate::support::chat::{ask, session, state};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::path::Path;
@@ -28,14 +29,12 @@ spec: {{sessions: ["*"], provider: model, budget: {budget}}}
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 /// `kortex serve` with `args` on a fresh SQLite database and the provider at `base`.
 fn start(base: &str, budget: &str, args: &[&str]) -> (Server, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, base, budget);
     let server = Server::start_with_args(&m, &dir.path().join("k.db"), args);
     (server, dir)
@@ -110,7 +109,7 @@ async fn request_bodies_and_heads_past_their_limits_are_refused() {
         .body(big.clone())
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         refusal(r).await,
         (413, "request_too_large".to_owned(), None)
@@ -149,13 +148,12 @@ async fn request_bodies_and_heads_past_their_limits_are_refused() {
     assert!(!id.is_empty());
 
     // A request head of 20 KiB: 431 from the HTTP layer, before any route.
-    let mut tcp = std::net::TcpStream::connect(addr(&server)).unwrap_or_else(|e| panic!("{e}"));
+    let mut tcp = std::net::TcpStream::connect(addr(&server)).unwrap();
     let head = format!(
         "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
         "a".repeat(20 * 1024)
     );
-    tcp.write_all(head.as_bytes())
-        .unwrap_or_else(|e| panic!("{e}"));
+    tcp.write_all(head.as_bytes()).unwrap();
     let mut answer = String::new();
     // The server closes with part of the head unread, so the answer may be lost to a reset.
     if tcp.read_to_string(&mut answer).is_ok() || !answer.is_empty() {
@@ -179,9 +177,9 @@ async fn slow_clients_are_disconnected_after_the_header_timeout() {
     let address = addr(&server);
     let slow: Vec<std::net::TcpStream> = (0..20)
         .map(|_| {
-            let mut tcp = std::net::TcpStream::connect(&address).unwrap_or_else(|e| panic!("{e}"));
+            let mut tcp = std::net::TcpStream::connect(&address).unwrap();
             tcp.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: ")
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             tcp
         })
         .collect();
@@ -246,13 +244,13 @@ async fn event_streams_and_sessions_per_user_are_limited() {
     let id = session(&server, "s-1").await;
     let events = server.url(&format!("/chat/v1/sessions/{id}/events"));
     let open = || client.get(&events).send();
-    let first = open().await.unwrap_or_else(|e| panic!("{e}"));
-    let second = open().await.unwrap_or_else(|e| panic!("{e}"));
+    let first = open().await.unwrap();
+    let second = open().await.unwrap();
     assert_eq!(
         (first.status().as_u16(), second.status().as_u16()),
         (200, 200)
     );
-    let third = open().await.unwrap_or_else(|e| panic!("{e}"));
+    let third = open().await.unwrap();
     assert_eq!(
         refusal(third).await,
         (429, "too_many_streams".to_owned(), Some("5".to_owned()))
@@ -264,10 +262,11 @@ async fn event_streams_and_sessions_per_user_are_limited() {
         .json(&json!({"content": "hello"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(refusal(r).await.1, "too_many_streams");
     let stored =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
+            .await;
     assert_eq!(
         stored["messages"],
         json!([]),
@@ -293,7 +292,7 @@ async fn event_streams_and_sessions_per_user_are_limited() {
         .json(&json!({"name": "s-4"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(
         refusal(r).await,
         (429, "too_many_sessions".to_owned(), None)
@@ -303,7 +302,7 @@ async fn event_streams_and_sessions_per_user_are_limited() {
         .delete(server.url(&format!("/chat/v1/sessions/{third}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success());
     session(&server, "s-4").await;
     assert!(server.terminate().success());
@@ -328,7 +327,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
         .json(&json!({"content": "a long question"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
 
     let other = session(&server, "other").await;
@@ -338,13 +337,14 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
             .json(&json!({"content": "meanwhile"}))
             .send()
     };
-    let (status, code, retry) = refusal(post().await.unwrap_or_else(|e| panic!("{e}"))).await;
+    let (status, code, retry) = refusal(post().await.unwrap()).await;
     assert_eq!(
         (status, code.as_str(), retry.as_deref()),
         (429, "too_many_runs", Some("5"))
     );
     let stored =
-        crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{other}"))).await;
+        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{other}")))
+            .await;
     assert_eq!(stored["messages"], json!([]), "{stored}");
     assert_eq!(stored["status"], "idle", "{stored}");
     assert_eq!(refused(&server, "concurrent_runs").await, 1);
@@ -352,16 +352,19 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
     // The first run ends (cancelled, once its provider call is under way: cancelled
     // earlier, its scripted reply would be left for the next run); the other session's run
     // may then start.
-    crate::llm::provider_called(&script).await;
+    crate::support::provider::provider_called(&script).await;
     let r = client
         .post(server.url(&format!("/chat/v1/sessions/{busy}/cancel")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success());
     eventually("the cancelled run ended", || async {
-        let s =
-            crate::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{busy}"))).await;
+        let s = crate::support::chat::get_json(
+            &client,
+            server.url(&format!("/chat/v1/sessions/{busy}")),
+        )
+        .await;
         match s["status"].as_str() {
             Some("running") => Err(s.to_string()),
             _ => Ok(()),
@@ -377,7 +380,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
 /// One run whose answer is 32 MiB, in 8 KiB deltas, read to its end by a streaming client;
 /// the server's resident memory when 30 MiB of it had been read (before the run's end
 /// stores it).
-async fn firehose(server: &Server, script: &crate::llm::Script, id: &str) -> u64 {
+async fn firehose(server: &Server, script: &crate::support::provider::Script, id: &str) -> u64 {
     use futures_util::StreamExt;
     let d = openai();
     let piece = "x".repeat(8 * 1024);
@@ -391,7 +394,7 @@ async fn firehose(server: &Server, script: &crate::llm::Script, id: &str) -> u64
         .json(&json!({"content": "tell me everything"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut body = r.bytes_stream();
     let mut received = 0usize;
     let mut rss = None;
@@ -441,12 +444,12 @@ async fn a_client_that_never_reads_its_stream_costs_bounded_memory() {
     let stuck: Vec<std::net::TcpStream> = (0..STUCK)
         .map(|_| {
             let mut s =
-                std::net::TcpStream::connect(addr(&server)).unwrap_or_else(|e| panic!("{e}"));
+                std::net::TcpStream::connect(addr(&server)).unwrap();
             write!(
                 s,
                 "GET /chat/v1/sessions/{id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n"
             )
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
             s
         })
         .collect();
@@ -483,10 +486,8 @@ async fn a_client_that_never_reads_its_stream_costs_bounded_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
     let (base, script) = mock().await;
-    let (bridge, _) = crate::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (bridge, _) = crate::support::plugins::upstream().await;
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, "{}");
     std::fs::write(
         m.join("tool.yaml"),
@@ -502,7 +503,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -510,11 +511,11 @@ spec:
     );
     push(
         &script,
-        crate::investigation::tool_calls(&[("c1", "big_report", json!({}))]),
+        crate::support::provider::tool_calls(&[("c1", "big_report", json!({}))]),
     );
     // Then the model reads the first chunk of the kept result, and answers.
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body| {
-        if let Some(chunk) = crate::investigation::tool_result(body, "c2") {
+        if let Some(chunk) = crate::support::provider::tool_result(body, "c2") {
             let chunk: Value = serde_json::from_str(&chunk).unwrap_or_default();
             let read = chunk["content"].as_str().map_or(0, str::len);
             let d = openai();
@@ -524,8 +525,8 @@ spec:
             ));
         }
         let index: Value =
-            serde_json::from_str(&crate::investigation::tool_result(body, "c1")?).ok()?;
-        Some(crate::investigation::tool_calls(&[(
+            serde_json::from_str(&crate::support::provider::tool_result(body, "c1")?).ok()?;
+        Some(crate::support::provider::tool_calls(&[(
             "c2",
             "read_result_chunk",
             json!({"resultId": index["resultId"], "chunk": 0}),
@@ -536,7 +537,7 @@ spec:
         state(&ask(&server, &id, "report?").await),
         json!("completed")
     );
-    let stored = crate::chat::get_json(
+    let stored = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )
@@ -577,15 +578,13 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retention_deletes_a_failed_runs_events_at_the_next_pass() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, "{}");
     let db = dir.path().join("k.db");
     let server = Server::start_with_args(&m, &db, &[]);
     push(
         &script,
-        crate::llm::json_reply(
+        crate::support::provider::json_reply(
             400,
             &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
         ),
@@ -647,7 +646,7 @@ async fn a_deleted_session_is_removed_for_good() {
         .delete(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     assert_eq!(server.get(&format!("/chat/v1/sessions/{id}")).await.0, 404);
     let audit = eventually("the deletion is recorded", || async {
@@ -667,7 +666,7 @@ async fn a_deleted_session_is_removed_for_good() {
     let store =
         kortex::store::Store::connect(&format!("sqlite://{}", dir.path().join("k.db").display()))
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
     assert!(
         store
             .list_messages(&id)

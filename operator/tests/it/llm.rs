@@ -1,483 +1,21 @@
-//! The provider adapters on the wire: a local HTTP server on 127.0.0.1 replays transcripts
-//! in each vendor's documented format, and one contract suite runs against every adapter
-//! (a new adapter is one more `Dialect`).
+//! The provider adapters on the wire: the scripted provider (`support::provider`) replays
+//! transcripts in each vendor's documented format, and one contract suite runs against
+//! every adapter (a new adapter is one more `Dialect`).
 
-use axum::body::Body;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use crate::support::provider::{
+    Call, Dialect, Reply, dialects, json_reply, mock, openai, pieces, push, push_get, streamed,
+};
+
 use futures_util::StreamExt;
 use kortex::catalog::{ObjectSet, compile};
 use kortex::llm::{
     self, ChatRequest, ErrorKind, LlmProvider, Message, StopReason, StreamEvent, ToolSpec,
 };
 use serde_json::{Value, json};
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const KEY: &str = "sk-test-WIRE-KEY-0123456789";
-
-/// One scripted reply.
-#[derive(Clone, Default)]
-pub(crate) struct Reply {
-    pub(crate) status: u16,
-    pub(crate) headers: Vec<(&'static str, String)>,
-    pub(crate) content_type: &'static str,
-    pub(crate) chunks: Vec<String>,
-    /// Sleep this long after the chunks instead of ending (a stalled server).
-    pub(crate) stall: Option<Duration>,
-    /// Pause between chunks (default 2 ms): a slow stream.
-    pub(crate) chunk_delay: Option<Duration>,
-}
-
-#[derive(Clone, Debug)]
-pub(crate) struct Seen {
-    pub(crate) path: String,
-    pub(crate) headers: HeaderMap,
-    pub(crate) body: Value,
-}
-
-/// Computes the reply to a chat request from its body (when no scripted reply is queued).
-pub(crate) type Responder = Box<dyn Fn(&Value) -> Option<Reply> + Send + Sync>;
-
-#[derive(Default)]
-pub(crate) struct Script {
-    replies: Mutex<VecDeque<Reply>>,
-    pub(crate) responder: Mutex<Option<Responder>>,
-    /// Replies to GET requests (model lists), kept apart so a background probe never takes
-    /// a reply scripted for a chat call. Empty: an empty model list.
-    get_replies: Mutex<VecDeque<Reply>>,
-    pub(crate) seen: Mutex<Vec<Seen>>,
-    /// When the body of the last streamed reply was dropped (the client went away).
-    dropped_at: Mutex<Option<Instant>>,
-}
-
-struct DropGuard(Arc<Script>);
-
-impl Drop for DropGuard {
-    fn drop(&mut self) {
-        if let Ok(mut d) = self.0.dropped_at.lock() {
-            *d = Some(Instant::now());
-        }
-    }
-}
-
-async fn handle(State(script): State<Arc<Script>>, req: axum::extract::Request) -> Response {
-    let path = req.uri().path().to_owned();
-    let method = req.method().clone();
-    let headers = req.headers().clone();
-    let bytes = axum::body::to_bytes(req.into_body(), 1 << 20)
-        .await
-        .unwrap_or_default();
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(Seen {
-            path,
-            headers,
-            body,
-        });
-    let is_get = method == axum::http::Method::GET;
-    let queue = if is_get {
-        &script.get_replies
-    } else {
-        &script.replies
-    };
-    let queued = queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-    let computed = || {
-        if is_get {
-            return None;
-        }
-        let last = script.seen.lock().ok()?.last().map(|s| s.body.clone())?;
-        script.responder.lock().ok()?.as_ref()?(&last)
-    };
-    let reply = queued.or_else(computed).unwrap_or_else(|| {
-        if is_get {
-            Reply {
-                status: 200,
-                chunks: vec![r#"{"data": [], "models": []}"#.into()],
-                ..Default::default()
-            }
-        } else {
-            Reply {
-                status: 500,
-                chunks: vec!["{\"error\":{\"message\":\"no scripted reply left\"}}".into()],
-                ..Default::default()
-            }
-        }
-    });
-    let guard = DropGuard(script.clone());
-    let chunks = reply.chunks.clone();
-    let stall = reply.stall;
-    let delay = reply.chunk_delay.unwrap_or(Duration::from_millis(2));
-    let stream = futures_util::stream::unfold(
-        (chunks.into_iter(), guard, stall),
-        move |(mut it, guard, stall)| async move {
-            match it.next() {
-                Some(c) => {
-                    tokio::time::sleep(delay).await;
-                    Some((
-                        Ok::<_, std::io::Error>(bytes::Bytes::from(c)),
-                        (it, guard, stall),
-                    ))
-                }
-                None => {
-                    if let Some(d) = stall {
-                        tokio::time::sleep(d).await;
-                    }
-                    None
-                }
-            }
-        },
-    );
-    let mut builder =
-        Response::builder().status(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK));
-    builder = builder.header(
-        "content-type",
-        if reply.content_type.is_empty() {
-            "application/json"
-        } else {
-            reply.content_type
-        },
-    );
-    for (k, v) in &reply.headers {
-        builder = builder.header(*k, v);
-    }
-    builder.body(Body::from_stream(stream)).unwrap_or_default()
-}
-
-/// Waits until the mock has received a chat completion request (a run's provider call is
-/// under way).
-pub(crate) async fn provider_called(script: &Script) {
-    crate::common::eventually("a provider call", || async {
-        let calls = script
-            .seen
-            .lock()
-            .map(|s| {
-                s.iter()
-                    .filter(|x| x.path.ends_with("/chat/completions"))
-                    .count()
-            })
-            .unwrap_or_default();
-        if calls >= 1 {
-            Ok(())
-        } else {
-            Err("no chat completion request yet".to_owned())
-        }
-    })
-    .await;
-}
-
-pub(crate) async fn mock() -> (String, Arc<Script>) {
-    let script = Arc::new(Script::default());
-    let app = axum::Router::new()
-        .fallback(handle)
-        .with_state(script.clone());
-    (crate::common::serve(app).await, script)
-}
-
-/// `(id, name, arguments JSON)` of scripted tool calls.
-pub(crate) type Call<'a> = (&'a str, &'a str, &'a str);
-
-/// A vendor's wire format, for the contract suite.
-pub(crate) struct Dialect {
-    pub(crate) name: &'static str,
-    pub(crate) provider_type: &'static str,
-    pub(crate) base_suffix: &'static str,
-    pub(crate) chat_path: &'static str,
-    pub(crate) stream_type: &'static str,
-    pub(crate) text_stream: fn(&[&str]) -> Vec<String>,
-    pub(crate) tools_stream: fn(&[Call]) -> Vec<String>,
-    pub(crate) error_mid_stream: fn() -> Vec<String>,
-    pub(crate) malformed_stream: fn() -> Vec<String>,
-    pub(crate) text_json: fn(&str) -> Value,
-    pub(crate) tools_json: fn(&[Call]) -> Value,
-    pub(crate) key_header: fn(&HeaderMap) -> Option<String>,
-    pub(crate) models_json: Value,
-}
-
-fn sse(event: Option<&str>, data: &Value) -> String {
-    match event {
-        Some(e) => format!("event: {e}\ndata: {data}\n\n"),
-        None => format!("data: {data}\n\n"),
-    }
-}
-
-/// Splits `s` into pieces of `n` characters (tool arguments across many small deltas).
-fn pieces(s: &str, n: usize) -> Vec<String> {
-    s.chars()
-        .collect::<Vec<_>>()
-        .chunks(n)
-        .map(|c| c.iter().collect())
-        .collect()
-}
-
-pub(crate) fn anthropic() -> Dialect {
-    Dialect {
-        name: "anthropic",
-        provider_type: "anthropic",
-        base_suffix: "",
-        chat_path: "/v1/messages",
-        stream_type: "text/event-stream",
-        text_stream: |parts| {
-            let mut out = vec![
-                sse(
-                    Some("message_start"),
-                    &json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test", "content": [], "stop_reason": null, "usage": {"input_tokens": 25, "output_tokens": 1}}}),
-                ),
-                sse(
-                    Some("content_block_start"),
-                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                ),
-                sse(Some("ping"), &json!({"type": "ping"})),
-            ];
-            for p in parts {
-                out.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}})));
-            }
-            out.push(sse(
-                Some("content_block_stop"),
-                &json!({"type": "content_block_stop", "index": 0}),
-            ));
-            out.push(sse(Some("message_delta"), &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 15}})));
-            out.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
-            out
-        },
-        tools_stream: |calls| {
-            let mut out = vec![
-                sse(
-                    Some("message_start"),
-                    &json!({"type": "message_start", "message": {"id": "msg_2", "model": "claude-test", "content": [], "usage": {"input_tokens": 40, "output_tokens": 1}}}),
-                ),
-                sse(
-                    Some("content_block_start"),
-                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                ),
-                sse(
-                    Some("content_block_delta"),
-                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Checking."}}),
-                ),
-                sse(
-                    Some("content_block_stop"),
-                    &json!({"type": "content_block_stop", "index": 0}),
-                ),
-            ];
-            for (i, (id, name, args)) in calls.iter().enumerate() {
-                let idx = i + 1;
-                out.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": idx, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
-                for p in pieces(args, 3) {
-                    out.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": idx, "delta": {"type": "input_json_delta", "partial_json": p}})));
-                }
-                out.push(sse(
-                    Some("content_block_stop"),
-                    &json!({"type": "content_block_stop", "index": idx}),
-                ));
-            }
-            out.push(sse(Some("message_delta"), &json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 60}})));
-            out.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
-            out
-        },
-        error_mid_stream: || {
-            vec![
-                sse(
-                    Some("message_start"),
-                    &json!({"type": "message_start", "message": {"model": "claude-test", "usage": {"input_tokens": 1, "output_tokens": 1}}}),
-                ),
-                sse(
-                    Some("content_block_start"),
-                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                ),
-                sse(
-                    Some("content_block_delta"),
-                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "partial"}}),
-                ),
-                sse(
-                    Some("error"),
-                    &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
-                ),
-            ]
-        },
-        malformed_stream: || {
-            vec![
-                sse(Some("message_start"), &json!({"type": "message_start", "message": {"model": "claude-test", "usage": {"input_tokens": 1}}})),
-                "event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\n\n".into(),
-            ]
-        },
-        text_json: |text| json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test", "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "usage": {"input_tokens": 25, "output_tokens": 15}}),
-        tools_json: |calls| {
-            let mut content = vec![json!({"type": "text", "text": "Checking."})];
-            for (id, name, args) in calls {
-                content.push(json!({"type": "tool_use", "id": id, "name": name, "input": serde_json::from_str::<Value>(args).unwrap_or_default()}));
-            }
-            json!({"id": "msg_2", "type": "message", "role": "assistant", "model": "claude-test", "content": content, "stop_reason": "tool_use", "usage": {"input_tokens": 40, "output_tokens": 60}})
-        },
-        key_header: |h| {
-            h.get("x-api-key")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        },
-        models_json: json!({"data": [{"id": "claude-test", "type": "model"}], "has_more": false}),
-    }
-}
-
-pub(crate) fn openai_chunk(delta: Value, finish: Value) -> String {
-    sse(
-        None,
-        &json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}),
-    )
-}
-
-pub(crate) fn openai() -> Dialect {
-    Dialect {
-        name: "openai",
-        provider_type: "openai",
-        base_suffix: "/v1",
-        chat_path: "/v1/chat/completions",
-        stream_type: "text/event-stream",
-        text_stream: |parts| {
-            let mut out = vec![openai_chunk(
-                json!({"role": "assistant", "content": ""}),
-                Value::Null,
-            )];
-            for p in parts {
-                out.push(openai_chunk(json!({"content": p}), Value::Null));
-            }
-            out.push(openai_chunk(json!({}), json!("stop")));
-            out.push(sse(None, &json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "gpt-test", "choices": [], "usage": {"prompt_tokens": 25, "completion_tokens": 15, "total_tokens": 40}})));
-            out.push("data: [DONE]\n\n".into());
-            out
-        },
-        tools_stream: |calls| {
-            let mut out = vec![openai_chunk(
-                json!({"role": "assistant", "content": "Checking."}),
-                Value::Null,
-            )];
-            for (i, (id, name, _)) in calls.iter().enumerate() {
-                out.push(openai_chunk(json!({"tool_calls": [{"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}), Value::Null));
-            }
-            // Interleave the argument pieces of parallel calls.
-            let split: Vec<Vec<String>> = calls.iter().map(|(_, _, a)| pieces(a, 3)).collect();
-            let longest = split.iter().map(Vec::len).max().unwrap_or(0);
-            for step in 0..longest {
-                for (i, parts) in split.iter().enumerate() {
-                    if let Some(p) = parts.get(step) {
-                        out.push(openai_chunk(
-                            json!({"tool_calls": [{"index": i, "function": {"arguments": p}}]}),
-                            Value::Null,
-                        ));
-                    }
-                }
-            }
-            out.push(openai_chunk(json!({}), json!("tool_calls")));
-            out.push(sse(None, &json!({"id": "chatcmpl-1", "model": "gpt-test", "choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 60}})));
-            out.push("data: [DONE]\n\n".into());
-            out
-        },
-        error_mid_stream: || {
-            vec![
-                openai_chunk(
-                    json!({"role": "assistant", "content": "partial"}),
-                    Value::Null,
-                ),
-                sse(
-                    None,
-                    &json!({"error": {"message": "The server had an error while processing your request.", "type": "server_error", "code": 500}}),
-                ),
-            ]
-        },
-        malformed_stream: || {
-            vec![
-                openai_chunk(json!({"content": "ok"}), Value::Null),
-                "data: {\"choices\": [{\"delta\": \n\n".into(),
-            ]
-        },
-        text_json: |text| json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "gpt-test", "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 25, "completion_tokens": 15}}),
-        tools_json: |calls| {
-            let tool_calls: Vec<Value> = calls.iter().map(|(id, name, args)| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}})).collect();
-            json!({"id": "chatcmpl-2", "object": "chat.completion", "model": "gpt-test", "choices": [{"index": 0, "message": {"role": "assistant", "content": "Checking.", "tool_calls": tool_calls}, "finish_reason": "tool_calls"}], "usage": {"prompt_tokens": 40, "completion_tokens": 60}})
-        },
-        key_header: |h| {
-            h.get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::to_owned)
-        },
-        models_json: json!({"object": "list", "data": [{"id": "gpt-test", "object": "model"}]}),
-    }
-}
-
-fn ndjson(v: &Value) -> String {
-    format!("{v}\n")
-}
-
-pub(crate) fn ollama() -> Dialect {
-    Dialect {
-        name: "ollama",
-        provider_type: "ollama",
-        base_suffix: "",
-        chat_path: "/api/chat",
-        stream_type: "application/x-ndjson",
-        text_stream: |parts| {
-            let mut out: Vec<String> = parts
-                .iter()
-                .map(|p| ndjson(&json!({"model": "qwen-test", "created_at": "2026-11-22T08:00:00Z", "message": {"role": "assistant", "content": p}, "done": false})))
-                .collect();
-            out.push(ndjson(&json!({"model": "qwen-test", "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "stop", "prompt_eval_count": 25, "eval_count": 15})));
-            out
-        },
-        tools_stream: |calls| {
-            let tool_calls: Vec<Value> = calls
-                .iter()
-                .map(|(id, name, args)| json!({"id": id, "function": {"name": name, "arguments": serde_json::from_str::<Value>(args).unwrap_or_default()}}))
-                .collect();
-            let line = ndjson(
-                &json!({"model": "qwen-test", "message": {"role": "assistant", "content": "", "tool_calls": tool_calls}, "done": false}),
-            );
-            let mut out = vec![ndjson(
-                &json!({"model": "qwen-test", "message": {"role": "assistant", "content": "Checking."}, "done": false}),
-            )];
-            // The line itself arrives in small pieces.
-            out.extend(pieces(&line, 7));
-            out.push(ndjson(&json!({"model": "qwen-test", "message": {"role": "assistant", "content": ""}, "done": true, "done_reason": "stop", "prompt_eval_count": 40, "eval_count": 60})));
-            out
-        },
-        error_mid_stream: || {
-            vec![
-                ndjson(
-                    &json!({"model": "qwen-test", "message": {"role": "assistant", "content": "partial"}, "done": false}),
-                ),
-                ndjson(&json!({"error": "model runner has unexpectedly stopped"})),
-            ]
-        },
-        malformed_stream: || {
-            vec![
-                ndjson(&json!({"model": "qwen-test", "message": {"content": "ok"}, "done": false})),
-                "{\"message\": {\"content\": \n".into(),
-            ]
-        },
-        text_json: |text| json!({"model": "qwen-test", "message": {"role": "assistant", "content": text}, "done": true, "done_reason": "stop", "prompt_eval_count": 25, "eval_count": 15}),
-        tools_json: |calls| {
-            let tool_calls: Vec<Value> = calls
-                .iter()
-                .map(|(id, name, args)| json!({"id": id, "function": {"name": name, "arguments": serde_json::from_str::<Value>(args).unwrap_or_default()}}))
-                .collect();
-            json!({"model": "qwen-test", "message": {"role": "assistant", "content": "Checking.", "tool_calls": tool_calls}, "done": true, "done_reason": "stop", "prompt_eval_count": 40, "eval_count": 60})
-        },
-        key_header: |h| {
-            h.get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::to_owned)
-        },
-        models_json: json!({"models": [{"name": "qwen-test", "model": "qwen-test"}]}),
-    }
-}
-
-pub(crate) fn dialects() -> Vec<Dialect> {
-    vec![anthropic(), openai(), ollama()]
-}
 
 /// Builds the adapter the way the server does: manifests → catalog → `llm::build`.
 fn provider(d: &Dialect, base: &str, timeout: &str) -> Arc<dyn LlmProvider> {
@@ -494,57 +32,18 @@ fn provider_with(d: &Dialect, base: &str, timeout: &str, tool_mode: &str) -> Arc
                      "apiKeySecretRef": {"name": "keys", "key": "k"}, "timeout": timeout, "toolMode": tool_mode,
                      "headers": [{"name": "X-Kortex-Test", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "h"}}}]}
         }))
-        .unwrap_or_else(|e| panic!("{e}"))],
+        .unwrap()],
         secrets: vec![serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "keys", "namespace": "default", "labels": {"kortex.dev/use": "true"}},
             "stringData": {"k": KEY, "h": "header-from-secret"}
         }))
-        .unwrap_or_else(|e| panic!("{e}"))],
+        .unwrap()],
         ..Default::default()
     };
     let catalog = compile(&objects, jiff::Timestamp::now());
-    let entry = catalog
-        .providers
-        .values()
-        .next()
-        .unwrap_or_else(|| panic!("no provider"));
+    let entry = catalog.providers.values().next().expect("no provider");
     assert!(entry.available, "{:?}", entry.object.status);
-    llm::build(entry).unwrap_or_else(|e| panic!("{e}"))
-}
-
-pub(crate) fn push(script: &Script, reply: Reply) {
-    script
-        .replies
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push_back(reply);
-}
-
-/// Scripts the reply to the next GET (a model list).
-pub(crate) fn push_get(script: &Script, reply: Reply) {
-    script
-        .get_replies
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push_back(reply);
-}
-
-pub(crate) fn streamed(d: &Dialect, chunks: Vec<String>) -> Reply {
-    Reply {
-        status: 200,
-        content_type: d.stream_type,
-        chunks,
-        ..Default::default()
-    }
-}
-
-pub(crate) fn json_reply(status: u16, v: &Value) -> Reply {
-    Reply {
-        status,
-        content_type: "application/json",
-        chunks: vec![v.to_string()],
-        ..Default::default()
-    }
+    llm::build(entry).unwrap()
 }
 
 fn request(tools: bool) -> ChatRequest {
@@ -798,11 +297,7 @@ async fn contract_errors_are_typed_and_never_carry_the_key() {
                 .starts_with(&format!("provider {}: auth: HTTP 401", d.name)),
             "{e}"
         );
-        let e = p
-            .complete(&request(false))
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("accepted"));
+        let e = p.complete(&request(false)).await.expect_err("accepted");
         assert_eq!(e.kind, ErrorKind::ContextTooLong, "{}: {e}", d.name);
         assert_eq!(
             script.seen.lock().map(|s| s.len()).unwrap_or(0),
@@ -861,11 +356,7 @@ async fn contract_retries_429_with_retry_after_and_500_before_output() {
                 },
             );
         }
-        let e = p
-            .stream(&request(false))
-            .await
-            .err()
-            .unwrap_or_else(|| panic!("accepted"));
+        let e = p.stream(&request(false)).await.err().expect("accepted");
         assert_eq!(e.kind, ErrorKind::RateLimited, "{}", d.name);
         assert_eq!(e.retry_after, Some(Duration::ZERO));
     }
@@ -1017,7 +508,7 @@ fn write_manifests(dir: &std::path::Path, providers: &[(&str, &str, String, bool
             "---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: {name}}}\nspec:\n  type: {kind}\n  baseUrl: {base}\n  defaultModel: test-model\n  timeout: 5s\n  {key}\n  models:\n    - {{id: test-model, cost: {{inputUsdPerMTok: 10, outputUsdPerMTok: 20}}}}\n"
         ));
     }
-    std::fs::write(dir.join("providers.yaml"), text).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("providers.yaml"), text).unwrap();
 }
 
 async fn kortex(args: Vec<String>) -> std::process::Output {
@@ -1027,17 +518,17 @@ async fn kortex(args: Vec<String>) -> std::process::Output {
             .env("KORTEX_ASK_TEST_KEY", KEY)
             .env("RUST_LOG", "warn")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
+    .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ask_streams_text_and_returns_tool_calls_for_every_format() {
     for d in dialects() {
         let (base, script) = mock().await;
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         write_manifests(
             dir.path(),
             &[(
@@ -1048,10 +539,10 @@ async fn ask_streams_text_and_returns_tool_calls_for_every_format() {
             )],
         );
         let manifests = dir.path().display().to_string();
-        let tools_dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let tools_dir = tempfile::tempdir().unwrap();
         let tools = tools_dir.path().join("tools.json");
         std::fs::write(&tools, r#"[{"name": "get_logs", "description": "Pod logs", "parameters": {"type": "object"}}]"#)
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let tools = tools.display().to_string();
         let base_args = |extra: &[&str]| -> Vec<String> {
             let mut v: Vec<String> = vec![
@@ -1162,7 +653,7 @@ async fn providers_check_explains_every_provider_in_one_line() {
             &json!({"error": {"message": "Incorrect API key provided"}}),
         ),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     write_manifests(
         dir.path(),
         &[
@@ -1285,9 +776,9 @@ async fn serve_probes_providers_into_reachable_conditions() {
         &script,
         json_reply(200, &json!({"data": [{"id": "discovered-model"}]})),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let manifests = dir.path().join("m");
-    std::fs::create_dir(&manifests).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&manifests).unwrap();
     write_manifests(
         &manifests,
         &[
@@ -1295,7 +786,7 @@ async fn serve_probes_providers_into_reachable_conditions() {
             ("down", "ollama", "http://127.0.0.1:9".into(), true),
         ],
     );
-    let server = crate::binary::Server::start(
+    let server = crate::support::server::Server::start(
         &manifests,
         &dir.path().join("k.db"),
         &[("KORTEX_ASK_TEST_KEY", KEY)],
@@ -1358,7 +849,7 @@ async fn http_proxy_from_the_environment_is_honoured() {
     let (proxy, script) = mock().await;
     let d = openai();
     push(&script, streamed(&d, (d.text_stream)(&["via proxy"])));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     write_manifests(
         dir.path(),
         &[(
@@ -1379,10 +870,10 @@ async fn http_proxy_from_the_environment_is_honoured() {
             .env_remove("NO_PROXY")
             .env_remove("no_proxy")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -1407,18 +898,16 @@ async fn https_server(body: &'static str) -> (String, String) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cert =
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
     let pem = cert.cert.pem();
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
     let config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(vec![cert.cert.der().clone()], key)
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         while let Ok((tcp, _)) = listener.accept().await {
@@ -1458,41 +947,23 @@ async fn ca_bundle_secret_makes_an_internal_tls_endpoint_trusted() {
         let objects = ObjectSet {
             providers: vec![serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
                 "metadata": {"name": "internal", "namespace": "default"}, "spec": spec}))
-            .unwrap_or_else(|e| panic!("{e}"))],
+            .unwrap()],
             secrets: vec![serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
                 "metadata": {"name": "corp-ca", "namespace": "default", "labels": {"kortex.dev/use": "true"}}, "stringData": {"ca.crt": pem}}))
-            .unwrap_or_else(|e| panic!("{e}"))],
+            .unwrap()],
             ..Default::default()
         };
         compile(&objects, jiff::Timestamp::now())
     };
     let trusted = catalog_with(true);
-    let entry = trusted
-        .providers
-        .values()
-        .next()
-        .unwrap_or_else(|| panic!("no provider"));
-    let models = llm::build(entry)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .list_models()
-        .await;
-    assert_eq!(
-        models.unwrap_or_else(|e| panic!("{e}")),
-        vec!["internal-model".to_owned()]
-    );
+    let entry = trusted.providers.values().next().expect("no provider");
+    let models = llm::build(entry).unwrap().list_models().await;
+    assert_eq!(models.unwrap(), vec!["internal-model".to_owned()]);
 
     let untrusted = catalog_with(false);
-    let entry = untrusted
-        .providers
-        .values()
-        .next()
-        .unwrap_or_else(|| panic!("no provider"));
-    let e = llm::build(entry)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .list_models()
-        .await
-        .err();
-    let e = e.unwrap_or_else(|| panic!("a self-signed endpoint was trusted without the CA bundle"));
+    let entry = untrusted.providers.values().next().expect("no provider");
+    let e = llm::build(entry).unwrap().list_models().await.err();
+    let e = e.expect("a self-signed endpoint was trusted without the CA bundle");
     assert_eq!(e.kind, ErrorKind::Connection, "{e}");
     assert!(
         e.message.to_lowercase().contains("certificate"),
@@ -1512,12 +983,12 @@ async fn ask_without_a_configured_model_uses_the_first_discovered_one() {
         ),
     );
     push(&script, streamed(&d, (d.text_stream)(&["hi"])));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
         format!("apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: vllm}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\"}}\n"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let out = kortex(vec![
         "ask".into(),
         "--manifests".into(),
@@ -1563,16 +1034,12 @@ async fn compatible_servers_that_reject_stream_options_get_a_second_request_with
         ..openai()
     };
     let p = provider(&compatible, &base, "5s");
-    let out = events(&*p, &request(false))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let out = events(&*p, &request(false)).await.unwrap();
     assert!(
         matches!(out.first(), Some(StreamEvent::TextDelta(t)) if t == "fine"),
         "{out:?}"
     );
-    events(&*p, &request(false))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    events(&*p, &request(false)).await.unwrap();
     let seen = script
         .seen
         .lock()

@@ -2,11 +2,13 @@
 //! `ollama`): a tool call the model writes as text is run as a call, in chat and through the
 //! gateway, against the real binary and a wire-format upstream.
 
-use crate::binary::Server;
-use crate::chat::get_json;
-use crate::common::http_client;
-use crate::llm::{mock, openai, push, streamed};
-use crate::policy::{ask, notices, session, state, text};
+use crate::support::chat::{
+    ask, get_json, notices, provider_usage, session, state, text, until_listed,
+};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::http_client;
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 
 const KEY: &str = "kx-local-gateway-KEY-1";
@@ -36,15 +38,13 @@ metadata:
 stringData: {{team: local, key: {KEY}}}
 "#
     );
-    std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();
@@ -157,7 +157,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
                 streamed(&d, (d.text_stream)(&parts))
             } else {
                 // A client that asks for no stream gets a non-streamed upstream call.
-                crate::llm::json_reply(200, &(d.text_json)(&parts.concat()))
+                crate::support::provider::json_reply(200, &(d.text_json)(&parts.concat()))
             },
         );
         let r = http_client()
@@ -169,7 +169,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
             )
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200);
         let body = r.text().await.unwrap_or_default();
         // Upstream: streamed only when the client streams, and an explicit "auto" kept.
@@ -212,80 +212,26 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     assert!(server.terminate().success());
 }
 
-/// The usage row of `provider` once it counts `requests` calls (books are written behind;
-/// gives up after 5 s and returns what it has).
-pub(crate) async fn provider_usage(server: &Server, provider: &str, requests: i64) -> Value {
-    let mut row = Value::Null;
-    for _ in 0..100 {
-        let usage = get_json(&http_client(), server.url("/api/v1/usage?by=provider")).await;
-        row = usage["items"]
-            .as_array()
-            .and_then(|r| r.iter().find(|r| r["key"] == provider))
-            .cloned()
-            .unwrap_or_default();
-        if row["requests"].as_i64() >= Some(requests) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    row
-}
-
-/// Waits until the model ids the gateway lists to `key` satisfy `check`; returns them.
-pub(crate) async fn until_listed(
-    server: &Server,
-    key: &str,
-    check: impl Fn(&[String]) -> bool,
-) -> Vec<String> {
-    crate::common::eventually("the gateway's model list", || async {
-        let v = http_client()
-            .get(server.url("/v1/models"))
-            .bearer_auth(key)
-            .send()
-            .await
-            .map_err(|e| e.to_string())?
-            .json::<Value>()
-            .await
-            .unwrap_or_default();
-        let ids: Vec<String> = v["data"]
-            .as_array()
-            .map(|d| {
-                d.iter()
-                    .filter_map(|m| m["id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if check(&ids) {
-            Ok(ids)
-        } else {
-            Err(format!("{ids:?}"))
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones() {
     let (base, script) = mock().await;
     for _ in 0..50 {
-        crate::llm::push_get(
+        crate::support::provider::push_get(
             &script,
-            crate::llm::json_reply(
+            crate::support::provider::json_reply(
                 200,
                 &json!({"object": "list", "data": [{"id": "qwen-local", "object": "model"}]}),
             ),
         );
     }
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     let write = |models: &str| {
         manifests(&m, &base);
         let path = m.join("all.yaml");
         let yaml = std::fs::read_to_string(&path)
             .unwrap_or_default()
             .replace("defaultModel: qwen, ", models);
-        std::fs::write(&path, yaml).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(&path, yaml).unwrap();
     };
     // No models and no defaultModel: what the server lists is used.
     write("");
@@ -320,7 +266,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
         .json(&json!({"model": "gemma", "messages": [{"role": "user", "content": "hi"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_client_error(), "{}", r.status());
     assert!(server.terminate().success());
 }
@@ -328,9 +274,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();
@@ -363,9 +307,7 @@ async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let d = openai();
@@ -385,7 +327,7 @@ async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     // the export says so where it happened.
     push(
         &script,
-        crate::llm::json_reply(
+        crate::support::provider::json_reply(
             400,
             &json!({"error": {"message": "the prompt is too long", "type": "invalid_request_error"}}),
         ),
@@ -396,7 +338,7 @@ async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
         .get(server.url(&format!("/chat/v1/sessions/{id}/export?format=markdown")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .text()
         .await
         .unwrap_or_default();

@@ -1,4 +1,9 @@
-//! Integration tests: one binary (it links once), one module per area.
+//! Integration tests: one binary (it links once), one module per area, and `support/`, the
+//! harness they share.
+
+// A panic is how a test fails: helpers unwrap as `#[test]` functions may (clippy.toml
+// allows it only inside those).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod admission;
 mod binary;
@@ -8,7 +13,6 @@ mod chart;
 mod chat;
 mod claude_code;
 mod cluster;
-mod common;
 mod config;
 mod dashboard;
 mod docs;
@@ -24,7 +28,6 @@ mod leader;
 mod limits;
 mod llm;
 mod local_models;
-mod manifests;
 mod mcp_door;
 mod notify;
 mod operator;
@@ -38,6 +41,7 @@ mod samples;
 mod sharing;
 mod standalone_actions;
 mod store;
+mod support;
 mod tools;
 mod traces;
 mod triggers;

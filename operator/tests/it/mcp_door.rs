@@ -4,9 +4,11 @@
 //! without credentials, from a wrong origin, of another user's session and of malformed
 //! messages; Kortex's own MCP client against another Kortex.
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::plugins::python_with_mcp as python;
+use crate::support::manifests::manifest_dir;
+use crate::support::net::{eventually, http_client};
+use crate::support::plugins::python_with_mcp as python;
+use crate::support::provider::messages_answer;
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -64,19 +66,17 @@ fn client(python: &str, target: &[&str], steps: &Value, mut on_line: impl FnMut(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| panic!("{python}: {e}"));
-    let mut stdin = child.stdin.take().unwrap_or_else(|| panic!("no stdin"));
-    stdin
-        .write_all(steps.to_string().as_bytes())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut stdin = child.stdin.take().expect("no stdin");
+    stdin.write_all(steps.to_string().as_bytes()).unwrap();
     drop(stdin);
-    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let stdout = child.stdout.take().expect("no stdout");
     let mut lines = Vec::new();
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
         on_line(&v);
         lines.push(v);
     }
-    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    let out = child.wait_with_output().unwrap();
     Run {
         lines,
         status: out.status.code().unwrap_or(-1),
@@ -147,7 +147,7 @@ struct Setup {
     server: Server,
     base: String,
     dir: tempfile::TempDir,
-    _upstream: crate::plugins::McpServer,
+    _upstream: crate::support::plugins::McpServer,
 }
 
 impl Setup {
@@ -159,15 +159,13 @@ impl Setup {
 /// Kortex listening off loopback (so callers need keys), with an MCP plugin server.
 async fn setup() -> Option<(Setup, String)> {
     let python = python()?;
-    let upstream = crate::plugins::mcp_server(MCP_TOKEN)?;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let upstream = crate::support::plugins::mcp_server(MCP_TOKEN)?;
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
         manifests(&upstream.url, "grafana__fail"),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let ms = m.display().to_string();
     let server = Server::spawn(
@@ -261,7 +259,7 @@ async fn an_mcp_client_investigates_with_its_policys_tools_rights_and_audit() {
                     &manifest,
                     manifests(&upstream_url, "grafana__fail, grafana__add"),
                 )
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             }
         },
     );
@@ -324,8 +322,8 @@ async fn an_mcp_client_investigates_with_its_policys_tools_rights_and_audit() {
     assert!(index["chunks"].as_u64().unwrap_or(0) >= 3, "{index}");
 
     // Guides: those of the tools this caller may use, read back as a tool and a resource.
-    let listed: Value = serde_json::from_str(run.step(5)["text"].as_str().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let listed: Value =
+        serde_json::from_str(run.step(5)["text"].as_str().unwrap_or_default()).unwrap();
     let guides: Vec<&str> = listed["guides"]
         .as_array()
         .unwrap_or_else(|| panic!("{listed}"))
@@ -469,10 +467,7 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
         "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}});
 
     // No credentials: 401 with a challenge, and the SDK's client cannot connect.
-    let r = post(initialize.clone())
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let r = post(initialize.clone()).send().await.unwrap();
     assert_eq!(r.status(), 401);
     assert_eq!(
         r.headers()
@@ -495,7 +490,7 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
         .header("origin", "http://evil.example")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status(), 403);
     // This server's own origin is fine.
     let host = s.base.trim_start_matches("http://").to_owned();
@@ -504,13 +499,13 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
         .header("origin", format!("http://{host}"))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status(), 200);
     let session = r
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
-        .unwrap_or_else(|| panic!("no session id"))
+        .expect("no session id")
         .to_owned();
 
     // Alice's session is hers: Bob presenting its id gets what an unknown id gets.
@@ -521,7 +516,7 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
         .header("mcp-protocol-version", "2025-11-25")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status(), 404);
     let r = post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
         .bearer_auth(ALICE)
@@ -529,7 +524,7 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
         .header("mcp-protocol-version", "2025-11-25")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     let r = post(list)
         .bearer_auth(ALICE)
@@ -537,7 +532,7 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
         .header("mcp-protocol-version", "2025-11-25")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status(), 200);
     assert!(
         r.text().await.unwrap_or_default().contains("grafana__echo"),
@@ -565,7 +560,7 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
             .body(body.clone())
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status(), 400, "{body}");
         let answer: Value = r.json().await.unwrap_or_else(|e| panic!("{body}: {e}"));
         assert_eq!(answer["error"]["code"], code, "{body}: {answer}");
@@ -577,7 +572,7 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
         .header("mcp-protocol-version", "2025-11-25")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let text = r.text().await.unwrap_or_default();
     assert!(text.contains("-32601"), "{text}");
 
@@ -602,7 +597,7 @@ async fn the_mcp_door_refuses_strangers_wrong_origins_other_users_sessions_and_b
             .json(&initialize)
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let status = r.status().as_u16();
         let text = r.text().await.unwrap_or_default();
         assert!((400..500).contains(&status), "{query}: {status}");
@@ -667,7 +662,7 @@ async fn kortex_mcp_bridges_a_stdio_client_to_the_server() {
                     &manifest,
                     manifests(&upstream_url, "grafana__fail, grafana__echo"),
                 )
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             }
         },
     );
@@ -691,7 +686,7 @@ async fn kortex_mcp_bridges_a_stdio_client_to_the_server() {
         .env_remove("KORTEX_API_KEY")
         .stdin(Stdio::null())
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -707,7 +702,7 @@ async fn kortex_uses_another_kortex_as_an_mcp_server() {
         return;
     };
     // The Kortex whose tools are shared (loopback: no credentials).
-    let dir_a = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir_a = tempfile::tempdir().unwrap();
     std::fs::write(
         dir_a.path().join("a.yaml"),
         r#"apiVersion: kortex.dev/v1alpha1
@@ -724,10 +719,10 @@ spec:
   tools: {allow: [get_incident_history, read_result_chunk]}
 "#,
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let a = Server::start(dir_a.path(), &dir_a.path().join("a.db"), &[]);
     // The Kortex that uses them as a KortexTool.
-    let dir_b = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir_b = tempfile::tempdir().unwrap();
     std::fs::write(
         dir_b.path().join("b.yaml"),
         format!(
@@ -752,7 +747,7 @@ spec:
             a.url("/mcp?policy=default/shared")
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let b = Server::start(dir_b.path(), &dir_b.path().join("b.db"), &[]);
     let tools = eventually("B discovers A's tools", || async {
         let (_, body) = b.get("/api/v1/tools").await;
@@ -791,7 +786,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_guides_are_bounded_by_the_schema() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let tool = |name: &str, guide: &str| {
         format!(
             "apiVersion: kortex.dev/v1alpha1\nkind: KortexTool\nmetadata: {{name: {name}}}\nspec:\n  description: d\n  http: {{url: \"http://127.0.0.1:9/x\"}}\n  guide: {}\n---\n",
@@ -805,7 +800,7 @@ async fn tool_guides_are_bounded_by_the_schema() {
         tool("too-heavy", &"é".repeat(16_000)),
     ]
     .concat();
-    std::fs::write(dir.path().join("t.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.path().join("t.yaml"), yaml).unwrap();
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let (_, problems) = server.get("/api/v1/manifests").await;
     assert!(
@@ -847,9 +842,7 @@ async fn tool_guides_are_bounded_by_the_schema() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_session_goes_on_at_another_replica() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("p.yaml"),
         r#"apiVersion: kortex.dev/v1alpha1
@@ -863,7 +856,7 @@ metadata: {name: ops}
 spec: {sessions: ["*"], provider: none}
 "#,
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let db = dir.path().join("k.db");
     let http = http_client();
     let post = |url: String, session: Option<&str>, body: Value| {
@@ -886,13 +879,13 @@ spec: {sessions: ["*"], provider: none}
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status(), 200);
     let session = r
         .headers()
         .get("mcp-session-id")
         .and_then(|v| v.to_str().ok())
-        .unwrap_or_else(|| panic!("no session id"))
+        .expect("no session id")
         .to_owned();
     let r = post(
         first.url("/mcp?policy=default/ops"),
@@ -900,7 +893,7 @@ spec: {sessions: ["*"], provider: none}
         json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert!(r.status().is_success());
     // The replica that knew the session is gone; another one, on the same database,
     // carries it on without a new handshake.
@@ -913,7 +906,7 @@ spec: {sessions: ["*"], provider: none}
             "name": "get_incident_history", "arguments": {"query": "checkout"}}}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status(), 200);
     let text = r.text().await.unwrap_or_default();
     assert!(
@@ -928,7 +921,7 @@ spec: {sessions: ["*"], provider: none}
         json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status(), 404);
 }
 
@@ -937,13 +930,14 @@ spec: {sessions: ["*"], provider: none}
 /// `ActionProposal` object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_mcp_callers_act_with_their_own_rights() {
-    use crate::operator::{FakeApi, deployment, start_run_with};
+    use crate::support::fake_api::{FakeApi, deployment};
+    use crate::support::server::start_run_with;
     let Some(python) = python() else {
         return;
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, _script) = crate::llm::mock().await;
+    let (llm, _script) = crate::support::provider::mock().await;
     fake.apply("deployments", deployment());
     fake.apply(
         "chatpolicies",
@@ -953,7 +947,7 @@ async fn in_a_cluster_mcp_callers_act_with_their_own_rights() {
             "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
     );
     fake.allow("alice");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
     let url = server.url("/mcp?policy=team-a/incidents");
 
@@ -1068,14 +1062,14 @@ async fn tool_calling_model() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Va
                 "end_turn",
             ),
         };
-        let events = crate::claude_code::answer(&body["model"], block, delta, stop);
+        let events = messages_answer(&body["model"], block, delta, stop);
         ([("content-type", "text/event-stream")], events).into_response()
     }
     let seen: Seen = std::sync::Arc::default();
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state(seen.clone());
-    (crate::common::serve(app).await, seen)
+    (crate::support::net::serve(app).await, seen)
 }
 
 /// Claude Code, the MCP client engineers use, investigates through Kortex: it lists the
@@ -1097,7 +1091,7 @@ async fn claude_code_investigates_through_kortex() {
         return;
     };
     let (model, seen) = tool_calling_model().await;
-    let home = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let home = tempfile::tempdir().unwrap();
     let config = json!({"mcpServers": {"kortex": {"type": "http",
         "url": format!("{}/mcp?policy=default/ops", s.base),
         "headers": {"Authorization": format!("Bearer {ALICE}")}}}});
@@ -1115,8 +1109,8 @@ async fn claude_code_investigates_through_kortex() {
             .output()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
-    .unwrap_or_else(|e| panic!("claude: {e}"));
+    .unwrap()
+    .expect("claude");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");

@@ -2,71 +2,15 @@
 //! policy's webhooks — Kortex's JSON envelope, signed, and Slack's format — through the
 //! outbox, after retries when the receiver fails, once per delivery id.
 
-use crate::binary::Server;
-use crate::chat::{read_sse, run_ended};
-use crate::common::{eventually, http_client};
-use crate::llm::{mock, openai, push, streamed};
+use crate::support::chat::{ask, open_session};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::receiver::{receiver, slow_receiver};
+use crate::support::server::Server;
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// A webhook receiver on 127.0.0.1 that records what it is sent (headers and body) and
-/// answers 503 to its first `fail_first` requests; each answer takes `delay`.
-pub(crate) struct Receiver {
-    pub(crate) url: String,
-    seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>>,
-    refused: Arc<AtomicUsize>,
-}
-
-pub(crate) async fn receiver(fail_first: usize) -> Receiver {
-    slow_receiver(fail_first, std::time::Duration::ZERO).await
-}
-
-async fn slow_receiver(fail_first: usize, delay: std::time::Duration) -> Receiver {
-    let seen: Arc<Mutex<Vec<(axum::http::HeaderMap, String)>>> = Arc::default();
-    let refused = Arc::new(AtomicUsize::new(0));
-    let (s, r) = (seen.clone(), refused.clone());
-    let app = axum::Router::new().route(
-        "/hook",
-        axum::routing::post(move |headers: axum::http::HeaderMap, body: String| {
-            let (s, r) = (s.clone(), r.clone());
-            async move {
-                tokio::time::sleep(delay).await;
-                if r.load(Ordering::SeqCst) < fail_first {
-                    r.fetch_add(1, Ordering::SeqCst);
-                    return axum::http::StatusCode::SERVICE_UNAVAILABLE;
-                }
-                s.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((headers, body));
-                axum::http::StatusCode::OK
-            }
-        }),
-    );
-    let base = crate::common::serve(app).await;
-    Receiver {
-        url: format!("{base}/hook"),
-        seen,
-        refused,
-    }
-}
-
-impl Receiver {
-    pub(crate) fn got(&self) -> Vec<(axum::http::HeaderMap, Value)> {
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .map(|(h, b)| (h.clone(), serde_json::from_str(b).unwrap_or(Value::Null)))
-            .collect()
-    }
-
-    fn raw(&self, i: usize) -> String {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner())[i]
-            .1
-            .clone()
-    }
-}
 
 fn header(h: &axum::http::HeaderMap, name: &str) -> String {
     h.get(name)
@@ -78,9 +22,7 @@ fn header(h: &axum::http::HeaderMap, name: &str) -> String {
 /// A manifest folder `m` in a new temp dir: the LLMProvider `gpt` at `base` and the
 /// ChatPolicy `incidents` for every session, with `policy` (YAML lines under its `spec:`).
 fn policy_manifests(base: &str, policy: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     write_policy(&m, base, policy);
     dir
 }
@@ -97,14 +39,14 @@ fn write_policy(m: &std::path::Path, base: &str, policy: &str) {
              spec:\n  sessions: [\"*\"]\n  provider: gpt\n{policy}"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 /// The provider's next answer is a 400: the chat run fails (`run.failed`).
-fn fail_next_call(script: &crate::llm::Script) {
+fn fail_next_call(script: &crate::support::provider::Script) {
     push(
         script,
-        crate::llm::json_reply(
+        crate::support::provider::json_reply(
             400,
             &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
         ),
@@ -116,9 +58,7 @@ async fn a_proposal_reaches_its_webhooks_signed_and_after_retries() {
     let (base, script) = mock().await;
     let json_hook = receiver(2).await;
     let slack_hook = receiver(0).await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -153,7 +93,7 @@ spec:
             json = json_hook.url,
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
@@ -174,24 +114,8 @@ spec:
         &script,
         streamed(&d, (d.text_stream)(&["I proposed a restart."])),
     );
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-1"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = session["id"].as_str().unwrap_or_default();
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "fix the api"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = read_sse(r, run_ended).await;
+    let id = open_session(&server, json!({"name": "incident-1"})).await;
+    let events = ask(&server, &id, "fix the api").await;
     let proposal = events
         .iter()
         .find(|e| e.event == "proposal.created")
@@ -252,7 +176,7 @@ spec:
         .json(&json!({}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
     eventually("proposal.decided delivered", || async {
         match json_hook.got().len() {
@@ -301,9 +225,9 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
     );
     let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
     fail_next_call(&script);
-    let id = crate::policy::session(&server, "incident-2").await;
-    let events = crate::policy::ask(&server, &id, "what broke?").await;
-    assert_eq!(crate::policy::state(&events), json!("failed"));
+    let id = crate::support::chat::session(&server, "incident-2").await;
+    let events = crate::support::chat::ask(&server, &id, "what broke?").await;
+    assert_eq!(crate::support::chat::state(&events), json!("failed"));
     eventually("Notify=False", || async {
         let (_, policies) = server.get("/api/v1/policies").await;
         if policies.contains("DeliveryFailing") && policies.contains("pager: ") {
@@ -324,8 +248,8 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
         &script,
         streamed(&openai(), (openai().text_stream)(&["Fine."])),
     );
-    let events = crate::policy::ask(&server, &id, "and now?").await;
-    assert_eq!(crate::policy::state(&events), json!("completed"));
+    let events = crate::support::chat::ask(&server, &id, "and now?").await;
+    assert_eq!(crate::support::chat::state(&events), json!("completed"));
 }
 
 /// Two `kortex serve` replicas on one PostgreSQL database both run the worker: every
@@ -333,7 +257,7 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
 /// to answer, so each worker comes round while the other is sending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_send_each_delivery_once() {
-    let Some(db) = crate::common::postgres().await else {
+    let Some(db) = crate::support::db::postgres().await else {
         return;
     };
     let hook = slow_receiver(0, std::time::Duration::from_millis(1500)).await;
@@ -349,12 +273,9 @@ async fn two_replicas_send_each_delivery_once() {
     let b = Server::start_with_url(&m, &db.url, &[]);
     for i in 0..4 {
         let mut p =
-            crate::retention::proposal(None, "alice", &format!("restart-api-{i}"), "Pending");
+            crate::support::db::proposal(None, "alice", &format!("restart-api-{i}"), "Pending");
         p.policy = Some("default/incidents".into());
-        db.store
-            .insert_proposal(&p)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        db.store.insert_proposal(&p).await.unwrap();
     }
     eventually("four deliveries", || async {
         match hook.got().len() {
@@ -395,7 +316,7 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
             }
         }),
     );
-    let url = format!("{}/hook", crate::common::serve(app).await);
+    let url = format!("{}/hook", crate::support::net::serve(app).await);
     let dir = policy_manifests(
         &base,
         &format!(
@@ -404,9 +325,9 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
     );
     let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
     fail_next_call(&script);
-    let id = crate::policy::session(&server, "incident-3").await;
-    let events = crate::policy::ask(&server, &id, "what broke?").await;
-    assert_eq!(crate::policy::state(&events), json!("failed"));
+    let id = crate::support::chat::session(&server, "incident-3").await;
+    let events = crate::support::chat::ask(&server, &id, "what broke?").await;
+    assert_eq!(crate::support::chat::state(&events), json!("failed"));
     eventually("the receiver holds the delivery", || async {
         match waiting.load(Ordering::SeqCst) {
             0 => Err("not yet".to_owned()),
@@ -418,8 +339,8 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
         &script,
         streamed(&openai(), (openai().text_stream)(&["Fine."])),
     );
-    let events = crate::policy::ask(&server, &id, "and now?").await;
-    assert_eq!(crate::policy::state(&events), json!("completed"));
+    let events = crate::support::chat::ask(&server, &id, "and now?").await;
+    assert_eq!(crate::support::chat::state(&events), json!("completed"));
     // The run finished while the delivery was still in flight (a run that waited for it
     // would have hung above until the test timed out).
     assert_eq!(
@@ -445,12 +366,12 @@ async fn budgets_and_providers_notify_once_per_change() {
     let m = dir.path().join("m");
     let write = |provider_url: &str| write_policy(&m, provider_url, &policy);
     let server = Server::start_with_args(&m, &dir.path().join("k.db"), &["--probe-interval", "1s"]);
-    let id = crate::policy::session(&server, "incident-4").await;
+    let id = crate::support::chat::session(&server, "incident-4").await;
     let d = openai();
     for _ in 0..2 {
         push(&script, streamed(&d, (d.text_stream)(&["ok"])));
-        let events = crate::policy::ask(&server, &id, "status?").await;
-        assert_eq!(crate::policy::state(&events), json!("completed"));
+        let events = crate::support::chat::ask(&server, &id, "status?").await;
+        assert_eq!(crate::support::chat::state(&events), json!("completed"));
     }
     // Refused three times: one event.
     for _ in 0..3 {
@@ -459,7 +380,7 @@ async fn budgets_and_providers_notify_once_per_change() {
             .json(&json!({"content": "status?"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), 429);
     }
     let types = || {
@@ -527,11 +448,11 @@ async fn min_interval_spaces_deliveries_to_a_target() {
         ),
     );
     let server = Server::start_with_args(&dir.path().join("m"), &dir.path().join("k.db"), &[]);
-    let id = crate::policy::session(&server, "incident-5").await;
+    let id = crate::support::chat::session(&server, "incident-5").await;
     for _ in 0..2 {
         fail_next_call(&script);
-        let events = crate::policy::ask(&server, &id, "what broke?").await;
-        assert_eq!(crate::policy::state(&events), json!("failed"));
+        let events = crate::support::chat::ask(&server, &id, "what broke?").await;
+        assert_eq!(crate::support::chat::state(&events), json!("failed"));
     }
     eventually("the first delivery", || async {
         match hook.got().len() {

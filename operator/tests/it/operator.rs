@@ -1,654 +1,16 @@
-//! `kortex run` against a fake Kubernetes API server on 127.0.0.1 that speaks the real
-//! wire protocol the kube client uses: lists, metadata-only lists (`PartialObjectMetadata`),
-//! streaming watches, gets, creates, conditional replaces (409 on a stale
-//! resourceVersion), server-side-apply status patches and Events. Every request is
-//! recorded, so the tests assert the exact writes the operator makes.
+//! `kortex run` against the fake Kubernetes API server (`support::fake_api`), which speaks
+//! the real wire protocol the kube client uses and records every request, so the tests
+//! assert the exact writes the operator makes.
 
-use axum::body::Body;
-use axum::http::{HeaderMap, Method, Request, StatusCode};
-use axum::response::{IntoResponse, Response};
+use crate::support::chat::post_message;
+use crate::support::fake_api::{
+    FakeApi, Seen, base64, condition, deployment, phase, proposal_named, provider, secret,
+    status_patches,
+};
+use crate::support::server::{kubectl_kortex, pending_restarts, start_run, start_run_with};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::broadcast;
-
-/// One request as the fake saw it.
-#[derive(Clone, Debug)]
-pub(crate) struct Seen {
-    pub(crate) method: String,
-    pub(crate) path: String,
-    pub(crate) query: String,
-    pub(crate) content_type: String,
-    pub(crate) accept: String,
-    /// The bearer token sent.
-    pub(crate) token: String,
-    pub(crate) body: Value,
-}
-
-#[derive(Default)]
-struct State {
-    /// Objects with their plural (`llmproviders`, `secrets`, `leases`, …).
-    objects: Vec<(String, Value)>,
-    version: u64,
-    seen: Vec<Seen>,
-    /// Users a SubjectAccessReview allows.
-    allowed: Vec<String>,
-    /// Paths whose writes (PATCH, not dry-run) never answer.
-    hung: Vec<String>,
-    /// How long each answer takes (a slow API server, or one far away).
-    latency: Duration,
-    /// Paths whose reads answer 500.
-    failing: Vec<String>,
-    /// Every watch event sent, so that a watch resumed from a `resourceVersion` gets what
-    /// it missed, as from a real API server's watch cache.
-    history: Vec<(String, Value)>,
-}
-
-/// RFC 7386 JSON merge patch.
-fn merge(target: &mut Value, patch: &Value) {
-    match (target.as_object_mut(), patch.as_object()) {
-        (Some(t), Some(p)) => {
-            for (k, v) in p {
-                if v.is_null() {
-                    t.remove(k);
-                } else {
-                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
-                }
-            }
-        }
-        _ => *target = patch.clone(),
-    }
-}
-
-/// The fake API server.
-#[derive(Clone)]
-pub(crate) struct FakeApi {
-    state: Arc<Mutex<State>>,
-    events: broadcast::Sender<(String, Value)>,
-    /// `true` while the API server is "down": every request gets 503 and open watches end.
-    outage: Arc<tokio::sync::watch::Sender<bool>>,
-    pub(crate) url: String,
-}
-
-/// An API path: plural, namespace, name, subresource.
-type ApiPath = (String, Option<String>, Option<String>, Option<String>);
-
-/// The parts of an API path.
-fn parse(path: &str) -> Option<ApiPath> {
-    let rest = path.strip_prefix("/api/v1/").or_else(|| {
-        let p = path.strip_prefix("/apis/")?;
-        let mut parts = p.splitn(3, '/');
-        parts.next()?;
-        parts.next()?;
-        parts.next()
-    })?;
-    let parts: Vec<&str> = rest.split('/').collect();
-    match parts.as_slice() {
-        ["namespaces", ns, plural, tail @ ..] => Some((
-            (*plural).to_owned(),
-            Some((*ns).to_owned()),
-            tail.first().map(|s| (*s).to_owned()),
-            tail.get(1).map(|s| (*s).to_owned()),
-        )),
-        [plural] => Some(((*plural).to_owned(), None, None, None)),
-        _ => None,
-    }
-}
-
-fn status(code: u16, reason: &str, message: &str) -> Response {
-    (
-        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        axum::Json(
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "reason": reason, "message": message, "code": code}),
-        ),
-    )
-        .into_response()
-}
-
-fn metadata_only(o: &Value) -> Value {
-    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": o["metadata"]})
-}
-
-fn matches_selector(o: &Value, selector: &str) -> bool {
-    selector.split(',').filter(|s| !s.is_empty()).all(|term| {
-        let labels = &o["metadata"]["labels"];
-        match term.split_once('=') {
-            Some((k, v)) => labels[k] == v,
-            None => !labels[term].is_null(),
-        }
-    })
-}
-
-fn query_param(query: &str, key: &str) -> Option<String> {
-    query.split('&').find_map(|kv| {
-        kv.strip_prefix(&format!("{key}=")).map(|v| {
-            v.replace("%2F", "/")
-                .replace("%3D", "=")
-                .replace("%2C", ",")
-        })
-    })
-}
-
-impl FakeApi {
-    pub(crate) async fn start() -> Self {
-        let (events, _) = broadcast::channel(1024);
-        let mut fake = Self {
-            state: Arc::default(),
-            events,
-            outage: Arc::new(tokio::sync::watch::channel(false).0),
-            url: String::new(),
-        };
-        let handler = fake.clone();
-        let app = axum::Router::new().fallback(move |req: Request<Body>| {
-            let fake = handler.clone();
-            async move { fake.handle(req).await }
-        });
-        let url = crate::common::serve(app).await;
-        fake.url = url;
-        // As in a real install: the shipped admission policy, trusting the identity Kortex
-        // runs as here (the token of `write_kubeconfig`), bound everywhere. Without it the
-        // leader executes nothing.
-        let (policy, binding) = admission_policy("not-a-real");
-        fake.apply("validatingadmissionpolicies", policy);
-        fake.apply("validatingadmissionpolicybindings", binding);
-        fake
-    }
-
-    /// Removes an object (as `kubectl delete` would), announcing it to watches.
-    pub(crate) fn remove(&self, plural: &str, namespace: Option<&str>, name: &str) {
-        let mut st = self.lock();
-        let Some(i) = st.objects.iter().position(|(p, o)| {
-            p == plural
-                && o["metadata"]["namespace"].as_str() == namespace
-                && o["metadata"]["name"] == name
-        }) else {
-            return;
-        };
-        let (_, mut object) = st.objects.remove(i);
-        st.version += 1;
-        object["metadata"]["resourceVersion"] = json!(st.version.to_string());
-        let event = (
-            plural.to_owned(),
-            json!({"type": "DELETED", "object": object}),
-        );
-        st.history.push(event.clone());
-        drop(st);
-        let _ = self.events.send(event);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Adds or replaces an object (as `kubectl apply` would), announcing it to watches.
-    pub(crate) fn apply(&self, plural: &str, mut object: Value) {
-        let mut st = self.lock();
-        st.version += 1;
-        let version = st.version.to_string();
-        object["metadata"]["resourceVersion"] = json!(version);
-        let key = |o: &Value| {
-            (
-                o["metadata"]["namespace"].clone(),
-                o["metadata"]["name"].clone(),
-            )
-        };
-        let existing = st
-            .objects
-            .iter()
-            .position(|(p, o)| p == plural && key(o) == key(&object));
-        let kind = if let Some(i) = existing {
-            let old = &st.objects[i].1;
-            object["metadata"]["uid"] = old["metadata"]["uid"].clone();
-            let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
-            let spec_changed = old.get("spec") != object.get("spec");
-            object["metadata"]["generation"] = json!(generation + i64::from(spec_changed));
-            if object.get("status").is_none() {
-                object["status"] = old["status"].clone();
-            }
-            st.objects[i].1 = object.clone();
-            "MODIFIED"
-        } else {
-            object["metadata"]["uid"] = json!(format!("uid-{version}"));
-            object["metadata"]["creationTimestamp"] = json!(
-                jiff::Timestamp::now()
-                    .strftime("%Y-%m-%dT%H:%M:%SZ")
-                    .to_string()
-            );
-            object["metadata"]["generation"] = json!(1);
-            st.objects.push((plural.to_owned(), object.clone()));
-            "ADDED"
-        };
-        let event = (plural.to_owned(), json!({"type": kind, "object": object}));
-        st.history.push(event.clone());
-        drop(st);
-        let _ = self.events.send(event);
-    }
-
-    /// The object, as stored.
-    pub(crate) fn get(&self, plural: &str, namespace: &str, name: &str) -> Option<Value> {
-        self.lock()
-            .objects
-            .iter()
-            .find(|(p, o)| {
-                p == plural
-                    && o["metadata"]["namespace"] == namespace
-                    && o["metadata"]["name"] == name
-            })
-            .map(|(_, o)| o.clone())
-    }
-
-    /// Makes writes (PATCH, not dry-run) of `path` hang forever, as a wedged API server or
-    /// webhook would.
-    pub(crate) fn hang(&self, path: &str) {
-        self.lock().hung.push(path.to_owned());
-    }
-
-    /// Makes reads of `path` answer 500 (`true`) or work again (`false`).
-    pub(crate) fn fail(&self, path: &str, failing: bool) {
-        let mut st = self.lock();
-        st.failing.retain(|p| p != path);
-        if failing {
-            st.failing.push(path.to_owned());
-        }
-    }
-
-    /// Takes the API server away (`true`: every request answers 503 as a load balancer with
-    /// no backend would, and open watches are cut) or brings it back (`false`).
-    pub(crate) fn outage(&self, down: bool) {
-        self.outage.send_replace(down);
-    }
-
-    /// Makes every answer take `latency` (before it is computed: a write lands after it).
-    pub(crate) fn latency(&self, latency: Duration) {
-        self.lock().latency = latency;
-    }
-
-    /// Lets SubjectAccessReviews allow `user`.
-    pub(crate) fn allow(&self, user: &str) {
-        self.lock().allowed.push(user.to_owned());
-    }
-
-    /// Objects of a kind.
-    pub(crate) fn list(&self, plural: &str) -> Vec<Value> {
-        self.lock()
-            .objects
-            .iter()
-            .filter(|(p, _)| p == plural)
-            .map(|(_, o)| o.clone())
-            .collect()
-    }
-
-    /// The requests seen so far.
-    pub(crate) fn seen(&self) -> Vec<Seen> {
-        self.lock().seen.clone()
-    }
-
-    /// Waits (up to 20 s) until `check` holds.
-    pub(crate) async fn until(&self, what: &str, check: impl Fn(&Self) -> bool) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-        while !check(self) {
-            if tokio::time::Instant::now() > deadline {
-                let seen: Vec<String> = self
-                    .seen()
-                    .iter()
-                    .map(|s| format!("{} {}?{} {}", s.method, s.path, s.query, s.body))
-                    .collect();
-                panic!(
-                    "timed out waiting for {what}; requests:\n{}",
-                    seen.join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn handle(&self, req: Request<Body>) -> Response {
-        let method = req.method().clone();
-        let path = req.uri().path().to_owned();
-        let query = req.uri().query().unwrap_or_default().to_owned();
-        let headers: HeaderMap = req.headers().clone();
-        let bytes = axum::body::to_bytes(req.into_body(), 1 << 20)
-            .await
-            .unwrap_or_default();
-        let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let latency = self.lock().latency;
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
-        let content_type = headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        let accept = headers
-            .get("accept")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        let token = headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default()
-            .to_owned();
-        self.lock().seen.push(Seen {
-            token,
-            method: method.to_string(),
-            path: path.clone(),
-            query: query.clone(),
-            content_type,
-            accept,
-            body: body.clone(),
-        });
-        if *self.outage.borrow() {
-            return status(
-                503,
-                "ServiceUnavailable",
-                "the API server is down (fake outage)",
-            );
-        }
-        if method == Method::PATCH
-            && query_param(&query, "dryRun").is_none()
-            && self.lock().hung.contains(&path)
-        {
-            return std::future::pending().await;
-        }
-        if method == Method::GET && self.lock().failing.contains(&path) {
-            return status(500, "InternalError", "the fake fails this path");
-        }
-        let Some((plural, namespace, name, sub)) = parse(&path) else {
-            return status(404, "NotFound", &format!("no such path {path}"));
-        };
-        let metadata = headers
-            .get("accept")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|a| a.contains("PartialObjectMetadata"));
-        let in_scope = |o: &Value| {
-            namespace
-                .as_ref()
-                .is_none_or(|ns| o["metadata"]["namespace"] == ns.as_str())
-        };
-        match (method, name, sub) {
-            (Method::GET, None, None)
-                if query_param(&query, "watch").as_deref() == Some("true") =>
-            {
-                let selector = query_param(&query, "labelSelector").unwrap_or_default();
-                // Live events after the missed ones (subscribed first, so none falls between).
-                let live = self.events.subscribe();
-                let version = |event: &Value| -> u64 {
-                    event["object"]["metadata"]["resourceVersion"]
-                        .as_str()
-                        .and_then(|v| v.parse().ok())
-                        .unwrap_or(0)
-                };
-                let from: u64 = query_param(&query, "resourceVersion")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                let missed: Vec<(String, Value)> = if from == 0 {
-                    Vec::new()
-                } else {
-                    self.lock()
-                        .history
-                        .iter()
-                        .filter(|(_, e)| version(e) > from)
-                        .cloned()
-                        .collect()
-                };
-                let seen_up_to = missed.last().map_or(from, |(_, e)| version(e));
-                let rx = futures_util::stream::iter(missed).chain(tokio_stream_of(live).filter(
-                    move |(_, e)| {
-                        let newer = version(e) > seen_up_to;
-                        async move { newer }
-                    },
-                ));
-                let ns = namespace.clone();
-                let stream = rx.filter_map(move |(p, event)| {
-                    let keep = p == plural
-                        && ns.as_ref().is_none_or(|ns| {
-                            event["object"]["metadata"]["namespace"] == ns.as_str()
-                        })
-                        && matches_selector(&event["object"], &selector);
-                    let line = keep.then(|| {
-                        let mut event = event.clone();
-                        if metadata {
-                            event["object"] = metadata_only(&event["object"]);
-                        }
-                        Ok::<_, std::convert::Infallible>(format!("{event}\n"))
-                    });
-                    async move { line }
-                });
-                let mut outage = self.outage.subscribe();
-                let cut = async move {
-                    let _ = outage.wait_for(|down| *down).await;
-                };
-                let stream = futures_util::StreamExt::take_until(stream, Box::pin(cut));
-                Response::builder()
-                    .header("content-type", "application/json")
-                    .body(Body::from_stream(stream))
-                    .unwrap_or_else(|_| status(500, "InternalError", "stream"))
-            }
-            (Method::GET, None, None) => {
-                let selector = query_param(&query, "labelSelector").unwrap_or_default();
-                let st = self.lock();
-                let items: Vec<Value> = st
-                    .objects
-                    .iter()
-                    .filter(|(p, o)| *p == plural && in_scope(o) && matches_selector(o, &selector))
-                    .map(|(_, o)| {
-                        if metadata {
-                            metadata_only(o)
-                        } else {
-                            o.clone()
-                        }
-                    })
-                    .collect();
-                let (api_version, kind) = if metadata {
-                    ("meta.k8s.io/v1", "PartialObjectMetadataList".to_owned())
-                } else {
-                    ("v1", "List".to_owned())
-                };
-                axum::Json(json!({"apiVersion": api_version, "kind": kind,
-                    "metadata": {"resourceVersion": st.version.to_string()}, "items": items}))
-                .into_response()
-            }
-            (Method::GET, Some(name), None) => {
-                match self.get(&plural, namespace.as_deref().unwrap_or_default(), &name) {
-                    Some(o) => axum::Json(o).into_response(),
-                    None => status(404, "NotFound", &format!("{plural} \"{name}\" not found")),
-                }
-            }
-            (Method::POST, None, None) if plural == "selfsubjectreviews" => {
-                // The bearer token says who it is: `<user>-token`.
-                let user = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .map(|t| t.trim_end_matches("-token").to_owned())
-                    .unwrap_or_default();
-                (StatusCode::CREATED, axum::Json(json!({"apiVersion": "authentication.k8s.io/v1",
-                    "kind": "SelfSubjectReview", "metadata": {},
-                    "status": {"userInfo": {"username": user, "groups": ["system:authenticated", "sre"]}}})))
-                .into_response()
-            }
-            (Method::POST, None, None) if plural == "tokenreviews" => {
-                let token = body["spec"]["token"].as_str().unwrap_or_default();
-                let status = match token.strip_suffix("-token") {
-                    Some(user) => json!({"authenticated": true,
-                        "user": {"username": user, "groups": ["system:authenticated", "sre"]}}),
-                    None => json!({"authenticated": false, "error": "invalid bearer token"}),
-                };
-                let mut review = body.clone();
-                review["status"] = status;
-                (StatusCode::CREATED, axum::Json(review)).into_response()
-            }
-            (Method::POST, None, None) if plural == "subjectaccessreviews" => {
-                let user = body["spec"]["user"].as_str().unwrap_or_default().to_owned();
-                let allowed = self.lock().allowed.contains(&user);
-                let mut review = body.clone();
-                review["status"] = json!({"allowed": allowed});
-                (StatusCode::CREATED, axum::Json(review)).into_response()
-            }
-            (Method::POST, None, None) => {
-                let mut body = body;
-                if body["metadata"]["name"].is_null()
-                    && let Some(prefix) = body["metadata"]["generateName"].as_str()
-                {
-                    let n = self.lock().version;
-                    body["metadata"]["name"] = json!(format!("{prefix}{:05x}", n * 7919 % 0xfffff));
-                }
-                let name = body["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                let mut object = body.clone();
-                object["metadata"]["namespace"] = json!(namespace);
-                if plural != "events"
-                    && self
-                        .get(&plural, namespace.as_deref().unwrap_or_default(), &name)
-                        .is_some()
-                {
-                    return status(
-                        409,
-                        "AlreadyExists",
-                        &format!("{plural} \"{name}\" already exists"),
-                    );
-                }
-                self.apply(&plural, object);
-                let stored = self
-                    .get(&plural, namespace.as_deref().unwrap_or_default(), &name)
-                    .unwrap_or(body);
-                (StatusCode::CREATED, axum::Json(stored)).into_response()
-            }
-            (Method::PUT, Some(name), None) => {
-                let Some(current) =
-                    self.get(&plural, namespace.as_deref().unwrap_or_default(), &name)
-                else {
-                    return status(404, "NotFound", "not found");
-                };
-                if body["metadata"]["resourceVersion"] != current["metadata"]["resourceVersion"] {
-                    return status(
-                        409,
-                        "Conflict",
-                        "the object has been modified; please apply your changes to the latest version and try again",
-                    );
-                }
-                self.apply(&plural, body);
-                axum::Json(self.get(&plural, namespace.as_deref().unwrap_or_default(), &name))
-                    .into_response()
-            }
-            (Method::PATCH, Some(name), Some(sub)) if sub == "status" => {
-                let Some(mut current) =
-                    self.get(&plural, namespace.as_deref().unwrap_or_default(), &name)
-                else {
-                    return status(404, "NotFound", "not found");
-                };
-                // Server-side apply with a resourceVersion is a precondition.
-                if let Some(rv) = body["metadata"]["resourceVersion"].as_str()
-                    && current["metadata"]["resourceVersion"] != rv
-                {
-                    return status(
-                        409,
-                        "Conflict",
-                        "the object has been modified; please apply your changes to the latest version and try again",
-                    );
-                }
-                current["status"] = body["status"].clone();
-                self.apply(&plural, current);
-                axum::Json(self.get(&plural, namespace.as_deref().unwrap_or_default(), &name))
-                    .into_response()
-            }
-            (Method::PATCH, Some(name), sub) => {
-                let Some(mut current) =
-                    self.get(&plural, namespace.as_deref().unwrap_or_default(), &name)
-                else {
-                    return status(404, "NotFound", "not found");
-                };
-                match sub.as_deref() {
-                    Some("scale") => {
-                        let mut scale = json!({"spec": {"replicas": current["spec"]["replicas"]}});
-                        merge(&mut scale, &body);
-                        current["spec"]["replicas"] = scale["spec"]["replicas"].clone();
-                    }
-                    None => merge(&mut current, &body),
-                    Some(_) => return status(404, "NotFound", "no such subresource"),
-                }
-                if query_param(&query, "dryRun").is_none() {
-                    self.apply(&plural, current);
-                    current = self
-                        .get(&plural, namespace.as_deref().unwrap_or_default(), &name)
-                        .unwrap_or_default();
-                }
-                if sub.as_deref() == Some("scale") {
-                    return axum::Json(json!({"apiVersion": "autoscaling/v1", "kind": "Scale",
-                        "metadata": current["metadata"], "spec": {"replicas": current["spec"]["replicas"]}}))
-                    .into_response();
-                }
-                axum::Json(current).into_response()
-            }
-            _ => status(405, "MethodNotAllowed", "not supported by the fake"),
-        }
-    }
-}
-
-fn tokio_stream_of<T: Clone + Send + 'static>(
-    rx: broadcast::Receiver<T>,
-) -> impl futures_util::Stream<Item = T> {
-    futures_util::stream::unfold(rx, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(v) => return Some((v, rx)),
-                Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    })
-}
-
-pub(crate) fn provider(base: &str) -> Value {
-    json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
-        "metadata": {"name": "gpt", "namespace": "team-a"},
-        // A model server beside Kortex on loopback (like a sidecar): allowed explicitly.
-        "spec": {"type": "openai-compatible", "baseUrl": format!("{base}/v1"), "defaultModel": "m1",
-            "allowPrivateTargets": true,
-            "apiKeySecretRef": {"name": "llm-keys", "key": "openai"}}})
-}
-
-pub(crate) fn secret(key: Option<&str>) -> Value {
-    let data = match key {
-        Some(k) => json!({"openai": base64(k)}),
-        None => json!({}),
-    };
-    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "llm-keys", "namespace": "team-a", "labels": {"kortex.dev/use": "true"}},
-        "type": "Opaque", "data": data})
-}
-
-fn base64(text: &str) -> String {
-    kortex::redact::base64(text)
-}
-
-pub(crate) fn status_patches(fake: &FakeApi, plural: &str, name: &str) -> Vec<Seen> {
-    fake.seen()
-        .into_iter()
-        .filter(|s| s.method == "PATCH" && s.path.ends_with(&format!("/{plural}/{name}/status")))
-        .collect()
-}
-
-pub(crate) fn condition(object: &Option<Value>, type_: &str) -> Option<(String, String)> {
-    object.as_ref().and_then(|o| {
-        o["status"]["conditions"]
-            .as_array()?
-            .iter()
-            .find(|c| c["type"] == type_)
-            .map(|c| {
-                (
-                    c["status"].as_str().unwrap_or_default().to_owned(),
-                    c["reason"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-    })
-}
 
 /// The whole operator loop from the binary: watches, Secrets read by name, the live
 /// configuration, leader election, status written by server-side apply without no-op
@@ -658,7 +20,7 @@ pub(crate) fn condition(object: &Option<Value>, type_: &str) -> Option<(String, 
 async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, _script) = crate::llm::mock().await;
+    let (llm, _script) = crate::support::provider::mock().await;
     fake.apply("secrets", secret(Some("sk-cluster-123")));
     fake.apply("secrets", json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "unrelated", "namespace": "team-a"}, "data": {"x": base64("never-read")}}));
@@ -682,11 +44,11 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
         "spec": {"description": "x", "http": {"url": "http://x/y", "method": "DELETE"}}}),
     );
 
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig = crate::cluster::write_kubeconfig(dir.path(), &fake.url);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &fake.url);
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let kubeconfig = kubeconfig.display().to_string();
-    let server = crate::binary::Server::spawn(
+    let server = crate::support::server::Server::spawn(
         &[
             "run",
             "--listen",
@@ -775,7 +137,7 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
     let patch = status_patches(&fake, "llmproviders", "gpt")
         .into_iter()
         .next()
-        .unwrap_or_else(|| panic!("no status patch"));
+        .expect("no status patch");
     assert_eq!(patch.content_type, "application/apply-patch+yaml");
     assert!(
         patch.query.contains("fieldManager=kortex") && patch.query.contains("force=true"),
@@ -878,8 +240,8 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     use kortex::operator::lease::{LeaseConfig, run};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let config = kube::Config::new(fake.url.parse().unwrap_or_else(|e| panic!("{e}")));
-    let client = kube::Client::try_from(config).unwrap_or_else(|e| panic!("{e}"));
+    let config = kube::Config::new(fake.url.parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
     let settings = |identity: &str| LeaseConfig {
         duration: Duration::from_secs(3),
         renew_deadline: Duration::from_secs(2),
@@ -893,8 +255,8 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     let task_a = tokio::spawn(run(client.clone(), settings("pod-a"), a_tx, stop_a));
     tokio::time::timeout(Duration::from_secs(10), a.wait_for(|l| *l))
         .await
-        .unwrap_or_else(|_| panic!("pod-a never led"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("pod-a never led")
+        .unwrap();
     let task_b = tokio::spawn(run(client.clone(), settings("pod-b"), b_tx, stop_b));
     // pod-b keeps following while pod-a renews.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -908,8 +270,8 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     let mut b_watch = b.clone();
     tokio::time::timeout(Duration::from_secs(10), b_watch.wait_for(|l| *l))
         .await
-        .unwrap_or_else(|_| panic!("pod-b never took over"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("pod-b never took over")
+        .unwrap();
     assert!(
         stopped.elapsed() < Duration::from_secs(3),
         "{:?}",
@@ -928,197 +290,10 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     fake.apply("leases", taken);
     tokio::time::timeout(Duration::from_secs(10), b_watch.wait_for(|l| !*l))
         .await
-        .unwrap_or_else(|_| panic!("pod-b kept leading"))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("pod-b kept leading")
+        .unwrap();
     let _ = stop_b_tx.send(true);
     let _ = task_b.await;
-}
-
-/// Runs `kubectl-kortex` with `kubeconfig`; whether it succeeded, and its output.
-pub(crate) async fn kubectl_kortex(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
-    let (kubeconfig, args): (std::path::PathBuf, Vec<String>) = (
-        kubeconfig.to_path_buf(),
-        args.iter().map(|a| (*a).to_owned()).collect(),
-    );
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-kortex"))
-            .args(&args)
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"))
-    .unwrap_or_else(|e| panic!("kubectl-kortex: {e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-/// `config/admission/policy.yaml` (policy and binding) trusting `user`.
-pub(crate) fn admission_policy(user: &str) -> (Value, Value) {
-    let text =
-        std::fs::read_to_string(crate::manifests::root().join("config/admission/policy.yaml"))
-            .unwrap_or_else(|e| panic!("{e}"));
-    let text = text.replace("system:serviceaccount:kortex:kortex", user);
-    let mut docs = text
-        .split("\n---\n")
-        .map(|d| serde_saphyr::from_str::<Value>(d).unwrap_or_else(|e| panic!("{e}")));
-    let policy = docs.next().unwrap_or_default();
-    let binding = docs.next().unwrap_or_default();
-    (policy, binding)
-}
-
-pub(crate) fn deployment() -> Value {
-    json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "api", "namespace": "shop", "annotations": {"deployment.kubernetes.io/revision": "4"}},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "api"}},
-            "template": {"metadata": {"labels": {"app": "api"}}, "spec": {"containers": [{"name": "api", "image": "shop/api:4"}]}}}})
-}
-
-/// Starts `kortex run` on `fake` with a provider answering from `llm`; returns once ready.
-pub(crate) async fn start_run(
-    fake: &FakeApi,
-    dir: &std::path::Path,
-    llm: &str,
-) -> crate::binary::Server {
-    start_run_with(fake, dir, llm, &[]).await
-}
-
-pub(crate) async fn start_run_with(
-    fake: &FakeApi,
-    dir: &std::path::Path,
-    llm: &str,
-    extra: &[&str],
-) -> crate::binary::Server {
-    start_run_with_env(fake, dir, llm, extra, &[]).await
-}
-
-/// [`start_run_with`] with more environment variables.
-pub(crate) async fn start_run_with_env(
-    fake: &FakeApi,
-    dir: &std::path::Path,
-    llm: &str,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> crate::binary::Server {
-    fake.apply("llmproviders", provider(llm));
-    // A test that planted its own key keeps it.
-    if fake.get("secrets", "team-a", "llm-keys").is_none() {
-        fake.apply("secrets", secret(Some("sk-cluster-123")));
-    }
-    let kubeconfig = crate::cluster::write_kubeconfig(dir, &fake.url)
-        .display()
-        .to_string();
-    let db = format!("sqlite://{}", dir.join("k.db").display());
-    let mut args = vec![
-        "run",
-        "--listen",
-        "127.0.0.1:0",
-        "--database-url",
-        &db,
-        "--kortex-namespace",
-        "kortex",
-        "--probe-interval",
-        "3600s",
-    ];
-    if !extra.contains(&"--identity") {
-        args.extend(["--identity", "pod-a"]);
-    }
-    args.extend(extra);
-    let mut vars = vec![("KUBECONFIG", kubeconfig.as_str())];
-    vars.extend(env.iter().copied());
-    let server = crate::binary::Server::spawn(&args, &vars);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while server.get("/readyz").await.0 != 200 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never ready:\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    server
-}
-
-pub(crate) fn proposal_named(fake: &FakeApi, prefix: &str) -> Option<Value> {
-    fake.list("actionproposals").into_iter().find(|p| {
-        p["metadata"]["name"]
-            .as_str()
-            .is_some_and(|n| n.starts_with(prefix))
-    })
-}
-
-pub(crate) fn phase(fake: &FakeApi, name: &str) -> String {
-    fake.get("actionproposals", "shop", name)
-        .and_then(|p| p["status"]["phase"].as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
-
-/// Deployments `targets` in shop, the ChatPolicy `incidents` (restart in shop), bob allowed
-/// to restart, `kortex run` started, and a chat whose model proposes restarting each
-/// target: returns the server and the names of the Pending proposals, in `targets` order.
-pub(crate) async fn pending_restarts(
-    fake: &FakeApi,
-    dir: &std::path::Path,
-    targets: &[&str],
-) -> (crate::binary::Server, Vec<String>) {
-    use crate::investigation::{chat_once, tool_calls};
-    use crate::llm::{openai, push, streamed};
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let (llm, script) = crate::llm::mock().await;
-    for name in targets {
-        let mut d = deployment();
-        d["metadata"]["name"] = json!(name);
-        fake.apply("deployments", d);
-    }
-    fake.apply(
-        "chatpolicies",
-        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
-    );
-    fake.allow("bob");
-    let server = start_run(fake, dir, &llm).await;
-    let calls: Vec<(String, Value)> = targets
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            (format!("p{i}"), json!({"action": "restart", "rationale": "stuck",
-                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": name}}))
-        })
-        .collect();
-    let calls: Vec<(&str, &str, Value)> = calls
-        .iter()
-        .map(|(id, input)| (id.as_str(), "propose_action", input.clone()))
-        .collect();
-    push(&script, tool_calls(&calls));
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
-    chat_once(
-        &crate::common::http_client(),
-        &server,
-        json!({"name": "incident-10", "namespace": "team-a"}),
-        "restart them",
-    )
-    .await;
-    let name_of = |f: &FakeApi, target: &str| {
-        proposal_named(f, &format!("restart-{target}-"))
-            .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
-    };
-    fake.until("the proposals pending", |f| {
-        targets
-            .iter()
-            .all(|t| name_of(f, t).is_some_and(|n| phase(f, &n) == "Pending"))
-    })
-    .await;
-    let names = targets.iter().filter_map(|t| name_of(fake, t)).collect();
-    (server, names)
 }
 
 /// A model's proposal becomes an ActionProposal with a dry-run preview; a decision written
@@ -1127,20 +302,21 @@ pub(crate) async fn pending_restarts(
 /// a decision by someone who may not do it themselves fails without touching anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proposals_are_created_decided_and_executed_in_the_cluster() {
-    use crate::investigation::{tool_calls, wait_idle};
-    use crate::llm::{openai, push, streamed};
+    use crate::support::chat::wait_idle;
+    use crate::support::provider::tool_calls;
+    use crate::support::provider::{openai, push, streamed};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, script) = crate::llm::mock().await;
+    let (llm, script) = crate::support::provider::mock().await;
     fake.apply("deployments", deployment());
     fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "incidents", "namespace": "team-a"},
         "spec": {"sessions": ["*"], "provider": "gpt",
             "proposals": {"allowedActions": ["restart", "scale"], "allowedNamespaces": ["shop"], "expireAfter": "10m"}}}));
     fake.allow("bob");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
 
     let target =
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
@@ -1167,7 +343,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         .json(&json!({"name": "incident-9", "namespace": "team-a"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -1176,12 +352,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         .unwrap_or_else(|| panic!("{session}"))
         .to_owned();
     for content in ["api is stuck, restart it", "and scale it to 5"] {
-        client
-            .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-            .json(&json!({"content": content}))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        post_message(&server, &id, content).await;
         wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -1234,7 +405,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         api["spec"]["template"]["metadata"]["annotations"].is_null(),
         "{api}"
     );
-    let scale = proposal_named(&fake, "scale-api-").unwrap_or_else(|| panic!("no scale proposal"));
+    let scale = proposal_named(&fake, "scale-api-").expect("no scale proposal");
     let scale_name = scale["metadata"]["name"]
         .as_str()
         .unwrap_or_default()
@@ -1250,7 +421,8 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
 
     // `kubectl kortex list` shows them; bob approves the restart with `kubectl kortex`,
     // which waits for the execution and reports it.
-    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob =
+        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["list"]).await;
     assert!(
         ok && out.contains(&name) && out.contains("Deployment/api") && out.contains("Pending"),
@@ -1330,7 +502,12 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
     );
 
     // carol may not scale it herself: refused, the Deployment keeps 2 replicas.
-    let carol = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "carol-token", "carol");
+    let carol = crate::support::fake_api::write_kubeconfig_as(
+        dir.path(),
+        &fake.url,
+        "carol-token",
+        "carol",
+    );
     let (ok, out) = kubectl_kortex(&carol, &["approve", &scale_name]).await;
     assert!(!ok && out.contains("Failed"), "{out}");
     fake.until("the scale to fail", |f| phase(f, &scale_name) == "Failed")
@@ -1364,12 +541,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         &script,
         streamed(&openai(), (openai().text_stream)(&["Proposed."])),
     );
-    client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "give it 3 replicas"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    post_message(&server, &id, "give it 3 replicas").await;
     fake.until("a third proposal", |f| f.list("actionproposals").len() == 3)
         .await;
     let third = fake
@@ -1502,7 +674,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         .header("accept", "text/event-stream")
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     // The stream follows live after the replay: read what arrives within the timeout.
     let mut text = String::new();
     let mut body = events.bytes_stream();
@@ -1526,20 +698,20 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
 /// decision made through the API with the caller's own token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
-    use crate::investigation::tool_calls;
-    use crate::llm::{openai, push, streamed};
+    use crate::support::provider::tool_calls;
+    use crate::support::provider::{openai, push, streamed};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, script) = crate::llm::mock().await;
+    let (llm, script) = crate::support::provider::mock().await;
     fake.apply("deployments", deployment());
     fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "incidents", "namespace": "team-a"},
         "spec": {"sessions": ["*"], "provider": "gpt",
             "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"], "requireDistinctApprover": true}}}));
     fake.allow("alice");
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
     let call = |method: reqwest::Method, path: &str, token: Option<&str>, body: Value| {
         let mut req = client.request(method, server.url(path)).json(&body);
         if let Some(t) = token {
@@ -1555,7 +727,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         session.clone(),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     let r = call(
         reqwest::Method::POST,
@@ -1564,7 +736,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         session.clone(),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     // dave has a valid token but no right to use the policy.
     let r = call(
@@ -1574,7 +746,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         session.clone(),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     let body: Value = r.json().await.unwrap_or_default();
     assert!(
@@ -1591,7 +763,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         session,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let created: Value = r.json().await.unwrap_or_default();
     assert_eq!(created["user"], "alice");
@@ -1601,7 +773,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         .into_iter()
         .filter(|s| s.path.ends_with("/subjectaccessreviews"))
         .collect();
-    let last = &reviews.last().unwrap_or_else(|| panic!("no review")).body["spec"];
+    let last = &reviews.last().expect("no review").body["spec"];
     assert_eq!(last["user"], "alice");
     assert_eq!(
         last["resourceAttributes"],
@@ -1616,7 +788,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         Value::Null,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     let r = call(
         reqwest::Method::GET,
@@ -1625,7 +797,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         Value::Null,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let review = fake
         .seen()
@@ -1655,7 +827,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"content": "how is api?"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     fake.until("the read as alice", |f| {
         f.seen().iter().any(|s| {
@@ -1691,7 +863,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"users": ["dave", "carol"], "access": "continue"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let r = call(
         reqwest::Method::POST,
@@ -1700,7 +872,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"content": "and now?"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 403, "dave may not use the policy");
     let body: Value = r.json().await.unwrap_or_default();
     assert!(
@@ -1730,7 +902,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"content": "and now?"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     fake.until("the read as carol", |f| {
         f.seen().iter().any(|s| {
@@ -1760,7 +932,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
             Value::Null,
         )
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let s: Value = r.json().await.unwrap_or_default();
         if s["status"] == "idle" {
             break;
@@ -1794,7 +966,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"content": "restart api"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let proposal = loop {
@@ -1805,7 +977,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
             Value::Null,
         )
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let list: Value = r.json().await.unwrap_or_default();
         if let Some(p) = list["items"].as_array().and_then(|a| a.first()).cloned() {
             break p;
@@ -1827,7 +999,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         Value::Null,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let list: Value = r.json().await.unwrap_or_default();
     assert_eq!(list["items"], json!([]), "{list}");
     let review = fake
@@ -1851,7 +1023,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         json!({"reason": "ok"}),
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let status = r.status().as_u16();
     let text = r.text().await.unwrap_or_default();
     assert_eq!(status, 200, "{text}");
@@ -1863,7 +1035,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
                 && s.path
                     == format!("/apis/kortex.dev/v1alpha1/namespaces/shop/actionproposals/{name}")
         })
-        .unwrap_or_else(|| panic!("no decision patch"));
+        .expect("no decision patch");
     assert_eq!(patch.token, "bob-token", "written as bob, not as Kortex");
     assert_eq!(patch.body["spec"]["decision"]["by"], "bob");
     assert_eq!(patch.body["spec"]["decision"]["reason"], "ok");
@@ -1874,14 +1046,14 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (llm, _script) = crate::llm::mock().await;
-    let client = crate::common::http_client();
+    let (llm, _script) = crate::support::provider::mock().await;
+    let client = crate::support::net::http_client();
     for (from, expected) in [("10.9.0.0/16", 401), ("127.0.0.1/32", 201)] {
         let fake = FakeApi::start().await;
         fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
             "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
         fake.allow("erin");
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let server = start_run_with(
             &fake,
             dir.path(),
@@ -1903,7 +1075,7 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
             .json(&json!({"name": "incident-1", "namespace": "team-a"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(r.status().as_u16(), expected, "from {from}");
         if expected == 201 {
             let s: Value = r.json().await.unwrap_or_default();
@@ -1912,7 +1084,7 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
                 .seen()
                 .into_iter()
                 .rfind(|s| s.path.ends_with("/subjectaccessreviews"))
-                .unwrap_or_else(|| panic!("no review"));
+                .expect("no review");
             assert_eq!(review.body["spec"]["groups"], json!(["sre", "oncall"]));
         }
         assert!(server.terminate().success());
@@ -1931,11 +1103,12 @@ async fn without_the_admission_policy_approved_proposals_are_not_executed() {
         None,
         "kortex-actionproposals",
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (server, names) = pending_restarts(&fake, dir.path(), &["api"]).await;
     let name = names.concat();
 
-    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob =
+        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--no-wait"]).await;
     assert!(ok, "{out}");
     fake.until("Approved", |f| phase(f, &name) == "Approved")
@@ -1986,12 +1159,13 @@ async fn without_the_admission_policy_approved_proposals_are_not_executed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_execution_holds_up_no_other_proposal() {
     let fake = FakeApi::start().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (server, names) = pending_restarts(&fake, dir.path(), &["stuck", "api"]).await;
     let (stuck, api) = (names[0].clone(), names[1].clone());
     // The stuck Deployment's write never answers (a wedged webhook, say).
     fake.hang("/apis/apps/v1/namespaces/shop/deployments/stuck");
-    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob =
+        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &stuck, "--no-wait"]).await;
     assert!(ok, "{out}");
     fake.until("the hung write", |f| {
@@ -2027,10 +1201,11 @@ async fn an_admission_check_that_fails_for_a_while_delays_an_execution_not_ends_
     const POLICIES: &str = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies";
     let fake = FakeApi::start().await;
     fake.fail(POLICIES, true);
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let (server, names) = pending_restarts(&fake, dir.path(), &["api"]).await;
     let name = names.concat();
-    let bob = crate::cluster::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob =
+        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--no-wait"]).await;
     assert!(ok, "{out}");
     // The leader tries, and fails to check, more than once after the decision.
@@ -2068,11 +1243,12 @@ async fn an_admission_check_that_fails_for_a_while_delays_an_execution_not_ends_
 /// approver would decide it in vain): the model is told why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
-    use crate::investigation::{chat_once, tool_calls, tool_result};
-    use crate::llm::{openai, push, streamed};
+    use crate::support::chat::chat_once;
+    use crate::support::provider::{openai, push, streamed};
+    use crate::support::provider::{tool_calls, tool_result};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, script) = crate::llm::mock().await;
+    let (llm, script) = crate::support::provider::mock().await;
     fake.apply(
         "chatpolicies",
         json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
@@ -2080,7 +1256,7 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
         "spec": {"sessions": ["*"], "provider": "gpt",
             "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
     );
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
     push(
         &script,
@@ -2096,7 +1272,7 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
         streamed(&openai(), (openai().text_stream)(&["It does not exist."])),
     );
     chat_once(
-        &crate::common::http_client(),
+        &crate::support::net::http_client(),
         &server,
         json!({"name": "incident-12", "namespace": "team-a"}),
         "restart ghost",

@@ -2,9 +2,8 @@
 //! hostile parameter values, timeouts, 5xx, caps, refused targets, allowedSessions) and MCP
 //! tools against a real MCP server (the Python SDK's, started by the test).
 
-use crate::common::sqlite;
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use crate::support::db::sqlite;
+use crate::support::plugins::{Seen, mcp_server, mcp_server_on, upstream};
 use kortex::live::LiveConfig;
 use kortex::llm::ToolCall;
 use kortex::metrics::Metrics;
@@ -12,81 +11,15 @@ use kortex::source::ManifestSource;
 use kortex::tools::plugins::{PluginHost, PluginSet};
 use kortex::tools::{Outcome, Router, ToolContext};
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
-/// One request the upstream server saw.
-#[derive(Clone, Debug)]
-pub(crate) struct Seen {
-    pub(crate) method: String,
-    /// Path and query exactly as sent.
-    pub(crate) target: String,
-    pub(crate) headers: axum::http::HeaderMap,
-    pub(crate) body: String,
-}
-
-/// A local upstream: `/fail*` answers 503, `/slow*` waits 5 s, `/big*` returns 200 KB,
-/// `/echo*` answers with the request's headers (as a careless debug endpoint would),
-/// anything else `{"ok": true}`. Every request is recorded.
-pub(crate) async fn upstream() -> (String, Arc<Mutex<Vec<Seen>>>) {
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let record = seen.clone();
-    let app = axum::Router::new().fallback(move |req: Request<Body>| {
-        let record = record.clone();
-        async move {
-            let (parts, body) = req.into_parts();
-            let body = axum::body::to_bytes(body, 1 << 20)
-                .await
-                .unwrap_or_default();
-            let target = parts
-                .uri
-                .path_and_query()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            if let Ok(mut s) = record.lock() {
-                s.push(Seen {
-                    method: parts.method.to_string(),
-                    target: target.clone(),
-                    headers: parts.headers.clone(),
-                    body: String::from_utf8_lossy(&body).into_owned(),
-                });
-            }
-            if target.starts_with("/fail") {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "maintenance window".to_owned(),
-                )
-            } else if target.starts_with("/slow") {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                (StatusCode::OK, "late".to_owned())
-            } else if target.starts_with("/echo") {
-                let headers: serde_json::Map<String, Value> = parts
-                    .headers
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), Value::from(v.to_str().unwrap_or_default())))
-                    .collect();
-                (StatusCode::OK, Value::Object(headers).to_string())
-            } else if target.starts_with("/big") {
-                (StatusCode::OK, "x".repeat(200_000))
-            } else {
-                (
-                    StatusCode::OK,
-                    r#"{"ok": true, "issues": ["OPS-1"]}"#.to_owned(),
-                )
-            }
-        }
-    });
-    (crate::common::serve(app).await, seen)
-}
-
 /// Loads manifests written to a temporary folder.
 fn config(dir: &Path, yaml: &str) -> LiveConfig {
-    std::fs::write(dir.join("m.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
-    let mut src = ManifestSource::new(vec![dir.to_path_buf()], Box::new(|_| None))
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("m.yaml"), yaml).unwrap();
+    let mut src = ManifestSource::new(vec![dir.to_path_buf()], Box::new(|_| None)).unwrap();
     let now = jiff::Timestamp::now();
     LiveConfig::build(src.load(now), None, now)
 }
@@ -105,8 +38,7 @@ impl Plugins {
         let (config_tx, config_rx) = watch::channel(Arc::new(config));
         let (set_tx, set_rx) = watch::channel(Arc::new(PluginSet::default()));
         let (stop_tx, stop_rx) = watch::channel(false);
-        let host = PluginHost::new(std::sync::Arc::new(kortex::egress::Egress::default()))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let host = PluginHost::new(std::sync::Arc::new(kortex::egress::Egress::default())).unwrap();
         tokio::spawn(kortex::tools::plugins::run(
             config_rx, set_tx, host, stop_rx,
         ));
@@ -146,7 +78,7 @@ async fn call(router: &Router, ctx: &ToolContext, name: &str, input: Value) -> O
         .execute(
             ctx.clone(),
             &call,
-            &crate::common::tool_policy(json!({})),
+            &crate::support::tools::tool_policy(json!({})),
             std::future::pending(),
         )
         .await
@@ -254,7 +186,7 @@ fn last_seen(seen: &Mutex<Vec<Seen>>) -> Option<Seen> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_plugin_tools_call_their_endpoint_safely() {
     let (base, seen) = upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let config = config(dir.path(), &http_manifests(&base));
     // A placeholder in the host is refused when the resource is compiled.
     let hostile = config
@@ -262,7 +194,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         .tools
         .values()
         .find(|t| t.tool_name == "hostile_host")
-        .unwrap_or_else(|| panic!("hostile-host not loaded"));
+        .expect("hostile-host not loaded");
     let accepted = hostile
         .object
         .status
@@ -301,14 +233,14 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         .wait("http tools", |s| s.get("default", "jira_get").is_some())
         .await;
     let db = sqlite().await;
-    let mut ctx = crate::common::tool_context(&db.store, "checkout-debug").await;
+    let mut ctx = crate::support::tools::tool_context(&db.store, "checkout-debug").await;
     ctx.redactor = kortex::redact::Redactor::secrets_only(redactor);
     let router = &plugins.router;
 
     // Offered: this namespace's tools the session may use, never another namespace's.
     let offered: Vec<String> = router
         .offered(
-            &crate::common::tool_policy(json!({})),
+            &crate::support::tools::tool_policy(json!({})),
             &ctx.session,
             &ctx.kube,
         )
@@ -339,7 +271,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     .await;
     assert!(!out.is_error, "{out:?}");
     assert!(out.content.contains("OPS-1"), "{out:?}");
-    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    let req = last_seen(&seen).expect("no request");
     assert_eq!(req.method, "GET");
     assert_eq!(
         req.target,
@@ -355,7 +287,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     // POST: arguments as a JSON body, the API key in its header.
     let out = call(router, &ctx, "jira_search", json!({"jql": "project = OPS"})).await;
     assert!(!out.is_error, "{out:?}");
-    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    let req = last_seen(&seen).expect("no request");
     assert_eq!(
         (req.method.as_str(), req.target.as_str()),
         ("POST", "/search")
@@ -372,7 +304,7 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     // Basic auth: user:password split at the first colon.
     let out = call(router, &ctx, "basic", json!({})).await;
     assert!(!out.is_error, "{out:?}");
-    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    let req = last_seen(&seen).expect("no request");
     assert_eq!(req.headers["authorization"], "Basic b3BzOnBhNTU6d29yZA==");
 
     // An upstream that echoes the credentials back never shows them to the model: the
@@ -422,11 +354,11 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     let out = call(router, &ctx, "incident_only", json!({})).await;
     assert_eq!(out.error_kind, Some("denied"), "{out:?}");
     assert!(out.content.contains("allowedSessions"), "{out:?}");
-    let incident = crate::common::tool_context(&db.store, "incident-42").await;
+    let incident = crate::support::tools::tool_context(&db.store, "incident-42").await;
     assert!(
         router
             .offered(
-                &crate::common::tool_policy(json!({})),
+                &crate::support::tools::tool_policy(json!({})),
                 &incident.session,
                 &incident.kube
             )
@@ -448,73 +380,8 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         .await;
     let out = call(&plugins.router, &ctx, "jira_get", json!({"key": "OPS-1"})).await;
     assert!(!out.is_error, "{out:?}");
-    let req = last_seen(&seen).unwrap_or_else(|| panic!("no request"));
+    let req = last_seen(&seen).expect("no request");
     assert_eq!(req.headers["authorization"], "Bearer tok-789");
-}
-
-/// A running MCP test server (the Python SDK's); stops when dropped.
-pub(crate) struct McpServer {
-    child: std::process::Child,
-    pub(crate) url: String,
-}
-
-impl Drop for McpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The Python with the MCP SDK (server and client), or `None` (skipped) when it has none
-/// and the run does not require it (`KORTEX_REQUIRE_MCP=1`, set by scripts/test.sh).
-pub(crate) fn python_with_mcp() -> Option<String> {
-    let python = std::env::var("KORTEX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_mcp = std::process::Command::new(&python)
-        .args(["-c", "import mcp.server.mcpserver, mcp.client"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_mcp {
-        assert!(
-            std::env::var("KORTEX_REQUIRE_MCP").is_err(),
-            "{python} has no mcp package (pip install mcp==2.3.0)"
-        );
-        eprintln!("skipped: {python} has no mcp package");
-        return None;
-    }
-    Some(python)
-}
-
-/// Starts the server, or `None` when the Python `mcp` package is missing and the test run
-/// does not require it (`KORTEX_REQUIRE_MCP=1`, set by scripts/test.sh).
-pub(crate) fn mcp_server(token: &str) -> Option<McpServer> {
-    mcp_server_on(token, 0)
-}
-
-/// [`mcp_server`] on a given port (0: any free one).
-fn mcp_server_on(token: &str, port: u16) -> Option<McpServer> {
-    let python = python_with_mcp()?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_server.py");
-    let mut child = std::process::Command::new(&python)
-        .arg(script)
-        .args(["--port", &port.to_string(), "--token", token])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{python}: {e}"));
-    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
-    let mut line = String::new();
-    let _ = BufReader::new(stdout).read_line(&mut line);
-    let port = line
-        .trim()
-        .strip_prefix("LISTENING ")
-        .unwrap_or_else(|| panic!("MCP server did not start: {line:?}"))
-        .to_owned();
-    Some(McpServer {
-        child,
-        url: format!("http://127.0.0.1:{port}/mcp"),
-    })
 }
 
 fn mcp_manifests(url: &str, token: &str) -> String {
@@ -556,7 +423,7 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     let Some(server) = mcp_server("s3cret-token") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let mut plugins = Plugins::start(config(
         dir.path(),
         &mcp_manifests(&server.url, "s3cret-token"),
@@ -582,7 +449,7 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     assert_eq!(discovery.error, None);
 
     let db = sqlite().await;
-    let ctx = crate::common::tool_context(&db.store, "incident-7").await;
+    let ctx = crate::support::tools::tool_context(&db.store, "incident-7").await;
     let router = &plugins.router;
     let out = call(
         router,
@@ -653,7 +520,7 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     let lost = |s: &PluginSet| s.discovery.get(&key).is_some_and(|d| d.error.is_some());
     plugins.wait("the lost server reported", lost).await;
     // It comes back on the same address: the tools work again after a reconnect.
-    let _server = mcp_server_on("s3cret-token", port).unwrap_or_else(|| panic!("no server"));
+    let _server = mcp_server_on("s3cret-token", port).expect("no server");
     plugins.wait("the reconnect", |s| !lost(s)).await;
     let out = call(
         &plugins.router,
@@ -674,7 +541,7 @@ async fn mcp_answers_are_read_within_a_bound_and_a_huge_one_fails_alone() {
     let Some(server) = mcp_server("t0ken") else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let manifests = format!(
         r#"apiVersion: v1
 kind: Secret
@@ -698,7 +565,7 @@ spec:
         .wait("discovery", |s| s.get("default", "files__big").is_some())
         .await;
     let db = sqlite().await;
-    let ctx = crate::common::tool_context(&db.store, "s").await;
+    let ctx = crate::support::tools::tool_context(&db.store, "s").await;
     // Over maxResultBytes but within the read bound: cut, and the model is told.
     let out = call(&plugins.router, &ctx, "files__big", json!({"size": 3000})).await;
     assert!(!out.is_error, "{out:?}");

@@ -3,10 +3,13 @@
 //! visible notice, frugal answers and escalations, local-only, budgets that stop spending
 //! with a message naming them, and redaction of everything sent to a provider.
 
-use crate::binary::Server;
-use crate::chat::{Sse, get_json, read_sse, run_ended};
-use crate::common::http_client;
-use crate::llm::{Reply, Script, json_reply, mock, openai, openai_chunk, push, streamed};
+use crate::support::chat::{ask, get_json, notices, session, state, text};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::http_client;
+use crate::support::provider::{
+    Reply, Script, json_reply, mock, openai, openai_chunk, push, streamed,
+};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -74,7 +77,7 @@ metadata: {{name: private}}
 spec: {{sessions: ["private-*"], provider: backup, privacy: {{redactSecrets: true, redactPii: true}}}}
 "#
     );
-    std::fs::write(dir.join("policies.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("policies.yaml"), yaml).unwrap();
 }
 
 /// A streamed OpenAI answer of `text` that stopped for `finish` with `completion` tokens.
@@ -102,55 +105,6 @@ fn chats(script: &Script) -> Vec<Value> {
         .filter(|s| s.body.get("messages").is_some())
         .map(|s| s.body.clone())
         .collect()
-}
-
-pub(crate) async fn session(server: &Server, name: &str) -> String {
-    let r = http_client()
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": name}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status().as_u16(), 201, "{name}");
-    let v: Value = r.json().await.unwrap_or_default();
-    v["id"].as_str().unwrap_or_default().to_owned()
-}
-
-pub(crate) async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": content}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(r.status().as_u16(), 202);
-    read_sse(r, run_ended).await
-}
-
-pub(crate) fn text(events: &[Sse]) -> String {
-    events
-        .iter()
-        .filter(|e| e.event == "text.delta")
-        .filter_map(|e| e.data["text"].as_str())
-        .collect()
-}
-
-pub(crate) fn notices(events: &[Sse]) -> Vec<String> {
-    events
-        .iter()
-        .filter(|e| e.event == "notice")
-        .filter_map(|e| e.data["message"].as_str().map(str::to_owned))
-        .collect()
-}
-
-pub(crate) fn state(events: &[Sse]) -> Value {
-    events
-        .iter()
-        .rev()
-        .find(|e| e.event == "run.lifecycle")
-        .map(|e| e.data["state"].clone())
-        .unwrap_or_default()
 }
 
 async fn failover(server: &Server, primary: &Arc<Script>, backup: &Arc<Script>) {
@@ -337,7 +291,7 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
         .json(&json!({"content": "third"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 429);
     let retry: u64 = r
         .headers()
@@ -381,8 +335,8 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
             .output()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap()
+    .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -515,9 +469,7 @@ async fn policies_fail_over_economize_stay_local_keep_budgets_and_redact() {
     let (primary_url, primary) = mock().await;
     let (backup_url, backup) = mock().await;
     let (cloud_url, cloud) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     manifests(&m, &primary_url, &backup_url, &cloud_url);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     failover(&server, &primary, &backup).await;

@@ -9,10 +9,9 @@
 //! usage is recorded (estimated where the server reports none), and a server killed
 //! mid-answer ends the run in words a user acts on, the partial answer kept.
 
-use crate::binary::Server;
-use crate::chat::get_json;
-use crate::common::http_client;
-use crate::policy::{notices, session, state};
+use crate::support::chat::{get_json, notices, session, state};
+use crate::support::net::http_client;
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -53,8 +52,8 @@ async fn llama(log: &std::path::Path) -> Option<Llama> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let log = std::fs::File::create(log).unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
+    let log = std::fs::File::create(log).unwrap();
     let child = Command::new(&python)
         .args(["-m", "llama_cpp.server", "--model", &gguf])
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
@@ -120,7 +119,7 @@ metadata:
 stringData: {{team: local, key: {KEY}}}
 "#
     );
-    std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 
 /// The official OpenAI SDK against the gateway: a whole answer, a streamed one and a call
@@ -147,17 +146,18 @@ print(json.dumps(out))
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let Some(mut model) = llama(&dir.path().join("llama.log")).await else {
         return;
     };
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     manifests(&m, &model.url);
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
 
     // The model the server lists is discovered and served.
-    crate::local_models::until_listed(&server, KEY, |ids| ids.iter().any(|m| m == "smollm2")).await;
+    crate::support::chat::until_listed(&server, KEY, |ids| ids.iter().any(|m| m == "smollm2"))
+        .await;
 
     // Chat: the model writes the call as text; it runs, and the next step (which carries
     // the call and its result back to the server) is accepted.
@@ -170,10 +170,14 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         .json(&json!({"content": "Has checkout failed before?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    let events =
-        crate::chat::read_sse_within(r, crate::chat::run_ended, Duration::from_secs(120)).await;
+    let events = crate::support::chat::read_sse_within(
+        r,
+        crate::support::chat::run_ended,
+        Duration::from_secs(120),
+    )
+    .await;
     let ran = events
         .iter()
         .any(|e| e.event == "tool.start" && e.data["name"] == "get_incident_history");
@@ -221,8 +225,8 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
             .output()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap()
+    .unwrap();
     assert!(
         out.status.success(),
         "{}\n{}",
@@ -249,7 +253,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     assert_eq!(sdk["tool"]["finish"], "tool_calls", "{sdk}");
 
     // Usage: every call recorded; the streamed ones (no usage from this server) estimated.
-    let row = crate::local_models::provider_usage(&server, "llama", 5).await;
+    let row = crate::support::chat::provider_usage(&server, "llama", 5).await;
     assert!(row["requests"].as_i64() >= Some(5), "{row}");
     assert!(row["estimatedRequests"].as_i64() >= Some(1), "{row}");
     assert!(row["outputTokens"].as_i64() > Some(0), "{row}");
@@ -263,7 +267,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         .json(&json!({"content": "Write a long story about a cat named Tom who sails around the world."}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let mut seen = String::new();
     let mut killed = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
@@ -309,7 +313,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
 /// asserted (at temperature 0 it answers off-topic and calls no tool).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kortex_eval_runs_a_starter_scenario_on_a_small_open_model() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let Some(llama) = llama(&dir.path().join("llama.log")).await else {
         return;
     };
@@ -324,10 +328,10 @@ async fn kortex_eval_runs_a_starter_scenario_on_a_small_open_model() {
             .args(["eval", "--scenarios", &scenario, "--manifests", &config])
             .args(["--policy", "default/local", "--timeout", "240s", "--json"])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");

@@ -2,47 +2,13 @@
 //! SQLite and PostgreSQL databases, with time moved by the test (each pass is asked "as of"
 //! days ahead), and erasure on the real binary.
 
-use crate::common::all_dbs;
+use crate::support::db::{all_dbs, message, new_session, proposal};
+use crate::support::manifests::manifest_dir;
 use kortex::store::retention::{Governs, Scope, Windows};
 use kortex::store::*;
 use serde_json::json;
 
 const DAY: i64 = 86_400_000;
-
-pub(crate) fn proposal(
-    session: Option<&str>,
-    user: &str,
-    name: &str,
-    phase: &str,
-) -> ProposalRecord {
-    let now = now_ms();
-    ProposalRecord {
-        id: new_id(),
-        name: name.into(),
-        namespace: "default".into(),
-        session_id: session.map(str::to_owned),
-        session_name: "incident".into(),
-        user: user.into(),
-        policy: None,
-        action: "restart".into(),
-        target: None,
-        params: None,
-        rationale: "stuck".into(),
-        blast_radius: None,
-        reversible: Some(true),
-        provider: None,
-        model: None,
-        phase: phase.into(),
-        decision: None,
-        message: None,
-        preview: None,
-        undo: None,
-        expires_at: now + 600_000,
-        created_at: now,
-        updated_at: now,
-        version: 1,
-    }
-}
 
 fn usage(user: &str, policy: &str, at: i64, cost: f64) -> UsageEvent {
     UsageEvent {
@@ -75,7 +41,7 @@ pub async fn columns_containing(url: &str, needle: &str) -> Vec<String> {
         )
         .fetch_all(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .iter()
         .map(|r| r.get::<String, _>("name"))
         .collect();
@@ -86,7 +52,7 @@ pub async fn columns_containing(url: &str, needle: &str) -> Vec<String> {
             )))
             .fetch_all(&pool)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
             out.extend(cols.iter().map(|r| (t.clone(), r.get::<String, _>("name"))));
         }
         out
@@ -97,7 +63,7 @@ pub async fn columns_containing(url: &str, needle: &str) -> Vec<String> {
         )
         .fetch_all(&pool)
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .iter()
         .map(|r| (r.get::<String, _>("t"), r.get::<String, _>("c")))
         .collect()
@@ -140,15 +106,9 @@ async fn retention_deletes_what_its_windows_no_longer_keep() {
         let s = &db.store;
         let fail = |e: StoreError| -> ! { panic!("{}: {e}", db.url) };
         let session = |name: &'static str| async move {
-            s.create_session(&NewSession {
-                name: name.into(),
-                namespace: "default".into(),
-                user: "alice".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap_or_else(|e| fail(e))
+            s.create_session(&new_session("alice", name))
+                .await
+                .unwrap_or_else(|e| fail(e))
         };
         // A session with a completed run and a failed one, a message and a stored result.
         let used = session("used").await;
@@ -169,16 +129,9 @@ async fn retention_deletes_what_its_windows_no_longer_keep() {
                 .await
                 .unwrap_or_else(|e| fail(e));
         }
-        s.append_message(
-            &used.id,
-            &NewMessage {
-                role: "user".into(),
-                content: "hi".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| fail(e));
+        s.append_message(&used.id, &message("user", "hi"))
+            .await
+            .unwrap_or_else(|e| fail(e));
         s.put_tool_result(&used.id, "c1", "get_logs", "long")
             .await
             .unwrap_or_else(|e| fail(e));
@@ -447,13 +400,7 @@ async fn past_the_size_cap_a_users_oldest_sessions_go_first() {
             ("bob", "only"),
         ] {
             let session = s
-                .create_session(&NewSession {
-                    name: name.into(),
-                    namespace: "default".into(),
-                    user: user.into(),
-                    policy: None,
-                    dynamic_tools: json!([]),
-                })
+                .create_session(&new_session(user, name))
                 .await
                 .unwrap_or_else(|e| fail(e));
             s.append_message(
@@ -599,11 +546,7 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
             .unwrap_or_else(|e| fail(e));
         s.append_message(
             &bob.id,
-            &NewMessage {
-                role: "assistant".into(),
-                content: format!("The restart was approved by {ERIN}."),
-                ..Default::default()
-            },
+            &message("assistant", format!("The restart was approved by {ERIN}.")),
         )
         .await
         .unwrap_or_else(|e| fail(e));
@@ -809,22 +752,22 @@ const ADMIN_KEY: &str = "kx-admin-0123456789abcdef";
 /// a second `kortex erase-user` says nothing was left; the database file names her nowhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_erases_a_user_with_one_command() {
-    use crate::binary::Server;
-    use crate::common::http_client;
-    use crate::llm::{mock, openai, push, streamed};
+    use crate::support::net::http_client;
+    use crate::support::provider::{mock, openai, push, streamed};
+    use crate::support::server::Server;
     use serde_json::Value;
 
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     let mut yaml = String::new();
     for (user, key, groups) in [
         (ERIN, ERIN_KEY, ""),
         ("bob", BOB_KEY, ""),
         ("root-admin", ADMIN_KEY, "kortex-admins"),
     ] {
-        yaml.push_str(&crate::common::chat_key_secret(user, key, groups));
+        yaml.push_str(&crate::support::manifests::chat_key_secret(
+            user, key, groups,
+        ));
     }
     yaml.push_str(&format!(
         r#"apiVersion: kortex.dev/v1alpha1
@@ -838,7 +781,7 @@ metadata: {{name: all}}
 spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}}}}
 "#
     ));
-    std::fs::write(m.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(m.join("all.yaml"), yaml).unwrap();
     let url = format!("sqlite://{}", dir.path().join("k.db").display());
     let (server, api) = Server::start_keyed(
         &m,
@@ -852,7 +795,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
             .bearer_auth(key)
     };
     let json = |r: reqwest::RequestBuilder| async move {
-        let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+        let r = r.send().await.unwrap();
         let status = r.status().as_u16();
         (status, r.json::<Value>().await.unwrap_or_default())
     };
@@ -877,7 +820,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
         .json(&serde_json::json!({"content": "why is checkout slow?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let events = r.text().await.unwrap_or_default();
         assert!(events.contains("completed"), "{events}");
         sessions.push(id);
@@ -923,7 +866,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
     )
     .send()
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 404);
     // An admin may delete Bob's session.
     let r = call(
@@ -933,7 +876,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
     )
     .send()
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     let (status, _) = json(call(
         reqwest::Method::GET,
@@ -950,7 +893,7 @@ spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}
             .env_remove("KORTEX_API_KEY")
             .env_remove("KORTEX_SERVER")
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     };
     let out = erase();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -1038,7 +981,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         "metadata": {"name": "short", "namespace": "shop"},
         "spec": {"sessions": ["*"], "provider": "p", "retention": {"failedRuns": "1s", "audit": "7d"}},
     }))
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let catalog = compile(
         &ObjectSet {
             policies: vec![policy],
@@ -1065,7 +1008,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         }
     );
 
-    let db = crate::common::sqlite().await;
+    let db = crate::support::db::sqlite().await;
     let s = db.store.clone();
     let session = s
         .create_session(&NewSession {
@@ -1076,16 +1019,14 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
             dynamic_tools: json!([]),
         })
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     s.create_run("r1", &session.id, "replica", "someone", None)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     s.append_event(&session.id, Some("r1"), "text.delta", &json!({"text": "x"}))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    s.finish_run("r1", "failed", None)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
+    s.finish_run("r1", "failed", None).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
 
     let config = watch::channel(Arc::new(kortex::live::LiveConfig {
@@ -1104,12 +1045,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         Some(leader_rx),
         stop_rx,
     ));
-    let events = || async {
-        s.events_after(&session.id, 0, 10)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .len()
-    };
+    let events = || async { s.events_after(&session.id, 0, 10).await.unwrap().len() };
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(
         events().await,
@@ -1117,7 +1053,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         "a replica that does not lead prunes nothing"
     );
     let _ = leader_tx.send(true);
-    crate::common::eventually("the new leader pruned", || async {
+    crate::support::net::eventually("the new leader pruned", || async {
         match events().await {
             0 => Ok(()),
             n => Err(format!("{n} events left")),

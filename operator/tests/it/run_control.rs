@@ -2,11 +2,10 @@
 //! cancel a run (from the API, persisted, surviving a restart, expiring), and the events
 //! export for postmortems.
 
-use crate::binary::Server;
-use crate::chat::{Sse, read_sse, run_ended};
-use crate::common::{eventually, http_client};
-use crate::llm::{Script, mock, openai, provider_called, push, streamed};
-use crate::policy::{ask, session};
+use crate::support::chat::{Sse, ask, read_sse, run_ended, session};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{Script, mock, openai, provider_called, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -52,7 +51,7 @@ metadata: {{name: summarized}}
 spec: {{sessions: ["summed-*"], provider: scripted, models: {{summarize: small}}}}
 "#
     );
-    std::fs::write(dir.join("all.yaml"), yaml).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 
 /// `?format=jsonl` gives the same events, with the same ids, as the SSE replay, from any
@@ -60,12 +59,12 @@ spec: {{sessions: ["summed-*"], provider: scripted, models: {{summarize: small}}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_jsonl_export_is_the_sse_replay() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     push(
         &script,
-        crate::investigation::tool_calls(&[(
+        crate::support::provider::tool_calls(&[(
             "c1",
             "get_incident_history",
             json!({"query": "checkout"}),
@@ -87,18 +86,14 @@ async fn the_jsonl_export_is_the_sse_replay() {
             .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
         run_ended,
     )
     .await;
     let export = |query: &'static str| {
         let url = server.url(&format!("/chat/v1/sessions/{id}/events?{query}"));
         async move {
-            let r = http_client()
-                .get(url)
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
+            let r = http_client().get(url).send().await.unwrap();
             let status = r.status().as_u16();
             let kind = r
                 .headers()
@@ -172,7 +167,7 @@ async fn the_jsonl_export_is_the_sse_replay() {
 
 /// A first step that takes a while (a slow tool-call stream), then a final answer.
 fn script_two_steps(script: &Script, answer: &str) {
-    let mut slow = crate::investigation::tool_calls(&[(
+    let mut slow = crate::support::provider::tool_calls(&[(
         "c1",
         "get_incident_history",
         json!({"query": "checkout"}),
@@ -203,7 +198,7 @@ async fn start(server: &Server, id: &str, content: &str) -> String {
         .json(&json!({"content": content}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 202);
     let v: Value = r.json().await.unwrap_or_default();
     v["runId"].as_str().unwrap_or_default().to_owned()
@@ -215,7 +210,7 @@ async fn control(server: &Server, id: &str, run: &str, what: &str, body: Value) 
         .json(&body)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or_default())
 }
@@ -227,7 +222,7 @@ async fn events_until(server: &Server, id: &str, stop: impl Fn(&[Sse]) -> bool) 
             .get(server.url(&format!("/chat/v1/sessions/{id}/events?after=0")))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
         stop,
     )
     .await
@@ -246,7 +241,7 @@ fn has_state(state: &'static str) -> impl Fn(&[Sse]) -> bool {
 }
 
 async fn session_status(server: &Server, id: &str) -> String {
-    let v = crate::chat::get_json(
+    let v = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )
@@ -261,7 +256,7 @@ async fn session_status(server: &Server, id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_run_sends_nothing_until_it_is_resumed() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     script_two_steps(&script, "The database was slow.");
@@ -300,7 +295,7 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
         .json(&json!({"content": "hello?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 409);
 
     let (status, body) = control(&server, &id, &run, "resume", json!({})).await;
@@ -328,8 +323,11 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
     }
     let (status, _) = control(&server, &id, "no-such-run", "pause", json!({})).await;
     assert_eq!(status, 404);
-    let audit =
-        crate::chat::get_json(&http_client(), server.url("/api/v1/audit?kind=run_control")).await;
+    let audit = crate::support::chat::get_json(
+        &http_client(),
+        server.url("/api/v1/audit?kind=run_control"),
+    )
+    .await;
     let moves: Vec<(String, String)> = audit["items"]
         .as_array()
         .map(|rows| {
@@ -359,7 +357,7 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_join_the_run_once_each_in_order() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     script_two_steps(&script, "Looked at the database and the cache.");
@@ -416,7 +414,7 @@ async fn redirects_join_the_run_once_each_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_survives_a_restart_and_expires() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let db = dir.path().join("k.db");
     let server = Server::start(dir.path(), &db, &[]);
@@ -476,11 +474,11 @@ async fn a_pause_survives_a_restart_and_expires() {
 /// through B, resumed through B (which then executes it), and completes with the redirect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_postgres() {
-    let Some(db) = crate::common::postgres().await else {
+    let Some(db) = crate::support::db::postgres().await else {
         return;
     };
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let a = Server::start_with_url(dir.path(), &db.url, &[]);
     let b = Server::start_with_url(dir.path(), &db.url, &[]);
@@ -512,7 +510,7 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
         .get(b.url(&format!("/chat/v1/sessions/{id}/events?format=jsonl")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .text()
         .await
         .unwrap_or_default();
@@ -553,11 +551,11 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
     );
 }
 
-fn calls(list: &[(&str, &str, Value)]) -> crate::llm::Reply {
-    crate::investigation::tool_calls(list)
+fn calls(list: &[(&str, &str, Value)]) -> crate::support::provider::Reply {
+    crate::support::provider::tool_calls(list)
 }
 
-fn text(answer: &str) -> crate::llm::Reply {
+fn text(answer: &str) -> crate::support::provider::Reply {
     streamed(&openai(), (openai().text_stream)(&[answer]))
 }
 
@@ -566,7 +564,7 @@ fn result_of(requests: &[Value], call: &str) -> String {
     requests
         .iter()
         .rev()
-        .find_map(|r| crate::investigation::tool_result(r, call))
+        .find_map(|r| crate::support::provider::tool_result(r, call))
         .unwrap_or_default()
 }
 
@@ -576,7 +574,7 @@ fn result_of(requests: &[Value], call: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     let plan = json!({"steps": [
@@ -651,7 +649,8 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         result_of(&requests, "c2").contains("sessions"),
         "the planned tool ran"
     );
-    let proposals = crate::chat::get_json(&http_client(), server.url("/chat/v1/proposals")).await;
+    let proposals =
+        crate::support::chat::get_json(&http_client(), server.url("/chat/v1/proposals")).await;
     assert_eq!(
         proposals["items"].as_array().map(Vec::len),
         Some(0),
@@ -670,7 +669,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         "{body}"
     );
     assert_eq!(session_status(&server, &id).await, "idle");
-    let stored = crate::chat::get_json(
+    let stored = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )
@@ -739,7 +738,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         "{events:?}"
     );
     assert_eq!(session_status(&server, &id).await, "idle");
-    let stored = crate::chat::get_json(
+    let stored = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )
@@ -755,13 +754,13 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_ups_come_from_the_summarize_model_only() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body: &Value| {
         let system = body["messages"][0]["content"].as_str().unwrap_or_default();
         Some(if system.contains("follow-up questions") {
-            crate::llm::json_reply(
+            crate::support::provider::json_reply(
                 200,
                 &(openai().text_json)(
                     "1. What changed in the last deploy?\n2. Is the database healthy?\n3. Are other services slow?",
@@ -770,7 +769,10 @@ async fn follow_ups_come_from_the_summarize_model_only() {
         } else if body["stream"] == true {
             text("It was the database.")
         } else {
-            crate::llm::json_reply(200, &(openai().text_json)("Checkout slow: database"))
+            crate::support::provider::json_reply(
+                200,
+                &(openai().text_json)("Checkout slow: database"),
+            )
         })
     }));
     let follow_up_calls = || {
@@ -798,7 +800,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     ]);
     assert_eq!(suggested.data["questions"], expected);
     assert_eq!(suggested.data["runId"], run.as_str());
-    let got = crate::chat::get_json(
+    let got = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/follow-ups")),
     )
@@ -820,7 +822,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!events.iter().any(|e| e.event == "follow_ups"));
     assert_eq!(follow_up_calls(), 1);
-    let got = crate::chat::get_json(
+    let got = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/follow-ups")),
     )
@@ -850,12 +852,11 @@ impl Terminal {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         for pipe in [
-            Box::new(child.stdout.take().unwrap_or_else(|| panic!("stdout")))
-                as Box<dyn Read + Send>,
-            Box::new(child.stderr.take().unwrap_or_else(|| panic!("stderr"))),
+            Box::new(child.stdout.take().expect("stdout")) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().expect("stderr")),
         ] {
             let out = out.clone();
             std::thread::spawn(move || {
@@ -871,7 +872,7 @@ impl Terminal {
                 }
             });
         }
-        let stdin = child.stdin.take().unwrap_or_else(|| panic!("stdin"));
+        let stdin = child.stdin.take().expect("stdin");
         Self { child, stdin, out }
     }
 
@@ -880,7 +881,7 @@ impl Terminal {
         self.stdin
             .write_all(format!("{line}\n").as_bytes())
             .and_then(|()| self.stdin.flush())
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
     }
 
     async fn shown(&self, what: &str) {
@@ -908,7 +909,7 @@ impl Drop for Terminal {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_terminal_client_pauses_redirects_resumes_and_approves_plans() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     script_two_steps(&script, "The database it was.");
@@ -962,7 +963,7 @@ async fn the_terminal_client_pauses_redirects_resumes_and_approves_plans() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewind_supersedes_the_later_steps() {
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     manifests(dir.path(), &llm);
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     push(
@@ -1019,7 +1020,7 @@ async fn a_rewind_supersedes_the_later_steps() {
         "step 2 is gone: {seen}"
     );
     assert!(seen.contains("forget the cache"), "{seen}");
-    let stored = crate::chat::get_json(
+    let stored = crate::support::chat::get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}")),
     )

@@ -8,8 +8,7 @@ fn root() -> PathBuf {
 }
 
 fn load(path: &str) -> kortex::source::Snapshot {
-    let mut src = ManifestSource::new(vec![root().join(path)], Box::new(|_| None))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut src = ManifestSource::new(vec![root().join(path)], Box::new(|_| None)).unwrap();
     src.load(jiff::Timestamp::now())
 }
 
@@ -160,13 +159,13 @@ fn samples_validate_against_the_crd_schemas() {
         }
     }
     for path in files {
-        for doc in super::manifests::docs(&path) {
+        for doc in crate::support::yaml::docs(&path) {
             let kind = doc["kind"].as_str().unwrap_or_default();
             if doc["apiVersion"] != "kortex.dev/v1alpha1" {
                 continue;
             }
             let schema = strict_schema(kind);
-            let validator = jsonschema::validator_for(&schema).unwrap_or_else(|e| panic!("{e}"));
+            let validator = jsonschema::validator_for(&schema).unwrap();
             let errors: Vec<String> = validator
                 .iter_errors(&doc)
                 .map(|e| format!("{}: {e}", e.instance_path()))
@@ -179,7 +178,6 @@ fn samples_validate_against_the_crd_schemas() {
     // The strict schema does catch a misspelt field.
     let bad = serde_json::json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
         "metadata": {"name": "x"}, "spec": {"type": "ollama", "baseURL": "http://x"}});
-    let validator =
-        jsonschema::validator_for(&strict_schema("LLMProvider")).unwrap_or_else(|e| panic!("{e}"));
+    let validator = jsonschema::validator_for(&strict_schema("LLMProvider")).unwrap();
     assert!(!validator.is_valid(&bad));
 }

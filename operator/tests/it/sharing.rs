@@ -2,9 +2,9 @@
 //! continue, authors on messages, the shared list, revoking, and 404 for everyone else;
 //! hand-over (docs/chat.md#hand-over) with a note, a summary and a notification.
 
-use crate::binary::Server;
-use crate::common::{eventually, http_client};
-use crate::llm::{Reply, json_reply, mock, openai, push, streamed};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{Reply, json_reply, mock, openai, push, streamed};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 
 const ALICE: &str = "kx-alice-0123456789abcdef";
@@ -15,7 +15,7 @@ const DAVE: &str = "kx-dave-0123456789abcdef";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
     let (base, script) = mock().await;
-    let (dir, db) = crate::common::keyed_manifests(
+    let (dir, db) = crate::support::manifests::keyed_manifests(
         &[
             ("alice", ALICE, ""),
             ("bob", BOB, ""),
@@ -37,7 +37,7 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
             r = r.json(&b);
         }
         async move {
-            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let r = r.send().await.unwrap();
             let status = r.status().as_u16();
             (status, r.json::<Value>().await.unwrap_or_default())
         }
@@ -53,7 +53,7 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
                 .json(&json!({"content": format!("question from {key}")}))
                 .send()
                 .await
-                .unwrap_or_else(|e| panic!("{e}"));
+                .unwrap();
             let status = r.status().as_u16();
             (status, r.text().await.unwrap_or_default())
         }
@@ -185,14 +185,14 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         if let Some(mut stdin) = child.stdin.take() {
             let _ = stdin.write_all(b"anything new?\n/quit\n");
         }
-        child.wait_with_output().unwrap_or_else(|e| panic!("{e}"))
+        child.wait_with_output().unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -296,7 +296,7 @@ async fn a_session_is_handed_over_with_a_note_a_summary_and_a_notification() {
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(handover_responder));
-    let hook = crate::notify::receiver(0).await;
+    let hook = crate::support::receiver::receiver(0).await;
     let yaml = format!(
         r#"apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
@@ -322,7 +322,7 @@ spec: {{sessions: ["chat-*"], provider: gpt}}
 "#,
         hook = hook.url
     );
-    let (dir, db) = crate::common::keyed_manifests(
+    let (dir, db) = crate::support::manifests::keyed_manifests(
         &[
             ("alice", ALICE, ""),
             ("bob", BOB, ""),
@@ -345,7 +345,7 @@ spec: {{sessions: ["chat-*"], provider: gpt}}
             r = r.json(&b);
         }
         async move {
-            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let r = r.send().await.unwrap();
             let status = r.status().as_u16();
             let text = r.text().await.unwrap_or_default();
             (
@@ -364,9 +364,9 @@ spec: {{sessions: ["chat-*"], provider: gpt}}
             .header("accept", "text/event-stream")
             .json(&json!({"content": content}));
         async move {
-            let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+            let r = r.send().await.unwrap();
             assert_eq!(r.status().as_u16(), 202);
-            crate::chat::read_sse(r, crate::chat::run_ended).await
+            crate::support::chat::read_sse(r, crate::support::chat::run_ended).await
         }
     };
 

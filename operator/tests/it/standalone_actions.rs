@@ -3,14 +3,19 @@
 //! makes it, executed once after the approval, refused when the target moved since, left
 //! alone under `execute: false` — and the session, the audit log and the listing say so.
 
-use crate::investigation::{chat_once, tool_calls};
-use crate::llm::{mock, openai, push, streamed};
-use crate::operator::{FakeApi, deployment};
+use crate::support::chat::chat_once;
+use crate::support::fake_api::{FakeApi, deployment};
+use crate::support::provider::{mock, openai, push, streamed, tool_calls};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-async fn proposal(client: &reqwest::Client, server: &crate::binary::Server, id: &str) -> Value {
-    let list: Value = crate::chat::get_json(client, server.url("/chat/v1/proposals")).await;
+async fn proposal(
+    client: &reqwest::Client,
+    server: &crate::support::server::Server,
+    id: &str,
+) -> Value {
+    let list: Value =
+        crate::support::chat::get_json(client, server.url("/chat/v1/proposals")).await;
     list["items"]
         .as_array()
         .and_then(|a| a.iter().find(|p| p["id"] == id).cloned())
@@ -18,7 +23,11 @@ async fn proposal(client: &reqwest::Client, server: &crate::binary::Server, id: 
 }
 
 /// Waits until proposal `id` reaches a final phase; returns it.
-async fn settled(client: &reqwest::Client, server: &crate::binary::Server, id: &str) -> Value {
+async fn settled(
+    client: &reqwest::Client,
+    server: &crate::support::server::Server,
+    id: &str,
+) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let p = proposal(client, server, id).await;
@@ -37,10 +46,11 @@ async fn settled(client: &reqwest::Client, server: &crate::binary::Server, id: &
 /// The id of the proposal the model made in session `session`.
 async fn made_in(
     client: &reqwest::Client,
-    server: &crate::binary::Server,
+    server: &crate::support::server::Server,
     session: &str,
 ) -> String {
-    let list: Value = crate::chat::get_json(client, server.url("/chat/v1/proposals")).await;
+    let list: Value =
+        crate::support::chat::get_json(client, server.url("/chat/v1/proposals")).await;
     list["items"]
         .as_array()
         .and_then(|a| a.iter().find(|p| p["spec"]["session"]["id"] == session))
@@ -67,10 +77,10 @@ async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
         fake.apply("deployments", d);
     }
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let kubeconfig = crate::cluster::write_kubeconfig(dir.path(), &fake.url);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &fake.url);
     let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -112,13 +122,13 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let server = crate::binary::Server::start_with_args(
+    .unwrap();
+    let server = crate::support::server::Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &["--kubeconfig", &kubeconfig.display().to_string()],
     );
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
     let propose = |id: &str, action: &str, target: &str, params: Value| {
         push(
             &script,
@@ -161,7 +171,7 @@ spec:
         .lock()
         .map(|seen| {
             seen.iter()
-                .find_map(|r| crate::investigation::tool_result(&r.body, "p1"))
+                .find_map(|r| crate::support::provider::tool_result(&r.body, "p1"))
                 .unwrap_or_default()
         })
         .unwrap_or_default();
@@ -182,7 +192,7 @@ spec:
         .json(&json!({"reason": "go"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let decided: Value = r.json().await.unwrap_or_default();
     assert_eq!(decided["status"]["phase"], "Executing", "{decided}");
@@ -191,23 +201,24 @@ spec:
     assert_eq!(writes(&fake, "/deployments/api"), 1, "executed once");
     let api = fake
         .get("deployments", "shop", "api")
-        .unwrap_or_else(|| panic!("no deployment"));
+        .expect("no deployment");
     assert!(
         api["spec"]["template"]["metadata"]["annotations"]["kubectl.kubernetes.io/restartedAt"]
             .is_string(),
         "{api}"
     );
-    let told =
-        |e: &crate::chat::Sse| e.event == "proposal.updated" && e.data["phase"] == "Succeeded";
+    let told = |e: &crate::support::chat::Sse| {
+        e.event == "proposal.updated" && e.data["phase"] == "Succeeded"
+    };
     let r = client
         .get(server.url(&format!("/chat/v1/sessions/{session}/events?after=0")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse(r, |got| got.iter().any(told)).await;
+        .unwrap();
+    let events = crate::support::chat::read_sse(r, |got| got.iter().any(told)).await;
     assert!(events.iter().any(told), "the session is told: {events:?}");
     let audit: Value =
-        crate::chat::get_json(&client, server.url("/api/v1/audit?kind=execution")).await;
+        crate::support::chat::get_json(&client, server.url("/api/v1/audit?kind=execution")).await;
     assert_eq!(audit["items"][0]["outcome"], "succeeded", "{audit}");
     assert_eq!(audit["items"][0]["user"], "local", "{audit}");
 
@@ -216,7 +227,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{id}/undo")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 409);
     let body: Value = r.json().await.unwrap_or_default();
     assert!(
@@ -265,7 +276,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let done = settled(&client, &server, &id).await;
     assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
     assert_eq!(done["status"]["undo"]["params"]["replicas"], 2, "{done}");
@@ -281,10 +292,10 @@ spec:
         std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
             .args(["proposals", "undo", &asked, "--server", &url])
             .output()
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success() && stdout.contains("undo-") && stdout.contains("Pending"),
@@ -295,14 +306,15 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{id}/undo")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200, "asking again returns the first");
     let undo: Value = r.json().await.unwrap_or_default();
     assert_eq!(undo["status"]["phase"], "Pending", "{undo}");
     assert_eq!(undo["spec"]["action"], "scale", "{undo}");
     assert_eq!(undo["status"]["preview"]["after"]["replicas"], 2, "{undo}");
     let undo_id = undo["id"].as_str().unwrap_or_default().to_owned();
-    let listed: Value = crate::chat::get_json(&client, server.url("/chat/v1/proposals")).await;
+    let listed: Value =
+        crate::support::chat::get_json(&client, server.url("/chat/v1/proposals")).await;
     let undos = listed["items"]
         .as_array()
         .map(|a| a.iter().filter(|p| p["id"] == undo_id.as_str()).count())
@@ -312,7 +324,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{undo_id}/approve")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let done = settled(&client, &server, &undo_id).await;
     assert_eq!(done["status"]["phase"], "Succeeded", "{done}");
     assert_eq!(replicas(&fake), 2);
@@ -328,14 +340,14 @@ spec:
     );
     let mut web = fake
         .get("deployments", "shop", "web")
-        .unwrap_or_else(|| panic!("no deployment"));
+        .expect("no deployment");
     web["spec"]["template"]["spec"]["containers"][0]["image"] = json!("shop/api:5");
     fake.apply("deployments", web);
     let r = client
         .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let done = settled(&client, &server, &id).await;
     assert_eq!(done["status"]["phase"], "Failed", "{done}");
@@ -361,7 +373,7 @@ spec:
         .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let decided: Value = r.json().await.unwrap_or_default();
     assert_eq!(decided["status"]["phase"], "Approved", "{decided}");
     assert!(

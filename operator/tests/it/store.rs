@@ -1,6 +1,6 @@
 //! The repository layer against real SQLite and PostgreSQL databases.
 
-use crate::common::all_dbs;
+use crate::support::db::{all_dbs, message, new_session};
 use kortex::store::*;
 use serde_json::json;
 
@@ -19,15 +19,9 @@ async fn sessions_are_private_and_soft_deleted() {
             .create_session(&new("alice", "incident-1"))
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", db.url));
-        let _b = s
-            .create_session(&new("bob", "incident-2"))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let _b = s.create_session(&new("bob", "incident-2")).await.unwrap();
         assert_eq!(a.status, "idle");
-        let got = s
-            .get_session(&a.id, "alice")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let got = s.get_session(&a.id, "alice").await.unwrap();
         assert_eq!(
             got.as_ref().map(|g| &g.dynamic_tools),
             Some(&json!([{"name": "open_url"}])),
@@ -35,16 +29,10 @@ async fn sessions_are_private_and_soft_deleted() {
             db.url
         );
         assert!(
-            s.get_session(&a.id, "bob")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .is_none(),
+            s.get_session(&a.id, "bob").await.unwrap().is_none(),
             "other users see nothing"
         );
-        let list = s
-            .list_sessions("alice")
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let list = s.list_sessions("alice").await.unwrap();
         assert_eq!(
             list.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
             vec!["incident-1"]
@@ -57,37 +45,19 @@ async fn sessions_are_private_and_soft_deleted() {
                 SessionState::Running
             )
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
         );
         assert!(
             !s.transition_session(&a.id, &[SessionState::Idle], SessionState::Running)
                 .await
-                .unwrap_or_else(|e| panic!("{e}")),
+                .unwrap(),
             "compare-and-set"
         );
 
-        assert!(
-            !s.delete_session(&a.id, Some("bob"))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        );
-        assert!(
-            s.delete_session(&a.id, Some("alice"))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        );
-        assert!(
-            s.get_session(&a.id, "alice")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .is_none()
-        );
-        assert!(
-            s.list_sessions("alice")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .is_empty()
-        );
+        assert!(!s.delete_session(&a.id, Some("bob")).await.unwrap());
+        assert!(s.delete_session(&a.id, Some("alice")).await.unwrap());
+        assert!(s.get_session(&a.id, "alice").await.unwrap().is_none());
+        assert!(s.list_sessions("alice").await.unwrap().is_empty());
     }
 }
 
@@ -95,22 +65,9 @@ async fn sessions_are_private_and_soft_deleted() {
 async fn messages_keep_order_tool_calls_and_error_flags() {
     for db in all_dbs().await {
         let s = &db.store;
-        let session = s
-            .create_session(&NewSession {
-                name: "x".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let session = s.create_session(&new_session("u", "x")).await.unwrap();
         let msgs = [
-            NewMessage {
-                role: "user".into(),
-                content: "why is api down?".into(),
-                ..Default::default()
-            },
+            message("user", "why is api down?"),
             NewMessage {
                 role: "assistant".into(),
                 content: "".into(),
@@ -133,10 +90,7 @@ async fn messages_keep_order_tool_calls_and_error_flags() {
                 .await
                 .unwrap_or_else(|e| panic!("{}: {e}", db.url));
         }
-        let stored = s
-            .list_messages(&session.id)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let stored = s.list_messages(&session.id).await.unwrap();
         assert_eq!(
             stored.iter().map(|m| m.seq).collect::<Vec<_>>(),
             vec![1, 2, 3]
@@ -159,16 +113,7 @@ async fn messages_keep_order_tool_calls_and_error_flags() {
 async fn event_pages_are_bounded_by_size() {
     for db in all_dbs().await {
         let s = db.store.clone();
-        let session = s
-            .create_session(&NewSession {
-                name: "big".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let session = s.create_session(&new_session("u", "big")).await.unwrap();
         let text = "y".repeat(300 << 10);
         for _ in 0..6 {
             s.append_event(
@@ -193,11 +138,7 @@ async fn event_pages_are_bounded_by_size() {
         let page = |after| {
             let s = s.clone();
             let id = session.id.clone();
-            async move {
-                s.events_after(&id, after, 500)
-                    .await
-                    .unwrap_or_else(|e| panic!("{e}"))
-            }
+            async move { s.events_after(&id, after, 500).await.unwrap() }
         };
         let first = page(0).await;
         assert_eq!(seqs(&first), vec![1, 2, 3, 4], "{}", db.url);
@@ -216,16 +157,7 @@ async fn event_pages_are_bounded_by_size() {
 async fn event_sequence_numbers_are_gapless_under_concurrency() {
     for db in all_dbs().await {
         let s = db.store.clone();
-        let session = s
-            .create_session(&NewSession {
-                name: "x".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let session = s.create_session(&new_session("u", "x")).await.unwrap();
         let mut tasks = Vec::new();
         for i in 0..20 {
             let s = s.clone();
@@ -240,16 +172,13 @@ async fn event_sequence_numbers_are_gapless_under_concurrency() {
         for t in tasks {
             seqs.push(
                 t.await
-                    .unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap()
                     .unwrap_or_else(|e| panic!("{}: {e}", db.url)),
             );
         }
         seqs.sort_unstable();
         assert_eq!(seqs, (1..=20).collect::<Vec<i64>>(), "{}", db.url);
-        let replay = s
-            .events_after(&session.id, 15, 100)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let replay = s.events_after(&session.id, 15, 100).await.unwrap();
         assert_eq!(
             replay.iter().map(|e| e.seq).collect::<Vec<_>>(),
             vec![16, 17, 18, 19, 20]
@@ -274,25 +203,10 @@ async fn concurrent_writers_never_see_a_locked_database() {
         for w in 0..16 {
             let s = db.store.clone();
             tasks.push(tokio::spawn(async move {
-                let session = s
-                    .create_session(&NewSession {
-                        name: format!("w{w}"),
-                        namespace: "default".into(),
-                        user: "u".into(),
-                        policy: None,
-                        dynamic_tools: json!([]),
-                    })
-                    .await?;
+                let session = s.create_session(&new_session("u", format!("w{w}"))).await?;
                 for i in 0..40 {
-                    s.append_message(
-                        &session.id,
-                        &NewMessage {
-                            role: "user".into(),
-                            content: format!("message {i}"),
-                            ..Default::default()
-                        },
-                    )
-                    .await?;
+                    s.append_message(&session.id, &message("user", format!("message {i}")))
+                        .await?;
                 }
                 s.list_messages(&session.id).await.map(|m| m.len())
             }));
@@ -300,7 +214,7 @@ async fn concurrent_writers_never_see_a_locked_database() {
         for t in tasks {
             let n = t
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
                 .unwrap_or_else(|e| panic!("{}: {e}", db.url));
             assert_eq!(n, 40);
         }
@@ -342,7 +256,7 @@ async fn audit_rows_filter_and_page() {
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(tools.len(), 2);
         // Paging with the last row's (at, id) returns the rest without overlap.
         let page1 = s
@@ -351,7 +265,7 @@ async fn audit_rows_filter_and_page() {
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let last = &page1[2];
         let page2 = s
             .list_decisions(&DecisionQuery {
@@ -360,7 +274,7 @@ async fn audit_rows_filter_and_page() {
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let mut ids: Vec<String> = page1.iter().chain(&page2).map(|d| d.id.clone()).collect();
         assert_eq!(ids.len(), 5);
         ids.sort();
@@ -373,7 +287,7 @@ async fn audit_rows_filter_and_page() {
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert!(none.is_empty());
     }
 }
@@ -425,7 +339,7 @@ async fn usage_rolls_up_per_day() {
         let by_day = s
             .usage_summary("2026-05-23", UsageGroup::Day)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(
             by_day.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(),
             vec!["2026-05-23"]
@@ -481,7 +395,7 @@ async fn proposals_are_decided_once_and_versioned() {
         let decided = s
             .decide_proposal(&p.id, 1, &decision, "Approved", None)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!((decided.phase.as_str(), decided.version), ("Approved", 2));
         // A second decision (even with the right version) is refused.
         let again = s
@@ -510,25 +424,16 @@ async fn proposals_are_decided_once_and_versioned() {
                 Some(&json!({"revision": 3})),
             )
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(
             exec.preview,
             Some(json!({"before": 1})),
             "preview kept when not given"
         );
         assert_eq!(exec.undo, Some(json!({"revision": 3})));
-        let pending = s
-            .list_proposals(Some("Pending"), 10)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let pending = s.list_proposals(Some("Pending"), 10).await.unwrap();
         assert!(pending.is_empty());
-        assert_eq!(
-            s.list_proposals(None, 10)
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .len(),
-            1
-        );
+        assert_eq!(s.list_proposals(None, 10).await.unwrap().len(), 1);
     }
 }
 
@@ -583,7 +488,7 @@ async fn an_execution_outliving_its_time_limit_is_failed_as_interrupted() {
         let phase = |id: String| async move {
             s.get_proposal(&id)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
                 .map(|p| (p.phase, p.message.unwrap_or_default()))
                 .unwrap_or_default()
         };
@@ -596,15 +501,12 @@ async fn an_execution_outliving_its_time_limit_is_failed_as_interrupted() {
 
 #[tokio::test]
 async fn migrations_are_idempotent_and_the_database_file_is_created() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("new.db");
     let url = format!("sqlite://{}", path.display());
-    let store = Store::connect(&url).await.unwrap_or_else(|e| panic!("{e}"));
-    store.migrate().await.unwrap_or_else(|e| panic!("{e}"));
-    store
-        .migrate()
-        .await
-        .unwrap_or_else(|e| panic!("second run: {e}"));
+    let store = Store::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    store.migrate().await.expect("second run");
     assert!(path.exists());
     assert!(store.ping().await);
     let err = Store::connect("mysql://x")
@@ -619,35 +521,19 @@ async fn migrations_are_idempotent_and_the_database_file_is_created() {
 async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
     for db in all_dbs().await {
         let s = &db.store;
-        let session = s
-            .create_session(&NewSession {
-                name: "x".into(),
-                namespace: "default".into(),
-                user: "u".into(),
-                policy: None,
-                dynamic_tools: json!([]),
-            })
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let session = s.create_session(&new_session("u", "x")).await.unwrap();
         // A replica started a run, the model called a tool, then the replica died.
         assert!(
             s.transition_session(&session.id, &[SessionState::Idle], SessionState::Running)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         s.create_run("run-1", &session.id, "dead-replica", "someone", None)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        s.append_message(
-            &session.id,
-            &NewMessage {
-                role: "user".into(),
-                content: "q".into(),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
+        s.append_message(&session.id, &message("user", "q"))
+            .await
+            .unwrap();
         s.append_message(
             &session.id,
             &NewMessage {
@@ -658,47 +544,27 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
             },
         )
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let engine = bare_engine(s);
 
         // A live run (fresh heartbeat) is never touched.
         assert_eq!(
-            engine
-                .recover(now_ms() - 60_000)
-                .await
-                .unwrap_or_else(|e| panic!("{e}")),
+            engine.recover(now_ms() - 60_000).await.unwrap(),
             0,
             "{}",
             db.url
         );
         // Stale: recovered once, by whoever notices first.
-        assert_eq!(
-            engine
-                .recover(now_ms() + 1)
-                .await
-                .unwrap_or_else(|e| panic!("{e}")),
-            1,
-            "{}",
-            db.url
-        );
-        assert_eq!(
-            engine
-                .recover(now_ms() + 1)
-                .await
-                .unwrap_or_else(|e| panic!("{e}")),
-            0
-        );
+        assert_eq!(engine.recover(now_ms() + 1).await.unwrap(), 1, "{}", db.url);
+        assert_eq!(engine.recover(now_ms() + 1).await.unwrap(), 0);
         let got = s
             .get_session(&session.id, "u")
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|| panic!("gone"));
+            .unwrap()
+            .expect("gone");
         assert_eq!(got.status, "failed");
-        let messages = s
-            .list_messages(&session.id)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let last = messages.last().unwrap_or_else(|| panic!("no messages"));
+        let messages = s.list_messages(&session.id).await.unwrap();
+        let last = messages.last().expect("no messages");
         assert_eq!(
             (
                 last.role.as_str(),
@@ -707,10 +573,7 @@ async fn runs_of_a_dead_replica_are_failed_and_their_tool_calls_answered() {
             ),
             ("tool", Some("c1"), true)
         );
-        let events = s
-            .events_after(&session.id, 0, 10)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let events = s.events_after(&session.id, 0, 10).await.unwrap();
         let kinds: Vec<&str> = events.iter().map(|e| e.event_type.as_str()).collect();
         assert_eq!(kinds, vec!["error", "run.lifecycle"]);
         assert_eq!(events[1].data["state"], "failed");
@@ -739,31 +602,17 @@ async fn past_incidents_are_found_by_every_word() {
                 "The new image raised memory use; rolling back fixed it.",
             ),
         ] {
-            s.append_message(
-                &old.id,
-                &NewMessage {
-                    role: role.into(),
-                    content: content.into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            s.append_message(&old.id, &message(role, content))
+                .await
+                .unwrap();
         }
-        let unrelated = s
-            .create_session(&session("capacity-review"))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let unrelated = s.create_session(&session("capacity-review")).await.unwrap();
         s.append_message(
             &unrelated.id,
-            &NewMessage {
-                role: "user".into(),
-                content: "how much memory does search use? 100%_of it".into(),
-                ..Default::default()
-            },
+            &message("user", "how much memory does search use? 100%_of it"),
         )
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let now = now_ms();
         let proposal = ProposalRecord {
             id: new_id(),
@@ -791,9 +640,7 @@ async fn past_incidents_are_found_by_every_word() {
             updated_at: now,
             version: 1,
         };
-        s.insert_proposal(&proposal)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        s.insert_proposal(&proposal).await.unwrap();
         let query = |words: &[&str]| IncidentQuery {
             words: words.iter().map(|w| (*w).to_owned()).collect(),
             since: now - 3_600_000,
@@ -825,75 +672,45 @@ async fn past_incidents_are_found_by_every_word() {
         let (sessions, proposals) = s
             .search_incidents(&query(&["checkout", "postgres"]))
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert!(sessions.is_empty() && proposals.is_empty(), "{}", db.url);
         // LIKE wildcards in the query are literal.
-        let (sessions, _) = s
-            .search_incidents(&query(&["100%_of"]))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (sessions, _) = s.search_incidents(&query(&["100%_of"])).await.unwrap();
         assert_eq!(sessions.len(), 1, "{}", db.url);
-        let (sessions, _) = s
-            .search_incidents(&query(&["1%f"]))
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (sessions, _) = s.search_incidents(&query(&["1%f"])).await.unwrap();
         assert!(sessions.is_empty(), "{}", db.url);
         // Target, namespace, window and the asking session narrow the search.
         let mut q = query(&["rollback"]);
         q.target = Some("checkout".into());
-        let (_, proposals) = s
-            .search_incidents(&q)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (_, proposals) = s.search_incidents(&q).await.unwrap();
         assert_eq!(proposals.len(), 1);
         q.target = Some("payments".into());
-        let (_, proposals) = s
-            .search_incidents(&q)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (_, proposals) = s.search_incidents(&q).await.unwrap();
         assert!(proposals.is_empty());
         let mut q = query(&["checkout"]);
         q.namespace = Some("other".into());
-        let (_, proposals) = s
-            .search_incidents(&q)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (_, proposals) = s.search_incidents(&q).await.unwrap();
         assert!(proposals.is_empty());
         // Sessions are private to their user and their namespace; proposals are shared
         // within the namespace of the sessions that raised them.
         let mut q = query(&["checkout"]);
         (q.user, q.session_namespace) = (Some("bob".into()), Some("shop".into()));
-        let (sessions, proposals) = s
-            .search_incidents(&q)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (sessions, proposals) = s.search_incidents(&q).await.unwrap();
         assert!(sessions.is_empty(), "{}: {sessions:?}", db.url);
         assert_eq!(proposals.len(), 1, "{}", db.url);
         (q.user, q.session_namespace) = (Some("alice".into()), Some("elsewhere".into()));
-        let (sessions, proposals) = s
-            .search_incidents(&q)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (sessions, proposals) = s.search_incidents(&q).await.unwrap();
         assert!(sessions.is_empty() && proposals.is_empty(), "{}", db.url);
         (q.user, q.session_namespace) = (Some("alice".into()), Some("shop".into()));
-        let (sessions, proposals) = s
-            .search_incidents(&q)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (sessions, proposals) = s.search_incidents(&q).await.unwrap();
         assert_eq!((sessions.len(), proposals.len()), (1, 1), "{}", db.url);
         let mut q = query(&["checkout"]);
         q.since = now + 1_000;
-        let (sessions, proposals) = s
-            .search_incidents(&q)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (sessions, proposals) = s.search_incidents(&q).await.unwrap();
         assert!(sessions.is_empty() && proposals.is_empty());
         let mut q = query(&["checkout"]);
         q.exclude_session = Some(old.id.clone());
-        let (sessions, proposals) = s
-            .search_incidents(&q)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (sessions, proposals) = s.search_incidents(&q).await.unwrap();
         assert!(sessions.is_empty() && proposals.is_empty());
     }
 }
@@ -902,40 +719,26 @@ async fn past_incidents_are_found_by_every_word() {
 async fn sessions_are_found_by_name_title_and_text_and_renamed_by_their_owner() {
     for db in all_dbs().await {
         let s = &db.store;
-        let new = |user: &str, name: &str| NewSession {
-            name: name.into(),
-            namespace: "default".into(),
-            user: user.into(),
-            policy: None,
-            dynamic_tools: json!([]),
-        };
         let oom = s
-            .create_session(&new("alice", "incident-checkout"))
+            .create_session(&new_session("alice", "incident-checkout"))
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", db.url));
         let disk = s
-            .create_session(&new("alice", "incident-disk"))
+            .create_session(&new_session("alice", "incident-disk"))
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         let bobs = s
-            .create_session(&new("bob", "incident-checkout-bob"))
+            .create_session(&new_session("bob", "incident-checkout-bob"))
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         for (session, text) in [
             (&oom, "Pods were OOMKilled after the 2.3 deploy"),
             (&disk, "the volume is 100% full"),
             (&bobs, "OOMKilled here too"),
         ] {
-            s.append_message(
-                &session.id,
-                &kortex::store::NewMessage {
-                    role: "user".into(),
-                    content: text.into(),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            s.append_message(&session.id, &message("user", text))
+                .await
+                .unwrap();
         }
         let names = |found: Vec<kortex::store::SessionRecord>| -> Vec<String> {
             found.into_iter().map(|x| x.name).collect()
@@ -943,46 +746,31 @@ async fn sessions_are_found_by_name_title_and_text_and_renamed_by_their_owner() 
         let search = |text: &'static str| s.search_sessions("alice", text);
         // By message text, any case; never another user's.
         assert_eq!(
-            names(search("oomkilled").await.unwrap_or_else(|e| panic!("{e}"))),
+            names(search("oomkilled").await.unwrap()),
             ["incident-checkout"],
             "{}",
             db.url
         );
         // By name.
-        assert_eq!(
-            names(search("DISK").await.unwrap_or_else(|e| panic!("{e}"))),
-            ["incident-disk"]
-        );
+        assert_eq!(names(search("DISK").await.unwrap()), ["incident-disk"]);
         // `%` and `_` are the text searched, not wildcards.
-        assert_eq!(
-            names(search("100%").await.unwrap_or_else(|e| panic!("{e}"))),
-            ["incident-disk"]
-        );
-        assert!(
-            search("1_0")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .is_empty()
-        );
+        assert_eq!(names(search("100%").await.unwrap()), ["incident-disk"]);
+        assert!(search("1_0").await.unwrap().is_empty());
         // Renamed by its owner, then found by the new title; nobody else may rename it.
         assert!(
             s.rename_session(&oom.id, "alice", "Checkout OOM after 2.3")
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
-        assert!(
-            !s.rename_session(&oom.id, "bob", "mine now")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        );
+        assert!(!s.rename_session(&oom.id, "bob", "mine now").await.unwrap());
         assert_eq!(
-            names(search("after 2.3").await.unwrap_or_else(|e| panic!("{e}"))),
+            names(search("after 2.3").await.unwrap()),
             ["incident-checkout"]
         );
         let renamed = s
             .get_session(&oom.id, "alice")
             .await
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
             .and_then(|x| x.title);
         assert_eq!(renamed.as_deref(), Some("Checkout OOM after 2.3"));
     }
@@ -1041,7 +829,7 @@ async fn eval_results_are_kept_and_listed() {
         let none = s
             .list_evals(kortex::store::now_ms() + 60_000, None, false, 100)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert!(none.is_empty());
         assert_eq!(
             s.session_usage("no-such-session")
@@ -1076,10 +864,7 @@ async fn trigger_events_are_claimed_in_order_and_settled_once() {
         let now = now_ms();
         let offered =
             |list: Vec<TriggerEvent>| list.iter().map(|e| e.id.clone()).collect::<Vec<_>>();
-        let pending = s
-            .pending_trigger_events(now, 10)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let pending = s.pending_trigger_events(now, 10).await.unwrap();
         assert_eq!(
             offered(pending),
             vec![ids[0].clone(), ids[2].clone()],
@@ -1090,39 +875,33 @@ async fn trigger_events_are_claimed_in_order_and_settled_once() {
         assert!(
             s.claim_trigger_event(&ids[0], "a", now + 60_000)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         assert!(
             !s.claim_trigger_event(&ids[0], "b", now + 60_000)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
-        let pending = s
-            .pending_trigger_events(now_ms(), 10)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let pending = s.pending_trigger_events(now_ms(), 10).await.unwrap();
         assert_eq!(offered(pending), vec![ids[2].clone()], "{}", db.url);
         // Only the holder settles it.
         assert!(
             !s.settle_trigger_event(&ids[0], "b", "run", None, None, None)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         assert!(
             s.settle_trigger_event(&ids[0], "a", "unchanged", None, Some("s1"), None)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         assert!(
             !s.settle_trigger_event(&ids[0], "a", "run", None, None, None)
                 .await
-                .unwrap_or_else(|e| panic!("{e}")),
+                .unwrap(),
             "settled once"
         );
-        let pending = s
-            .pending_trigger_events(now_ms(), 10)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
+        let pending = s.pending_trigger_events(now_ms(), 10).await.unwrap();
         assert_eq!(
             offered(pending),
             vec![ids[1].clone(), ids[2].clone()],
@@ -1133,17 +912,17 @@ async fn trigger_events_are_claimed_in_order_and_settled_once() {
         assert!(
             s.claim_trigger_event(&ids[1], "a", now_ms() - 1)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         assert!(
             s.claim_trigger_event(&ids[1], "b", now_ms() + 60_000)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         assert!(
             !s.settle_trigger_event(&ids[1], "a", "run", None, None, None)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         // A slot, and the skip notice of an hour, once each.
         let slot = NewTriggerEvent {
@@ -1151,31 +930,23 @@ async fn trigger_events_are_claimed_in_order_and_settled_once() {
             group_key: "schedule:60".into(),
             ..event("", 0)
         };
-        assert!(
-            s.claim_trigger_slot(&slot, 60, "a")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        );
-        assert!(
-            !s.claim_trigger_slot(&slot, 60, "b")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-        );
+        assert!(s.claim_trigger_slot(&slot, 60, "a").await.unwrap());
+        assert!(!s.claim_trigger_slot(&slot, 60, "b").await.unwrap());
         let data = json!({"reason": "rate limited"});
         assert!(
             s.note_trigger_skipped("default/incidents", "crashloops", &data)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         assert!(
             !s.note_trigger_skipped("default/incidents", "crashloops", &data)
                 .await
-                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap()
         );
         let events = s
             .trigger_events("default/incidents", "crashloops", 10)
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(events.len(), 4, "{}", db.url);
         let settled = events
             .iter()

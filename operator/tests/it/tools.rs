@@ -1,7 +1,7 @@
 //! The tool router with real databases: validation, policy, timeouts, panics, slow notices,
 //! large results read back in chunks, audit rows and metrics.
 
-use crate::common::{all_dbs, sqlite};
+use crate::support::db::{all_dbs, sqlite};
 use kortex::catalog::PolicyEntry;
 use kortex::llm::{BoxFuture, ToolCall, ToolSpec};
 use kortex::metrics::Metrics;
@@ -63,9 +63,10 @@ async fn router_turns_every_failure_into_an_error_result() {
         let metrics = Arc::new(Metrics::new());
         let mut router = Router::new(metrics.clone());
         router.add(Arc::new(Probe));
-        let ctx = crate::common::tool_context(&db.store, "s").await;
-        let open =
-            crate::common::tool_policy(json!({"allow": ["*"], "timeouts": {"probe": "300ms"}}));
+        let ctx = crate::support::tools::tool_context(&db.store, "s").await;
+        let open = crate::support::tools::tool_policy(
+            json!({"allow": ["*"], "timeouts": {"probe": "300ms"}}),
+        );
         let run = |c: ToolCall, p: PolicyEntry| {
             let router = &router;
             let ctx = ctx.clone();
@@ -92,7 +93,7 @@ async fn router_turns_every_failure_into_an_error_result() {
 
         let denied = run(
             call("3", "probe", json!({"mode": "ok"})),
-            crate::common::tool_policy(json!({"allow": ["*"], "deny": ["pro*"]})),
+            crate::support::tools::tool_policy(json!({"allow": ["*"], "deny": ["pro*"]})),
         )
         .await;
         assert_eq!(denied.error_kind, Some("denied"));
@@ -163,7 +164,7 @@ async fn router_turns_every_failure_into_an_error_result() {
                 ..Default::default()
             })
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert_eq!(audit.len(), 13, "one audit row per call on {}", db.url);
         let text = metrics.render();
         assert!(
@@ -182,7 +183,7 @@ async fn a_slow_tool_produces_one_notice_after_thirty_seconds() {
     let db = sqlite().await;
     let mut router = Router::new(Arc::new(Metrics::new()));
     router.add(Arc::new(Probe));
-    let ctx = crate::common::tool_context(&db.store, "s").await;
+    let ctx = crate::support::tools::tool_context(&db.store, "s").await;
     // Virtual time from here on: the 45 s tool and the 30 s notice take no real time.
     tokio::time::pause();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -191,14 +192,14 @@ async fn a_slow_tool_produces_one_notice_after_thirty_seconds() {
         .execute(
             ctx,
             &call("1", "probe", json!({"mode": "slow"})),
-            &crate::common::tool_policy(json!({})),
+            &crate::support::tools::tool_policy(json!({})),
             async move {
                 let _ = tx.send(tokio::time::Instant::now());
             },
         )
         .await;
     assert_eq!(outcome.content, "finally");
-    let noticed = rx.recv().await.unwrap_or_else(|| panic!("no notice"));
+    let noticed = rx.recv().await.expect("no notice");
     assert_eq!(noticed.duration_since(started).as_secs(), 30);
     assert!(rx.try_recv().is_err(), "only one notice");
 }

@@ -5,8 +5,9 @@
 //! then redacted; the trace id reaches the provider, the HTTP plugin, the audit rows, the
 //! session JSON and the latency histograms' exemplars. A dead collector changes nothing.
 
-use crate::investigation::{chat_once, tool_calls};
-use crate::llm::{mock, openai, push, streamed};
+use crate::support::chat::{chat_once, open_session};
+use crate::support::manifests::manifest_dir;
+use crate::support::provider::{mock, openai, push, streamed, tool_calls};
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -73,13 +74,12 @@ async fn collector() -> (String, Received) {
             }
         }),
     );
-    (crate::common::serve(app).await, spans)
+    (crate::support::net::serve(app).await, spans)
 }
 
 /// The spans of an OTLP export request.
 fn decode(body: &[u8]) -> Vec<Span> {
-    let request = ExportTraceServiceRequest::decode(body)
-        .unwrap_or_else(|e| panic!("not an OTLP trace export: {e}"));
+    let request = ExportTraceServiceRequest::decode(body).expect("not an OTLP trace export");
     let mut out = Vec::new();
     for rs in request.resource_spans {
         let service = rs
@@ -117,7 +117,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Waits until the collector holds a span of `trace` named `name`.
 async fn span_named(spans: &Received, trace: &str, name: &str) -> Span {
-    crate::common::eventually(&format!("span {name:?} of trace {trace}"), || async {
+    crate::support::net::eventually(&format!("span {name:?} of trace {trace}"), || async {
         let all = spans.lock().map(|s| s.clone()).unwrap_or_default();
         all.iter()
             .find(|s| s.trace_id == trace && s.name == name)
@@ -192,7 +192,7 @@ spec:
 "#
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
 }
 
 fn traceparent_of(headers: &axum::http::HeaderMap) -> String {
@@ -206,20 +206,18 @@ fn traceparent_of(headers: &axum::http::HeaderMap) -> String {
 /// A `kortex serve` on the test manifests with `env`, a scripted provider that will ask for
 /// `jira_search` and then answer, and the HTTP tool's upstream.
 struct Setup {
-    server: crate::binary::Server,
-    script: Arc<crate::llm::Script>,
-    bridge_seen: Arc<Mutex<Vec<crate::plugins::Seen>>>,
+    server: crate::support::server::Server,
+    script: Arc<crate::support::provider::Script>,
+    bridge_seen: Arc<Mutex<Vec<crate::support::plugins::Seen>>>,
     _dir: tempfile::TempDir,
 }
 
 async fn setup(env: &[(&str, &str)]) -> Setup {
     let (base, script) = mock().await;
-    let (bridge, bridge_seen) = crate::plugins::upstream().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
+    let (dir, m) = manifest_dir();
     manifests(&m, &base, &bridge);
-    let server = crate::binary::Server::start(&m, &dir.path().join("k.db"), env);
+    let server = crate::support::server::Server::start(&m, &dir.path().join("k.db"), env);
     push(
         &script,
         tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
@@ -253,19 +251,10 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         ("OTEL_SERVICE_NAME", "kortex-traces-test"),
     ])
     .await;
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
 
     // A chat run with one tool call, started by a caller that sends its own traceparent.
-    let created: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-1"}))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .json()
-        .await
-        .unwrap_or_default();
-    let id = created["id"].as_str().unwrap_or_default().to_owned();
+    let id = open_session(&server, json!({"name": "incident-1"})).await;
     let posted = client
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
         .header("traceparent", format!("00-{TRACE}-{CALLER_SPAN}-01"))
@@ -273,10 +262,10 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .json(&json!({"content": "why is checkout failing?"}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(posted.status(), 202);
     let session =
-        crate::investigation::wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}")))
+        crate::support::chat::wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}")))
             .await;
 
     // The span tree: the request (child of the caller's span) > the run > its steps > the
@@ -288,7 +277,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
     let tool = span_named(&spans, TRACE, "execute_tool jira_search").await;
     let calls: Vec<Span> = {
         span_named(&spans, TRACE, "chat m1").await;
-        crate::common::eventually("both provider call spans", || async {
+        crate::support::net::eventually("both provider call spans", || async {
             let c: Vec<Span> = of_trace(&spans, TRACE)
                 .into_iter()
                 .filter(|s| s.name == "chat m1")
@@ -406,7 +395,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
     let jira = bridge_calls
         .iter()
         .find(|s| s.target.starts_with("/jira/search"))
-        .unwrap_or_else(|| panic!("the HTTP tool was not called"));
+        .expect("the HTTP tool was not called");
     assert_eq!(
         traceparent_of(&jira.headers),
         format!("00-{TRACE}-{}-01", tool.span_id)
@@ -430,7 +419,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .get(server.url(&format!("/api/v1/audit?session={id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -481,7 +470,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
             "messages": [{"role": "user", "content": "ping"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(answer.status(), 200);
     let body = answer.text().await.unwrap_or_default();
     assert!(body.contains("pong"), "{body}");
@@ -501,12 +490,12 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .lock()
         .map(|s| s.last().cloned())
         .unwrap_or_default()
-        .unwrap_or_else(|| panic!("the provider saw nothing"));
+        .expect("the provider saw nothing");
     assert_eq!(
         traceparent_of(&last.headers),
         format!("00-{GW_TRACE}-{}-01", call.span_id)
     );
-    let gateway_row = crate::common::eventually("the gateway call's audit row", || async {
+    let gateway_row = crate::support::net::eventually("the gateway call's audit row", || async {
         let audit: Value = client
             .get(server.url("/api/v1/audit?kind=llm_call"))
             .send()
@@ -542,7 +531,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         &format!("key {UPSTREAM_SECRET} leaked, ask bob@example.com"),
     )
     .await;
-    let captured = crate::common::eventually("the captured provider call", || async {
+    let captured = crate::support::net::eventually("the captured provider call", || async {
         let all = spans.lock().map(|s| s.clone()).unwrap_or_default();
         let run = all
             .iter()
@@ -598,8 +587,8 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
 async fn a_dead_collector_changes_no_outcome() {
     // A port nothing listens on.
     let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-        let a = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = l.local_addr().unwrap();
         drop(l);
         format!("http://{a}")
     };
@@ -614,13 +603,13 @@ async fn a_dead_collector_changes_no_outcome() {
         ("OTEL_BSP_EXPORT_TIMEOUT", "500"),
     ])
     .await;
-    let client = crate::common::http_client();
+    let client = crate::support::net::http_client();
     let id = chat_once(&client, &server, json!({"name": "incident-2"}), "why?").await;
     let session: Value = client
         .get(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -640,10 +629,10 @@ async fn a_dead_collector_changes_no_outcome() {
         .json(&json!({"model": "m1", "stream": true, "messages": [{"role": "user", "content": "ping"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(answer.status(), 200);
     // The spans that could not be sent are counted, and the server says why, once.
-    crate::common::eventually("dropped spans counted", || async {
+    crate::support::net::eventually("dropped spans counted", || async {
         let (_, metrics) = server.get("/metrics").await;
         metrics
             .lines()
@@ -660,14 +649,12 @@ async fn a_dead_collector_changes_no_outcome() {
 
 #[tokio::test]
 async fn an_mcp_server_gets_the_trace_in_meta() {
-    let Some(mcp) = crate::plugins::mcp_server("mcp-token-7") else {
+    let Some(mcp) = crate::support::plugins::mcp_server("mcp-token-7") else {
         return;
     };
     let (otlp, spans) = collector().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap_or_else(|e| panic!("{e}"));
+    let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -698,8 +685,8 @@ spec:
             url = mcp.url
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let server = crate::binary::Server::start(
+    .unwrap();
+    let server = crate::support::server::Server::start(
         &m,
         &dir.path().join("k.db"),
         &[
@@ -707,8 +694,8 @@ spec:
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
     );
-    let client = crate::common::http_client();
-    crate::common::eventually("the MCP tool discovered", || async {
+    let client = crate::support::net::http_client();
+    crate::support::net::eventually("the MCP tool discovered", || async {
         let tools: Value = client
             .get(server.url("/api/v1/tools"))
             .send()
@@ -737,7 +724,7 @@ spec:
         .get(server.url(&format!("/chat/v1/sessions/{id}")))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
         .json()
         .await
         .unwrap_or_default();
@@ -780,10 +767,8 @@ async fn grpc_collector() -> (String, Received) {
     }
     let spans: Received = Arc::default();
     let service = TraceServiceServer::new(Sink(spans.clone()));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let service = service.clone();
@@ -811,14 +796,14 @@ async fn traces_go_over_grpc_when_asked() {
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ])
     .await;
-    let answer = crate::common::http_client()
+    let answer = crate::support::net::http_client()
         .post(server.url("/v1/chat/completions"))
         .bearer_auth(GATEWAY_KEY)
         .header("traceparent", format!("00-{GW_TRACE}-{GW_CALLER_SPAN}-01"))
         .json(&json!({"model": "m1", "stream": true, "messages": [{"role": "user", "content": "ping"}]}))
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(answer.status(), 200);
     let gw = span_named(&spans, GW_TRACE, "POST /v1/chat/completions").await;
     let call = span_named(&spans, GW_TRACE, "chat m1").await;
@@ -832,12 +817,12 @@ async fn traces_go_over_grpc_when_asked() {
 async fn cluster_mode_traces_the_leaders_status_writes() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (otlp, spans) = collector().await;
-    let fake = crate::operator::FakeApi::start().await;
+    let fake = crate::support::fake_api::FakeApi::start().await;
     let (llm, _script) = mock().await;
     fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let _server = crate::operator::start_run_with_env(
+    let dir = tempfile::tempdir().unwrap();
+    let _server = crate::support::server::start_run_with_env(
         &fake,
         dir.path(),
         &llm,
@@ -848,7 +833,7 @@ async fn cluster_mode_traces_the_leaders_status_writes() {
         ],
     )
     .await;
-    let reconcile = crate::common::eventually("a status write span", || async {
+    let reconcile = crate::support::net::eventually("a status write span", || async {
         spans
             .lock()
             .map(|s| s.clone())

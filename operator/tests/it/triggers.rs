@@ -3,11 +3,12 @@
 //! group, one run per group change, a resolved note without a model call, limits in a
 //! storm, nothing lost across kill -9, schedules fired once per slot by two replicas.
 
-use crate::binary::Server;
-use crate::chat::get_json;
-use crate::common::{eventually, http_client, keyed_manifests};
-use crate::llm::{Reply, mock, openai, openai_chunk, streamed};
-use crate::notify::receiver;
+use crate::support::chat::get_json;
+use crate::support::manifests::keyed_manifests;
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{Reply, mock, openai, openai_chunk, streamed};
+use crate::support::receiver::receiver;
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -74,7 +75,7 @@ fn manifests(base: &str, hook: &str, triggers: &str) -> (tempfile::TempDir, Stri
 const CRASHLOOP_TRIGGER: &str = "    - name: crashloops\n      alerts: {matchers: {severity: \"~critical|page\", team: checkout}}\n      prompt: \"Alert {{ labels.alertname }} fires in {{ labels.namespace }}: find the root cause.\"\n      runAs: {user: oncall-bot}\n      callers: {groups: [alerting]}\n      limits: {maxRunsPerHour: 10, maxConcurrent: 3}\n      notify: [oncall]\n";
 
 /// The model's chat calls so far.
-fn chat_calls(script: &crate::llm::Script) -> usize {
+fn chat_calls(script: &crate::support::provider::Script) -> usize {
     script
         .seen
         .lock()
@@ -87,15 +88,13 @@ fn chat_calls(script: &crate::llm::Script) -> usize {
 /// A client that sends `key` as its bearer token.
 fn keyed(key: &str) -> reqwest::Client {
     let mut headers = reqwest::header::HeaderMap::new();
-    let value = format!("Bearer {key}")
-        .parse()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let value = format!("Bearer {key}").parse().unwrap();
     headers.insert(reqwest::header::AUTHORIZATION, value);
     let _ = http_client();
     reqwest::Client::builder()
         .default_headers(headers)
         .build()
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 /// The triggered sessions `key`'s user sees.
@@ -156,11 +155,11 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
 }
 
 async fn start_alertmanager(binary: &str, kortex: &str, key: &str) -> Alertmanager {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("alertmanager.yml");
     std::fs::write(
         &config,
@@ -170,7 +169,7 @@ async fn start_alertmanager(binary: &str, kortex: &str, key: &str) -> Alertmanag
              \x20       http_config:\n          authorization: {{credentials: {key}}}\n"
         ),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let port = free_port();
     let child = std::process::Command::new(binary)
         .arg(format!("--config.file={}", config.display()))
@@ -225,7 +224,7 @@ async fn fire(am: &Alertmanager, pods: &[&str], ends: bool) {
         .json(&alerts)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert!(
         r.status().is_success(),
         "Alertmanager refused the alerts: {}",
@@ -349,7 +348,7 @@ async fn a_real_alertmanager_pages_kortex_and_the_verdict_reaches_the_channel() 
 
     // Everything resolves: a note, and no model call.
     fire(&am, &["web-1", "web-2"], true).await;
-    let resolved = |evs: &[crate::chat::Sse]| {
+    let resolved = |evs: &[crate::support::chat::Sse]| {
         evs.iter().any(|e| {
             e.event == "notice"
                 && e.data["message"]
@@ -366,8 +365,9 @@ async fn a_real_alertmanager_pages_kortex_and_the_verdict_reaches_the_channel() 
         .bearer_auth(ALICE_KEY)
         .send()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let events = crate::chat::read_sse_within(stream, resolved, Duration::from_secs(30)).await;
+        .unwrap();
+    let events =
+        crate::support::chat::read_sse_within(stream, resolved, Duration::from_secs(30)).await;
     assert!(resolved(&events), "no resolved note");
     assert_eq!(
         chat_calls(&script),
@@ -403,7 +403,7 @@ async fn post(base: &str, key: Option<&str>, body: Vec<u8>) -> (u16, Value) {
     if let Some(key) = key {
         r = r.bearer_auth(key);
     }
-    let r = r.send().await.unwrap_or_else(|e| panic!("{e}"));
+    let r = r.send().await.unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
@@ -594,13 +594,11 @@ async fn an_accepted_alert_runs_once_after_a_crash() {
         }
     })
     .await;
-    let store = kortex::store::Store::connect(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let store = kortex::store::Store::connect(&db).await.unwrap();
     let stored = store
         .trigger_events("default/incidents", "crashloops", 10)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(stored.len(), 1);
     assert_eq!(stored[0].state, "run");
     assert!(
@@ -643,7 +641,7 @@ async fn an_accepted_alert_runs_once_after_a_crash() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_fire_each_schedule_slot_once() {
-    let Some(db) = crate::common::postgres().await else {
+    let Some(db) = crate::support::db::postgres().await else {
         return;
     };
     let (base, script) = mock().await;
@@ -665,7 +663,7 @@ async fn two_replicas_on_postgres_fire_each_schedule_slot_once() {
         .store
         .trigger_events("default/incidents", "health", 100)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let slots: std::collections::BTreeSet<&str> =
         events.iter().map(|e| e.group_key.as_str()).collect();
     assert!(events.len() >= 3, "{} slots in 9 s", events.len());
@@ -708,10 +706,10 @@ async fn the_dashboard_lists_and_marks_triggered_sessions() {
     assert_eq!(status, 200, "{body}");
     settled(&kortex, 1).await;
     let env = [("KORTEX_URL", kortex.as_str()), ("KORTEX_KEY", ALICE_KEY)];
-    let Some(out) = crate::dashboard::run_browser("triggers.mjs", &env).await else {
+    let Some(out) = crate::support::browser::run_browser("triggers.mjs", &env).await else {
         return;
     };
-    crate::dashboard::passed(&out, &server);
+    crate::support::browser::passed(&out, &server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,324 @@
+//! The real binaries: `kortex serve` / `kortex run` started on a free port (and killed when
+//! dropped), and `kubectl-kortex`.
+
+use crate::support::chat::chat_once;
+use crate::support::fake_api::{
+    FakeApi, deployment, phase, proposal_named, provider, secret, write_kubeconfig,
+};
+use crate::support::net::http_client;
+use crate::support::provider::{mock, openai, push, streamed, tool_calls};
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_kortex");
+
+pub struct Server {
+    child: Child,
+    addr: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    pub fn start(manifests: &Path, db: &Path, env: &[(&str, &str)]) -> Self {
+        Self::start_with_url(manifests, &format!("sqlite://{}", db.display()), env)
+    }
+
+    pub fn start_with_args(manifests: &Path, db: &Path, args: &[&str]) -> Self {
+        Self::launch(manifests, &format!("sqlite://{}", db.display()), &[], args)
+    }
+
+    pub fn start_with_url(manifests: &Path, database_url: &str, env: &[(&str, &str)]) -> Self {
+        Self::launch(manifests, database_url, env, &[])
+    }
+
+    fn launch(manifests: &Path, database_url: &str, env: &[(&str, &str)], args: &[&str]) -> Self {
+        let mut full = vec!["serve", "--listen", "127.0.0.1:0", "--manifests"];
+        let manifests = manifests.display().to_string();
+        full.push(&manifests);
+        full.extend(["--database-url", database_url]);
+        full.extend(args);
+        Self::spawn(&full, env)
+    }
+
+    /// Key mode: `kortex serve` listening off loopback (so every call needs a chat key),
+    /// with `env`; and the `http://127.0.0.1:PORT` base to call it at.
+    pub fn start_keyed(
+        manifests: &Path,
+        database_url: &str,
+        env: &[(&str, &str)],
+    ) -> (Self, String) {
+        let manifests = manifests.display().to_string();
+        let server = Self::spawn(
+            &[
+                "serve",
+                "--listen",
+                "0.0.0.0:0",
+                "--manifests",
+                &manifests,
+                "--database-url",
+                database_url,
+            ],
+            env,
+        );
+        let base = server
+            .url("")
+            .replace("0.0.0.0", "127.0.0.1")
+            .trim_end_matches('/')
+            .to_owned();
+        (server, base)
+    }
+
+    /// `kortex <args>` with `env`, once it says where it listens.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("RUST_LOG", "info")
+            .env_remove("DATABASE_URL")
+            // The samples read provider keys from these: tests never use the machine's own.
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {BIN}: {e}"));
+        let stderr = child.stderr.take().expect("no stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(addr) = line.split("listening on http://").nth(1) {
+                    let _ = tx.send(
+                        addr.split_whitespace()
+                            .next()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    );
+                }
+                if let Ok(mut l) = log2.lock() {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!(
+                    "server did not start; log:\n{}",
+                    log.lock().map(|l| l.clone()).unwrap_or_default()
+                )
+            });
+        Self { child, addr, log }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let resp = http_client()
+            .get(format!("http://{}{path}", self.addr))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let status = resp.status().as_u16();
+        (status, resp.text().await.unwrap_or_default())
+    }
+
+    /// The server's resident memory (Linux), in bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// SIGKILL: the process dies at once, as in a node failure or an OOM kill.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then the exit status (killing it if it hangs).
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("server ignored SIGTERM; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+/// Starts `kortex run` on `fake` with a provider answering from `llm`; returns once ready.
+pub async fn start_run(fake: &FakeApi, dir: &std::path::Path, llm: &str) -> Server {
+    start_run_with(fake, dir, llm, &[]).await
+}
+
+pub async fn start_run_with(
+    fake: &FakeApi,
+    dir: &std::path::Path,
+    llm: &str,
+    extra: &[&str],
+) -> Server {
+    start_run_with_env(fake, dir, llm, extra, &[]).await
+}
+
+/// [`start_run_with`] with more environment variables.
+pub async fn start_run_with_env(
+    fake: &FakeApi,
+    dir: &std::path::Path,
+    llm: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Server {
+    fake.apply("llmproviders", provider(llm));
+    // A test that planted its own key keeps it.
+    if fake.get("secrets", "team-a", "llm-keys").is_none() {
+        fake.apply("secrets", secret(Some("sk-cluster-123")));
+    }
+    let kubeconfig = write_kubeconfig(dir, &fake.url).display().to_string();
+    let db = format!("sqlite://{}", dir.join("k.db").display());
+    let mut args = vec![
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--database-url",
+        &db,
+        "--kortex-namespace",
+        "kortex",
+        "--probe-interval",
+        "3600s",
+    ];
+    if !extra.contains(&"--identity") {
+        args.extend(["--identity", "pod-a"]);
+    }
+    args.extend(extra);
+    let mut vars = vec![("KUBECONFIG", kubeconfig.as_str())];
+    vars.extend(env.iter().copied());
+    let server = Server::spawn(&args, &vars);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while server.get("/readyz").await.0 != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ready:\n{}",
+            server.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server
+}
+
+/// Runs `kubectl-kortex` with `kubeconfig`; whether it succeeded, and its output.
+pub async fn kubectl_kortex(kubeconfig: &std::path::Path, args: &[&str]) -> (bool, String) {
+    let (kubeconfig, args): (std::path::PathBuf, Vec<String>) = (
+        kubeconfig.to_path_buf(),
+        args.iter().map(|a| (*a).to_owned()).collect(),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_kubectl-kortex"))
+            .args(&args)
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("kubectl-kortex");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Deployments `targets` in shop, the ChatPolicy `incidents` (restart in shop), bob allowed
+/// to restart, `kortex run` started, and a chat whose model proposes restarting each
+/// target: returns the server and the names of the Pending proposals, in `targets` order.
+pub async fn pending_restarts(
+    fake: &FakeApi,
+    dir: &std::path::Path,
+    targets: &[&str],
+) -> (Server, Vec<String>) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (llm, script) = mock().await;
+    for name in targets {
+        let mut d = deployment();
+        d["metadata"]["name"] = json!(name);
+        fake.apply("deployments", d);
+    }
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt",
+            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+    );
+    fake.allow("bob");
+    let server = start_run(fake, dir, &llm).await;
+    let calls: Vec<(String, Value)> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            (format!("p{i}"), json!({"action": "restart", "rationale": "stuck",
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": name}}))
+        })
+        .collect();
+    let calls: Vec<(&str, &str, Value)> = calls
+        .iter()
+        .map(|(id, input)| (id.as_str(), "propose_action", input.clone()))
+        .collect();
+    push(&script, tool_calls(&calls));
+    push(
+        &script,
+        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
+    );
+    chat_once(
+        &http_client(),
+        &server,
+        json!({"name": "incident-10", "namespace": "team-a"}),
+        "restart them",
+    )
+    .await;
+    let name_of = |f: &FakeApi, target: &str| {
+        proposal_named(f, &format!("restart-{target}-"))
+            .and_then(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+    };
+    fake.until("the proposals pending", |f| {
+        targets
+            .iter()
+            .all(|t| name_of(f, t).is_some_and(|n| phase(f, &n) == "Pending"))
+    })
+    .await;
+    let names = targets.iter().filter_map(|t| name_of(fake, t)).collect();
+    (server, names)
+}
