@@ -3,7 +3,7 @@
 
 use crate::support::chat::{Sse, ask, get_json, post_json, post_message, read_sse, run_ended};
 use crate::support::db::postgres;
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
 use crate::support::provider::{json_reply, mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -13,9 +13,29 @@ use std::time::Duration;
 fn manifests(dir: &std::path::Path, base: &str) {
     std::fs::write(
         dir.join("chat.yaml"),
-        format!(
-            "apiVersion: v1\nkind: Secret\nmetadata: {{name: llm-keys}}\nstringData: {{openai: sk-test-9f8e7d6c5b}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", apiKeySecretRef: {{name: llm-keys, key: openai}}, defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}, proposals: {{allowedActions: [restart, scale], allowedNamespaces: [\"shop-*\"], requireDistinctApprover: false}}}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: hasty}}\nspec: {{sessions: [\"expire-*\"], provider: gpt, proposals: {{allowedActions: [restart], allowedNamespaces: [\"*\"], expireAfter: 1s}}}}\n"
-        ),
+        docs(&[
+            secret("llm-keys", "openai: sk-test-9f8e7d6c5b"),
+            provider(
+                "gpt",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{base}/v1', \
+                              apiKeySecretRef: {{name: llm-keys, key: openai}}, \
+                              defaultModel: test-model, timeout: 5s"
+                ),
+            ),
+            policy(
+                "incidents",
+                "sessions: [incident-*], provider: gpt, maxToolDepth: 3, \
+                         systemPrompt: Be brief., tools: {deny: [forbidden_*]}, \
+                         proposals: {allowedActions: [restart, scale], \
+                         allowedNamespaces: [shop-*], requireDistinctApprover: false}",
+            ),
+            policy(
+                "hasty",
+                "sessions: [expire-*], provider: gpt, proposals: {allowedActions: [restart], \
+                     allowedNamespaces: ['*'], expireAfter: 1s}",
+            ),
+        ]),
     )
     .unwrap();
 }
@@ -57,7 +77,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
             (d.text_stream)(&["The api ", "pods are ", "OOMKilled."]),
         ),
     );
-    let events = ask(&server, &id, "why is api down?").await;
+    let events = ask(server, &id, "why is api down?").await;
     let kinds: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
     assert_eq!(kinds.first(), Some(&"run.lifecycle"), "{kinds:?}");
     assert!(kinds.contains(&"step.boundary"), "{kinds:?}");
@@ -205,7 +225,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
             ..streamed(&d, (d.text_stream)(&["slow"])[..2].to_vec())
         },
     );
-    let r = post_message(&server, &id, "again").await;
+    let r = post_message(server, &id, "again").await;
     assert_eq!(r.status().as_u16(), 202);
     let run: Value = r.json().await.unwrap_or_default();
     let calls_before = seen.len();
@@ -217,7 +237,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let r = post_message(&server, &id, "more").await;
+    let r = post_message(server, &id, "more").await;
     assert_eq!(r.status().as_u16(), 409);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "session_busy");
@@ -250,7 +270,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
             &json!({"error": {"message": "Incorrect API key provided"}}),
         ),
     );
-    let events = ask(&server, &id, "and now?").await;
+    let events = ask(server, &id, "and now?").await;
     let error = events
         .iter()
         .find(|e| e.event == "error")
@@ -272,7 +292,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
     let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
     assert_eq!(s["status"], "failed");
     push(script, streamed(&d, (d.text_stream)(&["back"])));
-    let r = post_message(&server, &id, "retry").await;
+    let r = post_message(server, &id, "retry").await;
     assert_eq!(
         r.status().as_u16(),
         202,
@@ -336,7 +356,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
             ]),
         ),
     );
-    let events = ask(&server, &id, "show me the dashboard").await;
+    let events = ask(server, &id, "show me the dashboard").await;
     let last = events.last().cloned().expect("no events");
     assert_eq!(last.data["state"], "requires_action", "{events:?}");
     let starts: Vec<&str> = events
@@ -450,7 +470,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
             (d.tools_stream)(&[("call_5", "open_url", r#"{"url": "https://x"}"#)]),
         ),
     );
-    let events = ask(&server, &id, "open it again").await;
+    let events = ask(server, &id, "open it again").await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("requires_action"))
@@ -516,7 +536,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         script,
         streamed(&d, (d.text_stream)(&["I proposed a restart."])),
     );
-    let events = ask(&server, &id, "fix the api").await;
+    let events = ask(server, &id, "fix the api").await;
     assert_eq!(
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("completed")),
@@ -626,7 +646,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
         script,
         streamed(&d, (d.text_stream)(&["Waiting for approval."])),
     );
-    let events = ask(&server, &id, "restart it").await;
+    let events = ask(server, &id, "restart it").await;
     let pid = events
         .iter()
         .find(|e| e.event == "proposal.created")
@@ -681,7 +701,7 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::support::pr
             ),
         );
     }
-    let events = ask(&server, &id, "dig").await;
+    let events = ask(server, &id, "dig").await;
     assert_eq!(
         events.iter().filter(|e| e.event == "step.boundary").count(),
         3,
