@@ -3,7 +3,7 @@
 
 use crate::support::chat::{Sse, ask, get_json, post_json, post_message, read_sse, run_ended};
 use crate::support::db::postgres;
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
 use crate::support::provider::{json_reply, mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -13,9 +13,29 @@ use std::time::Duration;
 fn manifests(dir: &std::path::Path, base: &str) {
     std::fs::write(
         dir.join("chat.yaml"),
-        format!(
-            "apiVersion: v1\nkind: Secret\nmetadata: {{name: llm-keys}}\nstringData: {{openai: sk-test-9f8e7d6c5b}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", apiKeySecretRef: {{name: llm-keys, key: openai}}, defaultModel: test-model, timeout: 5s}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: incidents}}\nspec: {{sessions: [\"incident-*\"], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., tools: {{deny: [\"forbidden_*\"]}}, proposals: {{allowedActions: [restart, scale], allowedNamespaces: [\"shop-*\"], requireDistinctApprover: false}}}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: hasty}}\nspec: {{sessions: [\"expire-*\"], provider: gpt, proposals: {{allowedActions: [restart], allowedNamespaces: [\"*\"], expireAfter: 1s}}}}\n"
-        ),
+        docs(&[
+            secret("llm-keys", "openai: sk-test-9f8e7d6c5b"),
+            provider(
+                "gpt",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{base}/v1', \
+                              apiKeySecretRef: {{name: llm-keys, key: openai}}, \
+                              defaultModel: test-model, timeout: 5s"
+                ),
+            ),
+            policy(
+                "incidents",
+                "sessions: [incident-*], provider: gpt, maxToolDepth: 3, \
+                         systemPrompt: Be brief., tools: {deny: [forbidden_*]}, \
+                         proposals: {allowedActions: [restart, scale], \
+                         allowedNamespaces: [shop-*], requireDistinctApprover: false}",
+            ),
+            policy(
+                "hasty",
+                "sessions: [expire-*], provider: gpt, proposals: {allowedActions: [restart], \
+                     allowedNamespaces: ['*'], expireAfter: 1s}",
+            ),
+        ]),
     )
     .unwrap();
 }

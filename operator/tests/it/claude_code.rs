@@ -5,7 +5,7 @@
 //! audited — and a built-in tool the model asks for never runs.
 
 use crate::support::chat::{ask, get_json, post_message, session, state, text};
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{self, manifest_dir};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::messages_answer;
 use crate::support::server::Server;
@@ -167,48 +167,28 @@ async fn model(marker: PathBuf) -> (String, Seen) {
 /// A claude-code provider (the CLI at `command`, the model at `base`, `key` in its Secret,
 /// `timeout`) and a policy that uses it.
 fn provider_yaml(command: &str, base: &str, key: &str, timeout: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: claude}}
-stringData: {{key: "{key}"}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: cc}}
-spec:
-  type: claude-code
-  command: "{command}"
-  baseUrl: "{base}"
-  authSecretRef: {{name: claude, key: key}}
-  authKind: apiKey
-  defaultModel: sonnet
-  timeout: {timeout}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: ops}}
-spec: {{sessions: ["*"], provider: cc}}
-"#
-    )
+    manifests::docs(&[
+        manifests::secret("claude", &format!("key: '{key}'")),
+        manifests::provider(
+            "cc",
+            &format!(
+                "type: claude-code, command: '{command}', baseUrl: '{base}', \
+                 authSecretRef: {{name: claude, key: key}}, authKind: apiKey, \
+                 defaultModel: sonnet, timeout: {timeout}"
+            ),
+        ),
+        manifests::policy("ops", "sessions: ['*'], provider: cc"),
+    ])
 }
 
 /// [`provider_yaml`] (a 120 s timeout) and a gateway key, in `dir`.
 fn manifests(dir: &Path, command: &str, base: &str, key: &str) {
     std::fs::write(
         dir.join("all.yaml"),
-        format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: ops}}
-stringData: {{team: ops, key: {GATEWAY_KEY}}}
----
-{}"#,
-            provider_yaml(command, base, key, "120s")
-        ),
+        manifests::docs(&[
+            manifests::gateway_key("gateway", "ops", "ops", GATEWAY_KEY),
+            provider_yaml(command, base, key, "120s"),
+        ]),
     )
     .unwrap();
 }
@@ -674,36 +654,22 @@ async fn claude_code_works_through_the_gateway_and_is_accounted_to_the_team() {
     std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
-        format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata: {{name: anthropic}}
-stringData: {{key: "{KEY}"}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: coding}}
-stringData: {{team: platform, key: {GATEWAY_KEY}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: anthropic}}
-spec:
-  type: anthropic
-  baseUrl: "{base}"
-  apiKeySecretRef: {{name: anthropic, key: key}}
-  defaultModel: claude-test
-  models: [{{id: claude-test, cost: {{inputUsdPerMTok: 3, outputUsdPerMTok: 15}}}}]
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: coding}}
-spec: {{sessions: ["gateway-coding"], provider: anthropic}}
-"#
-        ),
+        manifests::docs(&[
+            manifests::secret("anthropic", &format!("key: '{KEY}'")),
+            manifests::gateway_key("gateway", "platform", "coding", GATEWAY_KEY),
+            manifests::provider(
+                "anthropic",
+                &format!(
+                    "type: anthropic, baseUrl: '{base}', \
+                                               apiKeySecretRef: {{name: anthropic, key: key}}, \
+                                               defaultModel: claude-test, \
+                                               models: [{{id: claude-test, \
+                                               cost: {{inputUsdPerMTok: 3, \
+                                               outputUsdPerMTok: 15}}}}]"
+                ),
+            ),
+            manifests::policy("coding", "sessions: [gateway-coding], provider: anthropic"),
+        ]),
     )
     .unwrap();
     let server = Server::start(&m, &work.path().join("k.db"), &[]);

@@ -6,6 +6,7 @@ use crate::support::canned_api::{fake_api_server, status};
 use crate::support::chat::{open_session, post_message};
 use crate::support::db::sqlite;
 use crate::support::fake_api::write_kubeconfig;
+use crate::support::manifests::{docs, policy, provider};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
@@ -437,9 +438,13 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
     std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("k.yaml"),
-        format!(
-            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: openai}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m1}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: openai}}\n"
-        ),
+        docs(&[
+            provider(
+                "openai",
+                &format!("type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1"),
+            ),
+            policy("all", "sessions: ['*'], provider: openai"),
+        ]),
     )
     .unwrap();
     let server = crate::support::server::Server::start_with_args(

@@ -4,7 +4,7 @@
 //! unless `KORTEX_REQUIRE_BROWSER=1` (the test script sets it after installing them).
 
 use crate::support::browser::{passed, run_browser, screenshots};
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{chat_key, docs, manifest_dir, policy, provider, secret};
 use crate::support::provider::{Reply, mock, openai, openai_chunk, streamed};
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -56,40 +56,28 @@ fn responder(body: &Value) -> Option<Reply> {
 }
 
 fn manifests(dir: &Path, base: &str) {
-    let yaml = format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: llm-keys}}
-stringData: {{openai: sk-dashboard-provider-key-1234}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: alice-key
-  labels: {{kortex.dev/credentials: chat}}
-stringData: {{user: alice, key: {KEY}, groups: sre}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec:
-  type: openai-compatible
-  baseUrl: "{base}/v1"
-  apiKeySecretRef: {{name: llm-keys, key: openai}}
-  defaultModel: test-model
-  timeout: 10s
-  models: [{{id: test-model, cost: {{inputUsdPerMTok: 3, outputUsdPerMTok: 15}}}}]
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["incident-*"]
-  provider: gpt
-  budget: {{dailyUsdLimit: 20}}
-  proposals: {{allowedActions: [restart], allowedNamespaces: ["shop"], requireDistinctApprover: false}}
-"#
-    );
+    let yaml = docs(&[
+        secret("llm-keys", "openai: sk-dashboard-provider-key-1234"),
+        chat_key(
+            "alice-key",
+            &format!("user: alice, key: {KEY}, groups: sre"),
+        ),
+        provider(
+            "gpt",
+            &format!(
+                "type: openai-compatible, baseUrl: '{base}/v1', \
+                 apiKeySecretRef: {{name: llm-keys, key: openai}}, defaultModel: test-model, \
+                 timeout: 10s, \
+                 models: [{{id: test-model, cost: {{inputUsdPerMTok: 3, outputUsdPerMTok: 15}}}}]"
+            ),
+        ),
+        policy(
+            "incidents",
+            "sessions: [incident-*], provider: gpt, budget: {dailyUsdLimit: 20}, \
+             proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
+             requireDistinctApprover: false}",
+        ),
+    ]);
     std::fs::write(dir.join("dashboard.yaml"), yaml).unwrap();
 }
 
@@ -207,23 +195,21 @@ async fn the_dashboard_pauses_redirects_resumes_and_approves_plans() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: scripted}}
-spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m, timeout: 20s}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: ops}}
-spec: {{sessions: ["incident-*"], provider: scripted}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: planned}}
-spec: {{sessions: ["planned-*"], provider: scripted, runControl: {{planning: required}}, models: {{summarize: small}}}}
-"#
-        ),
+        docs(&[
+            provider(
+                "scripted",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m, \
+                                   timeout: 20s"
+                ),
+            ),
+            policy("ops", "sessions: [incident-*], provider: scripted"),
+            policy(
+                "planned",
+                "sessions: [planned-*], provider: scripted, \
+                       runControl: {planning: required}, models: {summarize: small}",
+            ),
+        ]),
     )
     .unwrap();
     // On loopback: no sign-in.
@@ -288,18 +274,16 @@ async fn the_dashboard_shares_hands_over_and_shows_who_asked() {
     ];
     let (llm, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(sharing_responder));
-    let yaml = format!(
-        r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: scripted}}
-spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m, timeout: 20s}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: ops}}
-spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: scripted/m}}}}
-"#
-    );
+    let yaml = docs(&[
+        provider(
+            "scripted",
+            &format!("type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m, timeout: 20s"),
+        ),
+        policy(
+            "ops",
+            "sessions: [incident-*], provider: scripted, models: {summarize: scripted/m}",
+        ),
+    ]);
     let users: Vec<(&str, &str, &str)> = KEYS.iter().map(|(u, k)| (*u, *k, "")).collect();
     let (dir, db) = crate::support::manifests::keyed_manifests(&users, &yaml);
     // Not on loopback: each person signs in with their own key.
@@ -385,18 +369,16 @@ async fn the_dashboard_renders_markdown_answers_safely() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: scripted}}
-spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: ops}}
-spec: {{sessions: ["incident-*"], provider: scripted, models: {{summarize: m}}}}
-"#
-        ),
+        docs(&[
+            provider(
+                "scripted",
+                &format!("type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m"),
+            ),
+            policy(
+                "ops",
+                "sessions: [incident-*], provider: scripted, models: {summarize: m}",
+            ),
+        ]),
     )
     .unwrap();
     // On loopback: no sign-in.
@@ -531,21 +513,21 @@ async fn the_dashboard_keeps_live_cards_in_view_and_fits_a_phone() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("p.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: scripted}}
-spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m, timeout: 20s}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["incident-*"]
-  provider: scripted
-  proposals: {{allowedActions: [restart], allowedNamespaces: ["shop"], requireDistinctApprover: false}}
-"#
-        ),
+        docs(&[
+            provider(
+                "scripted",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m, \
+                                   timeout: 20s"
+                ),
+            ),
+            policy(
+                "incidents",
+                "sessions: [incident-*], provider: scripted, \
+                         proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
+                         requireDistinctApprover: false}",
+            ),
+        ]),
     )
     .unwrap();
     // On loopback: no sign-in.

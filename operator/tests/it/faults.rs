@@ -1,7 +1,7 @@
 //! Faults injected from outside into the real binary and real servers (docs/reliability.md).
 
 use crate::support::chat::{ask, post_message, session, state};
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, gateway_key, manifest_dir, tool};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -242,7 +242,7 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
     );
     std::fs::write(
         m.join("gateway.yaml"),
-        "apiVersion: v1\nkind: Secret\nmetadata: {name: gw, labels: {kortex.dev/credentials: gateway}, annotations: {kortex.dev/policy: all}}\nstringData: {team: shop, key: kgw-faults-1}\n",
+        docs(&[gateway_key("gw", "shop", "all", "kgw-faults-1")]),
     )
     .unwrap();
     let server = Server::start_with_url(&m, &pg.url(), &[]);
@@ -572,17 +572,13 @@ async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     );
     std::fs::write(
         m.join("tool.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: slow}}
-spec:
-  name: slow_lookup
-  description: A lookup that takes a while.
-  http: {{method: GET, url: "{bridge}/slow"}}
-  timeout: 30s
-"#
-        ),
+        docs(&[tool(
+            "slow",
+            &format!(
+                "name: slow_lookup, description: A lookup that takes a while., \
+                           http: {{method: GET, url: '{bridge}/slow'}}, timeout: 30s"
+            ),
+        )]),
     )
     .unwrap();
     let db = dir.path().join("k.db");

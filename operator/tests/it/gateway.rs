@@ -3,7 +3,7 @@
 //! streaming, tool calls, JSON-schema output, models, an unknown model, a bad key and an
 //! exhausted budget — then usage per team and what reached the upstream.
 
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
 use crate::support::provider::{Reply, mock, openai, streamed};
 use crate::support::server::Server;
@@ -50,52 +50,29 @@ fn responder(body: &Value) -> Option<Reply> {
 }
 
 fn manifests(dir: &Path, base: &str) {
-    let yaml = format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: upstream-key}}
-stringData: {{key: sk-upstream-SECRET-42}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway-shop
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: apps}}
-stringData: {{team: shop, key: {KEY}}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway-broke
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: broke}}
-stringData: {{team: broke-team, key: {BROKE_KEY}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: upstream}}
-spec:
-  type: openai-compatible
-  baseUrl: "{base}/v1"
-  apiKeySecretRef: {{name: upstream-key, key: key}}
-  defaultModel: gpt-test
-  timeout: 10s
-  models:
-    - {{id: gpt-test, cost: {{inputUsdPerMTok: 2, outputUsdPerMTok: 8}}}}
-    - {{id: embed-small, cost: {{inputUsdPerMTok: 0.02, outputUsdPerMTok: 0}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: apps}}
-spec: {{sessions: ["gateway-apps"], provider: upstream, budget: {{dailyUsdLimit: 5}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: broke}}
-spec: {{sessions: ["gateway-broke"], provider: upstream, budget: {{dailyUsdLimit: 0}}}}
-"#
-    );
+    let yaml = docs(&[
+        secret("upstream-key", "key: sk-upstream-SECRET-42"),
+        gateway_key("gateway-shop", "shop", "apps", KEY),
+        gateway_key("gateway-broke", "broke-team", "broke", BROKE_KEY),
+        provider(
+            "upstream",
+            &format!(
+                "type: openai-compatible, baseUrl: '{base}/v1', \
+                 apiKeySecretRef: {{name: upstream-key, key: key}}, defaultModel: gpt-test, \
+                 timeout: 10s, models: [{{id: gpt-test, cost: {{inputUsdPerMTok: 2, \
+                 outputUsdPerMTok: 8}}}}, {{id: embed-small, cost: {{inputUsdPerMTok: 0.02, \
+                 outputUsdPerMTok: 0}}}}]"
+            ),
+        ),
+        policy(
+            "apps",
+            "sessions: [gateway-apps], provider: upstream, budget: {dailyUsdLimit: 5}",
+        ),
+        policy(
+            "broke",
+            "sessions: [gateway-broke], provider: upstream, budget: {dailyUsdLimit: 0}",
+        ),
+    ]);
     std::fs::write(dir.join("gateway.yaml"), yaml).unwrap();
 }
 
@@ -251,44 +228,24 @@ async fn rate_limits_answer_429_with_the_headers_sdks_read_and_replicas_share_th
     let write = |dir: &Path| {
         std::fs::write(
             dir.join("gateway.yaml"),
-            format!(
-                r#"apiVersion: v1
-kind: Secret
-metadata: {{name: upstream-key}}
-stringData: {{key: sk-upstream-SECRET-42}}
----
-apiVersion: v1
+            docs(&[
+    secret("upstream-key", "key: sk-upstream-SECRET-42"),
+    format!(r#"apiVersion: v1
 kind: Secret
 metadata:
   name: gateway-slow
   labels: {{kortex.dev/credentials: gateway}}
   annotations: {{kortex.dev/policy: apps, kortex.dev/requests-per-minute: "3", kortex.dev/tokens-per-minute: "400"}}
 stringData: {{team: slow, key: {KEY}}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway-shared
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: shared}}
-stringData: {{team: shared, key: {BROKE_KEY}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: upstream}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", apiKeySecretRef: {{name: upstream-key, key: key}}, defaultModel: gpt-test, timeout: 10s}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: apps}}
-spec: {{sessions: ["gateway-apps"], provider: upstream}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: shared}}
-spec: {{sessions: ["gateway-shared"], provider: upstream, rateLimits: {{requestsPerMinute: 4}}}}
-"#
-            ),
+"#),
+    gateway_key("gateway-shared", "shared", "shared", BROKE_KEY),
+    provider("upstream", &format!("type: openai-compatible, baseUrl: '{base}/v1', \
+                                   apiKeySecretRef: {{name: upstream-key, key: key}}, \
+                                   defaultModel: gpt-test, timeout: 10s")),
+    policy("apps", "sessions: [gateway-apps], provider: upstream"),
+    policy("shared", "sessions: [gateway-shared], provider: upstream, \
+                      rateLimits: {requestsPerMinute: 4}"),
+]),
         )
         .unwrap();
     };

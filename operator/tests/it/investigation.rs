@@ -5,6 +5,7 @@
 //! incident, calls a Jira-like HTTP tool and an MCP server's tool — and never sees a Secret.
 
 use crate::support::chat::{chat_once, open_session, post_message, wait_idle};
+use crate::support::manifests::{docs, policy, provider, secret, tool};
 use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -27,45 +28,38 @@ async fn a_model_investigates_a_crashing_pod_end_to_end() {
     std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: openai}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec: {{sessions: ["incident-*"], provider: openai, maxToolDepth: 6}}
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: tools}}
-stringData: {{bridge: {BRIDGE_TOKEN}, mcp: mcp-token-1}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: jira-search}}
-spec:
-  name: jira_search
-  description: Search Jira issues with JQL.
-  http:
-    method: POST
-    url: {bridge}/jira/search
-    auth: {{type: bearer, secretRef: {{name: tools, key: bridge}}}}
-  parameters: {{type: object, properties: {{jql: {{type: string}}}}, required: [jql]}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: grafana}}
-spec:
-  mcp:
-    url: {url}
-    auth: {{type: bearer, secretRef: {{name: tools, key: mcp}}}}
-    include: [echo, add]
-"#,
-            url = mcp.url
-        ),
+        docs(&[
+            provider(
+                "openai",
+                &format!("type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1"),
+            ),
+            policy(
+                "incidents",
+                "sessions: [incident-*], provider: openai, maxToolDepth: 6",
+            ),
+            secret(
+                "tools",
+                &format!("bridge: {BRIDGE_TOKEN}, mcp: mcp-token-1"),
+            ),
+            tool(
+                "jira-search",
+                &format!(
+                    "name: jira_search, description: Search Jira issues with JQL., \
+                                  http: {{method: POST, url: '{bridge}/jira/search', \
+                                  auth: {{type: bearer, secretRef: {{name: tools, \
+                                  key: bridge}}}}}}, parameters: {{type: object, \
+                                  properties: {{jql: {{type: string}}}}, required: [jql]}}"
+                ),
+            ),
+            tool(
+                "grafana",
+                &format!(
+                    "mcp: {{url: '{url}', auth: {{type: bearer, \
+                              secretRef: {{name: tools, key: mcp}}}}, include: [echo, add]}}",
+                    url = mcp.url
+                ),
+            ),
+        ]),
     )
     .unwrap();
     let server = crate::support::server::Server::start_with_args(

@@ -3,7 +3,7 @@
 //! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
 
 use crate::support::chat::{ask, session, state};
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -16,18 +16,19 @@ use std::time::Duration;
 fn manifests(dir: &Path, base: &str, budget: &str) {
     std::fs::write(
         dir.join("all.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: model}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: all}}
-spec: {{sessions: ["*"], provider: model, budget: {budget}}}
-"#
-        ),
+        docs(&[
+            provider(
+                "model",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1, \
+                                locality: local"
+                ),
+            ),
+            policy(
+                "all",
+                &format!("sessions: ['*'], provider: model, budget: {budget}"),
+            ),
+        ]),
     )
     .unwrap();
 }
@@ -491,17 +492,13 @@ async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
     manifests(&m, &base, "{}");
     std::fs::write(
         m.join("tool.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: big}}
-spec:
-  name: big_report
-  description: A long report.
-  http: {{method: GET, url: "{bridge}/big"}}
-  maxResultBytes: 100000
-"#
-        ),
+        docs(&[tool(
+            "big",
+            &format!(
+                "name: big_report, description: A long report., \
+                          http: {{method: GET, url: '{bridge}/big'}}, maxResultBytes: 100000"
+            ),
+        )]),
     )
     .unwrap();
     let server = Server::start_with_args(

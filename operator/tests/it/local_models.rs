@@ -5,7 +5,7 @@
 use crate::support::chat::{
     ask, get_json, notices, provider_usage, session, state, text, until_listed,
 };
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider};
 use crate::support::net::http_client;
 use crate::support::provider::{mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -14,30 +14,20 @@ use serde_json::{Value, json};
 const KEY: &str = "kx-local-gateway-KEY-1";
 
 fn manifests(dir: &std::path::Path, base: &str) {
-    let yaml = format!(
-        r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: llama}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: qwen, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: private}}
-spec:
-  sessions: ["*"]
-  provider: llama
-  mode: local-only
-  tools: {{deny: [propose_action]}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway-local
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: private}}
-stringData: {{team: local, key: {KEY}}}
-"#
-    );
+    let yaml = docs(&[
+        provider(
+            "llama",
+            &format!(
+                "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: qwen, \
+                 locality: local"
+            ),
+        ),
+        policy(
+            "private",
+            "sessions: ['*'], provider: llama, mode: local-only, tools: {deny: [propose_action]}",
+        ),
+        gateway_key("gateway-local", "local", "private", KEY),
+    ]);
     std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 

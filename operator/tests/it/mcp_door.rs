@@ -4,7 +4,7 @@
 //! without credentials, from a wrong origin, of another user's session and of malformed
 //! messages; Kortex's own MCP client against another Kortex.
 
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
 use crate::support::net::{eventually, http_client};
 use crate::support::plugins::python_with_mcp as python;
 use crate::support::provider::messages_answer;
@@ -705,19 +705,17 @@ async fn kortex_uses_another_kortex_as_an_mcp_server() {
     let dir_a = tempfile::tempdir().unwrap();
     std::fs::write(
         dir_a.path().join("a.yaml"),
-        r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {name: none}
-spec: {type: openai-compatible, baseUrl: "http://127.0.0.1:9/v1", models: [{id: m}]}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {name: shared}
-spec:
-  sessions: ["*"]
-  provider: none
-  tools: {allow: [get_incident_history, read_result_chunk]}
-"#,
+        docs(&[
+            provider(
+                "none",
+                "type: openai-compatible, baseUrl: 'http://127.0.0.1:9/v1', models: [{id: m}]",
+            ),
+            policy(
+                "shared",
+                "sessions: ['*'], provider: none, \
+                      tools: {allow: [get_incident_history, read_result_chunk]}",
+            ),
+        ]),
     )
     .unwrap();
     let a = Server::start(dir_a.path(), &dir_a.path().join("a.db"), &[]);
@@ -725,27 +723,20 @@ spec:
     let dir_b = tempfile::tempdir().unwrap();
     std::fs::write(
         dir_b.path().join("b.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: none}}
-spec: {{type: openai-compatible, baseUrl: "http://127.0.0.1:9/v1", models: [{{id: m}}]}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: upstream}}
-spec:
-  mcp: {{url: "{}"}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: ops}}
-spec:
-  sessions: ["*"]
-  provider: none
-"#,
-            a.url("/mcp?policy=default/shared")
-        ),
+        docs(&[
+            provider(
+                "none",
+                "type: openai-compatible, baseUrl: 'http://127.0.0.1:9/v1', models: [{id: m}]",
+            ),
+            tool(
+                "upstream",
+                &format!(
+                    "mcp: {{url: '{url}'}}",
+                    url = a.url("/mcp?policy=default/shared")
+                ),
+            ),
+            policy("ops", "sessions: ['*'], provider: none"),
+        ]),
     )
     .unwrap();
     let b = Server::start(dir_b.path(), &dir_b.path().join("b.db"), &[]);
@@ -845,16 +836,13 @@ async fn an_mcp_session_goes_on_at_another_replica() {
     let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("p.yaml"),
-        r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {name: none}
-spec: {type: openai-compatible, baseUrl: "http://127.0.0.1:9/v1", models: [{id: m}]}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {name: ops}
-spec: {sessions: ["*"], provider: none}
-"#,
+        docs(&[
+            provider(
+                "none",
+                "type: openai-compatible, baseUrl: 'http://127.0.0.1:9/v1', models: [{id: m}]",
+            ),
+            policy("ops", "sessions: ['*'], provider: none"),
+        ]),
     )
     .unwrap();
     let db = dir.path().join("k.db");

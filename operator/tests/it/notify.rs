@@ -3,7 +3,7 @@
 //! outbox, after retries when the receiver fails, once per delivery id.
 
 use crate::support::chat::{ask, open_session};
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, openai, push, streamed};
 use crate::support::receiver::{receiver, slow_receiver};
@@ -61,37 +61,38 @@ async fn a_proposal_reaches_its_webhooks_signed_and_after_retries() {
     let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
-        format!(
-            r#"apiVersion: v1
+        docs(&[
+            format!(
+                r#"apiVersion: v1
 kind: Secret
 metadata: {{name: hooks, labels: {{kortex.dev/use: "true"}}}}
 stringData: {{slack: "{slack}", signing: s3cr3t-signing-key}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["*"]
-  provider: gpt
-  proposals: {{allowedActions: [restart], allowedNamespaces: ["shop-*"], requireDistinctApprover: false}}
-  notify:
-    - name: oncall-json
-      events: [proposal.pending, proposal.decided]
-      webhook: {{url: "{json}"}}
-      signingSecretRef: {{name: hooks, key: signing}}
-    - name: oncall-slack
-      events: [proposal.pending]
-      webhook: {{urlSecretRef: {{name: hooks, key: slack}}}}
-      format: slack
 "#,
-            slack = slack_hook.url,
-            json = json_hook.url,
-        ),
+                slack = slack_hook.url
+            ),
+            provider(
+                "gpt",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1, \
+                              locality: local"
+                ),
+            ),
+            policy(
+                "incidents",
+                &format!(
+                    "sessions: ['*'], provider: gpt, \
+                                  proposals: {{allowedActions: [restart], \
+                                  allowedNamespaces: [shop-*], requireDistinctApprover: false}}, \
+                                  notify: [{{name: oncall-json, events: [proposal.pending, \
+                                  proposal.decided], webhook: {{url: '{json}'}}, \
+                                  signingSecretRef: {{name: hooks, key: signing}}}}, \
+                                  {{name: oncall-slack, events: [proposal.pending], \
+                                  webhook: {{urlSecretRef: {{name: hooks, key: slack}}}}, \
+                                  format: slack}}]",
+                    json = json_hook.url
+                ),
+            ),
+        ]),
     )
     .unwrap();
     let server = Server::start_with_args(

@@ -3,6 +3,7 @@
 //! tools against a real MCP server (the Python SDK's, started by the test).
 
 use crate::support::db::sqlite;
+use crate::support::manifests::{docs, secret, tool};
 use crate::support::plugins::{Seen, mcp_server, mcp_server_on, upstream};
 use kortex::live::LiveConfig;
 use kortex::llm::ToolCall;
@@ -85,98 +86,88 @@ async fn call(router: &Router, ctx: &ToolContext, name: &str, input: Value) -> O
 }
 
 fn http_manifests(base: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: bridge}}
-stringData: {{token: tok-123, key: key-456, basic: "ops:pa55:word"}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: jira-get}}
-spec:
-  description: Read one Jira issue.
-  http:
-    url: {base}/issues/{{key}}/view
-    headers: [{{name: Accept, value: application/json}}]
-    auth: {{type: bearer, secretRef: {{name: bridge, key: token}}}}
-  parameters:
-    type: object
-    properties:
-      key: {{type: string}}
-      fields: {{type: array, items: {{type: string}}}}
-      limit: {{type: integer, default: 10}}
-    required: [key]
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: jira-search}}
-spec:
-  name: jira_search
-  description: Search Jira.
-  http:
-    method: POST
-    url: {base}/search
-    auth: {{type: apiKey, header: X-API-Key, secretRef: {{name: bridge, key: key}}}}
-  parameters: {{type: object, properties: {{jql: {{type: string}}}}, required: [jql]}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: basic}}
-spec:
-  description: Basic auth.
-  http: {{url: "{base}/basic", auth: {{type: basic, secretRef: {{name: bridge, key: basic}}}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: echo-basic}}
-spec:
-  description: Echoes the request headers.
-  http: {{url: "{base}/echo", auth: {{type: basic, secretRef: {{name: bridge, key: basic}}}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: echo-bearer}}
-spec:
-  description: Echoes the request headers.
-  http: {{url: "{base}/echo", auth: {{type: bearer, secretRef: {{name: bridge, key: token}}}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: flaky}}
-spec: {{description: Fails., http: {{url: "{base}/fail"}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: sluggish}}
-spec: {{description: Slow., timeout: 1s, http: {{url: "{base}/slow"}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: bulky}}
-spec: {{description: Big., maxResultBytes: 1000, http: {{url: "{base}/big"}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: metadata}}
-spec: {{description: Cloud metadata., http: {{url: "http://169.254.169.254/latest/meta-data/"}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: incident-only}}
-spec: {{description: Only for incidents., allowedSessions: ["incident-*"], http: {{url: "{base}/incident"}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: hostile-host}}
-spec: {{description: Host from a parameter., http: {{url: "http://{{host}}/x"}}, parameters: {{type: object, properties: {{host: {{type: string}}}}}}}}
----
-apiVersion: kortex.dev/v1alpha1
+    docs(&[
+        secret(
+            "bridge",
+            "token: tok-123, key: key-456, basic: 'ops:pa55:word'",
+        ),
+        tool(
+            "jira-get",
+            &format!(
+                "description: Read one Jira issue., http: {{url: '{base}/issues/{{key}}/view', \
+                 headers: [{{name: Accept, value: application/json}}], auth: {{type: bearer, \
+                 secretRef: {{name: bridge, key: token}}}}}}, parameters: {{type: object, \
+                 properties: {{key: {{type: string}}, fields: {{type: array, \
+                 items: {{type: string}}}}, limit: {{type: integer, default: 10}}}}, \
+                 required: [key]}}"
+            ),
+        ),
+        tool(
+            "jira-search",
+            &format!(
+                "name: jira_search, description: Search Jira., http: {{method: POST, \
+                 url: '{base}/search', auth: {{type: apiKey, header: X-API-Key, \
+                 secretRef: {{name: bridge, key: key}}}}}}, parameters: {{type: object, \
+                 properties: {{jql: {{type: string}}}}, required: [jql]}}"
+            ),
+        ),
+        tool(
+            "basic",
+            &format!(
+                "description: Basic auth., http: {{url: '{base}/basic', auth: {{type: basic, \
+                 secretRef: {{name: bridge, key: basic}}}}}}"
+            ),
+        ),
+        tool(
+            "echo-basic",
+            &format!(
+                "description: Echoes the request headers., http: {{url: '{base}/echo', \
+                 auth: {{type: basic, secretRef: {{name: bridge, key: basic}}}}}}"
+            ),
+        ),
+        tool(
+            "echo-bearer",
+            &format!(
+                "description: Echoes the request headers., http: {{url: '{base}/echo', \
+                 auth: {{type: bearer, secretRef: {{name: bridge, key: token}}}}}}"
+            ),
+        ),
+        tool(
+            "flaky",
+            &format!("description: Fails., http: {{url: '{base}/fail'}}"),
+        ),
+        tool(
+            "sluggish",
+            &format!("description: Slow., timeout: 1s, http: {{url: '{base}/slow'}}"),
+        ),
+        tool(
+            "bulky",
+            &format!("description: Big., maxResultBytes: 1000, http: {{url: '{base}/big'}}"),
+        ),
+        tool(
+            "metadata",
+            "description: Cloud metadata., http: {url: 'http://169.254.169.254/latest/meta-data/'}",
+        ),
+        tool(
+            "incident-only",
+            &format!(
+                "description: Only for incidents., allowedSessions: [incident-*], \
+                 http: {{url: '{base}/incident'}}"
+            ),
+        ),
+        tool(
+            "hostile-host",
+            "description: Host from a parameter., http: {url: 'http://{host}/x'}, \
+             parameters: {type: object, properties: {host: {type: string}}}",
+        ),
+        format!(
+            r#"apiVersion: kortex.dev/v1alpha1
 kind: KortexTool
 metadata: {{name: other-ns, namespace: team-b}}
 spec: {{description: Another namespace., http: {{url: "{base}/b"}}}}
 "#
-    )
+        ),
+    ])
 }
 
 fn last_seen(seen: &Mutex<Vec<Seen>>) -> Option<Seen> {
@@ -385,37 +376,25 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
 }
 
 fn mcp_manifests(url: &str, token: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: mcp}}
-stringData: {{token: {token}, wrong: nope}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: grafana}}
-spec:
-  mcp:
-    url: {url}
-    auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
-    exclude: [slow, secret_header, big, trace_context]
-  timeout: 20s
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: locked-out}}
-spec:
-  mcp:
-    url: {url}
-    auth: {{type: bearer, secretRef: {{name: mcp, key: wrong}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: gone}}
-spec:
-  mcp: {{url: "http://127.0.0.1:9/mcp"}}
-"#
-    )
+    docs(&[
+        secret("mcp", &format!("token: {token}, wrong: nope")),
+        tool(
+            "grafana",
+            &format!(
+                "mcp: {{url: '{url}', auth: {{type: bearer, secretRef: {{name: mcp, \
+                 key: token}}}}, exclude: [slow, secret_header, big, trace_context]}}, \
+                 timeout: 20s"
+            ),
+        ),
+        tool(
+            "locked-out",
+            &format!(
+                "mcp: {{url: '{url}', auth: {{type: bearer, secretRef: {{name: mcp, \
+                 key: wrong}}}}}}"
+            ),
+        ),
+        tool("gone", "mcp: {url: 'http://127.0.0.1:9/mcp'}"),
+    ])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,24 +521,17 @@ async fn mcp_answers_are_read_within_a_bound_and_a_huge_one_fails_alone() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let manifests = format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: mcp}}
-stringData: {{token: t0ken}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: files}}
-spec:
-  mcp:
-    url: {}
-    auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
-    include: [big, echo]
-  maxResultBytes: 1000
-"#,
-        server.url
-    );
+    let manifests = docs(&[
+        secret("mcp", "token: t0ken"),
+        tool(
+            "files",
+            &format!(
+                "mcp: {{url: '{url}', auth: {{type: bearer, secretRef: {{name: mcp, \
+                 key: token}}}}, include: [big, echo]}}, maxResultBytes: 1000",
+                url = server.url
+            ),
+        ),
+    ]);
     let mut plugins = Plugins::start(config(dir.path(), &manifests));
     plugins
         .wait("discovery", |s| s.get("default", "files__big").is_some())

@@ -4,7 +4,7 @@
 //! with a message naming them, and redaction of everything sent to a provider.
 
 use crate::support::chat::{ask, get_json, notices, session, state, text};
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
 use crate::support::provider::{
     Reply, Script, json_reply, mock, openai, openai_chunk, push, streamed,
@@ -16,67 +16,63 @@ use std::sync::Arc;
 const SECRET: &str = "sk-backup-TESTKEY-5678";
 
 fn manifests(dir: &std::path::Path, primary: &str, backup: &str, cloud: &str) {
-    let yaml = format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata: {{name: llm-keys}}
-stringData: {{primary: sk-primary-TESTKEY-1234, backup: {SECRET}, cloud: sk-cloud-TESTKEY-9012}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: primary}}
-spec:
-  type: openai-compatible
-  baseUrl: "{primary}/v1"
-  apiKeySecretRef: {{name: llm-keys, key: primary}}
-  defaultModel: full-a
-  fastModel: fast-a
-  timeout: 5s
-  models:
-    - {{id: full-a, cost: {{inputUsdPerMTok: 3, outputUsdPerMTok: 15}}}}
-    - {{id: fast-a, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 5}}}}
-    - {{id: cheap, cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 1}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: backup}}
-spec: {{type: openai-compatible, baseUrl: "{backup}/v1", apiKeySecretRef: {{name: llm-keys, key: backup}}, defaultModel: full-b, locality: local, timeout: 5s}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: cloud}}
-spec: {{type: openai-compatible, baseUrl: "{cloud}/v1", apiKeySecretRef: {{name: llm-keys, key: cloud}}, defaultModel: full-c, timeout: 5s}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: failover}}
-spec: {{sessions: ["failover-*"], provider: primary, fallbackProviders: [backup]}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: frugal}}
-spec: {{sessions: ["frugal-*"], provider: primary, mode: frugal}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: local}}
-spec: {{sessions: ["local-*"], provider: cloud, fallbackProviders: [backup], mode: local-only}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: budget}}
-spec:
-  sessions: ["budget-*"]
-  provider: primary
-  models: {{default: cheap}}
-  budget: {{dailyUsdLimit: 0.05, alertAtPercent: 50, perUserHourlyRequests: 2}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: private}}
-spec: {{sessions: ["private-*"], provider: backup, privacy: {{redactSecrets: true, redactPii: true}}}}
-"#
-    );
+    let yaml = docs(&[
+        secret(
+            "llm-keys",
+            &format!(
+                "primary: sk-primary-TESTKEY-1234, backup: {SECRET}, cloud: sk-cloud-TESTKEY-9012"
+            ),
+        ),
+        provider(
+            "primary",
+            &format!(
+                "type: openai-compatible, baseUrl: '{primary}/v1', \
+                 apiKeySecretRef: {{name: llm-keys, key: primary}}, defaultModel: full-a, \
+                 fastModel: fast-a, timeout: 5s, models: [{{id: full-a, \
+                 cost: {{inputUsdPerMTok: 3, outputUsdPerMTok: 15}}}}, {{id: fast-a, \
+                 cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 5}}}}, {{id: cheap, \
+                 cost: {{inputUsdPerMTok: 1, outputUsdPerMTok: 1}}}}]"
+            ),
+        ),
+        provider(
+            "backup",
+            &format!(
+                "type: openai-compatible, baseUrl: '{backup}/v1', \
+                 apiKeySecretRef: {{name: llm-keys, key: backup}}, defaultModel: full-b, \
+                 locality: local, timeout: 5s"
+            ),
+        ),
+        provider(
+            "cloud",
+            &format!(
+                "type: openai-compatible, baseUrl: '{cloud}/v1', \
+                 apiKeySecretRef: {{name: llm-keys, key: cloud}}, defaultModel: full-c, \
+                 timeout: 5s"
+            ),
+        ),
+        policy(
+            "failover",
+            "sessions: [failover-*], provider: primary, fallbackProviders: [backup]",
+        ),
+        policy(
+            "frugal",
+            "sessions: [frugal-*], provider: primary, mode: frugal",
+        ),
+        policy(
+            "local",
+            "sessions: [local-*], provider: cloud, fallbackProviders: [backup], mode: local-only",
+        ),
+        policy(
+            "budget",
+            "sessions: [budget-*], provider: primary, models: {default: cheap}, \
+             budget: {dailyUsdLimit: 0.05, alertAtPercent: 50, perUserHourlyRequests: 2}",
+        ),
+        policy(
+            "private",
+            "sessions: [private-*], provider: backup, \
+             privacy: {redactSecrets: true, redactPii: true}",
+        ),
+    ]);
     std::fs::write(dir.join("policies.yaml"), yaml).unwrap();
 }
 

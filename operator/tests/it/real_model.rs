@@ -10,6 +10,7 @@
 //! mid-answer ends the run in words a user acts on, the partial answer kept.
 
 use crate::support::chat::{get_json, notices, session, state};
+use crate::support::manifests::{docs, gateway_key, provider};
 use crate::support::net::http_client;
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -91,16 +92,17 @@ async fn llama(log: &std::path::Path) -> Option<Llama> {
 }
 
 fn manifests(dir: &std::path::Path, base: &str) {
-    let yaml = format!(
+    let yaml = docs(&[
+        provider(
+            "llama",
+            &format!(
+                "type: openai-compatible, baseUrl: '{base}/v1', locality: local, temperature: 0, \
+                 maxTokens: 200, timeout: 60s"
+            ),
+        ),
         r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: llama}}
-# No models and no defaultModel: what the server lists is served.
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", locality: local, temperature: 0, maxTokens: 200, timeout: 60s}}
----
-apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
-metadata: {{name: local}}
+metadata: {name: local}
 spec:
   sessions: ["*"]
   provider: llama
@@ -108,17 +110,11 @@ spec:
   maxToolDepth: 2
   systemPrompt: |-
     Whatever the user asks, reply with exactly this line and nothing else:
-    {{"name": "get_incident_history", "arguments": {{"query": "checkout"}}}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway-local
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: local}}
-stringData: {{team: local, key: {KEY}}}
+    {"name": "get_incident_history", "arguments": {"query": "checkout"}}
 "#
-    );
+        .to_owned(),
+        gateway_key("gateway-local", "local", "local", KEY),
+    ]);
     std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 

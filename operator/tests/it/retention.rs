@@ -3,7 +3,7 @@
 //! days ahead), and erasure on the real binary.
 
 use crate::support::db::{all_dbs, message, new_session, proposal};
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use kortex::store::retention::{Governs, Scope, Windows};
 use kortex::store::*;
 use serde_json::json;
@@ -769,18 +769,18 @@ async fn an_admin_erases_a_user_with_one_command() {
             user, key, groups,
         ));
     }
-    yaml.push_str(&format!(
-        r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: model}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: all}}
-spec: {{sessions: ["*"], provider: model, retention: {{sessions: 30d, audit: 7d}}}}
-"#
-    ));
+    yaml.push_str(&docs(&[
+        provider(
+            "model",
+            &format!(
+                "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1, locality: local"
+            ),
+        ),
+        policy(
+            "all",
+            "sessions: ['*'], provider: model, retention: {sessions: 30d, audit: 7d}",
+        ),
+    ]));
     std::fs::write(m.join("all.yaml"), yaml).unwrap();
     let url = format!("sqlite://{}", dir.path().join("k.db").display());
     let (server, api) = Server::start_keyed(

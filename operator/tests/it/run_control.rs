@@ -3,6 +3,7 @@
 //! export for postmortems.
 
 use crate::support::chat::{Sse, ask, read_sse, run_ended, session};
+use crate::support::manifests::{docs, policy, provider};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{Script, mock, openai, provider_called, push, streamed};
 use crate::support::server::Server;
@@ -10,47 +11,35 @@ use serde_json::{Value, json};
 use std::time::Duration;
 
 fn manifests(dir: &std::path::Path, llm: &str) {
-    let yaml = format!(
-        r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: scripted}}
-spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m, timeout: 10s}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: ops}}
-spec: {{sessions: ["*"], provider: scripted}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: hasty}}
-spec: {{sessions: ["hasty-*"], provider: scripted, runControl: {{pausedTimeout: 1s}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: planned}}
-spec:
-  sessions: ["planned-*"]
-  provider: scripted
-  runControl: {{planning: required}}
-  proposals: {{allowedActions: [restart], allowedNamespaces: ["*"]}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: previewed}}
-spec: {{sessions: ["preview-*"], provider: scripted, runControl: {{planning: preview}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: hastyplan}}
-spec: {{sessions: ["hastyplan-*"], provider: scripted, runControl: {{planning: required, pausedTimeout: 1s}}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: summarized}}
-spec: {{sessions: ["summed-*"], provider: scripted, models: {{summarize: small}}}}
-"#
-    );
+    let yaml = docs(&[
+        provider(
+            "scripted",
+            &format!("type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m, timeout: 10s"),
+        ),
+        policy("ops", "sessions: ['*'], provider: scripted"),
+        policy(
+            "hasty",
+            "sessions: [hasty-*], provider: scripted, runControl: {pausedTimeout: 1s}",
+        ),
+        policy(
+            "planned",
+            "sessions: [planned-*], provider: scripted, runControl: {planning: required}, \
+             proposals: {allowedActions: [restart], allowedNamespaces: ['*']}",
+        ),
+        policy(
+            "previewed",
+            "sessions: [preview-*], provider: scripted, runControl: {planning: preview}",
+        ),
+        policy(
+            "hastyplan",
+            "sessions: [hastyplan-*], provider: scripted, \
+             runControl: {planning: required, pausedTimeout: 1s}",
+        ),
+        policy(
+            "summarized",
+            "sessions: [summed-*], provider: scripted, models: {summarize: small}",
+        ),
+    ]);
     std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 

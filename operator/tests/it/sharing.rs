@@ -2,6 +2,7 @@
 //! continue, authors on messages, the shared list, revoking, and 404 for everyone else;
 //! hand-over (docs/chat.md#hand-over) with a note, a summary and a notification.
 
+use crate::support::manifests::{docs, policy, provider};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{Reply, json_reply, mock, openai, push, streamed};
 use crate::support::server::Server;
@@ -22,9 +23,16 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
             ("carol", CAROL, "sre"),
             ("dave", DAVE, ""),
         ],
-        &format!(
-            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: gpt}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m1, locality: local}}\n---\napiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: gpt}}\n"
-        ),
+        &docs(&[
+            provider(
+                "gpt",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1, \
+                     locality: local"
+                ),
+            ),
+            policy("all", "sessions: ['*'], provider: gpt"),
+        ]),
     );
     let (_server, api) = Server::start_keyed(&dir.path().join("m"), &db, &[]);
     let client = http_client();
@@ -297,31 +305,24 @@ async fn a_session_is_handed_over_with_a_note_a_summary_and_a_notification() {
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(handover_responder));
     let hook = crate::support::receiver::receiver(0).await;
-    let yaml = format!(
-        r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1, locality: local}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec:
-  sessions: ["incident-*"]
-  provider: gpt
-  models: {{summarize: gpt/m1}}
-  notify:
-    - name: oncall
-      events: [session.handover]
-      webhook: {{url: "{hook}"}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: plain}}
-spec: {{sessions: ["chat-*"], provider: gpt}}
-"#,
-        hook = hook.url
-    );
+    let yaml = docs(&[
+        provider(
+            "gpt",
+            &format!(
+                "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1, locality: local"
+            ),
+        ),
+        policy(
+            "incidents",
+            &format!(
+                "sessions: [incident-*], provider: gpt, models: {{summarize: gpt/m1}}, \
+                 notify: [{{name: oncall, events: [session.handover], \
+                 webhook: {{url: '{hook}'}}}}]",
+                hook = hook.url
+            ),
+        ),
+        policy("plain", "sessions: [chat-*], provider: gpt"),
+    ]);
     let (dir, db) = crate::support::manifests::keyed_manifests(
         &[
             ("alice", ALICE, ""),

@@ -5,6 +5,7 @@
 
 use crate::support::chat::chat_once;
 use crate::support::fake_api::{FakeApi, deployment};
+use crate::support::manifests::{docs, policy, provider};
 use crate::support::provider::{mock, openai, push, streamed, tool_calls};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -83,44 +84,40 @@ async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
     std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("all.yaml"),
-        format!(
-            r#"apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: gpt}}
-spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m1}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: ops}}
-spec:
-  sessions: ["ops-*"]
-  provider: gpt
-  # One person on loopback proposes (through the model) and approves.
-  proposals: {{allowedActions: [restart, scale], allowedNamespaces: [shop], requireDistinctApprover: false}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: hands-off}}
-spec:
-  sessions: ["manual-*"]
-  provider: gpt
-  proposals: {{allowedActions: [restart], allowedNamespaces: [shop], execute: false, requireDistinctApprover: false}}
----
-# The team's own namespace: its sessions' proposals default to it.
+        docs(&[
+            provider(
+                "gpt",
+                &format!("type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m1"),
+            ),
+            policy(
+                "ops",
+                "sessions: [ops-*], provider: gpt, proposals: {allowedActions: [restart, \
+                   scale], allowedNamespaces: [shop], requireDistinctApprover: false}",
+            ),
+            policy(
+                "hands-off",
+                "sessions: [manual-*], provider: gpt, \
+                         proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
+                         execute: false, requireDistinctApprover: false}",
+            ),
+            format!(
+                r#"# The team's own namespace: its sessions' proposals default to it.
 apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
 metadata: {{name: gpt, namespace: shop}}
 spec: {{type: openai-compatible, baseUrl: "{llm}/v1", defaultModel: m1}}
----
-apiVersion: kortex.dev/v1alpha1
+"#
+            ),
+            r#"apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
-metadata: {{name: shop-ops, namespace: shop}}
+metadata: {name: shop-ops, namespace: shop}
 spec:
   sessions: ["shop-*"]
   provider: gpt
-  proposals: {{allowedActions: [scale], allowedNamespaces: [shop], requireDistinctApprover: false}}
+  proposals: {allowedActions: [scale], allowedNamespaces: [shop], requireDistinctApprover: false}
 "#
-        ),
+            .to_owned(),
+        ]),
     )
     .unwrap();
     let server = crate::support::server::Server::start_with_args(

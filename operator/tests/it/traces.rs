@@ -6,7 +6,7 @@
 //! session JSON and the latency histograms' exemplars. A dead collector changes nothing.
 
 use crate::support::chat::{chat_once, open_session};
-use crate::support::manifests::manifest_dir;
+use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider, secret, tool};
 use crate::support::provider::{mock, openai, push, streamed, tool_calls};
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -143,54 +143,36 @@ fn of_trace(spans: &Received, trace: &str) -> Vec<Span> {
 fn manifests(dir: &Path, base: &str, bridge: &str) {
     std::fs::write(
         dir.join("all.yaml"),
-        format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata: {{name: upstream-key}}
-stringData: {{key: {UPSTREAM_SECRET}}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway-shop
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: incidents}}
-stringData: {{team: shop, key: {GATEWAY_KEY}}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: upstream}}
-spec:
-  type: openai-compatible
-  baseUrl: "{base}/v1"
-  defaultModel: m1
-  apiKeySecretRef: {{name: upstream-key, key: key}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec: {{sessions: ["incident-*"], provider: upstream, maxToolDepth: 4}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: audited}}
-spec:
-  sessions: ["audit-*"]
-  provider: upstream
-  maxToolDepth: 4
-  privacy: {{redactPii: true}}
-  telemetry: {{captureContent: true}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: jira-search}}
-spec:
-  name: jira_search
-  description: Search Jira issues with JQL.
-  http: {{method: POST, url: "{bridge}/jira/search"}}
-  parameters: {{type: object, properties: {{jql: {{type: string}}}}, required: [jql]}}
-"#
-        ),
+        docs(&[
+            secret("upstream-key", &format!("key: {UPSTREAM_SECRET}")),
+            gateway_key("gateway-shop", "shop", "incidents", GATEWAY_KEY),
+            provider(
+                "upstream",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{base}/v1', \
+                                   defaultModel: m1, \
+                                   apiKeySecretRef: {{name: upstream-key, key: key}}"
+                ),
+            ),
+            policy(
+                "incidents",
+                "sessions: [incident-*], provider: upstream, maxToolDepth: 4",
+            ),
+            policy(
+                "audited",
+                "sessions: [audit-*], provider: upstream, maxToolDepth: 4, \
+                       privacy: {redactPii: true}, telemetry: {captureContent: true}",
+            ),
+            tool(
+                "jira-search",
+                &format!(
+                    "name: jira_search, description: Search Jira issues with JQL., \
+                                  http: {{method: POST, url: '{bridge}/jira/search'}}, \
+                                  parameters: {{type: object, \
+                                  properties: {{jql: {{type: string}}}}, required: [jql]}}"
+                ),
+            ),
+        ]),
     )
     .unwrap();
 }
@@ -657,33 +639,25 @@ async fn an_mcp_server_gets_the_trace_in_meta() {
     let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
-        format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata: {{name: mcp}}
-stringData: {{token: mcp-token-7}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: LLMProvider
-metadata: {{name: upstream}}
-spec: {{type: openai-compatible, baseUrl: "{base}/v1", defaultModel: m1}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: ChatPolicy
-metadata: {{name: incidents}}
-spec: {{sessions: ["*"], provider: upstream, maxToolDepth: 4}}
----
-apiVersion: kortex.dev/v1alpha1
-kind: KortexTool
-metadata: {{name: grafana}}
-spec:
-  mcp:
-    url: {url}
-    auth: {{type: bearer, secretRef: {{name: mcp, key: token}}}}
-    include: [trace_context]
-"#,
-            url = mcp.url
-        ),
+        docs(&[
+            secret("mcp", "token: mcp-token-7"),
+            provider(
+                "upstream",
+                &format!("type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1"),
+            ),
+            policy(
+                "incidents",
+                "sessions: ['*'], provider: upstream, maxToolDepth: 4",
+            ),
+            tool(
+                "grafana",
+                &format!(
+                    "mcp: {{url: '{url}', auth: {{type: bearer, secretRef: {{name: mcp, \
+                              key: token}}}}, include: [trace_context]}}",
+                    url = mcp.url
+                ),
+            ),
+        ]),
     )
     .unwrap();
     let server = crate::support::server::Server::start(
