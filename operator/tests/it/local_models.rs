@@ -3,11 +3,11 @@
 //! gateway, against the real binary and a wire-format upstream.
 
 use crate::support::chat::{
-    ask, get_json, notices, provider_usage, session, state, text, until_listed,
+    ask, get_json, notices, provider_usage, session, session_json, state, text, until_listed,
 };
 use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider};
 use crate::support::net::http_client;
-use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::provider::{json_reply, mock, openai, push, push_get, streamed};
 use crate::support::server::Server;
 use serde_json::{Value, json};
 
@@ -121,11 +121,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     let events = ask(&server, &id, "restart it").await;
     assert_eq!(state(&events), json!("completed"));
     assert!(text(&events).contains("propose_action"), "{events:?}");
-    let stored = get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     let tool_messages = stored["messages"]
         .as_array()
         .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
@@ -147,7 +143,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
                 streamed(&d, (d.text_stream)(&parts))
             } else {
                 // A client that asks for no stream gets a non-streamed upstream call.
-                crate::support::provider::json_reply(200, &(d.text_json)(&parts.concat()))
+                json_reply(200, &(d.text_json)(&parts.concat()))
             },
         );
         let r = http_client()
@@ -206,9 +202,9 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
 async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones() {
     let (base, script) = mock().await;
     for _ in 0..50 {
-        crate::support::provider::push_get(
+        push_get(
             &script,
-            crate::support::provider::json_reply(
+            json_reply(
                 200,
                 &json!({"object": "list", "data": [{"id": "qwen-local", "object": "model"}]}),
             ),
@@ -317,7 +313,7 @@ async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     // the export says so where it happened.
     push(
         &script,
-        crate::support::provider::json_reply(
+        json_reply(
             400,
             &json!({"error": {"message": "the prompt is too long", "type": "invalid_request_error"}}),
         ),

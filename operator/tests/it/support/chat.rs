@@ -95,6 +95,15 @@ pub fn run_ended(events: &[Sse]) -> bool {
     })
 }
 
+/// Session `id` as the chat API shows it (its status, messages...).
+pub async fn session_json(server: &Server, id: &str) -> Value {
+    get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await
+}
+
 /// Opens the session `name`; its id.
 pub async fn session(server: &Server, name: &str) -> String {
     open_session(server, json!({"name": name})).await
@@ -163,29 +172,21 @@ pub fn state(events: &[Sse]) -> Value {
 
 /// Opens a session with `session` (its `name`, `namespace`...), sends `content` and waits
 /// until the run is over; the session's id.
-pub async fn chat_once(
-    client: &reqwest::Client,
-    server: &Server,
-    session: Value,
-    content: &str,
-) -> String {
+pub async fn chat_once(server: &Server, session: Value, content: &str) -> String {
     let id = open_session(server, session).await;
     post_message(server, &id, content).await;
-    wait_idle(client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    wait_idle(
+        &http_client(),
+        &server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
     id
 }
 
 pub async fn wait_idle(client: &reqwest::Client, url: &str) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let s: Value = client
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or_default();
+        let s = get_json(client, url).await;
         if s["status"] != "running" && s["messages"].as_array().is_some_and(|m| m.len() > 1) {
             return s;
         }
