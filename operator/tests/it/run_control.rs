@@ -2,7 +2,9 @@
 //! cancel a run (from the API, persisted, surviving a restart, expiring), and the events
 //! export for postmortems.
 
-use crate::support::chat::{Sse, ask, get_json, read_sse, run_ended, session, session_json};
+use crate::support::chat::{
+    Sse, ask, get_json, get_text, read_sse, run_ended, session, session_json,
+};
 use crate::support::db::postgres;
 use crate::support::manifests::{docs, policy, provider};
 use crate::support::net::{eventually, http_client};
@@ -472,14 +474,7 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
     );
     // How long after the step in flight ended the run at A parked (reported, not judged:
     // the stored events' times, from the export).
-    let export = http_client()
-        .get(b.url(&format!("/chat/v1/sessions/{id}/events?format=jsonl")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap_or_default();
+    let export = get_text(b.url(&format!("/chat/v1/sessions/{id}/events?format=jsonl"))).await;
     let at = |event: &str, state: Option<&str>| {
         export
             .lines()

@@ -15,9 +15,22 @@ pub struct Sse {
     pub data: Value,
 }
 
+/// GETs `url`; its JSON answer (`Null` when it is not JSON).
 pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value {
-    client
-        .get(url)
+    json_of(client.get(url)).await
+}
+
+/// POSTs `body` to `url`; its JSON answer (`Null` when it is not JSON).
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    body: &Value,
+) -> Value {
+    json_of(client.post(url).json(body)).await
+}
+
+async fn json_of(request: reqwest::RequestBuilder) -> Value {
+    request
         .send()
         .await
         .unwrap()
@@ -26,18 +39,14 @@ pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> V
         .unwrap_or_default()
 }
 
-pub async fn post_json(
-    client: &reqwest::Client,
-    url: impl reqwest::IntoUrl,
-    body: &Value,
-) -> Value {
-    client
-        .post(url)
-        .json(body)
+/// GETs `url`; its body as text (empty when unreadable).
+pub async fn get_text(url: impl reqwest::IntoUrl) -> String {
+    http_client()
+        .get(url)
         .send()
         .await
         .unwrap()
-        .json()
+        .text()
         .await
         .unwrap_or_default()
 }
