@@ -856,12 +856,7 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
             ..streamed(&d, chunks)
         },
     );
-    let r = client
-        .post(a.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "go"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&a, &id, "go").await;
     assert_eq!(r.status().as_u16(), 202);
     // B follows the stream A writes.
     let follow = client

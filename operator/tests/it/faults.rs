@@ -370,12 +370,7 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
     push(&script, stalled);
     let id = session(&a, "s-1").await;
     let client = http_client();
-    let r = client
-        .post(a.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "a question"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&a, &id, "a question").await;
     assert_eq!(r.status().as_u16(), 202);
     provider_called(&script).await;
     a.kill9();

@@ -2,7 +2,7 @@
 //! the real binary: each refuses with its own error and counts in
 //! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
 
-use crate::support::chat::{ask, session, session_json, state};
+use crate::support::chat::{ask, post_message, session, session_json, state};
 use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
 use crate::support::net::{eventually, http_client};
 use crate::support::plugins::upstream;
@@ -324,12 +324,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
     stalled.stall = Some(Duration::from_secs(60));
     push(&script, stalled);
     let busy = session(&server, "busy").await;
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{busy}/messages")))
-        .json(&json!({"content": "a long question"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &busy, "a long question").await;
     assert_eq!(r.status().as_u16(), 202);
 
     let other = session(&server, "other").await;

@@ -2,7 +2,7 @@
 //! policy's webhooks — Kortex's JSON envelope, signed, and Slack's format — through the
 //! outbox, after retries when the receiver fails, once per delivery id.
 
-use crate::support::chat::{ask, open_session};
+use crate::support::chat::{ask, open_session, post_message};
 use crate::support::db::postgres;
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use crate::support::net::{eventually, http_client, serve};
@@ -374,12 +374,7 @@ async fn budgets_and_providers_notify_once_per_change() {
     }
     // Refused three times: one event.
     for _ in 0..3 {
-        let r = http_client()
-            .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-            .json(&json!({"content": "status?"}))
-            .send()
-            .await
-            .unwrap();
+        let r = post_message(&server, &id, "status?").await;
         assert_eq!(r.status().as_u16(), 429);
     }
     let types = || {

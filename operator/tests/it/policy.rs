@@ -3,7 +3,9 @@
 //! visible notice, frugal answers and escalations, local-only, budgets that stop spending
 //! with a message naming them, and redaction of everything sent to a provider.
 
-use crate::support::chat::{ask, get_json, notices, session, session_json, state, text};
+use crate::support::chat::{
+    ask, get_json, notices, post_message, session, session_json, state, text,
+};
 use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
 use crate::support::provider::{
@@ -282,12 +284,7 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
     );
     assert_eq!(chats(primary).len(), calls, "nothing was sent");
     // A third request in the hour: 429 naming the budget, with Retry-After.
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "third"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(server, &id, "third").await;
     assert_eq!(r.status().as_u16(), 429);
     let retry: u64 = r
         .headers()

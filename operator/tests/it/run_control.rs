@@ -3,7 +3,7 @@
 //! export for postmortems.
 
 use crate::support::chat::{
-    Sse, ask, get_json, get_text, read_sse, run_ended, session, session_json,
+    Sse, ask, get_json, get_text, post_message, read_sse, run_ended, session, session_json,
 };
 use crate::support::db::postgres;
 use crate::support::manifests::{docs, policy, provider};
@@ -169,12 +169,7 @@ fn script_two_steps(script: &Script, answer: &str) {
 
 /// Starts a run without following it; its id.
 async fn start(server: &Server, id: &str, content: &str) -> String {
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": content}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(server, id, content).await;
     assert_eq!(r.status().as_u16(), 202);
     let v: Value = r.json().await.unwrap_or_default();
     v["runId"].as_str().unwrap_or_default().to_owned()
@@ -262,12 +257,7 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
         "nothing is sent while paused"
     );
     // A new message waits for the paused run.
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "hello?"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &id, "hello?").await;
     assert_eq!(r.status().as_u16(), 409);
 
     let (status, body) = control(&server, &id, &run, "resume", json!({})).await;
