@@ -9,6 +9,7 @@ use crate::support::fake_api::write_kubeconfig;
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use crate::support::net::serve;
 use crate::support::provider::{mock, offered_tools, openai, push, streamed};
+use crate::support::server::Server;
 use crate::support::tools::{tool_context, tool_policy};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -447,7 +448,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         ]),
     )
     .unwrap();
-    let server = crate::support::server::Server::start_with_args(
+    let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &["--kubeconfig", &kubeconfig.display().to_string()],

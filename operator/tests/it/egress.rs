@@ -133,7 +133,7 @@ async fn no_resource_can_reach_kortex_itself_speak_as_someone_or_flood_it() {
         ),
     ]));
     std::fs::write(m.join("all.yaml"), yaml).unwrap();
-    let server = crate::support::server::Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
+    let server = Server::start_with_args(&m, &dir.path().join("k.db"), &[]);
     *state.to.lock().unwrap_or_else(|e| e.into_inner()) = server.url("");
     // Kortex's own address, as a tool author who knows it would write it.
     std::fs::write(

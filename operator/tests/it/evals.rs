@@ -6,7 +6,7 @@
 //! starter suite in `evals/` loads and its recordings answer the calls they expect.
 
 use crate::support::browser::{passed, run_browser, screenshots};
-use crate::support::chat::{get_json, open_session, read_sse, run_ended};
+use crate::support::chat::{ask, get_json, open_session};
 use crate::support::net::http_client;
 use crate::support::provider::{Reply, json_reply, mock, openai, streamed};
 use crate::support::server::Server;
@@ -453,17 +453,9 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let server = Server::start(&dir.path().join("config"), &dir.path().join("k.db"), &[]);
-    let client = http_client();
     let id = open_session(&server, json!({"name": "incident-checkout"})).await;
     // A question with an API-key-looking string in it: recorded redacted.
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "Has checkout crashed like this before? Our token is sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"}))
-        .send()
-        .await
-        .unwrap();
-    let events = read_sse(r, run_ended).await;
+    let events = ask(&server, &id, "Has checkout crashed like this before? Our token is sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c").await;
     assert!(
         events.iter().any(|e| e.event == "tool.end"),
         "the session called a tool"

@@ -11,6 +11,7 @@ use crate::support::manifests::{docs, manifest_dir, policy, provider, secret, to
 use crate::support::net::http_client;
 use crate::support::plugins::{mcp_server, upstream};
 use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ async fn a_model_investigates_a_crashing_pod_end_to_end() {
         ]),
     )
     .unwrap();
-    let server = crate::support::server::Server::start_with_args(
+    let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &[

@@ -105,7 +105,7 @@ spec:
         ]),
     )
     .unwrap();
-    let server = crate::support::server::Server::start_with_args(
+    let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &["--kubeconfig", &kubeconfig.display().to_string()],

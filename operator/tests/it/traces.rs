@@ -201,7 +201,7 @@ async fn setup(env: &[(&str, &str)]) -> Setup {
     let (bridge, bridge_seen) = upstream().await;
     let (dir, m) = manifest_dir();
     manifests(&m, &base, &bridge);
-    let server = crate::support::server::Server::start(&m, &dir.path().join("k.db"), env);
+    let server = Server::start(&m, &dir.path().join("k.db"), env);
     push(
         &script,
         tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
@@ -645,7 +645,7 @@ async fn an_mcp_server_gets_the_trace_in_meta() {
         ]),
     )
     .unwrap();
-    let server = crate::support::server::Server::start(
+    let server = Server::start(
         &m,
         &dir.path().join("k.db"),
         &[
