@@ -7,10 +7,14 @@
 //! API server (status fields, Events, reviews) and every object's status, for each value,
 //! raw, base64 and URL-encoded: zero hits.
 
-use crate::support::chat::{ask, session, state};
-use crate::support::net::http_client;
-use crate::support::provider::{mock, openai, push, streamed, tool_calls};
-use crate::support::server::Server;
+use crate::support::canned_api::fake_api_server;
+use crate::support::chat::{ask, read_sse, run_ended, session, session_json, state};
+use crate::support::fake_api::{FakeApi, secret, write_kubeconfig};
+use crate::support::manifests::manifest_dir;
+use crate::support::net::{eventually, http_client};
+use crate::support::plugins::{mcp_server, upstream};
+use crate::support::provider::{Script, json_reply, mock, openai, push, streamed, tool_calls};
+use crate::support::server::{Server, start_run_with};
 use serde_json::json;
 
 /// The planted values (`/` and `+` so that URL-encoding and base64 forms differ).
@@ -59,7 +63,7 @@ fn forms() -> Vec<(String, String)> {
 }
 
 /// What the scripted provider was sent: `(path, Authorization header, body)`.
-fn provider_requests(script: &crate::support::provider::Script) -> Vec<(String, String, String)> {
+fn provider_requests(script: &Script) -> Vec<(String, String, String)> {
     script
         .seen
         .lock()
@@ -90,11 +94,11 @@ fn scan(place: &str, text: &[u8], hits: &mut Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_planted_secret_appears_anywhere() {
-    let (api, _) = crate::support::canned_api::fake_api_server().await;
-    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
+    let (api, _) = fake_api_server().await;
+    let (bridge, bridge_seen) = upstream().await;
     let (base, script) = mock().await;
     // The real MCP server (Python SDK), when installed (required in CI).
-    let mcp = crate::support::plugins::mcp_server(MCP_TOKEN);
+    let mcp = mcp_server(MCP_TOKEN);
     let mcp_tool = mcp.as_ref().map_or_else(String::new, |m| {
         format!(
             r#"---
@@ -110,10 +114,8 @@ spec:
             m.url
         )
     });
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &api);
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
+    let kubeconfig = write_kubeconfig(dir.path(), &api);
     std::fs::write(
         m.join("all.yaml"),
         format!(
@@ -183,7 +185,7 @@ spec:
         ("c2", "ticket_search", json!({"q": "checkout"})),
     ];
     if mcp.is_some() {
-        crate::support::net::eventually("the MCP tool discovered", || async {
+        eventually("the MCP tool discovered", || async {
             let (_, tools) = server.get("/api/v1/tools").await;
             if tools.contains("grafana__echo") {
                 Ok(())
@@ -216,9 +218,7 @@ spec:
         responses.push((format!("SSE {}", e.event), e.data.to_string().into_bytes()));
     }
     if mcp.is_some() {
-        let transcript =
-            crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
-                .await;
+        let transcript = session_json(&server, &id).await;
         let result = transcript["messages"]
             .as_array()
             .and_then(|m| m.iter().find(|m| m["toolCallId"] == "c3"))
@@ -239,7 +239,7 @@ spec:
                 streamed(&d, (d.text_stream)(&["hi"]))
             } else {
                 // A client that asks for no stream gets a whole upstream answer.
-                crate::support::provider::json_reply(200, &(d.text_json)("hi"))
+                json_reply(200, &(d.text_json)("hi"))
             },
         );
         let r = client
@@ -381,8 +381,6 @@ spec:
 /// status, every response, provider request body, log line and database byte is scanned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
-    use crate::support::fake_api::{FakeApi, secret};
-    use crate::support::server::start_run_with;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -444,7 +442,7 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             .send()
             .await
             .unwrap();
-        let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
+        let events = read_sse(r, run_ended).await;
         assert_eq!(state(&events), json!("completed"), "{who}: {events:?}");
         for e in &events {
             responses.push((

@@ -1,12 +1,14 @@
 //! The chat API end to end: the real binary, a wire-format provider server, SQLite and
 //! PostgreSQL.
 
-use crate::support::chat::{Sse, ask, get_json, post_json, post_message, read_sse, run_ended};
+use crate::support::chat::{
+    Sse, ask, get_json, post_json, post_message, read_sse, run_ended, session_json,
+};
 use crate::support::db::postgres;
 use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
-use crate::support::provider::{json_reply, mock, openai, push, streamed};
-use crate::support::server::Server;
+use crate::support::provider::{Reply, Script, json_reply, mock, openai, push, streamed};
+use crate::support::server::{Server, kortex_cli};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -19,28 +21,27 @@ fn manifests(dir: &std::path::Path, base: &str) {
                 "gpt",
                 &format!(
                     "type: openai-compatible, baseUrl: '{base}/v1', \
-                              apiKeySecretRef: {{name: llm-keys, key: openai}}, \
-                              defaultModel: test-model, timeout: 5s"
+                     apiKeySecretRef: {{name: llm-keys, key: openai}}, defaultModel: test-model, \
+                     timeout: 5s"
                 ),
             ),
             policy(
                 "incidents",
-                "sessions: [incident-*], provider: gpt, maxToolDepth: 3, \
-                         systemPrompt: Be brief., tools: {deny: [forbidden_*]}, \
-                         proposals: {allowedActions: [restart, scale], \
-                         allowedNamespaces: [shop-*], requireDistinctApprover: false}",
+                "sessions: [incident-*], provider: gpt, maxToolDepth: 3, systemPrompt: Be brief., \
+                 tools: {deny: [forbidden_*]}, proposals: {allowedActions: [restart, scale], \
+                 allowedNamespaces: [shop-*], requireDistinctApprover: false}",
             ),
             policy(
                 "hasty",
                 "sessions: [expire-*], provider: gpt, proposals: {allowedActions: [restart], \
-                     allowedNamespaces: ['*'], expireAfter: 1s}",
+                 allowedNamespaces: ['*'], expireAfter: 1s}",
             ),
         ]),
     )
     .unwrap();
 }
 
-async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
+async fn scenario(server: &Server, script: &std::sync::Arc<Script>) {
     let client = http_client();
     let d = openai();
 
@@ -134,7 +135,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
     );
 
     // The transcript.
-    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let s: Value = session_json(server, &id).await;
     assert_eq!(s["status"], "idle");
     let roles: Vec<&str> = s["messages"]
         .as_array()
@@ -220,7 +221,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
     // Busy while running, then cancel.
     push(
         script,
-        crate::support::provider::Reply {
+        Reply {
             stall: Some(Duration::from_secs(30)),
             ..streamed(&d, (d.text_stream)(&["slow"])[..2].to_vec())
         },
@@ -289,7 +290,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("failed"))
     );
-    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let s: Value = session_json(server, &id).await;
     assert_eq!(s["status"], "failed");
     push(script, streamed(&d, (d.text_stream)(&["back"])));
     let r = post_message(server, &id, "retry").await;
@@ -319,7 +320,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<crate::support::provi
 
 /// A session with a client-executed tool: the run pauses in `requires_action`, results are
 /// validated (400 / 409, first POST wins), the run resumes; cancel works while waiting.
-async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
+async fn dynamic_tools(server: &Server, script: &std::sync::Arc<Script>) {
     let client = http_client();
     let d = openai();
     let post = |path: String, body: Value| {
@@ -374,7 +375,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
         ),
         (json!("get_logs"), json!(true))
     );
-    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let s: Value = session_json(server, &id).await;
     assert_eq!(s["status"], "requires_action");
     // Chat requests only: the provider probe's model listings may come in between.
     let chats = |s: &[crate::support::provider::Seen]| -> Vec<crate::support::provider::Seen> {
@@ -481,7 +482,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
     )
     .await;
     assert_eq!(r.status().as_u16(), 202);
-    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let s: Value = session_json(server, &id).await;
     assert_eq!(s["status"], "idle");
     let last = s["messages"]
         .as_array()
@@ -495,7 +496,7 @@ async fn dynamic_tools(server: &Server, script: &std::sync::Arc<crate::support::
 
 /// `propose_action`: validated against the policy, stored, announced; decided once through
 /// the API; undecided proposals expire.
-async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
+async fn proposals(server: &Server, script: &std::sync::Arc<Script>) {
     let client = http_client();
     let d = openai();
     let session = |name: &'static str| {
@@ -677,7 +678,7 @@ async fn proposals(server: &Server, script: &std::sync::Arc<crate::support::prov
 
 /// A model that never stops calling tools is stopped at `maxToolDepth` (3 here), with a
 /// notice and a message that say so; a read of a kept result works inside a run.
-async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::support::provider::Script>) {
+async fn depth_limit(server: &Server, script: &std::sync::Arc<Script>) {
     let client = http_client();
     let d = openai();
     let session: Value = post_json(
@@ -727,7 +728,7 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::support::pr
         events.last().map(|e| e.data["state"].clone()),
         Some(json!("completed"))
     );
-    let s: Value = get_json(&client, server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let s: Value = session_json(server, &id).await;
     let last = s["messages"]
         .as_array()
         .and_then(|m| m.last().cloned())
@@ -753,10 +754,7 @@ async fn depth_limit(server: &Server, script: &std::sync::Arc<crate::support::pr
 }
 
 /// `kortex chat` and `kortex proposals` against the server.
-async fn terminal_clients(
-    server: &Server,
-    script: &std::sync::Arc<crate::support::provider::Script>,
-) {
+async fn terminal_clients(server: &Server, script: &std::sync::Arc<Script>) {
     let d = openai();
     push(
         script,
@@ -770,22 +768,11 @@ async fn terminal_clients(
         streamed(&d, (d.text_stream)(&["Logs are ", "unavailable here."])),
     );
     let url = server.url("");
-    let out = tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["chat", "--server", &url, "--session", "incident-cli"])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(b"what do the logs say?\n/quit\n");
-        }
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
+    let out = kortex_cli(
+        &["chat", "--server", &url, "--session", "incident-cli"],
+        "what do the logs say?\n/quit\n",
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -800,14 +787,11 @@ async fn terminal_clients(
     assert!(stdout.contains("Logs are unavailable here."), "{stdout}");
 
     let url = server.url("");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["proposals", "list", "--server", &url, "--phase", "Approved"])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = kortex_cli(
+        &["proposals", "list", "--server", &url, "--phase", "Approved"],
+        "",
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("Approved") && stdout.contains("restart"),
@@ -816,7 +800,7 @@ async fn terminal_clients(
 }
 
 /// Every scenario in turn against one server, which then must stop cleanly.
-async fn all_scenarios(server: Server, script: &std::sync::Arc<crate::support::provider::Script>) {
+async fn all_scenarios(server: Server, script: &std::sync::Arc<Script>) {
     scenario(&server, script).await;
     dynamic_tools(&server, script).await;
     proposals(&server, script).await;
@@ -867,17 +851,12 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
     chunks.truncate(2);
     push(
         &script,
-        crate::support::provider::Reply {
+        Reply {
             stall: Some(Duration::from_secs(30)),
             ..streamed(&d, chunks)
         },
     );
-    let r = client
-        .post(a.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "go"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&a, &id, "go").await;
     assert_eq!(r.status().as_u16(), 202);
     // B follows the stream A writes.
     let follow = client
@@ -909,7 +888,7 @@ async fn another_replica_follows_and_cancels_a_run_on_postgres() {
         Some(json!("cancelled")),
         "{events:?}"
     );
-    let s: Value = get_json(&client, b.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let s: Value = session_json(&b, &id).await;
     assert_eq!(s["status"], "idle");
     assert_eq!(
         s["messages"][1]["content"], "Partial answer",

@@ -4,9 +4,9 @@
 //! Kortex's, through this replica's `/mcp`; every call is the run's own — stored, announced,
 //! audited — and a built-in tool the model asks for never runs.
 
-use crate::support::chat::{ask, get_json, post_message, session, state, text};
-use crate::support::manifests::{self, manifest_dir};
-use crate::support::net::{eventually, http_client};
+use crate::support::chat::{ask, get_json, post_message, session, session_json, state, text};
+use crate::support::manifests::{self, keyed_manifests, manifest_dir};
+use crate::support::net::{eventually, http_client, serve};
 use crate::support::provider::messages_answer;
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -161,7 +161,7 @@ async fn model(marker: PathBuf) -> (String, Seen) {
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state((seen.clone(), Arc::new(marker)));
-    (crate::support::net::serve(app).await, seen)
+    (serve(app).await, seen)
 }
 
 /// A claude-code provider (the CLI at `command`, the model at `base`, `key` in its Secret,
@@ -270,11 +270,7 @@ async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
         .map(|e| e.data.clone())
         .unwrap_or_default();
     assert_eq!(ended["ok"], true, "{ended}");
-    let stored = get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     let messages = stored["messages"].as_array().cloned().unwrap_or_default();
     let roles: Vec<&str> = messages.iter().filter_map(|m| m["role"].as_str()).collect();
     assert_eq!(
@@ -499,13 +495,7 @@ async fn a_claude_code_loop_is_paused_at_its_next_call_and_resumed() {
     .await;
     let (status, body) = control("pause").await;
     assert!(status < 300, "{status} {body}");
-    let status_of = || async {
-        get_json(
-            &http_client(),
-            server.url(&format!("/chat/v1/sessions/{id}")),
-        )
-        .await
-    };
+    let status_of = || async { session_json(&server, &id).await };
     eventually("the run parks", || async {
         let s = status_of().await;
         if s["status"] == "paused" {
@@ -638,7 +628,7 @@ async fn upstream(marker: PathBuf) -> (String, Seen) {
         .route("/v1/messages", axum::routing::post(messages))
         .route("/v1/messages/count_tokens", axum::routing::post(count))
         .with_state((seen.clone(), Arc::new(marker)));
-    (crate::support::net::serve(app).await, seen)
+    (serve(app).await, seen)
 }
 
 /// Claude Code pointed at Kortex's gateway (`ANTHROPIC_BASE_URL`, a gateway key): a `-p`
@@ -661,11 +651,9 @@ async fn claude_code_works_through_the_gateway_and_is_accounted_to_the_team() {
                 "anthropic",
                 &format!(
                     "type: anthropic, baseUrl: '{base}', \
-                                               apiKeySecretRef: {{name: anthropic, key: key}}, \
-                                               defaultModel: claude-test, \
-                                               models: [{{id: claude-test, \
-                                               cost: {{inputUsdPerMTok: 3, \
-                                               outputUsdPerMTok: 15}}}}]"
+                     apiKeySecretRef: {{name: anthropic, key: key}}, defaultModel: claude-test, \
+                     models: [{{id: claude-test, cost: {{inputUsdPerMTok: 3, \
+                     outputUsdPerMTok: 15}}}}]"
                 ),
             ),
             manifests::policy("coding", "sessions: [gateway-coding], provider: anthropic"),
@@ -827,7 +815,7 @@ async fn opener() -> (String, Seen) {
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state(seen.clone());
-    (crate::support::net::serve(app).await, seen)
+    (serve(app).await, seen)
 }
 
 /// The Claude Code homes (`kortex-claude-*`) in `tmp`.
@@ -1043,7 +1031,7 @@ async fn a_claude_code_run_leaves_no_process_home_or_credential_behind() {
     let tmp = tempfile::tempdir().unwrap();
     let tmpdir = tmp.path().to_string_lossy().into_owned();
     let env = [("TMPDIR", tmpdir.as_str())];
-    let (dir, db) = crate::support::manifests::keyed_manifests(
+    let (dir, db) = keyed_manifests(
         &[("alice", ALICE, "")],
         &provider_yaml(&claude, &base, KEY, "120s"),
     );

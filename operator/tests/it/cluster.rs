@@ -3,10 +3,14 @@
 //! `kortex serve --kubeconfig` in a chat.
 
 use crate::support::canned_api::{fake_api_server, status};
-use crate::support::chat::{open_session, post_message};
-use crate::support::db::sqlite;
+use crate::support::chat::{open_session, post_message, session_json};
+use crate::support::db::{TestDb, sqlite};
 use crate::support::fake_api::write_kubeconfig;
-use crate::support::manifests::{docs, policy, provider};
+use crate::support::manifests::{docs, manifest_dir, policy, provider};
+use crate::support::net::serve;
+use crate::support::provider::{mock, offered_tools, openai, push, streamed};
+use crate::support::server::Server;
+use crate::support::tools::{tool_context, tool_policy};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::IntoResponse;
@@ -21,7 +25,7 @@ struct Harness {
     router: Router,
     ctx: ToolContext,
     seen: Arc<Mutex<Vec<String>>>,
-    _db: crate::support::db::TestDb,
+    _db: TestDb,
 }
 
 impl Harness {
@@ -35,7 +39,7 @@ impl Harness {
             router.add(tool);
         }
         let db = sqlite().await;
-        let ctx = crate::support::tools::tool_context(&db.store, "s").await;
+        let ctx = tool_context(&db.store, "s").await;
         Self {
             router,
             ctx,
@@ -54,7 +58,7 @@ impl Harness {
             .execute(
                 self.ctx.clone(),
                 &call,
-                &crate::support::tools::tool_policy(json!({})),
+                &tool_policy(json!({})),
                 std::future::pending(),
             )
             .await
@@ -429,13 +433,10 @@ async fn events_resources_and_rollout_history() {
 /// crashing pod's logs gets them in the chat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
-    use crate::support::provider::{mock, openai, push, streamed};
     let (api, _) = fake_api_server().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, m) = manifest_dir();
     let kubeconfig = write_kubeconfig(dir.path(), &api);
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
     std::fs::write(
         m.join("k.yaml"),
         docs(&[
@@ -447,7 +448,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         ]),
     )
     .unwrap();
-    let server = crate::support::server::Server::start_with_args(
+    let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &["--kubeconfig", &kubeconfig.display().to_string()],
@@ -468,20 +469,12 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         &script,
         streamed(&d, (d.text_stream)(&["The database times out."])),
     );
-    let client = crate::support::net::http_client();
     let id = open_session(&server, json!({"name": "incident-logs"})).await;
     let r = post_message(&server, &id, "why is checkout crashing?").await;
     assert_eq!(r.status().as_u16(), 202);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let tool_message = loop {
-        let s: Value = client
-            .get(server.url(&format!("/chat/v1/sessions/{id}")))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or_default();
+        let s = session_json(&server, &id).await;
         let messages = s["messages"].as_array().cloned().unwrap_or_default();
         if messages
             .iter()
@@ -497,16 +490,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         .unwrap_or_default();
     assert!(content.contains("db timeout"), "{content}");
     // The model was offered the Kubernetes tools.
-    let offered = script
-        .seen
-        .lock()
-        .ok()
-        .and_then(|s| {
-            s.iter()
-                .find(|x| x.body.get("tools").is_some())
-                .map(|x| x.body["tools"].to_string())
-        })
-        .unwrap_or_default();
+    let offered = offered_tools(&script);
     for tool in [
         "get_logs",
         "get_events",
@@ -552,7 +536,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
             }),
         )
         .fallback(|| async { (StatusCode::NOT_FOUND, "no such page") });
-    let url = crate::support::net::serve(app).await;
+    let url = serve(app).await;
     let port: u16 = url
         .rsplit(':')
         .next()
@@ -583,7 +567,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
             _ => status(404, "services \"ghost\" not found").into_response(),
         }
     });
-    let api = crate::support::net::serve(api).await;
+    let api = serve(api).await;
     // The Service's DNS name resolves to the local server, as cluster DNS would.
     let client = reqwest::Client::builder()
         .resolve("checkout.shop.svc.cluster.local", addr)
@@ -600,7 +584,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
         "cluster.local",
     )));
     let db = sqlite().await;
-    let kortex_ctx = crate::support::tools::tool_context(&db.store, "s").await;
+    let kortex_ctx = tool_context(&db.store, "s").await;
     let as_user = |token: &str| {
         let mut ctx = kortex_ctx.clone();
         ctx.kube = kortex::tools::KubeIdentity::User(kube_client(&api, Some(token)));
@@ -617,7 +601,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
                         name: "get_admin_info".into(),
                         input,
                     },
-                    &crate::support::tools::tool_policy(json!({})),
+                    &tool_policy(json!({})),
                     std::future::pending(),
                 )
                 .await

@@ -4,9 +4,15 @@
 //! unless `KORTEX_REQUIRE_BROWSER=1` (the test script sets it after installing them).
 
 use crate::support::browser::{passed, run_browser, screenshots};
-use crate::support::manifests::{chat_key, docs, manifest_dir, policy, provider, secret};
-use crate::support::provider::{Reply, mock, openai, openai_chunk, streamed};
-use crate::support::server::Server;
+use crate::support::chat::chat_once;
+use crate::support::fake_api::{deployment, incidents_policy};
+use crate::support::manifests::{
+    chat_key, docs, keyed_manifests, manifest_dir, policy, provider, secret,
+};
+use crate::support::provider::{
+    Reply, json_reply, mock, openai, openai_chunk, push, streamed, tool_calls, tool_result,
+};
+use crate::support::server::{Server, start_run};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::time::Duration;
@@ -88,21 +94,8 @@ async fn the_dashboard_signs_in_chats_streams_survives_a_reload_and_approves() {
     let (dir, m) = manifest_dir();
     manifests(&m, &base);
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
-    let m = m.display().to_string();
     // Not on loopback, so the browser has to sign in with a chat key.
-    let server = Server::spawn(
-        &[
-            "serve",
-            "--listen",
-            "0.0.0.0:0",
-            "--manifests",
-            &m,
-            "--database-url",
-            &db,
-        ],
-        &[],
-    );
-    let url = server.url("").replace("0.0.0.0", "127.0.0.1");
+    let (server, url) = Server::start_keyed(&m, &db, &[]);
     let env = [
         ("KORTEX_URL", url.as_str()),
         ("KORTEX_KEY", KEY),
@@ -134,7 +127,7 @@ fn steering_responder(body: &Value) -> Option<Reply> {
     let d = openai();
     let system = body["messages"][0]["content"].as_str().unwrap_or_default();
     if system.contains("follow-up questions") {
-        return Some(crate::support::provider::json_reply(
+        return Some(json_reply(
             200,
             &(d.text_json)(
                 "Is the database healthy?\nWhat changed today?\nAre other services slow?",
@@ -142,10 +135,7 @@ fn steering_responder(body: &Value) -> Option<Reply> {
         ));
     }
     if body["stream"] != true {
-        return Some(crate::support::provider::json_reply(
-            200,
-            &(d.text_json)("Checkout incident"),
-        ));
+        return Some(json_reply(200, &(d.text_json)("Checkout incident")));
     }
     let messages = body["messages"].as_array()?;
     let has_tool_result = |id: &str| messages.iter().any(|m| m["tool_call_id"] == id);
@@ -199,15 +189,14 @@ async fn the_dashboard_pauses_redirects_resumes_and_approves_plans() {
             provider(
                 "scripted",
                 &format!(
-                    "type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m, \
-                                   timeout: 20s"
+                    "type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m, timeout: 20s"
                 ),
             ),
             policy("ops", "sessions: [incident-*], provider: scripted"),
             policy(
                 "planned",
-                "sessions: [planned-*], provider: scripted, \
-                       runControl: {planning: required}, models: {summarize: small}",
+                "sessions: [planned-*], provider: scripted, runControl: {planning: required}, \
+                 models: {summarize: small}",
             ),
         ]),
     )
@@ -226,7 +215,7 @@ async fn the_dashboard_pauses_redirects_resumes_and_approves_plans() {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .find_map(|s| crate::support::provider::tool_result(&s.body, "p1"))
+        .find_map(|s| tool_result(&s.body, "p1"))
         .unwrap_or_default();
     assert!(
         told.contains("2. similar alerts") && !told.contains("1. past incidents"),
@@ -248,10 +237,7 @@ fn sharing_responder(body: &Value) -> Option<Reply> {
         } else {
             "Database incident"
         };
-        return Some(crate::support::provider::json_reply(
-            200,
-            &(d.text_json)(text),
-        ));
+        return Some(json_reply(200, &(d.text_json)(text)));
     }
     let last = body["messages"].as_array()?.last()?["content"]
         .as_str()
@@ -285,7 +271,7 @@ async fn the_dashboard_shares_hands_over_and_shows_who_asked() {
         ),
     ]);
     let users: Vec<(&str, &str, &str)> = KEYS.iter().map(|(u, k)| (*u, *k, "")).collect();
-    let (dir, db) = crate::support::manifests::keyed_manifests(&users, &yaml);
+    let (dir, db) = keyed_manifests(&users, &yaml);
     // Not on loopback: each person signs in with their own key.
     let (server, url) = Server::start_keyed(&dir.path().join("m"), &db, &[]);
     let keys = serde_json::to_string(
@@ -331,10 +317,7 @@ async fn the_dashboard_renders_markdown_answers_safely() {
             } else {
                 "Which deploy lowered the limit?\nAre other pods near their limit?"
             };
-            return Some(crate::support::provider::json_reply(
-                200,
-                &(d.text_json)(text),
-            ));
+            return Some(json_reply(200, &(d.text_json)(text)));
         }
         let mut chunks = vec![openai_chunk(
             json!({"role": "assistant", "content": ""}),
@@ -350,7 +333,7 @@ async fn the_dashboard_renders_markdown_answers_safely() {
             }
             chunks.push(openai_chunk(json!({}), json!("stop")));
             chunks.push("data: [DONE]\n\n".into());
-            return Some(crate::support::provider::Reply {
+            return Some(Reply {
                 chunk_delay: Some(Duration::from_millis(50)),
                 ..streamed(&d, chunks)
             });
@@ -409,23 +392,19 @@ async fn the_dashboard_renders_markdown_answers_safely() {
 /// Cluster mode: a scale proposal's card shows the dry run as a diff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
-    use crate::support::provider::tool_calls;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = crate::support::fake_api::FakeApi::start().await;
     let (llm, script) = mock().await;
-    fake.apply("deployments", crate::support::fake_api::deployment());
+    fake.apply("deployments", deployment());
     fake.apply(
         "chatpolicies",
-        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["scale"], "allowedNamespaces": ["shop"]}}}),
+        incidents_policy(json!({"allowedActions": ["scale"], "allowedNamespaces": ["shop"]})),
     );
     let dir = tempfile::tempdir().unwrap();
-    let server = crate::support::server::start_run(&fake, dir.path(), &llm).await;
+    let server = start_run(&fake, dir.path(), &llm).await;
     let target =
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
-    crate::support::provider::push(
+    push(
         &script,
         tool_calls(&[(
             "p1",
@@ -434,12 +413,11 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
                 "rationale": "the queue is backing up"}),
         )]),
     );
-    crate::support::provider::push(
+    push(
         &script,
         streamed(&openai(), (openai().text_stream)(&["Proposed."])),
     );
-    crate::support::chat::chat_once(
-        &crate::support::net::http_client(),
+    chat_once(
         &server,
         json!({"name": "incident-diff", "namespace": "team-a"}),
         "scale api to 5",
@@ -517,15 +495,14 @@ async fn the_dashboard_keeps_live_cards_in_view_and_fits_a_phone() {
             provider(
                 "scripted",
                 &format!(
-                    "type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m, \
-                                   timeout: 20s"
+                    "type: openai-compatible, baseUrl: '{llm}/v1', defaultModel: m, timeout: 20s"
                 ),
             ),
             policy(
                 "incidents",
                 "sessions: [incident-*], provider: scripted, \
-                         proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
-                         requireDistinctApprover: false}",
+                 proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
+                 requireDistinctApprover: false}",
             ),
         ]),
     )

@@ -5,8 +5,10 @@
 //! `--record` then `GET /api/v1/evals`; `eval record` round-trips a real session; and the
 //! starter suite in `evals/` loads and its recordings answer the calls they expect.
 
-use crate::support::chat::open_session;
-use crate::support::provider::{mock, openai, streamed};
+use crate::support::browser::{passed, run_browser, screenshots};
+use crate::support::chat::{ask, get_json, open_session};
+use crate::support::net::http_client;
+use crate::support::provider::{Reply, json_reply, mock, openai, streamed};
 use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -85,7 +87,7 @@ fn scenarios(dir: &Path) {
 
 /// The scripted model: what it does depends on the question and on how many tool results
 /// the conversation already has; the `weak` model never calls a tool.
-fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::support::provider::Reply> {
+fn script(body: &Value, flaky: &AtomicUsize) -> Option<Reply> {
     let d = openai();
     let messages = body["messages"].as_array().cloned().unwrap_or_default();
     let question = messages
@@ -116,10 +118,7 @@ fn script(body: &Value, flaky: &AtomicUsize) -> Option<crate::support::provider:
         } else {
             json!({"pass": false, "reason": "names no fix"})
         };
-        return Some(crate::support::provider::json_reply(
-            200,
-            &(d.text_json)(&verdict.to_string()),
-        ));
+        return Some(json_reply(200, &(d.text_json)(&verdict.to_string())));
     }
     match (question.as_str(), results) {
         (q, 0) if q.contains("crash-looping") => call(
@@ -316,11 +315,7 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
 
     // --record: the server's API lists it.
     let server = Server::start_with_url(&dir.path().join("config"), &db_url, &[]);
-    let evals: Value = crate::support::chat::get_json(
-        &crate::support::net::http_client(),
-        server.url("/api/v1/evals"),
-    )
-    .await;
+    let evals: Value = get_json(&http_client(), server.url("/api/v1/evals")).await;
     let items = evals["items"].as_array().cloned().unwrap_or_default();
     assert_eq!(items.len(), 1, "{evals:#}");
     assert_eq!(
@@ -338,18 +333,10 @@ async fn scenarios_pass_and_fail_for_the_right_reasons() {
     );
     // The dashboard's Evals page shows it.
     let url = server.url("");
-    if let Some(out) = crate::support::browser::run_browser(
-        "evals.mjs",
-        &[("KORTEX_URL", url.trim_end_matches('/'))],
-    )
-    .await
+    if let Some(out) = run_browser("evals.mjs", &[("KORTEX_URL", url.trim_end_matches('/'))]).await
     {
-        crate::support::browser::passed(&out, &server);
-        assert!(
-            crate::support::browser::screenshots()
-                .join("evals-dark.png")
-                .exists()
-        );
+        passed(&out, &server);
+        assert!(screenshots().join("evals-dark.png").exists());
     }
     assert!(server.terminate().success());
 }
@@ -466,17 +453,9 @@ async fn eval_record_turns_a_session_into_a_scenario_that_passes() {
     let dir = tempfile::tempdir().unwrap();
     config(dir.path(), &llm);
     let server = Server::start(&dir.path().join("config"), &dir.path().join("k.db"), &[]);
-    let client = crate::support::net::http_client();
     let id = open_session(&server, json!({"name": "incident-checkout"})).await;
     // A question with an API-key-looking string in it: recorded redacted.
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "Has checkout crashed like this before? Our token is sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c"}))
-        .send()
-        .await
-        .unwrap();
-    let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
+    let events = ask(&server, &id, "Has checkout crashed like this before? Our token is sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c").await;
     assert!(
         events.iter().any(|e| e.event == "tool.end"),
         "the session called a tool"

@@ -1,10 +1,16 @@
 //! Faults injected from outside into the real binary and real servers (docs/reliability.md).
 
-use crate::support::chat::{ask, post_message, session, state};
+use crate::support::chat::{
+    ask, chat_once, get_json, post_message, read_sse, run_ended, session, session_json, state,
+};
+use crate::support::fake_api::{FakeApi, condition, phase, provider, secret, write_kubeconfig_as};
 use crate::support::manifests::{docs, gateway_key, manifest_dir, tool};
 use crate::support::net::{eventually, http_client};
-use crate::support::provider::{mock, openai, push, streamed};
-use crate::support::server::Server;
+use crate::support::plugins::upstream;
+use crate::support::provider::{
+    Script, json_reply, mock, openai, provider_called, push, streamed, tool_calls,
+};
+use crate::support::server::{Server, kubectl_kortex, pending_restarts, start_run, start_run_with};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -136,12 +142,8 @@ fn own_postgres() -> Option<Postgres> {
 
 /// `kortex serve` on a PostgreSQL of the test's own, with the provider `model` (a scripted
 /// mock) for every session; `None` (the test is skipped) without PostgreSQL's binaries.
-async fn on_own_postgres() -> Option<(
-    Postgres,
-    Server,
-    std::sync::Arc<crate::support::provider::Script>,
-    tempfile::TempDir,
-)> {
+async fn on_own_postgres() -> Option<(Postgres, Server, std::sync::Arc<Script>, tempfile::TempDir)>
+{
     let pg = own_postgres()?;
     let (base, script) = mock().await;
     let (dir, m) = manifest_dir();
@@ -202,9 +204,7 @@ async fn postgres_stopped_and_started_again() {
     );
     let events = ask(&server, &id, "second question").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
-    let stored =
-        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
-            .await;
+    let stored = session_json(&server, &id).await;
     let texts: Vec<&str> = stored["messages"]
         .as_array()
         .map(|m| m.iter().filter_map(|m| m["content"].as_str()).collect())
@@ -265,10 +265,7 @@ async fn gateway_says_database_unavailable_while_postgres_is_down() {
     assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
     pg.up();
     let d = openai();
-    push(
-        &script,
-        crate::support::provider::json_reply(200, &(d.text_json)("back")),
-    );
+    push(&script, json_reply(200, &(d.text_json)("back")));
     eventually("the gateway serving again", || async {
         let r = call().await.map_err(|e| e.to_string())?;
         match r.status().as_u16() {
@@ -330,7 +327,7 @@ async fn postgres_stopped_during_a_run() {
         .send()
         .await
         .unwrap();
-    let events = crate::support::chat::read_sse(r, crate::support::chat::run_ended).await;
+    let events = read_sse(r, run_ended).await;
     assert_eq!(
         crate::support::chat::text(&events),
         "Slow and steady answer.",
@@ -373,20 +370,15 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
     push(&script, stalled);
     let id = session(&a, "s-1").await;
     let client = http_client();
-    let r = client
-        .post(a.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "a question"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&a, &id, "a question").await;
     assert_eq!(r.status().as_u16(), 202);
-    crate::support::provider::provider_called(&script).await;
+    provider_called(&script).await;
     a.kill9();
     let killed = tokio::time::Instant::now();
 
     let url = b.url(&format!("/chat/v1/sessions/{id}"));
     let stored = loop {
-        let s = crate::support::chat::get_json(&client, url.as_str()).await;
+        let s = get_json(&client, url.as_str()).await;
         if s["status"] != "running" {
             break s;
         }
@@ -408,7 +400,7 @@ async fn a_replica_killed_mid_run_its_run_is_ended_by_the_other() {
         .send()
         .await
         .unwrap();
-    let events = crate::support::chat::read_sse(r, |e| state(e) == json!("failed")).await;
+    let events = read_sse(r, |e| state(e) == json!("failed")).await;
     assert!(
         events
             .iter()
@@ -519,9 +511,7 @@ async fn sqlite_on_a_full_disk() {
         "{body}"
     );
     // Reads go on, and the session is not left running.
-    let stored =
-        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
-            .await;
+    let stored = session_json(&server, &id).await;
     assert_eq!(stored["status"], "idle", "{stored}");
     assert_eq!(server.get("/healthz").await.0, 200);
 
@@ -561,7 +551,7 @@ async fn sqlite_on_a_full_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let (base, script) = mock().await;
-    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
+    let (bridge, bridge_seen) = upstream().await;
     let (dir, m) = manifest_dir();
     // A priced model under a daily limit: every call reserves budget first.
     manifests_with(
@@ -576,7 +566,7 @@ async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
             "slow",
             &format!(
                 "name: slow_lookup, description: A lookup that takes a while., \
-                           http: {{method: GET, url: '{bridge}/slow'}}, timeout: 30s"
+                 http: {{method: GET, url: '{bridge}/slow'}}, timeout: 30s"
             ),
         )]),
     )
@@ -600,12 +590,9 @@ async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     let answer = session(&server, "s-answer").await;
     let r = post(&server, &answer, "question one").await.unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    crate::support::provider::provider_called(&script).await;
+    provider_called(&script).await;
     // Mid-tool-call: the model calls the slow tool; Kortex dies while it runs.
-    push(
-        &script,
-        crate::support::provider::tool_calls(&[("c1", "slow_lookup", json!({}))]),
-    );
+    push(&script, tool_calls(&[("c1", "slow_lookup", json!({}))]));
     let tool = session(&server, "s-tool").await;
     let r = post(&server, &tool, "question two").await.unwrap();
     assert_eq!(r.status().as_u16(), 202);
@@ -655,7 +642,7 @@ async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
     for id in [&answer, &tool] {
         let url = server.url(&format!("/chat/v1/sessions/{id}"));
         let stored = eventually("the interrupted run ended", || async {
-            let s = crate::support::chat::get_json(&client, url.as_str()).await;
+            let s = get_json(&client, url.as_str()).await;
             if s["status"] == "running" {
                 Err(s.to_string())
             } else {
@@ -689,9 +676,7 @@ async fn kill_9_mid_answer_and_mid_tool_call_then_restart() {
         let events = ask(&server, id, "again").await;
         assert_eq!(state(&events), json!("completed"), "{events:?}");
     }
-    let tool_session =
-        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{tool}")))
-            .await;
+    let tool_session = session_json(&server, &tool).await;
     assert!(
         tool_session.to_string().contains("slow_lookup"),
         "the interrupted call is in the transcript: {tool_session}"
@@ -722,7 +707,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
     let client = &client;
     let available = |want: bool| {
         eventually("the provider's availability", move || async move {
-            let v = crate::support::chat::get_json(client, url.as_str()).await;
+            let v = get_json(client, url.as_str()).await;
             let p = v["items"]
                 .as_array()
                 .and_then(|i| i.iter().find(|p| p["name"] == "model").cloned())
@@ -773,10 +758,6 @@ async fn a_secret_deleted_while_in_use_then_restored() {
 /// watches are back (they resume where they were), and its status is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_then_back() {
-    use crate::support::chat::chat_once;
-    use crate::support::fake_api::{FakeApi, condition, provider};
-    use crate::support::provider::tool_calls;
-    use crate::support::server::start_run;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -793,11 +774,10 @@ async fn cluster_api_server_unreachable_then_back() {
     let transcript = |id: String| {
         let client = client.clone();
         let url = server.url(&format!("/chat/v1/sessions/{id}"));
-        async move { crate::support::chat::get_json(&client, url).await }
+        async move { get_json(&client, url).await }
     };
     push(&script, streamed(&d, (d.text_stream)(&["Before."])));
     let id = chat_once(
-        &client,
         &server,
         json!({"name": "before", "namespace": "team-a"}),
         "hi",
@@ -816,7 +796,6 @@ async fn cluster_api_server_unreachable_then_back() {
         streamed(&d, (d.text_stream)(&["The cluster is unreachable."])),
     );
     let id = chat_once(
-        &client,
         &server,
         json!({"name": "during", "namespace": "team-a"}),
         "what happened?",
@@ -866,7 +845,6 @@ async fn cluster_api_server_unreachable_then_back() {
     );
     push(&script, streamed(&d, (d.text_stream)(&["After."])));
     let id = chat_once(
-        &client,
         &server,
         json!({"name": "after", "namespace": "team-a"}),
         "hi",
@@ -909,8 +887,6 @@ async fn cluster_api_server_unreachable_then_back() {
 /// server answers, the same caller gets in and `/readyz` says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_says_why() {
-    use crate::support::fake_api::FakeApi;
-    use crate::support::server::start_run_with;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, _script) = mock().await;
@@ -953,16 +929,13 @@ async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_sa
 /// after it the proposal ends `Failed` as interrupted. The target was written once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_leader_lost_mid_execution_executes_once() {
-    use crate::support::fake_api::{FakeApi, phase};
-    use crate::support::server::{kubectl_kortex, pending_restarts, start_run_with};
     const STUCK: &str = "/apis/apps/v1/namespaces/shop/deployments/stuck";
     let fake = FakeApi::start().await;
     let dir = tempfile::tempdir().unwrap();
     let (leader, names) = pending_restarts(&fake, dir.path(), &["stuck"]).await;
     let stuck = names[0].clone();
     fake.hang(STUCK);
-    let bob =
-        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob = write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &stuck, "--no-wait"]).await;
     assert!(ok, "{out}");
     let writes = |f: &FakeApi| {
@@ -1033,9 +1006,6 @@ async fn cluster_leader_lost_mid_execution_executes_once() {
 /// Secret is back, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_secret_deleted_while_in_use_then_restored() {
-    use crate::support::chat::chat_once;
-    use crate::support::fake_api::{FakeApi, condition, secret};
-    use crate::support::server::start_run;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -1050,16 +1020,10 @@ async fn cluster_a_secret_deleted_while_in_use_then_restored() {
     let client = http_client();
     let d = openai();
     push(&script, streamed(&d, (d.text_stream)(&["Keyed."])));
-    let id = chat_once(
-        &client,
-        &server,
-        json!({"name": "s", "namespace": "team-a"}),
-        "hi",
-    )
-    .await;
+    let id = chat_once(&server, json!({"name": "s", "namespace": "team-a"}), "hi").await;
     let url = server.url(&format!("/chat/v1/sessions/{id}"));
     assert_eq!(
-        crate::support::chat::get_json(&client, url.as_str()).await["messages"][1]["content"],
+        get_json(&client, url.as_str()).await["messages"][1]["content"],
         "Keyed."
     );
 

@@ -6,10 +6,11 @@
 //! and in the session); `providers check` fails with the fix. Then the local model becomes
 //! reachable: the banners go and the question is answered.
 
-use crate::support::chat::open_session;
+use crate::support::browser::{passed, run_browser};
+use crate::support::chat::{Sse, get_json, open_session, read_sse, run_ended, session_json};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, ollama, streamed};
-use crate::support::server::Server;
+use crate::support::server::{Server, kortex_cli};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -52,7 +53,7 @@ impl Toggle {
     }
 }
 
-async fn ask(server: &Server, id: &str, question: &str) -> Vec<crate::support::chat::Sse> {
+async fn ask(server: &Server, id: &str, question: &str) -> Vec<Sse> {
     let r = http_client()
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
         .header("accept", "text/event-stream")
@@ -61,7 +62,7 @@ async fn ask(server: &Server, id: &str, question: &str) -> Vec<crate::support::c
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    crate::support::chat::read_sse(r, crate::support::chat::run_ended).await
+    read_sse(r, run_ended).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,16 +162,14 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         "no connection to a provider its fresh probe found unreachable"
     );
     // Read back later, the session says why that run failed.
-    let stored: Value =
-        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
-            .await;
+    let stored: Value = session_json(&server, &id).await;
     assert_eq!(
         stored["failedRuns"][0]["reason"].as_str(),
         Some(message.as_str()),
         "{stored}"
     );
     // The session's route (the dashboard's banner) says the same.
-    let route: Value = crate::support::chat::get_json(
+    let route: Value = get_json(
         &client,
         server.url(&format!("/chat/v1/sessions/{id}/route")),
     )
@@ -180,16 +179,7 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
 
     // `providers check` fails and prints the fix.
     let manifests = dir.path().display().to_string();
-    let check = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["providers", "check", "--manifests", &manifests])
-            .env_remove("ANTHROPIC_API_KEY")
-            .env_remove("OPENAI_API_KEY")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let check = kortex_cli(&["providers", "check", "--manifests", &manifests], "").await;
     let said = String::from_utf8_lossy(&check.stdout);
     assert!(!check.status.success(), "{said}");
     assert!(said.contains("✗ ChatPolicy local: No provider of ChatPolicy local can answer now — ollama: unreachable"), "{said}");
@@ -214,15 +204,12 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         ("SESSION", id.as_str()),
         ("SEEN", seen_path.as_str()),
     ];
-    let (browser, ()) = tokio::join!(
-        crate::support::browser::run_browser("first_run.mjs", &env),
-        flip
-    );
+    let (browser, ()) = tokio::join!(run_browser("first_run.mjs", &env), flip);
     if let Some(out) = browser {
-        crate::support::browser::passed(&out, &server);
+        passed(&out, &server);
     }
     eventually("the route is reachable", || async {
-        let route: Value = crate::support::chat::get_json(
+        let route: Value = get_json(
             &client,
             server.url(&format!("/chat/v1/sessions/{id}/route")),
         )
@@ -234,9 +221,7 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
         }
     })
     .await;
-    let session: Value =
-        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
-            .await;
+    let session: Value = session_json(&server, &id).await;
     if session["status"] != "idle" {
         // Without a browser, ask here.
         let events = ask(&server, &id, "Hello?").await;
@@ -246,9 +231,7 @@ async fn a_first_run_without_a_reachable_model_says_what_to_do() {
             "{events:?}"
         );
     }
-    let session: Value =
-        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
-            .await;
+    let session: Value = session_json(&server, &id).await;
     let answered = session["messages"]
         .as_array()
         .into_iter()

@@ -9,6 +9,7 @@
 //! first on every run; the hand-made corpus below (YAML bombs, deep nesting, huge strings)
 //! runs every time.
 
+use crate::support::app::harness;
 use kortex::llm::{NdjsonDecoder, SseDecoder, recover::Recognizer};
 use proptest::prelude::*;
 
@@ -283,7 +284,7 @@ fn api_bodies_of_any_shape_get_an_answer_not_a_fault() {
     use axum::http::{Request, header};
     use kortex::http::auth::AuthMode;
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let h = rt.block_on(crate::support::app::harness(AuthMode::Loopback));
+    let h = rt.block_on(harness(AuthMode::Loopback));
     let post = |path: &str, content_type: &str, body: Vec<u8>| {
         Request::post(path)
             .header(header::HOST, "127.0.0.1:8080")

@@ -3,9 +3,11 @@
 //! streaming, tool calls, JSON-schema output, models, an unknown model, a bad key and an
 //! exhausted budget — then usage per team and what reached the upstream.
 
+use crate::support::chat::get_json;
+use crate::support::db::postgres;
 use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
-use crate::support::provider::{Reply, mock, openai, streamed};
+use crate::support::provider::{Reply, json_reply, mock, openai, streamed};
 use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::path::Path;
@@ -20,7 +22,7 @@ fn responder(body: &Value) -> Option<Reply> {
         let data: Vec<Value> = (0..inputs.len())
             .map(|i| json!({"object": "embedding", "index": i, "embedding": [0.5, -0.25, 0.125]}))
             .collect();
-        return Some(crate::support::provider::json_reply(
+        return Some(json_reply(
             200,
             &json!({"object": "list", "data": data, "model": "embed-small", "usage": {"prompt_tokens": 4, "total_tokens": 4}}),
         ));
@@ -30,7 +32,7 @@ fn responder(body: &Value) -> Option<Reply> {
     let whole = body["stream"] != json!(true);
     let text = |parts: &[&str]| {
         if whole {
-            crate::support::provider::json_reply(200, &(d.text_json)(&parts.concat()))
+            json_reply(200, &(d.text_json)(&parts.concat()))
         } else {
             streamed(&d, (d.text_stream)(parts))
         }
@@ -38,7 +40,7 @@ fn responder(body: &Value) -> Option<Reply> {
     if body["tools"].as_array().is_some_and(|t| !t.is_empty()) && last["role"] == "user" {
         let call = [("call_w1", "get_weather", r#"{"city": "Paris"}"#)];
         return Some(if whole {
-            crate::support::provider::json_reply(200, &(d.tools_json)(&call))
+            json_reply(200, &(d.tools_json)(&call))
         } else {
             streamed(&d, (d.tools_stream)(&call))
         });
@@ -181,14 +183,7 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
     let mut usage = Value::Null;
     let mut shop = Value::Null;
     for _ in 0..50 {
-        usage = http_client()
-            .get(server.url("/api/v1/usage?by=user"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or_default();
+        usage = get_json(&http_client(), server.url("/api/v1/usage?by=user")).await;
         shop = usage["items"]
             .as_array()
             .and_then(|rows| rows.iter().find(|r| r["key"] == "shop"))
@@ -314,7 +309,7 @@ stringData: {{team: slow, key: {KEY}}}
     assert!(server.terminate().success());
 
     // Two replicas, one PostgreSQL, one policy limit of 4 per minute.
-    let Some(db) = crate::support::db::postgres().await else {
+    let Some(db) = postgres().await else {
         return;
     };
     let second = jiff::Timestamp::now().as_second().rem_euclid(60);

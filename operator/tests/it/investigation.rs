@@ -4,9 +4,14 @@
 //! events and rollout history, compares a metric with its baseline, finds a similar past
 //! incident, calls a Jira-like HTTP tool and an MCP server's tool — and never sees a Secret.
 
-use crate::support::chat::{chat_once, open_session, post_message, wait_idle};
-use crate::support::manifests::{docs, policy, provider, secret, tool};
+use crate::support::canned_api::fake_api_server;
+use crate::support::chat::{chat_once, get_json, open_session, post_message, wait_idle};
+use crate::support::fake_api::write_kubeconfig;
+use crate::support::manifests::{docs, manifest_dir, policy, provider, secret, tool};
+use crate::support::net::http_client;
+use crate::support::plugins::{mcp_server, upstream};
 use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
+use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -15,17 +20,15 @@ const BRIDGE_TOKEN: &str = "bridge-SECRET-7f3a9";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_investigates_a_crashing_pod_end_to_end() {
-    let Some(mcp) = crate::support::plugins::mcp_server("mcp-token-1") else {
+    let Some(mcp) = mcp_server("mcp-token-1") else {
         return;
     };
-    let (api, _) = crate::support::canned_api::fake_api_server().await;
+    let (api, _) = fake_api_server().await;
     let (prometheus, _) = crate::support::prometheus::server().await;
-    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
+    let (bridge, bridge_seen) = upstream().await;
     let (base, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &api);
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
+    let kubeconfig = write_kubeconfig(dir.path(), &api);
     std::fs::write(
         m.join("all.yaml"),
         docs(&[
@@ -45,24 +48,23 @@ async fn a_model_investigates_a_crashing_pod_end_to_end() {
                 "jira-search",
                 &format!(
                     "name: jira_search, description: Search Jira issues with JQL., \
-                                  http: {{method: POST, url: '{bridge}/jira/search', \
-                                  auth: {{type: bearer, secretRef: {{name: tools, \
-                                  key: bridge}}}}}}, parameters: {{type: object, \
-                                  properties: {{jql: {{type: string}}}}, required: [jql]}}"
+                     http: {{method: POST, url: '{bridge}/jira/search', auth: {{type: bearer, \
+                     secretRef: {{name: tools, key: bridge}}}}}}, parameters: {{type: object, \
+                     properties: {{jql: {{type: string}}}}, required: [jql]}}"
                 ),
             ),
             tool(
                 "grafana",
                 &format!(
-                    "mcp: {{url: '{url}', auth: {{type: bearer, \
-                              secretRef: {{name: tools, key: mcp}}}}, include: [echo, add]}}",
+                    "mcp: {{url: '{url}', auth: {{type: bearer, secretRef: {{name: tools, \
+                     key: mcp}}}}, include: [echo, add]}}",
                     url = mcp.url
                 ),
             ),
         ]),
     )
     .unwrap();
-    let server = crate::support::server::Server::start_with_args(
+    let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &[
@@ -72,19 +74,12 @@ async fn a_model_investigates_a_crashing_pod_end_to_end() {
             &prometheus,
         ],
     );
-    let client = crate::support::net::http_client();
+    let client = http_client();
 
     // The MCP server's tools are discovered and listed.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let tools: Value = client
-            .get(server.url("/api/v1/tools"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or_default();
+        let tools = get_json(&client, server.url("/api/v1/tools")).await;
         let grafana = tools["items"]
             .as_array()
             .and_then(|i| i.iter().find(|t| t["name"] == "grafana").cloned())
@@ -116,7 +111,6 @@ async fn a_model_investigates_a_crashing_pod_end_to_end() {
         ),
     );
     chat_once(
-        &client,
         &server,
         json!({"name": "incident-march"}),
         "checkout pods are OOMKilled",

@@ -2,10 +2,13 @@
 //! the real binary: each refuses with its own error and counts in
 //! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
 
-use crate::support::chat::{ask, session, state};
+use crate::support::chat::{ask, post_message, session, session_json, state};
 use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
 use crate::support::net::{eventually, http_client};
-use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::plugins::upstream;
+use crate::support::provider::{
+    Script, json_reply, mock, openai, provider_called, push, streamed, tool_calls, tool_result,
+};
 use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -21,7 +24,7 @@ fn manifests(dir: &Path, base: &str, budget: &str) {
                 "model",
                 &format!(
                     "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1, \
-                                locality: local"
+                     locality: local"
                 ),
             ),
             policy(
@@ -265,9 +268,7 @@ async fn event_streams_and_sessions_per_user_are_limited() {
         .await
         .unwrap();
     assert_eq!(refusal(r).await.1, "too_many_streams");
-    let stored =
-        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{id}")))
-            .await;
+    let stored = session_json(&server, &id).await;
     assert_eq!(
         stored["messages"],
         json!([]),
@@ -323,12 +324,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
     stalled.stall = Some(Duration::from_secs(60));
     push(&script, stalled);
     let busy = session(&server, "busy").await;
-    let r = client
-        .post(server.url(&format!("/chat/v1/sessions/{busy}/messages")))
-        .json(&json!({"content": "a long question"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &busy, "a long question").await;
     assert_eq!(r.status().as_u16(), 202);
 
     let other = session(&server, "other").await;
@@ -343,9 +339,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
         (status, code.as_str(), retry.as_deref()),
         (429, "too_many_runs", Some("5"))
     );
-    let stored =
-        crate::support::chat::get_json(&client, server.url(&format!("/chat/v1/sessions/{other}")))
-            .await;
+    let stored = session_json(&server, &other).await;
     assert_eq!(stored["messages"], json!([]), "{stored}");
     assert_eq!(stored["status"], "idle", "{stored}");
     assert_eq!(refused(&server, "concurrent_runs").await, 1);
@@ -353,7 +347,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
     // The first run ends (cancelled, once its provider call is under way: cancelled
     // earlier, its scripted reply would be left for the next run); the other session's run
     // may then start.
-    crate::support::provider::provider_called(&script).await;
+    provider_called(&script).await;
     let r = client
         .post(server.url(&format!("/chat/v1/sessions/{busy}/cancel")))
         .send()
@@ -361,11 +355,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
         .unwrap();
     assert!(r.status().is_success());
     eventually("the cancelled run ended", || async {
-        let s = crate::support::chat::get_json(
-            &client,
-            server.url(&format!("/chat/v1/sessions/{busy}")),
-        )
-        .await;
+        let s = session_json(&server, &busy).await;
         match s["status"].as_str() {
             Some("running") => Err(s.to_string()),
             _ => Ok(()),
@@ -381,7 +371,7 @@ async fn a_policy_runs_at_most_its_concurrent_runs() {
 /// One run whose answer is 32 MiB, in 8 KiB deltas, read to its end by a streaming client;
 /// the server's resident memory when 30 MiB of it had been read (before the run's end
 /// stores it).
-async fn firehose(server: &Server, script: &crate::support::provider::Script, id: &str) -> u64 {
+async fn firehose(server: &Server, script: &Script, id: &str) -> u64 {
     use futures_util::StreamExt;
     let d = openai();
     let piece = "x".repeat(8 * 1024);
@@ -487,7 +477,7 @@ async fn a_client_that_never_reads_its_stream_costs_bounded_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
     let (base, script) = mock().await;
-    let (bridge, _) = crate::support::plugins::upstream().await;
+    let (bridge, _) = upstream().await;
     let (dir, m) = manifest_dir();
     manifests(&m, &base, "{}");
     std::fs::write(
@@ -496,7 +486,7 @@ async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
             "big",
             &format!(
                 "name: big_report, description: A long report., \
-                          http: {{method: GET, url: '{bridge}/big'}}, maxResultBytes: 100000"
+                 http: {{method: GET, url: '{bridge}/big'}}, maxResultBytes: 100000"
             ),
         )]),
     )
@@ -506,13 +496,10 @@ async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
         &dir.path().join("k.db"),
         &["--max-tool-result-bytes", "4096"],
     );
-    push(
-        &script,
-        crate::support::provider::tool_calls(&[("c1", "big_report", json!({}))]),
-    );
+    push(&script, tool_calls(&[("c1", "big_report", json!({}))]));
     // Then the model reads the first chunk of the kept result, and answers.
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body| {
-        if let Some(chunk) = crate::support::provider::tool_result(body, "c2") {
+        if let Some(chunk) = tool_result(body, "c2") {
             let chunk: Value = serde_json::from_str(&chunk).unwrap_or_default();
             let read = chunk["content"].as_str().map_or(0, str::len);
             let d = openai();
@@ -521,9 +508,8 @@ async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
                 (d.text_stream)(&[&format!("Read {read} bytes.")]),
             ));
         }
-        let index: Value =
-            serde_json::from_str(&crate::support::provider::tool_result(body, "c1")?).ok()?;
-        Some(crate::support::provider::tool_calls(&[(
+        let index: Value = serde_json::from_str(&tool_result(body, "c1")?).ok()?;
+        Some(tool_calls(&[(
             "c2",
             "read_result_chunk",
             json!({"resultId": index["resultId"], "chunk": 0}),
@@ -534,11 +520,7 @@ async fn tool_results_over_the_cap_reach_the_model_as_an_index() {
         state(&ask(&server, &id, "report?").await),
         json!("completed")
     );
-    let stored = crate::support::chat::get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     let result = stored["messages"]
         .as_array()
         .and_then(|m| m.iter().find(|m| m["toolCallId"] == "c1"))
@@ -581,7 +563,7 @@ async fn retention_deletes_a_failed_runs_events_at_the_next_pass() {
     let server = Server::start_with_args(&m, &db, &[]);
     push(
         &script,
-        crate::support::provider::json_reply(
+        json_reply(
             400,
             &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
         ),

@@ -5,6 +5,7 @@
 use crate::support::provider::{
     Call, Dialect, Reply, dialects, json_reply, mock, openai, pieces, push, push_get, streamed,
 };
+use crate::support::server::Server;
 
 use futures_util::StreamExt;
 use kortex::catalog::{ObjectSet, compile};
@@ -786,7 +787,7 @@ async fn serve_probes_providers_into_reachable_conditions() {
             ("down", "ollama", "http://127.0.0.1:9".into(), true),
         ],
     );
-    let server = crate::support::server::Server::start(
+    let server = Server::start(
         &manifests,
         &dir.path().join("k.db"),
         &[("KORTEX_ASK_TEST_KEY", KEY)],

@@ -3,11 +3,12 @@
 //! gateway, against the real binary and a wire-format upstream.
 
 use crate::support::chat::{
-    ask, get_json, notices, provider_usage, session, state, text, until_listed,
+    ask, get_json, get_text, notices, provider_usage, session, session_json, state, text,
+    until_listed,
 };
 use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider};
 use crate::support::net::http_client;
-use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::provider::{json_reply, mock, openai, push, push_get, streamed};
 use crate::support::server::Server;
 use serde_json::{Value, json};
 
@@ -31,12 +32,18 @@ fn manifests(dir: &std::path::Path, base: &str) {
     std::fs::write(dir.join("all.yaml"), yaml).unwrap();
 }
 
+/// `kortex serve` on [`manifests`] with the model server at `base`, and its folder.
+fn start(base: &str) -> (Server, tempfile::TempDir) {
+    let (dir, m) = manifest_dir();
+    manifests(&m, base);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    (server, dir)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     let (base, script) = mock().await;
-    let (dir, m) = manifest_dir();
-    manifests(&m, &base);
-    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let (server, _dir) = start(&base);
     let d = openai();
 
     // The model writes the call as a fenced JSON block, split across deltas.
@@ -121,11 +128,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     let events = ask(&server, &id, "restart it").await;
     assert_eq!(state(&events), json!("completed"));
     assert!(text(&events).contains("propose_action"), "{events:?}");
-    let stored = get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     let tool_messages = stored["messages"]
         .as_array()
         .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
@@ -147,7 +150,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
                 streamed(&d, (d.text_stream)(&parts))
             } else {
                 // A client that asks for no stream gets a non-streamed upstream call.
-                crate::support::provider::json_reply(200, &(d.text_json)(&parts.concat()))
+                json_reply(200, &(d.text_json)(&parts.concat()))
             },
         );
         let r = http_client()
@@ -206,9 +209,9 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
 async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones() {
     let (base, script) = mock().await;
     for _ in 0..50 {
-        crate::support::provider::push_get(
+        push_get(
             &script,
-            crate::support::provider::json_reply(
+            json_reply(
                 200,
                 &json!({"object": "list", "data": [{"id": "qwen-local", "object": "model"}]}),
             ),
@@ -264,9 +267,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() {
     let (base, script) = mock().await;
-    let (dir, m) = manifest_dir();
-    manifests(&m, &base);
-    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let (server, _dir) = start(&base);
     let d = openai();
     let answer = "The pod was OOM-killed: its memory limit is 128Mi and it uses 300Mi.";
     let mut reply = streamed(&d, (d.text_stream)(&[answer]));
@@ -297,9 +298,7 @@ async fn a_server_that_reports_no_usage_is_charged_an_estimate_marked_as_such() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     let (base, script) = mock().await;
-    let (dir, m) = manifest_dir();
-    manifests(&m, &base);
-    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let (server, _dir) = start(&base);
     let d = openai();
     // An empty answer completes, with a notice.
     push(&script, streamed(&d, (d.text_stream)(&[""])));
@@ -317,21 +316,14 @@ async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     // the export says so where it happened.
     push(
         &script,
-        crate::support::provider::json_reply(
+        json_reply(
             400,
             &json!({"error": {"message": "the prompt is too long", "type": "invalid_request_error"}}),
         ),
     );
     let events = ask(&server, &id, "the secret question 42").await;
     assert_eq!(state(&events), json!("failed"), "{events:?}");
-    let md = http_client()
-        .get(server.url(&format!("/chat/v1/sessions/{id}/export?format=markdown")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap_or_default();
+    let md = get_text(server.url(&format!("/chat/v1/sessions/{id}/export?format=markdown"))).await;
     assert!(md.contains("> **Run failed**"), "{md}");
     assert!(md.contains("the prompt is too long"), "{md}");
     let log = server.log();

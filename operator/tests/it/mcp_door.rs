@@ -4,11 +4,13 @@
 //! without credentials, from a wrong origin, of another user's session and of malformed
 //! messages; Kortex's own MCP client against another Kortex.
 
+use crate::support::fake_api::{FakeApi, deployment, incidents_policy};
 use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
-use crate::support::net::{eventually, http_client};
+use crate::support::net::{eventually, http_client, serve};
 use crate::support::plugins::python_with_mcp as python;
-use crate::support::provider::messages_answer;
-use crate::support::server::Server;
+use crate::support::plugins::{McpServer, mcp_server};
+use crate::support::provider::{messages_answer, mock};
+use crate::support::server::{Server, start_run_with};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -147,7 +149,7 @@ struct Setup {
     server: Server,
     base: String,
     dir: tempfile::TempDir,
-    _upstream: crate::support::plugins::McpServer,
+    _upstream: McpServer,
 }
 
 impl Setup {
@@ -159,7 +161,7 @@ impl Setup {
 /// Kortex listening off loopback (so callers need keys), with an MCP plugin server.
 async fn setup() -> Option<(Setup, String)> {
     let python = python()?;
-    let upstream = crate::support::plugins::mcp_server(MCP_TOKEN)?;
+    let upstream = mcp_server(MCP_TOKEN)?;
     let (dir, m) = manifest_dir();
     std::fs::write(
         m.join("all.yaml"),
@@ -167,20 +169,7 @@ async fn setup() -> Option<(Setup, String)> {
     )
     .unwrap();
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
-    let ms = m.display().to_string();
-    let server = Server::spawn(
-        &[
-            "serve",
-            "--listen",
-            "0.0.0.0:0",
-            "--manifests",
-            &ms,
-            "--database-url",
-            &db,
-        ],
-        &[],
-    );
-    let base = server.url("").replace("0.0.0.0", "127.0.0.1");
+    let (server, base) = Server::start_keyed(&m, &db, &[]);
     // The MCP plugin's tools are discovered in the background.
     eventually("grafana's tools discovered", || async {
         let tools = http_client()
@@ -713,7 +702,7 @@ async fn kortex_uses_another_kortex_as_an_mcp_server() {
             policy(
                 "shared",
                 "sessions: ['*'], provider: none, \
-                      tools: {allow: [get_incident_history, read_result_chunk]}",
+                 tools: {allow: [get_incident_history, read_result_chunk]}",
             ),
         ]),
     )
@@ -918,21 +907,16 @@ async fn an_mcp_session_goes_on_at_another_replica() {
 /// `ActionProposal` object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_mcp_callers_act_with_their_own_rights() {
-    use crate::support::fake_api::{FakeApi, deployment};
-    use crate::support::server::start_run_with;
     let Some(python) = python() else {
         return;
     };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, _script) = crate::support::provider::mock().await;
+    let (llm, _script) = mock().await;
     fake.apply("deployments", deployment());
     fake.apply(
         "chatpolicies",
-        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+        incidents_policy(json!({"allowedActions": ["restart"], "allowedNamespaces": ["shop"]})),
     );
     fake.allow("alice");
     let dir = tempfile::tempdir().unwrap();
@@ -1057,7 +1041,7 @@ async fn tool_calling_model() -> (String, std::sync::Arc<std::sync::Mutex<Vec<Va
     let app = axum::Router::new()
         .route("/v1/messages", axum::routing::post(messages))
         .with_state(seen.clone());
-    (crate::support::net::serve(app).await, seen)
+    (serve(app).await, seen)
 }
 
 /// Claude Code, the MCP client engineers use, investigates through Kortex: it lists the

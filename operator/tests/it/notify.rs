@@ -2,10 +2,11 @@
 //! policy's webhooks — Kortex's JSON envelope, signed, and Slack's format — through the
 //! outbox, after retries when the receiver fails, once per delivery id.
 
-use crate::support::chat::{ask, open_session};
+use crate::support::chat::{ask, open_session, post_message};
+use crate::support::db::postgres;
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
-use crate::support::net::{eventually, http_client};
-use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::net::{eventually, http_client, serve};
+use crate::support::provider::{Script, json_reply, mock, openai, push, streamed};
 use crate::support::receiver::{receiver, slow_receiver};
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -43,10 +44,10 @@ fn write_policy(m: &std::path::Path, base: &str, policy: &str) {
 }
 
 /// The provider's next answer is a 400: the chat run fails (`run.failed`).
-fn fail_next_call(script: &crate::support::provider::Script) {
+fn fail_next_call(script: &Script) {
     push(
         script,
-        crate::support::provider::json_reply(
+        json_reply(
             400,
             &json!({"error": {"message": "bad request", "type": "invalid_request_error"}}),
         ),
@@ -74,21 +75,18 @@ stringData: {{slack: "{slack}", signing: s3cr3t-signing-key}}
                 "gpt",
                 &format!(
                     "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1, \
-                              locality: local"
+                     locality: local"
                 ),
             ),
             policy(
                 "incidents",
                 &format!(
-                    "sessions: ['*'], provider: gpt, \
-                                  proposals: {{allowedActions: [restart], \
-                                  allowedNamespaces: [shop-*], requireDistinctApprover: false}}, \
-                                  notify: [{{name: oncall-json, events: [proposal.pending, \
-                                  proposal.decided], webhook: {{url: '{json}'}}, \
-                                  signingSecretRef: {{name: hooks, key: signing}}}}, \
-                                  {{name: oncall-slack, events: [proposal.pending], \
-                                  webhook: {{urlSecretRef: {{name: hooks, key: slack}}}}, \
-                                  format: slack}}]",
+                    "sessions: ['*'], provider: gpt, proposals: {{allowedActions: [restart], \
+                     allowedNamespaces: [shop-*], requireDistinctApprover: false}}, \
+                     notify: [{{name: oncall-json, events: [proposal.pending, proposal.decided], \
+                     webhook: {{url: '{json}'}}, signingSecretRef: {{name: hooks, \
+                     key: signing}}}}, {{name: oncall-slack, events: [proposal.pending], \
+                     webhook: {{urlSecretRef: {{name: hooks, key: slack}}}}, format: slack}}]",
                     json = json_hook.url
                 ),
             ),
@@ -258,7 +256,7 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
 /// to answer, so each worker comes round while the other is sending.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_send_each_delivery_once() {
-    let Some(db) = crate::support::db::postgres().await else {
+    let Some(db) = postgres().await else {
         return;
     };
     let hook = slow_receiver(0, std::time::Duration::from_millis(1500)).await;
@@ -317,7 +315,7 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
             }
         }),
     );
-    let url = format!("{}/hook", crate::support::net::serve(app).await);
+    let url = format!("{}/hook", serve(app).await);
     let dir = policy_manifests(
         &base,
         &format!(
@@ -376,12 +374,7 @@ async fn budgets_and_providers_notify_once_per_change() {
     }
     // Refused three times: one event.
     for _ in 0..3 {
-        let r = http_client()
-            .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-            .json(&json!({"content": "status?"}))
-            .send()
-            .await
-            .unwrap();
+        let r = post_message(&server, &id, "status?").await;
         assert_eq!(r.status().as_u16(), 429);
     }
     let types = || {

@@ -2,10 +2,14 @@
 //! the real wire protocol the kube client uses and records every request, so the tests
 //! assert the exact writes the operator makes.
 
-use crate::support::chat::post_message;
+use crate::support::chat::{chat_once, post_json, post_message, wait_idle};
 use crate::support::fake_api::{
-    FakeApi, Seen, base64, condition, deployment, phase, proposal_named, provider, secret,
-    status_patches,
+    FakeApi, Seen, base64, condition, deployment, incidents_policy, phase, proposal_named,
+    provider, secret, status_patches, write_kubeconfig_as,
+};
+use crate::support::net::http_client;
+use crate::support::provider::{
+    mock, offered_tools, openai, push, streamed, tool_calls, tool_result,
 };
 use crate::support::server::{kubectl_kortex, pending_restarts, start_run, start_run_with};
 use futures_util::StreamExt;
@@ -20,7 +24,7 @@ use std::time::Duration;
 async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, _script) = crate::support::provider::mock().await;
+    let (llm, _script) = mock().await;
     fake.apply("secrets", secret(Some("sk-cluster-123")));
     fake.apply("secrets", json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "unrelated", "namespace": "team-a"}, "data": {"x": base64("never-read")}}));
@@ -44,41 +48,9 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
         "spec": {"description": "x", "http": {"url": "http://x/y", "method": "DELETE"}}}),
     );
 
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &fake.url);
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
-    let kubeconfig = kubeconfig.display().to_string();
-    let server = crate::support::server::Server::spawn(
-        &[
-            "run",
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            &db,
-            "--kortex-namespace",
-            "kortex",
-            "--identity",
-            "pod-a",
-            "--probe-interval",
-            "3600s",
-        ],
-        &[("KUBECONFIG", kubeconfig.as_str())],
-    );
-
     // Ready once every watch listed its objects; the provider is served with its key.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let (code, body) = server.get("/readyz").await;
-        if code == 200 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "never ready: {body}\n{}",
-            server.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_run(&fake, dir.path(), &llm).await;
     let (_, providers) = server.get("/api/v1/llm/providers").await;
     let providers: Value = serde_json::from_str(&providers).unwrap_or_default();
     let gpt = providers["items"]
@@ -302,21 +274,19 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
 /// a decision by someone who may not do it themselves fails without touching anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proposals_are_created_decided_and_executed_in_the_cluster() {
-    use crate::support::chat::wait_idle;
-    use crate::support::provider::tool_calls;
-    use crate::support::provider::{openai, push, streamed};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, script) = crate::support::provider::mock().await;
+    let (llm, script) = mock().await;
     fake.apply("deployments", deployment());
-    fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["restart", "scale"], "allowedNamespaces": ["shop"], "expireAfter": "10m"}}}));
+    fake.apply(
+        "chatpolicies",
+        incidents_policy(json!({"allowedActions": ["restart", "scale"],
+            "allowedNamespaces": ["shop"], "expireAfter": "10m"})),
+    );
     fake.allow("bob");
     let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
-    let client = crate::support::net::http_client();
+    let client = http_client();
 
     let target =
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
@@ -338,15 +308,12 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
             streamed(&openai(), (openai().text_stream)(&["Proposed."])),
         );
     }
-    let session: Value = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-9", "namespace": "team-a"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
+    let session = post_json(
+        &client,
+        server.url("/chat/v1/sessions"),
+        &json!({"name": "incident-9", "namespace": "team-a"}),
+    )
+    .await;
     let id = session["id"]
         .as_str()
         .unwrap_or_else(|| panic!("{session}"))
@@ -359,16 +326,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
 
     // On loopback the user has no Kubernetes identity: with runToolsAsUser (the default)
     // the Kubernetes tools are not offered at all.
-    let offered = script
-        .seen
-        .lock()
-        .ok()
-        .and_then(|s| {
-            s.iter()
-                .find(|x| x.body.get("tools").is_some())
-                .map(|x| x.body["tools"].to_string())
-        })
-        .unwrap_or_default();
+    let offered = offered_tools(&script);
     assert!(
         offered.contains("propose_action") && !offered.contains("get_logs"),
         "{offered}"
@@ -421,8 +379,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
 
     // `kubectl kortex list` shows them; bob approves the restart with `kubectl kortex`,
     // which waits for the execution and reports it.
-    let bob =
-        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob = write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["list"]).await;
     assert!(
         ok && out.contains(&name) && out.contains("Deployment/api") && out.contains("Pending"),
@@ -502,12 +459,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
     );
 
     // carol may not scale it herself: refused, the Deployment keeps 2 replicas.
-    let carol = crate::support::fake_api::write_kubeconfig_as(
-        dir.path(),
-        &fake.url,
-        "carol-token",
-        "carol",
-    );
+    let carol = write_kubeconfig_as(dir.path(), &fake.url, "carol-token", "carol");
     let (ok, out) = kubectl_kortex(&carol, &["approve", &scale_name]).await;
     assert!(!ok && out.contains("Failed"), "{out}");
     fake.until("the scale to fail", |f| phase(f, &scale_name) == "Failed")
@@ -698,20 +650,21 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
 /// decision made through the API with the caller's own token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
-    use crate::support::provider::tool_calls;
-    use crate::support::provider::{openai, push, streamed};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, script) = crate::support::provider::mock().await;
+    let (llm, script) = mock().await;
     fake.apply("deployments", deployment());
-    fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"], "requireDistinctApprover": true}}}));
+    fake.apply(
+        "chatpolicies",
+        incidents_policy(
+            json!({"allowedActions": ["restart"], "allowedNamespaces": ["shop"],
+            "requireDistinctApprover": true}),
+        ),
+    );
     fake.allow("alice");
     let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
-    let client = crate::support::net::http_client();
+    let client = http_client();
     let call = |method: reqwest::Method, path: &str, token: Option<&str>, body: Value| {
         let mut req = client.request(method, server.url(path)).json(&body);
         if let Some(t) = token {
@@ -837,16 +790,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         })
     })
     .await;
-    let offered = script
-        .seen
-        .lock()
-        .ok()
-        .and_then(|s| {
-            s.iter()
-                .find(|x| x.body.get("tools").is_some())
-                .map(|x| x.body["tools"].to_string())
-        })
-        .unwrap_or_default();
+    let offered = offered_tools(&script);
     assert!(
         offered.contains("get_logs") && offered.contains("propose_action"),
         "{offered}"
@@ -1046,8 +990,8 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (llm, _script) = crate::support::provider::mock().await;
-    let client = crate::support::net::http_client();
+    let (llm, _script) = mock().await;
+    let client = http_client();
     for (from, expected) in [("10.9.0.0/16", 401), ("127.0.0.1/32", 201)] {
         let fake = FakeApi::start().await;
         fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
@@ -1107,8 +1051,7 @@ async fn without_the_admission_policy_approved_proposals_are_not_executed() {
     let (server, names) = pending_restarts(&fake, dir.path(), &["api"]).await;
     let name = names.concat();
 
-    let bob =
-        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob = write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--no-wait"]).await;
     assert!(ok, "{out}");
     fake.until("Approved", |f| phase(f, &name) == "Approved")
@@ -1164,8 +1107,7 @@ async fn a_hung_execution_holds_up_no_other_proposal() {
     let (stuck, api) = (names[0].clone(), names[1].clone());
     // The stuck Deployment's write never answers (a wedged webhook, say).
     fake.hang("/apis/apps/v1/namespaces/shop/deployments/stuck");
-    let bob =
-        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob = write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &stuck, "--no-wait"]).await;
     assert!(ok, "{out}");
     fake.until("the hung write", |f| {
@@ -1204,8 +1146,7 @@ async fn an_admission_check_that_fails_for_a_while_delays_an_execution_not_ends_
     let dir = tempfile::tempdir().unwrap();
     let (server, names) = pending_restarts(&fake, dir.path(), &["api"]).await;
     let name = names.concat();
-    let bob =
-        crate::support::fake_api::write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
+    let bob = write_kubeconfig_as(dir.path(), &fake.url, "bob-token", "bob");
     let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--no-wait"]).await;
     assert!(ok, "{out}");
     // The leader tries, and fails to check, more than once after the decision.
@@ -1243,18 +1184,12 @@ async fn an_admission_check_that_fails_for_a_while_delays_an_execution_not_ends_
 /// approver would decide it in vain): the model is told why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
-    use crate::support::chat::chat_once;
-    use crate::support::provider::{openai, push, streamed};
-    use crate::support::provider::{tool_calls, tool_result};
     let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
-    let (llm, script) = crate::support::provider::mock().await;
+    let (llm, script) = mock().await;
     fake.apply(
         "chatpolicies",
-        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+        incidents_policy(json!({"allowedActions": ["restart"], "allowedNamespaces": ["shop"]})),
     );
     let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
@@ -1272,7 +1207,6 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
         streamed(&openai(), (openai().text_stream)(&["It does not exist."])),
     );
     chat_once(
-        &crate::support::net::http_client(),
         &server,
         json!({"name": "incident-12", "namespace": "team-a"}),
         "restart ghost",

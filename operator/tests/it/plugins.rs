@@ -5,6 +5,7 @@
 use crate::support::db::sqlite;
 use crate::support::manifests::{docs, secret, tool};
 use crate::support::plugins::{Seen, mcp_server, mcp_server_on, upstream};
+use crate::support::tools::{tool_context, tool_policy};
 use kortex::live::LiveConfig;
 use kortex::llm::ToolCall;
 use kortex::metrics::Metrics;
@@ -79,7 +80,7 @@ async fn call(router: &Router, ctx: &ToolContext, name: &str, input: Value) -> O
         .execute(
             ctx.clone(),
             &call,
-            &crate::support::tools::tool_policy(json!({})),
+            &tool_policy(json!({})),
             std::future::pending(),
         )
         .await
@@ -224,17 +225,13 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
         .wait("http tools", |s| s.get("default", "jira_get").is_some())
         .await;
     let db = sqlite().await;
-    let mut ctx = crate::support::tools::tool_context(&db.store, "checkout-debug").await;
+    let mut ctx = tool_context(&db.store, "checkout-debug").await;
     ctx.redactor = kortex::redact::Redactor::secrets_only(redactor);
     let router = &plugins.router;
 
     // Offered: this namespace's tools the session may use, never another namespace's.
     let offered: Vec<String> = router
-        .offered(
-            &crate::support::tools::tool_policy(json!({})),
-            &ctx.session,
-            &ctx.kube,
-        )
+        .offered(&tool_policy(json!({})), &ctx.session, &ctx.kube)
         .into_iter()
         .map(|t| t.name)
         .collect();
@@ -345,14 +342,10 @@ async fn http_plugin_tools_call_their_endpoint_safely() {
     let out = call(router, &ctx, "incident_only", json!({})).await;
     assert_eq!(out.error_kind, Some("denied"), "{out:?}");
     assert!(out.content.contains("allowedSessions"), "{out:?}");
-    let incident = crate::support::tools::tool_context(&db.store, "incident-42").await;
+    let incident = tool_context(&db.store, "incident-42").await;
     assert!(
         router
-            .offered(
-                &crate::support::tools::tool_policy(json!({})),
-                &incident.session,
-                &incident.kube
-            )
+            .offered(&tool_policy(json!({})), &incident.session, &incident.kube)
             .iter()
             .any(|t| t.name == "incident_only")
     );
@@ -428,7 +421,7 @@ async fn mcp_plugin_tools_are_discovered_called_and_rediscovered() {
     assert_eq!(discovery.error, None);
 
     let db = sqlite().await;
-    let ctx = crate::support::tools::tool_context(&db.store, "incident-7").await;
+    let ctx = tool_context(&db.store, "incident-7").await;
     let router = &plugins.router;
     let out = call(
         router,
@@ -537,7 +530,7 @@ async fn mcp_answers_are_read_within_a_bound_and_a_huge_one_fails_alone() {
         .wait("discovery", |s| s.get("default", "files__big").is_some())
         .await;
     let db = sqlite().await;
-    let ctx = crate::support::tools::tool_context(&db.store, "s").await;
+    let ctx = tool_context(&db.store, "s").await;
     // Over maxResultBytes but within the read bound: cut, and the model is told.
     let out = call(&plugins.router, &ctx, "files__big", json!({"size": 3000})).await;
     assert!(!out.is_error, "{out:?}");

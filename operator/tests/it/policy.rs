@@ -3,13 +3,15 @@
 //! visible notice, frugal answers and escalations, local-only, budgets that stop spending
 //! with a message naming them, and redaction of everything sent to a provider.
 
-use crate::support::chat::{ask, get_json, notices, session, state, text};
+use crate::support::chat::{
+    ask, get_json, notices, post_message, session, session_json, state, text,
+};
 use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
 use crate::support::provider::{
     Reply, Script, json_reply, mock, openai, openai_chunk, push, streamed,
 };
-use crate::support::server::Server;
+use crate::support::server::{Server, kortex_cli};
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -282,12 +284,7 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
     );
     assert_eq!(chats(primary).len(), calls, "nothing was sent");
     // A third request in the hour: 429 naming the budget, with Retry-After.
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "third"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(server, &id, "third").await;
     assert_eq!(r.status().as_u16(), 429);
     let retry: u64 = r
         .headers()
@@ -325,14 +322,11 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
     assert_eq!(row["outputTokens"], json!(48_000), "{usage}");
     // The same as a table from the CLI.
     let url = server.url("");
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["usage", "--server", &url, "--by", "policy", "--since", "1d"])
-            .output()
-    })
-    .await
-    .unwrap()
-    .unwrap();
+    let out = kortex_cli(
+        &["usage", "--server", &url, "--by", "policy", "--since", "1d"],
+        "",
+    )
+    .await;
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -381,11 +375,7 @@ async fn redaction(server: &Server, backup: &Arc<Script>) {
         assert!(sent.contains(placeholder), "{placeholder} missing: {sent}");
     }
     // Stored redacted too.
-    let stored = get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(server, &id).await;
     let question = stored["messages"][0]["content"]
         .as_str()
         .unwrap_or_default();
@@ -428,11 +418,7 @@ async fn redaction(server: &Server, backup: &Arc<Script>) {
     let deltas = events.iter().filter(|e| e.event == "text.delta").count();
     assert!(deltas > 3, "the answer was streamed in pieces: {deltas}");
     let streamed_text = text(&events);
-    let stored = get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(server, &id).await;
     let answer = stored["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "assistant"))

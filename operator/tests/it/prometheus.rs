@@ -3,6 +3,7 @@
 
 use crate::support::db::{TestDb, sqlite};
 use crate::support::prometheus::{Seen, Seens, server};
+use crate::support::tools::{tool_context, tool_policy};
 use kortex::llm::ToolCall;
 use kortex::metrics::Metrics;
 use kortex::tools::prometheus::Prometheus;
@@ -23,7 +24,7 @@ impl Setup {
         let (base, seen) = server().await;
         let prometheus = Prometheus::new(&base, reqwest::Client::new()).unwrap();
         let db = sqlite().await;
-        let ctx = crate::support::tools::tool_context(&db.store, "s").await;
+        let ctx = tool_context(&db.store, "s").await;
         Self {
             _db: db,
             ctx,
@@ -431,7 +432,7 @@ async fn the_router_enforces_the_schemas() {
         name: name.into(),
         input,
     };
-    let p = crate::support::tools::tool_policy(json!({"allow": ["*"]}));
+    let p = tool_policy(json!({"allow": ["*"]}));
     let extra = router
         .execute(
             s.ctx.clone(),

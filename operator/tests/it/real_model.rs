@@ -9,10 +9,12 @@
 //! usage is recorded (estimated where the server reports none), and a server killed
 //! mid-answer ends the run in words a user acts on, the partial answer kept.
 
-use crate::support::chat::{get_json, notices, session, state};
+use crate::support::chat::{
+    notices, provider_usage, read_sse_within, run_ended, session, session_json, state, until_listed,
+};
 use crate::support::manifests::{docs, gateway_key, provider};
 use crate::support::net::http_client;
-use crate::support::server::Server;
+use crate::support::server::{Server, kortex_cli};
 use serde_json::{Value, json};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -152,8 +154,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     let server = Server::start(&m, &dir.path().join("k.db"), &[]);
 
     // The model the server lists is discovered and served.
-    crate::support::chat::until_listed(&server, KEY, |ids| ids.iter().any(|m| m == "smollm2"))
-        .await;
+    until_listed(&server, KEY, |ids| ids.iter().any(|m| m == "smollm2")).await;
 
     // Chat: the model writes the call as text; it runs, and the next step (which carries
     // the call and its result back to the server) is accepted.
@@ -168,12 +169,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 202);
-    let events = crate::support::chat::read_sse_within(
-        r,
-        crate::support::chat::run_ended,
-        Duration::from_secs(120),
-    )
-    .await;
+    let events = read_sse_within(r, run_ended, Duration::from_secs(120)).await;
     let ran = events
         .iter()
         .any(|e| e.event == "tool.start" && e.data["name"] == "get_incident_history");
@@ -201,11 +197,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         notices(&events)
     );
     assert_eq!(state(&events), json!("completed"), "{events:?}");
-    let stored = get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     let results = stored["messages"]
         .as_array()
         .map(|m| m.iter().filter(|m| m["role"] == "tool").count())
@@ -249,7 +241,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     assert_eq!(sdk["tool"]["finish"], "tool_calls", "{sdk}");
 
     // Usage: every call recorded; the streamed ones (no usage from this server) estimated.
-    let row = crate::support::chat::provider_usage(&server, "llama", 5).await;
+    let row = provider_usage(&server, "llama", 5).await;
     assert!(row["requests"].as_i64() >= Some(5), "{row}");
     assert!(row["estimatedRequests"].as_i64() >= Some(1), "{row}");
     assert!(row["outputTokens"].as_i64() > Some(0), "{row}");
@@ -288,11 +280,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
             && seen.contains("into the answer; the partial answer is kept"),
         "{seen}"
     );
-    let stored = get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     let partial = stored["messages"]
         .as_array()
         .and_then(|m| m.iter().rev().find(|m| m["role"] == "assistant"))
@@ -319,15 +307,22 @@ async fn kortex_eval_runs_a_starter_scenario_on_a_small_open_model() {
         .display()
         .to_string();
     let config = dir.path().display().to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["eval", "--scenarios", &scenario, "--manifests", &config])
-            .args(["--policy", "default/local", "--timeout", "240s", "--json"])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = kortex_cli(
+        &[
+            "eval",
+            "--scenarios",
+            &scenario,
+            "--manifests",
+            &config,
+            "--policy",
+            "default/local",
+            "--timeout",
+            "240s",
+            "--json",
+        ],
+        "",
+    )
+    .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");

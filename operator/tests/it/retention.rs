@@ -2,31 +2,16 @@
 //! SQLite and PostgreSQL databases, with time moved by the test (each pass is asked "as of"
 //! days ahead), and erasure on the real binary.
 
-use crate::support::db::{all_dbs, message, new_session, proposal};
-use crate::support::manifests::{docs, manifest_dir, policy, provider};
+use crate::support::db::{all_dbs, audit_query, message, new_session, proposal, sqlite, usage};
+use crate::support::manifests::{chat_key_secret, docs, manifest_dir, policy, provider};
+use crate::support::net::{eventually, http_client};
+use crate::support::provider::{mock, openai, push, streamed};
+use crate::support::server::{Server, kortex_cli};
 use kortex::store::retention::{Governs, Scope, Windows};
 use kortex::store::*;
 use serde_json::json;
 
 const DAY: i64 = 86_400_000;
-
-fn usage(user: &str, policy: &str, at: i64, cost: f64) -> UsageEvent {
-    UsageEvent {
-        at,
-        source: "chat".into(),
-        policy: policy.into(),
-        session_id: None,
-        user: user.into(),
-        provider: "model".into(),
-        model: "m1".into(),
-        input_tokens: 100,
-        output_tokens: 10,
-        cost_usd: cost,
-        latency_ms: 5,
-        outcome: "ok".into(),
-        estimated: false,
-    }
-}
 
 /// Every `table.column` of the database at `url` whose text contains `needle`.
 pub async fn columns_containing(url: &str, needle: &str) -> Vec<String> {
@@ -148,30 +133,8 @@ async fn retention_deletes_what_its_windows_no_longer_keep() {
         let waiting = session("waiting").await;
         let now = now_ms();
         s.insert_proposal(&ProposalRecord {
-            id: new_id(),
-            name: "restart-api-r3t3n".into(),
-            namespace: "default".into(),
-            session_id: Some(waiting.id.clone()),
             session_name: "waiting".into(),
-            user: "alice".into(),
-            policy: None,
-            action: "restart".into(),
-            target: None,
-            params: None,
-            rationale: "stuck".into(),
-            blast_radius: None,
-            reversible: Some(true),
-            provider: None,
-            model: None,
-            phase: "Pending".into(),
-            decision: None,
-            message: None,
-            preview: None,
-            undo: None,
-            expires_at: now + 600_000,
-            created_at: now,
-            updated_at: now,
-            version: 1,
+            ..proposal(Some(&waiting.id), "alice", "restart-api-r3t3n", "Pending")
         })
         .await
         .unwrap_or_else(|e| fail(e));
@@ -244,11 +207,7 @@ async fn retention_deletes_what_its_windows_no_longer_keep() {
         );
         // Each pass that deleted something says so in the audit log.
         let audit = s
-            .list_decisions(&DecisionQuery {
-                kind: Some("deletion".into()),
-                limit: 100,
-                ..Default::default()
-            })
+            .list_decisions(&audit_query(Some("deletion"), 100))
             .await
             .unwrap_or_else(|e| fail(e));
         assert_eq!(audit.len(), 3, "{}", db.url);
@@ -363,11 +322,7 @@ async fn each_policy_keeps_what_its_own_windows_say() {
             .unwrap_or_else(|e| fail(e));
         assert_eq!((p.usage_events, p.decisions), (0, 1), "{}: {p:?}", db.url);
         let audit = s
-            .list_decisions(&DecisionQuery {
-                kind: Some("llm_call".into()),
-                limit: 10,
-                ..Default::default()
-            })
+            .list_decisions(&audit_query(Some("llm_call"), 10))
             .await
             .unwrap_or_else(|e| fail(e));
         assert_eq!(audit.len(), 1, "{}", db.url);
@@ -440,11 +395,7 @@ async fn past_the_size_cap_a_users_oldest_sessions_go_first() {
         .await;
         assert_eq!(left, [false, true, false, true, true], "{}", db.url);
         let audit = s
-            .list_decisions(&DecisionQuery {
-                kind: Some("deletion".into()),
-                limit: 10,
-                ..Default::default()
-            })
+            .list_decisions(&audit_query(Some("deletion"), 10))
             .await
             .unwrap_or_else(|e| fail(e));
         assert_eq!(audit.len(), 1, "{}", db.url);
@@ -707,10 +658,7 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
         );
         // The audit trail: the approval row is kept with the hash, and the erasure is recorded.
         let audit = s
-            .list_decisions(&DecisionQuery {
-                limit: 100,
-                ..Default::default()
-            })
+            .list_decisions(&audit_query(None, 100))
             .await
             .unwrap_or_else(|e| fail(e));
         assert!(
@@ -733,10 +681,7 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
             .unwrap_or_else(|e| fail(e));
         assert!(again.is_empty(), "{}: {again:?}", db.url);
         let after = s
-            .list_decisions(&DecisionQuery {
-                limit: 100,
-                ..Default::default()
-            })
+            .list_decisions(&audit_query(None, 100))
             .await
             .unwrap_or_else(|e| fail(e));
         assert_eq!(after.len(), audit.len());
@@ -752,9 +697,6 @@ const ADMIN_KEY: &str = "kx-admin-0123456789abcdef";
 /// a second `kortex erase-user` says nothing was left; the database file names her nowhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_erases_a_user_with_one_command() {
-    use crate::support::net::http_client;
-    use crate::support::provider::{mock, openai, push, streamed};
-    use crate::support::server::Server;
     use serde_json::Value;
 
     let (base, script) = mock().await;
@@ -765,9 +707,7 @@ async fn an_admin_erases_a_user_with_one_command() {
         ("bob", BOB_KEY, ""),
         ("root-admin", ADMIN_KEY, "kortex-admins"),
     ] {
-        yaml.push_str(&crate::support::manifests::chat_key_secret(
-            user, key, groups,
-        ));
+        yaml.push_str(&chat_key_secret(user, key, groups));
     }
     yaml.push_str(&docs(&[
         provider(
@@ -888,14 +828,12 @@ async fn an_admin_erases_a_user_with_one_command() {
 
     // One command erases Erin.
     let erase = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["erase-user", ERIN, "--server", &api, "--key", ADMIN_KEY])
-            .env_remove("KORTEX_API_KEY")
-            .env_remove("KORTEX_SERVER")
-            .output()
-            .unwrap()
+        kortex_cli(
+            &["erase-user", ERIN, "--server", &api, "--key", ADMIN_KEY],
+            "",
+        )
     };
-    let out = erase();
+    let out = erase().await;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -947,7 +885,7 @@ async fn an_admin_erases_a_user_with_one_command() {
     );
     assert_eq!(erasure["detail"]["deleted"]["sessions"], 1, "{erasure}");
     // Again: nothing left.
-    let out = erase();
+    let out = erase().await;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success() && stdout.contains("nothing named this user"),
@@ -1008,7 +946,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         }
     );
 
-    let db = crate::support::db::sqlite().await;
+    let db = sqlite().await;
     let s = db.store.clone();
     let session = s
         .create_session(&NewSession {
@@ -1053,7 +991,7 @@ async fn the_pruner_prunes_on_the_leader_only_with_each_policys_windows() {
         "a replica that does not lead prunes nothing"
     );
     let _ = leader_tx.send(true);
-    crate::support::net::eventually("the new leader pruned", || async {
+    eventually("the new leader pruned", || async {
         match events().await {
             0 => Ok(()),
             n => Err(format!("{n} events left")),

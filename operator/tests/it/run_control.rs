@@ -2,10 +2,16 @@
 //! cancel a run (from the API, persisted, surviving a restart, expiring), and the events
 //! export for postmortems.
 
-use crate::support::chat::{Sse, ask, read_sse, run_ended, session};
+use crate::support::chat::{
+    Sse, ask, get_json, get_text, post_message, read_sse, run_ended, session, session_json,
+};
+use crate::support::db::postgres;
 use crate::support::manifests::{docs, policy, provider};
 use crate::support::net::{eventually, http_client};
-use crate::support::provider::{Script, mock, openai, provider_called, push, streamed};
+use crate::support::provider::{
+    Reply, Script, chat_requests, json_reply, mock, openai, provider_called, push, streamed,
+    tool_calls, tool_result,
+};
 use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -53,11 +59,7 @@ async fn the_jsonl_export_is_the_sse_replay() {
     let server = Server::start(dir.path(), &dir.path().join("k.db"), &[]);
     push(
         &script,
-        crate::support::provider::tool_calls(&[(
-            "c1",
-            "get_incident_history",
-            json!({"query": "checkout"}),
-        )]),
+        tool_calls(&[("c1", "get_incident_history", json!({"query": "checkout"}))]),
     );
     push(
         &script,
@@ -156,11 +158,7 @@ async fn the_jsonl_export_is_the_sse_replay() {
 
 /// A first step that takes a while (a slow tool-call stream), then a final answer.
 fn script_two_steps(script: &Script, answer: &str) {
-    let mut slow = crate::support::provider::tool_calls(&[(
-        "c1",
-        "get_incident_history",
-        json!({"query": "checkout"}),
-    )]);
+    let mut slow = tool_calls(&[("c1", "get_incident_history", json!({"query": "checkout"}))]);
     slow.chunk_delay = Some(Duration::from_millis(250));
     push(script, slow);
     push(
@@ -169,25 +167,9 @@ fn script_two_steps(script: &Script, answer: &str) {
     );
 }
 
-fn chat_requests(script: &Script) -> Vec<Value> {
-    script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter(|s| s.path.ends_with("/chat/completions"))
-        .map(|s| s.body.clone())
-        .collect()
-}
-
 /// Starts a run without following it; its id.
 async fn start(server: &Server, id: &str, content: &str) -> String {
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": content}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(server, id, content).await;
     assert_eq!(r.status().as_u16(), 202);
     let v: Value = r.json().await.unwrap_or_default();
     v["runId"].as_str().unwrap_or_default().to_owned()
@@ -230,11 +212,7 @@ fn has_state(state: &'static str) -> impl Fn(&[Sse]) -> bool {
 }
 
 async fn session_status(server: &Server, id: &str) -> String {
-    let v = crate::support::chat::get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let v = session_json(server, id).await;
     v["status"].as_str().unwrap_or_default().to_owned()
 }
 
@@ -279,12 +257,7 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
         "nothing is sent while paused"
     );
     // A new message waits for the paused run.
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .json(&json!({"content": "hello?"}))
-        .send()
-        .await
-        .unwrap();
+    let r = post_message(&server, &id, "hello?").await;
     assert_eq!(r.status().as_u16(), 409);
 
     let (status, body) = control(&server, &id, &run, "resume", json!({})).await;
@@ -312,11 +285,7 @@ async fn a_paused_run_sends_nothing_until_it_is_resumed() {
     }
     let (status, _) = control(&server, &id, "no-such-run", "pause", json!({})).await;
     assert_eq!(status, 404);
-    let audit = crate::support::chat::get_json(
-        &http_client(),
-        server.url("/api/v1/audit?kind=run_control"),
-    )
-    .await;
+    let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=run_control")).await;
     let moves: Vec<(String, String)> = audit["items"]
         .as_array()
         .map(|rows| {
@@ -463,7 +432,7 @@ async fn a_pause_survives_a_restart_and_expires() {
 /// through B, resumed through B (which then executes it), and completes with the redirect.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_postgres() {
-    let Some(db) = crate::support::db::postgres().await else {
+    let Some(db) = postgres().await else {
         return;
     };
     let (llm, script) = mock().await;
@@ -495,14 +464,7 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
     );
     // How long after the step in flight ended the run at A parked (reported, not judged:
     // the stored events' times, from the export).
-    let export = http_client()
-        .get(b.url(&format!("/chat/v1/sessions/{id}/events?format=jsonl")))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap_or_default();
+    let export = get_text(b.url(&format!("/chat/v1/sessions/{id}/events?format=jsonl"))).await;
     let at = |event: &str, state: Option<&str>| {
         export
             .lines()
@@ -540,11 +502,11 @@ async fn a_run_at_one_replica_is_paused_redirected_and_resumed_at_another_on_pos
     );
 }
 
-fn calls(list: &[(&str, &str, Value)]) -> crate::support::provider::Reply {
-    crate::support::provider::tool_calls(list)
+fn calls(list: &[(&str, &str, Value)]) -> Reply {
+    tool_calls(list)
 }
 
-fn text(answer: &str) -> crate::support::provider::Reply {
+fn text(answer: &str) -> Reply {
     streamed(&openai(), (openai().text_stream)(&[answer]))
 }
 
@@ -553,7 +515,7 @@ fn result_of(requests: &[Value], call: &str) -> String {
     requests
         .iter()
         .rev()
-        .find_map(|r| crate::support::provider::tool_result(r, call))
+        .find_map(|r| tool_result(r, call))
         .unwrap_or_default()
 }
 
@@ -638,8 +600,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         result_of(&requests, "c2").contains("sessions"),
         "the planned tool ran"
     );
-    let proposals =
-        crate::support::chat::get_json(&http_client(), server.url("/chat/v1/proposals")).await;
+    let proposals = get_json(&http_client(), server.url("/chat/v1/proposals")).await;
     assert_eq!(
         proposals["items"].as_array().map(Vec::len),
         Some(0),
@@ -658,11 +619,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         "{body}"
     );
     assert_eq!(session_status(&server, &id).await, "idle");
-    let stored = crate::support::chat::get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     assert!(
         stored
             .to_string()
@@ -727,11 +684,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
         "{events:?}"
     );
     assert_eq!(session_status(&server, &id).await, "idle");
-    let stored = crate::support::chat::get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     assert!(
         stored.to_string().contains("waited paused or on its plan"),
         "the plan's call has its result: {stored}"
@@ -749,7 +702,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(|body: &Value| {
         let system = body["messages"][0]["content"].as_str().unwrap_or_default();
         Some(if system.contains("follow-up questions") {
-            crate::support::provider::json_reply(
+            json_reply(
                 200,
                 &(openai().text_json)(
                     "1. What changed in the last deploy?\n2. Is the database healthy?\n3. Are other services slow?",
@@ -758,10 +711,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
         } else if body["stream"] == true {
             text("It was the database.")
         } else {
-            crate::support::provider::json_reply(
-                200,
-                &(openai().text_json)("Checkout slow: database"),
-            )
+            json_reply(200, &(openai().text_json)("Checkout slow: database"))
         })
     }));
     let follow_up_calls = || {
@@ -789,7 +739,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     ]);
     assert_eq!(suggested.data["questions"], expected);
     assert_eq!(suggested.data["runId"], run.as_str());
-    let got = crate::support::chat::get_json(
+    let got = get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/follow-ups")),
     )
@@ -811,7 +761,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!events.iter().any(|e| e.event == "follow_ups"));
     assert_eq!(follow_up_calls(), 1);
-    let got = crate::support::chat::get_json(
+    let got = get_json(
         &http_client(),
         server.url(&format!("/chat/v1/sessions/{id}/runs/{run}/follow-ups")),
     )
@@ -1009,11 +959,7 @@ async fn a_rewind_supersedes_the_later_steps() {
         "step 2 is gone: {seen}"
     );
     assert!(seen.contains("forget the cache"), "{seen}");
-    let stored = crate::support::chat::get_json(
-        &http_client(),
-        server.url(&format!("/chat/v1/sessions/{id}")),
-    )
-    .await;
+    let stored = session_json(&server, &id).await;
     let superseded: Vec<&Value> = stored["messages"]
         .as_array()
         .map(|m| m.iter().filter(|m| m["superseded"] == true).collect())

@@ -2,10 +2,12 @@
 //! continue, authors on messages, the shared list, revoking, and 404 for everyone else;
 //! hand-over (docs/chat.md#hand-over) with a note, a summary and a notification.
 
-use crate::support::manifests::{docs, policy, provider};
+use crate::support::chat::{read_sse, run_ended};
+use crate::support::manifests::{docs, keyed_manifests, policy, provider};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{Reply, json_reply, mock, openai, push, streamed};
-use crate::support::server::Server;
+use crate::support::receiver::receiver;
+use crate::support::server::{Server, kortex_cli};
 use serde_json::{Value, json};
 
 const ALICE: &str = "kx-alice-0123456789abcdef";
@@ -16,7 +18,7 @@ const DAVE: &str = "kx-dave-0123456789abcdef";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
     let (base, script) = mock().await;
-    let (dir, db) = crate::support::manifests::keyed_manifests(
+    let (dir, db) = keyed_manifests(
         &[
             ("alice", ALICE, ""),
             ("bob", BOB, ""),
@@ -175,32 +177,11 @@ async fn a_session_is_shared_to_read_or_to_continue_and_revoked() {
         &script,
         streamed(&d, (d.text_stream)(&["From the terminal."])),
     );
-    let (url, session) = (api.clone(), id.clone());
-    let out = tokio::task::spawn_blocking(move || {
-        use std::io::Write;
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args([
-                "chat",
-                "--server",
-                &url,
-                "--key",
-                CAROL,
-                "--session",
-                &session,
-            ])
-            .env_remove("KORTEX_API_KEY")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(b"anything new?\n/quit\n");
-        }
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap();
+    let out = kortex_cli(
+        &["chat", "--server", &api, "--key", CAROL, "--session", &id],
+        "anything new?\n/quit\n",
+    )
+    .await;
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -304,7 +285,7 @@ async fn a_session_is_handed_over_with_a_note_a_summary_and_a_notification() {
     let (base, script) = mock().await;
     *script.responder.lock().unwrap_or_else(|e| e.into_inner()) =
         Some(Box::new(handover_responder));
-    let hook = crate::support::receiver::receiver(0).await;
+    let hook = receiver(0).await;
     let yaml = docs(&[
         provider(
             "gpt",
@@ -323,7 +304,7 @@ async fn a_session_is_handed_over_with_a_note_a_summary_and_a_notification() {
         ),
         policy("plain", "sessions: [chat-*], provider: gpt"),
     ]);
-    let (dir, db) = crate::support::manifests::keyed_manifests(
+    let (dir, db) = keyed_manifests(
         &[
             ("alice", ALICE, ""),
             ("bob", BOB, ""),
@@ -367,7 +348,7 @@ async fn a_session_is_handed_over_with_a_note_a_summary_and_a_notification() {
         async move {
             let r = r.send().await.unwrap();
             assert_eq!(r.status().as_u16(), 202);
-            crate::support::chat::read_sse(r, crate::support::chat::run_ended).await
+            read_sse(r, run_ended).await
         }
     };
 

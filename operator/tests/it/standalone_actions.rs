@@ -3,20 +3,17 @@
 //! makes it, executed once after the approval, refused when the target moved since, left
 //! alone under `execute: false` — and the session, the audit log and the listing say so.
 
-use crate::support::chat::chat_once;
-use crate::support::fake_api::{FakeApi, deployment};
-use crate::support::manifests::{docs, policy, provider};
-use crate::support::provider::{mock, openai, push, streamed, tool_calls};
+use crate::support::chat::{Sse, chat_once, get_json, read_sse};
+use crate::support::fake_api::{FakeApi, deployment, write_kubeconfig};
+use crate::support::manifests::{docs, manifest_dir, policy, provider};
+use crate::support::net::http_client;
+use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
+use crate::support::server::{Server, kortex_cli};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-async fn proposal(
-    client: &reqwest::Client,
-    server: &crate::support::server::Server,
-    id: &str,
-) -> Value {
-    let list: Value =
-        crate::support::chat::get_json(client, server.url("/chat/v1/proposals")).await;
+async fn proposal(client: &reqwest::Client, server: &Server, id: &str) -> Value {
+    let list: Value = get_json(client, server.url("/chat/v1/proposals")).await;
     list["items"]
         .as_array()
         .and_then(|a| a.iter().find(|p| p["id"] == id).cloned())
@@ -24,11 +21,7 @@ async fn proposal(
 }
 
 /// Waits until proposal `id` reaches a final phase; returns it.
-async fn settled(
-    client: &reqwest::Client,
-    server: &crate::support::server::Server,
-    id: &str,
-) -> Value {
+async fn settled(client: &reqwest::Client, server: &Server, id: &str) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let p = proposal(client, server, id).await;
@@ -45,13 +38,8 @@ async fn settled(
 }
 
 /// The id of the proposal the model made in session `session`.
-async fn made_in(
-    client: &reqwest::Client,
-    server: &crate::support::server::Server,
-    session: &str,
-) -> String {
-    let list: Value =
-        crate::support::chat::get_json(client, server.url("/chat/v1/proposals")).await;
+async fn made_in(client: &reqwest::Client, server: &Server, session: &str) -> String {
+    let list: Value = get_json(client, server.url("/chat/v1/proposals")).await;
     list["items"]
         .as_array()
         .and_then(|a| a.iter().find(|p| p["spec"]["session"]["id"] == session))
@@ -78,10 +66,8 @@ async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
         fake.apply("deployments", d);
     }
     let (llm, script) = mock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = crate::support::fake_api::write_kubeconfig(dir.path(), &fake.url);
-    let m = dir.path().join("m");
-    std::fs::create_dir(&m).unwrap();
+    let (dir, m) = manifest_dir();
+    let kubeconfig = write_kubeconfig(dir.path(), &fake.url);
     std::fs::write(
         m.join("all.yaml"),
         docs(&[
@@ -91,14 +77,13 @@ async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
             ),
             policy(
                 "ops",
-                "sessions: [ops-*], provider: gpt, proposals: {allowedActions: [restart, \
-                   scale], allowedNamespaces: [shop], requireDistinctApprover: false}",
+                "sessions: [ops-*], provider: gpt, proposals: {allowedActions: [restart, scale], \
+                 allowedNamespaces: [shop], requireDistinctApprover: false}",
             ),
             policy(
                 "hands-off",
-                "sessions: [manual-*], provider: gpt, \
-                         proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
-                         execute: false, requireDistinctApprover: false}",
+                "sessions: [manual-*], provider: gpt, proposals: {allowedActions: [restart], \
+                 allowedNamespaces: [shop], execute: false, requireDistinctApprover: false}",
             ),
             format!(
                 r#"# The team's own namespace: its sessions' proposals default to it.
@@ -120,12 +105,12 @@ spec:
         ]),
     )
     .unwrap();
-    let server = crate::support::server::Server::start_with_args(
+    let server = Server::start_with_args(
         &m,
         &dir.path().join("k.db"),
         &["--kubeconfig", &kubeconfig.display().to_string()],
     );
-    let client = crate::support::net::http_client();
+    let client = http_client();
     let propose = |id: &str, action: &str, target: &str, params: Value| {
         push(
             &script,
@@ -145,7 +130,7 @@ spec:
     // A restart: pinned and previewed by a dry run when made; approved, it is executed
     // once, and the session, the listing and the audit log say so.
     propose("p1", "restart", "api", json!({}));
-    let session = chat_once(&client, &server, json!({"name": "ops-1"}), "restart api").await;
+    let session = chat_once(&server, json!({"name": "ops-1"}), "restart api").await;
     let id = made_in(&client, &server, &session).await;
     let made = proposal(&client, &server, &id).await;
     assert!(
@@ -168,7 +153,7 @@ spec:
         .lock()
         .map(|seen| {
             seen.iter()
-                .find_map(|r| crate::support::provider::tool_result(&r.body, "p1"))
+                .find_map(|r| tool_result(&r.body, "p1"))
                 .unwrap_or_default()
         })
         .unwrap_or_default();
@@ -204,18 +189,15 @@ spec:
             .is_string(),
         "{api}"
     );
-    let told = |e: &crate::support::chat::Sse| {
-        e.event == "proposal.updated" && e.data["phase"] == "Succeeded"
-    };
+    let told = |e: &Sse| e.event == "proposal.updated" && e.data["phase"] == "Succeeded";
     let r = client
         .get(server.url(&format!("/chat/v1/sessions/{session}/events?after=0")))
         .send()
         .await
         .unwrap();
-    let events = crate::support::chat::read_sse(r, |got| got.iter().any(told)).await;
+    let events = read_sse(r, |got| got.iter().any(told)).await;
     assert!(events.iter().any(told), "the session is told: {events:?}");
-    let audit: Value =
-        crate::support::chat::get_json(&client, server.url("/api/v1/audit?kind=execution")).await;
+    let audit: Value = get_json(&client, server.url("/api/v1/audit?kind=execution")).await;
     assert_eq!(audit["items"][0]["outcome"], "succeeded", "{audit}");
     assert_eq!(audit["items"][0]["user"], "local", "{audit}");
 
@@ -252,7 +234,6 @@ spec:
         streamed(&openai(), (openai().text_stream)(&["Proposed."])),
     );
     let session = chat_once(
-        &client,
         &server,
         json!({"name": "shop-1", "namespace": "shop"}),
         "scale api",
@@ -284,15 +265,7 @@ spec:
     };
     assert_eq!(replicas(&fake), 4);
     let url = server.url("");
-    let asked = id.clone();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_kortex"))
-            .args(["proposals", "undo", &asked, "--server", &url])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
+    let out = kortex_cli(&["proposals", "undo", &id, "--server", &url], "").await;
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     assert!(
         out.status.success() && stdout.contains("undo-") && stdout.contains("Pending"),
@@ -310,8 +283,7 @@ spec:
     assert_eq!(undo["spec"]["action"], "scale", "{undo}");
     assert_eq!(undo["status"]["preview"]["after"]["replicas"], 2, "{undo}");
     let undo_id = undo["id"].as_str().unwrap_or_default().to_owned();
-    let listed: Value =
-        crate::support::chat::get_json(&client, server.url("/chat/v1/proposals")).await;
+    let listed: Value = get_json(&client, server.url("/chat/v1/proposals")).await;
     let undos = listed["items"]
         .as_array()
         .map(|a| a.iter().filter(|p| p["id"] == undo_id.as_str()).count())
@@ -329,7 +301,7 @@ spec:
     // A scale approved after someone else changed the Deployment: what was approved is not
     // what it would do now, so nothing is written.
     propose("p2", "scale", "web", json!({"replicas": 5}));
-    let session = chat_once(&client, &server, json!({"name": "ops-2"}), "scale web").await;
+    let session = chat_once(&server, json!({"name": "ops-2"}), "scale web").await;
     let id = made_in(&client, &server, &session).await;
     assert_eq!(
         proposal(&client, &server, &id).await["spec"]["params"]["expectReplicas"],
@@ -358,13 +330,7 @@ spec:
 
     // `execute: false`: approved and left for other automation.
     propose("p3", "restart", "batch", json!({}));
-    let session = chat_once(
-        &client,
-        &server,
-        json!({"name": "manual-1"}),
-        "restart batch",
-    )
-    .await;
+    let session = chat_once(&server, json!({"name": "manual-1"}), "restart batch").await;
     let id = made_in(&client, &server, &session).await;
     let r = client
         .post(server.url(&format!("/chat/v1/proposals/{id}/approve")))

@@ -1,6 +1,6 @@
 //! The repository layer against real SQLite and PostgreSQL databases.
 
-use crate::support::db::{all_dbs, message, new_session};
+use crate::support::db::{all_dbs, audit_query, message, new_session, proposal, usage};
 use kortex::store::*;
 use serde_json::json;
 
@@ -242,36 +242,22 @@ async fn audit_rows_filter_and_page() {
             .unwrap_or_else(|e| panic!("{}: {e}", db.url));
         }
         let all = s
-            .list_decisions(&DecisionQuery {
-                limit: 100,
-                ..Default::default()
-            })
+            .list_decisions(&audit_query(None, 100))
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", db.url));
         assert_eq!(all.len(), 5);
         let tools = s
-            .list_decisions(&DecisionQuery {
-                kind: Some("tool_call".into()),
-                limit: 100,
-                ..Default::default()
-            })
+            .list_decisions(&audit_query(Some("tool_call"), 100))
             .await
             .unwrap();
         assert_eq!(tools.len(), 2);
         // Paging with the last row's (at, id) returns the rest without overlap.
-        let page1 = s
-            .list_decisions(&DecisionQuery {
-                limit: 3,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+        let page1 = s.list_decisions(&audit_query(None, 3)).await.unwrap();
         let last = &page1[2];
         let page2 = s
             .list_decisions(&DecisionQuery {
-                limit: 3,
                 before: Some((last.at, last.id.clone())),
-                ..Default::default()
+                ..audit_query(None, 3)
             })
             .await
             .unwrap();
@@ -283,8 +269,7 @@ async fn audit_rows_filter_and_page() {
         let none = s
             .list_decisions(&DecisionQuery {
                 session_id: Some("other".into()),
-                limit: 10,
-                ..Default::default()
+                ..audit_query(None, 10)
             })
             .await
             .unwrap();
@@ -298,18 +283,12 @@ async fn usage_rolls_up_per_day() {
         let s = &db.store;
         let day1 = 1_779_408_000_000; // 2026-05-22T00:00:00Z
         let call = |at: i64, provider: &str, model: &str, cost: f64| UsageEvent {
-            at,
-            source: "chat".into(),
-            policy: "default".into(),
-            user: "alice".into(),
             provider: provider.into(),
             model: model.into(),
             input_tokens: 1000,
             output_tokens: 100,
-            cost_usd: cost,
             latency_ms: 900,
-            outcome: "ok".into(),
-            ..Default::default()
+            ..usage("alice", "default", at, cost)
         };
         for u in [
             call(day1 + 10, "anthropic", "claude-opus-4-6", 0.5),
@@ -353,32 +332,21 @@ async fn proposals_are_decided_once_and_versioned() {
         let s = &db.store;
         let now = now_ms();
         let p = ProposalRecord {
-            id: new_id(),
-            name: "restart-api-x7k2p".into(),
             namespace: "shop".into(),
-            session_id: Some("s1".into()),
             session_name: "incident-42".into(),
-            user: "alice".into(),
             policy: Some("default".into()),
-            action: "restart".into(),
             target: Some(
                 json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"}),
             ),
-            params: None,
             rationale: "pods stuck".into(),
             blast_radius: Some("one service".into()),
-            reversible: Some(true),
             provider: Some("anthropic".into()),
             model: Some("claude-opus-4-6".into()),
-            phase: "Pending".into(),
-            decision: None,
-            message: None,
             preview: Some(json!({"before": 1})),
-            undo: None,
             expires_at: now + 600_000,
             created_at: now,
             updated_at: now,
-            version: 1,
+            ..proposal(Some("s1"), "alice", "restart-api-x7k2p", "Pending")
         };
         s.insert_proposal(&p)
             .await
@@ -446,29 +414,17 @@ async fn an_execution_outliving_its_time_limit_is_failed_as_interrupted() {
         let now = now_ms();
         let executing = |id: &str, since: i64| ProposalRecord {
             id: id.into(),
-            name: format!("restart-{id}"),
             namespace: "shop".into(),
-            session_id: None,
             session_name: "incident-1".into(),
-            user: "alice".into(),
             policy: Some("default/ops".into()),
-            action: "restart".into(),
-            target: None,
-            params: None,
-            rationale: "stuck".into(),
-            blast_radius: None,
             reversible: None,
-            provider: None,
-            model: None,
-            phase: "Executing".into(),
             decision: Some(json!({"verdict": "Approve", "by": "bob"})),
             message: Some("approved by bob; executing".into()),
-            preview: None,
-            undo: None,
             expires_at: since + 600_000,
             created_at: since,
             updated_at: since,
             version: 2,
+            ..proposal(None, "alice", &format!("restart-{id}"), "Executing")
         };
         let stopped = new_id();
         let running = new_id();
@@ -615,30 +571,23 @@ async fn past_incidents_are_found_by_every_word() {
         .unwrap();
         let now = now_ms();
         let proposal = ProposalRecord {
-            id: new_id(),
-            name: "rollback-checkout-a1b2c".into(),
             namespace: "shop".into(),
-            session_id: Some(old.id.clone()),
             session_name: "incident-17".into(),
-            user: "alice".into(),
-            policy: None,
             action: "rollback".into(),
             target: Some(json!({"kind": "Deployment", "namespace": "shop", "name": "checkout"})),
             params: Some(json!({"toRevision": 6})),
             rationale: "Pods OOMKilled since revision 7".into(),
-            blast_radius: None,
-            reversible: Some(true),
-            provider: None,
-            model: None,
-            phase: "Succeeded".into(),
             decision: Some(json!({"approved": true, "by": "bob"})),
             message: Some("rolled back to revision 6".into()),
-            preview: None,
-            undo: None,
             expires_at: now + 600_000,
             created_at: now,
             updated_at: now,
-            version: 1,
+            ..proposal(
+                Some(&old.id),
+                "alice",
+                "rollback-checkout-a1b2c",
+                "Succeeded",
+            )
         };
         s.insert_proposal(&proposal).await.unwrap();
         let query = |words: &[&str]| IncidentQuery {

@@ -1,11 +1,11 @@
 //! The tool router with real databases: validation, policy, timeouts, panics, slow notices,
 //! large results read back in chunks, audit rows and metrics.
 
-use crate::support::db::{all_dbs, sqlite};
+use crate::support::db::{all_dbs, audit_query, sqlite};
+use crate::support::tools::{tool_context, tool_policy};
 use kortex::catalog::PolicyEntry;
 use kortex::llm::{BoxFuture, ToolCall, ToolSpec};
 use kortex::metrics::Metrics;
-use kortex::store::DecisionQuery;
 use kortex::tools::{Router, Tool, ToolContext, ToolError};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -63,10 +63,8 @@ async fn router_turns_every_failure_into_an_error_result() {
         let metrics = Arc::new(Metrics::new());
         let mut router = Router::new(metrics.clone());
         router.add(Arc::new(Probe));
-        let ctx = crate::support::tools::tool_context(&db.store, "s").await;
-        let open = crate::support::tools::tool_policy(
-            json!({"allow": ["*"], "timeouts": {"probe": "300ms"}}),
-        );
+        let ctx = tool_context(&db.store, "s").await;
+        let open = tool_policy(json!({"allow": ["*"], "timeouts": {"probe": "300ms"}}));
         let run = |c: ToolCall, p: PolicyEntry| {
             let router = &router;
             let ctx = ctx.clone();
@@ -93,7 +91,7 @@ async fn router_turns_every_failure_into_an_error_result() {
 
         let denied = run(
             call("3", "probe", json!({"mode": "ok"})),
-            crate::support::tools::tool_policy(json!({"allow": ["*"], "deny": ["pro*"]})),
+            tool_policy(json!({"allow": ["*"], "deny": ["pro*"]})),
         )
         .await;
         assert_eq!(denied.error_kind, Some("denied"));
@@ -158,11 +156,7 @@ async fn router_turns_every_failure_into_an_error_result() {
 
         let audit = db
             .store
-            .list_decisions(&DecisionQuery {
-                kind: Some("tool_call".into()),
-                limit: 100,
-                ..Default::default()
-            })
+            .list_decisions(&audit_query(Some("tool_call"), 100))
             .await
             .unwrap();
         assert_eq!(audit.len(), 13, "one audit row per call on {}", db.url);
@@ -183,7 +177,7 @@ async fn a_slow_tool_produces_one_notice_after_thirty_seconds() {
     let db = sqlite().await;
     let mut router = Router::new(Arc::new(Metrics::new()));
     router.add(Arc::new(Probe));
-    let ctx = crate::support::tools::tool_context(&db.store, "s").await;
+    let ctx = tool_context(&db.store, "s").await;
     // Virtual time from here on: the 45 s tool and the 30 s notice take no real time.
     tokio::time::pause();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -192,7 +186,7 @@ async fn a_slow_tool_produces_one_notice_after_thirty_seconds() {
         .execute(
             ctx,
             &call("1", "probe", json!({"mode": "slow"})),
-            &crate::support::tools::tool_policy(json!({})),
+            &tool_policy(json!({})),
             async move {
                 let _ = tx.send(tokio::time::Instant::now());
             },

@@ -5,9 +5,12 @@
 //! then redacted; the trace id reaches the provider, the HTTP plugin, the audit rows, the
 //! session JSON and the latency histograms' exemplars. A dead collector changes nothing.
 
-use crate::support::chat::{chat_once, open_session};
+use crate::support::chat::{chat_once, get_json, open_session, session_json, wait_idle};
 use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider, secret, tool};
-use crate::support::provider::{mock, openai, push, streamed, tool_calls};
+use crate::support::net::{eventually, http_client, serve};
+use crate::support::plugins::{mcp_server, upstream};
+use crate::support::provider::{Script, mock, openai, push, streamed, tool_calls};
+use crate::support::server::{Server, start_run_with_env};
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
@@ -74,7 +77,7 @@ async fn collector() -> (String, Received) {
             }
         }),
     );
-    (crate::support::net::serve(app).await, spans)
+    (serve(app).await, spans)
 }
 
 /// The spans of an OTLP export request.
@@ -117,7 +120,7 @@ fn hex(b: &[u8]) -> String {
 
 /// Waits until the collector holds a span of `trace` named `name`.
 async fn span_named(spans: &Received, trace: &str, name: &str) -> Span {
-    crate::support::net::eventually(&format!("span {name:?} of trace {trace}"), || async {
+    eventually(&format!("span {name:?} of trace {trace}"), || async {
         let all = spans.lock().map(|s| s.clone()).unwrap_or_default();
         all.iter()
             .find(|s| s.trace_id == trace && s.name == name)
@@ -149,9 +152,8 @@ fn manifests(dir: &Path, base: &str, bridge: &str) {
             provider(
                 "upstream",
                 &format!(
-                    "type: openai-compatible, baseUrl: '{base}/v1', \
-                                   defaultModel: m1, \
-                                   apiKeySecretRef: {{name: upstream-key, key: key}}"
+                    "type: openai-compatible, baseUrl: '{base}/v1', defaultModel: m1, \
+                     apiKeySecretRef: {{name: upstream-key, key: key}}"
                 ),
             ),
             policy(
@@ -161,15 +163,15 @@ fn manifests(dir: &Path, base: &str, bridge: &str) {
             policy(
                 "audited",
                 "sessions: [audit-*], provider: upstream, maxToolDepth: 4, \
-                       privacy: {redactPii: true}, telemetry: {captureContent: true}",
+                 privacy: {redactPii: true}, telemetry: {captureContent: true}",
             ),
             tool(
                 "jira-search",
                 &format!(
                     "name: jira_search, description: Search Jira issues with JQL., \
-                                  http: {{method: POST, url: '{bridge}/jira/search'}}, \
-                                  parameters: {{type: object, \
-                                  properties: {{jql: {{type: string}}}}, required: [jql]}}"
+                     http: {{method: POST, url: '{bridge}/jira/search'}}, \
+                     parameters: {{type: object, properties: {{jql: {{type: string}}}}, \
+                     required: [jql]}}"
                 ),
             ),
         ]),
@@ -188,18 +190,18 @@ fn traceparent_of(headers: &axum::http::HeaderMap) -> String {
 /// A `kortex serve` on the test manifests with `env`, a scripted provider that will ask for
 /// `jira_search` and then answer, and the HTTP tool's upstream.
 struct Setup {
-    server: crate::support::server::Server,
-    script: Arc<crate::support::provider::Script>,
+    server: Server,
+    script: Arc<Script>,
     bridge_seen: Arc<Mutex<Vec<crate::support::plugins::Seen>>>,
     _dir: tempfile::TempDir,
 }
 
 async fn setup(env: &[(&str, &str)]) -> Setup {
     let (base, script) = mock().await;
-    let (bridge, bridge_seen) = crate::support::plugins::upstream().await;
+    let (bridge, bridge_seen) = upstream().await;
     let (dir, m) = manifest_dir();
     manifests(&m, &base, &bridge);
-    let server = crate::support::server::Server::start(&m, &dir.path().join("k.db"), env);
+    let server = Server::start(&m, &dir.path().join("k.db"), env);
     push(
         &script,
         tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
@@ -233,7 +235,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         ("OTEL_SERVICE_NAME", "kortex-traces-test"),
     ])
     .await;
-    let client = crate::support::net::http_client();
+    let client = http_client();
 
     // A chat run with one tool call, started by a caller that sends its own traceparent.
     let id = open_session(&server, json!({"name": "incident-1"})).await;
@@ -246,9 +248,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .await
         .unwrap();
     assert_eq!(posted.status(), 202);
-    let session =
-        crate::support::chat::wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}")))
-            .await;
+    let session = wait_idle(&client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
 
     // The span tree: the request (child of the caller's span) > the run > its steps > the
     // provider calls and the tool call.
@@ -259,7 +259,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
     let tool = span_named(&spans, TRACE, "execute_tool jira_search").await;
     let calls: Vec<Span> = {
         span_named(&spans, TRACE, "chat m1").await;
-        crate::support::net::eventually("both provider call spans", || async {
+        eventually("both provider call spans", || async {
             let c: Vec<Span> = of_trace(&spans, TRACE)
                 .into_iter()
                 .filter(|s| s.name == "chat m1")
@@ -397,14 +397,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         .cloned()
         .unwrap_or_default();
     assert_eq!(assistant["traceId"], TRACE, "{session}");
-    let audit: Value = client
-        .get(server.url(&format!("/api/v1/audit?session={id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
+    let audit = get_json(&client, server.url(&format!("/api/v1/audit?session={id}"))).await;
     let rows = audit["items"].as_array().cloned().unwrap_or_default();
     assert!(
         rows.iter().any(|r| r["kind"] == "llm_call"),
@@ -477,7 +470,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         traceparent_of(&last.headers),
         format!("00-{GW_TRACE}-{}-01", call.span_id)
     );
-    let gateway_row = crate::support::net::eventually("the gateway call's audit row", || async {
+    let gateway_row = eventually("the gateway call's audit row", || async {
         let audit: Value = client
             .get(server.url("/api/v1/audit?kind=llm_call"))
             .send()
@@ -507,13 +500,12 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
         ),
     );
     let audit_id = chat_once(
-        &client,
         &server,
         json!({"name": "audit-1"}),
         &format!("key {UPSTREAM_SECRET} leaked, ask bob@example.com"),
     )
     .await;
-    let captured = crate::support::net::eventually("the captured provider call", || async {
+    let captured = eventually("the captured provider call", || async {
         let all = spans.lock().map(|s| s.clone()).unwrap_or_default();
         let run = all
             .iter()
@@ -585,16 +577,9 @@ async fn a_dead_collector_changes_no_outcome() {
         ("OTEL_BSP_EXPORT_TIMEOUT", "500"),
     ])
     .await;
-    let client = crate::support::net::http_client();
-    let id = chat_once(&client, &server, json!({"name": "incident-2"}), "why?").await;
-    let session: Value = client
-        .get(server.url(&format!("/chat/v1/sessions/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
+    let client = http_client();
+    let id = chat_once(&server, json!({"name": "incident-2"}), "why?").await;
+    let session = session_json(&server, &id).await;
     assert_eq!(session["status"], "idle", "{session}");
     let last = session["messages"]
         .as_array()
@@ -614,7 +599,7 @@ async fn a_dead_collector_changes_no_outcome() {
         .unwrap();
     assert_eq!(answer.status(), 200);
     // The spans that could not be sent are counted, and the server says why, once.
-    crate::support::net::eventually("dropped spans counted", || async {
+    eventually("dropped spans counted", || async {
         let (_, metrics) = server.get("/metrics").await;
         metrics
             .lines()
@@ -631,7 +616,7 @@ async fn a_dead_collector_changes_no_outcome() {
 
 #[tokio::test]
 async fn an_mcp_server_gets_the_trace_in_meta() {
-    let Some(mcp) = crate::support::plugins::mcp_server("mcp-token-7") else {
+    let Some(mcp) = mcp_server("mcp-token-7") else {
         return;
     };
     let (otlp, spans) = collector().await;
@@ -653,14 +638,14 @@ async fn an_mcp_server_gets_the_trace_in_meta() {
                 "grafana",
                 &format!(
                     "mcp: {{url: '{url}', auth: {{type: bearer, secretRef: {{name: mcp, \
-                              key: token}}}}, include: [trace_context]}}",
+                     key: token}}}}, include: [trace_context]}}",
                     url = mcp.url
                 ),
             ),
         ]),
     )
     .unwrap();
-    let server = crate::support::server::Server::start(
+    let server = Server::start(
         &m,
         &dir.path().join("k.db"),
         &[
@@ -668,8 +653,8 @@ async fn an_mcp_server_gets_the_trace_in_meta() {
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
     );
-    let client = crate::support::net::http_client();
-    crate::support::net::eventually("the MCP tool discovered", || async {
+    let client = http_client();
+    eventually("the MCP tool discovered", || async {
         let tools: Value = client
             .get(server.url("/api/v1/tools"))
             .send()
@@ -693,15 +678,8 @@ async fn an_mcp_server_gets_the_trace_in_meta() {
         &script,
         streamed(&openai(), (openai().text_stream)(&["done"])),
     );
-    let id = chat_once(&client, &server, json!({"name": "mcp-1"}), "trace?").await;
-    let session: Value = client
-        .get(server.url(&format!("/chat/v1/sessions/{id}")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap_or_default();
+    let id = chat_once(&server, json!({"name": "mcp-1"}), "trace?").await;
+    let session = session_json(&server, &id).await;
     let result = session["messages"]
         .as_array()
         .into_iter()
@@ -770,7 +748,7 @@ async fn traces_go_over_grpc_when_asked() {
         ("OTEL_BSP_SCHEDULE_DELAY", "100"),
     ])
     .await;
-    let answer = crate::support::net::http_client()
+    let answer = http_client()
         .post(server.url("/v1/chat/completions"))
         .bearer_auth(GATEWAY_KEY)
         .header("traceparent", format!("00-{GW_TRACE}-{GW_CALLER_SPAN}-01"))
@@ -796,7 +774,7 @@ async fn cluster_mode_traces_the_leaders_status_writes() {
     fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
     let dir = tempfile::tempdir().unwrap();
-    let _server = crate::support::server::start_run_with_env(
+    let _server = start_run_with_env(
         &fake,
         dir.path(),
         &llm,
@@ -807,7 +785,7 @@ async fn cluster_mode_traces_the_leaders_status_writes() {
         ],
     )
     .await;
-    let reconcile = crate::support::net::eventually("a status write span", || async {
+    let reconcile = eventually("a status write span", || async {
         spans
             .lock()
             .map(|s| s.clone())

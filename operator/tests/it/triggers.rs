@@ -3,10 +3,12 @@
 //! group, one run per group change, a resolved note without a model call, limits in a
 //! storm, nothing lost across kill -9, schedules fired once per slot by two replicas.
 
-use crate::support::chat::get_json;
+use crate::support::browser::{passed, run_browser};
+use crate::support::chat::{Sse, get_json, read_sse_within};
+use crate::support::db::postgres;
 use crate::support::manifests::keyed_manifests;
 use crate::support::net::{eventually, http_client};
-use crate::support::provider::{Reply, mock, openai, openai_chunk, streamed};
+use crate::support::provider::{Reply, chat_calls, mock, openai, openai_chunk, streamed};
 use crate::support::receiver::receiver;
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -73,17 +75,6 @@ fn manifests(base: &str, hook: &str, triggers: &str) -> (tempfile::TempDir, Stri
 }
 
 const CRASHLOOP_TRIGGER: &str = "    - name: crashloops\n      alerts: {matchers: {severity: \"~critical|page\", team: checkout}}\n      prompt: \"Alert {{ labels.alertname }} fires in {{ labels.namespace }}: find the root cause.\"\n      runAs: {user: oncall-bot}\n      callers: {groups: [alerting]}\n      limits: {maxRunsPerHour: 10, maxConcurrent: 3}\n      notify: [oncall]\n";
-
-/// The model's chat calls so far.
-fn chat_calls(script: &crate::support::provider::Script) -> usize {
-    script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .filter(|s| s.path.ends_with("/chat/completions"))
-        .count()
-}
 
 /// A client that sends `key` as its bearer token.
 fn keyed(key: &str) -> reqwest::Client {
@@ -348,7 +339,7 @@ async fn a_real_alertmanager_pages_kortex_and_the_verdict_reaches_the_channel() 
 
     // Everything resolves: a note, and no model call.
     fire(&am, &["web-1", "web-2"], true).await;
-    let resolved = |evs: &[crate::support::chat::Sse]| {
+    let resolved = |evs: &[Sse]| {
         evs.iter().any(|e| {
             e.event == "notice"
                 && e.data["message"]
@@ -366,8 +357,7 @@ async fn a_real_alertmanager_pages_kortex_and_the_verdict_reaches_the_channel() 
         .send()
         .await
         .unwrap();
-    let events =
-        crate::support::chat::read_sse_within(stream, resolved, Duration::from_secs(30)).await;
+    let events = read_sse_within(stream, resolved, Duration::from_secs(30)).await;
     assert!(resolved(&events), "no resolved note");
     assert_eq!(
         chat_calls(&script),
@@ -641,7 +631,7 @@ async fn an_accepted_alert_runs_once_after_a_crash() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_on_postgres_fire_each_schedule_slot_once() {
-    let Some(db) = crate::support::db::postgres().await else {
+    let Some(db) = postgres().await else {
         return;
     };
     let (base, script) = mock().await;
@@ -706,10 +696,10 @@ async fn the_dashboard_lists_and_marks_triggered_sessions() {
     assert_eq!(status, 200, "{body}");
     settled(&kortex, 1).await;
     let env = [("KORTEX_URL", kortex.as_str()), ("KORTEX_KEY", ALICE_KEY)];
-    let Some(out) = crate::support::browser::run_browser("triggers.mjs", &env).await else {
+    let Some(out) = run_browser("triggers.mjs", &env).await else {
         return;
     };
-    crate::support::browser::passed(&out, &server);
+    passed(&out, &server);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,9 +15,22 @@ pub struct Sse {
     pub data: Value,
 }
 
+/// GETs `url`; its JSON answer (`Null` when it is not JSON).
 pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> Value {
-    client
-        .get(url)
+    json_of(client.get(url)).await
+}
+
+/// POSTs `body` to `url`; its JSON answer (`Null` when it is not JSON).
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+    body: &Value,
+) -> Value {
+    json_of(client.post(url).json(body)).await
+}
+
+async fn json_of(request: reqwest::RequestBuilder) -> Value {
+    request
         .send()
         .await
         .unwrap()
@@ -26,18 +39,14 @@ pub async fn get_json(client: &reqwest::Client, url: impl reqwest::IntoUrl) -> V
         .unwrap_or_default()
 }
 
-pub async fn post_json(
-    client: &reqwest::Client,
-    url: impl reqwest::IntoUrl,
-    body: &Value,
-) -> Value {
-    client
-        .post(url)
-        .json(body)
+/// GETs `url`; its body as text (empty when unreadable).
+pub async fn get_text(url: impl reqwest::IntoUrl) -> String {
+    http_client()
+        .get(url)
         .send()
         .await
         .unwrap()
-        .json()
+        .text()
         .await
         .unwrap_or_default()
 }
@@ -93,6 +102,15 @@ pub fn run_ended(events: &[Sse]) -> bool {
                 Some("completed" | "failed" | "cancelled")
             )
     })
+}
+
+/// Session `id` as the chat API shows it (its status, messages...).
+pub async fn session_json(server: &Server, id: &str) -> Value {
+    get_json(
+        &http_client(),
+        server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await
 }
 
 /// Opens the session `name`; its id.
@@ -163,29 +181,21 @@ pub fn state(events: &[Sse]) -> Value {
 
 /// Opens a session with `session` (its `name`, `namespace`...), sends `content` and waits
 /// until the run is over; the session's id.
-pub async fn chat_once(
-    client: &reqwest::Client,
-    server: &Server,
-    session: Value,
-    content: &str,
-) -> String {
+pub async fn chat_once(server: &Server, session: Value, content: &str) -> String {
     let id = open_session(server, session).await;
     post_message(server, &id, content).await;
-    wait_idle(client, &server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    wait_idle(
+        &http_client(),
+        &server.url(&format!("/chat/v1/sessions/{id}")),
+    )
+    .await;
     id
 }
 
 pub async fn wait_idle(client: &reqwest::Client, url: &str) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let s: Value = client
-            .get(url)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or_default();
+        let s = get_json(client, url).await;
         if s["status"] != "running" && s["messages"].as_array().is_some_and(|m| m.len() > 1) {
             return s;
         }

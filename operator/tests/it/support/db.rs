@@ -1,7 +1,9 @@
 //! Databases for tests: SQLite always, PostgreSQL when configured (each test gets a fresh
 //! one, dropped at the end), and rows to put in them.
 
-use kortex::store::{NewMessage, NewSession, ProposalRecord, Store, new_id, now_ms};
+use kortex::store::{
+    DecisionQuery, NewMessage, NewSession, ProposalRecord, Store, UsageEvent, new_id, now_ms,
+};
 
 /// Environment variable with an admin URL of a PostgreSQL server for tests; each test gets
 /// a fresh database on it.
@@ -157,6 +159,35 @@ pub fn message(role: &str, content: impl Into<String>) -> NewMessage {
     NewMessage {
         role: role.into(),
         content: content.into(),
+        ..Default::default()
+    }
+}
+
+/// A chat call of `user` under `policy` at `at` (Unix ms) that cost `cost` (USD): 100 tokens
+/// in, 10 out, to provider `model`'s `m1`.
+pub fn usage(user: &str, policy: &str, at: i64, cost: f64) -> UsageEvent {
+    UsageEvent {
+        at,
+        source: "chat".into(),
+        policy: policy.into(),
+        session_id: None,
+        user: user.into(),
+        provider: "model".into(),
+        model: "m1".into(),
+        input_tokens: 100,
+        output_tokens: 10,
+        cost_usd: cost,
+        latency_ms: 5,
+        outcome: "ok".into(),
+        estimated: false,
+    }
+}
+
+/// The audit rows of `kind` (all kinds: `None`), at most `limit`, newest first.
+pub fn audit_query(kind: Option<&str>, limit: i64) -> DecisionQuery {
+    DecisionQuery {
+        kind: kind.map(str::to_owned),
+        limit,
         ..Default::default()
     }
 }

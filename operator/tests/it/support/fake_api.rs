@@ -665,6 +665,14 @@ pub fn admission_policy(user: &str) -> (Value, Value) {
     (policy, binding)
 }
 
+/// The ChatPolicy `team-a/incidents`: every session, answered by the provider `gpt`, with
+/// `proposals`.
+pub fn incidents_policy(proposals: Value) -> Value {
+    json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+        "metadata": {"name": "incidents", "namespace": "team-a"},
+        "spec": {"sessions": ["*"], "provider": "gpt", "proposals": proposals}})
+}
+
 pub fn deployment() -> Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "api", "namespace": "shop", "annotations": {"deployment.kubernetes.io/revision": "4"}},

@@ -151,19 +151,42 @@ pub async fn mock() -> (String, Arc<Script>) {
     (serve(app).await, script)
 }
 
+/// The tools offered in the first request that offered any, as JSON text (empty: none).
+pub fn offered_tools(script: &Script) -> String {
+    script
+        .seen
+        .lock()
+        .ok()
+        .and_then(|s| {
+            s.iter()
+                .find(|x| x.body.get("tools").is_some())
+                .map(|x| x.body["tools"].to_string())
+        })
+        .unwrap_or_default()
+}
+
+/// The bodies of the chat completion requests the mock has received.
+pub fn chat_requests(script: &Script) -> Vec<Value> {
+    script
+        .seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|s| s.path.ends_with("/chat/completions"))
+        .map(|s| s.body.clone())
+        .collect()
+}
+
+/// How many chat completion requests the mock has received.
+pub fn chat_calls(script: &Script) -> usize {
+    chat_requests(script).len()
+}
+
 /// Waits until the mock has received a chat completion request (a run's provider call is
 /// under way).
 pub async fn provider_called(script: &Script) {
     eventually("a provider call", || async {
-        let calls = script
-            .seen
-            .lock()
-            .map(|s| {
-                s.iter()
-                    .filter(|x| x.path.ends_with("/chat/completions"))
-                    .count()
-            })
-            .unwrap_or_default();
+        let calls = chat_calls(script);
         if calls >= 1 {
             Ok(())
         } else {

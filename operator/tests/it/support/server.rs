@@ -3,7 +3,8 @@
 
 use crate::support::chat::chat_once;
 use crate::support::fake_api::{
-    FakeApi, deployment, phase, proposal_named, provider, secret, write_kubeconfig,
+    FakeApi, deployment, incidents_policy, phase, proposal_named, provider, secret,
+    write_kubeconfig,
 };
 use crate::support::net::http_client;
 use crate::support::provider::{mock, openai, push, streamed, tool_calls};
@@ -227,15 +228,48 @@ pub async fn start_run_with_env(
     vars.extend(env.iter().copied());
     let server = Server::spawn(&args, &vars);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while server.get("/readyz").await.0 != 200 {
+    loop {
+        let (code, body) = server.get("/readyz").await;
+        if code == 200 {
+            return server;
+        }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "never ready:\n{}",
+            "never ready: {body}\n{}",
             server.log()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    server
+}
+
+/// `kortex <args>` (a command of the command line) run to its end on a blocking thread, so
+/// the test's fakes keep serving, with `input` written to its stdin; its output. Like
+/// [`Server::spawn`], it never sees the machine's own keys or server.
+pub fn kortex_cli(
+    args: &[&str],
+    input: &str,
+) -> impl Future<Output = std::process::Output> + use<> {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let input = input.to_owned();
+    let run = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .env_remove("KORTEX_API_KEY")
+            .env_remove("KORTEX_SERVER")
+            .env_remove("ANTHROPIC_API_KEY")
+            .env_remove("OPENAI_API_KEY")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input.as_bytes());
+        }
+        child.wait_with_output().unwrap()
+    });
+    async { run.await.unwrap() }
 }
 
 /// Runs `kubectl-kortex` with `kubeconfig`; whether it succeeded, and its output.
@@ -278,10 +312,7 @@ pub async fn pending_restarts(
     }
     fake.apply(
         "chatpolicies",
-        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-        "metadata": {"name": "incidents", "namespace": "team-a"},
-        "spec": {"sessions": ["*"], "provider": "gpt",
-            "proposals": {"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}}}),
+        incidents_policy(json!({"allowedActions": ["restart"], "allowedNamespaces": ["shop"]})),
     );
     fake.allow("bob");
     let server = start_run(fake, dir, &llm).await;
@@ -303,7 +334,6 @@ pub async fn pending_restarts(
         streamed(&openai(), (openai().text_stream)(&["Proposed."])),
     );
     chat_once(
-        &http_client(),
         &server,
         json!({"name": "incident-10", "namespace": "team-a"}),
         "restart them",
