@@ -152,8 +152,8 @@ pub async fn ready_nodes(client: &Client) -> anyhow::Result<usize> {
         .count())
 }
 
-/// Applies `object` (server-side apply, forced) in namespace `ns`; its kind's plural is its
-/// lower-cased kind plus `s`.
+/// Applies `object` (server-side apply, forced) in namespace `ns` (`""`: a cluster-scoped
+/// object); its kind's plural is its lower-cased kind plus `s`.
 pub async fn apply(client: &Client, ns: &str, object: serde_json::Value) -> anyhow::Result<()> {
     use kube::api::DynamicObject;
     use kube::core::{ApiResource, GroupVersionKind};
@@ -163,7 +163,11 @@ pub async fn apply(client: &Client, ns: &str, object: serde_json::Value) -> anyh
     let gvk = GroupVersionKind::gvk(group, version, kind);
     let plural = format!("{}s", kind.to_lowercase());
     let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let api: Api<DynamicObject> = if ns.is_empty() {
+        Api::all_with(client.clone(), &resource)
+    } else {
+        Api::namespaced_with(client.clone(), ns, &resource)
+    };
     let name = object["metadata"]["name"]
         .as_str()
         .unwrap_or_default()

@@ -146,27 +146,6 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Applies a cluster-scoped `object` (server-side apply, forced).
-async fn apply_cluster(client: &kube::Client, object: serde_json::Value) -> anyhow::Result<()> {
-    use kube::api::{DynamicObject, Patch, PatchParams};
-    use kube::core::{ApiResource, GroupVersionKind};
-    let kind = object["kind"].as_str().unwrap_or_default();
-    let gvk = GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", kind);
-    let resource = ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
-    let api: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &resource);
-    let name = object["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    api.patch(
-        &name,
-        &PatchParams::apply(kortex_e2e::MANAGER).force(),
-        &Patch::Apply(&object),
-    )
-    .await?;
-    Ok(())
-}
-
 async fn delete_cluster(client: &kube::Client, kind: &str, name: &str) {
     use kube::api::{DeleteParams, DynamicObject};
     use kube::core::{ApiResource, GroupVersionKind};
@@ -221,9 +200,10 @@ async fn run_as_grants(
     let subject = json!([{"kind": "ServiceAccount", "name": "kortex", "namespace": ns}]);
     let mut role = yaml_docs("config/rbac/role.yaml")?.remove(0);
     role["metadata"]["name"] = json!(tag);
-    apply_cluster(client, role).await?;
-    apply_cluster(
+    apply(client, "", role).await?;
+    apply(
         client,
+        "",
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": tag},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": tag},
