@@ -55,7 +55,10 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         ns,
         json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "checkout-0", "namespace": ns},
-        "spec": {"containers": [{"name": "app", "image": "busybox:1.36", "command": ["sleep", "3600"]}]}}),
+        // Its ServiceAccount is the one this test made (a fresh namespace's `default` may
+        // not exist yet, and the API server refuses a pod whose account is missing).
+        "spec": {"serviceAccountName": "investigator", "automountServiceAccountToken": false,
+            "containers": [{"name": "app", "image": "busybox:1.36", "command": ["sleep", "3600"]}]}}),
     )
     .await?;
     let config = kube::Config::infer().await?;
