@@ -9,7 +9,6 @@ use kortex::store::{NewSession, Store};
 use kortex::tools::{Outcome, ToolContext};
 use kortex_e2e::{TempNamespace, any_policy, apply, client, kube_tools, ready_nodes};
 use serde_json::{Value, json};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 #[tokio::test]
@@ -57,15 +56,7 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
             dynamic_tools: json!([]),
         })
         .await?;
-    let ctx = ToolContext {
-        store: store.clone(),
-        session,
-        run_id: "run".into(),
-        redactor: Default::default(),
-        kube: Default::default(),
-        guides: Arc::from(Vec::new()),
-        via: "chat",
-    };
+    let ctx = ToolContext::new(store.clone(), session, "run", "chat");
     let router = kube_tools(client);
     let policy = any_policy(ns, "p")?;
     let call = |name: &str, input: Value| {

@@ -13,7 +13,6 @@ use kortex::store::{NewSession, Store};
 use kortex::tools::{KubeIdentity, ToolContext};
 use kortex_e2e::{TempNamespace, any_policy, apply, client, impersonating, kube_tools, yaml_docs};
 use serde_json::json;
-use std::sync::Arc;
 
 #[tokio::test]
 async fn a_run_as_service_account_reads_only_what_it_may() -> anyhow::Result<()> {
@@ -110,15 +109,8 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     let router = kube_tools(client);
     let policy = any_policy(ns, "incidents")?;
     let logs = |kube: KubeIdentity| {
-        let ctx = ToolContext {
-            store: store.clone(),
-            session: session.clone(),
-            run_id: "run".into(),
-            redactor: Default::default(),
-            kube,
-            guides: Arc::from(Vec::new()),
-            via: "chat",
-        };
+        let mut ctx = ToolContext::new(store.clone(), session.clone(), "run", "chat");
+        ctx.kube = kube;
         let (router, policy) = (&router, &policy);
         let call = ToolCall {
             id: "c".into(),

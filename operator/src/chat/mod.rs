@@ -168,10 +168,24 @@ impl Engine {
     pub fn new(
         store: Store,
         config: watch::Receiver<Arc<LiveConfig>>,
-        router: Arc<crate::tools::Router>,
+        mut router: crate::tools::Router,
     ) -> Arc<Self> {
         let governor = crate::govern::Governor::new(store.clone(), router.metrics());
-        Arc::new(Self {
+        Arc::new_cyclic(|me| {
+            // The two tools that record something for a session, carried out by this engine.
+            router.add(Arc::new(proposals::ProposeAction(me.clone())));
+            router.add(Arc::new(plan::SubmitPlan(me.clone())));
+            Self::with(store, config, Arc::new(router), governor)
+        })
+    }
+
+    fn with(
+        store: Store,
+        config: watch::Receiver<Arc<LiveConfig>>,
+        router: Arc<crate::tools::Router>,
+        governor: Arc<crate::govern::Governor>,
+    ) -> Self {
+        Self {
             governor,
             adapters: crate::llm::AdapterCache::default(),
             store,
@@ -188,7 +202,7 @@ impl Engine {
             delegations: Arc::default(),
             local_mcp: std::sync::OnceLock::new(),
             probes: std::sync::OnceLock::new(),
-        })
+        }
     }
 
     /// Remembers the token `user` last presented posting in `session_id` (memory only).

@@ -46,6 +46,75 @@ pub fn spec() -> ToolSpec {
     }
 }
 
+/// `submit_plan` behind the router: offered while the session's policy plans, it records
+/// the plan (if valid) and shows it; under `planning: required` it holds the run for a
+/// person's decision, in preview mode the model is told to go ahead.
+pub struct SubmitPlan(pub(super) std::sync::Weak<super::Engine>);
+
+/// The policy's `runControl.planning`.
+pub fn planning(policy: &crate::catalog::PolicyEntry) -> Planning {
+    policy
+        .object
+        .spec
+        .run_control
+        .as_ref()
+        .map(|r| r.planning)
+        .unwrap_or_default()
+}
+
+impl crate::tools::Tool for SubmitPlan {
+    fn spec(&self) -> ToolSpec {
+        spec()
+    }
+
+    /// Part of the policy's run control: its `tools` allow/deny do not remove it.
+    fn offer(&self, policy: &crate::catalog::PolicyEntry) -> crate::tools::Offer {
+        match planning(policy) {
+            Planning::Off => crate::tools::Offer::Never,
+            _ => crate::tools::Offer::As(spec()),
+        }
+    }
+
+    fn effect(&self) -> crate::tools::Effect {
+        crate::tools::Effect::Waits
+    }
+
+    fn call(
+        &self,
+        ctx: crate::tools::ToolContext,
+        input: Value,
+    ) -> crate::llm::BoxFuture<'static, Result<String, crate::tools::ToolError>> {
+        use crate::tools::ToolError;
+        let engine = self.0.upgrade();
+        Box::pin(async move {
+            let engine = engine.ok_or(ToolError::Internal("the chat engine is gone".into()))?;
+            let policy = ctx.scope.policy.as_ref();
+            let required = policy.map(planning) == Some(Planning::Required);
+            let steps = self::steps(&input, &ctx.scope.offered)
+                .map_err(|why| ToolError::Invalid(format!("invalid plan: {why}")))?;
+            let status = if required { "proposed" } else { "noted" };
+            let stored = engine
+                .store
+                .add_plan(&ctx.run_id, &ctx.session.id, &ctx.call_id, &steps, status)
+                .await;
+            let id =
+                stored.map_err(|e| ToolError::Internal(format!("cannot keep the plan: {e}")))?;
+            let mode = if required { "required" } else { "preview" };
+            let shown = json!({"runId": ctx.run_id, "planId": id, "mode": mode, "steps": steps});
+            engine
+                .emit(&ctx.session.id, &ctx.run_id, EVENT, shown)
+                .await
+                .map_err(|e| ToolError::Internal(format!("cannot show the plan: {e}")))?;
+            if required {
+                // Its result is the person's decision.
+                ctx.hold();
+                return Ok(format!("Plan {id} is waiting for a person's decision."));
+            }
+            Ok(format!("Plan {id} noted and shown to the user; go ahead."))
+        })
+    }
+}
+
 /// The steps of a `submit_plan` call, checked: each names a tool the session may call, ids
 /// are unique. `Err` is the tool's error result for the model.
 pub fn steps(input: &Value, offered: &[String]) -> Result<Value, String> {

@@ -59,22 +59,90 @@ pub fn spec(policy: &PolicyEntry) -> Option<ToolSpec> {
              Explain the evidence in rationale. Returns a proposal id; the human decision arrives later.",
             rules.allowed_actions.join(", ")
         ),
-        parameters: json!({
-            "type": "object",
-            "properties": {
-                "action": {"type": "string", "enum": rules.allowed_actions},
-                "target": {"type": "object", "properties": {
-                    "apiVersion": {"type": "string"}, "kind": {"type": "string"},
-                    "namespace": {"type": "string"}, "name": {"type": "string"}},
-                    "required": ["apiVersion", "kind", "name"]},
-                "params": {"type": "object", "description": "e.g. {\"replicas\": 3} for scale"},
-                "rationale": {"type": "string"},
-                "blastRadius": {"type": "string"},
-                "reversible": {"type": "boolean"}
-            },
-            "required": ["action", "target", "rationale"]
-        }),
+        parameters: parameters(json!({"type": "string", "enum": rules.allowed_actions})),
     })
+}
+
+/// The arguments' schema, with `action` as the policy allows it.
+fn parameters(action: Value) -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "action": action,
+            "target": {"type": "object", "properties": {
+                "apiVersion": {"type": "string"}, "kind": {"type": "string"},
+                "namespace": {"type": "string"}, "name": {"type": "string"}},
+                "required": ["apiVersion", "kind", "name"]},
+            "params": {"type": "object", "description": "e.g. {\"replicas\": 3} for scale"},
+            "rationale": {"type": "string"},
+            "blastRadius": {"type": "string"},
+            "reversible": {"type": "boolean"}
+        },
+        "required": ["action", "target", "rationale"]
+    })
+}
+
+/// `propose_action` behind the router: offered as the session's policy shapes it
+/// ([`spec`]), carried out by [`propose`] for the engine it belongs to.
+pub struct ProposeAction(pub(super) std::sync::Weak<Engine>);
+
+impl crate::tools::Tool for ProposeAction {
+    /// What every call is validated against; the policy's own actions are checked by
+    /// [`propose`], with its reasons.
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: TOOL.to_owned(),
+            description:
+                "Propose an action for a human to approve; nothing is executed by this call.".into(),
+            parameters: parameters(json!({"type": "string"})),
+        }
+    }
+
+    fn offer(&self, policy: &PolicyEntry) -> crate::tools::Offer {
+        spec(policy).map_or(crate::tools::Offer::Never, crate::tools::Offer::As)
+    }
+
+    fn effect(&self) -> crate::tools::Effect {
+        crate::tools::Effect::Records
+    }
+
+    /// In cluster mode it creates an object and asks the API server for a dry-run preview.
+    fn timeouts(&self) -> (std::time::Duration, std::time::Duration) {
+        (
+            std::time::Duration::from_secs(60),
+            std::time::Duration::from_secs(120),
+        )
+    }
+
+    fn call(
+        &self,
+        ctx: crate::tools::ToolContext,
+        input: Value,
+    ) -> crate::llm::BoxFuture<'static, Result<String, crate::tools::ToolError>> {
+        use crate::tools::ToolError;
+        let engine = self.0.upgrade();
+        Box::pin(async move {
+            let engine = engine.ok_or(ToolError::Internal("the chat engine is gone".into()))?;
+            let policy = ctx
+                .scope
+                .policy
+                .as_ref()
+                .ok_or(ToolError::Internal("the call has no policy".into()))?;
+            let model = (ctx.scope.model.0.as_str(), ctx.scope.model.1.as_str());
+            propose(
+                &engine,
+                &ctx.session,
+                &ctx.run_id,
+                policy,
+                model,
+                ctx.via,
+                &input,
+            )
+            .await
+            .map(|v| v.to_string())
+            .map_err(ToolError::Invalid)
+        })
+    }
 }
 
 fn str_field<'a>(v: &'a Value, key: &str) -> Option<&'a str> {

@@ -415,11 +415,7 @@ fn prepare<'a>(
         routing,
         scope: crate::govern::Scope::new(policy, &session.user, Some(&session.id), "chat"),
         redactor: crate::redact::Redactor::for_policy(catalog, policy),
-        planning: spec
-            .run_control
-            .as_ref()
-            .map(|r| r.planning)
-            .unwrap_or_default(),
+        planning: super::plan::planning(policy),
         dynamic,
     })
 }
@@ -478,17 +474,16 @@ async fn steps(
         let tools: Vec<llm::ToolSpec> = if std::mem::take(&mut without_tools) {
             Vec::new()
         } else {
-            tool_calls::offered(engine, policy, session, &run.kube)
+            tool_calls::offered(engine, policy, session, &run.kube, true)
                 .into_iter()
                 .chain(run.dynamic.iter().cloned())
-                .chain((planning != crate::crd::Planning::Off).then(super::plan::spec))
                 .collect()
         };
         let offered_names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
         let guides = engine.router.guides(&tools, &session.namespace);
         let system = run.system(tools.iter().any(|t| t.name == crate::tools::guides::LIST));
         // What a provider with its own tool loop may call over /mcp: the step's tools but
-        // the client's own (it cannot wait for a client) and the plan tool.
+        // the client's own and those that may wait for a person (it cannot wait).
         let delegable = Delegable {
             policy,
             kube: &run.kube,
@@ -498,7 +493,8 @@ async fn steps(
             tools: tools
                 .iter()
                 .filter(|t| {
-                    t.name != super::plan::TOOL && !run.dynamic.iter().any(|d| d.name == t.name)
+                    engine.router.effect(&t.name) != crate::tools::Effect::Waits
+                        && !run.dynamic.iter().any(|d| d.name == t.name)
                 })
                 .cloned()
                 .collect(),
@@ -541,10 +537,10 @@ async fn steps(
                 kube: &run.kube,
                 via: "chat",
                 model: (calls.provider.as_str(), calls.model.as_str()),
+                planning,
+                offered: &offered_names,
             },
-            planning,
             dynamic: &run.dynamic,
-            offered: &offered_names,
             guides,
         };
         if let Some(end) = carry_out_calls(&step_calls, &calls.calls, &step_span, cancel).await? {
@@ -694,17 +690,15 @@ struct StepCalls<'a> {
     session: &'a SessionRecord,
     run_id: &'a str,
     scope: tool_calls::CallScope<'a>,
-    planning: crate::crd::Planning,
     /// The session's client-executed tools: their calls wait for the client.
     dynamic: &'a [llm::ToolSpec],
-    /// The names of the tools the step offered (a plan may name only these).
-    offered: &'a [String],
     guides: std::sync::Arc<[crate::tools::guides::Guide]>,
 }
 
-/// Carries out a step's calls: client tools wait for the client, the plan tool records
-/// the plan, a proposal is stored before the other calls run, all of them at once, through
-/// the one path every door uses. `Some` ends the run (or parks it).
+/// Carries out a step's calls, all through the one path every door uses: client tools
+/// wait for the client; a call that records something (a proposal, a plan) runs alone, in
+/// order, before the step's reads, which then run at once. `Some` ends the run (or parks
+/// it: a held call's result is a person's decision).
 async fn carry_out_calls(
     c: &StepCalls<'_>,
     calls: &[ToolCall],
@@ -712,14 +706,8 @@ async fn carry_out_calls(
     cancel: &watch::Receiver<bool>,
 ) -> Result<Option<End>, crate::store::StoreError> {
     let (engine, session, run_id) = (c.engine, c.session, c.run_id);
-    let mut waiting = false;
-    let mut routed = Vec::new();
-    let mut plan = if c.planning == crate::crd::Planning::Off {
-        None
-    } else {
-        engine.store.latest_plan(run_id).await?
-    };
-    let mut awaiting_plan = false;
+    let (mut waiting, mut held) = (false, false);
+    let mut reads = Vec::new();
     for call in calls {
         let start =
             json!({"runId": run_id, "callId": call.id, "name": call.name, "input": call.input});
@@ -728,32 +716,17 @@ async fn carry_out_calls(
             .await?;
         if c.dynamic.iter().any(|t| t.name == call.name) {
             waiting = true;
-        } else if call.name == super::plan::TOOL && c.planning != crate::crd::Planning::Off {
-            if take_plan(c, call).await? {
-                // Its result is the person's decision.
-                awaiting_plan = true;
-            }
-            plan = engine.store.latest_plan(run_id).await?;
-        } else if let Some(why) = super::plan::refuses(c.planning, plan.as_ref(), &call.name) {
-            let outcome = crate::tools::Outcome {
-                content: why,
-                is_error: true,
-                error_kind: Some("denied"),
-                truncated: false,
-                duration: Duration::ZERO,
-            };
-            finish_call(engine, session, run_id, call, outcome).await?;
-        } else if call.name == super::proposals::TOOL {
+        } else if engine.router.effect(&call.name) == crate::tools::Effect::Read {
+            reads.push(call);
+        } else {
             let outcome = tool_calls::call(engine, &c.scope, call, c.guides.clone(), async {})
                 .instrument(step_span.clone())
                 .await;
-            finish_call(engine, session, run_id, call, outcome).await?;
-        } else {
-            routed.push(call);
+            held |= finish_call(engine, session, run_id, call, outcome).await?;
         }
     }
     let (caller, guides) = (&c.scope, &c.guides);
-    let outcomes = futures_util::future::join_all(routed.into_iter().map(|call| async move {
+    let outcomes = futures_util::future::join_all(reads.into_iter().map(|call| async move {
         let slow = slow_notice(engine, session, run_id, &call.name);
         (
             call,
@@ -771,60 +744,10 @@ async fn carry_out_calls(
     if waiting {
         return Ok(Some(End::RequiresAction));
     }
-    if awaiting_plan {
+    if held {
         return Ok(Some(End::AwaitingPlan));
     }
     Ok(None)
-}
-
-/// The plan tool's call: the plan (if valid) is recorded and shown; under `planning:
-/// required` the run then waits for a person (`true`), in preview mode the model is told to
-/// go ahead. An invalid plan gets the reason as the call's result.
-async fn take_plan(c: &StepCalls<'_>, call: &ToolCall) -> Result<bool, crate::store::StoreError> {
-    let (engine, session, run_id) = (c.engine, c.session, c.run_id);
-    let (offered_names, planning) = (c.offered, c.planning);
-    let started = Instant::now();
-    match super::plan::steps(&call.input, offered_names) {
-        Err(why) => {
-            let outcome = crate::tools::Outcome {
-                content: format!("invalid plan: {why}"),
-                is_error: true,
-                error_kind: Some("validation"),
-                truncated: false,
-                duration: started.elapsed(),
-            };
-            finish_call(engine, session, run_id, call, outcome).await?;
-            Ok(false)
-        }
-        Ok(steps) => {
-            let required = planning == crate::crd::Planning::Required;
-            let status = if required { "proposed" } else { "noted" };
-            let id = engine
-                .store
-                .add_plan(run_id, &session.id, &call.id, &steps, status)
-                .await?;
-            let mode = if required { "required" } else { "preview" };
-            engine
-                .emit(
-                    &session.id,
-                    run_id,
-                    super::plan::EVENT,
-                    json!({"runId": run_id, "planId": id, "mode": mode, "steps": steps}),
-                )
-                .await?;
-            if !required {
-                let outcome = crate::tools::Outcome {
-                    content: format!("Plan {id} noted and shown to the user; go ahead."),
-                    is_error: false,
-                    error_kind: None,
-                    truncated: false,
-                    duration: started.elapsed(),
-                };
-                finish_call(engine, session, run_id, call, outcome).await?;
-            }
-            Ok(required)
-        }
-    }
 }
 
 async fn notice(
@@ -1066,6 +989,9 @@ async fn answer_step(
             kube: delegable.kube,
             via: "chat",
             model: (route.provider.as_str(), model.as_str()),
+            // A provider with its own loop is refused under a plan gate (above).
+            planning: crate::crd::Planning::Off,
+            offered: &[],
         };
         let delegated = delegated.map(|(rx, grant)| Delegated {
             rx,
@@ -1259,7 +1185,11 @@ async fn finish_call(
     run_id: &str,
     call: &ToolCall,
     outcome: crate::tools::Outcome,
-) -> Result<(), crate::store::StoreError> {
+) -> Result<bool, crate::store::StoreError> {
+    if outcome.held {
+        // Its result is a person's decision, written when they make it.
+        return Ok(true);
+    }
     let message = NewMessage {
         run_id: Some(run_id.to_owned()),
         role: "tool".into(),
@@ -1278,7 +1208,7 @@ async fn finish_call(
     engine
         .append_and_emit(&session.id, &message, event::TOOL_END, data)
         .await?;
-    Ok(())
+    Ok(false)
 }
 
 /// What one provider call produced.
@@ -1452,13 +1382,11 @@ async fn serve_delegated(
     if engine.store.run_status(run_id).await? == Some(crate::store::RunState::Pausing)
         || engine.store.redirect_pending(run_id).await?
     {
-        let _ = asked.reply.send(crate::tools::Outcome {
-            content: "not made: the user paused or redirected the run".to_owned(),
-            is_error: true,
-            error_kind: Some("cancelled"),
-            truncated: false,
-            duration: Duration::ZERO,
-        });
+        let _ = asked.reply.send(crate::tools::Outcome::refused(
+            "not made: the user paused or redirected the run".to_owned(),
+            "cancelled",
+            Duration::ZERO,
+        ));
         out.interrupted = true;
         return Ok(false);
     }

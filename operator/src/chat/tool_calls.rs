@@ -1,13 +1,15 @@
 //! One path from caller to tool, whichever door the call came in by — a chat run's model or
-//! an MCP client: what a session may call under its policy, and one call carried out
-//! (`propose_action` stores a proposal; every other tool goes through the router, with its
-//! validation, timeouts, result cap, redaction, audit row and metrics).
+//! an MCP client: what a session may call under its policy, and one call carried out: the
+//! door's plan gate, then the router, with its validation, timeouts, result cap, redaction,
+//! audit row and metrics (`propose_action` and `submit_plan` are router tools too, see
+//! `proposals.rs` and `plan.rs`).
 
 use super::Engine;
 use crate::catalog::PolicyEntry;
+use crate::crd::Planning;
 use crate::llm::{ToolCall, ToolSpec};
 use crate::store::SessionRecord;
-use crate::tools::{KubeIdentity, Outcome, ToolContext, guides::Guide};
+use crate::tools::{CallerScope, Effect, KubeIdentity, Outcome, ToolContext, guides::Guide};
 use std::sync::Arc;
 use std::time::Instant;
 use tracing::Instrument as _;
@@ -30,23 +32,30 @@ pub struct CallScope<'a> {
     /// Who asked, as a proposal records it: (provider, model) of a chat run, or
     /// (`mcp`, the client's name).
     pub model: (&'a str, &'a str),
+    /// The plan gate this door applies: the policy's under a chat run, `Off` over MCP (an
+    /// MCP client's calls are not planned, and cannot wait for a plan's approval).
+    pub planning: Planning,
+    /// The names of the tools offered with the call (a plan may name only these).
+    pub offered: &'a [String],
 }
 
 /// The tools a session may call under `policy` (built-ins, its namespace's plugins,
-/// `propose_action` when the policy allows an action), after allow/deny and
-/// `allowedSessions`. Client-executed dynamic tools are the chat door's own.
+/// `propose_action` when the policy allows an action, `submit_plan` when it plans), after
+/// allow/deny and `allowedSessions`. A door whose calls cannot wait for a person (`waits`
+/// false: an MCP client, a provider's own tool loop) is not offered the tools that may.
+/// Client-executed dynamic tools are the chat door's own.
 pub fn offered(
     engine: &Engine,
     policy: &PolicyEntry,
     session: &SessionRecord,
     kube: &KubeIdentity,
+    waits: bool,
 ) -> Vec<ToolSpec> {
-    engine
-        .router
-        .offered(policy, session, kube)
-        .into_iter()
-        .chain(super::proposals::spec(policy))
-        .collect()
+    let mut tools = engine.router.offered(policy, session, kube);
+    if !waits {
+        tools.retain(|t| engine.router.effect(&t.name) != Effect::Waits);
+    }
+    tools
 }
 
 /// Carries out one call, in its `execute_tool` span. Never fails: every problem is an error
@@ -78,6 +87,7 @@ pub async fn call(
     outcome
 }
 
+/// The plan gate, then the router.
 async fn carry_out(
     engine: &Engine,
     caller: &CallScope<'_>,
@@ -85,41 +95,44 @@ async fn carry_out(
     guides: Arc<[Guide]>,
     on_slow: impl std::future::Future<Output = ()>,
 ) -> Outcome {
-    if call.name == super::proposals::TOOL && super::proposals::spec(caller.policy).is_some() {
-        let started = Instant::now();
-        let proposed = super::proposals::propose(
-            engine,
-            caller.session,
-            caller.run_id,
-            caller.policy,
-            caller.model,
-            caller.via,
-            &call.input,
-        )
-        .await;
-        let (content, is_error, error_kind) = match proposed {
-            Ok(v) => (v.to_string(), false, None),
-            Err(e) => (e, true, Some("validation")),
-        };
-        return Outcome {
-            content: caller.redactor.content(&content).0,
-            is_error,
-            error_kind,
-            truncated: false,
-            duration: started.elapsed(),
-        };
+    let started = Instant::now();
+    if let Some(why) = gate(engine, caller, &call.name).await {
+        return Outcome::refused(why, "denied", started.elapsed());
     }
-    let ctx = ToolContext {
-        store: engine.store.clone(),
-        session: caller.session.clone(),
-        run_id: caller.run_id.to_owned(),
-        redactor: caller.redactor.clone(),
-        kube: caller.kube.clone(),
-        guides,
-        via: caller.via,
-    };
+    let mut ctx = ToolContext::new(
+        engine.store.clone(),
+        caller.session.clone(),
+        caller.run_id,
+        caller.via,
+    );
+    ctx.call_id = call.id.clone();
+    ctx.redactor = caller.redactor.clone();
+    ctx.kube = caller.kube.clone();
+    ctx.guides = guides;
+    ctx.scope = Arc::new(CallerScope {
+        policy: Some(caller.policy.clone()),
+        model: (caller.model.0.to_owned(), caller.model.1.to_owned()),
+        offered: caller.offered.to_vec(),
+    });
     engine
         .router
         .execute(ctx, call, caller.policy, on_slow)
         .await
+}
+
+/// Why the door's plan gate refuses `tool` now, if it does: nothing but the plan tool
+/// (and what reads around it) before a plan, only the approved plan's tools after one
+/// (`docs`: the ChatPolicy's `runControl.planning`). A door that does not plan is not
+/// offered the plan tool either.
+async fn gate(engine: &Engine, caller: &CallScope<'_>, tool: &str) -> Option<String> {
+    if caller.planning == Planning::Off {
+        return (engine.router.effect(tool) == Effect::Waits).then(|| {
+            format!("tool {tool} is not offered here: this door cannot wait for a person")
+        });
+    }
+    let plan = match engine.store.latest_plan(caller.run_id).await {
+        Ok(plan) => plan,
+        Err(e) => return Some(format!("the run's plan cannot be read: {e}")),
+    };
+    super::plan::refuses(caller.planning, plan.as_ref(), tool)
 }

@@ -458,7 +458,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         metrics: metrics.clone(),
         auth,
         probes: probes.clone(),
-        engine: crate::chat::Engine::new(store.clone(), config_rx.clone(), Arc::new(router)),
+        engine: crate::chat::Engine::new(store.clone(), config_rx.clone(), router),
         cluster_auth,
         auth_proxy,
         limits: crate::http::limits::Limits::new(limits.clone()),

@@ -437,7 +437,7 @@ impl KortexMcp {
             access.caller.token.as_ref(),
             policy.object.spec.run_tools_as_user,
         );
-        let tools = tool_calls::offered(&self.state.engine, policy, &access.session, &kube);
+        let tools = tool_calls::offered(&self.state.engine, policy, &access.session, &kube, false);
         let guides = self
             .state
             .engine
@@ -451,6 +451,11 @@ impl KortexMcp {
             guides,
             kube,
         })
+    }
+
+    /// A tool as MCP lists it, with what it does beyond reading.
+    fn mcp_tool(&self, spec: &ToolSpec) -> Tool {
+        mcp_tool(spec, self.state.engine.router.effect(&spec.name))
     }
 
     /// What changes the client must hear about: the tool list and the guides.
@@ -499,18 +504,18 @@ fn access(extensions: &Extensions) -> Result<Access, McpError> {
         .ok_or_else(|| McpError::internal_error("the request was not admitted", None))
 }
 
-fn mcp_tool(spec: &ToolSpec) -> Tool {
+fn mcp_tool(spec: &ToolSpec, effect: crate::tools::Effect) -> Tool {
     let schema = match &spec.parameters {
         Value::Object(o) => o.clone(),
         _ => serde_json::Map::new(),
     };
     // Every tool but propose_action only reads; propose_action writes a proposal and
     // changes nothing else.
-    let proposal = spec.name == crate::chat::proposals::TOOL;
+    let reads = effect == crate::tools::Effect::Read;
     let annotations = ToolAnnotations::new()
-        .read_only(!proposal)
+        .read_only(reads)
         .destructive(false)
-        .idempotent(!proposal);
+        .idempotent(reads);
     let mut tool = Tool::new(
         spec.name.clone(),
         spec.description.clone(),
@@ -552,12 +557,12 @@ impl ServerHandler for KortexMcp {
         let access = access(&context.extensions)?;
         if let Some(d) = &access.delegation {
             return Ok(ListToolsResult::with_all_items(
-                d.tools.iter().map(mcp_tool).collect(),
+                d.tools.iter().map(|t| self.mcp_tool(t)).collect(),
             ));
         }
         let usable = self.usable(&access)?;
         Ok(ListToolsResult::with_all_items(
-            usable.tools.iter().map(mcp_tool).collect(),
+            usable.tools.iter().map(|t| self.mcp_tool(t)).collect(),
         ))
     }
 
@@ -604,6 +609,9 @@ impl ServerHandler for KortexMcp {
             kube: &usable.kube,
             via: "mcp",
             model: ("mcp", &client),
+            // An MCP client's calls are not planned.
+            planning: crate::crd::Planning::Off,
+            offered: &[],
         };
         // Named but not offered (denied, another namespace's, or no Kubernetes identity):
         // refused as the router refuses it, with its audit row.

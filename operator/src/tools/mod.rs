@@ -44,6 +44,8 @@ pub struct ToolContext {
     pub session: SessionRecord,
     /// The run.
     pub run_id: String,
+    /// The call's id, as the model (or the MCP door) named it.
+    pub call_id: String,
     /// Redacts the result: resolved Secret values, plus what the session's policy's
     /// `privacy` asks for.
     pub redactor: crate::redact::Redactor,
@@ -53,6 +55,80 @@ pub struct ToolContext {
     pub guides: Arc<[guides::Guide]>,
     /// Which door the call came in by (`chat` or `mcp`), for the audit row.
     pub via: &'static str,
+    /// What the session runs under and who asked: what a tool that records something for
+    /// the session (`propose_action`, `submit_plan`) checks and writes down.
+    pub scope: Arc<CallerScope>,
+    /// Set by a tool whose result is a person's decision (see [`ToolContext::hold`]).
+    held: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The part of a call's context that a read-only tool does not need: the session's policy,
+/// who asked, and what else the step offered.
+#[derive(Clone, Default)]
+pub struct CallerScope {
+    /// The session's policy (`None` only where a tool is called outside any session run,
+    /// as in a tool's own tests).
+    pub policy: Option<PolicyEntry>,
+    /// Who asked: (provider, model) of a chat run, or (`mcp`, the client's name).
+    pub model: (String, String),
+    /// The names of the tools offered with this one (a plan may name only these).
+    pub offered: Vec<String>,
+}
+
+impl ToolContext {
+    /// A context for a call by `session` in `run_id`, through `via`.
+    pub fn new(
+        store: Store,
+        session: SessionRecord,
+        run_id: impl Into<String>,
+        via: &'static str,
+    ) -> Self {
+        Self {
+            store,
+            session,
+            run_id: run_id.into(),
+            call_id: String::new(),
+            redactor: Default::default(),
+            kube: KubeIdentity::Kortex,
+            guides: Arc::from(Vec::new()),
+            via,
+            scope: Arc::default(),
+            held: Arc::default(),
+        }
+    }
+
+    /// Says that the call's result is a person's decision: no result is written now, and
+    /// the run waits for them (a plan under `planning: required`). Only a tool whose
+    /// [`Tool::effect`] is [`Effect::Waits`] may hold its run.
+    pub fn hold(&self) {
+        self.held.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// What a call does beyond reading, which decides when and through which doors it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// It only reads (every built-in and plugin tool): the step's reads run at once.
+    Read,
+    /// It records something for the session and changes nothing else (`propose_action`):
+    /// it runs alone, before the step's reads; an MCP client sees it as not read-only.
+    Records,
+    /// It may leave the run waiting for a person (`submit_plan`): it runs alone, before
+    /// the step's reads, and only where a run can wait (never over MCP, nor in a
+    /// provider's own tool loop).
+    Waits,
+}
+
+/// How a tool is offered under a policy.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Offer {
+    /// As its spec, if the policy's `tools` allow/deny lets it through (the default).
+    ByRules,
+    /// Not offered under this policy.
+    Never,
+    /// Offered, as this spec: the policy shapes it (the actions it may propose) or makes
+    /// it part of its run control (the plan gate), and has applied its rules already.
+    As(ToolSpec),
 }
 
 /// Who the Kubernetes tools act as for a call.
@@ -72,6 +148,9 @@ pub enum KubeIdentity {
 pub enum ToolError {
     /// The arguments are wrong (the model can correct itself).
     Validation(String),
+    /// The arguments are wrong by the tool's own rules, which its message explains whole
+    /// (shown as it is; `errorKind` `validation`).
+    Invalid(String),
     /// The source the tool reads failed.
     Upstream(String),
     /// Not allowed.
@@ -82,13 +161,22 @@ pub enum ToolError {
     Internal(String),
 }
 
-/// A read-only tool.
+/// A tool: read-only, but for the two that record something for the session (see
+/// [`Effect`]).
 pub trait Tool: Send + Sync {
     /// Name, description and JSON Schema of the arguments.
     fn spec(&self) -> ToolSpec;
     /// Whether it reads the Kubernetes API (and so acts as the session's identity).
     fn kubernetes(&self) -> bool {
         false
+    }
+    /// How it is offered under `policy`.
+    fn offer(&self, _policy: &PolicyEntry) -> Offer {
+        Offer::ByRules
+    }
+    /// What it does beyond reading.
+    fn effect(&self) -> Effect {
+        Effect::Read
     }
     /// Default and hard timeouts.
     fn timeouts(&self) -> (Duration, Duration) {
@@ -112,6 +200,23 @@ pub struct Outcome {
     pub truncated: bool,
     /// Wall time.
     pub duration: Duration,
+    /// The result is a person's decision, still to come: nothing is written for the call
+    /// now, and the run waits ([`ToolContext::hold`]).
+    pub held: bool,
+}
+
+impl Outcome {
+    /// A refusal before the call reached any tool (`kind` is its `errorKind`).
+    pub fn refused(content: String, kind: &'static str, duration: Duration) -> Self {
+        Self {
+            content,
+            is_error: true,
+            error_kind: Some(kind),
+            truncated: false,
+            duration,
+            held: false,
+        }
+    }
 }
 
 /// The tools of a process: the built-in ones, fixed at start, and the plugin tools of the
@@ -244,16 +349,35 @@ impl Router {
             .tools
             .values()
             .filter(|t| kube_ok || !t.kubernetes)
-            .map(|t| &t.spec)
-            .chain(own)
-            .filter(|s| permitted(rules, &s.name))
-            .cloned()
+            .filter_map(|t| match t.tool.offer(policy) {
+                Offer::ByRules => Some(t.spec.clone()),
+                Offer::Never => None,
+                Offer::As(spec) => Some(spec),
+            })
+            .chain(own.cloned())
+            .filter(|s| self.shaped(policy, &s.name) || permitted(rules, &s.name))
             .collect();
         // The guide tools only when there is a guide to read.
         if guides::usable(&offered, &plugins, &session.namespace).is_empty() {
             offered.retain(|s| !guides::is_guide_tool(&s.name));
         }
         offered
+    }
+
+    /// Whether `name` is a built-in tool the policy offers as it shapes it ([`Offer::As`]):
+    /// its own rules, not the policy's allow/deny, decide.
+    fn shaped(&self, policy: &PolicyEntry, name: &str) -> bool {
+        self.tools
+            .get(name)
+            .is_some_and(|t| matches!(t.tool.offer(policy), Offer::As(_)))
+    }
+
+    /// What calling `name` does beyond reading ([`Effect::Read`] for an unknown name).
+    pub fn effect(&self, name: &str) -> Effect {
+        self.tools
+            .get(name)
+            .map(|t| t.tool.effect())
+            .unwrap_or(Effect::Read)
     }
 
     /// Runs one call under the policy. Never fails: every problem is an error result.
@@ -282,10 +406,18 @@ impl Router {
                     call.name, ctx.session.name
                 )))
             }
-            Some(_) if !permitted(rules, &call.name) => Err(ToolError::Denied(format!(
-                "tool {} is not allowed by the session's policy",
-                call.name
-            ))),
+            Some(registered) if registered.tool.offer(policy) == Offer::Never => {
+                Err(ToolError::Denied(format!(
+                    "tool {} is not offered under the session's policy",
+                    call.name
+                )))
+            }
+            Some(_) if !self.shaped(policy, &call.name) && !permitted(rules, &call.name) => {
+                Err(ToolError::Denied(format!(
+                    "tool {} is not allowed by the session's policy",
+                    call.name
+                )))
+            }
             Some(registered) => match validate(&registered.validator, &call.input) {
                 Err(e) => Err(e),
                 Ok(()) => {
@@ -308,11 +440,13 @@ impl Router {
             },
         };
         let duration = started.elapsed();
+        let held = result.is_ok() && ctx.held.load(std::sync::atomic::Ordering::SeqCst);
         let (content, is_error, error_kind) = match result {
             Ok(content) => (content, false, None),
             Err(ToolError::Validation(m)) => {
                 (format!("invalid arguments: {m}"), true, Some("validation"))
             }
+            Err(ToolError::Invalid(m)) => (m, true, Some("validation")),
             Err(ToolError::Upstream(m)) => (m, true, Some("upstream")),
             Err(ToolError::Denied(m)) => (m, true, Some("denied")),
             Err(ToolError::Timeout(m)) => (m, true, Some("timeout")),
@@ -382,6 +516,7 @@ impl Router {
             error_kind,
             truncated,
             duration,
+            held,
         }
     }
 }

@@ -325,7 +325,7 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
         engine: kortex::chat::Engine::new(
             db.store.clone(),
             rx.clone(),
-            Arc::new(kortex::tools::Router::new(Arc::new(Metrics::new()))),
+            kortex::tools::Router::new(Arc::new(Metrics::new())),
         ),
         metrics,
         auth: AuthMode::Loopback,

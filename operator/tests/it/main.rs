@@ -38,6 +38,7 @@ mod real_model;
 mod retention;
 mod run_control;
 mod samples;
+mod session_tools;
 mod sharing;
 mod standalone_actions;
 mod store;

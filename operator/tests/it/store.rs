@@ -913,8 +913,6 @@ fn bare_engine(store: &Store) -> std::sync::Arc<kortex::chat::Engine> {
     kortex::chat::Engine::new(
         store.clone(),
         rx,
-        std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
-            kortex::metrics::Metrics::new(),
-        ))),
+        kortex::tools::Router::new(std::sync::Arc::new(kortex::metrics::Metrics::new())),
     )
 }

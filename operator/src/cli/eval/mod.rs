@@ -281,7 +281,7 @@ impl Lab {
         store.migrate().await.map_err(|e| e.to_string())?;
         let book = Arc::new(Book::default());
         let router = router(&book, cluster)?;
-        let engine = Engine::new(store, config_rx, Arc::new(router));
+        let engine = Engine::new(store, config_rx, router);
         let namespace = match &target {
             Target::Policy { namespace, .. } => namespace.clone(),
             _ => namespace.to_owned(),

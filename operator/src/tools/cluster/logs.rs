@@ -565,6 +565,7 @@ fn init_matters(pod: &Value, name: &str) -> bool {
 fn tool_error_text(e: &ToolError) -> String {
     match e {
         ToolError::Validation(m)
+        | ToolError::Invalid(m)
         | ToolError::Upstream(m)
         | ToolError::Denied(m)
         | ToolError::Timeout(m)

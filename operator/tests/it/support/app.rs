@@ -86,9 +86,7 @@ pub async fn harness(auth: AuthMode) -> Harness {
         engine: kortex::chat::Engine::new(
             db.store.clone(),
             rx.clone(),
-            std::sync::Arc::new(kortex::tools::Router::new(std::sync::Arc::new(
-                kortex::metrics::Metrics::new(),
-            ))),
+            kortex::tools::Router::new(std::sync::Arc::new(kortex::metrics::Metrics::new())),
         ),
         metrics,
         auth,

@@ -22,13 +22,5 @@ pub fn tool_policy(tools: serde_json::Value) -> kortex::catalog::PolicyEntry {
 /// What a tool gets when session `name` of user `u` in namespace `default` calls it.
 pub async fn tool_context(store: &Store, name: &str) -> kortex::tools::ToolContext {
     let session = store.create_session(&new_session("u", name)).await.unwrap();
-    kortex::tools::ToolContext {
-        store: store.clone(),
-        session,
-        run_id: "run-1".into(),
-        redactor: Default::default(),
-        kube: Default::default(),
-        guides: std::sync::Arc::from(Vec::new()),
-        via: "chat",
-    }
+    kortex::tools::ToolContext::new(store.clone(), session, "run-1", "chat")
 }
