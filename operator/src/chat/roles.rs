@@ -6,6 +6,7 @@
 
 use super::Engine;
 use crate::catalog::PolicyEntry;
+use crate::govern::attempt::Attempt;
 use crate::govern::route::{self, Role};
 use crate::govern::{Outcome, Scope};
 use crate::llm::{self, ChatRequest, Message};
@@ -91,11 +92,11 @@ pub async fn follow_ups(
         Some(run_id),
         policy,
         Role::Summarize,
-        FOLLOW_UPS_PROMPT,
-        vec![Message::User {
+        Ask {
+            system: FOLLOW_UPS_PROMPT,
             content: excerpt(&messages, TITLE_CONTEXT),
-        }],
-        200,
+            max_tokens: 200,
+        },
     )
     .await?
     else {
@@ -143,9 +144,11 @@ pub async fn handover_summary(
         None,
         policy,
         Role::Summarize,
-        HANDOVER_PROMPT,
-        vec![Message::User { content }],
-        700,
+        Ask {
+            system: HANDOVER_PROMPT,
+            content: content,
+            max_tokens: 700,
+        },
     )
     .await?;
     Ok(answer
@@ -174,11 +177,11 @@ pub async fn needs_tools(
         Some(run_id),
         policy,
         Role::Triage,
-        TRIAGE_PROMPT,
-        vec![Message::User {
+        Ask {
+            system: TRIAGE_PROMPT,
             content: question.content.clone(),
-        }],
-        8,
+            max_tokens: 8,
+        },
     )
     .await?;
     Ok(!answer.is_some_and(|a| a.to_ascii_uppercase().contains("DIRECT")))
@@ -209,11 +212,11 @@ pub async fn title(
         None,
         policy,
         Role::Summarize,
-        TITLE_PROMPT,
-        vec![Message::User {
+        Ask {
+            system: TITLE_PROMPT,
             content: transcript,
-        }],
-        48,
+            max_tokens: 48,
+        },
     )
     .await?
     else {
@@ -235,18 +238,22 @@ pub async fn title(
     Ok(())
 }
 
+/// What a side job asks: its instructions, the one user message, and its output limit.
+struct Ask<'a> {
+    system: &'a str,
+    content: String,
+    max_tokens: u32,
+}
+
 /// One non-streamed call for `role` under `policy`, through the routes in failover order;
 /// `None` when no route answered (the reasons are in the audit log).
-#[allow(clippy::too_many_arguments)]
 async fn side_call(
     engine: &Engine,
     session: &SessionRecord,
     run_id: Option<&str>,
     policy: &PolicyEntry,
     role: Role,
-    system: &str,
-    messages: Vec<Message>,
-    max_tokens: u32,
+    ask: Ask<'_>,
 ) -> Result<Option<String>, StoreError> {
     let config = engine.config.borrow().clone();
     let catalog = &config.catalog;
@@ -257,8 +264,16 @@ async fn side_call(
     };
     let scope = Scope::new(policy, &session.user, Some(&session.id), source);
     let redactor = crate::redact::Redactor::for_policy(catalog, policy);
-    let policy_name = policy.object.metadata.name.clone().unwrap_or_default();
-    for route in &plan.routes {
+    let audit = NewDecision {
+        namespace: Some(session.namespace.clone()),
+        session_id: Some(session.id.clone()),
+        run_id: run_id.map(str::to_owned),
+        user: Some(session.user.clone()),
+        policy: policy.object.metadata.name.clone(),
+        detail: json!({"role": role}),
+        ..Default::default()
+    };
+    for (i, route) in plan.routes.iter().enumerate() {
         let Some(adapter) = catalog
             .provider(&session.namespace, &route.provider)
             .and_then(|entry| llm::build(entry).ok())
@@ -267,9 +282,11 @@ async fn side_call(
         };
         let mut request = ChatRequest {
             model: route.model.clone(),
-            system: Some(system.to_owned()),
-            messages: messages.clone(),
-            max_tokens: Some(max_tokens),
+            system: Some(ask.system.to_owned()),
+            messages: vec![Message::User {
+                content: ask.content.clone(),
+            }],
+            max_tokens: Some(ask.max_tokens),
             metadata: llm::RequestMetadata {
                 session: Some(session.id.clone()),
                 user: Some(session.user.clone()),
@@ -278,21 +295,15 @@ async fn side_call(
             ..Default::default()
         };
         let redactions = redactor.request(&mut request);
-        let cost = adapter
-            .models()
-            .iter()
-            .find(|m| m.id == route.model)
-            .and_then(|m| m.cost);
+        let attempt = Attempt {
+            scope: &scope,
+            provider: &route.provider,
+            model: &route.model,
+            audit: audit.clone(),
+        };
         let Ok(reservation) = engine
             .governor
-            .reserve(
-                &scope,
-                &route.provider,
-                &route.model,
-                cost.as_ref(),
-                &request,
-                max_tokens,
-            )
+            .reserve_for(&attempt, adapter.as_ref(), &request, ask.max_tokens, false)
             .await?
         else {
             // A spent budget: the job is skipped (the chat itself reports the budget).
@@ -309,60 +320,29 @@ async fn side_call(
                 e.kind.as_str().to_owned(),
             ),
         };
+        let outcome = Outcome {
+            usage,
+            model,
+            latency_ms,
+            outcome,
+        };
+        let detail = json!({"inputTokens": usage.input_tokens,
+            "outputTokens": usage.output_tokens, "latencyMs": latency_ms,
+            "redactions": redactions, "estimated": usage.estimated});
         engine
             .governor
-            .settle(
-                reservation,
-                &Outcome {
-                    usage,
-                    model: model.clone(),
-                    latency_ms,
-                    outcome: outcome.clone(),
-                },
-            )
-            .await?;
-        let served = if model.is_empty() {
-            route.model.clone()
-        } else {
-            model
-        };
-        engine
-            .store
-            .record_decision(&NewDecision {
-                kind: "llm_call".into(),
-                namespace: Some(session.namespace.clone()),
-                session_id: Some(session.id.clone()),
-                run_id: run_id.map(str::to_owned),
-                user: Some(session.user.clone()),
-                policy: Some(policy_name.clone()),
-                subject: format!("{}/{served}", route.provider),
-                outcome,
-                detail: json!({"role": role, "inputTokens": usage.input_tokens,
-                    "outputTokens": usage.output_tokens, "latencyMs": latency_ms,
-                    "redactions": redactions, "estimated": usage.estimated}),
-                trace_id: None,
-            })
+            .settle_attempt(&attempt, reservation, &outcome, detail)
             .await?;
         match result {
             Ok(r) => return Ok(Some(redactor.text(&r.text).0)),
             Err(e) if e.is_retryable() => {
-                engine.governor.failover(&route.provider, &route.model);
-                engine
-                    .store
-                    .record_decision(&NewDecision {
-                        kind: "failover".into(),
-                        namespace: Some(session.namespace.clone()),
-                        session_id: Some(session.id.clone()),
-                        run_id: run_id.map(str::to_owned),
-                        user: Some(session.user.clone()),
-                        policy: Some(policy_name.clone()),
-                        subject: format!("{}/{}", route.provider, route.model),
-                        outcome: e.kind.as_str().into(),
-                        detail: json!({"role": role, "error": redactor.text(&e.message).0}),
-                        trace_id: None,
-                    })
-                    .await?;
-                continue;
+                if let Some(next) = plan.routes.get(i + 1) {
+                    let why = redactor.text(&e.message).0;
+                    engine
+                        .governor
+                        .fail_over(&attempt, (&next.provider, &next.model), &e, &why)
+                        .await?;
+                }
             }
             Err(_) => return Ok(None),
         }

@@ -1,6 +1,7 @@
 //! One run: the loop of provider steps for a user's message, with its events.
 
 use super::{Engine, event, tool_calls};
+use crate::govern::attempt::Attempt;
 use crate::govern::route;
 use crate::llm::{self, ChatRequest, LlmError, Message, StopReason, StreamEvent, ToolCall};
 use crate::store::SessionState as SS;
@@ -275,8 +276,11 @@ const FAST_PROMPT: &str = "You are answering with a fast, economical model. If a
 struct Routing {
     /// The policy's name (audit rows).
     policy: String,
-    /// The policy's redaction, for provider error messages shown and stored.
+    /// The policy's redaction: of what goes to a provider, and of its errors and answers
+    /// as they are shown and stored.
     redactor: crate::redact::Redactor,
+    /// Whose budgets the calls draw on.
+    scope: crate::govern::Scope,
     plan: crate::govern::route::Plan,
     current: usize,
     escalated: bool,
@@ -316,7 +320,6 @@ struct Prepared<'a> {
     policy: &'a crate::catalog::PolicyEntry,
     kube: crate::tools::KubeIdentity,
     routing: Routing,
-    scope: crate::govern::Scope,
     redactor: crate::redact::Redactor,
     planning: crate::crd::Planning,
     /// Client-executed tools declared by the session, as far as the policy allows them now.
@@ -399,6 +402,7 @@ fn prepare<'a>(
     let routing = Routing {
         policy: policy_name,
         redactor: crate::redact::Redactor::for_policy(catalog, policy),
+        scope: crate::govern::Scope::new(policy, &session.user, Some(&session.id), "chat"),
         plan,
         current: 0,
         escalated: false,
@@ -413,7 +417,6 @@ fn prepare<'a>(
         policy,
         kube,
         routing,
-        scope: crate::govern::Scope::new(policy, &session.user, Some(&session.id), "chat"),
         redactor: crate::redact::Redactor::for_policy(catalog, policy),
         planning: super::plan::planning(policy),
         dynamic,
@@ -501,13 +504,13 @@ async fn steps(
         };
         let step_span = crate::telemetry::trace::step_span(step);
         let answer = match answer_step(
-            engine,
-            session,
-            run_id,
+            RunRef {
+                engine,
+                session,
+                run_id,
+            },
             step,
             &mut run.routing,
-            &run.scope,
-            &run.redactor,
             (&system, &history, &tools),
             &delegable,
             cancel,
@@ -859,19 +862,20 @@ async fn attempt_request(
 /// user, and escalating a fast answer to the full model when it stopped at its token limit
 /// or asked for more. Every attempt is reserved against the budgets, redacted, settled and
 /// audited. `Err` ends the run (a budget refused the call).
-#[allow(clippy::too_many_arguments)]
 async fn answer_step(
-    engine: &Engine,
-    session: &SessionRecord,
-    run_id: &str,
+    run: RunRef<'_>,
     step: u32,
     routing: &mut Routing,
-    scope: &crate::govern::Scope,
-    redactor: &crate::redact::Redactor,
     (system, history, tools): (&str, &[Message], &[llm::ToolSpec]),
     delegable: &Delegable<'_>,
     cancel: &mut watch::Receiver<bool>,
 ) -> Result<Result<Answer, End>, crate::store::StoreError> {
+    let RunRef {
+        engine,
+        session,
+        run_id,
+    } = run;
+    let redactor = &routing.redactor.clone();
     let config = engine.config.borrow().clone();
     let catalog = &config.catalog;
     let policy = routing.policy.clone();
@@ -929,21 +933,18 @@ async fn answer_step(
             &mut fit_noticed,
         )
         .await?;
-        let cost = adapter
-            .models()
-            .iter()
-            .find(|m| m.id == model)
-            .and_then(|m| m.cost);
+        let attempt = Attempt {
+            scope: &routing.scope,
+            provider: &route.provider,
+            model: &model,
+            audit: NewDecision {
+                policy: Some(policy.clone()),
+                ..session_decision(session, run_id)
+            },
+        };
         let reservation = match engine
             .governor
-            .reserve(
-                scope,
-                &route.provider,
-                &model,
-                cost.as_ref(),
-                &request,
-                max_tokens,
-            )
+            .reserve_for(&attempt, adapter.as_ref(), &request, max_tokens, false)
             .await?
         {
             Ok(r) => r,
@@ -1004,9 +1005,7 @@ async fn answer_step(
         let capture = delegable.policy.object.spec.captures_content();
         let call_span = llm::semconv::span(adapter.as_ref(), &request, true, capture);
         let out = stream_step(
-            engine,
-            session,
-            run_id,
+            run,
             adapter.as_ref(),
             &request,
             cancel,
@@ -1033,41 +1032,30 @@ async fn answer_step(
             out.error.as_ref().map(|e| e.kind.as_str()),
             answered.as_ref().map(|(t, c)| (t.as_str(), c.as_slice())),
         );
-        let outcome = out
-            .error
-            .as_ref()
-            .map_or("ok", |e| e.kind.as_str())
-            .to_owned();
         let served = if out.model.is_empty() {
             model.clone()
         } else {
             out.model.clone()
         };
         // The call's books and its audit row, in one transaction.
-        let decision = NewDecision {
-            kind: "llm_call".into(),
-            policy: Some(policy.clone()),
-            subject: format!("{}/{served}", route.provider),
-            outcome: outcome.clone(),
-            detail: json!({"step": step, "inputTokens": out.usage.input_tokens,
-                "outputTokens": out.usage.output_tokens, "latencyMs": latency_ms,
-                "toolCalls": out.calls.len() + out.delegated_calls, "redactions": redactions,
-                "stopReason": out.stop_reason, "fastModel": fast.is_some(),
-                "estimated": out.usage.estimated}),
-            ..session_decision(session, run_id)
+        let outcome = crate::govern::Outcome {
+            usage: out.usage,
+            model: served.clone(),
+            latency_ms,
+            outcome: out
+                .error
+                .as_ref()
+                .map_or("ok", |e| e.kind.as_str())
+                .to_owned(),
         };
+        let detail = json!({"step": step, "inputTokens": out.usage.input_tokens,
+            "outputTokens": out.usage.output_tokens, "latencyMs": latency_ms,
+            "toolCalls": out.calls.len() + out.delegated_calls, "redactions": redactions,
+            "stopReason": out.stop_reason, "fastModel": fast.is_some(),
+            "estimated": out.usage.estimated});
         let alerts = engine
             .governor
-            .settle_audited(
-                reservation,
-                &crate::govern::Outcome {
-                    usage: out.usage,
-                    model: served.clone(),
-                    latency_ms,
-                    outcome,
-                },
-                Some(&decision),
-            )
+            .settle_attempt(&attempt, reservation, &outcome, detail)
             .await?;
         for alert in alerts {
             notice(engine, session, run_id, &alert).await?;
@@ -1126,7 +1114,7 @@ async fn answer_step(
 }
 
 /// Moves `routing` to its next route after `error` on `route`, recording the failover (a
-/// `notice` and an audit row); false when there is no next route.
+/// `notice`, and the governor's count and audit row); false when there is no next route.
 async fn failover(
     engine: &Engine,
     session: &SessionRecord,
@@ -1140,7 +1128,6 @@ async fn failover(
         return Ok(false);
     };
     routing.current += 1;
-    engine.governor.failover(&route.provider, model);
     let next_model = next
         .fast_model
         .clone()
@@ -1152,16 +1139,19 @@ async fn failover(
         route.provider, next.provider
     );
     notice(engine, session, run_id, &text).await?;
-    engine
-        .store
-        .record_decision(&NewDecision {
-            kind: "failover".into(),
+    let scope = &routing.scope;
+    let attempt = Attempt {
+        scope,
+        provider: &route.provider,
+        model,
+        audit: NewDecision {
             policy: Some(routing.policy.clone()),
-            subject: format!("{}/{model} -> {}/{next_model}", route.provider, next.provider),
-            outcome: error.kind.as_str().into(),
-            detail: json!({"from": route.provider, "to": next.provider, "error": why, "status": error.status}),
             ..session_decision(session, run_id)
-        })
+        },
+    };
+    engine
+        .governor
+        .fail_over(&attempt, (&next.provider, &next_model), error, &why)
         .await?;
     Ok(true)
 }
@@ -1238,11 +1228,8 @@ struct StepOutcome {
 
 /// Streams one provider call. `live`: text deltas are redacted, coalesced and sent as they
 /// come; otherwise (a frugal fast answer that may yet be escalated) nothing is sent.
-#[allow(clippy::too_many_arguments)]
 async fn stream_step(
-    engine: &Engine,
-    session: &SessionRecord,
-    run_id: &str,
+    run: RunRef<'_>,
     adapter: &dyn llm::LlmProvider,
     request: &ChatRequest,
     cancel: &mut watch::Receiver<bool>,
@@ -1250,6 +1237,11 @@ async fn stream_step(
     redactor: &crate::redact::Redactor,
     mut delegated: Option<Delegated<'_>>,
 ) -> Result<StepOutcome, crate::store::StoreError> {
+    let RunRef {
+        engine,
+        session,
+        run_id,
+    } = run;
     let mut out = StepOutcome::default();
     // With a provider's own tool loop: how much of `out.text` is stored already (before
     // the calls it made).

@@ -452,13 +452,15 @@ async fn run_server(server: Server) -> Result<(), String> {
         stop_rx.clone(),
     ));
     let router = router.with_plugins(plugins_rx);
+    let engine = crate::chat::Engine::new(store.clone(), config_rx.clone(), router);
     let state = AppState::from(crate::http::AppShared {
         config: config_rx.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
         auth,
         probes: probes.clone(),
-        engine: crate::chat::Engine::new(store.clone(), config_rx.clone(), router),
+        governor: engine.governor.clone(),
+        engine,
         cluster_auth,
         auth_proxy,
         limits: crate::http::limits::Limits::new(limits.clone()),
@@ -518,7 +520,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         state.engine.recover_sole_replica().await;
     }
     let maintainer = tokio::spawn(state.engine.clone().maintain(stop_rx.clone()));
-    let sweeper = tokio::spawn(state.engine.governor.clone().sweep(stop_rx.clone()));
+    let sweeper = tokio::spawn(state.governor.clone().sweep(stop_rx.clone()));
     let notifier = tokio::spawn(
         crate::notify::Notifier::new(
             store.clone(),

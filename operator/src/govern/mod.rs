@@ -3,6 +3,7 @@
 //! ([`Governor`]): a call is admitted, its estimated cost reserved, and its usage settled —
 //! a `usage_events` row, the daily roll-up, the budget counters and the metrics, together.
 
+pub mod attempt;
 pub mod budget;
 pub mod budget_lease;
 pub mod rate;
@@ -333,7 +334,7 @@ impl Governor {
         request: &ChatRequest,
         max_output: u32,
     ) -> Result<Result<Reservation, Exceeded>, StoreError> {
-        self.reserve_inner(scope, provider, model, cost, request, max_output, false)
+        self.reserve_inner(scope, (provider, model), cost, (request, max_output), false)
             .await
     }
 
@@ -348,19 +349,18 @@ impl Governor {
         request: &ChatRequest,
         max_output: u32,
     ) -> Result<Result<Reservation, Exceeded>, StoreError> {
-        self.reserve_inner(scope, provider, model, cost, request, max_output, true)
+        self.reserve_inner(scope, (provider, model), cost, (request, max_output), true)
             .await
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Reserves for `(provider, model)` the worst case of `(request, max_output)`, and
+    /// `count_request` also counts the request.
     async fn reserve_inner(
         &self,
         scope: &Scope,
-        provider: &str,
-        model: &str,
+        (provider, model): (&str, &str),
         cost: Option<&ModelCost>,
-        request: &ChatRequest,
-        max_output: u32,
+        (request, max_output): (&ChatRequest, u32),
         count_request: bool,
     ) -> Result<Result<Reservation, Exceeded>, StoreError> {
         let now = now_ms();

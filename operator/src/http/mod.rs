@@ -73,6 +73,9 @@ pub struct AppShared {
     pub probes: crate::llm::probe::ProbeBoard,
     /// The chat engine.
     pub engine: Arc<crate::chat::Engine>,
+    /// Budgets, rate limits and the accounting of every provider call: the one the chat
+    /// engine's runs use, shared with the gateway.
+    pub governor: Arc<crate::govern::Governor>,
     /// Cluster mode: token and policy reviews, clients acting as callers.
     pub cluster_auth: Option<Arc<crate::operator::auth::ClusterAuth>>,
     /// Identity headers of an authenticating proxy (`--auth-proxy-header`).
@@ -344,7 +347,7 @@ async fn refresh_gauges(state: &AppState) {
             continue;
         };
         let policy = key.to_string();
-        match state.engine.governor.spent_today(&policy).await {
+        match state.governor.spent_today(&policy).await {
             Ok(spent) => {
                 let label = PolicyLabel { policy };
                 m.budget_daily_spend.get_or_create(&label).set(spent);

@@ -318,15 +318,17 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
             },
         );
     }
+    let engine = kortex::chat::Engine::new(
+        db.store.clone(),
+        rx.clone(),
+        kortex::tools::Router::new(Arc::new(Metrics::new())),
+    );
     let app = router(AppState::from(kortex::http::AppShared {
         config: rx.clone(),
         store: db.store.clone(),
         probes,
-        engine: kortex::chat::Engine::new(
-            db.store.clone(),
-            rx.clone(),
-            kortex::tools::Router::new(Arc::new(Metrics::new())),
-        ),
+        governor: engine.governor.clone(),
+        engine,
         metrics,
         auth: AuthMode::Loopback,
         cluster_auth: None,

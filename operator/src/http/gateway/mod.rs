@@ -10,6 +10,7 @@ pub mod responses;
 
 use super::AppState;
 use crate::catalog::{Catalog, CredentialKind, ObjectKey, PolicyEntry};
+use crate::govern::attempt::Attempt;
 use crate::govern::route::{self, Role, Route};
 use crate::govern::{Outcome, Reservation, Scope};
 use crate::llm::{self, ChatRequest, ChatStream, ErrorKind, LlmError, StopReason, StreamEvent};
@@ -509,7 +510,7 @@ pub async fn dispatch(
     endpoint: &'static str,
     streamed: bool,
 ) -> Result<Started, GatewayError> {
-    let governor = state.engine.governor.clone();
+    let governor = &state.governor;
     let config = state.config.borrow().clone();
     let catalog = &config.catalog;
     let redactor = &caller.redactor;
@@ -524,6 +525,21 @@ pub async fn dispatch(
             Err(e) => return Err(GatewayError::store(&e)),
         }
     }
+    let audit = NewDecision {
+        namespace: Some(caller.namespace.clone()),
+        user: Some(caller.team.clone()),
+        policy: Some(
+            caller
+                .policy
+                .object
+                .metadata
+                .name
+                .clone()
+                .unwrap_or_default(),
+        ),
+        detail: json!({"source": "gateway", "endpoint": endpoint}),
+        ..Default::default()
+    };
     let mut last: Option<GatewayError> = None;
     // The request is counted once, with the first reservation that is made.
     let mut admitted = false;
@@ -545,37 +561,18 @@ pub async fn dispatch(
         };
         let redactions = redactor.request(&mut req);
         let max_output = req.max_tokens.unwrap_or(adapter.config().max_tokens);
-        let cost = adapter
-            .models()
-            .iter()
-            .find(|m| m.id == route.model)
-            .and_then(|m| m.cost);
+        let attempt = Attempt {
+            scope: &caller.scope,
+            provider: &route.provider,
+            model: &route.model,
+            audit: audit.clone(),
+        };
         // The first attempt is the request (counted with its reservation, in one
         // transaction); failovers are not new requests.
-        let reserved = if !admitted {
-            governor
-                .admit_and_reserve(
-                    &caller.scope,
-                    &route.provider,
-                    &route.model,
-                    cost.as_ref(),
-                    &req,
-                    max_output,
-                )
-                .await
-        } else {
-            governor
-                .reserve(
-                    &caller.scope,
-                    &route.provider,
-                    &route.model,
-                    cost.as_ref(),
-                    &req,
-                    max_output,
-                )
-                .await
-        };
-        let reservation = match reserved {
+        let reservation = match governor
+            .reserve_for(&attempt, adapter.as_ref(), &req, max_output, !admitted)
+            .await
+        {
             Ok(Ok(r)) => {
                 admitted = true;
                 r
@@ -595,23 +592,14 @@ pub async fn dispatch(
                 .await
                 .map(llm::response_stream)
         };
-        match called {
+        let e = match called {
             Ok(stream) => {
                 let meter = Meter {
                     limits: caller.limits.clone(),
                     state: state.clone(),
-                    team: caller.team.clone(),
-                    namespace: caller.namespace.clone(),
-                    policy: caller
-                        .policy
-                        .object
-                        .metadata
-                        .name
-                        .clone()
-                        .unwrap_or_default(),
+                    audit: attempt.audit,
                     provider: route.provider.clone(),
                     model: route.model.clone(),
-                    endpoint,
                     redactions,
                     started,
                     captured: (capture && !span.is_disabled())
@@ -624,68 +612,35 @@ pub async fn dispatch(
                     model: route.model.clone(),
                 });
             }
-            Err(e) => {
-                llm::semconv::end(
-                    &span,
-                    "",
-                    llm::Usage::default(),
-                    None,
-                    Some(e.kind.as_str()),
-                    None,
-                );
-                drop(span);
-                let outcome = Outcome {
-                    latency_ms: started.elapsed().as_millis() as i64,
-                    outcome: e.kind.as_str().into(),
-                    ..Default::default()
-                };
-                let _ = governor.settle(reservation, &outcome).await;
-                let policy = caller
-                    .policy
-                    .object
-                    .metadata
-                    .name
-                    .clone()
-                    .unwrap_or_default();
-                let _ = state
-                    .store
-                    .record_decision(&NewDecision {
-                        kind: "llm_call".into(),
-                        namespace: Some(caller.namespace.clone()),
-                        user: Some(caller.team.clone()),
-                        policy: Some(policy.clone()),
-                        subject: format!("{}/{}", route.provider, route.model),
-                        outcome: e.kind.as_str().into(),
-                        detail: json!({"source": "gateway", "endpoint": endpoint, "redactions": redactions,
-                            "error": redactor.text(&e.message).0}),
-                        ..Default::default()
-                    })
+            Err(e) => e,
+        };
+        llm::semconv::end(
+            &span,
+            "",
+            llm::Usage::default(),
+            None,
+            Some(e.kind.as_str()),
+            None,
+        );
+        drop(span);
+        let outcome = Outcome {
+            latency_ms: started.elapsed().as_millis() as i64,
+            outcome: e.kind.as_str().into(),
+            ..Default::default()
+        };
+        let why = redactor.text(&e.message).0;
+        let detail = json!({"redactions": redactions, "error": why});
+        let _ = governor
+            .settle_attempt(&attempt, reservation, &outcome, detail)
+            .await;
+        match routes.get(i + 1) {
+            Some(next) if e.is_retryable() => {
+                let _ = governor
+                    .fail_over(&attempt, (&next.provider, &next.model), &e, &why)
                     .await;
-                if e.is_retryable()
-                    && let Some(next) = routes.get(i + 1)
-                {
-                    governor.failover(&route.provider, &route.model);
-                    let _ = state
-                        .store
-                        .record_decision(&NewDecision {
-                            kind: "failover".into(),
-                            namespace: Some(caller.namespace.clone()),
-                            user: Some(caller.team.clone()),
-                            policy: Some(policy),
-                            subject: format!(
-                                "{}/{} -> {}/{}",
-                                route.provider, route.model, next.provider, next.model
-                            ),
-                            outcome: e.kind.as_str().into(),
-                            detail: json!({"source": "gateway", "error": redactor.text(&e.message).0}),
-                            ..Default::default()
-                        })
-                        .await;
-                    last = Some(GatewayError::from_llm(&e, redactor));
-                    continue;
-                }
-                return Err(GatewayError::from_llm(&e, redactor));
+                last = Some(GatewayError::from_llm(&e, redactor));
             }
+            _ => return Err(GatewayError::from_llm(&e, redactor)),
         }
     }
     Err(last.unwrap_or_else(|| {
@@ -703,12 +658,10 @@ struct Meter {
     /// The call's rate limits: its output tokens count on them when it settles.
     limits: Vec<crate::govern::rate::Limit>,
     state: AppState,
-    team: String,
-    namespace: String,
-    policy: String,
+    /// The audit row's common fields (the attempt's).
+    audit: NewDecision,
     provider: String,
     model: String,
-    endpoint: &'static str,
     redactions: usize,
     started: Instant,
     /// The call's span, ended with the stream.
@@ -755,6 +708,8 @@ impl Meter {
         );
     }
 
+    /// Settles the attempt behind (the books and its audit row join the background
+    /// writer's queue).
     async fn settle(
         &self,
         reservation: Reservation,
@@ -763,43 +718,27 @@ impl Meter {
         outcome: &str,
     ) {
         let latency_ms = self.started.elapsed().as_millis() as i64;
-        self.state
-            .engine
-            .governor
+        let governor = &self.state.governor;
+        governor
             .rate_count_output(&self.limits, usage.output_tokens)
             .await;
-        let served = if model.is_empty() {
-            self.model.clone()
-        } else {
-            model.to_owned()
-        };
-        let decision = NewDecision {
-            kind: "llm_call".into(),
-            namespace: Some(self.namespace.clone()),
-            user: Some(self.team.clone()),
-            policy: Some(self.policy.clone()),
-            subject: format!("{}/{served}", self.provider),
+        let served = if model.is_empty() { &self.model } else { model };
+        let outcome = Outcome {
+            usage,
+            model: served.to_owned(),
+            latency_ms,
             outcome: outcome.to_owned(),
-            detail: json!({"source": "gateway", "endpoint": self.endpoint,
-                "inputTokens": usage.input_tokens, "outputTokens": usage.output_tokens,
-                "latencyMs": latency_ms, "redactions": self.redactions,
-                "estimated": usage.estimated}),
-            ..Default::default()
         };
-        self.state
-            .engine
-            .governor
-            .settle_later(
-                reservation,
-                &Outcome {
-                    usage,
-                    model: served,
-                    latency_ms,
-                    outcome: outcome.to_owned(),
-                },
-                decision,
-            )
-            .await;
+        let detail = json!({"inputTokens": usage.input_tokens,
+            "outputTokens": usage.output_tokens, "latencyMs": latency_ms,
+            "redactions": self.redactions, "estimated": usage.estimated});
+        let decision = crate::govern::attempt::llm_call(
+            &self.audit,
+            (&self.provider, &self.model),
+            &outcome,
+            detail,
+        );
+        governor.settle_later(reservation, &outcome, decision).await;
     }
 }
 

@@ -515,7 +515,7 @@ async fn handle_embeddings(
             .ok_or_else(|| GatewayError::invalid("no route"))?;
         (config, route)
     };
-    let governor = state.engine.governor.clone();
+    let governor = state.governor.clone();
     let catalog = &config.catalog;
     let redactor = &caller.redactor;
     let adapter = catalog

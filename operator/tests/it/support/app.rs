@@ -79,15 +79,17 @@ pub async fn harness(auth: AuthMode) -> Harness {
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));
     std::mem::forget(_tx); // keep the channel open for the test's lifetime
     let db = sqlite().await;
+    let engine = kortex::chat::Engine::new(
+        db.store.clone(),
+        rx.clone(),
+        kortex::tools::Router::new(std::sync::Arc::new(kortex::metrics::Metrics::new())),
+    );
     let app = router(AppState::from(kortex::http::AppShared {
         config: rx.clone(),
         store: db.store.clone(),
         probes: Default::default(),
-        engine: kortex::chat::Engine::new(
-            db.store.clone(),
-            rx.clone(),
-            kortex::tools::Router::new(std::sync::Arc::new(kortex::metrics::Metrics::new())),
-        ),
+        governor: engine.governor.clone(),
+        engine,
         metrics,
         auth,
         cluster_auth: None,
