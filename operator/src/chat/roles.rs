@@ -146,7 +146,7 @@ pub async fn handover_summary(
         Role::Summarize,
         Ask {
             system: HANDOVER_PROMPT,
-            content: content,
+            content,
             max_tokens: 700,
         },
     )
