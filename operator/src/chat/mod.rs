@@ -241,7 +241,7 @@ impl Engine {
         match token {
             Some(token) => match auth.client_as(token.expose()) {
                 Ok(client) => KubeIdentity::User(client),
-                Err(e) => KubeIdentity::Missing(e),
+                Err(e) => KubeIdentity::Missing(e.to_string()),
             },
             None => KubeIdentity::Missing(
                 "the ChatPolicy runs Kubernetes tools as the signed-in user (runToolsAsUser), and this session's user has no Kubernetes identity here (signed in with an API key, or on loopback); with runToolsAsUser: false Kortex reads with its own rights".into(),

@@ -252,7 +252,7 @@ pub async fn propose(
         reversible: input.get("reversible").and_then(Value::as_bool),
         provider: Some(model.0.to_owned()),
         model: Some(model.1.to_owned()),
-        phase: ProposalPhase::Pending.as_str().into(),
+        phase: ProposalPhase::Pending,
         decision: None,
         message: None,
         preview: None,
@@ -304,7 +304,8 @@ pub async fn propose(
                         &policy.object.spec,
                         expires_at,
                     )
-                    .await?;
+                    .await
+                    .map_err(|e| e.to_string())?;
                 record.name = name;
                 record.preview = Some(preview);
                 // With the target's state pinned by the operator.
@@ -380,8 +381,7 @@ pub async fn execute_approved(
         return;
     };
     let (phase, message, undo) = crate::proposals::carry_out(executor, &action).await;
-    let phase = phase.as_str();
-    tracing::info!(proposal = %p.name, phase, %message, "proposal executed");
+    tracing::info!(proposal = %p.name, phase = phase.as_str(), %message, "proposal executed");
     // Carried out: the result is written, retried here, never by executing again.
     let mut recorded = false;
     for attempt in 0..5u32 {
@@ -396,11 +396,11 @@ pub async fn execute_approved(
             }
             // Someone else ended it (the interrupted-execution sweep): theirs stands.
             Err(crate::store::StoreError::Conflict(m)) => {
-                tracing::error!(proposal = %p.name, phase, %message, conflict = %m, "the result of an executed proposal could not be recorded");
+                tracing::error!(proposal = %p.name, %phase, %message, conflict = %m, "the result of an executed proposal could not be recorded");
                 break;
             }
             Err(e) if attempt == 4 => {
-                tracing::error!(proposal = %p.name, phase, %message, error = %e, "the result of an executed proposal could not be recorded");
+                tracing::error!(proposal = %p.name, %phase, %message, error = %e, "the result of an executed proposal could not be recorded");
             }
             Err(e) => {
                 tracing::warn!(proposal = %p.name, error = %e, attempt, "cannot record the result of an executed proposal; retrying");
@@ -420,7 +420,7 @@ pub async fn execute_approved(
 async fn audit_execution(
     engine: &Engine,
     p: &ProposalRecord,
-    phase: &str,
+    phase: ProposalPhase,
     message: &str,
     undo: Option<&Value>,
 ) {
@@ -437,7 +437,7 @@ async fn audit_execution(
                 .map(str::to_owned),
             policy: p.policy.clone(),
             subject: p.name.clone(),
-            outcome: phase.to_ascii_lowercase(),
+            outcome: phase.as_str().to_ascii_lowercase(),
             detail: json!({"proposalId": p.id, "action": p.action, "target": p.target, "message": message, "undo": undo}),
             ..Default::default()
         })
@@ -445,7 +445,12 @@ async fn audit_execution(
 }
 
 /// Tells the proposing session (if any) that `p` is now in `phase` (`proposal.updated`).
-pub async fn tell_session(engine: &Engine, p: &ProposalRecord, phase: &str, message: &str) {
+pub async fn tell_session(
+    engine: &Engine,
+    p: &ProposalRecord,
+    phase: ProposalPhase,
+    message: &str,
+) {
     if let Some(session) = &p.session_id {
         let _ = engine
             .emit_session(
@@ -553,7 +558,7 @@ pub async fn undo(
         reversible: Some(true),
         provider: None,
         model: None,
-        phase: ProposalPhase::Pending.as_str().into(),
+        phase: ProposalPhase::Pending,
         decision: None,
         message: None,
         preview,
@@ -626,8 +631,7 @@ pub async fn expire(engine: &Engine) -> Result<usize, crate::store::StoreError> 
             )
         }));
     for (p, phase, message) in endings {
-        let interrupted = p.phase == ProposalPhase::Executing.as_str();
-        let phase = phase.as_str();
+        let interrupted = p.phase == ProposalPhase::Executing;
         if engine
             .store
             .update_proposal_phase(&p.id, p.version, phase, Some(message), None, None)

@@ -381,14 +381,15 @@ impl NotifyEvent {
     }
 
     /// The event a proposal's move to `phase` is (none for `Executing`).
-    pub fn of_proposal_phase(phase: &str) -> Option<Self> {
+    pub fn of_proposal_phase(phase: super::ProposalPhase) -> Option<Self> {
+        use super::ProposalPhase as P;
         match phase {
-            "Pending" => Some(Self::ProposalPending),
-            "Approved" | "Rejected" => Some(Self::ProposalDecided),
-            "Succeeded" => Some(Self::ProposalExecuted),
-            "Failed" => Some(Self::ProposalFailed),
-            "Expired" => Some(Self::ProposalExpired),
-            _ => None,
+            P::Pending => Some(Self::ProposalPending),
+            P::Approved | P::Rejected => Some(Self::ProposalDecided),
+            P::Succeeded => Some(Self::ProposalExecuted),
+            P::Failed => Some(Self::ProposalFailed),
+            P::Expired => Some(Self::ProposalExpired),
+            P::Executing => None,
         }
     }
 }

@@ -185,6 +185,22 @@ pub enum ProposalPhase {
 }
 
 impl ProposalPhase {
+    /// Every phase.
+    pub const ALL: [Self; 7] = [
+        Self::Pending,
+        Self::Approved,
+        Self::Rejected,
+        Self::Expired,
+        Self::Executing,
+        Self::Succeeded,
+        Self::Failed,
+    ];
+
+    /// The phase spelled `s` (as stored and shown).
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+
     /// The spelling stored and shown.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -196,6 +212,18 @@ impl ProposalPhase {
             Self::Succeeded => "Succeeded",
             Self::Failed => "Failed",
         }
+    }
+}
+
+impl std::fmt::Display for ProposalPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for ProposalPhase {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
     }
 }
 

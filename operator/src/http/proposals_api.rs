@@ -276,7 +276,7 @@ async fn decide(
     let decision = json!({"verdict": verdict, "by": caller.user, "reason": reason});
     let updated = match state
         .store
-        .decide_proposal(&id, p.version, &decision, phase.as_str(), Some(&message))
+        .decide_proposal(&id, p.version, &decision, phase, Some(&message))
         .await
     {
         Ok(u) => u,
@@ -291,7 +291,7 @@ async fn decide(
         "rejected"
     };
     audit(&state, &p, &caller, outcome.into(), verdict, &reason).await;
-    crate::chat::proposals::tell_session(&state.engine, &p, phase.as_str(), &message).await;
+    crate::chat::proposals::tell_session(&state.engine, &p, phase, &message).await;
     // Recorded as `Executing` in the same conditional write as the decision: whichever
     // replica wins it executes, once — after the session was told, so the outcome comes
     // after `Executing` in its events.

@@ -11,6 +11,7 @@
 //! Kortex's own username (a SelfSubjectReview) and, when a binding selects namespaces, the
 //! namespace's labels, at most every [`REFRESH`].
 
+use super::error::Error;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
@@ -294,14 +295,10 @@ pub fn unenforced(
 
 /// What the guard last read of the cluster.
 #[derive(Clone, Debug)]
-enum Reading {
-    Read {
-        expected: Expected,
-        policies: Vec<Value>,
-        bindings: Vec<Value>,
-    },
-    /// Why nothing could be read.
-    Failed(String),
+struct Reading {
+    expected: Expected,
+    policies: Vec<Value>,
+    bindings: Vec<Value>,
 }
 
 /// Reads and caches the cluster's admission policies for the leader.
@@ -320,31 +317,33 @@ impl AdmissionGuard {
         }
     }
 
-    async fn read(&self) -> Reading {
+    async fn read(&self) -> Result<Reading, Error> {
         let mut cache = self.cache.lock().await;
         if let Some((at, reading)) = cache.as_ref()
             && at.elapsed() < REFRESH
         {
-            return reading.clone();
+            return Ok(reading.clone());
         }
-        let reading = self.fetch().await.unwrap_or_else(Reading::Failed);
         // A failed reading is not kept: the next check asks the API server again.
-        if matches!(reading, Reading::Read { .. }) {
-            *cache = Some((Instant::now(), reading.clone()));
-        }
-        reading
+        let reading = self.fetch().await?;
+        *cache = Some((Instant::now(), reading.clone()));
+        Ok(reading)
     }
 
-    async fn fetch(&self) -> Result<Reading, String> {
+    async fn fetch(&self) -> Result<Reading, Error> {
         let review = Api::<SelfSubjectReview>::all(self.client.clone())
             .create(&PostParams::default(), &SelfSubjectReview::default())
             .await
-            .map_err(|e| format!("cannot tell Kortex's own username (SelfSubjectReview): {e}"))?;
+            .map_err(Error::api(
+                "cannot tell Kortex's own username (SelfSubjectReview)",
+            ))?;
         let user = review
             .status
             .and_then(|s| s.user_info)
             .and_then(|u| u.username)
-            .ok_or("the API server did not say who Kortex is (SelfSubjectReview)")?;
+            .ok_or(Error::Unusable(
+                "the API server did not say who Kortex is (SelfSubjectReview)".into(),
+            ))?;
         let list = |kind: &str, plural: &str| {
             let resource = ApiResource::from_gvk_with_plural(
                 &GroupVersionKind::gvk("admissionregistration.k8s.io", "v1", kind),
@@ -361,16 +360,16 @@ impl AdmissionGuard {
         let policies = list("ValidatingAdmissionPolicy", "validatingadmissionpolicies")
             .list(&ListParams::default())
             .await
-            .map_err(|e| format!("cannot list ValidatingAdmissionPolicies ({e}); Kortex's ClusterRole needs list on validatingadmissionpolicies (config/rbac, the chart's rbac.yaml)"))?;
+            .map_err(Error::api_hinted("cannot list ValidatingAdmissionPolicies", "Kortex's ClusterRole needs list on validatingadmissionpolicies (config/rbac, the chart's rbac.yaml)"))?;
         let bindings = list(
             "ValidatingAdmissionPolicyBinding",
             "validatingadmissionpolicybindings",
         )
         .list(&ListParams::default())
         .await
-        .map_err(|e| format!("cannot list ValidatingAdmissionPolicyBindings ({e}); Kortex's ClusterRole needs list on validatingadmissionpolicybindings (config/rbac, the chart's rbac.yaml)"))?;
-        Ok(Reading::Read {
-            expected: expected(&user)?,
+        .map_err(Error::api_hinted("cannot list ValidatingAdmissionPolicyBindings", "Kortex's ClusterRole needs list on validatingadmissionpolicybindings (config/rbac, the chart's rbac.yaml)"))?;
+        Ok(Reading {
+            expected: expected(&user).map_err(Error::Unusable)?,
             policies: values(policies.items),
             bindings: values(bindings.items),
         })
@@ -380,20 +379,12 @@ impl AdmissionGuard {
     /// executed (`Ok(Some)`), `Ok(None)` when the API server enforces the rules there, or
     /// `Err` when that could not be checked now (a passing fault: ask again later, decide
     /// nothing final on it).
-    pub async fn unenforced(&self, namespace: Option<&str>) -> Result<Option<String>, String> {
-        let reading = self.read().await;
-        let (policies, bindings, expected) = match reading {
-            Reading::Read {
-                policies,
-                bindings,
-                expected,
-            } => (policies, bindings, expected),
-            Reading::Failed(e) => {
-                return Err(format!(
-                    "cannot check that the admission policy is enforced: {e}"
-                ));
-            }
-        };
+    pub async fn unenforced(&self, namespace: Option<&str>) -> Result<Option<String>, Error> {
+        let Reading {
+            policies,
+            bindings,
+            expected,
+        } = self.read().await?;
         // Labels are read only when no binding covers every namespace.
         let Some(why) = unenforced(&expected, &policies, &bindings, None) else {
             return Ok(None);
@@ -406,7 +397,11 @@ impl AdmissionGuard {
             .await
         {
             Ok(ns) => ns.and_then(|n| n.metadata.labels).unwrap_or_default(),
-            Err(e) => return Err(format!("cannot read namespace {namespace}'s labels: {e}")),
+            Err(e) => {
+                return Err(Error::api(format!(
+                    "cannot read namespace {namespace}'s labels"
+                ))(e));
+            }
         };
         Ok(unenforced(&expected, &policies, &bindings, Some(&labels)))
     }

@@ -116,7 +116,11 @@ impl ClusterAuth {
 
     /// Records whether a review got an answer; logs once when the API server stops
     /// answering and once when it is back, not per request.
-    fn answered<T>(&self, what: &str, result: Result<T, kube::Error>) -> Result<T, String> {
+    fn answered<T>(
+        &self,
+        what: &str,
+        result: Result<T, kube::Error>,
+    ) -> Result<T, super::error::Error> {
         let mut since = self
             .unreachable_since
             .lock()
@@ -133,13 +137,13 @@ impl ClusterAuth {
                     *since = Some(jiff::Timestamp::now());
                     tracing::warn!(error = %e, "the API server does not answer {what}s: requests with a Kubernetes identity that is not cached are refused (503 auth_unavailable) until it does");
                 }
-                Err(format!("{what} failed: {e}"))
+                Err(super::error::Error::api(format!("{what} failed"))(e))
             }
         }
     }
 
     /// Who `token` belongs to (`None`: not a valid token). Tokens are cached by digest only.
-    pub async fn review(&self, token: &str) -> Result<Option<KubeUser>, String> {
+    pub async fn review(&self, token: &str) -> Result<Option<KubeUser>, super::error::Error> {
         let key = digest(&["token", token]);
         if let Some(hit) = lookup(&self.tokens, &key, |v| {
             if v.is_some() { CACHE_OK } else { CACHE_NO }
@@ -181,7 +185,7 @@ impl ClusterAuth {
         groups: &[String],
         namespace: &str,
         name: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, super::error::Error> {
         self.may(user, groups, "use", "chatpolicies", namespace, Some(name))
             .await
     }
@@ -194,7 +198,7 @@ impl ClusterAuth {
         groups: &[String],
         namespace: &str,
         name: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, super::error::Error> {
         self.may(
             user,
             groups,
@@ -256,7 +260,7 @@ impl ClusterAuth {
         user: &str,
         groups: &[String],
         namespace: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, super::error::Error> {
         self.may(user, groups, "get", "actionproposals", namespace, None)
             .await
     }
@@ -270,7 +274,7 @@ impl ClusterAuth {
         resource: &str,
         namespace: &str,
         name: Option<&str>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, super::error::Error> {
         let access = SubjectAccessReviewSpec {
             resource_attributes: Some(ResourceAttributes {
                 namespace: Some(namespace.to_owned()),
@@ -295,7 +299,7 @@ impl ClusterAuth {
         groups: &[String],
         verb: &str,
         path: &str,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, super::error::Error> {
         let access = SubjectAccessReviewSpec {
             non_resource_attributes: Some(
                 k8s_openapi::api::authorization::v1::NonResourceAttributes {
@@ -316,7 +320,7 @@ impl ClusterAuth {
         groups: &[String],
         what: &[&str],
         access: SubjectAccessReviewSpec,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, super::error::Error> {
         let mut parts = what.to_vec();
         parts.push(user);
         parts.extend(groups.iter().map(String::as_str));
@@ -343,12 +347,14 @@ impl ClusterAuth {
     }
 
     /// A client that acts as the holder of `token`.
-    pub fn client_as(&self, token: &str) -> Result<kube::Client, String> {
+    pub fn client_as(&self, token: &str) -> Result<kube::Client, super::error::Error> {
         let mut config = self.config.clone();
         config.auth_info = kube::config::AuthInfo {
             token: Some(token.to_owned().into()),
             ..Default::default()
         };
-        super::kube_client(config).map_err(|e| format!("cannot build a client for the caller: {e}"))
+        super::kube_client(config).map_err(super::error::Error::api(
+            "cannot build a client for the caller",
+        ))
     }
 }

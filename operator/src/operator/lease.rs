@@ -8,6 +8,7 @@
 //! before any other replica may take over, so leader duties (status writes, proposal
 //! expiry and execution) never run on two replicas at a time.
 
+use super::error::Error;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -199,13 +200,16 @@ async fn attempt(
     config: &LeaseConfig,
     seen: &mut Option<(String, Instant)>,
     budget: Duration,
-) -> Result<bool, String> {
+) -> Result<bool, Error> {
     let deadline = tokio::time::Instant::now() + budget;
-    let no_answer = || format!("no answer within {} ms", budget.as_millis());
+    let no_answer = |doing| Error::NoAnswer {
+        doing,
+        within: budget,
+    };
     let current = tokio::time::timeout_at(deadline, api.get_opt(&config.name))
         .await
-        .map_err(|_| no_answer())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|_| no_answer("reading the Lease"))?
+        .map_err(Error::api("reading the Lease"))?;
     let version = current
         .as_ref()
         .and_then(|l| l.metadata.resource_version.clone())
@@ -240,9 +244,11 @@ async fn attempt(
         Ok(Err(kube::Error::Api(s))) if s.code == 409 => return Ok(false),
         // The API server refused it: the write did not happen. (A 5xx may come from a proxy
         // or a timeout after the write: unknown.)
-        Ok(Err(kube::Error::Api(s))) if s.code < 500 => return Err(s.message),
-        Ok(Err(e)) => e.to_string(),
-        Err(_) => no_answer(),
+        Ok(Err(kube::Error::Api(s))) if s.code < 500 => {
+            return Err(Error::api("writing the Lease")(kube::Error::Api(s)));
+        }
+        Ok(Err(e)) => Error::api("writing the Lease")(e).to_string(),
+        Err(_) => no_answer("writing the Lease").to_string(),
     };
     // Re-read within one retry period: the answer to "did it land?" is the Lease itself.
     let reread = tokio::time::timeout(config.retry_period, api.get_opt(&config.name)).await;
@@ -256,13 +262,18 @@ async fn attempt(
             }
             match landed(lease.as_ref(), &written, config) {
                 Some(ours) => Ok(ours),
-                None => Err(format!("{why}; the Lease was not written")),
+                None => Err(Error::Unsettled(format!(
+                    "{why}; the Lease was not written"
+                ))),
             }
         }
-        Ok(Err(e)) => Err(format!("{why}; reading the Lease again failed: {e}")),
-        Err(_) => Err(format!(
+        Ok(Err(e)) => Err(Error::Unsettled(format!(
+            "{why}; reading the Lease again failed: {}",
+            super::error::describe(&e)
+        ))),
+        Err(_) => Err(Error::Unsettled(format!(
             "{why}; reading the Lease again got no answer either"
-        )),
+        ))),
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod admission_guard;
 pub mod auth;
+pub mod error;
 pub mod lease;
 pub mod own_addresses;
 pub mod proposals;

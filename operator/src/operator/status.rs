@@ -300,7 +300,7 @@ impl StatusWriter {
                     }
                 }
                 Err(e) => {
-                    crate::telemetry::trace::fail(&span, kube_error_type(&e));
+                    crate::telemetry::trace::fail(&span, super::error::api_label(&e));
                     let n = self.failures.get(&id).map_or(0, |(n, _)| n + 1);
                     tracing::warn!(kind = u.kind, object = %u.key, error = %e, retry_in_s = backoff(n).as_secs(), "status write failed");
                     if let Some(m) = &self.metrics {
@@ -362,19 +362,6 @@ impl StatusWriter {
 
 fn backoff(failures: u32) -> Duration {
     Duration::from_secs(1u64 << failures.min(8)).min(Duration::from_secs(300))
-}
-
-/// The `error.type` of a failed API call: the status code, or the error's class.
-fn kube_error_type(e: &kube::Error) -> &'static str {
-    match e {
-        kube::Error::Api(s) if s.code == 409 => "409",
-        kube::Error::Api(s) if s.code == 403 => "403",
-        kube::Error::Api(s) if s.code == 404 => "404",
-        kube::Error::Api(s) if s.code == 422 => "422",
-        kube::Error::Api(s) if s.code >= 500 => "5xx",
-        kube::Error::Api(_) => "4xx",
-        _ => "transport",
-    }
 }
 
 #[cfg(test)]

@@ -138,7 +138,7 @@ impl Observed {
     }
 
     /// Waits until every watch has listed its objects once.
-    pub async fn wait_until_ready(&self) -> Result<(), String> {
+    pub async fn wait_until_ready(&self) -> Result<(), super::error::Error> {
         let all = [
             &self.providers,
             &self.tools,
@@ -149,13 +149,19 @@ impl Observed {
             store
                 .wait_until_ready()
                 .await
-                .map_err(|e| format!("a watch stopped before its first list: {e}"))?;
+                .map_err(|source| super::error::Error::Watch {
+                    doing: "a watch stopped before its first list",
+                    source,
+                })?;
         }
         for store in [&self.secrets, &self.credentials] {
             store
                 .wait_until_ready()
                 .await
-                .map_err(|e| format!("a Secret watch stopped before its first list: {e}"))?;
+                .map_err(|source| super::error::Error::Watch {
+                    doing: "a Secret watch stopped before its first list",
+                    source,
+                })?;
         }
         Ok(())
     }

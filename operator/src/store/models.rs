@@ -356,8 +356,8 @@ pub struct ProposalRecord {
     pub provider: Option<String>,
     /// Proposing model.
     pub model: Option<String>,
-    /// Phase.
-    pub phase: String,
+    /// Phase (stored and sent as its name, e.g. `Pending`).
+    pub phase: crate::crd::ProposalPhase,
     /// The decision (JSON `{verdict, by, reason}`).
     pub decision: Option<Value>,
     /// Phase detail.

@@ -5,6 +5,7 @@
 use super::models::*;
 use super::repo::{json_text, opt_json_col, opt_json_text};
 use super::{Store, StoreError, now_ms};
+use crate::crd::ProposalPhase;
 use serde_json::Value;
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -34,7 +35,14 @@ fn proposal_row(row: &AnyRow) -> Result<ProposalRecord, StoreError> {
         reversible: row.try_get::<Option<i64>, _>("reversible")?.map(|v| v != 0),
         provider: row.try_get("provider")?,
         model: row.try_get("model")?,
-        phase: row.try_get("phase")?,
+        phase: {
+            let s: String = row.try_get("phase")?;
+            ProposalPhase::parse(&s).ok_or_else(|| {
+                StoreError::from(sqlx::Error::Decode(
+                    format!("proposals.phase {s:?} is not a proposal phase").into(),
+                ))
+            })?
+        },
         decision: opt_json_col(row, "decision")?,
         message: row.try_get("message")?,
         preview: opt_json_col(row, "preview")?,
@@ -54,7 +62,7 @@ async fn notify_proposal(
 ) -> Result<(), StoreError> {
     let (Some(policy), Some(event)) = (
         p.policy.as_deref(),
-        crate::crd::NotifyEvent::of_proposal_phase(&p.phase),
+        crate::crd::NotifyEvent::of_proposal_phase(p.phase),
     ) else {
         return Ok(());
     };
@@ -133,7 +141,7 @@ impl Store {
         .bind(p.reversible.map(i64::from))
         .bind(&p.provider)
         .bind(&p.model)
-        .bind(&p.phase)
+        .bind(p.phase.as_str())
         .bind(opt_json_text(&p.decision))
         .bind(&p.message)
         .bind(opt_json_text(&p.preview))
@@ -215,7 +223,7 @@ impl Store {
         id: &str,
         expected_version: i64,
         decision: &Value,
-        phase: &str,
+        phase: ProposalPhase,
         message: Option<&str>,
     ) -> Result<ProposalRecord, StoreError> {
         let mut tx = self.begin().await?;
@@ -224,7 +232,7 @@ impl Store {
              WHERE id = $5 AND version = $6 AND decision IS NULL AND phase = 'Pending' AND expires_at > $4",
         )
         .bind(json_text(decision))
-        .bind(phase)
+        .bind(phase.as_str())
         .bind(message)
         .bind(now_ms())
         .bind(id)
@@ -266,7 +274,7 @@ impl Store {
     pub async fn mirror_proposal(
         &self,
         id: &str,
-        phase: &str,
+        phase: ProposalPhase,
         decision: Option<&Value>,
         message: Option<&str>,
         undo: Option<&Value>,
@@ -277,7 +285,7 @@ impl Store {
             "UPDATE proposals SET phase = $1, decision = COALESCE($2, decision), message = $3, \
              undo = COALESCE($4, undo), updated_at = $5, version = version + 1 WHERE id = $6",
         )
-        .bind(phase)
+        .bind(phase.as_str())
         .bind(decision.map(json_text))
         .bind(message)
         .bind(undo.map(json_text))
@@ -285,7 +293,7 @@ impl Store {
         .bind(id)
         .execute(&mut *tx)
         .await?;
-        if before.is_some_and(|b| b != phase) {
+        if before.is_some_and(|b| b != phase.as_str()) {
             notify_changed(&mut tx, id).await?;
         }
         tx.commit().await?;
@@ -298,7 +306,7 @@ impl Store {
         &self,
         id: &str,
         expected_version: i64,
-        phase: &str,
+        phase: ProposalPhase,
         message: Option<&str>,
         preview: Option<&Value>,
         undo: Option<&Value>,
@@ -309,7 +317,7 @@ impl Store {
             "UPDATE proposals SET phase = $1, message = $2, preview = COALESCE($3, preview), undo = COALESCE($4, undo), \
              updated_at = $5, version = version + 1 WHERE id = $6 AND version = $7",
         )
-        .bind(phase)
+        .bind(phase.as_str())
         .bind(message)
         .bind(preview.map(json_text))
         .bind(undo.map(json_text))
@@ -318,7 +326,7 @@ impl Store {
         .bind(expected_version)
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() > 0 && before.is_some_and(|b| b != phase) {
+        if done.rows_affected() > 0 && before.is_some_and(|b| b != phase.as_str()) {
             notify_changed(&mut tx, id).await?;
         }
         tx.commit().await?;

@@ -103,7 +103,8 @@ async fn may_fire(
                 meta.namespace.as_deref().unwrap_or("default"),
                 meta.name.as_deref().unwrap_or_default(),
             )
-            .await;
+            .await
+            .map_err(|e| e.to_string());
     }
     let callers = trigger.spec.callers.clone().unwrap_or_default();
     Ok(callers.users.iter().any(|u| u == firer.user)

@@ -640,7 +640,7 @@ async fn erasure_leaves_no_row_naming_the_user_and_keeps_the_books() {
             .unwrap_or_else(|e| fail(e));
         assert_eq!(
             kept.map(|p| (p.user, p.phase)),
-            Some((hash.clone(), "Pending".to_owned()))
+            Some((hash.clone(), kortex::crd::ProposalPhase::Pending))
         );
         let bobs = s
             .get_proposal(&decided.id)

@@ -361,32 +361,48 @@ async fn proposals_are_decided_once_and_versioned() {
         );
         let decision = json!({"verdict": "Approve", "by": "bob"});
         let decided = s
-            .decide_proposal(&p.id, 1, &decision, "Approved", None)
+            .decide_proposal(
+                &p.id,
+                1,
+                &decision,
+                kortex::crd::ProposalPhase::Approved,
+                None,
+            )
             .await
             .unwrap();
-        assert_eq!((decided.phase.as_str(), decided.version), ("Approved", 2));
+        assert_eq!(
+            (decided.phase, decided.version),
+            (kortex::crd::ProposalPhase::Approved, 2)
+        );
         // A second decision (even with the right version) is refused.
         let again = s
             .decide_proposal(
                 &p.id,
                 2,
                 &json!({"verdict": "Reject", "by": "carol"}),
-                "Rejected",
+                kortex::crd::ProposalPhase::Rejected,
                 None,
             )
             .await;
         assert!(matches!(again, Err(StoreError::Conflict(_))), "{again:?}");
         // Stale versions lose.
         assert!(
-            s.update_proposal_phase(&p.id, 1, "Executing", None, None, None)
-                .await
-                .is_err()
+            s.update_proposal_phase(
+                &p.id,
+                1,
+                kortex::crd::ProposalPhase::Executing,
+                None,
+                None,
+                None
+            )
+            .await
+            .is_err()
         );
         let exec = s
             .update_proposal_phase(
                 &p.id,
                 2,
-                "Succeeded",
+                kortex::crd::ProposalPhase::Succeeded,
                 Some("restarted"),
                 None,
                 Some(&json!({"revision": 3})),
@@ -451,7 +467,12 @@ async fn an_execution_outliving_its_time_limit_is_failed_as_interrupted() {
         let (p, message) = phase(stopped).await;
         assert_eq!(p, "Failed", "{}", db.url);
         assert!(message.starts_with("interrupted"), "{message}");
-        assert_eq!(phase(running).await.0, "Executing", "{}", db.url);
+        assert_eq!(
+            phase(running).await.0,
+            kortex::crd::ProposalPhase::Executing,
+            "{}",
+            db.url
+        );
     }
 }
 

@@ -20,6 +20,7 @@ pub use crate::proposals::{
 };
 
 use super::admission_guard::AdmissionGuard;
+use super::error::Error;
 use crate::crd::{
     ActionProposal, ActionProposalSpec, ChatPolicySpec, ProposalPhase, ProposalTarget,
 };
@@ -141,7 +142,7 @@ impl ClusterProposals {
             .guard
             .unenforced(self.scope.as_deref())
             .await
-            .unwrap_or_else(Some);
+            .unwrap_or_else(|e| Some(e.to_string()));
         let enforced = i8::from(why.is_none());
         if let Some(m) = &self.metrics {
             m.admission_policy_enforced.set(i64::from(enforced));
@@ -162,7 +163,6 @@ impl ClusterProposals {
     /// Creates the object, with the target's state pinned in its params, its dry-run
     /// preview and initial status. Returns its name, the preview and the params as created
     /// (the database record keeps those, so the leader's comparison holds).
-    #[allow(clippy::too_many_arguments)]
     pub async fn create(
         &self,
         id: &str,
@@ -171,8 +171,10 @@ impl ClusterProposals {
         mut spec: ActionProposalSpec,
         policy: &ChatPolicySpec,
         expires_at: jiff::Timestamp,
-    ) -> Result<(String, Value, Option<Value>), String> {
-        pin(&self.executor, &mut spec).await?;
+    ) -> Result<(String, Value, Option<Value>), Error> {
+        pin(&self.executor, &mut spec)
+            .await
+            .map_err(Error::Refused)?;
         let mut object = ActionProposal::new("", spec);
         object.metadata.name = None;
         object.metadata.generate_name = Some(format!("{base_name}-"));
@@ -199,12 +201,12 @@ impl ClusterProposals {
             field_manager: Some(FIELD_MANAGER.into()),
             ..Default::default()
         };
-        let created = api.create(&params, &object).await.map_err(|e| {
-            format!(
-                "could not create the ActionProposal in {namespace}: {}",
-                kube_error(&e)
-            )
-        })?;
+        let created = api
+            .create(&params, &object)
+            .await
+            .map_err(Error::api(format!(
+                "could not create the ActionProposal in {namespace}"
+            )))?;
         let name = created.name_any();
         let preview = preview(&self.executor, &created.spec).await;
         let status = json!({
@@ -525,12 +527,11 @@ impl ClusterProposals {
         &self,
         action: &Action,
         decision: Option<&crate::crd::Decision>,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, Error> {
         let Some(decision) = decision else {
             return Ok(false);
         };
-        let (verb, group, resource, subresource) =
-            executor::required_access(action).map_err(|e| e.to_string())?;
+        let (verb, group, resource, subresource) = executor::required_access(action)?;
         // Every signed-in user is in system:authenticated, whatever the decision lists.
         let mut groups = decision.groups.clone();
         if !groups.iter().any(|g| g == "system:authenticated") {
@@ -557,7 +558,9 @@ impl ClusterProposals {
         let result = api
             .create(&PostParams::default(), &review)
             .await
-            .map_err(|e| kube_error(&e))?;
+            .map_err(Error::api(
+                "cannot review the approver's rights (SubjectAccessReview)",
+            ))?;
         Ok(result.status.is_some_and(|s| s.allowed))
     }
 
@@ -673,13 +676,7 @@ impl ClusterProposals {
             .and_then(|d| serde_json::to_value(d).ok());
         if let Err(e) = host
             .store()
-            .mirror_proposal(
-                &record.id,
-                phase.as_str(),
-                decision.as_ref(),
-                Some(message),
-                undo,
-            )
+            .mirror_proposal(&record.id, phase, decision.as_ref(), Some(message), undo)
             .await
         {
             tracing::warn!(proposal = %p.name_any(), error = %e, "cannot mirror the proposal to the database");
@@ -762,7 +759,7 @@ impl ClusterProposals {
                         params,
                         rationale: spec.rationale.clone(),
                         user: requester.clone(),
-                        phase: "Pending".into(),
+                        phase: ProposalPhase::Pending,
                         decision: None,
                         message: None,
                         preview: Some(preview),
@@ -830,11 +827,4 @@ fn policy_of<'a>(
     record: Option<&crate::store::ProposalRecord>,
 ) -> Option<&'a crate::catalog::PolicyEntry> {
     config.catalog.policy_named(record?.policy.as_deref()?)
-}
-
-fn kube_error(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
-        other => crate::tools::plugin_http::error_chain(other),
-    }
 }

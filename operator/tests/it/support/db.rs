@@ -131,7 +131,8 @@ pub fn proposal(session: Option<&str>, user: &str, name: &str, phase: &str) -> P
         reversible: Some(true),
         provider: None,
         model: None,
-        phase: phase.into(),
+        phase: kortex::crd::ProposalPhase::parse(phase)
+            .unwrap_or_else(|| panic!("{phase} is not a proposal phase")),
         decision: None,
         message: None,
         preview: None,
