@@ -82,6 +82,10 @@ pub enum ToolError {
     Internal(String),
 }
 
+/// The default and hard timeouts of a tool that names none.
+pub const DEFAULT_TIMEOUTS: (Duration, Duration) =
+    (Duration::from_secs(10), Duration::from_secs(60));
+
 /// A read-only tool.
 pub trait Tool: Send + Sync {
     /// Name, description and JSON Schema of the arguments.
@@ -92,7 +96,7 @@ pub trait Tool: Send + Sync {
     }
     /// Default and hard timeouts.
     fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(10), Duration::from_secs(60))
+        DEFAULT_TIMEOUTS
     }
     /// Runs with validated arguments.
     fn call(&self, ctx: ToolContext, input: Value)
