@@ -86,6 +86,9 @@ pub enum ToolError {
 pub const DEFAULT_TIMEOUTS: (Duration, Duration) =
     (Duration::from_secs(10), Duration::from_secs(60));
 
+/// What a tool call gives back: a boxed future of its result or its error.
+pub type ToolFuture = BoxFuture<'static, Result<String, ToolError>>;
+
 /// A read-only tool.
 pub trait Tool: Send + Sync {
     /// Name, description and JSON Schema of the arguments.
@@ -99,8 +102,7 @@ pub trait Tool: Send + Sync {
         DEFAULT_TIMEOUTS
     }
     /// Runs with validated arguments.
-    fn call(&self, ctx: ToolContext, input: Value)
-    -> BoxFuture<'static, Result<String, ToolError>>;
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture;
 }
 
 /// The outcome of one call, as the model and the event stream see it.

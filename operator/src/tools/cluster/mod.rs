@@ -11,8 +11,8 @@ mod objects;
 pub use cursor::CursorSigner;
 pub use logs::{Level, detect_level};
 
-use super::{Tool, ToolContext, ToolError};
-use crate::llm::{BoxFuture, ToolSpec};
+use super::{Tool, ToolContext, ToolError, ToolFuture};
+use crate::llm::ToolSpec;
 use axum::http::Request;
 use serde_json::Value;
 use std::sync::Arc;
@@ -48,11 +48,7 @@ impl<T: ClusterTool> Tool for OnCluster<T> {
         T::TIMEOUTS
     }
 
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture {
         let cluster = self.0.as_caller(&ctx);
         Box::pin(async move { T::run(cluster?, input).await })
     }
