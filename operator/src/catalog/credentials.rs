@@ -152,13 +152,7 @@ impl Credentials {
                 };
                 let groups = fields
                     .get("groups")
-                    .map(|g| {
-                        g.split(',')
-                            .map(str::trim)
-                            .filter(|g| !g.is_empty())
-                            .map(str::to_owned)
-                            .collect()
-                    })
+                    .map(|g| group_list(g))
                     .unwrap_or_default();
                 add(principal, key, groups);
             } else {
@@ -199,6 +193,15 @@ impl Credentials {
     pub fn count(&self, kind: CredentialKind) -> usize {
         self.entries.iter().filter(|c| c.kind == kind).count()
     }
+}
+
+/// The groups of a comma-separated list (`sre, dev`), blanks left out.
+pub fn group_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|g| !g.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Whether `a` equals `b`, in time independent of where they differ.

@@ -25,7 +25,7 @@ use crate::crd::{
     ActionProposal, ChatPolicy, ChatPolicyStatus, KortexTool, KortexToolStatus, LLMProvider,
     LLMProviderStatus, Locality, PolicyMode, ProviderType, SecretKeyRef,
 };
-pub use credentials::{Credential, CredentialKind, Credentials, constant_time_eq};
+pub use credentials::{Credential, CredentialKind, Credentials, constant_time_eq, group_list};
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 pub use secrets::{SecretIndex, SecretValue};

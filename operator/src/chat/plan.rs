@@ -79,11 +79,7 @@ impl crate::tools::Tool for SubmitPlan {
         crate::tools::Effect::Waits
     }
 
-    fn call(
-        &self,
-        ctx: crate::tools::ToolContext,
-        input: Value,
-    ) -> crate::llm::BoxFuture<'static, Result<String, crate::tools::ToolError>> {
+    fn call(&self, ctx: crate::tools::ToolContext, input: Value) -> crate::tools::ToolFuture {
         use crate::tools::ToolError;
         let engine = self.0.upgrade();
         Box::pin(async move {

@@ -9,7 +9,9 @@ use super::error::ApiError;
 use crate::store::SessionRecord;
 use axum::Json;
 use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequestParts, Query};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 
 /// A JSON request body, or the API's own 400/413 for it.
 pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
@@ -25,6 +27,20 @@ pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, Ap
             ApiError::invalid(e.body_text())
         }
     })
+}
+
+/// A query string, or the API's 400 for it.
+pub(crate) struct ApiQuery<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Query(q) = Query::<T>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::invalid(e.body_text()))?;
+        Ok(Self(q))
+    }
 }
 
 /// Unix milliseconds as RFC 3339 (empty when out of range).

@@ -2,7 +2,7 @@
 //! cursor; `GET /chat/v1/sessions/{id}/export`: a session's transcript as Markdown or JSON.
 
 use super::AppState;
-use super::access::admins_only;
+use super::access::{ApiQuery, admins_only};
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::store::DecisionQuery;
@@ -47,9 +47,8 @@ fn parse_since(s: &str) -> Result<i64, ApiError> {
 pub async fn audit(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    query: Result<Query<AuditQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     admins_only(&state, &caller, "the audit log", "get", "/kortex/audit").await?;
     let before = match q.cursor.as_deref() {
         None => None,

@@ -131,13 +131,7 @@ fn proxied(proxy: &AuthProxy, req: &Request) -> Option<Caller> {
     }
     let user = header(&proxy.user_header)?;
     let groups = header(&proxy.groups_header)
-        .map(|g| {
-            g.split(',')
-                .map(str::trim)
-                .filter(|g| !g.is_empty())
-                .map(str::to_owned)
-                .collect()
-        })
+        .map(crate::catalog::group_list)
         .unwrap_or_default();
     Some(Caller {
         user: user.to_owned(),

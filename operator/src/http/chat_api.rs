@@ -2,7 +2,7 @@
 //! streaming the run back), follow the event log with replay, cancel.
 
 use super::AppState;
-use super::access::{json_body, may_use, ms_to_rfc3339, owned, reach, reachable};
+use super::access::{ApiQuery, json_body, may_use, ms_to_rfc3339, owned, reach, reachable};
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::chat::{ChatError, event};
@@ -565,9 +565,8 @@ pub async fn events(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    query: Result<Query<AfterQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(q): ApiQuery<AfterQuery>,
 ) -> Result<Response, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     reachable(&state, &caller, &id, crate::store::Access::Read).await?;
     match q.format.as_deref() {
         Some("jsonl") => {

@@ -5,13 +5,14 @@
 //! `GET /api/v1/manifests` lists every load problem.
 
 use super::AppState;
+use super::access::ApiQuery;
 use super::error::ApiError;
 use crate::catalog::ObjectKey;
 use crate::crd::conditions::reasons;
 use crate::live::LiveConfig;
 use crate::source::manifest::{Identity, Kind, Severity};
 use axum::Json;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -99,18 +100,16 @@ struct Common {
     conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
 }
 
-type QueryResult = Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>;
-
 /// The listing of one kind: the common fields, the kind's own (`view`), then the objects of
 /// that kind that failed to load.
 fn listing<E>(
     state: &AppState,
-    query: QueryResult,
+    query: ApiQuery<ListQuery>,
     kind: Kind,
     entries: impl Fn(&LiveConfig) -> &std::collections::BTreeMap<ObjectKey, E>,
     view: impl Fn(&E) -> (Common, Value),
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
+    let ApiQuery(q) = query;
     let config = state.config.borrow().clone();
     let mut items = Vec::new();
     let mut served = BTreeSet::new();
@@ -141,7 +140,7 @@ fn listing<E>(
 /// `GET /api/v1/llm/providers`
 pub async fn providers(
     State(state): State<AppState>,
-    query: QueryResult,
+    query: ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let probes = state.probes.read().map(|b| b.clone()).unwrap_or_default();
     listing(
@@ -205,7 +204,7 @@ pub async fn providers(
 /// `GET /api/v1/tools`
 pub async fn tools(
     State(state): State<AppState>,
-    query: QueryResult,
+    query: ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let plugins = state.engine.router.plugins();
     let Json(mut out) = listing(
@@ -278,7 +277,7 @@ pub async fn tools(
 /// `GET /api/v1/policies`
 pub async fn policies(
     State(state): State<AppState>,
-    query: QueryResult,
+    query: ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let Json(mut out) = listing(
         &state,

@@ -4,10 +4,10 @@
 //! `get` on `/kortex/evals`).
 
 use super::AppState;
-use super::access::admins_only;
+use super::access::{ApiQuery, admins_only};
 use super::auth::Caller;
 use super::error::ApiError;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -29,9 +29,8 @@ pub struct EvalsQuery {
 pub async fn evals(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    query: Result<Query<EvalsQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(q): ApiQuery<EvalsQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     admins_only(&state, &caller, "eval results", "get", "/kortex/evals").await?;
     let day =
         super::usage_api::parse_since(q.since.as_deref().unwrap_or("90d"), jiff::Timestamp::now())

@@ -4,10 +4,11 @@
 //! (from the credential's groups), and expiry.
 
 use super::AppState;
+use super::access::ApiQuery;
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::store::{NewDecision, ProposalRecord, StoreError};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
@@ -45,9 +46,8 @@ pub struct ListQuery {
 pub async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     // In cluster mode the leader expires the ActionProposals and mirrors them here.
     if state.engine.cluster.get().is_none() {
         crate::chat::proposals::expire(&state.engine)

@@ -2,11 +2,11 @@
 //! the usage events), grouped for tables and charts.
 
 use super::AppState;
-use super::access::admins_only;
+use super::access::{ApiQuery, admins_only};
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::store::UsageGroup;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -59,9 +59,8 @@ pub fn parse_since(since: &str, now: jiff::Timestamp) -> Result<String, String> 
 pub async fn usage(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+    ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text()))?;
     admins_only(
         &state,
         &caller,

@@ -5,7 +5,7 @@
 
 use super::wire::{self, Decoder, Framing, SseEvent};
 use super::{
-    BoxFuture, ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmProvider, Message,
+    ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmFuture, LlmProvider, Message,
     ProviderConfig, StopReason, StreamEvent, ToolCall, Usage,
 };
 use crate::crd::ToolMode;
@@ -461,10 +461,7 @@ impl LlmProvider for Anthropic {
         &self.config
     }
 
-    fn stream<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+    fn stream<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatStream> {
         Box::pin(async move {
             let body = self.body(request, true);
             let post = || {
@@ -478,10 +475,7 @@ impl LlmProvider for Anthropic {
         })
     }
 
-    fn complete<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatResponse> {
         Box::pin(async move {
             let body = self.body(request, false);
             wire::complete_json(
@@ -496,7 +490,7 @@ impl LlmProvider for Anthropic {
         })
     }
 
-    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
+    fn list_models(&self) -> LlmFuture<'_, Vec<String>> {
         let request = self.request(reqwest::Method::GET, "/v1/models?limit=1000");
         Box::pin(wire::list_models(&self.config, request, "data", "id"))
     }
@@ -505,7 +499,7 @@ impl LlmProvider for Anthropic {
         &'a self,
         body: &'a serde_json::Value,
         beta: Option<&'a str>,
-    ) -> Option<BoxFuture<'a, Result<u64, LlmError>>> {
+    ) -> Option<LlmFuture<'a, u64>> {
         Some(Box::pin(async move {
             let mut request = self
                 .request(reqwest::Method::POST, "/v1/messages/count_tokens")

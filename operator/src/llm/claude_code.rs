@@ -19,7 +19,7 @@
 //! get) and the end with the usage the CLI reports.
 
 use super::{
-    BoxFuture, ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmProvider, Message,
+    ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmFuture, LlmProvider, Message,
     ProviderConfig, StopReason, StreamEvent, Usage,
 };
 use crate::catalog::SecretValue;
@@ -969,10 +969,7 @@ impl LlmProvider for ClaudeCode {
         true
     }
 
-    fn stream<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+    fn stream<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatStream> {
         Box::pin(async move {
             if !request.tools.is_empty() && request.mcp.is_none() {
                 return Err(self.error(
@@ -992,10 +989,7 @@ impl LlmProvider for ClaudeCode {
         })
     }
 
-    fn complete<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatResponse> {
         Box::pin(async move {
             let started = std::time::Instant::now();
             let stream = self.stream(request).await?;
@@ -1005,7 +999,7 @@ impl LlmProvider for ClaudeCode {
 
     /// The probe: the CLI runs and is recent enough, and a credential is configured. (A
     /// model call, which costs, is `kortex providers check`'s.)
-    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
+    fn list_models(&self) -> LlmFuture<'_, Vec<String>> {
         Box::pin(async move {
             let v = version(&self.command)
                 .await

@@ -22,13 +22,11 @@ macro_rules! delegate_to_inner {
             &'a self,
             model: &'a str,
             inputs: &'a [String],
-        ) -> $crate::llm::BoxFuture<'a, Result<$crate::llm::Embeddings, $crate::llm::LlmError>> {
+        ) -> $crate::llm::LlmFuture<'a, $crate::llm::Embeddings> {
             self.inner.embed(model, inputs)
         }
 
-        fn list_models(
-            &self,
-        ) -> $crate::llm::BoxFuture<'_, Result<Vec<String>, $crate::llm::LlmError>> {
+        fn list_models(&self) -> $crate::llm::LlmFuture<'_, Vec<String>> {
             self.inner.list_models()
         }
 
@@ -40,7 +38,7 @@ macro_rules! delegate_to_inner {
             &'a self,
             body: &'a serde_json::Value,
             beta: Option<&'a str>,
-        ) -> Option<$crate::llm::BoxFuture<'a, Result<u64, $crate::llm::LlmError>>> {
+        ) -> Option<$crate::llm::LlmFuture<'a, u64>> {
             self.inner.count_tokens(body, beta)
         }
     };
@@ -78,6 +76,9 @@ use std::time::Duration;
 
 /// A boxed future, for the dyn-compatible trait.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a provider call gives back: a boxed future of its answer or its error.
+pub type LlmFuture<'a, T> = BoxFuture<'a, Result<T, LlmError>>;
 
 /// A stream of events of one call. It ends after `Done`, or with an error item.
 pub type ChatStream = BoxStream<'static, Result<StreamEvent, LlmError>>;
@@ -355,22 +356,16 @@ pub trait LlmProvider: Send + Sync {
     }
     /// Streams one call. Errors before any output come back as `Err` here (the first event
     /// is peeked), so callers can fail over; later errors are `Err` items of the stream.
-    fn stream<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatStream, LlmError>>;
+    fn stream<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatStream>;
     /// One non-streamed call.
-    fn complete<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>>;
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatResponse>;
     /// Whether the provider runs its own tool loop and calls Kortex's tools through the
     /// [`ChatRequest::mcp`] bridge (`claude-code`) instead of returning tool calls.
     fn delegates_tools(&self) -> bool {
         false
     }
     /// The model ids the endpoint lists (also the reachability probe).
-    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>>;
+    fn list_models(&self) -> LlmFuture<'_, Vec<String>>;
     /// The exact input tokens of a Messages-API `body` (Anthropic's
     /// `/v1/messages/count_tokens`, with `beta` as its `anthropic-beta`); `None` when the
     /// provider has no such endpoint (the gateway then estimates).
@@ -378,16 +373,12 @@ pub trait LlmProvider: Send + Sync {
         &'a self,
         body: &'a serde_json::Value,
         beta: Option<&'a str>,
-    ) -> Option<BoxFuture<'a, Result<u64, LlmError>>> {
+    ) -> Option<LlmFuture<'a, u64>> {
         let _ = (body, beta);
         None
     }
     /// Embeddings of `inputs` with `model`, where the provider offers them.
-    fn embed<'a>(
-        &'a self,
-        model: &'a str,
-        inputs: &'a [String],
-    ) -> BoxFuture<'a, Result<Embeddings, LlmError>> {
+    fn embed<'a>(&'a self, model: &'a str, inputs: &'a [String]) -> LlmFuture<'a, Embeddings> {
         let _ = (model, inputs);
         Box::pin(async move {
             Err(LlmError::new(

@@ -4,7 +4,7 @@
 
 use super::wire::{self, Decoder, Framing};
 use super::{
-    BoxFuture, ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmProvider, Message,
+    ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmFuture, LlmProvider, Message,
     ProviderConfig, StopReason, StreamEvent, ToolCall, Usage,
 };
 use crate::crd::ToolMode;
@@ -290,10 +290,7 @@ impl LlmProvider for Ollama {
         &self.config
     }
 
-    fn stream<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+    fn stream<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatStream> {
         Box::pin(async move {
             let body = self.body(request, true);
             let post = || self.request(reqwest::Method::POST, "/api/chat").json(&body);
@@ -304,10 +301,7 @@ impl LlmProvider for Ollama {
         })
     }
 
-    fn complete<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatResponse> {
         Box::pin(async move {
             let body = self.body(request, false);
             wire::complete_json(
@@ -319,7 +313,7 @@ impl LlmProvider for Ollama {
         })
     }
 
-    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
+    fn list_models(&self) -> LlmFuture<'_, Vec<String>> {
         let request = self.request(reqwest::Method::GET, "/api/tags");
         Box::pin(wire::list_models(&self.config, request, "models", "name"))
     }
@@ -328,7 +322,7 @@ impl LlmProvider for Ollama {
         &'a self,
         model: &'a str,
         inputs: &'a [String],
-    ) -> BoxFuture<'a, Result<super::Embeddings, LlmError>> {
+    ) -> LlmFuture<'a, super::Embeddings> {
         Box::pin(async move {
             let body = json!({"model": model, "input": inputs});
             let response = super::retry::call_with_retry(self.config.retry, || {

@@ -6,7 +6,7 @@
 
 use super::wire::{self, Decoder, Framing, SseEvent};
 use super::{
-    BoxFuture, ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmProvider, Message,
+    ChatRequest, ChatResponse, ChatStream, ErrorKind, LlmError, LlmFuture, LlmProvider, Message,
     ProviderConfig, StopReason, StreamEvent, ToolCall, Usage,
 };
 use crate::crd::ToolMode;
@@ -558,10 +558,7 @@ impl LlmProvider for OpenAi {
         &self.config
     }
 
-    fn stream<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+    fn stream<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatStream> {
         Box::pin(async move {
             let send = || {
                 wire::send(
@@ -589,10 +586,7 @@ impl LlmProvider for OpenAi {
         })
     }
 
-    fn complete<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatResponse> {
         Box::pin(async move {
             let body = self.body(request, false);
             wire::complete_json(
@@ -604,7 +598,7 @@ impl LlmProvider for OpenAi {
         })
     }
 
-    fn list_models(&self) -> BoxFuture<'_, Result<Vec<String>, LlmError>> {
+    fn list_models(&self) -> LlmFuture<'_, Vec<String>> {
         let request = self.authorized(self.client.get(format!("{}/models", self.config.base_url)));
         Box::pin(wire::list_models(&self.config, request, "data", "id"))
     }
@@ -613,7 +607,7 @@ impl LlmProvider for OpenAi {
         &'a self,
         model: &'a str,
         inputs: &'a [String],
-    ) -> BoxFuture<'a, Result<super::Embeddings, LlmError>> {
+    ) -> LlmFuture<'a, super::Embeddings> {
         Box::pin(async move {
             let body = json!({"model": model, "input": inputs, "encoding_format": "float"});
             let response = super::retry::call_with_retry(self.config.retry, || {

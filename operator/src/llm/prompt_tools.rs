@@ -5,9 +5,7 @@
 //! effort, so every response carries a warning saying so.
 
 use super::recover::{read_response, read_stream};
-use super::{
-    BoxFuture, ChatRequest, ChatResponse, ChatStream, LlmError, LlmProvider, Message, StreamEvent,
-};
+use super::{ChatRequest, ChatResponse, ChatStream, LlmFuture, LlmProvider, Message, StreamEvent};
 use futures_util::StreamExt;
 use serde_json::json;
 use std::sync::Arc;
@@ -78,10 +76,7 @@ pub fn rewrite(request: &ChatRequest) -> ChatRequest {
 impl LlmProvider for PromptTools {
     delegate_to_inner!();
 
-    fn stream<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+    fn stream<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatStream> {
         Box::pin(async move {
             if request.tools.is_empty() {
                 return self.inner.stream(request).await;
@@ -93,10 +88,7 @@ impl LlmProvider for PromptTools {
         })
     }
 
-    fn complete<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatResponse> {
         Box::pin(async move {
             if request.tools.is_empty() {
                 return self.inner.complete(request).await;

@@ -16,7 +16,7 @@
 //! [`MAX_HOLD`] bytes) so that a recovered call is never also shown as the answer.
 
 use super::{
-    BoxFuture, ChatRequest, ChatResponse, ChatStream, LlmError, LlmProvider, StopReason,
+    ChatRequest, ChatResponse, ChatStream, LlmError, LlmFuture, LlmProvider, StopReason,
     StreamEvent, ToolCall,
 };
 use futures_util::StreamExt;
@@ -528,10 +528,7 @@ fn calling(stop_reason: StopReason) -> StopReason {
 impl LlmProvider for Recovering {
     delegate_to_inner!();
 
-    fn stream<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+    fn stream<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatStream> {
         Box::pin(async move {
             let inner = self.inner.stream(request).await?;
             if request.tools.is_empty() {
@@ -541,10 +538,7 @@ impl LlmProvider for Recovering {
         })
     }
 
-    fn complete<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatResponse> {
         Box::pin(async move {
             let mut response = self.inner.complete(request).await?;
             if !request.tools.is_empty() {

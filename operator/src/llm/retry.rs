@@ -65,29 +65,21 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<ChatStream, LlmError>>,
 {
-    let mut n = 0;
-    let mut internal = 0u32;
-    loop {
-        let error = match attempt().await {
-            Ok(mut stream) => match stream.next().await {
-                Some(Ok(first)) => {
-                    return Ok(futures_util::stream::once(async { Ok(first) })
-                        .chain(stream)
-                        .boxed());
-                }
-                Some(Err(e)) => e,
-                None => return Ok(stream),
-            },
-            Err(e) => e,
-        };
-        n += 1;
-        if gives_up(policy, &error, n, &mut internal) {
-            return Err(error);
+    // A stream whose first event is an error counts as a failed call.
+    call_with_retry(policy, || {
+        let started = attempt();
+        async move {
+            let mut stream = started.await?;
+            match stream.next().await {
+                Some(Ok(first)) => Ok(futures_util::stream::once(async { Ok(first) })
+                    .chain(stream)
+                    .boxed()),
+                Some(Err(e)) => Err(e),
+                None => Ok(stream),
+            }
         }
-        let wait = policy.delay(n - 1, &error);
-        tracing::warn!(provider = %error.provider, error = %error, attempt = n, wait_ms = wait.as_millis() as u64, "retrying provider call");
-        tokio::time::sleep(wait).await;
-    }
+    })
+    .await
 }
 
 /// Runs a non-streamed call with the same retry rules.

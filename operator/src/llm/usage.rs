@@ -4,8 +4,7 @@
 //! marked `estimated`.
 
 use super::{
-    BoxFuture, ChatRequest, ChatResponse, ChatStream, LlmError, LlmProvider, Message, StreamEvent,
-    Usage,
+    ChatRequest, ChatResponse, ChatStream, LlmFuture, LlmProvider, Message, StreamEvent, Usage,
 };
 use futures_util::StreamExt;
 use std::sync::Arc;
@@ -85,10 +84,7 @@ impl Estimating {
 impl LlmProvider for Estimating {
     delegate_to_inner!();
 
-    fn stream<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatStream, LlmError>> {
+    fn stream<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatStream> {
         Box::pin(async move {
             let inner = self.inner.stream(request).await?;
             let input = estimate_input(request);
@@ -118,10 +114,7 @@ impl LlmProvider for Estimating {
         })
     }
 
-    fn complete<'a>(
-        &'a self,
-        request: &'a ChatRequest,
-    ) -> BoxFuture<'a, Result<ChatResponse, LlmError>> {
+    fn complete<'a>(&'a self, request: &'a ChatRequest) -> LlmFuture<'a, ChatResponse> {
         Box::pin(async move {
             let mut response = self.inner.complete(request).await?;
             let written = response.text.len()

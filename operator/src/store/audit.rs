@@ -2,9 +2,10 @@
 
 use super::models::*;
 use super::repo::{ROWS_PER_INSERT, json_col, json_text, numbered, values_clause};
-use super::{Store, StoreError, new_id, now_ms};
+use super::{AnyQuery, Store, StoreError, new_id, now_ms};
 use serde_json::Value;
 use sqlx::Row;
+use sqlx::any::AnyRow;
 
 /// The audit log.
 impl Store {
@@ -25,7 +26,7 @@ impl Store {
     ) -> Result<Vec<DecisionRecord>, StoreError> {
         self.traced("SELECT decisions", async move {
             let (before_at, before_id) = q.before.clone().unwrap_or((i64::MAX, String::new()));
-            let rows = sqlx::query(
+            let stmt = sqlx::query(
                 "SELECT id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail, trace_id FROM decisions \
                  WHERE at >= $1 AND ($2 = '' OR session_id = $2) AND ($3 = '' OR kind = $3) \
                    AND (at < $4 OR (at = $4 AND ($5 = '' OR id < $5))) \
@@ -36,38 +37,27 @@ impl Store {
             .bind(q.kind.clone().unwrap_or_default())
             .bind(before_at)
             .bind(before_id)
-            .bind(q.limit.clamp(1, 1000))
-            .fetch_all(&self.pool)
-            .await?;
-            rows.iter()
-                .map(|row| {
-                    Ok(DecisionRecord {
-                        id: row.try_get("id")?,
-                        at: row.try_get("at")?,
-                        kind: row.try_get("kind")?,
-                        namespace: row.try_get("namespace")?,
-                        session_id: row.try_get("session_id")?,
-                        run_id: row.try_get("run_id")?,
-                        user: row.try_get("user_name")?,
-                        policy: row.try_get("policy")?,
-                        subject: row.try_get("subject")?,
-                        outcome: row.try_get("outcome")?,
-                        detail: json_col(row, "detail")?,
-                        trace_id: row.try_get("trace_id")?,
-                    })
-                })
-                .collect()
+            .bind(q.limit.clamp(1, 1000));
+            self.all(stmt, decision_row).await
         })
         .await
     }
 }
 
-/// Inserts an audit row.
-pub(super) async fn insert_decision(
-    conn: &mut sqlx::AnyConnection,
-    new: &NewDecision,
-) -> Result<DecisionRecord, StoreError> {
-    let record = DecisionRecord {
+fn decision_row(row: &AnyRow) -> Result<DecisionRecord, StoreError> {
+    Ok(from_row!(row => DecisionRecord {
+        id, at, kind, namespace, session_id, run_id, user as "user_name", policy, subject, outcome,
+        detail = json_col(row, "detail")?, trace_id,
+    }))
+}
+
+/// The columns of an audit row, in the order [`bind_decision`] binds them.
+const DECISION_COLUMNS: &str = "decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail, trace_id)";
+
+/// The row `new` becomes: a new id, now, an empty object for no detail, and the current
+/// trace when it names none.
+fn decision_record(new: &NewDecision) -> DecisionRecord {
+    DecisionRecord {
         id: new_id(),
         at: now_ms(),
         kind: new.kind.clone(),
@@ -87,25 +77,38 @@ pub(super) async fn insert_decision(
             .trace_id
             .clone()
             .or_else(crate::telemetry::trace::current_trace_id),
-    };
-    sqlx::query(
-        "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail, trace_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-    )
-    .bind(&record.id)
-    .bind(record.at)
-    .bind(&record.kind)
-    .bind(&record.namespace)
-    .bind(&record.session_id)
-    .bind(&record.run_id)
-    .bind(&record.user)
-    .bind(&record.policy)
-    .bind(&record.subject)
-    .bind(&record.outcome)
-    .bind(json_text(&record.detail))
-    .bind(&record.trace_id)
-    .execute(&mut *conn)
-    .await?;
+    }
+}
+
+/// Binds the values of one audit row.
+fn bind_decision<'q>(q: AnyQuery<'q>, r: &DecisionRecord) -> AnyQuery<'q> {
+    q.bind(r.id.clone())
+        .bind(r.at)
+        .bind(r.kind.clone())
+        .bind(r.namespace.clone())
+        .bind(r.session_id.clone())
+        .bind(r.run_id.clone())
+        .bind(r.user.clone())
+        .bind(r.policy.clone())
+        .bind(r.subject.clone())
+        .bind(r.outcome.clone())
+        .bind(json_text(&r.detail))
+        .bind(r.trace_id.clone())
+}
+
+/// Inserts an audit row.
+pub(super) async fn insert_decision(
+    conn: &mut sqlx::AnyConnection,
+    new: &NewDecision,
+) -> Result<DecisionRecord, StoreError> {
+    let record = decision_record(new);
+    let sql = format!(
+        "INSERT INTO {DECISION_COLUMNS}{}",
+        values_clause(true, 1, 12)
+    );
+    bind_decision(sqlx::query(sqlx::AssertSqlSafe(sql)), &record)
+        .execute(&mut *conn)
+        .await?;
     Ok(record)
 }
 
@@ -116,33 +119,12 @@ pub(super) async fn insert_decisions(
 ) -> Result<(), StoreError> {
     for part in news.chunks(ROWS_PER_INSERT) {
         let sql = format!(
-            "INSERT INTO decisions (id, at, kind, namespace, session_id, run_id, user_name, policy, subject, outcome, detail, trace_id){}",
+            "INSERT INTO {DECISION_COLUMNS}{}",
             values_clause(numbered(tx), part.len(), 12)
         );
         let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
         for new in part {
-            let detail = if new.detail.is_null() {
-                Value::Object(Default::default())
-            } else {
-                new.detail.clone()
-            };
-            q = q
-                .bind(new_id())
-                .bind(now_ms())
-                .bind(new.kind.clone())
-                .bind(new.namespace.clone())
-                .bind(new.session_id.clone())
-                .bind(new.run_id.clone())
-                .bind(new.user.clone())
-                .bind(new.policy.clone())
-                .bind(new.subject.clone())
-                .bind(new.outcome.clone())
-                .bind(json_text(&detail))
-                .bind(
-                    new.trace_id
-                        .clone()
-                        .or_else(crate::telemetry::trace::current_trace_id),
-                );
+            q = bind_decision(q, &decision_record(new));
         }
         q.execute(&mut **tx).await?;
     }

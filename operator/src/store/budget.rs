@@ -270,17 +270,15 @@ impl Store {
 
     /// Keeps lease `key` until `expires_at`; false when it is gone (swept as expired).
     pub async fn renew_lease(&self, key: &LeaseKey, expires_at: i64) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE budget_reservations SET expires_at = $4 \
              WHERE id = $1 AND scope = $2 AND window_start = $3",
         )
         .bind(&key.id)
         .bind(&key.scope)
         .bind(key.window_start)
-        .bind(expires_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(expires_at);
+        self.changed(stmt).await
     }
 
     /// Gives `unused` of lease `key` back to its counter; the lease row goes when nothing

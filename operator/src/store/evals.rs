@@ -2,7 +2,7 @@
 //! back about its own sessions (their provider usage); and the responses the gateway's
 //! `/v1/responses` keeps.
 
-use super::{Store, StoreError, new_id, now_ms};
+use super::{AnyQuery, Store, StoreError, new_id, now_ms};
 use serde::Serialize;
 use serde_json::Value;
 use sqlx::Row;
@@ -101,7 +101,7 @@ impl Store {
         reports: bool,
         limit: i64,
     ) -> Result<Vec<EvalRun>, StoreError> {
-        let rows = sqlx::query(
+        let stmt = sqlx::query(
             "SELECT id, at, label, kind, suite, scenarios, attempts, passed, input_tokens, output_tokens, \
              CAST(cost_usd AS DOUBLE PRECISION) AS cost_usd, CASE WHEN $3 = 1 THEN report ELSE 'null' END AS report \
              FROM eval_runs WHERE at >= $1 AND ($2 = '' OR label = $2) ORDER BY at, id LIMIT $4",
@@ -109,28 +109,14 @@ impl Store {
         .bind(since_ms)
         .bind(label.unwrap_or(""))
         .bind(i64::from(reports))
-        .bind(limit.clamp(1, 10_000))
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
+        .bind(limit.clamp(1, 10_000));
+        self.all(stmt, |row| {
                 let report: String = row.try_get("report")?;
-                Ok(EvalRun {
-                    id: row.try_get("id")?,
-                    at: row.try_get("at")?,
-                    label: row.try_get("label")?,
-                    kind: row.try_get("kind")?,
-                    suite: row.try_get("suite")?,
-                    scenarios: row.try_get("scenarios")?,
-                    attempts: row.try_get("attempts")?,
-                    passed: row.try_get("passed")?,
-                    input_tokens: row.try_get("input_tokens")?,
-                    output_tokens: row.try_get("output_tokens")?,
-                    cost_usd: row.try_get("cost_usd")?,
-                    report: serde_json::from_str(&report).unwrap_or(Value::Null),
-                })
-            })
-            .collect()
+                Ok(from_row!(row => EvalRun {
+                    id, at, label, kind, suite, scenarios, attempts, passed, input_tokens,
+                    output_tokens, cost_usd, report = serde_json::from_str(&report).unwrap_or(Value::Null),
+                }))
+            }).await
     }
 
     /// The provider calls of a session, summed.
@@ -144,12 +130,7 @@ impl Store {
         .bind(session_id)
         .fetch_one(&self.pool)
         .await?;
-        Ok(SessionUsage {
-            calls: row.try_get("calls")?,
-            input_tokens: row.try_get("input_tokens")?,
-            output_tokens: row.try_get("output_tokens")?,
-            cost_usd: row.try_get("cost_usd")?,
-        })
+        Ok(from_row!(row => SessionUsage { calls, input_tokens, output_tokens, cost_usd }))
     }
 }
 
@@ -190,14 +171,9 @@ impl Store {
         team: &str,
     ) -> Result<Option<(Value, Value)>, StoreError> {
         self.traced("SELECT gateway_responses", async move {
-            let row = sqlx::query(
-                "SELECT conversation, response FROM gateway_responses WHERE id = $1 AND namespace = $2 AND team = $3",
-            )
-            .bind(id)
-            .bind(namespace)
-            .bind(team)
-            .fetch_optional(&self.pool)
-            .await?;
+            let row = kept("SELECT conversation, response", (id, namespace, team))
+                .fetch_optional(&self.pool)
+                .await?;
             let Some(row) = row else {
                 return Ok(None);
             };
@@ -218,14 +194,9 @@ impl Store {
         namespace: &str,
         team: &str,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM gateway_responses WHERE id = $1 AND namespace = $2 AND team = $3",
-        )
-        .bind(id)
-        .bind(namespace)
-        .bind(team)
-        .execute(&self.pool)
-        .await?;
+        let done = kept("DELETE", (id, namespace, team))
+            .execute(&self.pool)
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 
@@ -237,4 +208,14 @@ impl Store {
             .await?;
         Ok(done.rows_affected())
     }
+}
+
+/// `verb` (`SELECT columns`, `DELETE`) on the kept response `(id, namespace, team)`.
+fn kept<'q>(verb: &str, (id, namespace, team): (&'q str, &'q str, &'q str)) -> AnyQuery<'q> {
+    let sql =
+        format!("{verb} FROM gateway_responses WHERE id = $1 AND namespace = $2 AND team = $3");
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .bind(namespace)
+        .bind(team)
 }

@@ -54,56 +54,56 @@ impl Store {
 
     /// Records who opened the MCP transport session `id` (only they may use it).
     pub async fn set_mcp_owner(&self, id: &str, user: &str) -> Result<(), StoreError> {
-        let now = now_ms();
-        sqlx::query(
-            "INSERT INTO mcp_sessions (id, user_name, created_at, used_at) VALUES ($1, $2, $3, $3) \
-             ON CONFLICT (id) DO UPDATE SET user_name = $2, used_at = $3",
-        )
-        .bind(id)
-        .bind(user)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        self.set_mcp_column(id, "user_name", user).await
     }
 
     /// Who opened the MCP transport session `id`: `None` if it is unknown, `Some(None)`
     /// while its owner is being recorded.
     pub async fn mcp_owner(&self, id: &str) -> Result<Option<Option<String>>, StoreError> {
-        let row = sqlx::query("SELECT user_name FROM mcp_sessions WHERE id = $1")
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.map(|r| r.try_get::<Option<String>, _>("user_name"))
-            .transpose()
-            .map_err(StoreError::from)
+        self.mcp_column(id, "user_name").await
     }
 
     /// Keeps the `initialize` parameters (JSON) of MCP transport session `id`.
     pub async fn put_mcp_state(&self, id: &str, state: &str) -> Result<(), StoreError> {
-        let now = now_ms();
-        sqlx::query(
-            "INSERT INTO mcp_sessions (id, state, created_at, used_at) VALUES ($1, $2, $3, $3) \
-             ON CONFLICT (id) DO UPDATE SET state = $2, used_at = $3",
-        )
-        .bind(id)
-        .bind(state)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(())
+        self.set_mcp_column(id, "state", state).await
     }
 
     /// The kept `initialize` parameters of MCP transport session `id`.
     pub async fn mcp_state(&self, id: &str) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT state FROM mcp_sessions WHERE id = $1")
+        Ok(self.mcp_column(id, "state").await?.flatten())
+    }
+
+    /// Sets `column` (`user_name` or `state`) of MCP transport session `id`, creating its
+    /// row, and marks it used now.
+    async fn set_mcp_column(
+        &self,
+        id: &str,
+        column: &'static str,
+        value: &str,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO mcp_sessions (id, {column}, created_at, used_at) VALUES ($1, $2, $3, $3) \
+             ON CONFLICT (id) DO UPDATE SET {column} = $2, used_at = $3"
+        );
+        sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(id)
-            .fetch_optional(&self.pool)
+            .bind(value)
+            .bind(now_ms())
+            .execute(&self.pool)
             .await?;
-        Ok(row
-            .map(|r| r.try_get::<Option<String>, _>("state"))
-            .transpose()?
-            .flatten())
+        Ok(())
+    }
+
+    /// `column` of MCP transport session `id`: `None` if it is unknown.
+    async fn mcp_column(
+        &self,
+        id: &str,
+        column: &'static str,
+    ) -> Result<Option<Option<String>>, StoreError> {
+        let sql = format!("SELECT {column} FROM mcp_sessions WHERE id = $1");
+        let stmt = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(id);
+        self.first(stmt, |r| Ok(r.try_get::<Option<String>, _>(column)?))
+            .await
     }
 
     /// Forgets MCP transport session `id` (the client ended it).

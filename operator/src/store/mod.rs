@@ -21,6 +21,27 @@ macro_rules! usage_daily_add {
     };
 }
 
+/// Reads a row into a struct: each field from the column of its name, from the column named
+/// after `as` (`user as "user_name"`), or as the expression after `=` (`detail =
+/// json_col(row, "detail")?`). Meant inside a function returning `Result<_, StoreError>`.
+macro_rules! from_row {
+    ($row:ident => $ty:ident { $($field:ident $(as $col:literal)? $(= $val:expr)?),* $(,)? }) => {
+        $ty { $($field: from_row!(@col $row, $field $(as $col)? $(= $val)?)),* }
+    };
+    (@col $row:ident, $field:ident) => {
+        $row.try_get(stringify!($field))?
+    };
+    (@col $row:ident, $field:ident as $col:literal) => {
+        $row.try_get($col)?
+    };
+    (@col $row:ident, $field:ident = $val:expr) => {
+        $val
+    };
+}
+
+/// A statement with its arguments bound so far.
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
+
 mod audit;
 mod budget;
 pub mod erasure;

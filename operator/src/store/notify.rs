@@ -139,7 +139,7 @@ impl Store {
 
     /// Deliveries due at `now`, oldest first.
     pub async fn due_deliveries(&self, now: i64, limit: i64) -> Result<Vec<Delivery>, StoreError> {
-        let rows = sqlx::query(
+        let stmt = sqlx::query(
             "SELECT d.id, d.target, d.attempts, d.next_at, d.created_at, e.id AS e_id, e.event_type AS e_event_type, \
              e.policy AS e_policy, e.subject AS e_subject, e.data AS e_data, e.created_at AS e_created_at \
              FROM notify_deliveries d JOIN notify_events e ON e.id = d.event_id \
@@ -147,21 +147,13 @@ impl Store {
              ORDER BY d.next_at, d.id LIMIT $2",
         )
         .bind(now)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Delivery {
-                    id: r.try_get("id")?,
-                    target: r.try_get("target")?,
-                    attempts: r.try_get("attempts")?,
-                    next_at: r.try_get("next_at")?,
-                    created_at: r.try_get("created_at")?,
-                    event: event_row(r, "e_")?,
-                })
-            })
-            .collect()
+        .bind(limit);
+        self.all(stmt, |r| {
+            Ok(from_row!(r => Delivery {
+                id, target, attempts, next_at, created_at, event = event_row(r, "e_")?,
+            }))
+        })
+        .await
     }
 
     /// Claims `delivery` for one attempt until `until` (Unix ms): true for the one sender
@@ -172,16 +164,14 @@ impl Store {
         delivery: &Delivery,
         until: i64,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE notify_deliveries SET next_at = $1 \
              WHERE id = $2 AND next_at = $3 AND delivered_at IS NULL AND failed_at IS NULL",
         )
         .bind(until)
         .bind(&delivery.id)
-        .bind(delivery.next_at)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(delivery.next_at);
+        self.changed(stmt).await
     }
 
     /// Records a delivery's attempt: delivered, to retry at `retry_at`, or given up on

@@ -2,7 +2,7 @@
 //! methods per table, all on [`Store`]), and the helpers the other tables' files share.
 
 use super::models::*;
-use super::{Store, StoreError, new_id, now_ms};
+use super::{AnyQuery, Store, StoreError, new_id, now_ms};
 use serde_json::{Value, json};
 use sqlx::Row;
 use sqlx::any::AnyRow;
@@ -29,6 +29,36 @@ pub(super) fn opt_json_col(
         .transpose()
 }
 
+/// Running a statement on the pool and reading what it returns.
+impl Store {
+    /// Every row `q` returns, each read by `read`.
+    pub(super) async fn all<T>(
+        &self,
+        q: AnyQuery<'_>,
+        read: impl Fn(&AnyRow) -> Result<T, StoreError>,
+    ) -> Result<Vec<T>, StoreError> {
+        q.fetch_all(&self.pool).await?.iter().map(read).collect()
+    }
+
+    /// The first row `q` returns, if any, read by `read`.
+    pub(super) async fn first<T>(
+        &self,
+        q: AnyQuery<'_>,
+        read: impl Fn(&AnyRow) -> Result<T, StoreError>,
+    ) -> Result<Option<T>, StoreError> {
+        q.fetch_optional(&self.pool)
+            .await?
+            .as_ref()
+            .map(read)
+            .transpose()
+    }
+
+    /// Whether `q` changed any row.
+    pub(super) async fn changed(&self, q: AnyQuery<'_>) -> Result<bool, StoreError> {
+        Ok(q.execute(&self.pool).await?.rows_affected() > 0)
+    }
+}
+
 /// How much event data one page of [`Store::events_after`] reads before it stops: what a
 /// follower that does not keep up holds (`docs/reliability.md#limits`).
 pub const EVENT_PAGE_BYTES: usize = 1 << 20;
@@ -47,26 +77,17 @@ macro_rules! session_select {
 }
 
 fn session_row(row: &AnyRow) -> Result<SessionRecord, StoreError> {
-    Ok(SessionRecord {
-        id: row.try_get("id")?,
-        name: row.try_get("name")?,
-        namespace: row.try_get("namespace")?,
-        user: row.try_get("user_name")?,
-        policy: row.try_get("policy")?,
-        status: {
-            let s: String = row.try_get("status")?;
-            SessionState::parse(&s).ok_or_else(|| {
-                StoreError::from(sqlx::Error::Decode(
-                    format!("chat_sessions.status {s:?} is not a session state").into(),
-                ))
-            })?
-        },
-        title: row.try_get("title")?,
-        dynamic_tools: json_col(row, "dynamic_tools")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        trigger: row.try_get("trigger_ref")?,
-    })
+    let status: String = row.try_get("status")?;
+    let state = SessionState::parse(&status).ok_or_else(|| {
+        StoreError::from(sqlx::Error::Decode(
+            format!("chat_sessions.status {status:?} is not a session state").into(),
+        ))
+    })?;
+    Ok(from_row!(row => SessionRecord {
+        id, name, namespace, user as "user_name", policy, status = state, title,
+        dynamic_tools = json_col(row, "dynamic_tools")?, created_at, updated_at,
+        trigger as "trigger_ref",
+    }))
 }
 
 /// Appends a message to a session's transcript inside `tx` (the next sequence number).
@@ -184,43 +205,35 @@ impl Store {
             session_select!(),
             " WHERE id = $1 AND user_name = $2 AND deleted_at IS NULL"
         );
-        let row = sqlx::query(sql)
-            .bind(id)
-            .bind(user)
-            .fetch_optional(&self.pool)
-            .await?;
-        row.as_ref().map(session_row).transpose()
+        let stmt = sqlx::query(sql).bind(id).bind(user);
+        self.first(stmt, session_row).await
     }
 
     /// Session `id`, whoever owns it (for the server's own sweeps).
     pub async fn session_by_id(&self, id: &str) -> Result<Option<SessionRecord>, StoreError> {
         let sql = concat!(session_select!(), " WHERE id = $1 AND deleted_at IS NULL");
-        let row = sqlx::query(sql).bind(id).fetch_optional(&self.pool).await?;
-        row.as_ref().map(session_row).transpose()
+        let stmt = sqlx::query(sql).bind(id);
+        self.first(stmt, session_row).await
     }
 
     /// `user`'s sessions, most recently updated first.
     pub async fn list_sessions(&self, user: &str) -> Result<Vec<SessionRecord>, StoreError> {
-        let rows = sqlx::query(concat!(
+        let stmt = sqlx::query(concat!(
             session_select!(),
             " WHERE user_name = $1 AND deleted_at IS NULL AND origin = 'chat' ORDER BY updated_at DESC, id DESC"
         ))
-        .bind(user)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(session_row).collect()
+        .bind(user);
+        self.all(stmt, session_row).await
     }
 
     /// Sessions triggers started, most recent first, at most `limit`.
     pub async fn triggered_sessions(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
-        let rows = sqlx::query(concat!(
+        let stmt = sqlx::query(concat!(
             session_select!(),
             " WHERE trigger_ref IS NOT NULL AND deleted_at IS NULL ORDER BY updated_at DESC, id DESC LIMIT $1"
         ))
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter().map(session_row).collect()
+        .bind(limit);
+        self.all(stmt, session_row).await
     }
 
     /// `user`'s sessions whose name, title or any message contains `text` (any case),
@@ -237,7 +250,7 @@ impl Store {
             .replace('_', "\\_");
         let pattern = format!("%{escaped}%");
         self.traced("SELECT chat_sessions chat_messages", async move {
-            let rows = sqlx::query(concat!(
+            let stmt = sqlx::query(concat!(
                 session_select!(),
                 " WHERE user_name = $1 AND deleted_at IS NULL AND origin = 'chat' AND (",
                 "lower(name) LIKE $2 ESCAPE '\\' OR lower(coalesce(title, '')) LIKE $2 ESCAPE '\\' ",
@@ -246,10 +259,8 @@ impl Store {
                 "ORDER BY updated_at DESC, id DESC LIMIT 200"
             ))
             .bind(user)
-            .bind(pattern)
-            .fetch_all(&self.pool)
-            .await?;
-            rows.iter().map(session_row).collect()
+            .bind(pattern);
+            self.all(stmt, session_row).await
         })
         .await
     }
@@ -261,15 +272,13 @@ impl Store {
         user: &str,
         title: &str,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE chat_sessions SET title = $3 WHERE id = $1 AND user_name = $2 AND deleted_at IS NULL",
         )
         .bind(id)
         .bind(user)
-        .bind(title)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(title);
+        self.changed(stmt).await
     }
 
     /// Sets the title of session `id` unless it has one. Returns whether it was set.
@@ -316,15 +325,13 @@ impl Store {
     /// Hides session `id` of `user` (`None`: of whoever owns it, for an admin) at once;
     /// retention's `purge_deleted` removes it for good. Returns whether it existed.
     pub async fn delete_session(&self, id: &str, user: Option<&str>) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE chat_sessions SET deleted_at = $1 WHERE id = $2 AND ($3 IS NULL OR user_name = $3) AND deleted_at IS NULL",
         )
         .bind(now_ms())
         .bind(id)
-        .bind(user)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(user);
+        self.changed(stmt).await
     }
 
     /// Whether a run of session `id` is still writing (running, pausing, cancelling).
@@ -340,22 +347,11 @@ impl Store {
 }
 
 fn message_row(row: &AnyRow) -> Result<MessageRecord, StoreError> {
-    Ok(MessageRecord {
-        id: row.try_get("id")?,
-        session_id: row.try_get("session_id")?,
-        seq: row.try_get("seq")?,
-        run_id: row.try_get("run_id")?,
-        role: row.try_get("role")?,
-        content: row.try_get("content")?,
-        tool_calls: opt_json_col(row, "tool_calls")?,
-        tool_call_id: row.try_get("tool_call_id")?,
-        is_error: row.try_get::<i64, _>("is_error")? != 0,
-        created_at: row.try_get("created_at")?,
-        superseded: row.try_get::<i64, _>("superseded")? != 0,
-        author: row.try_get("author")?,
-        provider: row.try_get("provider")?,
-        model: row.try_get("model")?,
-    })
+    Ok(from_row!(row => MessageRecord {
+        id, session_id, seq, run_id, role, content, tool_calls = opt_json_col(row, "tool_calls")?,
+        tool_call_id, is_error = row.try_get::<i64, _>("is_error")? != 0, created_at,
+        superseded = row.try_get::<i64, _>("superseded")? != 0, author, provider, model,
+    }))
 }
 
 /// Messages.
@@ -387,15 +383,13 @@ impl Store {
         after: i64,
     ) -> Result<Vec<MessageRecord>, StoreError> {
         self.traced("SELECT chat_messages", async move {
-            let rows = sqlx::query(
+            let stmt = sqlx::query(
                 "SELECT id, session_id, seq, run_id, role, content, tool_calls, tool_call_id, is_error, created_at, superseded, author, provider, model \
                  FROM chat_messages WHERE session_id = $1 AND seq > $2 ORDER BY seq",
             )
             .bind(session_id)
-            .bind(after)
-            .fetch_all(&self.pool)
-            .await?;
-            rows.iter().map(message_row).collect()
+            .bind(after);
+            self.all(stmt, message_row).await
         })
         .await
     }
@@ -424,7 +418,7 @@ impl Store {
                 Some((name, max)) => (Some(name), max.map_or(i64::MAX, i64::from)),
                 None => (None, i64::MAX),
             };
-            let done = sqlx::query(
+            let stmt = sqlx::query(
                 "INSERT INTO chat_runs (id, session_id, status, owner, heartbeat_at, started_at, policy, actor) \
                  SELECT $1, $2, 'running', $3, $4, $4, $5, $7 \
                  WHERE (SELECT count(*) FROM chat_runs WHERE policy = $5 AND status IN ('running', 'cancelling', 'pausing')) < $6",
@@ -435,10 +429,8 @@ impl Store {
             .bind(now)
             .bind(policy)
             .bind(max)
-            .bind(actor)
-            .execute(&self.pool)
-            .await?;
-            Ok(done.rows_affected() > 0)
+            .bind(actor);
+            self.changed(stmt).await
         })
         .await
     }
@@ -562,25 +554,21 @@ impl Store {
         before: i64,
         reason: &str,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE chat_runs SET status = 'failed', reason = $1, finished_at = $2 WHERE id = $3 AND status IN ('running', 'cancelling', 'pausing') AND heartbeat_at < $4",
         )
         .bind(reason)
         .bind(now_ms())
         .bind(run_id)
-        .bind(before)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(before);
+        self.changed(stmt).await
     }
 
     /// Asks the running run of a session to stop, wherever it runs (its owner polls).
     pub async fn request_cancel(&self, session_id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE chat_runs SET status = 'cancelling' WHERE session_id = $1 AND status IN ('running', 'pausing')")
-            .bind(session_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        let stmt = sqlx::query("UPDATE chat_runs SET status = 'cancelling' WHERE session_id = $1 AND status IN ('running', 'pausing')")
+            .bind(session_id);
+        self.changed(stmt).await
     }
 
     /// The session's runs that did not complete, in order: `(run id, status, reason,
@@ -589,23 +577,20 @@ impl Store {
         &self,
         session_id: &str,
     ) -> Result<Vec<(String, String, Option<String>, Option<i64>)>, StoreError> {
-        let rows = sqlx::query(
+        let stmt = sqlx::query(
             "SELECT id, status, reason, finished_at FROM chat_runs \
              WHERE session_id = $1 AND status IN ('failed', 'cancelled') ORDER BY started_at",
         )
-        .bind(session_id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("id")?,
-                    r.try_get("status")?,
-                    r.try_get("reason")?,
-                    r.try_get("finished_at")?,
-                ))
-            })
-            .collect()
+        .bind(session_id);
+        self.all(stmt, |r| {
+            Ok((
+                r.try_get("id")?,
+                r.try_get("status")?,
+                r.try_get("reason")?,
+                r.try_get("finished_at")?,
+            ))
+        })
+        .await
     }
 
     /// The status of a run.

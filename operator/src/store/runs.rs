@@ -109,12 +109,9 @@ impl Store {
                 .fetch_optional(&self.pool)
                 .await?;
         row.map(|r| {
-            Ok(RunRecord {
-                id: r.try_get("id")?,
-                session_id: r.try_get("session_id")?,
-                status: run_state(&r.try_get::<String, _>("status")?)?,
-                paused_at: r.try_get("paused_at")?,
-            })
+            Ok(from_row!(r => RunRecord {
+                id, session_id, status = run_state(&r.try_get::<String, _>("status")?)?, paused_at,
+            }))
         })
         .transpose()
     }
@@ -126,37 +123,31 @@ impl Store {
         from: RunState,
         to: RunState,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query("UPDATE chat_runs SET status = $1 WHERE id = $2 AND status = $3")
+        let stmt = sqlx::query("UPDATE chat_runs SET status = $1 WHERE id = $2 AND status = $3")
             .bind(to.as_str())
             .bind(run_id)
-            .bind(from.as_str())
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+            .bind(from.as_str());
+        self.changed(stmt).await
     }
 
     /// A run asked to pause parks at its step boundary: no task holds it any more.
     pub async fn park_run(&self, run_id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE chat_runs SET status = 'paused', paused_at = $1 WHERE id = $2 AND status = 'pausing'",
         )
         .bind(now_ms())
-        .bind(run_id)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(run_id);
+        self.changed(stmt).await
     }
 
     /// A run that stated a plan parks until a person decides it.
     pub async fn park_for_plan(&self, run_id: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE chat_runs SET status = 'awaiting_plan', paused_at = $1 WHERE id = $2 AND status = 'running'",
         )
         .bind(now_ms())
-        .bind(run_id)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(run_id);
+        self.changed(stmt).await
     }
 
     /// A paused run goes on, executed by `owner`.
@@ -171,17 +162,15 @@ impl Store {
         from: RunState,
         owner: &str,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE chat_runs SET status = 'running', owner = $1, heartbeat_at = $2, paused_at = NULL \
              WHERE id = $3 AND status = $4",
         )
         .bind(owner)
         .bind(now_ms())
         .bind(run_id)
-        .bind(from.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(from.as_str());
+        self.changed(stmt).await
     }
 
     /// Runs parked (paused, or waiting on their plan) before `before` (Unix ms): `(run id,
@@ -190,21 +179,18 @@ impl Store {
         &self,
         before: i64,
     ) -> Result<Vec<(String, String, Option<String>)>, StoreError> {
-        let rows = sqlx::query(
+        let stmt = sqlx::query(
             "SELECT id, session_id, policy FROM chat_runs WHERE status IN ('paused', 'awaiting_plan') AND paused_at < $1 LIMIT 1000",
         )
-        .bind(before)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok((
-                    r.try_get("id")?,
-                    r.try_get("session_id")?,
-                    r.try_get("policy")?,
-                ))
-            })
-            .collect()
+        .bind(before);
+        self.all(stmt, |r| {
+            Ok((
+                r.try_get("id")?,
+                r.try_get("session_id")?,
+                r.try_get("policy")?,
+            ))
+        })
+        .await
     }
 
     /// Keeps a redirect for the run to consume at its next step boundary; with `rewind_to`,
@@ -378,14 +364,10 @@ impl Store {
             .transpose()
         };
         row.map(|r| {
-            Ok(PlanRecord {
-                id: r.try_get("id")?,
-                run_id: r.try_get("run_id")?,
-                call_id: r.try_get("call_id")?,
-                steps: json(r.try_get("steps")?, "steps")?.unwrap_or_default(),
-                status: r.try_get("status")?,
-                approved_steps: json(r.try_get("approved_steps")?, "approved_steps")?,
-            })
+            Ok(from_row!(r => PlanRecord {
+                id, run_id, call_id, steps = json(r.try_get("steps")?, "steps")?.unwrap_or_default(),
+                status, approved_steps = json(r.try_get("approved_steps")?, "approved_steps")?,
+            }))
         })
         .transpose()
     }
@@ -399,7 +381,7 @@ impl Store {
         approved_steps: Option<&serde_json::Value>,
         by: &str,
     ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+        let stmt = sqlx::query(
             "UPDATE run_plans SET status = $1, approved_steps = $2, decided_by = $3, decided_at = $4 \
              WHERE id = $5 AND status = 'proposed'",
         )
@@ -407,10 +389,8 @@ impl Store {
         .bind(approved_steps.map(|v| v.to_string()))
         .bind(by)
         .bind(now_ms())
-        .bind(plan_id)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() > 0)
+        .bind(plan_id);
+        self.changed(stmt).await
     }
 }
 

@@ -156,24 +156,18 @@ impl Store {
 
     /// Every share of session `id`.
     pub async fn shares(&self, id: &str) -> Result<Vec<Share>, StoreError> {
-        let rows = sqlx::query(
+        let stmt = sqlx::query(
             "SELECT kind, principal, access, created_by, created_at FROM session_shares \
              WHERE session_id = $1 ORDER BY kind DESC, principal",
         )
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Share {
-                    kind: r.try_get("kind")?,
-                    principal: r.try_get("principal")?,
-                    access: Access::parse(&r.try_get::<String, _>("access")?),
-                    created_by: r.try_get("created_by")?,
-                    created_at: r.try_get("created_at")?,
-                })
-            })
-            .collect()
+        .bind(id);
+        self.all(stmt, |r| {
+            Ok(from_row!(r => Share {
+                kind, principal, access = Access::parse(&r.try_get::<String, _>("access")?),
+                created_by, created_at,
+            }))
+        })
+        .await
     }
 
     /// The sessions shared with `user` or one of `groups` (only session `only` when
@@ -311,24 +305,16 @@ impl Store {
 
     /// The hand-over notes of session `id`, oldest first.
     pub async fn handovers(&self, id: &str) -> Result<Vec<Handover>, StoreError> {
-        let rows = sqlx::query(
+        let stmt = sqlx::query(
             "SELECT id, from_user, to_user, note, summary, created_at FROM session_handovers \
              WHERE session_id = $1 ORDER BY created_at, id",
         )
-        .bind(id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Handover {
-                    id: r.try_get("id")?,
-                    from: r.try_get("from_user")?,
-                    to: r.try_get("to_user")?,
-                    note: r.try_get("note")?,
-                    summary: r.try_get("summary")?,
-                    created_at: r.try_get("created_at")?,
-                })
-            })
-            .collect()
+        .bind(id);
+        self.all(stmt, |r| {
+            Ok(from_row!(r => Handover {
+                id, from as "from_user", to as "to_user", note, summary, created_at,
+            }))
+        })
+        .await
     }
 }

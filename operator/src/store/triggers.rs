@@ -94,23 +94,14 @@ const EVENT_COLUMNS: &str = "id, policy, trigger_name, kind, group_key, caller, 
 
 fn event_row(row: &sqlx::any::AnyRow) -> Result<TriggerEvent, StoreError> {
     let payload: String = row.try_get("payload")?;
-    Ok(TriggerEvent {
-        id: row.try_get("id")?,
-        policy: row.try_get("policy")?,
-        trigger: row.try_get("trigger_name")?,
-        kind: row.try_get("kind")?,
-        group_key: row.try_get("group_key")?,
-        caller: row.try_get("caller")?,
-        payload: serde_json::from_str(&payload).map_err(|source| StoreError::Json {
-            column: "trigger_events.payload",
-            source,
-        })?,
-        state: row.try_get("state")?,
-        reason: row.try_get("reason")?,
-        session_id: row.try_get("session_id")?,
-        run_id: row.try_get("run_id")?,
-        created_at: row.try_get("created_at")?,
-    })
+    let payload = serde_json::from_str(&payload).map_err(|source| StoreError::Json {
+        column: "trigger_events.payload",
+        source,
+    })?;
+    Ok(from_row!(row => TriggerEvent {
+        id, policy, trigger as "trigger_name", kind, group_key, caller, payload = payload, state,
+        reason, session_id, run_id, created_at,
+    }))
 }
 
 async fn insert_event(
@@ -197,12 +188,8 @@ impl Store {
                AND (o.created_at < e.created_at OR (o.created_at = e.created_at AND o.id < e.id))) \
              ORDER BY e.created_at, e.id LIMIT $2"
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(now)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(event_row).collect()
+        let stmt = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now).bind(limit);
+        self.all(stmt, event_row).await
     }
 
     /// Claims a pending event until `until` (Unix ms); `false` when someone holds it.
@@ -380,19 +367,15 @@ impl Store {
              WHERE e.state = 'run' AND e.finished_notified = 0 AND r.finished_at IS NOT NULL \
              ORDER BY r.finished_at LIMIT $1"
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(FinishedTriggerRun {
-                    event: event_row(row)?,
-                    status: row.try_get("run_status")?,
-                    reason: row.try_get("run_reason")?,
-                })
+        let stmt = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(limit);
+        self.all(stmt, |row| {
+            Ok(FinishedTriggerRun {
+                event: event_row(row)?,
+                status: row.try_get("run_status")?,
+                reason: row.try_get("run_reason")?,
             })
-            .collect()
+        })
+        .await
     }
 
     /// Writes `investigation.finished` for the run of event `id`, once (the event is marked
@@ -552,13 +535,11 @@ impl Store {
         let sql = format!(
             "SELECT {EVENT_COLUMNS} FROM trigger_events WHERE policy = $1 AND trigger_name = $2 ORDER BY created_at DESC, id DESC LIMIT $3"
         );
-        let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+        let stmt = sqlx::query(sqlx::AssertSqlSafe(sql))
             .bind(policy)
             .bind(trigger)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(event_row).collect()
+            .bind(limit);
+        self.all(stmt, event_row).await
     }
 
     /// Removes settled trigger events and groups not touched since `before` (Unix ms).

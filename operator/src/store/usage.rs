@@ -70,22 +70,13 @@ impl Store {
                 UsageGroup::Policy => USAGE_BY_POLICY,
                 UsageGroup::Day => USAGE_BY_DAY,
             };
-            let rows = sqlx::query(sql)
-                .bind(since_day)
-                .fetch_all(&self.pool)
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    Ok(UsageRow {
-                        key: row.try_get("k")?,
-                        requests: row.try_get("requests")?,
-                        input_tokens: row.try_get("input_tokens")?,
-                        output_tokens: row.try_get("output_tokens")?,
-                        cost_usd: row.try_get("cost_usd")?,
-                        estimated_requests: row.try_get("estimated_requests")?,
-                    })
-                })
-                .collect()
+            let stmt = sqlx::query(sql).bind(since_day);
+            self.all(stmt, |row| {
+                Ok(from_row!(row => UsageRow {
+                    key as "k", requests, input_tokens, output_tokens, cost_usd, estimated_requests,
+                }))
+            })
+            .await
         })
         .await
     }

@@ -9,8 +9,8 @@
 //! are refused, and the port must be one the Service declares.
 
 use super::cluster::Cluster;
-use super::{Tool, ToolContext, ToolError};
-use crate::llm::{BoxFuture, ToolSpec};
+use super::{Tool, ToolContext, ToolError, ToolFuture};
+use crate::llm::ToolSpec;
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,11 +103,7 @@ impl Tool for AdminInfo {
         (Duration::from_secs(5), Duration::from_secs(30))
     }
 
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture {
         let client = self.client.clone();
         let domain = self.cluster_domain.clone();
         let cluster = self.cluster.as_caller(&ctx);

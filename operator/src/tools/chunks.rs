@@ -1,7 +1,7 @@
 //! `read_result_chunk`: pages of a large tool result kept server-side.
 
-use super::{Tool, ToolContext, ToolError};
-use crate::llm::{BoxFuture, ToolSpec};
+use super::{Tool, ToolContext, ToolError, ToolFuture};
+use crate::llm::ToolSpec;
 use serde_json::{Value, json};
 
 /// Bytes per chunk (cut at character boundaries).
@@ -49,11 +49,7 @@ impl Tool for ReadResultChunk {
         }
     }
 
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture {
         Box::pin(async move {
             let id = input["resultId"].as_str().unwrap_or_default().to_owned();
             let chunk = input["chunk"].as_u64().unwrap_or(0) as usize;

@@ -5,8 +5,8 @@
 
 pub use super::plugins::PluginGuide;
 use super::plugins::PluginSet;
-use super::{Tool, ToolContext, ToolError};
-use crate::llm::{BoxFuture, ToolSpec};
+use super::{Tool, ToolContext, ToolError, ToolFuture};
+use crate::llm::ToolSpec;
 use serde_json::{Value, json};
 use std::sync::Arc;
 
@@ -149,7 +149,7 @@ impl Tool for ListToolGuides {
         }
     }
 
-    fn call(&self, ctx: ToolContext, _: Value) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, ctx: ToolContext, _: Value) -> ToolFuture {
         let list: Vec<Value> = ctx
             .guides
             .iter()
@@ -176,11 +176,7 @@ impl Tool for GetToolGuide {
         }
     }
 
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture {
         let name = input["name"].as_str().unwrap_or_default().to_owned();
         let found = ctx.guides.iter().find(|g| g.name == name).cloned();
         Box::pin(async move {

@@ -1,8 +1,8 @@
 //! `get_incident_history`: past sessions and proposals (with their outcomes) that match a
 //! free-text query, from the database.
 
-use super::{Tool, ToolContext, ToolError, window};
-use crate::llm::{BoxFuture, ToolSpec};
+use super::{Tool, ToolContext, ToolError, ToolFuture, window};
+use crate::llm::ToolSpec;
 use crate::store::IncidentQuery;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -40,11 +40,7 @@ impl Tool for IncidentHistory {
         (Duration::from_secs(5), Duration::from_secs(30))
     }
 
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture {
         Box::pin(async move {
             let text = |k: &str| input[k].as_str().map(str::to_owned);
             let window = window::parse(

@@ -8,9 +8,9 @@
 //! (`isError`) and JSON-RPC errors become `isError` results.
 
 use super::plugin_host::{PluginHost, request_headers};
-use super::{Tool, ToolContext, ToolError};
+use super::{Tool, ToolContext, ToolError, ToolFuture};
 use crate::catalog::{ObjectKey, ToolEntry};
-use crate::llm::{BoxFuture, ToolSpec};
+use crate::llm::ToolSpec;
 use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, ContentBlock,
     Implementation, InitializeRequestParams, ProtocolVersion,
@@ -521,11 +521,7 @@ impl Tool for McpTool {
         (self.timeout, crate::catalog::TOOL_TIMEOUT_CEILING)
     }
 
-    fn call(
-        &self,
-        _ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, _ctx: ToolContext, input: Value) -> ToolFuture {
         let peer = self.peer.clone();
         let check = self.check.clone();
         let mut params = CallToolRequestParams::new(self.remote.clone())

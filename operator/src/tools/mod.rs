@@ -161,6 +161,13 @@ pub enum ToolError {
     Internal(String),
 }
 
+/// The default and hard timeouts of a tool that names none.
+pub const DEFAULT_TIMEOUTS: (Duration, Duration) =
+    (Duration::from_secs(10), Duration::from_secs(60));
+
+/// What a tool call gives back: a boxed future of its result or its error.
+pub type ToolFuture = BoxFuture<'static, Result<String, ToolError>>;
+
 /// A tool: read-only, but for the two that record something for the session (see
 /// [`Effect`]).
 pub trait Tool: Send + Sync {
@@ -180,11 +187,10 @@ pub trait Tool: Send + Sync {
     }
     /// Default and hard timeouts.
     fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(10), Duration::from_secs(60))
+        DEFAULT_TIMEOUTS
     }
     /// Runs with validated arguments.
-    fn call(&self, ctx: ToolContext, input: Value)
-    -> BoxFuture<'static, Result<String, ToolError>>;
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture;
 }
 
 /// The outcome of one call, as the model and the event stream see it.

@@ -7,10 +7,10 @@
 //! `upstream: 503 Service Unavailable: <excerpt>`; bodies are read up to
 //! `maxResultBytes`, and a cut is flagged.
 
-use super::{Tool, ToolContext, ToolError};
+use super::{Tool, ToolContext, ToolError, ToolFuture};
 pub use crate::catalog::url_template::{UrlTemplate, percent_encode};
 use crate::crd::HttpMethod;
-use crate::llm::{BoxFuture, ToolSpec};
+use crate::llm::ToolSpec;
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -52,11 +52,7 @@ impl Tool for HttpTool {
         (self.timeout, crate::catalog::TOOL_TIMEOUT_CEILING)
     }
 
-    fn call(
-        &self,
-        _ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, _ctx: ToolContext, input: Value) -> ToolFuture {
         let prepared = self.prepare(input);
         let max_bytes = self.max_bytes;
         Box::pin(async move {

@@ -478,11 +478,7 @@ impl Dispatcher {
             }
         };
         let firing: Vec<&alert::Alert> = n.alerts.iter().filter(|a| a.status == "firing").collect();
-        let group = self
-            .engine
-            .store
-            .trigger_group(&event.policy, &event.trigger, &event.group_key)
-            .await?;
+        let group = self.group_of(event).await?;
         let open = match group.as_ref().filter(|g| g.firing) {
             Some(g) => match &g.session_id {
                 Some(id) => self.engine.store.session_by_id(id).await?.map(|s| (g, s)),
@@ -507,18 +503,11 @@ impl Dispatcher {
                             json!({"message": message}),
                         )
                         .await?;
-                    self.engine
-                        .store
-                        .put_trigger_group(
-                            &event.policy,
-                            &event.trigger,
-                            &event.group_key,
-                            &TriggerGroup {
-                                firing: false,
-                                ..group.clone()
-                            },
-                        )
-                        .await?;
+                    let resolved = TriggerGroup {
+                        firing: false,
+                        ..group.clone()
+                    };
+                    self.put_group(event, &resolved).await?;
                     return self
                         .settle(event, "resolved", None, Some(&session.id), None)
                         .await;
@@ -530,10 +519,7 @@ impl Dispatcher {
                     .collect();
                 if new.is_empty() {
                     // Still firing: the group's row is touched, so pruning keeps it.
-                    self.engine
-                        .store
-                        .put_trigger_group(&event.policy, &event.trigger, &event.group_key, group)
-                        .await?;
+                    self.put_group(event, group).await?;
                     return self
                         .settle(event, "unchanged", None, Some(&session.id), None)
                         .await;
@@ -601,9 +587,7 @@ impl Dispatcher {
     /// event's firing alerts.
     async fn remember_group(&self, event: &TriggerEvent, session: &str) -> Result<(), StoreError> {
         let before = self
-            .engine
-            .store
-            .trigger_group(&event.policy, &event.trigger, &event.group_key)
+            .group_of(event)
             .await?
             .filter(|g| g.firing && g.session_id.as_deref() == Some(session));
         let n: Option<alert::Notification> = serde_json::from_value(event.payload.clone()).ok();
@@ -618,18 +602,31 @@ impl Dispatcher {
                 fingerprints.push(fp);
             }
         }
-        self.engine
-            .store
-            .put_trigger_group(
-                &event.policy,
-                &event.trigger,
-                &event.group_key,
-                &TriggerGroup {
-                    session_id: Some(session.to_owned()),
-                    fingerprints,
-                    firing: true,
-                },
-            )
+        let group = TriggerGroup {
+            session_id: Some(session.to_owned()),
+            fingerprints,
+            firing: true,
+        };
+        self.put_group(event, &group).await
+    }
+
+    /// The state of `event`'s alert group.
+    async fn group_of(&self, event: &TriggerEvent) -> Result<Option<TriggerGroup>, StoreError> {
+        let store = &self.engine.store;
+        store
+            .trigger_group(&event.policy, &event.trigger, &event.group_key)
+            .await
+    }
+
+    /// Keeps `group` as the state of `event`'s alert group.
+    async fn put_group(
+        &self,
+        event: &TriggerEvent,
+        group: &TriggerGroup,
+    ) -> Result<(), StoreError> {
+        let store = &self.engine.store;
+        store
+            .put_trigger_group(&event.policy, &event.trigger, &event.group_key, group)
             .await
     }
 

@@ -5,8 +5,8 @@
 //! refused — and counted against the scenario. Live scenarios reach the real tool.
 
 use super::scenario::{Mode, Scenario};
-use crate::llm::{BoxFuture, ToolSpec};
-use crate::tools::{Tool, ToolContext, ToolError};
+use crate::llm::ToolSpec;
+use crate::tools::{Tool, ToolContext, ToolError, ToolFuture};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -102,11 +102,7 @@ impl Tool for Recorded {
         self.timeouts
     }
 
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture {
         let name = self.spec.name.clone();
         let book = self.book.clone();
         let real = self.real.clone();

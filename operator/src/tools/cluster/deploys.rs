@@ -2,24 +2,18 @@
 //! DaemonSets (their ControllerRevisions): revisions, images, change causes, times and
 //! rollbacks.
 
-use super::{Cluster, Kind, ToolError, age, required, seg};
-use crate::llm::{BoxFuture, ToolSpec};
-use crate::tools::{Tool, ToolContext};
+use super::{Cluster, ClusterTool, Kind, ToolError, age, required, seg};
+use crate::llm::ToolSpec;
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Workloads shown at most.
 const MAX_WORKLOADS: usize = 20;
 
 /// The tool.
-pub struct GetRecentDeploys(pub Arc<Cluster>);
+pub struct GetRecentDeploys;
 
-impl Tool for GetRecentDeploys {
-    fn kubernetes(&self) -> bool {
-        true
-    }
-
+impl ClusterTool for GetRecentDeploys {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_recent_deploys".into(),
@@ -38,17 +32,8 @@ impl Tool for GetRecentDeploys {
         }
     }
 
-    fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(10), Duration::from_secs(60))
-    }
-
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.as_caller(&ctx);
-        Box::pin(async move { recent_deploys(&*cluster?, &input).await })
+    async fn run(cluster: Arc<Cluster>, input: Value) -> Result<String, ToolError> {
+        recent_deploys(&cluster, &input).await
     }
 }
 

@@ -1,9 +1,9 @@
 //! `get_logs`: pod logs by pod, workload or label selector, newest first, up to 100 lines (48 KiB) a page
 //! with a signed cursor, filtered by time window, minimum level and text.
 
-use super::{Cluster, ToolError, q, required, seg};
-use crate::llm::{BoxFuture, ToolSpec};
-use crate::tools::{Tool, ToolContext, window};
+use super::{Cluster, ClusterTool, ToolError, q, required, seg};
+use crate::llm::ToolSpec;
+use crate::tools::window;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -257,13 +257,9 @@ fn parse_lines(
 }
 
 /// The tool.
-pub struct GetLogs(pub Arc<Cluster>);
+pub struct GetLogs;
 
-impl Tool for GetLogs {
-    fn kubernetes(&self) -> bool {
-        true
-    }
-
+impl ClusterTool for GetLogs {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_logs".into(),
@@ -290,17 +286,10 @@ impl Tool for GetLogs {
         }
     }
 
-    fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(30), Duration::from_secs(300))
-    }
+    const TIMEOUTS: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(300));
 
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.as_caller(&ctx);
-        Box::pin(async move { get_logs(&*cluster?, &input).await })
+    async fn run(cluster: Arc<Cluster>, input: Value) -> Result<String, ToolError> {
+        get_logs(&cluster, &input).await
     }
 }
 

@@ -11,11 +11,48 @@ mod objects;
 pub use cursor::CursorSigner;
 pub use logs::{Level, detect_level};
 
-use super::{Tool, ToolError};
+use super::{Tool, ToolContext, ToolError, ToolFuture};
+use crate::llm::ToolSpec;
 use axum::http::Request;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A tool that reads the cluster as the call's identity ([`Cluster::as_caller`]); it is a
+/// [`Tool`] on the cluster it was made for ([`OnCluster`]).
+trait ClusterTool: Send + Sync + 'static {
+    /// Default and hard timeouts.
+    const TIMEOUTS: (Duration, Duration) = super::DEFAULT_TIMEOUTS;
+    /// Name, description and JSON Schema of the arguments.
+    fn spec(&self) -> ToolSpec;
+    /// Runs with validated arguments on the cluster as the caller sees it.
+    fn run(
+        cluster: Arc<Cluster>,
+        input: Value,
+    ) -> impl Future<Output = Result<String, ToolError>> + Send + 'static;
+}
+
+/// A [`ClusterTool`] on the cluster it reads.
+struct OnCluster<T>(Arc<Cluster>, T);
+
+impl<T: ClusterTool> Tool for OnCluster<T> {
+    fn spec(&self) -> ToolSpec {
+        self.1.spec()
+    }
+
+    fn kubernetes(&self) -> bool {
+        true
+    }
+
+    fn timeouts(&self) -> (Duration, Duration) {
+        T::TIMEOUTS
+    }
+
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture {
+        let cluster = self.0.as_caller(&ctx);
+        Box::pin(async move { T::run(cluster?, input).await })
+    }
+}
 
 /// The cluster the tools read.
 pub struct Cluster {
@@ -71,11 +108,11 @@ impl Cluster {
     /// The five tools.
     pub fn tools(self: &Arc<Self>) -> Vec<Arc<dyn Tool>> {
         vec![
-            Arc::new(logs::GetLogs(self.clone())),
-            Arc::new(objects::GetEvents(self.clone())),
-            Arc::new(objects::GetResource(self.clone())),
-            Arc::new(objects::ListResources(self.clone())),
-            Arc::new(deploys::GetRecentDeploys(self.clone())),
+            Arc::new(OnCluster(self.clone(), logs::GetLogs)),
+            Arc::new(OnCluster(self.clone(), objects::GetEvents)),
+            Arc::new(OnCluster(self.clone(), objects::GetResource)),
+            Arc::new(OnCluster(self.clone(), objects::ListResources)),
+            Arc::new(OnCluster(self.clone(), deploys::GetRecentDeploys)),
         ]
     }
 

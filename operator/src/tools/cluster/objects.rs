@@ -1,21 +1,16 @@
 //! `get_events`, `get_resource`, `list_resources`.
 
-use super::{Cluster, ToolError, age, q, required, sanitize, seg};
-use crate::llm::{BoxFuture, ToolSpec};
-use crate::tools::{Tool, ToolContext, window};
+use super::{Cluster, ClusterTool, ToolError, age, q, required, sanitize, seg};
+use crate::llm::ToolSpec;
+use crate::tools::window;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// `get_events`.
-pub struct GetEvents(pub Arc<Cluster>);
+pub struct GetEvents;
 
-impl Tool for GetEvents {
-    fn kubernetes(&self) -> bool {
-        true
-    }
-
+impl ClusterTool for GetEvents {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_events".into(),
@@ -35,87 +30,74 @@ impl Tool for GetEvents {
         }
     }
 
-    fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(10), Duration::from_secs(60))
-    }
-
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.as_caller(&ctx);
-        Box::pin(async move {
-            let cluster = cluster?;
-            let namespace = required(&input, "namespace")?;
-            let mut fields = Vec::new();
-            if let Some(name) = input["name"].as_str() {
-                fields.push(format!("involvedObject.name={name}"));
-            }
-            if let Some(kind) = input["kind"].as_str() {
-                // `deploy`, `certs`, `Certificate`: events name the kind as written in the
-                // object; a kind the cluster does not serve is matched as given.
-                let kind = match cluster.resolve(kind, None).await {
-                    Ok(k) => k.kind,
-                    Err(_) => kind.to_owned(),
-                };
-                fields.push(format!("involvedObject.kind={kind}"));
-            }
-            let mut path = format!("/api/v1/namespaces/{}/events", seg(namespace));
-            if !fields.is_empty() {
-                path.push_str(&format!("?fieldSelector={}", q(&fields.join(","))));
-            }
-            let list = cluster.get_json(&path).await?;
-            let window = match input["window"].as_str() {
-                Some(w) => {
-                    Some(window::parse(w, jiff::Timestamp::now()).map_err(ToolError::Validation)?)
-                }
-                None => None,
+    async fn run(cluster: Arc<Cluster>, input: Value) -> Result<String, ToolError> {
+        let namespace = required(&input, "namespace")?;
+        let mut fields = Vec::new();
+        if let Some(name) = input["name"].as_str() {
+            fields.push(format!("involvedObject.name={name}"));
+        }
+        if let Some(kind) = input["kind"].as_str() {
+            // `deploy`, `certs`, `Certificate`: events name the kind as written in the
+            // object; a kind the cluster does not serve is matched as given.
+            let kind = match cluster.resolve(kind, None).await {
+                Ok(k) => k.kind,
+                Err(_) => kind.to_owned(),
             };
-            let mut events: Vec<Value> = list["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(event_view)
-                .filter(|e| {
-                    window.is_none_or(|w| {
-                        e["lastSeen"]
-                            .as_str()
-                            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-                            .is_some_and(|t| t >= w.start && t < w.end)
-                    })
+            fields.push(format!("involvedObject.kind={kind}"));
+        }
+        let mut path = format!("/api/v1/namespaces/{}/events", seg(namespace));
+        if !fields.is_empty() {
+            path.push_str(&format!("?fieldSelector={}", q(&fields.join(","))));
+        }
+        let list = cluster.get_json(&path).await?;
+        let window = match input["window"].as_str() {
+            Some(w) => {
+                Some(window::parse(w, jiff::Timestamp::now()).map_err(ToolError::Validation)?)
+            }
+            None => None,
+        };
+        let mut events: Vec<Value> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(event_view)
+            .filter(|e| {
+                window.is_none_or(|w| {
+                    e["lastSeen"]
+                        .as_str()
+                        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+                        .is_some_and(|t| t >= w.start && t < w.end)
                 })
-                .collect();
-            // Timestamps are compared as times: RFC 3339 strings with and without fractions
-            // do not sort as text.
-            let seen = |e: &Value| {
-                e["lastSeen"]
-                    .as_str()
-                    .and_then(|t| t.parse::<jiff::Timestamp>().ok())
-            };
-            events.sort_by(|a, b| {
-                let warning = |e: &Value| e["type"] == "Warning";
-                warning(b)
-                    .cmp(&warning(a))
-                    .then_with(|| seen(b).cmp(&seen(a)))
-            });
-            let total = events.len();
-            let warnings = events.iter().filter(|e| e["type"] == "Warning").count();
-            let limit = input["limit"].as_u64().unwrap_or(50) as usize;
-            events.truncate(limit);
-            let mut out = json!({
-                "namespace": namespace,
-                "total": total,
-                "warnings": warnings,
-                "shown": events.len(),
-                "events": events,
-            });
-            if total == 0 {
-                out["note"] =
-                    json!("no events (Kubernetes keeps events for about an hour by default)");
-            }
-            Ok(out.to_string())
-        })
+            })
+            .collect();
+        // Timestamps are compared as times: RFC 3339 strings with and without fractions
+        // do not sort as text.
+        let seen = |e: &Value| {
+            e["lastSeen"]
+                .as_str()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        };
+        events.sort_by(|a, b| {
+            let warning = |e: &Value| e["type"] == "Warning";
+            warning(b)
+                .cmp(&warning(a))
+                .then_with(|| seen(b).cmp(&seen(a)))
+        });
+        let total = events.len();
+        let warnings = events.iter().filter(|e| e["type"] == "Warning").count();
+        let limit = input["limit"].as_u64().unwrap_or(50) as usize;
+        events.truncate(limit);
+        let mut out = json!({
+            "namespace": namespace,
+            "total": total,
+            "warnings": warnings,
+            "shown": events.len(),
+            "events": events,
+        });
+        if total == 0 {
+            out["note"] = json!("no events (Kubernetes keeps events for about an hour by default)");
+        }
+        Ok(out.to_string())
     }
 }
 
@@ -150,13 +132,9 @@ fn event_view(e: &Value) -> Value {
 }
 
 /// `get_resource`.
-pub struct GetResource(pub Arc<Cluster>);
+pub struct GetResource;
 
-impl Tool for GetResource {
-    fn kubernetes(&self) -> bool {
-        true
-    }
-
+impl ClusterTool for GetResource {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "get_resource".into(),
@@ -175,38 +153,26 @@ impl Tool for GetResource {
         }
     }
 
-    fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(10), Duration::from_secs(60))
-    }
-
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.as_caller(&ctx);
-        Box::pin(async move {
-            let cluster = cluster?;
-            let kind = cluster
-                .resolve(required(&input, "kind")?, input["apiVersion"].as_str())
-                .await?;
-            let name = required(&input, "name")?;
-            let namespace = input["namespace"].as_str();
-            if kind.namespaced && namespace.is_none() {
-                return Err(ToolError::Validation(format!(
-                    "{} is namespaced: give namespace",
-                    kind.kind
-                )));
-            }
-            let mut object = cluster
-                .get_json(&format!("{}/{}", kind.path(namespace), seg(name)))
-                .await?;
-            if object.get("kind").is_none() {
-                object["kind"] = json!(kind.kind);
-            }
-            sanitize(&mut object);
-            Ok(object.to_string())
-        })
+    async fn run(cluster: Arc<Cluster>, input: Value) -> Result<String, ToolError> {
+        let kind = cluster
+            .resolve(required(&input, "kind")?, input["apiVersion"].as_str())
+            .await?;
+        let name = required(&input, "name")?;
+        let namespace = input["namespace"].as_str();
+        if kind.namespaced && namespace.is_none() {
+            return Err(ToolError::Validation(format!(
+                "{} is namespaced: give namespace",
+                kind.kind
+            )));
+        }
+        let mut object = cluster
+            .get_json(&format!("{}/{}", kind.path(namespace), seg(name)))
+            .await?;
+        if object.get("kind").is_none() {
+            object["kind"] = json!(kind.kind);
+        }
+        sanitize(&mut object);
+        Ok(object.to_string())
     }
 }
 
@@ -217,13 +183,9 @@ struct Continue {
 }
 
 /// `list_resources`.
-pub struct ListResources(pub Arc<Cluster>);
+pub struct ListResources;
 
-impl Tool for ListResources {
-    fn kubernetes(&self) -> bool {
-        true
-    }
-
+impl ClusterTool for ListResources {
     fn spec(&self) -> ToolSpec {
         ToolSpec {
             name: "list_resources".into(),
@@ -246,77 +208,65 @@ impl Tool for ListResources {
         }
     }
 
-    fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(10), Duration::from_secs(60))
-    }
-
-    fn call(
-        &self,
-        ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
-        let cluster = self.0.as_caller(&ctx);
-        Box::pin(async move {
-            let cluster = cluster?;
-            let kind = cluster
-                .resolve(required(&input, "kind")?, input["apiVersion"].as_str())
-                .await?;
-            let limit = input["limit"].as_u64().unwrap_or(50).clamp(1, 500);
-            let mut params = vec![format!("limit={limit}")];
-            for (arg, param) in [
-                ("labelSelector", "labelSelector"),
-                ("fieldSelector", "fieldSelector"),
-            ] {
-                if let Some(v) = input[arg].as_str().filter(|s| !s.is_empty()) {
-                    params.push(format!("{param}={}", q(v)));
+    async fn run(cluster: Arc<Cluster>, input: Value) -> Result<String, ToolError> {
+        let kind = cluster
+            .resolve(required(&input, "kind")?, input["apiVersion"].as_str())
+            .await?;
+        let limit = input["limit"].as_u64().unwrap_or(50).clamp(1, 500);
+        let mut params = vec![format!("limit={limit}")];
+        for (arg, param) in [
+            ("labelSelector", "labelSelector"),
+            ("fieldSelector", "fieldSelector"),
+        ] {
+            if let Some(v) = input[arg].as_str().filter(|s| !s.is_empty()) {
+                params.push(format!("{param}={}", q(v)));
+            }
+        }
+        if let Some(c) = input["cursor"].as_str() {
+            let position: Continue = cluster.cursors.open("list_resources", &input, c)?;
+            params.push(format!("continue={}", q(&position.token)));
+        }
+        let namespace = input["namespace"].as_str();
+        let path = format!("{}?{}", kind.path(namespace), params.join("&"));
+        let mut list = cluster.get_json(&path).await?;
+        list["kind"] = json!(format!("{}List", kind.kind));
+        sanitize(&mut list);
+        let full = input["full"].as_bool().unwrap_or(false);
+        let items: Vec<Value> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|item| {
+                if full {
+                    item.clone()
+                } else {
+                    summary(&kind.kind, item)
                 }
-            }
-            if let Some(c) = input["cursor"].as_str() {
-                let position: Continue = cluster.cursors.open("list_resources", &input, c)?;
-                params.push(format!("continue={}", q(&position.token)));
-            }
-            let namespace = input["namespace"].as_str();
-            let path = format!("{}?{}", kind.path(namespace), params.join("&"));
-            let mut list = cluster.get_json(&path).await?;
-            list["kind"] = json!(format!("{}List", kind.kind));
-            sanitize(&mut list);
-            let full = input["full"].as_bool().unwrap_or(false);
-            let items: Vec<Value> = list["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|item| {
-                    if full {
-                        item.clone()
-                    } else {
-                        summary(&kind.kind, item)
-                    }
-                })
-                .collect();
-            let next = list["metadata"]["continue"]
-                .as_str()
-                .filter(|s| !s.is_empty())
-                .map(|token| {
-                    cluster.cursors.sign(
-                        "list_resources",
-                        &input,
-                        &Continue {
-                            token: token.to_owned(),
-                        },
-                    )
-                });
-            let remaining = list["metadata"]["remainingItemCount"].as_i64();
-            Ok(json!({
-                "kind": kind.kind,
-                "apiVersion": kind.api_version(),
-                "namespace": namespace,
-                "count": items.len(),
-                "items": items,
-                "remainingItemCount": remaining,
-                "nextCursor": next,
             })
-            .to_string())
+            .collect();
+        let next = list["metadata"]["continue"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(|token| {
+                cluster.cursors.sign(
+                    "list_resources",
+                    &input,
+                    &Continue {
+                        token: token.to_owned(),
+                    },
+                )
+            });
+        let remaining = list["metadata"]["remainingItemCount"].as_i64();
+        Ok(json!({
+            "kind": kind.kind,
+            "apiVersion": kind.api_version(),
+            "namespace": namespace,
+            "count": items.len(),
+            "items": items,
+            "remainingItemCount": remaining,
+            "nextCursor": next,
         })
+        .to_string())
     }
 }
 

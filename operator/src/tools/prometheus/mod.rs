@@ -17,8 +17,8 @@
 //! `upstream: <status>: <excerpt>`.
 
 use super::plugin_http::error_chain;
-use super::{Tool, ToolContext, ToolError, window};
-use crate::llm::{BoxFuture, ToolSpec};
+use super::{Tool, ToolContext, ToolError, ToolFuture, window};
+use crate::llm::ToolSpec;
 use jiff::{SignedDuration, Timestamp};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
@@ -464,11 +464,7 @@ impl Tool for GetMetrics {
         (Duration::from_secs(30), Duration::from_secs(300))
     }
 
-    fn call(
-        &self,
-        _ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, _ctx: ToolContext, input: Value) -> ToolFuture {
         let prometheus = self.0.clone();
         Box::pin(async move {
             let query = query_arg(&input)?;
@@ -655,11 +651,7 @@ impl Tool for CompareToBaseline {
         (Duration::from_secs(30), Duration::from_secs(300))
     }
 
-    fn call(
-        &self,
-        _ctx: ToolContext,
-        input: Value,
-    ) -> BoxFuture<'static, Result<String, ToolError>> {
+    fn call(&self, _ctx: ToolContext, input: Value) -> ToolFuture {
         let prometheus = self.0.clone();
         Box::pin(async move {
             let query = query_arg(&input)?;
