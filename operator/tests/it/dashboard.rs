@@ -10,7 +10,8 @@ use crate::support::manifests::{
     chat_key, docs, keyed_manifests, manifest_dir, policy, provider, secret,
 };
 use crate::support::provider::{
-    Reply, json_reply, mock, openai, openai_chunk, push, streamed, tool_calls, tool_result,
+    Reply, json_reply, mock, openai, openai_chunk, push, push_answer, streamed, tool_calls,
+    tool_result,
 };
 use crate::support::server::{Server, start_run};
 use serde_json::{Value, json};
@@ -413,10 +414,7 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
                 "rationale": "the queue is backing up"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     chat_once(
         &server,
         json!({"name": "incident-diff", "namespace": "team-a"}),

@@ -6,7 +6,7 @@ use crate::support::chat::{ask, open_session, post_message};
 use crate::support::db::postgres;
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use crate::support::net::{eventually, http_client, serve};
-use crate::support::provider::{Script, json_reply, mock, openai, push, streamed};
+use crate::support::provider::{Script, json_reply, mock, openai, push, push_answer, streamed};
 use crate::support::receiver::{receiver, slow_receiver};
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -243,10 +243,7 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
         "{metrics}"
     );
     // The chat server goes on serving meanwhile.
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Fine."])),
-    );
+    push_answer(&script, &["Fine."]);
     let events = crate::support::chat::ask(&server, &id, "and now?").await;
     assert_eq!(crate::support::chat::state(&events), json!("completed"));
 }
@@ -334,10 +331,7 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
         }
     })
     .await;
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Fine."])),
-    );
+    push_answer(&script, &["Fine."]);
     let events = crate::support::chat::ask(&server, &id, "and now?").await;
     assert_eq!(crate::support::chat::state(&events), json!("completed"));
     // The run finished while the delivery was still in flight (a run that waited for it

@@ -8,9 +8,7 @@ use crate::support::fake_api::{
     provider, secret, status_patches, write_kubeconfig_as,
 };
 use crate::support::net::http_client;
-use crate::support::provider::{
-    mock, offered_tools, openai, push, streamed, tool_calls, tool_result,
-};
+use crate::support::provider::{mock, offered_tools, push, push_answer, tool_calls, tool_result};
 use crate::support::server::{kubectl_kortex, pending_restarts, start_run, start_run_with};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -303,10 +301,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
             "params": params, "rationale": "pods are stuck after the config change"}),
             )]),
         );
-        push(
-            &script,
-            streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-        );
+        push_answer(&script, &["Proposed."]);
     }
     let session = post_json(
         &client,
@@ -489,10 +484,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         "params": {"replicas": 3}, "rationale": "more headroom"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     post_message(&server, &id, "give it 3 replicas").await;
     fake.until("a third proposal", |f| f.list("actionproposals").len() == 3)
         .await;
@@ -769,10 +761,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
             json!({"kind": "Deployment", "namespace": "shop", "name": "api"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["It has 2 replicas."])),
-    );
+    push_answer(&script, &["It has 2 replicas."]);
     let r = call(
         reqwest::Method::POST,
         &format!("/chat/v1/sessions/{id}/messages"),
@@ -835,10 +824,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
             json!({"kind": "Deployment", "namespace": "shop", "name": "api"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Still 2 replicas."])),
-    );
+    push_answer(&script, &["Still 2 replicas."]);
     let r = call(
         reqwest::Method::POST,
         &format!("/chat/v1/sessions/{id}/messages"),
@@ -899,10 +885,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         "rationale": "stuck"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     let r = call(
         reqwest::Method::POST,
         &format!("/chat/v1/sessions/{id}/messages"),
@@ -1202,10 +1185,7 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
                 "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "ghost"}}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["It does not exist."])),
-    );
+    push_answer(&script, &["It does not exist."]);
     chat_once(
         &server,
         json!({"name": "incident-12", "namespace": "team-a"}),

@@ -7,7 +7,7 @@ use crate::support::chat::{Sse, chat_once, get_json, read_sse};
 use crate::support::fake_api::{FakeApi, deployment, write_kubeconfig};
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use crate::support::net::http_client;
-use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
+use crate::support::provider::{mock, push, push_answer, tool_calls, tool_result};
 use crate::support::server::{Server, kortex_cli};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -121,10 +121,7 @@ spec:
                     "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": target}}),
             )]),
         );
-        push(
-            &script,
-            streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-        );
+        push_answer(&script, &["Proposed."]);
     };
 
     // A restart: pinned and previewed by a dry run when made; approved, it is executed
@@ -229,10 +226,7 @@ spec:
                 "target": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "api"}}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     let session = chat_once(
         &server,
         json!({"name": "shop-1", "namespace": "shop"}),

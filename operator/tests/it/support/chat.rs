@@ -170,6 +170,12 @@ pub fn notices(events: &[Sse]) -> Vec<String> {
         .collect()
 }
 
+/// Asserts that one of the run's notices satisfies `check`.
+pub fn assert_notice(events: &[Sse], check: impl Fn(&str) -> bool) {
+    let all = notices(events);
+    assert!(all.iter().any(|n| check(n)), "{all:?}");
+}
+
 pub fn state(events: &[Sse]) -> Value {
     events
         .iter()

@@ -204,6 +204,17 @@ pub fn push(script: &Script, reply: Reply) {
         .push_back(reply);
 }
 
+/// An OpenAI-dialect answer streaming the text `pieces`.
+pub fn answer(pieces: &[&str]) -> Reply {
+    let d = openai();
+    streamed(&d, (d.text_stream)(pieces))
+}
+
+/// Scripts the next reply: an OpenAI-dialect answer streaming the text `pieces`.
+pub fn push_answer(script: &Script, pieces: &[&str]) {
+    push(script, answer(pieces));
+}
+
 /// Scripts the reply to the next GET (a model list).
 pub fn push_get(script: &Script, reply: Reply) {
     script

@@ -7,7 +7,7 @@ use crate::support::fake_api::{
     write_kubeconfig,
 };
 use crate::support::net::http_client;
-use crate::support::provider::{mock, openai, push, streamed, tool_calls};
+use crate::support::provider::{mock, push, push_answer, tool_calls};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -329,10 +329,7 @@ pub async fn pending_restarts(
         .map(|(id, input)| (id.as_str(), "propose_action", input.clone()))
         .collect();
     push(&script, tool_calls(&calls));
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     chat_once(
         &server,
         json!({"name": "incident-10", "namespace": "team-a"}),
