@@ -381,7 +381,6 @@ spec:
 /// status, every response, provider request body, log line and database byte is scanned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
     fake.apply("secrets", secret(Some(PROVIDER_KEY)));

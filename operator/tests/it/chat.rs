@@ -110,11 +110,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<Script>) {
         ids.windows(2).all(|w| w[1] == w[0] + 1),
         "sequence numbers are consecutive: {ids:?}"
     );
-    let seen = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let seen = script.requests();
     // The last chat request (the provider probe's model listings have no body).
     let sent = &seen
         .iter()

@@ -87,9 +87,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     // The second step carries the call natively, the assistant text as a string (never
     // null: llama.cpp answers 500 to that), and the tool's result.
     let second = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .filter(|s| s.path.ends_with("/chat/completions"))
         .nth(1)
@@ -163,9 +161,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
         let body = r.text().await.unwrap_or_default();
         // Upstream: streamed only when the client streams, and an explicit "auto" kept.
         let upstream = script
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .requests()
             .iter()
             .rev()
             .find(|s| s.path.ends_with("/chat/completions"))
@@ -233,9 +229,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
     let events = ask(&server, &id, "hi").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
     let model = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .rev()
         .find(|s| s.path.ends_with("/chat/completions"))

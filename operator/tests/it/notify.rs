@@ -386,12 +386,7 @@ async fn budgets_and_providers_notify_once_per_change() {
         }
     })
     .await;
-    let exhausted: Vec<Value> = hook
-        .got()
-        .into_iter()
-        .map(|(_, b)| b)
-        .filter(|b| b["type"] == "budget.exhausted")
-        .collect();
+    let exhausted: Vec<Value> = hook.events("budget.exhausted");
     assert_eq!(exhausted.len(), 1, "{exhausted:?}");
     assert_eq!(exhausted[0]["data"]["budget"], "perUserHourlyRequests");
     // The provider stops answering.
@@ -405,19 +400,11 @@ async fn budgets_and_providers_notify_once_per_change() {
         }
     })
     .await;
-    let down: Vec<Value> = hook
-        .got()
-        .into_iter()
-        .map(|(_, b)| b)
-        .filter(|b| b["type"] == "provider.unavailable")
-        .collect();
+    let down: Vec<Value> = hook.events("provider.unavailable");
     assert_eq!(down[0]["data"]["provider"], "default/gpt", "{down:?}");
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert_eq!(
-        hook.got()
-            .iter()
-            .filter(|(_, b)| b["type"] == "provider.unavailable")
-            .count(),
+        hook.events("provider.unavailable").len(),
         1,
         "one event per change, not per failed probe"
     );

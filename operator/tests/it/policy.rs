@@ -96,9 +96,7 @@ fn answer(text: &str, finish: &str, completion: u64) -> Reply {
 /// The chat requests (not model listings) a provider server received.
 fn chats(script: &Script) -> Vec<Value> {
     script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .filter(|s| s.body.get("messages").is_some())
         .map(|s| s.body.clone())

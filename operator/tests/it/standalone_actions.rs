@@ -58,7 +58,6 @@ fn writes(fake: &FakeApi, path_end: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     for name in ["api", "web", "batch"] {
         let mut d = deployment();

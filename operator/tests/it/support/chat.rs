@@ -232,6 +232,24 @@ pub async fn provider_usage(server: &Server, provider: &str, requests: i64) -> V
     row
 }
 
+/// The entry named `name` of an API listing (its `items`); fails the test when there is none.
+pub fn listed<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+/// The condition of `kind` (its `type`) an API listing shows on `item`; `Null` when it has
+/// none.
+pub fn item_condition(item: &Value, kind: &str) -> Value {
+    item["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind))
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// Waits until the model ids the gateway lists to `key` satisfy `check`; returns them.
 pub async fn until_listed(
     server: &Server,

@@ -47,6 +47,13 @@ pub struct Script {
     pub dropped_at: Mutex<Option<Instant>>,
 }
 
+impl Script {
+    /// The requests it has had so far, in order.
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 struct DropGuard(Arc<Script>);
 
 impl Drop for DropGuard {
