@@ -169,11 +169,7 @@ spec:
         ),
     )
     .unwrap();
-    let server = Server::start_with_args(
-        &m,
-        &dir.path().join("k.db"),
-        &["--kubeconfig", &kubeconfig.display().to_string()],
-    );
+    let server = Server::start_on_cluster(&m, dir.path(), &kubeconfig);
     let client = http_client();
     let mut responses: Vec<(String, Vec<u8>)> = Vec::new();
     let mut calls = vec![

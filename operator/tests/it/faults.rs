@@ -1,8 +1,8 @@
 //! Faults injected from outside into the real binary and real servers (docs/reliability.md).
 
 use crate::support::chat::{
-    ask, chat_once, get_json, item_condition, post_message, read_sse, run_ended, session,
-    session_json, state,
+    ask, chat_once, create_session, get_json, item_condition, post_message, read_sse, run_ended,
+    session, session_json, state,
 };
 use crate::support::fake_api::{FakeApi, condition, phase, provider, secret, write_kubeconfig_as};
 use crate::support::manifests::{docs, gateway_key, manifest_dir, tool};
@@ -172,12 +172,7 @@ async fn postgres_stopped_and_started_again() {
 
     pg.down();
     let client = http_client();
-    let r = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "s-2"}))
-        .send()
-        .await
-        .unwrap();
+    let r = create_session(&server, &json!({"name": "s-2"})).await;
     assert_eq!(r.status().as_u16(), 503);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
@@ -483,15 +478,7 @@ async fn sqlite_on_a_full_disk() {
         let body: Value = r.json().await.unwrap_or_default();
         (status, body)
     };
-    let (status, body) = refused(
-        client
-            .post(server.url("/chat/v1/sessions"))
-            .json(&json!({"name": "s-2"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (status, body) = refused(create_session(&server, &json!({"name": "s-2"})).await).await;
     assert_eq!(
         (status, &body["error"]["code"]),
         (507, &json!("storage_full")),

@@ -104,11 +104,7 @@ spec:
         ]),
     )
     .unwrap();
-    let server = Server::start_with_args(
-        &m,
-        &dir.path().join("k.db"),
-        &["--kubeconfig", &kubeconfig.display().to_string()],
-    );
+    let server = Server::start_on_cluster(&m, dir.path(), &kubeconfig);
     let client = http_client();
     let propose = |id: &str, action: &str, target: &str, params: Value| {
         push(

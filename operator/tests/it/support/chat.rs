@@ -118,14 +118,19 @@ pub async fn session(server: &Server, name: &str) -> String {
     open_session(server, json!({"name": name})).await
 }
 
-/// Opens a session described by `body` (its `name`, `namespace`...); its id.
-pub async fn open_session(server: &Server, body: Value) -> String {
-    let r = http_client()
+/// Asks for a new session described by `body`; the answer, whatever it is.
+pub async fn create_session(server: &Server, body: &Value) -> reqwest::Response {
+    http_client()
         .post(server.url("/chat/v1/sessions"))
-        .json(&body)
+        .json(body)
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Opens a session described by `body` (its `name`, `namespace`...); its id.
+pub async fn open_session(server: &Server, body: Value) -> String {
+    let r = create_session(server, &body).await;
     assert_eq!(r.status().as_u16(), 201, "{body}");
     let v: Value = r.json().await.unwrap_or_default();
     v["id"].as_str().unwrap_or_default().to_owned()

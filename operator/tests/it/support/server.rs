@@ -32,6 +32,13 @@ impl Server {
         Self::launch(manifests, &format!("sqlite://{}", db.display()), &[], args)
     }
 
+    /// `kortex serve` on `manifests` with its database `k.db` in `dir`, reading the cluster of
+    /// `kubeconfig` (a fake API server's).
+    pub fn start_on_cluster(manifests: &Path, dir: &Path, kubeconfig: &Path) -> Self {
+        let kubeconfig = kubeconfig.display().to_string();
+        Self::start_with_args(manifests, &dir.join("k.db"), &["--kubeconfig", &kubeconfig])
+    }
+
     pub fn start_with_url(manifests: &Path, database_url: &str, env: &[(&str, &str)]) -> Self {
         Self::launch(manifests, database_url, env, &[])
     }
