@@ -87,6 +87,37 @@ impl TempNamespace {
     }
 }
 
+/// Runs `test` on the cluster in `KUBECONFIG` (skipped when it is unset) in a new namespace
+/// `kortex-e2e-<suffix>-…`, which is deleted afterwards whatever the outcome.
+pub async fn in_temp_namespace(
+    suffix: &str,
+    test: impl AsyncFnOnce(&Client, &str) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let Some(client) = client().await else {
+        return Ok(());
+    };
+    let ns = TempNamespace::create(&client, suffix).await?;
+    let result = test(&client, &ns.name).await;
+    ns.delete().await?;
+    result
+}
+
+/// Sends `request` and checks that it is answered with `status` (`what` names the request in
+/// the error otherwise); the response.
+pub async fn expect_status(
+    request: reqwest::RequestBuilder,
+    status: u16,
+    what: &str,
+) -> anyhow::Result<reqwest::Response> {
+    let r = request.send().await?;
+    anyhow::ensure!(
+        r.status().as_u16() == status,
+        "{what}: HTTP {}, not {status}",
+        r.status()
+    );
+    Ok(r)
+}
+
 /// The API server's message for a rejected request, or a panic if it was accepted.
 pub fn rejection<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
     match result {
@@ -189,6 +220,32 @@ pub fn kube_tools(client: &Client) -> kortex::tools::Router {
         router.add(tool);
     }
     router
+}
+
+/// What a tool call runs in: a new session `name` of `user` in namespace `ns`, in a SQLite
+/// store in the temporary file `kortex-e2e-<tag>-<pid>.db` (its path, to remove it), acting
+/// as Kortex's own identity on the cluster.
+pub async fn tool_context(
+    tag: &str,
+    name: &str,
+    ns: &str,
+    user: &str,
+) -> anyhow::Result<(std::path::PathBuf, kortex::tools::ToolContext)> {
+    use kortex::store::{NewSession, Store};
+    let path = std::env::temp_dir().join(format!("kortex-e2e-{tag}-{}.db", std::process::id()));
+    let store = Store::connect(&format!("sqlite://{}", path.display())).await?;
+    store.migrate().await?;
+    let session = store
+        .create_session(&NewSession {
+            name: name.into(),
+            namespace: ns.into(),
+            user: user.into(),
+            policy: None,
+            dynamic_tools: serde_json::json!([]),
+        })
+        .await?;
+    let ctx = kortex::tools::ToolContext::new(store, session, "run", "chat");
+    Ok((path, ctx))
 }
 
 /// A ChatPolicy `namespace/name` for every session, allowing every tool, as the router

@@ -3,10 +3,9 @@
 //! written as Kortex's ServiceAccount, as in a real install, so the test passes with or
 //! without Kortex's admission policy on the cluster.
 
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kortex::crd::{ActionProposal, KortexTool, LLMProvider};
 use kortex_e2e::{
-    MANAGER, TempNamespace, as_kortex, client, install_crds, kortex_service_account, rejection,
+    apply, as_kortex, in_temp_namespace, install_crds, kortex_service_account, rejection,
 };
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
@@ -14,17 +13,11 @@ use serde_json::json;
 
 #[tokio::test]
 async fn crds_install_and_enforce_their_rules() -> anyhow::Result<()> {
-    let Some(client) = client().await else {
-        return Ok(());
-    };
-    install_crds(&client).await?;
-    let ns = TempNamespace::create(&client, "crds").await?;
-    let result = run(&client, &ns.name).await;
-    ns.delete().await?;
-    result
+    in_temp_namespace("crds", run).await
 }
 
 async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
+    install_crds(client).await?;
     let providers: Api<LLMProvider> = Api::namespaced(client.clone(), ns);
     let provider: LLMProvider = serde_json::from_value(json!({
         "apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider", "metadata": {"name": "anthropic"},
@@ -121,32 +114,21 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
 /// a cluster where Kortex is not installed; removed with the namespace.
 async fn grant_kortex_proposals(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
     let (sa_ns, sa_name) = kortex_service_account();
-    let roles: Api<Role> = Api::namespaced(client.clone(), ns);
-    let role: Role = serde_json::from_value(json!({
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
         "metadata": {"name": "kortex-proposals", "namespace": ns},
         "rules": [
             {"apiGroups": ["kortex.dev"], "resources": ["actionproposals"], "verbs": ["get", "list", "watch", "create", "patch"]},
             {"apiGroups": ["kortex.dev"], "resources": ["actionproposals/status"], "verbs": ["patch"]}]
-    }))?;
-    roles
-        .patch(
-            "kortex-proposals",
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&role),
-        )
-        .await?;
-    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
-    let binding: RoleBinding = serde_json::from_value(json!({
+    });
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": "kortex-proposals", "namespace": ns},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "kortex-proposals"},
         "subjects": [{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]
-    }))?;
-    bindings
-        .patch(
-            "kortex-proposals",
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&binding),
-        )
-        .await?;
+    });
+    for object in [role, binding] {
+        apply(client, ns, object).await?;
+    }
     Ok(())
 }

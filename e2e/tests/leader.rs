@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kortex::operator::lease::{self, LeaseConfig};
-use kortex_e2e::{DelayingProxy, TempNamespace, api_server_address, client};
+use kortex_e2e::{DelayingProxy, api_server_address, in_temp_namespace};
 use kube::Api;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
@@ -21,13 +21,7 @@ async fn wait(what: &str, limit: Duration, check: impl Fn() -> bool) -> anyhow::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_one_replica_leads_again_after_an_outage_behind_a_slow_api_server() -> anyhow::Result<()>
 {
-    let Some(admin) = client().await else {
-        return Ok(());
-    };
-    let ns = TempNamespace::create(&admin, "leader").await?;
-    let result = run(&admin, &ns.name).await;
-    ns.delete().await?;
-    result
+    in_temp_namespace("leader", run).await
 }
 
 async fn run(admin: &kube::Client, ns: &str) -> anyhow::Result<()> {

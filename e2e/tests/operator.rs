@@ -21,8 +21,8 @@ use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kortex::crd::{ActionProposal, LLMProvider};
 use kortex_e2e::{
-    MANAGER, TempNamespace, client, install_crds, kortex_service_account, kortex_username,
-    rejection, yaml_docs,
+    MANAGER, TempNamespace, client, expect_status, install_crds, kortex_service_account,
+    kortex_username, rejection, yaml_docs,
 };
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
@@ -410,17 +410,14 @@ async fn say(
         .await?;
     let id = session["id"].as_str().unwrap_or_default().to_owned();
     anyhow::ensure!(!id.is_empty(), "no session: {session}");
-    let r = http
-        .post(format!("{base}/chat/v1/sessions/{id}/messages"))
-        .bearer_auth(token)
-        .json(&json!({"content": content}))
-        .send()
-        .await?;
-    anyhow::ensure!(
-        r.status().as_u16() == 202,
-        "message refused: {}",
-        r.status()
-    );
+    expect_status(
+        http.post(format!("{base}/chat/v1/sessions/{id}/messages"))
+            .bearer_auth(token)
+            .json(&json!({"content": content})),
+        202,
+        "message refused",
+    )
+    .await?;
     Ok(())
 }
 
@@ -513,6 +510,51 @@ async fn wait_phase(
         },
     )
     .await
+}
+
+/// Who and where the scenario's later steps act: the admin's client, a client of Kortex at
+/// `base`, the reporter's token, alice's kubeconfig, the test's namespace.
+struct Scene<'a> {
+    admin: &'a kube::Client,
+    http: &'a reqwest::Client,
+    base: &'a str,
+    reporter: &'a str,
+    alice: &'a Path,
+    ns: &'a str,
+}
+
+/// alice decides proposal `name` (in the namespace of `proposals`) with `kubectl kortex
+/// <verb> --reason <reason>` (`approve` or `reject`): it says she did, and the proposal
+/// ends Succeeded (carried out) or Rejected.
+async fn alice_decides(
+    alice: &Path,
+    proposals: &Api<ActionProposal>,
+    verb: &str,
+    name: &str,
+    reason: &str,
+) -> anyhow::Result<()> {
+    let (said, phase) = if verb == "reject" {
+        ("rejected by alice", kortex::crd::ProposalPhase::Rejected)
+    } else {
+        ("approved by alice", kortex::crd::ProposalPhase::Succeeded)
+    };
+    let ns = proposals.namespace().unwrap_or_default();
+    let out = kubectl_kortex(Some(alice), &[verb, name, "-n", ns, "--reason", reason]).await?;
+    anyhow::ensure!(out.contains(said), "{out}");
+    wait_phase(proposals, name, phase).await
+}
+
+/// The decision written on proposal `name`.
+async fn decision_of(
+    proposals: &Api<ActionProposal>,
+    name: &str,
+) -> anyhow::Result<kortex::crd::Decision> {
+    proposals
+        .get(name)
+        .await?
+        .spec
+        .decision
+        .ok_or_else(|| anyhow::anyhow!("no decision"))
 }
 
 async fn run(
@@ -752,18 +794,15 @@ async fn run(
     );
     // Erasing a user is for Kortex's admins: RBAC `delete` on the non-resource URL
     // /kortex/erase, asked with a SubjectAccessReview; nothing is erased otherwise.
-    let r = http
-        .delete(format!(
+    expect_status(
+        http.delete(format!(
             "{base}/api/v1/users/system:serviceaccount:{ns}:reporter"
         ))
-        .bearer_auth(&stranger)
-        .send()
-        .await?;
-    anyhow::ensure!(
-        r.status().as_u16() == 403,
-        "a caller without kortex-admin erasing a user got {}",
-        r.status()
-    );
+        .bearer_auth(&stranger),
+        403,
+        "a caller without kortex-admin erasing a user",
+    )
+    .await?;
 
     // A chat makes a proposal: Kortex created it and wrote its status (Pending).
     chat(&http, &base, &reporter, ns, "incident-e2e-1").await?;
@@ -839,13 +878,7 @@ async fn run(
     )?;
 
     // alice rejects it with `kubectl kortex reject`, as herself.
-    let out = kubectl_kortex(
-        Some(&alice),
-        &["reject", &first, "-n", ns, "--reason", "not now"],
-    )
-    .await?;
-    anyhow::ensure!(out.contains("rejected by alice"), "{out}");
-    wait_phase(&proposals, &first, kortex::crd::ProposalPhase::Rejected).await?;
+    alice_decides(&alice, &proposals, "reject", &first, "not now").await?;
 
     // A second proposal, approved through Kortex's API (what the dashboard does) by
     // `oncall` with its own token: Kortex writes the decision as oncall, the API server
@@ -868,16 +901,13 @@ async fn run(
         .ok_or_else(|| anyhow::anyhow!("{second} not listed by the API: {listed}"))?
         .to_owned();
     // The reporter may not decide their own proposal (Kortex refuses before asking).
-    let own = http
-        .post(format!("{base}/chat/v1/proposals/{id}/approve"))
-        .bearer_auth(&reporter)
-        .send()
-        .await?;
-    anyhow::ensure!(
-        own.status().as_u16() == 403,
-        "own approval: {}",
-        own.status()
-    );
+    expect_status(
+        http.post(format!("{base}/chat/v1/proposals/{id}/approve"))
+            .bearer_auth(&reporter),
+        403,
+        "own approval",
+    )
+    .await?;
     let r = http
         .post(format!("{base}/chat/v1/proposals/{id}/approve"))
         .bearer_auth(&oncall)
@@ -888,12 +918,7 @@ async fn run(
     let body = r.text().await?;
     anyhow::ensure!(status.is_success(), "API approval refused: {status} {body}");
     wait_phase(&proposals, &second, kortex::crd::ProposalPhase::Succeeded).await?;
-    let decision = proposals
-        .get(&second)
-        .await?
-        .spec
-        .decision
-        .ok_or_else(|| anyhow::anyhow!("no decision"))?;
+    let decision = decision_of(&proposals, &second).await?;
     anyhow::ensure!(decision.by == oncall_user, "{decision:?}");
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
     let restarted_at = async || -> anyhow::Result<Option<String>> {
@@ -911,19 +936,8 @@ async fn run(
     // A third: alice approves it with `kubectl kortex approve`, as herself.
     chat(&http, &base, &reporter, ns, "incident-e2e-3").await?;
     let third = pending_proposal(&proposals).await?;
-    let out = kubectl_kortex(
-        Some(&alice),
-        &["approve", &third, "-n", ns, "--reason", "e2e"],
-    )
-    .await?;
-    anyhow::ensure!(out.contains("approved by alice"), "{out}");
-    wait_phase(&proposals, &third, kortex::crd::ProposalPhase::Succeeded).await?;
-    let decision = proposals
-        .get(&third)
-        .await?
-        .spec
-        .decision
-        .ok_or_else(|| anyhow::anyhow!("no decision"))?;
+    alice_decides(&alice, &proposals, "approve", &third, "e2e").await?;
+    let decision = decision_of(&proposals, &third).await?;
     anyhow::ensure!(decision.by == "alice", "{decision:?}");
     anyhow::ensure!(decision.groups.iter().any(|g| g == "sre"), "{decision:?}");
     wait_for("a second restart", Duration::from_secs(30), async || {
@@ -935,7 +949,15 @@ async fn run(
     // Each restart made a revision (the controller's ReplicaSets): a rollback proposal pins
     // the revision before the current one, which the preview shows, and alice's approval
     // rolls back to exactly that one.
-    rollback(admin, &http, &base, &reporter, &alice, ns).await?;
+    let scene = Scene {
+        admin,
+        http: &http,
+        base: &base,
+        reporter: &reporter,
+        alice: &alice,
+        ns,
+    };
+    rollback(&scene).await?;
 
     // The decision is final (the CRD's rule, before the policy is asked).
     let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "alice"}}});
@@ -964,7 +986,7 @@ async fn run(
 
     // Last (it removes the policy's binding): without it, decisions are not authenticated,
     // and Kortex stops them at Approved.
-    not_executed_without_the_policy(admin, &http, &base, &reporter, &alice, ns, tag).await?;
+    not_executed_without_the_policy(&scene, tag).await?;
     drop(kortex);
     Ok(())
 }
@@ -973,15 +995,7 @@ async fn run(
 /// (`Executing=False`, `AdmissionPolicyNotEnforced`). Skipped, saying so, when the
 /// cluster has an admission policy of its own for proposals (an installed Kortex's), which
 /// still guards the namespace.
-async fn not_executed_without_the_policy(
-    admin: &kube::Client,
-    http: &reqwest::Client,
-    base: &str,
-    reporter: &str,
-    alice: &Path,
-    ns: &str,
-    tag: &str,
-) -> anyhow::Result<()> {
+async fn not_executed_without_the_policy(scene: &Scene<'_>, tag: &str) -> anyhow::Result<()> {
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(
             "admissionregistration.k8s.io",
@@ -990,7 +1004,7 @@ async fn not_executed_without_the_policy(
         ),
         "validatingadmissionpolicybindings",
     );
-    let bindings: Api<DynamicObject> = Api::all_with(admin.clone(), &resource);
+    let bindings: Api<DynamicObject> = Api::all_with(scene.admin.clone(), &resource);
     let others: Vec<String> = bindings
         .list(&ListParams::default())
         .await?
@@ -1013,10 +1027,21 @@ async fn not_executed_without_the_policy(
     bindings.delete(tag, &DeleteParams::default()).await?;
     // The leader reads the policies at most every 30 s.
     tokio::time::sleep(Duration::from_secs(31)).await;
-    chat(http, base, reporter, ns, "incident-e2e-4").await?;
-    let proposals: Api<ActionProposal> = Api::namespaced(admin.clone(), ns);
+    chat(
+        scene.http,
+        scene.base,
+        scene.reporter,
+        scene.ns,
+        "incident-e2e-4",
+    )
+    .await?;
+    let proposals: Api<ActionProposal> = Api::namespaced(scene.admin.clone(), scene.ns);
     let fourth = pending_proposal(&proposals).await?;
-    kubectl_kortex(Some(alice), &["approve", &fourth, "-n", ns, "--no-wait"]).await?;
+    kubectl_kortex(
+        Some(scene.alice),
+        &["approve", &fourth, "-n", scene.ns, "--no-wait"],
+    )
+    .await?;
     wait_phase(&proposals, &fourth, kortex::crd::ProposalPhase::Approved).await?;
     let status = proposals
         .get(&fourth)
@@ -1050,15 +1075,8 @@ async fn revision_of(deployments: &Api<Deployment>) -> anyhow::Result<i64> {
         .unwrap_or(0))
 }
 
-async fn rollback(
-    admin: &kube::Client,
-    http: &reqwest::Client,
-    base: &str,
-    reporter: &str,
-    alice: &Path,
-    ns: &str,
-) -> anyhow::Result<()> {
-    let deployments: Api<Deployment> = Api::namespaced(admin.clone(), ns);
+async fn rollback(scene: &Scene<'_>) -> anyhow::Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(scene.admin.clone(), scene.ns);
     wait_for(
         "revision 3 of ticker",
         Duration::from_secs(60),
@@ -1066,15 +1084,15 @@ async fn rollback(
     )
     .await?;
     say(
-        http,
-        base,
-        reporter,
-        ns,
+        scene.http,
+        scene.base,
+        scene.reporter,
+        scene.ns,
         "incident-e2e-rollback",
         "please roll back ticker",
     )
     .await?;
-    let proposals: Api<ActionProposal> = Api::namespaced(admin.clone(), ns);
+    let proposals: Api<ActionProposal> = Api::namespaced(scene.admin.clone(), scene.ns);
     let name = pending_proposal(&proposals).await?;
     let p = proposals.get(&name).await?;
     anyhow::ensure!(p.spec.action == "rollback", "{:?}", p.spec);
@@ -1087,8 +1105,8 @@ async fn rollback(
         "{preview}"
     );
     kubectl_kortex(
-        Some(alice),
-        &["approve", &name, "-n", ns, "--reason", "e2e rollback"],
+        Some(scene.alice),
+        &["approve", &name, "-n", scene.ns, "--reason", "e2e rollback"],
     )
     .await?;
     wait_phase(&proposals, &name, kortex::crd::ProposalPhase::Succeeded).await?;

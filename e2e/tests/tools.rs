@@ -5,21 +5,14 @@
 //! skipped, saying so, and the rest runs.
 
 use kortex::llm::ToolCall;
-use kortex::store::{NewSession, Store};
-use kortex::tools::{Outcome, ToolContext};
-use kortex_e2e::{TempNamespace, any_policy, apply, client, kube_tools, ready_nodes};
+use kortex::tools::Outcome;
+use kortex_e2e::{any_policy, apply, in_temp_namespace, kube_tools, ready_nodes, tool_context};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 #[tokio::test]
 async fn kubernetes_tools_read_a_real_cluster() -> anyhow::Result<()> {
-    let Some(client) = client().await else {
-        return Ok(());
-    };
-    let ns = TempNamespace::create(&client, "tools").await?;
-    let result = run(&client, &ns.name).await;
-    ns.delete().await?;
-    result
+    in_temp_namespace("tools", run).await
 }
 
 fn deployment(ns: &str, image: &str, release: &str) -> Value {
@@ -44,19 +37,7 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         "stringData": {"password": "e2e-hunter2"}})).await?;
     apply(client, ns, deployment(ns, &image, "release-1")).await?;
 
-    let path = std::env::temp_dir().join(format!("kortex-e2e-tools-{}.db", std::process::id()));
-    let store = Store::connect(&format!("sqlite://{}", path.display())).await?;
-    store.migrate().await?;
-    let session = store
-        .create_session(&NewSession {
-            name: "incident-e2e".into(),
-            namespace: ns.into(),
-            user: "e2e".into(),
-            policy: None,
-            dynamic_tools: json!([]),
-        })
-        .await?;
-    let ctx = ToolContext::new(store.clone(), session, "run", "chat");
+    let (path, ctx) = tool_context("tools", "incident-e2e", ns, "e2e").await?;
     let router = kube_tools(client);
     let policy = any_policy(ns, "p")?;
     let call = |name: &str, input: Value| {

@@ -9,20 +9,16 @@
 
 use kortex::llm::ToolCall;
 use kortex::operator::auth::{ClusterAuth, TokenRequestError};
-use kortex::store::{NewSession, Store};
-use kortex::tools::{KubeIdentity, ToolContext};
-use kortex_e2e::{TempNamespace, any_policy, apply, client, impersonating, kube_tools, yaml_docs};
+use kortex::tools::KubeIdentity;
+use kortex_e2e::{
+    TempNamespace, any_policy, apply, client, impersonating, in_temp_namespace, kube_tools,
+    tool_context, yaml_docs,
+};
 use serde_json::json;
 
 #[tokio::test]
 async fn a_run_as_service_account_reads_only_what_it_may() -> anyhow::Result<()> {
-    let Some(client) = client().await else {
-        return Ok(());
-    };
-    let ns = TempNamespace::create(&client, "trigger").await?;
-    let result = run(&client, &ns.name).await;
-    ns.delete().await?;
-    result
+    in_temp_namespace("trigger", run).await
 }
 
 async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
@@ -94,22 +90,11 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let as_sa = auth.client_as(token.expose()).map_err(anyhow::Error::msg)?;
 
-    let path = std::env::temp_dir().join(format!("kortex-e2e-trigger-{}.db", std::process::id()));
-    let store = Store::connect(&format!("sqlite://{}", path.display())).await?;
-    store.migrate().await?;
-    let session = store
-        .create_session(&NewSession {
-            name: "alert-e2e".into(),
-            namespace: ns.into(),
-            user: user.clone(),
-            policy: None,
-            dynamic_tools: json!([]),
-        })
-        .await?;
+    let (path, base) = tool_context("trigger", "alert-e2e", ns, &user).await?;
     let router = kube_tools(client);
     let policy = any_policy(ns, "incidents")?;
     let logs = |kube: KubeIdentity| {
-        let mut ctx = ToolContext::new(store.clone(), session.clone(), "run", "chat");
+        let mut ctx = base.clone();
         ctx.kube = kube;
         let (router, policy) = (&router, &policy);
         let call = ToolCall {

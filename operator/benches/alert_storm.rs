@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{Kortex, env_or, pct, rss_kib, timed_provider};
+use common::{Kortex, env_or, rss_kib, timed_provider};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -35,14 +35,7 @@ fn notification(group: usize, alerts: usize) -> Value {
 }
 
 async fn counted(client: &reqwest::Client, kortex: &str, result: &str) -> u64 {
-    let text = client
-        .get(format!("{kortex}/metrics"))
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-        .text()
-        .await
-        .unwrap_or_default();
+    let text = common::body_text(client.get(format!("{kortex}/metrics"))).await;
     text.lines()
         .filter(|l| {
             l.starts_with("kortex_trigger_events_total{")
@@ -123,12 +116,10 @@ fn main() {
         let rss_settled = rss_kib(kortex.pid());
         println!("| notifications | groups | sent in | answer p50 / p99 / max (ms) | recorded | run / unchanged / skipped | settled in | RSS before → after → settled (MiB) |");
         println!("|---|---|---|---|---|---|---|---|");
+        let (p50, p99, max) = common::spread(&samples);
         println!(
-            "| {alerts} | {groups} | {:.2} s | {:.1} / {:.1} / {:.1} | {received} | {run} / {unchanged} / {skipped} | {:.1} s | {:.1} → {:.1} → {:.1} |",
+            "| {alerts} | {groups} | {:.2} s | {p50:.1} / {p99:.1} / {max:.1} | {received} | {run} / {unchanged} / {skipped} | {:.1} s | {:.1} → {:.1} → {:.1} |",
             sent_in.as_secs_f64(),
-            pct(&samples, 0.5),
-            pct(&samples, 0.99),
-            samples.last().map_or(0.0, |&v| v as f64 / 1000.0),
             settled_in.as_secs_f64(),
             rss_before as f64 / 1024.0,
             rss_after as f64 / 1024.0,

@@ -21,8 +21,7 @@
 
 mod common;
 
-use common::{Kortex, env_or, now_us, pct};
-use futures_util::StreamExt;
+use common::{Kortex, body_json, env_or, now_us, pct, run_end, sse_field};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -156,29 +155,13 @@ async fn open_session(
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let mut body = events.bytes_stream();
-        let mut buf = String::new();
-        while let Some(Ok(chunk)) = body.next().await {
-            let at = now_us();
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = buf.find("\n\n") {
-                let frame: String = buf.drain(..end + 2).collect();
-                if frame.lines().any(|l| l == "event: run.lifecycle") {
-                    let data = frame
-                        .lines()
-                        .find_map(|l| l.strip_prefix("data: "))
-                        .unwrap_or_default();
-                    let v: Value = serde_json::from_str(data).unwrap_or_default();
-                    if let Some(state) = v["state"].as_str()
-                        && state != "started"
-                    {
-                        let _ = ends.send((state.to_owned(), at));
-                    }
-                }
-            }
+    tokio::spawn(common::sse_frames(events, move |frame, at| {
+        if frame.lines().any(|l| l == "event: run.lifecycle")
+            && let Some(state) = run_end(sse_field(frame, "data: "))
+        {
+            let _ = ends.send((state, at));
         }
-    });
+    }));
     (id, ended)
 }
 
@@ -259,14 +242,7 @@ async fn measure(database_url: &str, runs: usize, rounds: usize) -> Figures {
             of("tool.out"),
         );
         if p_in.len() != rounds + 1 {
-            let session: Value = client
-                .get(format!("{kortex}/chat/v1/sessions/{id}"))
-                .send()
-                .await
-                .unwrap_or_else(|e| panic!("{e}"))
-                .json()
-                .await
-                .unwrap_or_default();
+            let session = body_json(client.get(format!("{kortex}/chat/v1/sessions/{id}"))).await;
             let log = server
                 .log
                 .lock()

@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::{Kortex, env_or, now_us, pct};
+use common::{Kortex, body_json, env_or, now_us};
 use futures_util::StreamExt;
 use kortex::operator::watch::{Observed, Scope, compile_loop};
 use serde_json::{Value, json};
@@ -25,13 +25,17 @@ use std::time::Duration;
 
 fn report(mode: &str, tools: usize, mut samples: Vec<u64>) {
     samples.sort_unstable();
+    let (p50, p99, max) = common::spread(&samples);
     println!(
-        "| {mode} | {tools} | {} | {:.0} / {:.0} / {:.0} |",
-        samples.len(),
-        pct(&samples, 0.5),
-        pct(&samples, 0.99),
-        samples.last().map_or(0.0, |&v| v as f64 / 1000.0),
+        "| {mode} | {tools} | {} | {p50:.0} / {p99:.0} / {max:.0} |",
+        samples.len()
     );
+}
+
+/// The `e`th edit among `tools` tools: which tool, its name, and its new description.
+fn edit(e: usize, tools: usize) -> (usize, String, String) {
+    let i = (e * 37) % tools;
+    (i, format!("t-{i:04}"), format!("edit {e}"))
 }
 
 fn tool_yaml(i: usize, description: &str) -> String {
@@ -76,16 +80,8 @@ async fn standalone(tools: usize, edits: usize) -> Vec<u64> {
                     .map(str::to_owned)
             })
     };
-    let listed = |client: reqwest::Client, url: String| async move {
-        client
-            .get(&url)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .json::<Value>()
-            .await
-            .unwrap_or_default()
-    };
+    let listed =
+        |client: reqwest::Client, url: String| async move { body_json(client.get(&url)).await };
     let first = listed(client.clone(), url.clone()).await;
     assert_eq!(
         description(&first, "t-0000").as_deref(),
@@ -95,9 +91,7 @@ async fn standalone(tools: usize, edits: usize) -> Vec<u64> {
     );
     let mut samples = Vec::new();
     for e in 0..edits {
-        let i = (e * 37) % tools;
-        let name = format!("t-{i:04}");
-        let wanted = format!("edit {e}");
+        let (i, name, wanted) = edit(e, tools);
         // Past the file system's timestamp granularity and the previous reload.
         tokio::time::sleep(Duration::from_millis(600)).await;
         let written = now_us();
@@ -248,9 +242,7 @@ async fn cluster(tools: usize, edits: usize) -> Vec<u64> {
     .unwrap_or_else(|_| panic!("the first configuration never held {tools} tools"));
     let mut samples = Vec::new();
     for e in 0..edits {
-        let i = (e * 37) % tools;
-        let name = format!("t-{i:04}");
-        let wanted = format!("edit {e}");
+        let (i, name, wanted) = edit(e, tools);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let event = json!({"type": "MODIFIED", "object": tool_object(i, &wanted, 2 + e as u64)});
         let sent = now_us();

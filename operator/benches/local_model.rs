@@ -102,6 +102,26 @@ async fn recorder(seen: Arc<Mutex<Option<serde_json::Value>>>) -> String {
     common::serve(app).await
 }
 
+/// The direct and the via-Kortex sample of round `round`, taken in the order that flips every
+/// round.
+async fn in_turn<D, V>(
+    round: usize,
+    direct: impl Fn() -> D,
+    via: impl Fn() -> V,
+) -> (Option<f64>, Option<f64>)
+where
+    D: Future<Output = Option<f64>>,
+    V: Future<Output = Option<f64>>,
+{
+    if round.is_multiple_of(2) {
+        let d = direct().await;
+        (d, via().await)
+    } else {
+        let v = via().await;
+        (direct().await, v)
+    }
+}
+
 #[derive(Default)]
 struct Row {
     direct: Vec<f64>,
@@ -243,13 +263,7 @@ fn main() {
                 reset().await;
                 first_token(&client, &via_url, Some(KEY), &gateway_body, content).await
             };
-            let (d, v) = if round % 2 == 0 {
-                let d = direct().await;
-                (d, via().await)
-            } else {
-                let v = via().await;
-                (direct().await, v)
-            };
+            let (d, v) = in_turn(round, direct, via).await;
             if keep {
                 gateway.add(d, v);
             }
@@ -263,13 +277,7 @@ fn main() {
                 reset().await;
                 first_token(&client, &messages, None, &ask, "event: text.delta").await
             };
-            let (direct, via) = if round % 2 == 0 {
-                let d = chat_direct().await;
-                (d, chat_via().await)
-            } else {
-                let v = chat_via().await;
-                (chat_direct().await, v)
-            };
+            let (direct, via) = in_turn(round, chat_direct, chat_via).await;
             if keep {
                 chat.add(direct, via);
             }

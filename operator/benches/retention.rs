@@ -16,8 +16,7 @@
 
 mod common;
 
-use common::{Kortex, now_us, pct};
-use futures_util::StreamExt;
+use common::{Kortex, now_us, pct, stamps};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,24 +115,13 @@ async fn worker(
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        let mut body = resp.bytes_stream();
-        let mut buf = String::new();
-        while let Some(Ok(chunk)) = body.next().await {
-            let received = now_us();
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            while let Some(end) = buf.find("\n\n") {
-                let frame: String = buf.drain(..end + 2).collect();
-                if !frame.contains("event: text.delta") {
-                    continue;
-                }
+        common::sse_frames(resp, |frame, received| {
+            if frame.contains("event: text.delta") {
                 let mut lat = latencies.lock().unwrap_or_else(|e| e.into_inner());
-                for part in frame.split("t=").skip(1) {
-                    if let Some(sent) = part.split(';').next().and_then(|n| n.parse::<u64>().ok()) {
-                        lat.push((received, received.saturating_sub(sent)));
-                    }
-                }
+                lat.extend(stamps(frame).map(|sent| (received, received.saturating_sub(sent))));
             }
-        }
+        })
+        .await;
     }
 }
 
@@ -142,18 +130,12 @@ fn main() {
     runtime.block_on(async move {
         now_us();
         let base = provider().await;
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(
-            dir.path().join("bench.yaml"),
-            format!(
-                "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: up}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m, locality: local}}\n---\n\
-                 apiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: up}}\n"
-            ),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let db = std::env::var("KORTEX_BENCH_DATABASE_URL")
-            .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("bench.db").display()));
-        let backend = if db.starts_with("postgres") { "PostgreSQL" } else { "SQLite" };
+        let (dir, db) = common::upstream_manifests(&base, "bench");
+        let backend = if db.starts_with("postgres") {
+            "PostgreSQL"
+        } else {
+            "SQLite"
+        };
         let seeding = Instant::now();
         seed(&db, 0, false).await;
         println!(
@@ -209,7 +191,11 @@ fn main() {
                     let field = |name: &str| {
                         line.split(name)
                             .nth(1)
-                            .map(|r| r.chars().take_while(char::is_ascii_digit).collect::<String>())
+                            .map(|r| {
+                                r.chars()
+                                    .take_while(char::is_ascii_digit)
+                                    .collect::<String>()
+                            })
                             .and_then(|n| n.parse::<u64>().ok())
                             .unwrap_or(0)
                     };
@@ -240,7 +226,9 @@ fn main() {
         let pass_s: Vec<f64> = windows.iter().map(|(a, b)| (b - a) as f64 / 1e6).collect();
         println!("\n{} passes deleted {deleted} events", windows.len());
         println!();
-        println!("| {backend} | time measured (s) | text events | latency p50 (ms) | latency p99 (ms) |");
+        println!(
+            "| {backend} | time measured (s) | text events | latency p50 (ms) | latency p99 (ms) |"
+        );
         println!("|---|---|---|---|---|");
         println!(
             "| idle (200 000 events stored) | {:.1} | {} | {:.2} | {:.2} |",
@@ -259,7 +247,11 @@ fn main() {
         println!();
         println!(
             "the passes took {} s; p99 while pruning / idle = {:.2}x (target ≤ 2x)",
-            pass_s.iter().map(|s| format!("{s:.2}")).collect::<Vec<_>>().join(", "),
+            pass_s
+                .iter()
+                .map(|s| format!("{s:.2}"))
+                .collect::<Vec<_>>()
+                .join(", "),
             pct(&busy, 0.99) / pct(&quiet, 0.99).max(0.001)
         );
         assert_eq!(

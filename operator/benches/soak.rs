@@ -15,8 +15,7 @@
 
 mod common;
 
-use common::{Kortex, env_or, now_us, pct, rss_kib};
-use futures_util::StreamExt;
+use common::{Kortex, env_or, now_us, pct, rss_kib, run_end, sse_field, stamps};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -70,49 +69,29 @@ async fn follow(
             return;
         }
     };
-    let mut body = resp.bytes_stream();
-    let mut buf = String::new();
-    while let Some(chunk) = body.next().await {
-        let Ok(chunk) = chunk else {
-            tally.errors.fetch_add(1, Ordering::Relaxed);
-            errors
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push("an event stream broke".into());
+    let whole = common::sse_frames(resp, |frame, received| {
+        let event = sse_field(frame, "event: ");
+        let data = sse_field(frame, "data: ");
+        if event.is_empty() {
             return;
-        };
-        let received = now_us();
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let frame: String = buf.drain(..end + 2).collect();
-            let event = frame
-                .lines()
-                .find_map(|l| l.strip_prefix("event: "))
-                .unwrap_or_default();
-            let data = frame
-                .lines()
-                .find_map(|l| l.strip_prefix("data: "))
-                .unwrap_or_default();
-            if event.is_empty() {
-                continue;
-            }
-            tally.events.fetch_add(1, Ordering::Relaxed);
-            if event == "text.delta" {
-                let mut lat = tally.latencies.lock().unwrap_or_else(|e| e.into_inner());
-                for part in data.split("t=").skip(1) {
-                    if let Some(sent) = part.split(';').next().and_then(|n| n.parse::<u64>().ok()) {
-                        lat.push(received.saturating_sub(sent));
-                    }
-                }
-            } else if event == "run.lifecycle" {
-                let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
-                if let Some(state) = v["state"].as_str()
-                    && state != "started"
-                {
-                    let _ = ends.send(state.to_owned());
-                }
-            }
         }
+        tally.events.fetch_add(1, Ordering::Relaxed);
+        if event == "text.delta" {
+            let mut lat = tally.latencies.lock().unwrap_or_else(|e| e.into_inner());
+            lat.extend(stamps(data).map(|sent| received.saturating_sub(sent)));
+        } else if event == "run.lifecycle"
+            && let Some(state) = run_end(data)
+        {
+            let _ = ends.send(state);
+        }
+    })
+    .await;
+    if !whole {
+        tally.errors.fetch_add(1, Ordering::Relaxed);
+        errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push("an event stream broke".into());
     }
 }
 
@@ -137,17 +116,7 @@ fn main() {
     runtime.block_on(async move {
         now_us();
         let base = provider().await;
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        std::fs::write(
-            dir.path().join("soak.yaml"),
-            format!(
-                "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: up}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m, locality: local}}\n---\n\
-                 apiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: up}}\n"
-            ),
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        let db = std::env::var("KORTEX_BENCH_DATABASE_URL")
-            .unwrap_or_else(|_| format!("sqlite://{}", dir.path().join("soak.db").display()));
+        let (dir, db) = common::upstream_manifests(&base, "soak");
         let streams = (sessions + 16).to_string();
         let server = Kortex::start(
             dir.path(),

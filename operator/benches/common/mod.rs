@@ -180,17 +180,108 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Creates a chat session named `name` on `kortex`; its id.
-pub async fn create_session(client: &reqwest::Client, kortex: &str, name: &str) -> String {
-    let created: serde_json::Value = client
-        .post(format!("{kortex}/chat/v1/sessions"))
-        .json(&serde_json::json!({"name": name}))
+/// The p50, p99 and largest of `sorted` microseconds, in milliseconds.
+pub fn spread(sorted: &[u64]) -> (f64, f64, f64) {
+    (
+        pct(sorted, 0.5),
+        pct(sorted, 0.99),
+        sorted.last().map_or(0.0, |&v| v as f64 / 1000.0),
+    )
+}
+
+/// The body `request` answers with (empty when it cannot be read); a request that cannot be
+/// sent ends the bench.
+pub async fn body_text(request: reqwest::RequestBuilder) -> String {
+    request
         .send()
         .await
         .unwrap_or_else(|e| panic!("{e}"))
-        .json()
+        .text()
         .await
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// [`body_text`] as JSON (`null` when it is not).
+pub async fn body_json(request: reqwest::RequestBuilder) -> serde_json::Value {
+    serde_json::from_str(&body_text(request).await).unwrap_or_default()
+}
+
+/// Reads the event stream `resp` to its end, handing each frame (up to its blank line) to
+/// `frame` with when its chunk arrived (µs since the start): `true`, or `false` when the
+/// stream broke off.
+pub async fn sse_frames(resp: reqwest::Response, mut frame: impl FnMut(&str, u64)) -> bool {
+    use futures_util::StreamExt;
+    let mut body = resp.bytes_stream();
+    let mut buf = String::new();
+    while let Some(chunk) = body.next().await {
+        let Ok(chunk) = chunk else {
+            return false;
+        };
+        let at = now_us();
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let text: String = buf.drain(..end + 2).collect();
+            frame(&text, at);
+        }
+    }
+    true
+}
+
+/// The rest of `frame`'s first line that starts with `prefix` (`"event: "`, `"data: "`),
+/// or `""`.
+pub fn sse_field<'a>(frame: &'a str, prefix: &str) -> &'a str {
+    frame
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_default()
+}
+
+/// The state a run ended in, from a `run.lifecycle` event's `data`; `None` while it starts.
+pub fn run_end(data: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+    v["state"]
+        .as_str()
+        .filter(|state| *state != "started")
+        .map(str::to_owned)
+}
+
+/// The `t=<µs>;` stamps of the text deltas in `text`: when the provider wrote each.
+pub fn stamps(text: &str) -> impl Iterator<Item = u64> + '_ {
+    text.split("t=")
+        .skip(1)
+        .filter_map(|part| part.split(';').next()?.parse::<u64>().ok())
+}
+
+/// A new manifest folder holding `<name>.yaml`: the LLMProvider `up` (openai-compatible at
+/// `base`, model `m`, local) and a ChatPolicy `all` that gives it to every session; and the
+/// database to run on: `KORTEX_BENCH_DATABASE_URL`, or SQLite `<name>.db` in the folder.
+pub fn upstream_manifests(base: &str, name: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(
+        dir.path().join(format!("{name}.yaml")),
+        format!(
+            "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {{name: up}}\nspec: {{type: openai-compatible, baseUrl: \"{base}/v1\", defaultModel: m, locality: local}}\n---\n\
+             apiVersion: kortex.dev/v1alpha1\nkind: ChatPolicy\nmetadata: {{name: all}}\nspec: {{sessions: [\"*\"], provider: up}}\n"
+        ),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let db = std::env::var("KORTEX_BENCH_DATABASE_URL").unwrap_or_else(|_| {
+        format!(
+            "sqlite://{}",
+            dir.path().join(format!("{name}.db")).display()
+        )
+    });
+    (dir, db)
+}
+
+/// Creates a chat session named `name` on `kortex`; its id.
+pub async fn create_session(client: &reqwest::Client, kortex: &str, name: &str) -> String {
+    let created = body_json(
+        client
+            .post(format!("{kortex}/chat/v1/sessions"))
+            .json(&serde_json::json!({"name": name})),
+    )
+    .await;
     created["id"]
         .as_str()
         .unwrap_or_else(|| panic!("no session: {created}"))

@@ -169,11 +169,7 @@ spec:
         ),
     )
     .unwrap();
-    let server = Server::start_with_args(
-        &m,
-        &dir.path().join("k.db"),
-        &["--kubeconfig", &kubeconfig.display().to_string()],
-    );
+    let server = Server::start_on_cluster(&m, dir.path(), &kubeconfig);
     let client = http_client();
     let mut responses: Vec<(String, Vec<u8>)> = Vec::new();
     let mut calls = vec![
@@ -381,7 +377,6 @@ spec:
 /// status, every response, provider request body, log line and database byte is scanned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
     fake.apply("secrets", secret(Some(PROVIDER_KEY)));

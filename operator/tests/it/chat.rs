@@ -2,7 +2,7 @@
 //! PostgreSQL.
 
 use crate::support::chat::{
-    Sse, ask, get_json, post_json, post_message, read_sse, run_ended, session_json,
+    Sse, ask, create_session, get_json, post_json, post_message, read_sse, run_ended, session_json,
 };
 use crate::support::db::postgres;
 use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
@@ -46,22 +46,12 @@ async fn scenario(server: &Server, script: &std::sync::Arc<Script>) {
     let d = openai();
 
     // No policy matches: 422.
-    let r = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "random"}))
-        .send()
-        .await
-        .unwrap();
+    let r = create_session(server, &json!({"name": "random"})).await;
     assert_eq!(r.status().as_u16(), 422);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "no_matching_policy");
 
-    let r = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "incident-42"}))
-        .send()
-        .await
-        .unwrap();
+    let r = create_session(server, &json!({"name": "incident-42"})).await;
     assert_eq!(r.status().as_u16(), 201);
     let session: Value = r.json().await.unwrap_or_default();
     assert_eq!(
@@ -110,11 +100,7 @@ async fn scenario(server: &Server, script: &std::sync::Arc<Script>) {
         ids.windows(2).all(|w| w[1] == w[0] + 1),
         "sequence numbers are consecutive: {ids:?}"
     );
-    let seen = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let seen = script.requests();
     // The last chat request (the provider probe's model listings have no body).
     let sent = &seen
         .iter()

@@ -4,7 +4,9 @@
 //! Kortex's, through this replica's `/mcp`; every call is the run's own — stored, announced,
 //! audited — and a built-in tool the model asks for never runs.
 
-use crate::support::chat::{ask, get_json, post_message, session, session_json, state, text};
+use crate::support::chat::{
+    ask, get_json, item_condition, post_message, session, session_json, state, text,
+};
 use crate::support::manifests::{self, keyed_manifests, manifest_dir};
 use crate::support::net::{eventually, http_client, serve};
 use crate::support::provider::messages_answer;
@@ -209,13 +211,6 @@ async fn provider(server: &Server) -> Value {
         .unwrap_or_else(|| panic!("no provider cc: {all}"))
 }
 
-fn condition(provider: &Value, kind: &str) -> Value {
-    provider["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == kind).cloned())
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
     let Some(claude) = claude() else { return };
@@ -226,13 +221,13 @@ async fn a_chat_run_investigates_with_claude_code_through_kortex_tools_only() {
     // The probe ran the CLI and made its one-token call with the key.
     let p = eventually("the provider is probed", || async {
         let p = provider(&server).await;
-        match condition(&p, "Reachable")["status"].as_str() {
+        match item_condition(&p, "Reachable")["status"].as_str() {
             Some("True") => Ok(p),
             _ => Err(p.to_string()),
         }
     })
     .await;
-    assert_eq!(condition(&p, "Ready")["status"], "True", "{p}");
+    assert_eq!(item_condition(&p, "Ready")["status"], "True", "{p}");
     assert_eq!(p["authKind"], "apiKey", "{p}");
     assert_eq!(
         p["authSecretRef"],
@@ -409,23 +404,23 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
     let (server, _dir) = start(&claude, &base, "sk-ant-wrong");
     let p = eventually("the refused key is reported", || async {
         let p = provider(&server).await;
-        match condition(&p, "Reachable")["reason"].as_str() {
+        match item_condition(&p, "Reachable")["reason"].as_str() {
             Some("ClaudeCodeAuthFailed") => Ok(p),
             _ => Err(p.to_string()),
         }
     })
     .await;
-    assert_eq!(condition(&p, "Reachable")["status"], "False", "{p}");
+    assert_eq!(item_condition(&p, "Reachable")["status"], "False", "{p}");
     // Refused is not ready: no chat is routed to it, and nothing stands in.
     let p = eventually("the provider is not ready", || async {
         let p = provider(&server).await;
-        match condition(&p, "Ready")["reason"].as_str() {
+        match item_condition(&p, "Ready")["reason"].as_str() {
             Some("ClaudeCodeAuthFailed") => Ok(p),
             _ => Err(p.to_string()),
         }
     })
     .await;
-    assert_eq!(condition(&p, "Ready")["status"], "False", "{p}");
+    assert_eq!(item_condition(&p, "Ready")["status"], "False", "{p}");
     assert_eq!(p["available"], false, "{p}");
     let id = session(&server, "bad-key").await;
     let events = ask(&server, &id, "hello?").await;
@@ -442,7 +437,7 @@ async fn claude_code_answers_structured_output_and_fails_loudly() {
     // No binary: Ready=False, ClaudeCodeNotInstalled; the run fails, nothing falls back.
     let (server, _dir) = start("/nonexistent/claude", &base, KEY);
     let p = provider(&server).await;
-    let ready = condition(&p, "Ready");
+    let ready = item_condition(&p, "Ready");
     assert_eq!(ready["status"], "False", "{p}");
     assert_eq!(ready["reason"], "ClaudeCodeNotInstalled", "{p}");
     let id = session(&server, "no-binary").await;

@@ -448,11 +448,7 @@ async fn serve_with_a_kubeconfig_lets_the_model_read_the_cluster() {
         ]),
     )
     .unwrap();
-    let server = Server::start_with_args(
-        &m,
-        &dir.path().join("k.db"),
-        &["--kubeconfig", &kubeconfig.display().to_string()],
-    );
+    let server = Server::start_on_cluster(&m, dir.path(), &kubeconfig);
     let d = openai();
     push(
         &script,

@@ -5,12 +5,13 @@
 
 use crate::support::browser::{passed, run_browser, screenshots};
 use crate::support::chat::chat_once;
-use crate::support::fake_api::{deployment, incidents_policy};
+use crate::support::fake_api::incidents_cluster;
 use crate::support::manifests::{
     chat_key, docs, keyed_manifests, manifest_dir, policy, provider, secret,
 };
 use crate::support::provider::{
-    Reply, json_reply, mock, openai, openai_chunk, push, streamed, tool_calls, tool_result,
+    Reply, json_reply, mock, openai, openai_chunk, push, push_answer, streamed, tool_calls,
+    tool_result,
 };
 use crate::support::server::{Server, start_run};
 use serde_json::{Value, json};
@@ -211,9 +212,7 @@ async fn the_dashboard_pauses_redirects_resumes_and_approves_plans() {
     passed(&out, &server);
     // The plan the person edited is what the model was told.
     let told = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .find_map(|s| tool_result(&s.body, "p1"))
         .unwrap_or_default();
@@ -392,14 +391,9 @@ async fn the_dashboard_renders_markdown_answers_safely() {
 /// Cluster mode: a scale proposal's card shows the dry run as a diff.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let fake = crate::support::fake_api::FakeApi::start().await;
-    let (llm, script) = mock().await;
-    fake.apply("deployments", deployment());
-    fake.apply(
-        "chatpolicies",
-        incidents_policy(json!({"allowedActions": ["scale"], "allowedNamespaces": ["shop"]})),
-    );
+    let (fake, llm, script) =
+        incidents_cluster(json!({"allowedActions": ["scale"], "allowedNamespaces": ["shop"]}))
+            .await;
     let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
     let target =
@@ -413,10 +407,7 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
                 "rationale": "the queue is backing up"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     chat_once(
         &server,
         json!({"name": "incident-diff", "namespace": "team-a"}),

@@ -3,7 +3,7 @@
 //! speak with an identity header, reach a metadata address, follow a redirect, or exhaust
 //! memory with an endless answer.
 
-use crate::support::chat::{Sse, get_json, run_ended};
+use crate::support::chat::{Sse, get_json, item_condition, run_ended};
 use crate::support::manifests::{docs, manifest_dir, tool};
 use crate::support::net::{http_client, serve};
 use crate::support::provider::{Reply, Script, mock, openai, push, streamed, tool_calls};
@@ -83,12 +83,28 @@ fn error_message(events: &[Sse]) -> String {
 /// The tool result a provider server was sent for `call_id`.
 fn tool_result(script: &Script, call_id: &str) -> String {
     script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .find_map(|s| crate::support::provider::tool_result(&s.body, call_id))
         .unwrap_or_else(|| panic!("no result for {call_id}"))
+}
+
+/// The KortexTool of the listing `tools` whose entry mentions `name` is refused: its
+/// condition `kind` is False for `reason`, with a message naming `part`.
+fn assert_refused(tools: &serde_json::Value, name: &str, [kind, reason, part]: [&str; 3]) {
+    let entry = tools["items"]
+        .as_array()
+        .and_then(|items| items.iter().find(|t| t.to_string().contains(name)))
+        .unwrap_or_else(|| panic!("{tools}"));
+    let condition = item_condition(entry, kind);
+    assert_eq!(condition["status"], "False", "{entry}");
+    assert_eq!(condition["reason"], reason, "{entry}");
+    assert!(
+        condition["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(part)),
+        "{condition}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,46 +176,20 @@ async fn no_resource_can_reach_kortex_itself_speak_as_someone_or_flood_it() {
     };
 
     // An identity header is refused when the KortexTool is admitted, with a condition.
-    let victim = tools["items"]
-        .as_array()
-        .and_then(|items| items.iter().find(|t| t.to_string().contains("as-victim")))
-        .cloned()
-        .unwrap_or_else(|| panic!("{tools}"));
-    let accepted = victim["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "Accepted"))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(accepted["status"], "False", "{victim}");
-    assert_eq!(accepted["reason"], "ReservedHeader", "{victim}");
-    assert!(
-        accepted["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("X-Forwarded-User")),
-        "{accepted}"
+    assert_refused(
+        &tools,
+        "as-victim",
+        ["Accepted", "ReservedHeader", "X-Forwarded-User"],
     );
 
     // Kortex's own address is refused when the KortexTool is compiled: not ready, with the
     // reason, never offered, so nothing is ever sent there (a model naming it anyway is
     // refused); through a relay, Kortex refuses the request itself (it carries the
     // installation's marker).
-    let own = tools["items"]
-        .as_array()
-        .and_then(|items| items.iter().find(|t| t.to_string().contains("self-call")))
-        .cloned()
-        .unwrap_or_else(|| panic!("{tools}"));
-    let ready = own["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "Ready"))
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(ready["status"], "False", "{own}");
-    assert_eq!(ready["reason"], "EgressRefused", "{own}");
-    assert!(
-        ready["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("Kortex itself")),
-        "{ready}"
+    assert_refused(
+        &tools,
+        "self-call",
+        ["Ready", "EgressRefused", "Kortex itself"],
     );
     push(
         &script,
@@ -236,11 +226,7 @@ async fn no_resource_can_reach_kortex_itself_speak_as_someone_or_flood_it() {
     let events = ask(&server, "hop-1", "hello").await;
     let message = error_message(&events);
     assert!(message.contains("does not follow redirects"), "{message}");
-    let followed = elsewhere_seen
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .len();
+    let followed = elsewhere_seen.requests().len();
     assert_eq!(
         followed, 0,
         "the redirect (of a chat call or a probe) was followed"

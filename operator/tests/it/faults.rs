@@ -1,7 +1,8 @@
 //! Faults injected from outside into the real binary and real servers (docs/reliability.md).
 
 use crate::support::chat::{
-    ask, chat_once, get_json, post_message, read_sse, run_ended, session, session_json, state,
+    ask, chat_once, create_session, get_json, item_condition, post_message, read_sse, run_ended,
+    session, session_json, state,
 };
 use crate::support::fake_api::{FakeApi, condition, phase, provider, secret, write_kubeconfig_as};
 use crate::support::manifests::{docs, gateway_key, manifest_dir, tool};
@@ -171,12 +172,7 @@ async fn postgres_stopped_and_started_again() {
 
     pg.down();
     let client = http_client();
-    let r = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "s-2"}))
-        .send()
-        .await
-        .unwrap();
+    let r = create_session(&server, &json!({"name": "s-2"})).await;
     assert_eq!(r.status().as_u16(), 503);
     let body: Value = r.json().await.unwrap_or_default();
     assert_eq!(body["error"]["code"], "database_unavailable", "{body}");
@@ -482,15 +478,7 @@ async fn sqlite_on_a_full_disk() {
         let body: Value = r.json().await.unwrap_or_default();
         (status, body)
     };
-    let (status, body) = refused(
-        client
-            .post(server.url("/chat/v1/sessions"))
-            .json(&json!({"name": "s-2"}))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (status, body) = refused(create_session(&server, &json!({"name": "s-2"})).await).await;
     assert_eq!(
         (status, &body["error"]["code"]),
         (507, &json!("storage_full")),
@@ -721,11 +709,7 @@ async fn a_secret_deleted_while_in_use_then_restored() {
     };
     std::fs::remove_file(&secret).unwrap();
     let p = available(false).await;
-    let resolved = p["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "SecretResolved"))
-        .cloned()
-        .unwrap_or_default();
+    let resolved = item_condition(&p, "SecretResolved");
     assert_eq!(resolved["status"], "False", "{p}");
     assert!(
         resolved["message"]
@@ -758,7 +742,6 @@ async fn a_secret_deleted_while_in_use_then_restored() {
 /// watches are back (they resume where they were), and its status is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_then_back() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
     fake.apply(
@@ -887,7 +870,6 @@ async fn cluster_api_server_unreachable_then_back() {
 /// server answers, the same caller gets in and `/readyz` says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_api_server_unreachable_refuses_unreviewed_callers_and_readyz_says_why() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, _script) = mock().await;
     let dir = tempfile::tempdir().unwrap();
@@ -1006,7 +988,6 @@ async fn cluster_leader_lost_mid_execution_executes_once() {
 /// Secret is back, without a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_a_secret_deleted_while_in_use_then_restored() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
     fake.apply(

@@ -126,11 +126,7 @@ async fn official_sdks_work_unchanged_against_the_gateway() {
     println!("{stdout}");
 
     // What reached the upstream: Kortex's own key, the schema passed through, no gateway key.
-    let seen = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let seen = script.requests();
     let chats: Vec<_> = seen
         .iter()
         .filter(|s| s.body.get("messages").is_some())

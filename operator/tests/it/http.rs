@@ -2,6 +2,7 @@
 //! (`support::app::MANIFESTS`) and SQLite.
 
 use crate::support::app::{Harness, call, harness};
+use crate::support::chat::{item_condition, listed};
 use crate::support::db::{proposal, sqlite};
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
@@ -61,13 +62,6 @@ fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
 
-fn item<'a>(list: &'a Value, name: &str) -> &'a Value {
-    list["items"]
-        .as_array()
-        .and_then(|a| a.iter().find(|i| i["name"] == name))
-        .unwrap_or_else(|| panic!("no {name} in {list}"))
-}
-
 #[tokio::test]
 async fn providers_list_conditions_and_never_secrets() {
     let h = harness(AuthMode::Loopback).await;
@@ -79,28 +73,20 @@ async fn providers_list_conditions_and_never_secrets() {
         "header values are not listed: {body}"
     );
     let list = json(&body);
-    let anthropic = item(&list, "anthropic");
+    let anthropic = listed(&list, "anthropic");
     assert_eq!(anthropic["available"], true);
     assert_eq!(anthropic["apiKeySecretRef"]["key"], "anthropic");
     assert_eq!(anthropic["source"]["document"], 3);
-    let openai = item(&list, "openai");
+    let openai = listed(&list, "openai");
     assert_eq!(openai["available"], false);
-    let ready = openai["conditions"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["type"] == "SecretResolved"))
-        .cloned();
+    let ready = item_condition(openai, "SecretResolved");
+    assert_eq!(ready["reason"], "SecretNotFound");
     assert_eq!(
-        ready.as_ref().map(|c| c["reason"].clone()),
-        Some(Value::from("SecretNotFound"))
-    );
-    assert_eq!(
-        ready.map(|c| c["message"].clone()),
-        Some(Value::from(
-            "secret missing key openai: Secret missing not found in namespace default"
-        ))
+        ready["message"],
+        "secret missing key openai: Secret missing not found in namespace default"
     );
     // The broken document is listed, unavailable, with file, document and field.
-    let broken = item(&list, "broken");
+    let broken = listed(&list, "broken");
     assert_eq!(broken["available"], false);
     let message = broken["conditions"][0]["message"]
         .as_str()
@@ -121,7 +107,7 @@ async fn policies_tools_and_manifest_problems() {
     let h = harness(AuthMode::Loopback).await;
     let (status, _, body) = call(&h.app, get("/api/v1/policies")).await;
     assert_eq!(status, StatusCode::OK);
-    let policy = item(&json(&body), "default").clone();
+    let policy = listed(&json(&body), "default").clone();
     assert_eq!(policy["namespace"], "team-a");
     assert_eq!(policy["conditions"][0]["reason"], "ProviderNotFound");
     assert_eq!(

@@ -10,7 +10,9 @@ use crate::support::fake_api::write_kubeconfig;
 use crate::support::manifests::{docs, manifest_dir, policy, provider, secret, tool};
 use crate::support::net::http_client;
 use crate::support::plugins::{mcp_server, upstream};
-use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
+use crate::support::provider::{
+    mock, openai, push, push_answer, streamed, tool_calls, tool_result,
+};
 use crate::support::server::Server;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -103,12 +105,9 @@ async fn a_model_investigates_a_crashing_pod_end_to_end() {
     }
 
     // A past incident, answered earlier.
-    push(
+    push_answer(
         &script,
-        streamed(
-            &openai(),
-            (openai().text_stream)(&["Pods were OOMKilled after 2.3; rolled back checkout."]),
-        ),
+        &["Pods were OOMKilled after 2.3; rolled back checkout."],
     );
     chat_once(
         &server,

@@ -2,7 +2,7 @@
 //! the real binary: each refuses with its own error and counts in
 //! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
 
-use crate::support::chat::{ask, post_message, session, session_json, state};
+use crate::support::chat::{ask, create_session, post_message, session, session_json, state};
 use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
 use crate::support::net::{eventually, http_client};
 use crate::support::plugins::upstream;
@@ -289,12 +289,7 @@ async fn event_streams_and_sessions_per_user_are_limited() {
     // Sessions: the limit counts the ones not deleted.
     session(&server, "s-2").await;
     let third = session(&server, "s-3").await;
-    let r = client
-        .post(server.url("/chat/v1/sessions"))
-        .json(&json!({"name": "s-4"}))
-        .send()
-        .await
-        .unwrap();
+    let r = create_session(&server, &json!({"name": "s-4"})).await;
     assert_eq!(
         refusal(r).await,
         (429, "too_many_sessions".to_owned(), None)

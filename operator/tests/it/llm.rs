@@ -7,6 +7,7 @@ use crate::support::provider::{
 };
 use crate::support::server::Server;
 
+use crate::support::chat::item_condition;
 use futures_util::StreamExt;
 use kortex::catalog::{ObjectSet, compile};
 use kortex::llm::{
@@ -125,11 +126,7 @@ async fn contract_streams_text_with_usage_and_sends_key_and_headers() {
             }
             other => panic!("{}: last event {other:?}", d.name),
         }
-        let seen = script
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let seen = script.requests();
         assert_eq!(seen[0].path, d.chat_path, "{}", d.name);
         assert_eq!(
             (d.key_header)(&seen[0].headers).as_deref(),
@@ -244,11 +241,7 @@ async fn contract_complete_without_streaming() {
             d.name
         );
         assert_eq!(r.tool_calls[0].input["previous"], true, "{}", d.name);
-        let seen = script
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let seen = script.requests();
         assert!(
             seen[0].body.get("stream").is_none_or(|s| s == false),
             "{}: {}",
@@ -623,11 +616,7 @@ async fn ask_streams_text_and_returns_tool_calls_for_every_format() {
             "{}: {v}",
             d.name
         );
-        let seen = script
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let seen = script.requests();
         assert_eq!(seen.len(), 3, "{}", d.name);
         assert!(
             seen[1].body.to_string().contains("get_logs"),
@@ -752,11 +741,7 @@ async fn prompt_tool_mode_describes_tools_in_text_and_parses_calls() {
             "{}",
             d.name
         );
-        let seen = script
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let seen = script.requests();
         assert!(
             seen[0].body.get("tools").is_none(),
             "{}: no native tools in prompt mode",
@@ -816,13 +801,7 @@ async fn serve_probes_providers_into_reachable_conditions() {
             .cloned()
             .unwrap_or_default()
     };
-    let reachable = |item: &Value| {
-        item["conditions"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == "Reachable"))
-            .cloned()
-            .unwrap_or_default()
-    };
+    let reachable = |item: &Value| item_condition(item, "Reachable");
     let up = find("up");
     assert_eq!(reachable(&up)["status"], "True", "{up}");
     assert!(
@@ -881,11 +860,7 @@ async fn http_proxy_from_the_environment_is_honoured() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "via proxy\n");
-    let seen = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let seen = script.requests();
     assert_eq!(seen[0].path, "/v1/chat/completions");
     assert_eq!(
         seen[0].headers.get("host").and_then(|h| h.to_str().ok()),
@@ -1004,11 +979,7 @@ async fn ask_without_a_configured_model_uses_the_first_discovered_one() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let seen = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let seen = script.requests();
     assert_eq!(seen[0].path, "/v1/models");
     assert_eq!(seen[1].body["model"], "served-model");
     assert!(
@@ -1041,11 +1012,7 @@ async fn compatible_servers_that_reject_stream_options_get_a_second_request_with
         "{out:?}"
     );
     events(&*p, &request(false)).await.unwrap();
-    let seen = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let seen = script.requests();
     assert_eq!(seen.len(), 3);
     assert!(seen[0].body.get("stream_options").is_some());
     assert!(

@@ -3,7 +3,7 @@
 //! gateway, against the real binary and a wire-format upstream.
 
 use crate::support::chat::{
-    ask, get_json, get_text, notices, provider_usage, session, session_json, state, text,
+    ask, assert_notice, get_json, get_text, provider_usage, session, session_json, state, text,
     until_listed,
 };
 use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider};
@@ -70,13 +70,9 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
         shown.contains("No similar incident was recorded."),
         "{shown}"
     );
-    assert!(
-        notices(&events)
-            .iter()
-            .any(|n| n.contains("wrote a tool call as text") && n.contains("get_incident_history")),
-        "{:?}",
-        notices(&events)
-    );
+    assert_notice(&events, |n| {
+        n.contains("wrote a tool call as text") && n.contains("get_incident_history")
+    });
     let started: Vec<&Value> = events
         .iter()
         .filter(|e| e.event == "tool.start")
@@ -91,9 +87,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
     // The second step carries the call natively, the assistant text as a string (never
     // null: llama.cpp answers 500 to that), and the tool's result.
     let second = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .filter(|s| s.path.ends_with("/chat/completions"))
         .nth(1)
@@ -167,9 +161,7 @@ async fn a_call_written_as_text_runs_in_chat_and_through_the_gateway() {
         let body = r.text().await.unwrap_or_default();
         // Upstream: streamed only when the client streams, and an explicit "auto" kept.
         let upstream = script
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .requests()
             .iter()
             .rev()
             .find(|s| s.path.ends_with("/chat/completions"))
@@ -237,9 +229,7 @@ async fn the_models_a_server_lists_are_served_and_edited_models_replace_old_ones
     let events = ask(&server, &id, "hi").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
     let model = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .rev()
         .find(|s| s.path.ends_with("/chat/completions"))
@@ -305,13 +295,7 @@ async fn empty_answers_and_failed_runs_are_said_logged_and_exported() {
     let id = session(&server, "s-empty").await;
     let events = ask(&server, &id, "anything?").await;
     assert_eq!(state(&events), json!("completed"));
-    assert!(
-        notices(&events)
-            .iter()
-            .any(|n| n.contains("returned an empty answer")),
-        "{:?}",
-        notices(&events)
-    );
+    assert_notice(&events, |n| n.contains("returned an empty answer"));
     // A refusal (400 is not retried) fails the run: logged without the conversation, and
     // the export says so where it happened.
     push(

@@ -4,12 +4,12 @@
 //! without credentials, from a wrong origin, of another user's session and of malformed
 //! messages; Kortex's own MCP client against another Kortex.
 
-use crate::support::fake_api::{FakeApi, deployment, incidents_policy};
+use crate::support::fake_api::incidents_cluster;
 use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
 use crate::support::net::{eventually, http_client, serve};
 use crate::support::plugins::python_with_mcp as python;
 use crate::support::plugins::{McpServer, mcp_server};
-use crate::support::provider::{messages_answer, mock};
+use crate::support::provider::messages_answer;
 use crate::support::server::{Server, start_run_with};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Write};
@@ -910,14 +910,9 @@ async fn in_a_cluster_mcp_callers_act_with_their_own_rights() {
     let Some(python) = python() else {
         return;
     };
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let fake = FakeApi::start().await;
-    let (llm, _script) = mock().await;
-    fake.apply("deployments", deployment());
-    fake.apply(
-        "chatpolicies",
-        incidents_policy(json!({"allowedActions": ["restart"], "allowedNamespaces": ["shop"]})),
-    );
+    let (fake, llm, _script) =
+        incidents_cluster(json!({"allowedActions": ["restart"], "allowedNamespaces": ["shop"]}))
+            .await;
     fake.allow("alice");
     let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;

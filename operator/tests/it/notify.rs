@@ -6,7 +6,7 @@ use crate::support::chat::{ask, open_session, post_message};
 use crate::support::db::postgres;
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use crate::support::net::{eventually, http_client, serve};
-use crate::support::provider::{Script, json_reply, mock, openai, push, streamed};
+use crate::support::provider::{Script, json_reply, mock, openai, push, push_answer, streamed};
 use crate::support::receiver::{receiver, slow_receiver};
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -243,10 +243,7 @@ async fn a_receiver_that_keeps_failing_turns_the_policys_notify_condition_false(
         "{metrics}"
     );
     // The chat server goes on serving meanwhile.
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Fine."])),
-    );
+    push_answer(&script, &["Fine."]);
     let events = crate::support::chat::ask(&server, &id, "and now?").await;
     assert_eq!(crate::support::chat::state(&events), json!("completed"));
 }
@@ -334,10 +331,7 @@ async fn a_slow_receiver_does_not_slow_chat_down() {
         }
     })
     .await;
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Fine."])),
-    );
+    push_answer(&script, &["Fine."]);
     let events = crate::support::chat::ask(&server, &id, "and now?").await;
     assert_eq!(crate::support::chat::state(&events), json!("completed"));
     // The run finished while the delivery was still in flight (a run that waited for it
@@ -392,12 +386,7 @@ async fn budgets_and_providers_notify_once_per_change() {
         }
     })
     .await;
-    let exhausted: Vec<Value> = hook
-        .got()
-        .into_iter()
-        .map(|(_, b)| b)
-        .filter(|b| b["type"] == "budget.exhausted")
-        .collect();
+    let exhausted: Vec<Value> = hook.events("budget.exhausted");
     assert_eq!(exhausted.len(), 1, "{exhausted:?}");
     assert_eq!(exhausted[0]["data"]["budget"], "perUserHourlyRequests");
     // The provider stops answering.
@@ -411,19 +400,11 @@ async fn budgets_and_providers_notify_once_per_change() {
         }
     })
     .await;
-    let down: Vec<Value> = hook
-        .got()
-        .into_iter()
-        .map(|(_, b)| b)
-        .filter(|b| b["type"] == "provider.unavailable")
-        .collect();
+    let down: Vec<Value> = hook.events("provider.unavailable");
     assert_eq!(down[0]["data"]["provider"], "default/gpt", "{down:?}");
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     assert_eq!(
-        hook.got()
-            .iter()
-            .filter(|(_, b)| b["type"] == "provider.unavailable")
-            .count(),
+        hook.events("provider.unavailable").len(),
         1,
         "one event per change, not per failed probe"
     );

@@ -4,13 +4,11 @@
 
 use crate::support::chat::{chat_once, post_json, post_message, wait_idle};
 use crate::support::fake_api::{
-    FakeApi, Seen, base64, condition, deployment, incidents_policy, phase, proposal_named,
+    FakeApi, Seen, base64, condition, incidents_cluster, incidents_policy, phase, proposal_named,
     provider, secret, status_patches, write_kubeconfig_as,
 };
 use crate::support::net::http_client;
-use crate::support::provider::{
-    mock, offered_tools, openai, push, streamed, tool_calls, tool_result,
-};
+use crate::support::provider::{mock, offered_tools, push, push_answer, tool_calls, tool_result};
 use crate::support::server::{kubectl_kortex, pending_restarts, start_run, start_run_with};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -22,7 +20,6 @@ use std::time::Duration;
 /// released on SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, _script) = mock().await;
     fake.apply("secrets", secret(Some("sk-cluster-123")));
@@ -210,7 +207,6 @@ async fn kortex_run_reconciles_the_cluster_into_the_live_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_one_replica_leads_and_hands_over_on_stop() {
     use kortex::operator::lease::{LeaseConfig, run};
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let config = kube::Config::new(fake.url.parse().unwrap());
     let client = kube::Client::try_from(config).unwrap();
@@ -274,15 +270,9 @@ async fn exactly_one_replica_leads_and_hands_over_on_stop() {
 /// a decision by someone who may not do it themselves fails without touching anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proposals_are_created_decided_and_executed_in_the_cluster() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let fake = FakeApi::start().await;
-    let (llm, script) = mock().await;
-    fake.apply("deployments", deployment());
-    fake.apply(
-        "chatpolicies",
-        incidents_policy(json!({"allowedActions": ["restart", "scale"],
-            "allowedNamespaces": ["shop"], "expireAfter": "10m"})),
-    );
+    let (fake, llm, script) = incidents_cluster(json!({"allowedActions": ["restart", "scale"],
+            "allowedNamespaces": ["shop"], "expireAfter": "10m"}))
+    .await;
     fake.allow("bob");
     let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
@@ -303,10 +293,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
             "params": params, "rationale": "pods are stuck after the config change"}),
             )]),
         );
-        push(
-            &script,
-            streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-        );
+        push_answer(&script, &["Proposed."]);
     }
     let session = post_json(
         &client,
@@ -489,10 +476,7 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
         "params": {"replicas": 3}, "rationale": "more headroom"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     post_message(&server, &id, "give it 3 replicas").await;
     fake.until("a third proposal", |f| f.list("actionproposals").len() == 3)
         .await;
@@ -650,17 +634,11 @@ async fn proposals_are_created_decided_and_executed_in_the_cluster() {
 /// decision made through the API with the caller's own token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let fake = FakeApi::start().await;
-    let (llm, script) = mock().await;
-    fake.apply("deployments", deployment());
-    fake.apply(
-        "chatpolicies",
-        incidents_policy(
-            json!({"allowedActions": ["restart"], "allowedNamespaces": ["shop"],
+    let (fake, llm, script) = incidents_cluster(
+        json!({"allowedActions": ["restart"], "allowedNamespaces": ["shop"],
             "requireDistinctApprover": true}),
-        ),
-    );
+    )
+    .await;
     fake.allow("alice");
     let dir = tempfile::tempdir().unwrap();
     let server = start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"]).await;
@@ -769,10 +747,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
             json!({"kind": "Deployment", "namespace": "shop", "name": "api"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["It has 2 replicas."])),
-    );
+    push_answer(&script, &["It has 2 replicas."]);
     let r = call(
         reqwest::Method::POST,
         &format!("/chat/v1/sessions/{id}/messages"),
@@ -835,10 +810,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
             json!({"kind": "Deployment", "namespace": "shop", "name": "api"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Still 2 replicas."])),
-    );
+    push_answer(&script, &["Still 2 replicas."]);
     let r = call(
         reqwest::Method::POST,
         &format!("/chat/v1/sessions/{id}/messages"),
@@ -899,10 +871,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
         "rationale": "stuck"}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     let r = call(
         reqwest::Method::POST,
         &format!("/chat/v1/sessions/{id}/messages"),
@@ -1184,7 +1153,6 @@ async fn an_admission_check_that_fails_for_a_while_delays_an_execution_not_ends_
 /// approver would decide it in vain): the model is told why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
     fake.apply(
@@ -1202,10 +1170,7 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
                 "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "ghost"}}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["It does not exist."])),
-    );
+    push_answer(&script, &["It does not exist."]);
     chat_once(
         &server,
         json!({"name": "incident-12", "namespace": "team-a"}),
@@ -1213,9 +1178,7 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
     )
     .await;
     let result = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .find_map(|s| tool_result(&s.body, "p1"))
         .unwrap_or_default();

@@ -4,7 +4,7 @@
 //! with a message naming them, and redaction of everything sent to a provider.
 
 use crate::support::chat::{
-    ask, get_json, notices, post_message, session, session_json, state, text,
+    ask, assert_notice, get_json, post_message, session, session_json, state, text,
 };
 use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
@@ -96,9 +96,7 @@ fn answer(text: &str, finish: &str, completion: u64) -> Reply {
 /// The chat requests (not model listings) a provider server received.
 fn chats(script: &Script) -> Vec<Value> {
     script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .filter(|s| s.body.get("messages").is_some())
         .map(|s| s.body.clone())
@@ -120,13 +118,10 @@ async fn failover(server: &Server, primary: &Arc<Script>, backup: &Arc<Script>) 
     let events = ask(server, &id, "why is checkout slow?").await;
     assert_eq!(state(&events), json!("completed"), "{events:?}");
     assert_eq!(text(&events), "Backup answer.");
-    let n = notices(&events);
-    assert!(
-        n.iter()
-            .any(|m| m.starts_with("primary/full-a failed before answering")
-                && m.ends_with("failing over to backup/full-b")),
-        "{n:?}"
-    );
+    assert_notice(&events, |m| {
+        m.starts_with("primary/full-a failed before answering")
+            && m.ends_with("failing over to backup/full-b")
+    });
     assert_eq!(
         chats(primary).len(),
         3,
@@ -171,11 +166,9 @@ async fn frugal(server: &Server, primary: &Arc<Script>) {
     let events = ask(server, &id, "explain the outage").await;
     assert_eq!(state(&events), json!("completed"));
     assert_eq!(text(&events), "Full answer.");
-    let n = notices(&events);
-    assert!(
-        n.iter().any(|m| m == "the fast model primary/fast-a stopped at its output token limit; full-a answers instead"),
-        "{n:?}"
-    );
+    assert_notice(&events, |m| {
+        m == "the fast model primary/fast-a stopped at its output token limit; full-a answers instead"
+    });
     let sent = chats(primary);
     let models: Vec<&str> = sent[start..]
         .iter()
@@ -203,11 +196,7 @@ async fn frugal(server: &Server, primary: &Arc<Script>) {
     let id = session(server, "frugal-3").await;
     let events = ask(server, &id, "plan a zero-downtime migration").await;
     assert_eq!(text(&events), "Deep answer.");
-    assert!(
-        notices(&events)
-            .iter()
-            .any(|m| m.contains("asked for more context"))
-    );
+    assert_notice(&events, |m| m.contains("asked for more context"));
     // A fast model with a smaller context window hands the request over too.
     push(
         primary,
@@ -220,13 +209,7 @@ async fn frugal(server: &Server, primary: &Arc<Script>) {
     let id = session(server, "frugal-4").await;
     let events = ask(server, &id, "read these logs").await;
     assert_eq!(text(&events), "Long answer.");
-    assert!(
-        notices(&events)
-            .iter()
-            .any(|m| m.contains("fast-a could not take the request")),
-        "{:?}",
-        notices(&events)
-    );
+    assert_notice(&events, |m| m.contains("fast-a could not take the request"));
     let audit = get_json(&http_client(), server.url("/api/v1/audit?kind=escalation")).await;
     assert_eq!(audit["items"].as_array().map(Vec::len), Some(3), "{audit}");
 }
@@ -259,12 +242,9 @@ async fn budget(server: &Server, primary: &Arc<Script>) {
     let id = session(server, "budget-1").await;
     let events = ask(server, &id, "first").await;
     assert_eq!(text(&events), "Spent.");
-    assert!(
-        notices(&events).iter().any(|m| m
-            == "ChatPolicy default/budget has used over 50% of its dailyUsdLimit ($0.05 of $0.05)"),
-        "{:?}",
-        notices(&events)
-    );
+    assert_notice(&events, |m| {
+        m == "ChatPolicy default/budget has used over 50% of its dailyUsdLimit ($0.05 of $0.05)"
+    });
     // The next call's reservation does not fit: refused before anything is sent.
     let calls = chats(primary).len();
     let events = ask(server, &id, "second").await;

@@ -10,7 +10,8 @@
 //! mid-answer ends the run in words a user acts on, the partial answer kept.
 
 use crate::support::chat::{
-    notices, provider_usage, read_sse_within, run_ended, session, session_json, state, until_listed,
+    assert_notice, provider_usage, read_sse_within, run_ended, session, session_json, state,
+    until_listed,
 };
 use crate::support::manifests::{docs, gateway_key, provider};
 use crate::support::net::http_client;
@@ -189,13 +190,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
         server.log(),
         llama_log()
     );
-    assert!(
-        notices(&events)
-            .iter()
-            .any(|n| n.contains("wrote a tool call as text")),
-        "{:?}",
-        notices(&events)
-    );
+    assert_notice(&events, |n| n.contains("wrote a tool call as text"));
     assert_eq!(state(&events), json!("completed"), "{events:?}");
     let stored = session_json(&server, &id).await;
     let results = stored["messages"]

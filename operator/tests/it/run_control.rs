@@ -9,8 +9,8 @@ use crate::support::db::postgres;
 use crate::support::manifests::{docs, policy, provider};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{
-    Reply, Script, chat_requests, json_reply, mock, openai, provider_called, push, streamed,
-    tool_calls, tool_result,
+    Reply, Script, answer, chat_requests, json_reply, mock, openai, provider_called, push,
+    push_answer, tool_calls, tool_result,
 };
 use crate::support::server::Server;
 use serde_json::{Value, json};
@@ -61,13 +61,7 @@ async fn the_jsonl_export_is_the_sse_replay() {
         &script,
         tool_calls(&[("c1", "get_incident_history", json!({"query": "checkout"}))]),
     );
-    push(
-        &script,
-        streamed(
-            &openai(),
-            (openai().text_stream)(&["Nothing ", "like it before."]),
-        ),
-    );
+    push_answer(&script, &["Nothing ", "like it before."]);
     let id = session(&server, "incident-1").await;
     let streamed_events = ask(&server, &id, "Has checkout failed before?").await;
     assert!(run_ended(&streamed_events), "{streamed_events:?}");
@@ -161,10 +155,7 @@ fn script_two_steps(script: &Script, answer: &str) {
     let mut slow = tool_calls(&[("c1", "get_incident_history", json!({"query": "checkout"}))]);
     slow.chunk_delay = Some(Duration::from_millis(250));
     push(script, slow);
-    push(
-        script,
-        streamed(&openai(), (openai().text_stream)(&[answer])),
-    );
+    push_answer(script, &[answer]);
 }
 
 /// Starts a run without following it; its id.
@@ -506,10 +497,6 @@ fn calls(list: &[(&str, &str, Value)]) -> Reply {
     tool_calls(list)
 }
 
-fn text(answer: &str) -> Reply {
-    streamed(&openai(), (openai().text_stream)(&[answer]))
-}
-
 /// The tool result a provider request carries for `call`.
 fn result_of(requests: &[Value], call: &str) -> String {
     requests
@@ -576,7 +563,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
             ("c2", "get_incident_history", json!({"query": "checkout"})),
         ]),
     );
-    push(&script, text("Checked the history only."));
+    push_answer(&script, &["Checked the history only."]);
     let (status, body) = control(&server, &id, &run, "plan/approve", json!({"steps": ["1"]})).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["steps"].as_array().map(Vec::len), Some(1), "{body}");
@@ -641,7 +628,7 @@ async fn a_required_plan_is_approved_edited_enforced_or_rejected() {
             ("v2", "get_incident_history", json!({"query": "checkout"})),
         ]),
     );
-    push(&script, text("Previewed."));
+    push_answer(&script, &["Previewed."]);
     let id = session(&server, "preview-1").await;
     start(&server, &id, "Fix checkout").await;
     let events = events_until(&server, &id, run_ended).await;
@@ -709,7 +696,7 @@ async fn follow_ups_come_from_the_summarize_model_only() {
                 ),
             )
         } else if body["stream"] == true {
-            text("It was the database.")
+            answer(&["It was the database."])
         } else {
             json_reply(200, &(openai().text_json)("Checkout slow: database"))
         })
@@ -882,7 +869,7 @@ async fn the_terminal_client_pauses_redirects_resumes_and_approves_plans() {
             {"id": "2", "tool": "get_incident_history", "purpose": "again"}]}),
         )]),
     );
-    push(&script, text("Planned and done."));
+    push_answer(&script, &["Planned and done."]);
     let mut chat = Terminal::start(&base, "planned-cli");
     chat.say("Fix checkout");
     chat.shown("waiting for the plan").await;
@@ -912,7 +899,7 @@ async fn a_rewind_supersedes_the_later_steps() {
     let mut slow = calls(&[("c2", "get_incident_history", json!({"query": "cache"}))]);
     slow.chunk_delay = Some(Duration::from_millis(250));
     push(&script, slow);
-    push(&script, text("The database, as you said."));
+    push_answer(&script, &["The database, as you said."]);
     let id = session(&server, "incident-5").await;
     let run = start(&server, &id, "Why is checkout slow?").await;
     eventually("the second step's provider call", || async {

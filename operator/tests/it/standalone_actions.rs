@@ -7,7 +7,7 @@ use crate::support::chat::{Sse, chat_once, get_json, read_sse};
 use crate::support::fake_api::{FakeApi, deployment, write_kubeconfig};
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use crate::support::net::http_client;
-use crate::support::provider::{mock, openai, push, streamed, tool_calls, tool_result};
+use crate::support::provider::{mock, push, push_answer, tool_calls, tool_result};
 use crate::support::server::{Server, kortex_cli};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -58,7 +58,6 @@ fn writes(fake: &FakeApi, path_end: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_with_a_kubeconfig_executes_approved_proposals_there() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let fake = FakeApi::start().await;
     for name in ["api", "web", "batch"] {
         let mut d = deployment();
@@ -105,11 +104,7 @@ spec:
         ]),
     )
     .unwrap();
-    let server = Server::start_with_args(
-        &m,
-        &dir.path().join("k.db"),
-        &["--kubeconfig", &kubeconfig.display().to_string()],
-    );
+    let server = Server::start_on_cluster(&m, dir.path(), &kubeconfig);
     let client = http_client();
     let propose = |id: &str, action: &str, target: &str, params: Value| {
         push(
@@ -121,10 +116,7 @@ spec:
                     "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": target}}),
             )]),
         );
-        push(
-            &script,
-            streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-        );
+        push_answer(&script, &["Proposed."]);
     };
 
     // A restart: pinned and previewed by a dry run when made; approved, it is executed
@@ -229,10 +221,7 @@ spec:
                 "target": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "api"}}),
         )]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["Proposed."])),
-    );
+    push_answer(&script, &["Proposed."]);
     let session = chat_once(
         &server,
         json!({"name": "shop-1", "namespace": "shop"}),

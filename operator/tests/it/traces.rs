@@ -9,7 +9,7 @@ use crate::support::chat::{chat_once, get_json, open_session, session_json, wait
 use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider, secret, tool};
 use crate::support::net::{eventually, http_client, serve};
 use crate::support::plugins::{mcp_server, upstream};
-use crate::support::provider::{Script, mock, openai, push, streamed, tool_calls};
+use crate::support::provider::{Script, mock, push, push_answer, tool_calls};
 use crate::support::server::{Server, start_run_with_env};
 use axum::body::Bytes;
 use opentelemetry_proto::tonic::collector::trace::v1::{
@@ -206,13 +206,7 @@ async fn setup(env: &[(&str, &str)]) -> Setup {
         &script,
         tool_calls(&[("call_1", "jira_search", json!({"jql": "project = SHOP"}))]),
     );
-    push(
-        &script,
-        streamed(
-            &openai(),
-            (openai().text_stream)(&["SHOP-12 is the cause."]),
-        ),
-    );
+    push_answer(&script, &["SHOP-12 is the cause."]);
     Setup {
         server,
         script,
@@ -433,10 +427,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
     );
 
     // A gateway call: the caller's trace, the server span, one client span per call.
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["pong"])),
-    );
+    push_answer(&script, &["pong"]);
     let answer = client
         .post(server.url("/v1/chat/completions"))
         .bearer_auth(GATEWAY_KEY)
@@ -492,13 +483,7 @@ async fn a_chat_run_and_a_gateway_call_arrive_as_genai_traces() {
     assert_eq!(gateway_row["traceId"], GW_TRACE, "{gateway_row}");
 
     // Content, under the policy that opts in: redacted first.
-    push(
-        &script,
-        streamed(
-            &openai(),
-            (openai().text_stream)(&["Mail alice@example.com about it."]),
-        ),
-    );
+    push_answer(&script, &["Mail alice@example.com about it."]);
     let audit_id = chat_once(
         &server,
         json!({"name": "audit-1"}),
@@ -586,10 +571,7 @@ async fn a_dead_collector_changes_no_outcome() {
         .and_then(|m| m.last().cloned())
         .unwrap_or_default();
     assert_eq!(last["content"], "SHOP-12 is the cause.", "{session}");
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["pong"])),
-    );
+    push_answer(&script, &["pong"]);
     let answer = client
         .post(server.url("/v1/chat/completions"))
         .bearer_auth(GATEWAY_KEY)
@@ -674,10 +656,7 @@ async fn an_mcp_server_gets_the_trace_in_meta() {
         &script,
         tool_calls(&[("call_m", "grafana__trace_context", json!({}))]),
     );
-    push(
-        &script,
-        streamed(&openai(), (openai().text_stream)(&["done"])),
-    );
+    push_answer(&script, &["done"]);
     let id = chat_once(&server, json!({"name": "mcp-1"}), "trace?").await;
     let session = session_json(&server, &id).await;
     let result = session["messages"]

@@ -276,10 +276,9 @@ async fn a_real_alertmanager_pages_kortex_and_the_verdict_reaches_the_channel() 
     assert!(question.contains(kortex::trigger::UNTRUSTED), "{question}");
     assert!(question.contains("web-1 restarts"), "{question}");
     let finished = eventually("investigation.finished delivered", || async {
-        hook.got()
+        hook.events("investigation.finished")
             .into_iter()
-            .map(|(_, b)| b)
-            .find(|b| b["type"] == "investigation.finished")
+            .next()
             .ok_or_else(|| {
                 format!(
                     "{:?}",
@@ -456,12 +455,7 @@ async fn a_storm_runs_within_the_limits_and_nothing_is_lost() {
     assert_eq!(chat_calls(&script), 10);
     // One trigger.skipped notice for the storm (at most one an hour).
     let skipped = eventually("trigger.skipped delivered", || async {
-        let got: Vec<Value> = hook
-            .got()
-            .into_iter()
-            .map(|(_, b)| b)
-            .filter(|b| b["type"] == "trigger.skipped")
-            .collect();
+        let got: Vec<Value> = hook.events("trigger.skipped");
         if got.is_empty() {
             Err("none".to_owned())
         } else {
@@ -470,11 +464,7 @@ async fn a_storm_runs_within_the_limits_and_nothing_is_lost() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let again = hook
-        .got()
-        .into_iter()
-        .filter(|(_, b)| b["type"] == "trigger.skipped")
-        .count();
+    let again = hook.events("trigger.skipped").len();
     assert_eq!(again, 1);
     assert!(
         skipped[0]["data"]["reason"]
@@ -612,9 +602,7 @@ async fn an_accepted_alert_runs_once_after_a_crash() {
         "{question}"
     );
     let sent: String = script
-        .seen
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
+        .requests()
         .iter()
         .map(|s| s.body.to_string())
         .collect();

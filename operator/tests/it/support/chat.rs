@@ -118,14 +118,19 @@ pub async fn session(server: &Server, name: &str) -> String {
     open_session(server, json!({"name": name})).await
 }
 
-/// Opens a session described by `body` (its `name`, `namespace`...); its id.
-pub async fn open_session(server: &Server, body: Value) -> String {
-    let r = http_client()
+/// Asks for a new session described by `body`; the answer, whatever it is.
+pub async fn create_session(server: &Server, body: &Value) -> reqwest::Response {
+    http_client()
         .post(server.url("/chat/v1/sessions"))
-        .json(&body)
+        .json(body)
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Opens a session described by `body` (its `name`, `namespace`...); its id.
+pub async fn open_session(server: &Server, body: Value) -> String {
+    let r = create_session(server, &body).await;
     assert_eq!(r.status().as_u16(), 201, "{body}");
     let v: Value = r.json().await.unwrap_or_default();
     v["id"].as_str().unwrap_or_default().to_owned()
@@ -168,6 +173,12 @@ pub fn notices(events: &[Sse]) -> Vec<String> {
         .filter(|e| e.event == "notice")
         .filter_map(|e| e.data["message"].as_str().map(str::to_owned))
         .collect()
+}
+
+/// Asserts that one of the run's notices satisfies `check`.
+pub fn assert_notice(events: &[Sse], check: impl Fn(&str) -> bool) {
+    let all = notices(events);
+    assert!(all.iter().any(|n| check(n)), "{all:?}");
 }
 
 pub fn state(events: &[Sse]) -> Value {
@@ -224,6 +235,24 @@ pub async fn provider_usage(server: &Server, provider: &str, requests: i64) -> V
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     row
+}
+
+/// The entry named `name` of an API listing (its `items`); fails the test when there is none.
+pub fn listed<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list["items"]
+        .as_array()
+        .and_then(|a| a.iter().find(|i| i["name"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {list}"))
+}
+
+/// The condition of `kind` (its `type`) an API listing shows on `item`; `Null` when it has
+/// none.
+pub fn item_condition(item: &Value, kind: &str) -> Value {
+    item["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind))
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// Waits until the model ids the gateway lists to `key` satisfy `check`; returns them.

@@ -135,7 +135,9 @@ fn query_param(query: &str, key: &str) -> Option<String> {
 }
 
 impl FakeApi {
+    /// Starts one (and installs the TLS crypto provider its clients need).
     pub async fn start() -> Self {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let (events, _) = broadcast::channel(1024);
         let mut fake = Self {
             state: Arc::default(),
@@ -671,6 +673,19 @@ pub fn incidents_policy(proposals: Value) -> Value {
     json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "incidents", "namespace": "team-a"},
         "spec": {"sessions": ["*"], "provider": "gpt", "proposals": proposals}})
+}
+
+/// A fake API server holding the [`deployment`] and the [`incidents_policy`] with
+/// `proposals`, and a scripted provider (its URL and script): where a proposals test in
+/// cluster mode starts.
+pub async fn incidents_cluster(
+    proposals: Value,
+) -> (FakeApi, String, Arc<crate::support::provider::Script>) {
+    let fake = FakeApi::start().await;
+    let (llm, script) = crate::support::provider::mock().await;
+    fake.apply("deployments", deployment());
+    fake.apply("chatpolicies", incidents_policy(proposals));
+    (fake, llm, script)
 }
 
 pub fn deployment() -> Value {

@@ -47,6 +47,13 @@ pub struct Script {
     pub dropped_at: Mutex<Option<Instant>>,
 }
 
+impl Script {
+    /// The requests it has had so far, in order.
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 struct DropGuard(Arc<Script>);
 
 impl Drop for DropGuard {
@@ -202,6 +209,17 @@ pub fn push(script: &Script, reply: Reply) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .push_back(reply);
+}
+
+/// An OpenAI-dialect answer streaming the text `pieces`.
+pub fn answer(pieces: &[&str]) -> Reply {
+    let d = openai();
+    streamed(&d, (d.text_stream)(pieces))
+}
+
+/// Scripts the next reply: an OpenAI-dialect answer streaming the text `pieces`.
+pub fn push_answer(script: &Script, pieces: &[&str]) {
+    push(script, answer(pieces));
 }
 
 /// Scripts the reply to the next GET (a model list).

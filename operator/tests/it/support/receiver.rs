@@ -56,6 +56,15 @@ impl Receiver {
             .collect()
     }
 
+    /// The bodies of the events of `kind` (their `type`) it has received, in order.
+    pub fn events(&self, kind: &str) -> Vec<Value> {
+        self.got()
+            .into_iter()
+            .map(|(_, b)| b)
+            .filter(|b| b["type"] == kind)
+            .collect()
+    }
+
     pub fn raw(&self, i: usize) -> String {
         self.seen.lock().unwrap_or_else(|e| e.into_inner())[i]
             .1
