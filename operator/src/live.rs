@@ -247,17 +247,17 @@ mod tests {
     // machine, a slow start) was taken as already seen and never loaded.
     #[tokio::test]
     async fn a_change_made_before_the_watcher_starts_is_loaded() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::tempdir().unwrap();
         let write = |name: &str| {
             std::fs::write(
                 dir.path().join(format!("{name}.yaml")),
                 PROVIDER.replace("NAME", name),
             )
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         };
         write("first");
-        let mut source = ManifestSource::new(vec![dir.path().to_path_buf()], Box::new(|_| None))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let mut source =
+            ManifestSource::new(vec![dir.path().to_path_buf()], Box::new(|_| None)).unwrap();
         let metrics = Arc::new(Metrics::new());
         let initial = load(&mut source, None, &metrics);
         assert_eq!(initial.catalog.providers.len(), 1);

@@ -1,6 +1,13 @@
 //! The chat engine: sessions, runs and their event log. A message starts a run; the run
 //! streams from the session's provider step by step, persisting every SSE event (with a
 //! database-issued per-session sequence number) before publishing it to live followers.
+//!
+//! Owns: the run loop (`run`), run control (`control`), the plan gate (`plan`),
+//! `propose_action` and the sessions it tells (`proposals`), the one tool-call path of every
+//! door (`tool_calls`), side jobs (`roles`: titles, triage, follow-ups, handovers), calls a
+//! provider delegates back over MCP (`delegate`). The engine registers its two router tools
+//! (`propose_action`, `submit_plan`) when it is made. Imports `operator`, `proposals`,
+//! `tools`, `govern` and below; never `trigger`, `http` or `cli`.
 
 pub mod context;
 pub mod control;
@@ -393,6 +400,9 @@ impl Engine {
 
     /// [`Self::start_run`] with the run's id chosen by the caller: a trigger's event id, so
     /// that the run an event started is found again after a crash and never started twice.
+    // Long because a run's start is one ordered claim: the session, the policy's runs in
+    // flight, its budgets, then the question stored and the run recorded, each undone if
+    // a later one refuses.
     pub async fn start_run_with_id(
         self: &Arc<Self>,
         session: &SessionRecord,

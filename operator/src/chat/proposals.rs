@@ -160,6 +160,8 @@ fn suffix() -> String {
 
 /// Runs a `propose_action` call: validates it against the policy, stores the proposal and
 /// announces it. `Err` is the tool's error result for the model.
+// Long because it is one validation after another, each with the reason the model is told,
+// then the record (and, in a cluster, the object) written in order.
 pub async fn propose(
     engine: &Engine,
     session: &SessionRecord,
@@ -473,6 +475,8 @@ pub enum UndoError {
 /// `kubectl kortex undo` asks the leader): a new `Pending` proposal named `undo-NAME`,
 /// pinned and previewed like any other, that people decide as usual. One per proposal:
 /// asking again returns the first (`false`: not created now).
+// Long because each refusal (not executed, no inverse, asked already) says why in its own
+// words before the inverse is pinned, previewed and stored like any proposal.
 pub async fn undo(
     engine: &Engine,
     p: &ProposalRecord,

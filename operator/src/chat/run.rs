@@ -47,6 +47,8 @@ enum End {
 }
 
 /// Runs to the end and records the outcome (session status, run row, lifecycle event).
+// Long because it is the run's whole lifecycle in order: claim, steps, the end recorded
+// (session status, run row, lifecycle event) for each way a run ends.
 pub async fn run(
     engine: &Engine,
     session: &SessionRecord,
@@ -426,6 +428,8 @@ fn prepare<'a>(
 /// The run's steps: at each boundary a pause parks it and redirects join; the step is
 /// answered (with failover), the answer kept, and its tool calls carried out; until an
 /// answer without calls, a wait (client tools, a plan), a cancel, or `maxToolDepth`.
+// Long because one step's parts are read best in sequence (boundary, offer, answer, keep,
+// carry out); each part is a function of its own.
 async fn steps(
     engine: &Engine,
     session: &SessionRecord,
@@ -920,11 +924,7 @@ async fn answer_step(
         }
         let max_tokens = adapter.config().max_tokens;
         let (mut request, redactions) = attempt_request(
-            RunRef {
-                engine,
-                session,
-                run_id,
-            },
+            run,
             adapter.as_ref(),
             &model,
             fast.is_some(),
@@ -956,32 +956,7 @@ async fn answer_step(
                 }));
             }
         };
-        // The run's own credential for the provider's calls to /mcp: it goes into
-        // `stream_step` and is revoked as that returns (the call ended, failed, or was
-        // cancelled).
-        let mut delegated = None;
-        if delegating {
-            let (tx, rx) = tokio::sync::mpsc::channel(8);
-            let grant = engine.delegations.grant(super::delegate::Delegation {
-                session_id: session.id.clone(),
-                run_id: run_id.to_owned(),
-                user: session.user.clone(),
-                policy: format!("{}/{policy}", session.namespace),
-                session_name: session.name.clone(),
-                tools: delegable.tools.clone(),
-                calls: tx,
-            });
-            request.mcp = engine
-                .local_mcp
-                .get()
-                .map(|url| llm::claude_code::McpBridge {
-                    url: url.clone(),
-                    token: grant.token(),
-                });
-            request.max_turns = Some(delegable.max_turns);
-            request.tools = delegable.tools.clone();
-            delegated = Some((rx, grant));
-        }
+        let delegated = delegating.then(|| delegate(run, &policy, delegable, &mut request));
         let caller = tool_calls::CallScope {
             session,
             run_id,
@@ -1016,22 +991,7 @@ async fn answer_step(
         .instrument(call_span.clone())
         .await?;
         let latency_ms = started.elapsed().as_millis() as i64;
-        let answered: Option<(String, Vec<ToolCall>)> =
-            (capture && !call_span.is_disabled()).then(|| {
-                let mut calls = out.calls.clone();
-                for c in &mut calls {
-                    redactor.value(&mut c.input);
-                }
-                (redactor.text(&out.text).0, calls)
-            });
-        llm::semconv::end(
-            &call_span,
-            &out.model,
-            out.usage,
-            out.error.is_none().then_some(out.stop_reason),
-            out.error.as_ref().map(|e| e.kind.as_str()),
-            answered.as_ref().map(|(t, c)| (t.as_str(), c.as_slice())),
-        );
+        end_span(&call_span, &out, capture.then_some(redactor));
         let served = if out.model.is_empty() {
             model.clone()
         } else {
@@ -1079,25 +1039,7 @@ async fn answer_step(
             // unsupported parameter) hands it to the full model too.
             if let Some(why) = escalation(&out) {
                 routing.escalated = true;
-                let text = format!(
-                    "the fast model {}/{model} {why}; {} answers instead",
-                    route.provider, route.model
-                );
-                notice(engine, session, run_id, &text).await?;
-                engine
-                    .store
-                    .record_decision(&NewDecision {
-                        kind: "escalation".into(),
-                        policy: Some(policy.clone()),
-                        subject: format!(
-                            "{}/{model} -> {}/{}",
-                            route.provider, route.provider, route.model
-                        ),
-                        outcome: "escalated".into(),
-                        detail: json!({"step": step, "reason": why}),
-                        ..session_decision(session, run_id)
-                    })
-                    .await?;
+                escalate(run, (&policy, step), &route, &model, why).await?;
                 continue;
             }
             // The fast answer stands: the user sees it now.
@@ -1111,6 +1053,102 @@ async fn answer_step(
             model: served,
         }));
     }
+}
+
+/// The run's own credential for the provider's calls to /mcp, with `request` set to use
+/// it: it goes into `stream_step` and is revoked as that returns (the call ended, failed,
+/// or was cancelled).
+fn delegate(
+    run: RunRef<'_>,
+    policy: &str,
+    delegable: &Delegable<'_>,
+    request: &mut ChatRequest,
+) -> (
+    tokio::sync::mpsc::Receiver<super::delegate::DelegatedCall>,
+    super::delegate::Grant,
+) {
+    let RunRef {
+        engine,
+        session,
+        run_id,
+    } = run;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let grant = engine.delegations.grant(super::delegate::Delegation {
+        session_id: session.id.clone(),
+        run_id: run_id.to_owned(),
+        user: session.user.clone(),
+        policy: format!("{}/{policy}", session.namespace),
+        session_name: session.name.clone(),
+        tools: delegable.tools.clone(),
+        calls: tx,
+    });
+    request.mcp = engine
+        .local_mcp
+        .get()
+        .map(|url| llm::claude_code::McpBridge {
+            url: url.clone(),
+            token: grant.token(),
+        });
+    request.max_turns = Some(delegable.max_turns);
+    request.tools = delegable.tools.clone();
+    (rx, grant)
+}
+
+/// Ends a provider call's span with what it answered (redacted, when the policy captures
+/// content: `capture` is its redactor).
+fn end_span(span: &tracing::Span, out: &StepOutcome, capture: Option<&crate::redact::Redactor>) {
+    let answered: Option<(String, Vec<ToolCall>)> =
+        capture.filter(|_| !span.is_disabled()).map(|redactor| {
+            let mut calls = out.calls.clone();
+            for c in &mut calls {
+                redactor.value(&mut c.input);
+            }
+            (redactor.text(&out.text).0, calls)
+        });
+    llm::semconv::end(
+        span,
+        &out.model,
+        out.usage,
+        out.error.is_none().then_some(out.stop_reason),
+        out.error.as_ref().map(|e| e.kind.as_str()),
+        answered.as_ref().map(|(t, c)| (t.as_str(), c.as_slice())),
+    );
+}
+
+/// Tells the user and the audit log that the fast model `model` hands step `step` to the
+/// route's full model, and why.
+async fn escalate(
+    run: RunRef<'_>,
+    (policy, step): (&str, u32),
+    route: &route::Route,
+    model: &str,
+    why: &str,
+) -> Result<(), crate::store::StoreError> {
+    let RunRef {
+        engine,
+        session,
+        run_id,
+    } = run;
+    let text = format!(
+        "the fast model {}/{model} {why}; {} answers instead",
+        route.provider, route.model
+    );
+    notice(engine, session, run_id, &text).await?;
+    engine
+        .store
+        .record_decision(&NewDecision {
+            kind: "escalation".into(),
+            policy: Some(policy.to_owned()),
+            subject: format!(
+                "{}/{model} -> {}/{}",
+                route.provider, route.provider, route.model
+            ),
+            outcome: "escalated".into(),
+            detail: json!({"step": step, "reason": why}),
+            ..session_decision(session, run_id)
+        })
+        .await?;
+    Ok(())
 }
 
 /// Moves `routing` to its next route after `error` on `route`, recording the failover (a

@@ -2,6 +2,9 @@
 //! routes in failover order ([`route`]), budgets ([`budget`]) and the one accounting path
 //! ([`Governor`]): a call is admitted, its estimated cost reserved, and its usage settled —
 //! a `usage_events` row, the daily roll-up, the budget counters and the metrics, together.
+//! Every caller of a provider keeps an attempt's books the same way ([`attempt`]); rate
+//! limits ([`rate`]) and reachability ([`reach`]) sit beside them. Imports `llm`, `store`,
+//! `catalog` and below.
 
 pub mod attempt;
 pub mod budget;

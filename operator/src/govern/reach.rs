@@ -287,10 +287,10 @@ mod tests {
         let object = |kind: &str, name: &str, spec: serde_json::Value| json!({"apiVersion": "kortex.dev/v1alpha1", "kind": kind, "metadata": {"name": name, "namespace": "default"}, "spec": spec});
         let set = ObjectSet {
             providers: vec![
-                serde_json::from_value(object("LLMProvider", "ollama", json!({"type": "ollama", "baseUrl": "http://127.0.0.1:11434", "defaultModel": "qwen3:4b"}))).unwrap_or_else(|e| panic!("{e}")),
-                serde_json::from_value(object("LLMProvider", "local", json!({"type": "openai-compatible", "baseUrl": "http://127.0.0.1:8000/v1", "defaultModel": "m"}))).unwrap_or_else(|e| panic!("{e}")),
+                serde_json::from_value(object("LLMProvider", "ollama", json!({"type": "ollama", "baseUrl": "http://127.0.0.1:11434", "defaultModel": "qwen3:4b"}))).unwrap(),
+                serde_json::from_value(object("LLMProvider", "local", json!({"type": "openai-compatible", "baseUrl": "http://127.0.0.1:8000/v1", "defaultModel": "m"}))).unwrap(),
             ],
-            policies: vec![serde_json::from_value(object("ChatPolicy", "default", json!({"sessions": ["*"], "provider": "ollama", "fallbackProviders": ["local"]}))).unwrap_or_else(|e| panic!("{e}"))],
+            policies: vec![serde_json::from_value(object("ChatPolicy", "default", json!({"sessions": ["*"], "provider": "ollama", "fallbackProviders": ["local"]}))).unwrap()],
             ..Default::default()
         };
         let now = jiff::Timestamp::now();

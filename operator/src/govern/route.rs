@@ -189,7 +189,7 @@ mod tests {
                 "apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
                 "metadata": {"name": name, "namespace": "ops"}, "spec": spec
             }))
-            .unwrap_or_else(|e| panic!("{e}"))
+            .unwrap()
         };
         let set = ObjectSet {
             providers: vec![
@@ -211,14 +211,14 @@ mod tests {
                     "apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
                     "metadata": {"name": "p", "namespace": "ops"}, "spec": policy
                 }))
-                .unwrap_or_else(|e| panic!("{e}")),
+                .unwrap(),
             ],
             secrets: vec![
                 serde_json::from_value(json!({
                     "apiVersion": "v1", "kind": "Secret",
                     "metadata": {"name": "keys", "namespace": "ops", "labels": {"kortex.dev/use": "true"}}, "stringData": {"a": "sk-a-123456"}
                 }))
-                .unwrap_or_else(|e| panic!("{e}")),
+                .unwrap(),
             ],
             ..Default::default()
         };

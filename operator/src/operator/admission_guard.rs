@@ -418,10 +418,8 @@ mod tests {
     /// trusting `user`.
     fn shipped(user: &str) -> (Value, Value) {
         let mut docs = SHIPPED_POLICY.split("\n---\n");
-        let mut policy: Value = serde_saphyr::from_str(docs.next().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let binding: Value = serde_saphyr::from_str(docs.next().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("{e}"));
+        let mut policy: Value = serde_saphyr::from_str(docs.next().unwrap_or_default()).unwrap();
+        let binding: Value = serde_saphyr::from_str(docs.next().unwrap_or_default()).unwrap();
         for v in policy["spec"]["variables"]
             .as_array_mut()
             .into_iter()
@@ -449,7 +447,7 @@ mod tests {
 
     #[test]
     fn the_shipped_policy_bound_everywhere_is_enforced() {
-        let expected = expected(KORTEX).unwrap_or_else(|e| panic!("{e}"));
+        let expected = expected(KORTEX).unwrap();
         let (policy, binding) = shipped(KORTEX);
         assert_eq!(
             unenforced(
@@ -475,7 +473,7 @@ mod tests {
 
     #[test]
     fn every_way_of_weakening_the_policy_stops_execution() {
-        let expected = expected(KORTEX).unwrap_or_else(|e| panic!("{e}"));
+        let expected = expected(KORTEX).unwrap();
         let (policy, binding) = shipped(KORTEX);
         let refused = |policies: &[Value], bindings: &[Value], expect: &str| {
             let why = unenforced(&expected, policies, bindings, Some(&labels("shop", &[])))
@@ -562,7 +560,7 @@ mod tests {
 
     #[test]
     fn a_binding_for_some_namespaces_guards_those_only() {
-        let expected = expected(KORTEX).unwrap_or_else(|e| panic!("{e}"));
+        let expected = expected(KORTEX).unwrap();
         let (policy, mut binding) = shipped(KORTEX);
         binding["spec"]["matchResources"] = json!({"namespaceSelector": {"matchExpressions": [
             {"key": "team", "operator": "In", "values": ["shop", "pay"]}]}});

@@ -183,7 +183,7 @@ mod tests {
             "addressType": "IPv4",
             "endpoints": [{"addresses": addresses}],
         }))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     }
 
     #[test]
@@ -193,7 +193,7 @@ mod tests {
             slice("kortex-metrics", &["10.244.0.7", "10.244.0.8"]),
             slice("postgres", &["10.244.0.9"]),
         ];
-        let own: Vec<IpAddr> = vec!["10.244.0.7".parse().unwrap_or_else(|e| panic!("{e}"))];
+        let own: Vec<IpAddr> = vec!["10.244.0.7".parse().unwrap()];
         assert_eq!(services_of(&slices, &own), ["kortex", "kortex-metrics"]);
         assert_eq!(
             service_names("kortex", "ops", "cluster.local."),

@@ -374,12 +374,12 @@ mod tests {
             "apiVersion": "kortex.dev/v1alpha1", "kind": "LLMProvider",
             "metadata": {"name": "local", "namespace": "ops", "generation": 2},
             "spec": {"type": "ollama", "defaultModel": "llama3"}}))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let policy: ChatPolicy = serde_json::from_value(serde_json::json!({
             "apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
             "metadata": {"name": "all", "namespace": "ops"},
             "spec": {"sessions": ["*"], "provider": "local"}}))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         crate::catalog::compile(
             &ObjectSet {
                 providers: vec![provider],

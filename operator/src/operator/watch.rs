@@ -479,7 +479,7 @@ mod tests {
     use super::*;
 
     fn dynamic(value: serde_json::Value) -> Arc<DynamicObject> {
-        Arc::new(serde_json::from_value(value).unwrap_or_else(|e| panic!("{e}")))
+        Arc::new(serde_json::from_value(value).unwrap())
     }
 
     #[test]
@@ -512,12 +512,12 @@ mod tests {
             "metadata": {"name": "p", "namespace": "a"},
             "spec": {"type": "openai", "apiKeySecretRef": {"name": "keys", "key": "openai"},
                 "headers": [{"name": "X-Org", "valueFrom": {"secretKeyRef": {"name": "org", "key": "id"}}}]}}))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let tool: KortexTool = serde_json::from_value(serde_json::json!({
             "apiVersion": "kortex.dev/v1alpha1", "kind": "KortexTool",
             "metadata": {"name": "t", "namespace": "b"},
             "spec": {"description": "d", "http": {"url": "http://x/y", "auth": {"type": "bearer", "secretRef": {"name": "keys", "key": "t"}}}}}))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let refs = referenced_secrets(&[provider], &[tool], &[]);
         assert_eq!(
             refs.into_iter().collect::<Vec<_>>(),

@@ -684,7 +684,7 @@ mod tests {
         let o: DynamicObject = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "api", "labels": {"kustomize.toolkit.fluxcd.io/name": "apps"},
                 "annotations": {"argocd.argoproj.io/tracking-id": "shop:apps/Deployment:shop/api"}}}))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         let w = gitops_warnings(&o);
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(
@@ -693,7 +693,7 @@ mod tests {
         );
         let plain: DynamicObject = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "api", "managedFields": [{"manager": "kubectl-client-side-apply"}]}}))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
         assert!(gitops_warnings(&plain).is_empty());
     }
 }

@@ -25,6 +25,8 @@ pub const EXECUTION_GRACE: jiff::SignedDuration = jiff::SignedDuration::from_sec
 
 /// The pure phase rules: what the proposal's state, the governing policy (as it is now;
 /// `None` when it is gone) and the time call for.
+// Long because it is the whole phase table in one match, so every transition can be read
+// (and tested, `the_phase_rules`) in one place.
 pub fn next(
     p: &ActionProposal,
     policy: Option<&ChatPolicySpec>,
@@ -172,7 +174,7 @@ mod tests {
                 "decision": decision},
             "status": {"phase": phase, "expiresAt": (now + jiff::SignedDuration::from_secs(expires_in)).to_string()}
         }))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap()
     }
 
     fn policy(extra: Value) -> ChatPolicySpec {
@@ -181,7 +183,7 @@ mod tests {
         if let (Some(p), Some(e)) = (spec["proposals"].as_object_mut(), extra.as_object()) {
             p.extend(e.clone());
         }
-        serde_json::from_value(spec).unwrap_or_else(|e| panic!("{e}"))
+        serde_json::from_value(spec).unwrap()
     }
 
     fn final_phase(t: &Transition) -> Option<(ProposalPhase, String)> {
@@ -192,6 +194,7 @@ mod tests {
     }
 
     #[test]
+    // Long because it walks the phase table row by row.
     fn the_phase_rules() {
         let now = jiff::Timestamp::now();
         let bob = json!({"verdict": "Approve", "by": "bob", "groups": ["sre"]});

@@ -2,7 +2,10 @@
 //! is sent), argument validation against each tool's JSON Schema, default and hard timeouts
 //! (policy overrides within the ceiling), result caps with large results kept server-side
 //! for `read_result_chunk`, every failure (panics included) turned into an `isError` result
-//! with an `errorKind`, one audit row and metrics per call.
+//! with an `errorKind`, one audit row and metrics per call. Every tool is a router tool:
+//! the two that record something for a session (`propose_action`, `submit_plan`) are
+//! registered by the chat engine and say so by their [`Effect`]. Imports `llm`, `store`,
+//! `redact`, `egress` and below; never a room above (they reach tools through [`Tool`]).
 
 pub mod admin_info;
 mod chunks;

@@ -502,6 +502,8 @@ pub async fn route_and_dispatch(
 ///
 /// A client that asked for no stream gets a non-streamed upstream call (`streamed: false`):
 /// servers that send no usage in streams report it in whole answers.
+// Long because one attempt's steps (adapter, request, books, call, failover) share its
+// state; the books are `govern::attempt`'s, the stream's settling is `Meter`'s.
 pub async fn dispatch(
     state: &AppState,
     caller: &KeyHolder,

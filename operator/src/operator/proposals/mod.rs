@@ -268,6 +268,8 @@ impl ClusterProposals {
     }
 
     /// One pass of the leader over every proposal.
+    // Long because it is the leader's pass in order: mirror, expire, decide, execute, each a
+    // short branch on the pure rules' answer (`proposals::rules::next`).
     pub async fn reconcile(&self, shared: &Arc<dyn ProposalHost>, proposals: &[ActionProposal]) {
         let host = shared.as_ref();
         let config = host.config();
