@@ -267,6 +267,8 @@ fn choose<'a>(
 }
 
 /// `kortex ask`.
+// Long because the command's steps in order: load, pick the provider and model, build the request,
+// print the stream's events as they come.
 pub async fn ask(args: AskArgs) -> Result<(), String> {
     let catalog = load(&args.source)?;
     let (entry, model) = choose(&catalog, &args)?;

@@ -243,6 +243,7 @@ impl StreamDecoder {
 impl Decoder for StreamDecoder {
     type Item = SseEvent;
 
+    // Long because a wire format's match over Anthropic's SSE event kinds; each arm is one event.
     fn feed(&mut self, event: SseEvent) -> Result<Vec<StreamEvent>, LlmError> {
         if event.data.is_empty() {
             return Ok(Vec::new());
