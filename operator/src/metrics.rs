@@ -307,6 +307,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Registers every metric.
+    // Long because the metric registry: one registration per metric.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("kortex");
         registry.register(

@@ -5,9 +5,9 @@
 //! name (`jan`, `mon`); weekday 7 is Sunday. As in cron, when both day fields are
 //! restricted a day matching either fires. Pure: no I/O.
 
-use jiff::civil::{Date, DateTime};
+use jiff::civil::{Date, DateTime, DateTimeRound};
 use jiff::tz::TimeZone;
-use jiff::{Timestamp, ToSpan};
+use jiff::{RoundMode, Span, Timestamp, ToSpan, Unit};
 
 /// A parsed expression.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -168,6 +168,10 @@ impl Cron {
             .ok()?;
         let limit = start.date().checked_add(5.years()).ok()?;
         let midnight = |d: Date| DateTime::from_parts(d, jiff::civil::Time::midnight());
+        let start_of_next = |dt: DateTime, unit: Unit, one: Span| -> Option<DateTime> {
+            let truncated = dt.round(DateTimeRound::new().smallest(unit).mode(RoundMode::Trunc));
+            truncated.ok()?.checked_add(one).ok()
+        };
         while dt.date() <= limit {
             if self.months & (1 << dt.month()) == 0 {
                 dt = midnight(dt.date().first_of_month().checked_add(1.month()).ok()?);
@@ -178,24 +182,11 @@ impl Cron {
                 continue;
             }
             if self.hours & (1 << dt.hour()) == 0 {
-                dt = dt
-                    .with()
-                    .minute(0)
-                    .second(0)
-                    .build()
-                    .ok()?
-                    .checked_add(1.hour())
-                    .ok()?;
+                dt = start_of_next(dt, Unit::Hour, 1.hour())?;
                 continue;
             }
             if self.minutes & (1 << dt.minute()) == 0 {
-                dt = dt
-                    .with()
-                    .second(0)
-                    .build()
-                    .ok()?
-                    .checked_add(1.minute())
-                    .ok()?;
+                dt = start_of_next(dt, Unit::Minute, 1.minute())?;
                 continue;
             }
             if self.seconds & (1 << dt.second()) == 0 {
@@ -262,6 +253,16 @@ mod tests {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))
     }
 
+    /// Asserts that `c`, read in UTC, first fires after `after` at `want`.
+    fn assert_next_utc(c: &Cron, after: &str, want: &str) {
+        let tz = TimeZone::UTC;
+        assert_eq!(
+            c.next_after(at(after, &tz), &tz),
+            Some(at(want, &tz)),
+            "after {after}"
+        );
+    }
+
     #[test]
     fn weekday_mornings_in_berlin() {
         let tz = time_zone(Some("Europe/Berlin")).unwrap_or_else(|e| panic!("{e}"));
@@ -278,17 +279,10 @@ mod tests {
 
     #[test]
     fn steps_lists_names_and_seconds() {
-        let tz = TimeZone::UTC;
         let c = cron("*/15 9-17 * jan,jul mon");
-        assert_eq!(
-            c.next_after(at("2027-01-04T09:05", &tz), &tz),
-            Some(at("2027-01-04T09:15", &tz))
-        );
+        assert_next_utc(&c, "2027-01-04T09:05", "2027-01-04T09:15");
         let every_2s = cron("*/2 * * * * *");
-        assert_eq!(
-            every_2s.next_after(at("2027-01-04T09:05:01", &tz), &tz),
-            Some(at("2027-01-04T09:05:02", &tz))
-        );
+        assert_next_utc(&every_2s, "2027-01-04T09:05:01", "2027-01-04T09:05:02");
         assert_eq!(cron("@daily"), cron("0 0 * * *"));
         assert_eq!(cron("0 0 * * 7"), cron("0 0 * * sun"));
         assert_eq!(cron("0 0 * * 1-7"), cron("0 0 * * 0-6"));
@@ -297,17 +291,10 @@ mod tests {
 
     #[test]
     fn either_day_field_fires_when_both_are_set() {
-        let tz = TimeZone::UTC;
         // The 13th, or any Friday.
         let c = cron("0 0 13 * 5");
-        assert_eq!(
-            c.next_after(at("2026-11-01T00:00", &tz), &tz),
-            Some(at("2026-11-06T00:00", &tz))
-        );
-        assert_eq!(
-            c.next_after(at("2026-11-06T00:00", &tz), &tz),
-            Some(at("2026-11-13T00:00", &tz))
-        );
+        assert_next_utc(&c, "2026-11-01T00:00", "2026-11-06T00:00");
+        assert_next_utc(&c, "2026-11-06T00:00", "2026-11-13T00:00");
     }
 
     #[test]

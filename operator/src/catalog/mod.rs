@@ -330,6 +330,21 @@ fn compile_trigger(
     })
 }
 
+/// A condition of `type_`: `ready` (its reason and message) when there are no `problems`,
+/// else failed with `reason` and every problem.
+fn ready_unless(
+    type_: &'static str,
+    ready: (&'static str, String),
+    reason: &'static str,
+    problems: &[String],
+) -> Desired {
+    if problems.is_empty() {
+        Desired::ok(type_, ready.0, ready.1)
+    } else {
+        Desired::fail(type_, reason, problems.join("; "))
+    }
+}
+
 /// A policy's valid triggers and its `Triggers` condition (none without triggers): `False`
 /// naming each invalid trigger and why (the others still work).
 fn compile_triggers(spec: &crate::crd::ChatPolicySpec) -> (Vec<TriggerEntry>, Option<Desired>) {
@@ -352,19 +367,11 @@ fn compile_triggers(spec: &crate::crd::ChatPolicySpec) -> (Vec<TriggerEntry>, Op
             Err(e) => problems.push(format!("spec.triggers[{i}] ({}): {e}", t.name)),
         }
     }
-    let condition = if problems.is_empty() {
-        Desired::ok(
-            types::TRIGGERS,
-            reasons::TRIGGERS_READY,
-            format!("{} trigger(s) ready", ok.len()),
-        )
-    } else {
-        Desired::fail(
-            types::TRIGGERS,
-            reasons::INVALID_TRIGGER,
-            problems.join("; "),
-        )
-    };
+    let ready = (
+        reasons::TRIGGERS_READY,
+        format!("{} trigger(s) ready", ok.len()),
+    );
+    let condition = ready_unless(types::TRIGGERS, ready, reasons::INVALID_TRIGGER, &problems);
     (ok, Some(condition))
 }
 
@@ -662,6 +669,8 @@ fn egress_refusal(egress: &crate::egress::Egress, url: &str, open: bool) -> Opti
     egress.check_url(&url, open).err()
 }
 
+// Long because an LLMProvider's validation: one check per field of the kind and per provider type,
+// each with its own condition reason.
 fn compile_provider(
     p: &LLMProvider,
     secrets: &SecretIndex<'_>,
@@ -850,6 +859,8 @@ fn compile_provider(
     }
 }
 
+// Long because a KortexTool's validation: one check per field of the kind (http, mcp, auth, headers,
+// names), each with its own condition reason.
 fn compile_tools(
     tools: &[KortexTool],
     secrets: &SecretIndex<'_>,
@@ -1083,6 +1094,8 @@ fn valid_tool_name(name: &str) -> bool {
         && name.len() <= 48
 }
 
+// Long because a ChatPolicy's validation: one check per field of the kind, each with its own
+// condition reason.
 fn compile_policy(
     p: &ChatPolicy,
     providers: &BTreeMap<ObjectKey, ProviderEntry>,
@@ -1257,15 +1270,11 @@ fn compile_notify(
             (Err(e), _) | (_, Err(e)) => problems.push(format!("{}: {e}", t.name)),
         }
     }
-    let condition = if problems.is_empty() {
-        Desired::ok(
-            types::NOTIFY,
-            reasons::READY_TO_SEND,
-            format!("{} target(s) ready to send", out.len()),
-        )
-    } else {
-        Desired::fail(types::NOTIFY, reason, problems.join("; "))
-    };
+    let ready = (
+        reasons::READY_TO_SEND,
+        format!("{} target(s) ready to send", out.len()),
+    );
+    let condition = ready_unless(types::NOTIFY, ready, reason, &problems);
     (out, Some(condition))
 }
 

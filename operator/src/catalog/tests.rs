@@ -65,12 +65,17 @@ fn anthropic() -> LLMProvider {
     )
 }
 
-#[test]
-fn provider_with_missing_secret_is_unavailable_with_the_reason() {
-    let set = ObjectSet {
+/// The anthropic provider alone, without its key.
+fn anthropic_only() -> ObjectSet {
+    ObjectSet {
         providers: vec![anthropic()],
         ..Default::default()
-    };
+    }
+}
+
+#[test]
+fn provider_with_missing_secret_is_unavailable_with_the_reason() {
+    let set = anthropic_only();
     let cat = compile(&set, ts(10));
     let p = &cat.providers[&ObjectKey::new("default", "anthropic")];
     assert!(!p.available);
@@ -172,12 +177,19 @@ fn provider_spec_problems_are_named() {
     assert_eq!(o.locality(), Locality::Local);
 }
 
+/// When the anthropic provider's Ready condition last changed.
+fn ready_since(catalog: &Catalog) -> Option<Time> {
+    let status = catalog.providers[&ObjectKey::new("default", "anthropic")]
+        .object
+        .status
+        .clone()
+        .unwrap_or_default();
+    find(&status.conditions, "Ready").map(|c| c.last_transition_time.clone())
+}
+
 #[test]
 fn transition_times_survive_recompiles() {
-    let set = ObjectSet {
-        providers: vec![anthropic()],
-        ..Default::default()
-    };
+    let set = anthropic_only();
     let first = compile(&set, ts(10));
     // Feed the computed status back, as the cluster (or the manifest source) does.
     let set2 = ObjectSet {
@@ -189,15 +201,7 @@ fn transition_times_survive_recompiles() {
         ..Default::default()
     };
     let second = compile(&set2, ts(20));
-    let s = second.providers[&ObjectKey::new("default", "anthropic")]
-        .object
-        .status
-        .clone()
-        .unwrap_or_default();
-    assert_eq!(
-        find(&s.conditions, "Ready").map(|c| c.last_transition_time.clone()),
-        Some(Time(ts(10)))
-    );
+    assert_eq!(ready_since(&second), Some(Time(ts(10))));
     // The key appears: Ready flips, so its time moves.
     let set3 = ObjectSet {
         providers: set2.providers.clone(),
@@ -205,15 +209,7 @@ fn transition_times_survive_recompiles() {
         ..Default::default()
     };
     let third = compile(&set3, ts(30));
-    let s = third.providers[&ObjectKey::new("default", "anthropic")]
-        .object
-        .status
-        .clone()
-        .unwrap_or_default();
-    assert_eq!(
-        find(&s.conditions, "Ready").map(|c| c.last_transition_time.clone()),
-        Some(Time(ts(30)))
-    );
+    assert_eq!(ready_since(&third), Some(Time(ts(30))));
 }
 
 #[test]

@@ -198,6 +198,7 @@ impl Api {
 }
 
 /// `kortex chat`.
+// Long because the interactive loop: one arm per slash command and per event kind printed.
 pub async fn chat(args: ChatArgs) -> Result<(), String> {
     let api = Api::new(&args.server);
     let sessions = api

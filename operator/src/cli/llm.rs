@@ -116,99 +116,11 @@ pub async fn check(args: CheckArgs) -> Result<bool, String> {
     }
     let mut all_ok = true;
     let mut probes = std::collections::BTreeMap::new();
-    let probed = |key: &ObjectKey, reachable: bool, reason: &'static str, message: String| {
-        (
-            key.clone(),
-            llm::probe::ProbeResult {
-                reachable,
-                ok: reason == llm::probe::reasons::REACHABLE,
-                reason,
-                message,
-                models: Vec::new(),
-                latency_ms: 0,
-                checked_at: jiff::Timestamp::now(),
-            },
-        )
-    };
     for (key, entry) in providers {
-        let kind = entry.provider_type().as_str();
-        let url = entry.base_url().unwrap_or("-");
-        if !entry.available {
-            all_ok = false;
-            println!(
-                "✗ {} ({kind}, {url}): unavailable: {}",
-                key.name,
-                ready_message(entry)
-            );
-            continue;
-        }
-        let adapter = match llm::build(entry) {
-            Ok(a) => a,
-            Err(e) => {
-                all_ok = false;
-                println!("✗ {} ({kind}, {url}): {e}", key.name);
-                continue;
-            }
-        };
-        let started = Instant::now();
-        match adapter.list_models().await {
-            Ok(models) => {
-                let ms = started.elapsed().as_millis();
-                let shown: Vec<&str> = models.iter().take(8).map(String::as_str).collect();
-                let more = if models.len() > 8 {
-                    format!(", … ({} in all)", models.len())
-                } else {
-                    String::new()
-                };
-                let default = entry.default_model().unwrap_or("-");
-                let warn = if entry
-                    .default_model()
-                    .is_some_and(|m| !models.is_empty() && !models.iter().any(|x| x == m))
-                {
-                    format!("; default model {default} is not listed by the endpoint")
-                } else {
-                    String::new()
-                };
-                println!(
-                    "✓ {} ({kind}, {url}): reachable in {ms} ms, models: {}{more}{warn}",
-                    key.name,
-                    shown.join(", ")
-                );
-                let (k, p) = probed(key, true, llm::probe::reasons::REACHABLE, String::new());
-                probes.insert(k, p);
-            }
-            Err(e) if e.kind == ErrorKind::Auth => {
-                let (k, p) = probed(
-                    key,
-                    true,
-                    llm::probe::reasons::AUTH_FAILED,
-                    e.message.clone(),
-                );
-                probes.insert(k, p);
-                all_ok = false;
-                println!(
-                    "✗ {} ({kind}, {url}): reachable but the key was refused: {}",
-                    key.name, e.message
-                );
-            }
-            Err(e) => {
-                all_ok = false;
-                if matches!(e.kind, ErrorKind::Connection | ErrorKind::Timeout) {
-                    let (k, p) = probed(
-                        key,
-                        false,
-                        llm::probe::reasons::UNREACHABLE,
-                        e.message.clone(),
-                    );
-                    probes.insert(k, p);
-                }
-                println!(
-                    "✗ {} ({kind}, {url}): unreachable: {}: {}",
-                    key.name,
-                    e.kind.as_str(),
-                    e.message
-                );
-            }
+        let (ok, probe) = check_provider(key, entry).await;
+        all_ok &= ok;
+        if let Some(probe) = probe {
+            probes.insert(key.clone(), probe);
         }
     }
     // Each policy: what it would answer with now, or that nothing can, and the fix.
@@ -246,6 +158,88 @@ pub async fn check(args: CheckArgs) -> Result<bool, String> {
     Ok(all_ok)
 }
 
+/// One provider's line of `check`: whether it is usable, and what its probe found (none
+/// when it was not asked: unavailable, not buildable, or an error that says nothing of
+/// its reachability).
+async fn check_provider(
+    key: &ObjectKey,
+    entry: &ProviderEntry,
+) -> (bool, Option<llm::probe::ProbeResult>) {
+    let probed = |reachable: bool, reason: &'static str, message: String| llm::probe::ProbeResult {
+        reachable,
+        ok: reason == llm::probe::reasons::REACHABLE,
+        reason,
+        message,
+        models: Vec::new(),
+        latency_ms: 0,
+        checked_at: jiff::Timestamp::now(),
+    };
+    let kind = entry.provider_type().as_str();
+    let url = entry.base_url().unwrap_or("-");
+    if !entry.available {
+        println!(
+            "✗ {} ({kind}, {url}): unavailable: {}",
+            key.name,
+            ready_message(entry)
+        );
+        return (false, None);
+    }
+    let adapter = match llm::build(entry) {
+        Ok(a) => a,
+        Err(e) => {
+            println!("✗ {} ({kind}, {url}): {e}", key.name);
+            return (false, None);
+        }
+    };
+    let started = Instant::now();
+    match adapter.list_models().await {
+        Ok(models) => {
+            let ms = started.elapsed().as_millis();
+            let shown: Vec<&str> = models.iter().take(8).map(String::as_str).collect();
+            let more = if models.len() > 8 {
+                format!(", … ({} in all)", models.len())
+            } else {
+                String::new()
+            };
+            let default = entry.default_model().unwrap_or("-");
+            let warn = if entry
+                .default_model()
+                .is_some_and(|m| !models.is_empty() && !models.iter().any(|x| x == m))
+            {
+                format!("; default model {default} is not listed by the endpoint")
+            } else {
+                String::new()
+            };
+            println!(
+                "✓ {} ({kind}, {url}): reachable in {ms} ms, models: {}{more}{warn}",
+                key.name,
+                shown.join(", ")
+            );
+            let probe = probed(true, llm::probe::reasons::REACHABLE, String::new());
+            (true, Some(probe))
+        }
+        Err(e) if e.kind == ErrorKind::Auth => {
+            println!(
+                "✗ {} ({kind}, {url}): reachable but the key was refused: {}",
+                key.name, e.message
+            );
+            let probe = probed(true, llm::probe::reasons::AUTH_FAILED, e.message);
+            (false, Some(probe))
+        }
+        Err(e) => {
+            println!(
+                "✗ {} ({kind}, {url}): unreachable: {}: {}",
+                key.name,
+                e.kind.as_str(),
+                e.message
+            );
+            let probe = matches!(e.kind, ErrorKind::Connection | ErrorKind::Timeout)
+                .then(|| probed(false, llm::probe::reasons::UNREACHABLE, e.message));
+            (false, probe)
+        }
+    }
+}
+
 /// The provider and model `ask` uses.
 fn choose<'a>(
     catalog: &'a Catalog,
@@ -273,6 +267,8 @@ fn choose<'a>(
 }
 
 /// `kortex ask`.
+// Long because the command's steps in order: load, pick the provider and model, build the request,
+// print the stream's events as they come.
 pub async fn ask(args: AskArgs) -> Result<(), String> {
     let catalog = load(&args.source)?;
     let (entry, model) = choose(&catalog, &args)?;

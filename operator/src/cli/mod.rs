@@ -376,6 +376,8 @@ type EngineHook =
     Box<dyn FnOnce(&Arc<crate::chat::Engine>) -> Vec<tokio::task::JoinHandle<()>> + Send>;
 
 /// Serves until SIGTERM or Ctrl-C, then stops every task and closes the database.
+// Long because start-up in order: store, sources, catalog, metrics, background tasks, HTTP; each
+// step's result feeds the next.
 async fn run_server(server: Server) -> Result<(), String> {
     let Server {
         config_tx,

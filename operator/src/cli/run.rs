@@ -100,6 +100,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 const CALL_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `kortex run`.
+// Long because the command's steps in order (connect, start the run, follow its events, print the
+// answer), one arm per event kind printed.
 pub async fn run(args: RunArgs) -> Result<(), String> {
     let metrics = Arc::new(Metrics::new());
     let kube_config = super::cluster_config(None).await?.ok_or_else(|| {

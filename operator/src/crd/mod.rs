@@ -223,6 +223,11 @@ pub fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
 mod tests {
     use super::*;
 
+    /// What a validation refused, or nothing when it passed.
+    fn refusal<T, E: std::fmt::Display>(result: Result<T, E>) -> String {
+        result.err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
     fn parse<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
         serde_json::from_value(v).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -240,22 +245,16 @@ mod tests {
         let both = tool(
             serde_json::json!({"http": {"url": "http://a/x"}, "mcp": {"url": "http://m/mcp"}}),
         );
-        let err = validate_cel(&both)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = refusal(validate_cel(&both));
         assert!(
             err.contains("exactly one of spec.http or spec.mcp must be set"),
             "{err}"
         );
         assert!(validate_cel(&tool(serde_json::json!({}))).is_err());
         assert!(validate_cel(&tool(serde_json::json!({"mcp": {"url": "http://m/mcp"}}))).is_ok());
-        let err = validate_cel(&tool(
+        let err = refusal(validate_cel(&tool(
             serde_json::json!({"name": "a__b", "mcp": {"url": "http://m/mcp"}}),
-        ))
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        )));
         assert!(err.contains("may not contain '__'"), "{err}");
         let api_key = tool(
             serde_json::json!({"http": {"url": "http://a/x", "auth": {"type": "apiKey", "secretRef": {"name": "s", "key": "k"}}}}),
@@ -274,10 +273,7 @@ mod tests {
         assert!(validate_cel(&old).is_ok());
         let mut changed = base.clone();
         changed["action"] = "restart".into();
-        let err = validate_cel_update(&proposal(changed), &old)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = refusal(validate_cel_update(&proposal(changed), &old));
         assert!(
             err.contains("spec is immutable except spec.decision"),
             "{err}"
@@ -300,10 +296,7 @@ mod tests {
         );
         let mut flipped = base.clone();
         flipped["decision"] = serde_json::json!({"verdict": "Reject", "by": "bob"});
-        let err = validate_cel_update(&proposal(flipped), &decided)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let err = refusal(validate_cel_update(&proposal(flipped), &decided));
         assert!(err.contains("spec.decision is final once set"), "{err}");
         assert!(
             validate_cel_update(&old, &decided).is_err(),

@@ -764,6 +764,8 @@ fn not_waiting(id: &str) -> ApiError {
 
 /// `POST /chat/v1/sessions/{id}/tool-results`: 202 and the run resumes; 409 unless the
 /// session is `requires_action` (the first POST wins); 400 when ids are missing or extra.
+// Long because the checks of a tool-results POST (state, ids missing or extra, sizes) and the resume,
+// each with its own HTTP error.
 pub async fn tool_results(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,

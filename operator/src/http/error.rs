@@ -94,22 +94,23 @@ impl IntoResponse for ApiError {
 /// pass), 507 `storage_full` when its disk is full, 500 `internal` otherwise.
 impl From<crate::store::StoreError> for ApiError {
     fn from(e: crate::store::StoreError) -> Self {
-        if e.is_full() {
+        let (status, code, message) = if e.is_full() {
             tracing::error!(error = %e, "the database's disk is full");
-            return Self::new(
+            (
                 StatusCode::INSUFFICIENT_STORAGE,
                 "storage_full",
                 "the database's disk is full: nothing was stored; free space (or grow the volume) and retry",
-            );
-        }
-        if e.is_unavailable() {
+            )
+        } else if e.is_unavailable() {
             tracing::warn!(error = %e, "the database is unavailable");
-            return Self::new(
+            (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "database_unavailable",
                 "the database cannot be reached; retry in a moment",
-            );
-        }
-        Self::internal(e)
+            )
+        } else {
+            return Self::internal(e);
+        };
+        Self::new(status, code, message)
     }
 }

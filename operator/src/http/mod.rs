@@ -87,6 +87,7 @@ pub struct AppShared {
 }
 
 /// All routes.
+// Long because the route table: one line per route.
 pub fn router(state: AppState) -> Router {
     let api = Router::new()
         .route("/api/v1/llm/providers", get(config_api::providers))

@@ -46,36 +46,28 @@ async fn control(
     Ok((StatusCode::ACCEPTED, Json(out)).into_response())
 }
 
-/// `POST …/runs/{runId}/pause`: the run stops at its next step boundary.
-pub async fn pause(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, run)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    control(
-        &state,
-        &caller,
-        (&id, &run),
-        Control::Pause,
-        Input::default(),
-    )
-    .await
+/// A control handler that takes no body: the run's path in, the control applied.
+macro_rules! bodiless {
+    ($(#[$doc:meta])* $name:ident => $control:expr) => {
+        $(#[$doc])*
+        pub async fn $name(
+            State(state): State<AppState>,
+            Extension(caller): Extension<Caller>,
+            Path((id, run)): Path<(String, String)>,
+        ) -> Result<Response, ApiError> {
+            control(&state, &caller, (&id, &run), $control, Input::default()).await
+        }
+    };
 }
 
-/// `POST …/runs/{runId}/resume`.
-pub async fn resume(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, run)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    control(
-        &state,
-        &caller,
-        (&id, &run),
-        Control::Resume,
-        Input::default(),
-    )
-    .await
+bodiless! {
+    /// `POST …/runs/{runId}/pause`: the run stops at its next step boundary.
+    pause => Control::Pause
+}
+
+bodiless! {
+    /// `POST …/runs/{runId}/resume`.
+    resume => Control::Resume
 }
 
 /// `POST …/runs/{runId}/redirect` body.
@@ -115,20 +107,9 @@ pub async fn redirect(
     .await
 }
 
-/// `POST …/runs/{runId}/cancel` (the session's `/cancel` does the same for its run).
-pub async fn cancel(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, run)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    control(
-        &state,
-        &caller,
-        (&id, &run),
-        Control::Cancel,
-        Input::default(),
-    )
-    .await
+bodiless! {
+    /// `POST …/runs/{runId}/cancel` (the session's `/cancel` does the same for its run).
+    cancel => Control::Cancel
 }
 
 /// `POST …/runs/{runId}/plan/approve` body: optionally the step ids kept, in order.
@@ -154,20 +135,9 @@ pub async fn approve_plan(
     control(&state, &caller, (&id, &run), Control::ApprovePlan, input).await
 }
 
-/// `POST …/runs/{runId}/plan/reject`: the run is cancelled.
-pub async fn reject_plan(
-    State(state): State<AppState>,
-    Extension(caller): Extension<Caller>,
-    Path((id, run)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    control(
-        &state,
-        &caller,
-        (&id, &run),
-        Control::RejectPlan,
-        Input::default(),
-    )
-    .await
+bodiless! {
+    /// `POST …/runs/{runId}/plan/reject`: the run is cancelled.
+    reject_plan => Control::RejectPlan
 }
 
 /// `GET …/runs/{runId}/follow-ups`: the questions suggested after the run completed

@@ -243,6 +243,7 @@ impl StreamDecoder {
 impl Decoder for StreamDecoder {
     type Item = SseEvent;
 
+    // Long because a wire format's match over Anthropic's SSE event kinds; each arm is one event.
     fn feed(&mut self, event: SseEvent) -> Result<Vec<StreamEvent>, LlmError> {
         if event.data.is_empty() {
             return Ok(Vec::new());
@@ -391,14 +392,7 @@ impl Decoder for StreamDecoder {
     }
 
     fn finish(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
-        if self.done {
-            return Ok(Vec::new());
-        }
-        Err(LlmError::new(
-            ErrorKind::Protocol,
-            &self.provider,
-            "stream ended before message_stop",
-        ))
+        wire::ended(self.done, &self.provider, "message_stop")
     }
 }
 

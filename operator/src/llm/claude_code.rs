@@ -254,6 +254,8 @@ impl ClaudeCode {
     }
 
     /// Runs one call: the process's events, text as it comes.
+    // Long because the process's set-up (home, MCP bridge config, arguments, environment) and its event
+    // stream, each step depending on the one before.
     async fn run(&self, request: &ChatRequest) -> Result<ChatStream, LlmError> {
         let home = HomeDir::new().map_err(|e| {
             self.error(

@@ -236,14 +236,7 @@ impl Decoder for StreamDecoder {
     }
 
     fn finish(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
-        if self.done {
-            return Ok(Vec::new());
-        }
-        Err(LlmError::new(
-            ErrorKind::Protocol,
-            &self.provider,
-            "stream ended before \"done\": true",
-        ))
+        wire::ended(self.done, &self.provider, "\"done\": true")
     }
 }
 

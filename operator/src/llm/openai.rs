@@ -480,18 +480,11 @@ impl Decoder for StreamDecoder {
     }
 
     fn finish(&mut self) -> Result<Vec<StreamEvent>, LlmError> {
-        if self.done {
-            return Ok(Vec::new());
-        }
         // Some compatible servers end after the finish_reason without `[DONE]`.
-        if self.finish.is_some() {
+        if !self.done && self.finish.is_some() {
             return self.done_event();
         }
-        Err(LlmError::new(
-            ErrorKind::Protocol,
-            &self.provider,
-            "stream ended before a finish_reason or [DONE]",
-        ))
+        wire::ended(self.done, &self.provider, "a finish_reason or [DONE]")
     }
 }
 

@@ -91,6 +91,7 @@ pub async fn probe(entry: &ProviderEntry) -> ProbeResult {
         Err(e) => Err(e),
     };
     let latency_ms = started.elapsed().as_millis() as u64;
+    let claude_code = entry.provider_type() == crate::crd::ProviderType::ClaudeCode;
     let (reachable, ok, reason, message, models) = match outcome {
         Ok(models) => (
             true,
@@ -99,33 +100,23 @@ pub async fn probe(entry: &ProviderEntry) -> ProbeResult {
             format!("listed {} model(s) in {latency_ms} ms", models.len()),
             models,
         ),
-        Err(e)
-            if e.kind == ErrorKind::Auth
-                && entry.provider_type() == crate::crd::ProviderType::ClaudeCode =>
-        {
-            (
-                true,
-                false,
-                reasons::CLAUDE_CODE_AUTH_FAILED,
-                format!(
-                    "Claude Code refused the credential in spec.authSecretRef (renew it with `claude setup-token`): {}",
-                    e.message
-                ),
-                Vec::new(),
-            )
-        }
-        Err(e)
-            if e.kind == ErrorKind::Config
-                && entry.provider_type() == crate::crd::ProviderType::ClaudeCode =>
-        {
-            (
-                false,
-                false,
-                reasons::CLAUDE_CODE_UNUSABLE,
-                e.message,
-                Vec::new(),
-            )
-        }
+        Err(e) if e.kind == ErrorKind::Auth && claude_code => (
+            true,
+            false,
+            reasons::CLAUDE_CODE_AUTH_FAILED,
+            format!(
+                "Claude Code refused the credential in spec.authSecretRef (renew it with `claude setup-token`): {}",
+                e.message
+            ),
+            Vec::new(),
+        ),
+        Err(e) if e.kind == ErrorKind::Config && claude_code => (
+            false,
+            false,
+            reasons::CLAUDE_CODE_UNUSABLE,
+            e.message,
+            Vec::new(),
+        ),
         Err(e) if e.kind == ErrorKind::Auth => (
             true,
             false,

@@ -208,6 +208,8 @@ impl Recognizer {
     }
 
     /// Resolves the candidate at the start of the buffer.
+    // Long because one branch per tool-call dialect a model may write as text (<tool_call>, python_tag,
+    // [TOOL_CALLS], fenced JSON), tried in order at the buffer's start.
     fn resolve(&self, end: bool) -> Resolution {
         let b = self.buffer.as_str();
         if let Some(body) = b.strip_prefix(TOOL_CALL_OPEN) {

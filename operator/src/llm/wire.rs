@@ -436,6 +436,19 @@ pub trait Decoder: Send + 'static {
     fn finish(&mut self) -> Result<Vec<StreamEvent>, LlmError>;
 }
 
+/// A decoder's `finish`: nothing more when the protocol's final event (`before`) was seen,
+/// else the protocol error of a stream that ended before it.
+pub fn ended(done: bool, provider: &str, before: &str) -> Result<Vec<StreamEvent>, LlmError> {
+    if done {
+        return Ok(Vec::new());
+    }
+    Err(LlmError::new(
+        ErrorKind::Protocol,
+        provider,
+        format!("stream ended before {before}"),
+    ))
+}
+
 /// Which framing a body uses.
 #[derive(Clone, Copy)]
 pub enum Framing {

@@ -43,6 +43,7 @@ fn target(v: &Value) -> String {
 }
 
 impl Channel for Slack {
+    // Long because a match over the notification event types, each arm the Slack blocks of one type.
     fn render(&self, out: &Outgoing<'_>) -> Rendered {
         let event = &out.delivery.event;
         let p = &event.data;

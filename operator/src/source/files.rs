@@ -128,6 +128,8 @@ impl ManifestSource {
 
     /// Reads every file and returns the objects to serve. `now` becomes the
     /// `creationTimestamp` of objects seen for the first time.
+    // Long because one pass over the files: read, parse, keep last good versions of broken documents and
+    // report duplicates, all over the same maps.
     pub fn load(&mut self, now: jiff::Timestamp) -> Snapshot {
         // Taken before reading: a file changed while it is read shows as a change later.
         self.loaded = self.fingerprint();

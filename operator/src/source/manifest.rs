@@ -231,6 +231,17 @@ pub struct FileOutcome {
     pub problems: Vec<Problem>,
 }
 
+impl FileOutcome {
+    /// A document not taken: its problem, and its origin among the failed.
+    fn refuse(&mut self, origin: &Origin, problem: Problem) {
+        self.problems.push(problem);
+        self.failed.push(Failed {
+            origin: origin.clone(),
+            identity: None,
+        });
+    }
+}
+
 /// Splits a YAML stream into documents: `(1-based start line, text)`. A document separator
 /// is a `---` line (optionally followed by content) at column 0; `...` ends a document.
 pub fn split_documents(text: &str) -> Vec<(usize, String)> {
@@ -317,6 +328,17 @@ fn yaml_message(e: &serde_saphyr::Error) -> String {
     }
 }
 
+/// The string at `pointer` in `value`, or `default` where there is none.
+fn text_at(value: &Value, pointer: &str, default: &str) -> String {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or(default)
+        .to_owned()
+}
+
+// Long because a match over the kinds Kortex reads, with the checks every document goes through
+// (mapping, apiVersion, name, namespace) before it.
 fn parse_value(
     origin: &Origin,
     value: Value,
@@ -332,39 +354,28 @@ fn parse_value(
         message,
     };
     if !value.is_object() {
-        out.problems.push(problem(
-            None,
-            None,
-            "document is not a mapping (expected a Kubernetes object)".into(),
-        ));
-        out.failed.push(Failed {
-            origin: origin.clone(),
-            identity: None,
-        });
+        out.refuse(
+            origin,
+            problem(
+                None,
+                None,
+                "document is not a mapping (expected a Kubernetes object)".into(),
+            ),
+        );
         return;
     }
-    let api_version = value
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let kind_name = value
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
+    let api_version = text_at(&value, "/apiVersion", "");
+    let kind_name = text_at(&value, "/kind", "");
     if api_version.is_empty() || kind_name.is_empty() {
         let field = if api_version.is_empty() {
             "apiVersion"
         } else {
             "kind"
         };
-        out.problems
-            .push(problem(Some(field.into()), None, "Required value".into()));
-        out.failed.push(Failed {
-            origin: origin.clone(),
-            identity: None,
-        });
+        out.refuse(
+            origin,
+            problem(Some(field.into()), None, "Required value".into()),
+        );
         return;
     }
     let group = api_version.split_once('/').map(|(g, _)| g).unwrap_or("");
@@ -372,15 +383,11 @@ fn parse_value(
         ("v1", Some(Kind::Secret)) => Kind::Secret,
         (API_VERSION, Some(k)) if k != Kind::Secret => k,
         _ if group == GROUP => {
-            out.problems.push(problem(
+            out.refuse(origin, problem(
                 Some("apiVersion".into()),
                 None,
                 format!("{api_version} {kind_name} is not served by this Kortex (it serves {API_VERSION} LLMProvider, KortexTool, ChatPolicy and ActionProposal)"),
             ));
-            out.failed.push(Failed {
-                origin: origin.clone(),
-                identity: None,
-            });
             return;
         }
         _ => {
@@ -395,26 +402,17 @@ fn parse_value(
             return;
         }
     };
-    let name = value
-        .pointer("/metadata/name")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let namespace = value
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or("default")
-        .to_owned();
+    let name = text_at(&value, "/metadata/name", "");
+    let namespace = text_at(&value, "/metadata/namespace", "default");
     if name.is_empty() {
-        out.problems.push(problem(
-            Some("metadata.name".into()),
-            None,
-            format!("Required value: a {kind} needs a name"),
-        ));
-        out.failed.push(Failed {
-            origin: origin.clone(),
-            identity: None,
-        });
+        out.refuse(
+            origin,
+            problem(
+                Some("metadata.name".into()),
+                None,
+                format!("Required value: a {kind} needs a name"),
+            ),
+        );
         return;
     }
     let identity = Identity {

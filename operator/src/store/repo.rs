@@ -495,24 +495,29 @@ impl Store {
 
     /// Runs of `policy` (`namespace/name`) in flight, on every replica.
     pub async fn runs_in_flight(&self, policy: &str) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(
+        self.count_by(
             "SELECT count(*) FROM chat_runs WHERE policy = $1 AND status IN ('running', 'cancelling', 'pausing')",
+            policy,
         )
-        .bind(policy)
-        .fetch_one(&self.pool)
-        .await?;
+        .await
+    }
+
+    /// The `count(*)` of `sql`, its one parameter bound to `arg`.
+    async fn count_by(&self, sql: &'static str, arg: &str) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(sql)
+            .bind(arg)
+            .fetch_one(&self.pool)
+            .await?;
         Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Sessions of `user` that are not deleted.
     pub async fn count_sessions(&self, user: &str) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(
+        self.count_by(
             "SELECT count(*) FROM chat_sessions WHERE user_name = $1 AND deleted_at IS NULL AND origin = 'chat'",
+            user,
         )
-        .bind(user)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        .await
     }
 
     /// Refreshes the heartbeat of the runs `owner` executes whose task is alive (`live`);

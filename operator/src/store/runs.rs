@@ -132,22 +132,26 @@ impl Store {
 
     /// A run asked to pause parks at its step boundary: no task holds it any more.
     pub async fn park_run(&self, run_id: &str) -> Result<bool, StoreError> {
-        let stmt = sqlx::query(
+        self.park(
+            run_id,
             "UPDATE chat_runs SET status = 'paused', paused_at = $1 WHERE id = $2 AND status = 'pausing'",
         )
-        .bind(now_ms())
-        .bind(run_id);
-        self.changed(stmt).await
+        .await
+    }
+
+    /// Runs `sql`, a parking of `run_id` (`$1` the time it parks, `$2` the run).
+    async fn park(&self, run_id: &str, sql: &'static str) -> Result<bool, StoreError> {
+        self.changed(sqlx::query(sql).bind(now_ms()).bind(run_id))
+            .await
     }
 
     /// A run that stated a plan parks until a person decides it.
     pub async fn park_for_plan(&self, run_id: &str) -> Result<bool, StoreError> {
-        let stmt = sqlx::query(
+        self.park(
+            run_id,
             "UPDATE chat_runs SET status = 'awaiting_plan', paused_at = $1 WHERE id = $2 AND status = 'running'",
         )
-        .bind(now_ms())
-        .bind(run_id);
-        self.changed(stmt).await
+        .await
     }
 
     /// A paused run goes on, executed by `owner`.

@@ -39,43 +39,33 @@ struct Builtin {
     body: &'static str,
 }
 
+/// A built-in guide: `kortex.NAME`, its Markdown in `guides/NAME.md`, and the tools it covers.
+macro_rules! builtin {
+    ($name:literal, [$($tool:literal),* $(,)?]) => {
+        Builtin {
+            name: concat!("kortex.", $name),
+            tools: &[$($tool),*],
+            body: include_str!(concat!("guides/", $name, ".md")),
+        }
+    };
+}
+
 const BUILTIN: &[Builtin] = &[
-    Builtin {
-        name: "kortex.kubernetes",
-        tools: &[
+    builtin!(
+        "kubernetes",
+        [
             "get_resource",
             "list_resources",
             "get_events",
             "get_recent_deploys",
-            "get_admin_info",
-        ],
-        body: include_str!("guides/kubernetes.md"),
-    },
-    Builtin {
-        name: "kortex.logs",
-        tools: &["get_logs"],
-        body: include_str!("guides/logs.md"),
-    },
-    Builtin {
-        name: "kortex.prometheus",
-        tools: &["get_metrics", "compare_to_baseline"],
-        body: include_str!("guides/prometheus.md"),
-    },
-    Builtin {
-        name: "kortex.incident-history",
-        tools: &["get_incident_history"],
-        body: include_str!("guides/incident-history.md"),
-    },
-    Builtin {
-        name: "kortex.proposals",
-        tools: &["propose_action"],
-        body: include_str!("guides/proposals.md"),
-    },
-    Builtin {
-        name: "kortex.large-results",
-        tools: &["read_result_chunk"],
-        body: include_str!("guides/large-results.md"),
-    },
+            "get_admin_info"
+        ]
+    ),
+    builtin!("logs", ["get_logs"]),
+    builtin!("prometheus", ["get_metrics", "compare_to_baseline"]),
+    builtin!("incident-history", ["get_incident_history"]),
+    builtin!("proposals", ["propose_action"]),
+    builtin!("large-results", ["read_result_chunk"]),
 ];
 
 /// Whether `name` is one of the two guide tools.

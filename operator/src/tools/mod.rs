@@ -391,6 +391,8 @@ impl Router {
 
     /// Runs one call under the policy. Never fails: every problem is an error result.
     /// `on_slow` is called once if the call takes longer than [`SLOW_NOTICE_AFTER`].
+    // Long because one call's whole path under the policy (lookup, rules, approval, limits, timeouts,
+    // redaction, audit); each step can end the call with its own error result.
     pub async fn execute(
         &self,
         ctx: ToolContext,

@@ -403,6 +403,8 @@ impl Dispatcher {
         Ok(Outcome::Done)
     }
 
+    // Long because one arm per way an event settles (skipped, unchanged, resolved, started), checked in
+    // order against the policy, trigger and group state.
     async fn dispatch(&self, event: &TriggerEvent) -> Result<Outcome, StoreError> {
         // Started before a crash, settled never: settle it now, never start it twice.
         if let Some(session) = self.engine.store.run_session(&event.id).await? {
@@ -632,6 +634,8 @@ impl Dispatcher {
 
     /// Starts the run of `event` in `session` (or a new session named `name`), within the
     /// trigger's limits and under its identity.
+    // Long because the trigger's limits (per hour, in flight), its identity and the session choice are
+    // checked in order before the run starts, each settling the event its own way.
     async fn start(
         &self,
         event: &TriggerEvent,

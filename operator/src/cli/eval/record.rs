@@ -57,6 +57,7 @@ fn quoted(s: &str) -> String {
 
 /// The scenario written from a session's JSON (`GET /chat/v1/sessions/{id}`):
 /// `(scenario.yaml, tools/recorded.json)`.
+// Long because one pass over a session's messages writing the scenario's YAML line by line.
 pub fn scenario_from(session: &Value) -> Result<(String, Value), String> {
     let messages = session["messages"].as_array().cloned().unwrap_or_default();
     let question = messages

@@ -29,6 +29,8 @@ fn text_blocks(content: &Value, at: &str) -> Result<String, GatewayError> {
 }
 
 /// The provider-agnostic request of a Messages body.
+// Long because a wire format's match over Anthropic's content block types (text, image, tool_use,
+// tool_result, thinking); each arm is one part of the format, with its own refusal message.
 pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool), GatewayError> {
     let model = body["model"]
         .as_str()

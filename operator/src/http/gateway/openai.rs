@@ -42,6 +42,8 @@ fn text_of(content: &Value, at: &str) -> Result<String, GatewayError> {
 }
 
 /// The provider-agnostic request of a Chat Completions body.
+// Long because a wire format's match over OpenAI's message roles and content parts; each arm is one
+// part of the format, with its own refusal message.
 pub fn parse(body: &Value) -> Result<(String, ChatRequest, bool, bool), GatewayError> {
     let model = body["model"]
         .as_str()
@@ -329,6 +331,8 @@ pub async fn chat_completions(
     }
 }
 
+// Long because one Chat Completions request in order: parse, route, then the non-streamed body or the
+// stream's chunk shapes, each a piece of OpenAI's wire format.
 async fn handle(
     state: &AppState,
     headers: &HeaderMap,
@@ -473,6 +477,8 @@ pub async fn embeddings(
     }
 }
 
+// Long because the embeddings path in order: parse and check the request, pick the one provider, call it,
+// encode the vectors (float or base64) and meter; no failover, so no step is shared with chat.
 async fn handle_embeddings(
     state: &AppState,
     headers: &HeaderMap,

@@ -355,6 +355,8 @@ pub async fn create(State(state): State<AppState>, headers: HeaderMap, body: Byt
     }
 }
 
+// Long because one Responses request in order: earlier response, parse, route, then the stored and
+// streamed shapes of OpenAI's Responses events.
 async fn handle(
     state: &AppState,
     headers: &HeaderMap,
@@ -683,24 +685,20 @@ mod tests {
 
     #[test]
     fn hosted_tools_and_unknown_items_are_refused_by_name() {
-        let e = parse(
-            &json!({"model": "m", "input": "hi", "tools": [{"type": "web_search_preview"}]}),
-            Vec::new(),
-        )
-        .err()
-        .map(|e| e.message)
-        .unwrap_or_default();
+        let refused = |body: Value| {
+            parse(&body, Vec::new())
+                .err()
+                .map(|e| e.message)
+                .unwrap_or_default()
+        };
+        let e = refused(
+            json!({"model": "m", "input": "hi", "tools": [{"type": "web_search_preview"}]}),
+        );
         assert!(
             e.contains("web_search_preview is one of OpenAI's hosted tools"),
             "{e}"
         );
-        let e = parse(
-            &json!({"model": "m", "input": [{"type": "input_image"}]}),
-            Vec::new(),
-        )
-        .err()
-        .map(|e| e.message)
-        .unwrap_or_default();
+        let e = refused(json!({"model": "m", "input": [{"type": "input_image"}]}));
         assert!(
             e.starts_with("input[0].type \"input_image\" is not supported"),
             "{e}"

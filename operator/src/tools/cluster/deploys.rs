@@ -397,22 +397,13 @@ mod tests {
         );
         let on_delete = json!({"updateStrategy": {"type": "OnDelete"}});
         assert!(rollout_state("DaemonSet", &sts(on_delete, json!({}))).starts_with("unknown"));
-        let ds = |status: serde_json::Value| sts(json!({}), status);
-        assert_eq!(
-            rollout_state(
-                "DaemonSet",
-                &ds(json!({"observedGeneration": 2, "desiredNumberScheduled": 4,
-                "updatedNumberScheduled": 4, "numberAvailable": 3}))
-            ),
-            "progressing: 3 of 4 updated pods available"
-        );
-        assert_eq!(
-            rollout_state(
-                "DaemonSet",
-                &ds(json!({"observedGeneration": 2, "desiredNumberScheduled": 4,
-                "updatedNumberScheduled": 4, "numberAvailable": 4}))
-            ),
-            "complete"
-        );
+        for (available, want) in [
+            (3, "progressing: 3 of 4 updated pods available"),
+            (4, "complete"),
+        ] {
+            let status = json!({"observedGeneration": 2, "desiredNumberScheduled": 4,
+                "updatedNumberScheduled": 4, "numberAvailable": available});
+            assert_eq!(rollout_state("DaemonSet", &sts(json!({}), status)), want);
+        }
     }
 }

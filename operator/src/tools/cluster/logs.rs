@@ -293,6 +293,8 @@ impl ClusterTool for GetLogs {
     }
 }
 
+// Long because the tool's arguments, the pod/container choice, the read and the filtering are one
+// pipeline whose every step depends on the last; split pieces would pass a dozen values.
 async fn get_logs(cluster: &Cluster, input: &Value) -> Result<String, ToolError> {
     let namespace = required(input, "namespace")?;
     let str_arg = |k: &str| input[k].as_str().filter(|s| !s.is_empty());

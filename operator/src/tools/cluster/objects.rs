@@ -271,6 +271,7 @@ impl ClusterTool for ListResources {
 }
 
 /// A compact view of an object: identity, age and what its kind's status says.
+// Long because a match over workload kinds, each arm the status fields that kind says.
 fn summary(kind: &str, o: &Value) -> Value {
     let meta = &o["metadata"];
     let mut s = json!({

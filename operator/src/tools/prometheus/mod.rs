@@ -423,6 +423,29 @@ fn dedup(items: Vec<String>) -> Vec<String> {
     out
 }
 
+/// The default and hard timeouts of a Prometheus tool's call.
+const TIMEOUTS: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(300));
+
+/// A Prometheus tool's parameters: `query` (its description showing `example`), `window`
+/// (`window` says its default) and the tool's own `extra` properties.
+fn parameters(example: &str, window: &str, extra: Value) -> Value {
+    let mut properties = json!({
+        "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
+            "description": format!("PromQL expression, e.g. '{example}'.")},
+        "window": {"type": "string", "maxLength": 100,
+            "description": format!("{window}: {}.", window::WINDOW_HELP)},
+    });
+    if let (Some(properties), Value::Object(extra)) = (properties.as_object_mut(), extra) {
+        properties.extend(extra);
+    }
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": ["query"],
+        "additionalProperties": false
+    })
+}
+
 /// `get_metrics`.
 struct GetMetrics(Arc<Prometheus>);
 
@@ -444,52 +467,47 @@ impl Tool for GetMetrics {
                 "To ask whether the current values are unusual, use compare_to_baseline."
             )
             .into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
-                        "description": "PromQL expression, e.g. 'sum by (pod) (rate(container_cpu_usage_seconds_total{namespace=\"shop\"}[5m]))'."},
-                    "window": {"type": "string", "maxLength": 100,
-                        "description": format!("The time range (default 'last 1h'): {}.", window::WINDOW_HELP)},
+            parameters: parameters(
+                "sum by (pod) (rate(container_cpu_usage_seconds_total{namespace=\"shop\"}[5m]))",
+                "The time range (default 'last 1h')",
+                json!({
                     "step": {"type": "string", "maxLength": 40,
                         "description": "Resolution, e.g. '15s', '1m', '5m' (default: the window / 120, rounded up to whole seconds). At most 11000 points per series: a 7d window needs a step of at least 55s."}
-                },
-                "required": ["query"],
-                "additionalProperties": false
-            }),
+                }),
+            ),
         }
     }
 
     fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(30), Duration::from_secs(300))
+        TIMEOUTS
     }
 
     fn call(&self, _ctx: ToolContext, input: Value) -> ToolFuture {
-        let prometheus = self.0.clone();
-        Box::pin(async move {
-            let query = query_arg(&input)?;
-            let window = window_arg(&input, METRICS_WINDOW)?;
-            let length = length(&window);
-            let step = match &input["step"] {
-                Value::Null => default_step(length),
-                Value::String(s) => window::duration(s).map_err(|e| {
-                    ToolError::Validation(format!(
-                        "invalid step: {e}; use e.g. '30s', '1m' or '5m'"
-                    ))
-                })?,
-                _ => {
-                    return Err(ToolError::Validation(
-                        "step must be a string such as '30s', '1m' or '5m'".into(),
-                    ));
-                }
-            };
-            check_points(length, step).map_err(ToolError::Validation)?;
-            let matrix = prometheus
-                .query_range(&query, window.start, window.end, step)
-                .await?;
-            Ok(metrics_result(&query, &window, step, matrix).to_string())
-        })
+        Box::pin(get_metrics(self.0.clone(), input))
     }
+}
+
+/// `get_metrics` with `input`.
+async fn get_metrics(prometheus: Arc<Prometheus>, input: Value) -> Result<String, ToolError> {
+    let query = query_arg(&input)?;
+    let window = window_arg(&input, METRICS_WINDOW)?;
+    let length = length(&window);
+    let step = match &input["step"] {
+        Value::Null => default_step(length),
+        Value::String(s) => window::duration(s).map_err(|e| {
+            ToolError::Validation(format!("invalid step: {e}; use e.g. '30s', '1m' or '5m'"))
+        })?,
+        _ => {
+            return Err(ToolError::Validation(
+                "step must be a string such as '30s', '1m' or '5m'".into(),
+            ));
+        }
+    };
+    check_points(length, step).map_err(ToolError::Validation)?;
+    let matrix = prometheus
+        .query_range(&query, window.start, window.end, step)
+        .await?;
+    Ok(metrics_result(&query, &window, step, matrix).to_string())
 }
 
 /// The `get_metrics` result.
@@ -629,77 +647,82 @@ impl Tool for CompareToBaseline {
                 "Daily patterns make a 24 h baseline wide; compare with baselineHours 168 for weekly ones."
             )
             .into(),
-            parameters: json!({
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS,
-                        "description": "PromQL expression, e.g. 'sum(rate(http_requests_total{namespace=\"shop\",code=~\"5..\"}[5m]))'."},
-                    "window": {"type": "string", "maxLength": 100,
-                        "description": format!("The period to check (default 'last 15m'): {}.", window::WINDOW_HELP)},
+            parameters: parameters(
+                "sum(rate(http_requests_total{namespace=\"shop\",code=~\"5..\"}[5m]))",
+                "The period to check (default 'last 15m')",
+                json!({
                     "baselineHours": {"type": "integer", "minimum": 1, "maximum": 168, "default": BASELINE_HOURS,
                         "description": "Length of the baseline, which ends where the window starts."},
                     "threshold": {"type": "number", "exclusiveMinimum": 0, "maximum": 1000, "default": THRESHOLD,
                         "description": "The |z| from which a series is an anomaly."}
-                },
-                "required": ["query"],
-                "additionalProperties": false
-            }),
+                }),
+            ),
         }
     }
 
     fn timeouts(&self) -> (Duration, Duration) {
-        (Duration::from_secs(30), Duration::from_secs(300))
+        TIMEOUTS
     }
 
     fn call(&self, _ctx: ToolContext, input: Value) -> ToolFuture {
-        let prometheus = self.0.clone();
-        Box::pin(async move {
-            let query = query_arg(&input)?;
-            let window = window_arg(&input, COMPARE_WINDOW)?;
-            let hours = match &input["baselineHours"] {
-                Value::Null => BASELINE_HOURS,
-                v => match v.as_i64() {
-                    Some(h) if (1..=168).contains(&h) => h,
-                    _ => {
-                        return Err(ToolError::Validation(format!(
-                            "baselineHours must be an integer from 1 to 168, not {v}"
-                        )));
-                    }
-                },
-            };
-            let threshold = match &input["threshold"] {
-                Value::Null => THRESHOLD,
-                v => match v.as_f64() {
-                    Some(t) if t > 0.0 && t <= 1000.0 => t,
-                    _ => {
-                        return Err(ToolError::Validation(format!(
-                            "threshold must be a number above 0 (at most 1000), not {v}"
-                        )));
-                    }
-                },
-            };
-            let length = length(&window);
-            let baseline_length = SignedDuration::from_hours(hours);
-            let baseline_start = window.start.checked_sub(baseline_length).map_err(|e| {
-                ToolError::Validation(format!("the baseline would start before year -9999: {e}"))
-            })?;
-            let step = baseline_step(length, baseline_length);
-            check_points(length, step).map_err(ToolError::Validation)?;
-            check_points(baseline_length, step).map_err(ToolError::Validation)?;
-            let (current, before) = tokio::try_join!(
-                prometheus.query_range(&query, window.start, window.end, step),
-                prometheus.query_range(&query, baseline_start, window.start, step),
-            )?;
-            let baseline = window::Window {
-                start: baseline_start,
-                end: window.start,
-            };
-            Ok(compare_result(
-                &query, &window, &baseline, hours, step, threshold, current, before,
-            )
-            .to_string())
-        })
+        Box::pin(compare_to_baseline(self.0.clone(), input))
     }
+}
+
+/// `compare_to_baseline` with `input`.
+async fn compare_to_baseline(
+    prometheus: Arc<Prometheus>,
+    input: Value,
+) -> Result<String, ToolError> {
+    let query = query_arg(&input)?;
+    let window = window_arg(&input, COMPARE_WINDOW)?;
+    let hours = match &input["baselineHours"] {
+        Value::Null => BASELINE_HOURS,
+        v => match v.as_i64() {
+            Some(h) if (1..=168).contains(&h) => h,
+            _ => {
+                return Err(ToolError::Validation(format!(
+                    "baselineHours must be an integer from 1 to 168, not {v}"
+                )));
+            }
+        },
+    };
+    let threshold = match &input["threshold"] {
+        Value::Null => THRESHOLD,
+        v => match v.as_f64() {
+            Some(t) if t > 0.0 && t <= 1000.0 => t,
+            _ => {
+                return Err(ToolError::Validation(format!(
+                    "threshold must be a number above 0 (at most 1000), not {v}"
+                )));
+            }
+        },
+    };
+    let length = length(&window);
+    let baseline_length = SignedDuration::from_hours(hours);
+    let baseline_start = window.start.checked_sub(baseline_length).map_err(|e| {
+        ToolError::Validation(format!("the baseline would start before year -9999: {e}"))
+    })?;
+    let step = baseline_step(length, baseline_length);
+    check_points(length, step).map_err(ToolError::Validation)?;
+    check_points(baseline_length, step).map_err(ToolError::Validation)?;
+    let (current, before) = tokio::try_join!(
+        prometheus.query_range(&query, window.start, window.end, step),
+        prometheus.query_range(&query, baseline_start, window.start, step),
+    )?;
+    let baseline = window::Window {
+        start: baseline_start,
+        end: window.start,
+    };
+    let asked = Asked {
+        query: &query,
+        window: &window,
+        baseline: &baseline,
+        hours,
+        step,
+        threshold,
+    };
+    Ok(compare_result(&asked, current, before).to_string())
 }
 
 /// Baseline statistics for JSON.
@@ -721,19 +744,23 @@ fn window_json(s: &Option<Summary>) -> Value {
     }
 }
 
-/// The `compare_to_baseline` result.
-#[allow(clippy::too_many_arguments)]
-fn compare_result(
-    query: &str,
-    w: &window::Window,
-    baseline: &window::Window,
+/// What a `compare_to_baseline` call asked: the query, its window and baseline, and the
+/// |z| from which a series is an anomaly.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    query: &'a str,
+    window: &'a window::Window,
+    baseline: &'a window::Window,
     hours: i64,
     step: SignedDuration,
     threshold: f64,
-    current: Matrix,
-    before: Matrix,
-) -> Value {
-    let window_start = w.start.as_millisecond();
+}
+
+/// The `compare_to_baseline` result: `current` (the window) against `before` (the baseline).
+// Long because the result's JSON is built in one pass: per-series statistics, the z scores,
+// the anomalies ranked and the notes on what was left out, all over the same series maps.
+fn compare_result(asked: &Asked<'_>, current: Matrix, before: Matrix) -> Value {
+    let window_start = asked.window.start.as_millisecond();
     let values = |points: &[(i64, f64)], keep: &dyn Fn(i64) -> bool| -> Vec<f64> {
         points.iter().filter(|p| keep(p.0)).map(|p| p.1).collect()
     };
@@ -757,7 +784,7 @@ fn compare_result(
         match then.get(metric) {
             Some(b_values) => compared.push((
                 metric.clone(),
-                compare(b_values, w_values, threshold),
+                compare(b_values, w_values, asked.threshold),
                 non_finite(b_values),
                 non_finite(w_values),
             )),
@@ -821,12 +848,12 @@ fn compare_result(
         ));
     }
     let mut out = json!({
-        "query": query,
-        "window": {"start": w.start.to_string(), "end": w.end.to_string()},
-        "baseline": {"start": baseline.start.to_string(), "end": baseline.end.to_string(), "hours": hours},
-        "step": friendly(step),
-        "stepSeconds": millis(step) as f64 / 1000.0,
-        "threshold": threshold,
+        "query": asked.query,
+        "window": {"start": asked.window.start.to_string(), "end": asked.window.end.to_string()},
+        "baseline": {"start": asked.baseline.start.to_string(), "end": asked.baseline.end.to_string(), "hours": asked.hours},
+        "step": friendly(asked.step),
+        "stepSeconds": millis(asked.step) as f64 / 1000.0,
+        "threshold": asked.threshold,
         "maxZ": max_z.map(round3),
         "anomalies": anomalies,
         "seriesCompared": total,
