@@ -866,6 +866,9 @@ async fn attempt_request(
 /// user, and escalating a fast answer to the full model when it stopped at its token limit
 /// or asked for more. Every attempt is reserved against the budgets, redacted, settled and
 /// audited. `Err` ends the run (a budget refused the call).
+// Long because one attempt's parts share its route, adapter, request and reservation; the
+// parts with a job of their own are functions (attempt_request, delegate, stream_step,
+// end_span, escalate, failover).
 async fn answer_step(
     run: RunRef<'_>,
     step: u32,
