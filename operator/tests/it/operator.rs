@@ -9,7 +9,9 @@ use crate::support::fake_api::{
 };
 use crate::support::net::http_client;
 use crate::support::provider::{mock, offered_tools, push, push_answer, tool_calls, tool_result};
-use crate::support::server::{kubectl_kortex, pending_restarts, start_run, start_run_with};
+use crate::support::server::{
+    kubectl_kortex, pending_restarts, start_behind_proxy, start_run, start_run_with,
+};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -963,24 +965,8 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
     let client = http_client();
     for (from, expected) in [("10.9.0.0/16", 401), ("127.0.0.1/32", 201)] {
         let fake = FakeApi::start().await;
-        fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
-        fake.allow("erin");
         let dir = tempfile::tempdir().unwrap();
-        let server = start_run_with(
-            &fake,
-            dir.path(),
-            &llm,
-            &[
-                "--auth",
-                "kubernetes",
-                "--auth-proxy-header",
-                "X-Forwarded-User",
-                "--auth-proxy-from",
-                from,
-            ],
-        )
-        .await;
+        let server = start_behind_proxy(&fake, dir.path(), &llm, &["erin"], from, &[]).await;
         let r = client
             .post(server.url("/chat/v1/sessions"))
             .header("X-Forwarded-User", "erin")

@@ -201,6 +201,38 @@ pub async fn start_run_with(
     start_run_with_env(fake, dir, llm, extra, &[]).await
 }
 
+/// `kortex run` on `fake` in Kubernetes auth behind an authenticating proxy: the user in
+/// `X-Forwarded-User` is believed from `from` (with `extra` flags besides); `fake` holds the
+/// ChatPolicy `all` (every session in team-a, provider `gpt`) and allows each of `users`.
+pub async fn start_behind_proxy(
+    fake: &FakeApi,
+    dir: &Path,
+    llm: &str,
+    users: &[&str],
+    from: &str,
+    extra: &[&str],
+) -> Server {
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "all", "namespace": "team-a"},
+            "spec": {"sessions": ["*"], "provider": "gpt"}}),
+    );
+    for user in users {
+        fake.allow(user);
+    }
+    let mut args = vec![
+        "--auth",
+        "kubernetes",
+        "--auth-proxy-header",
+        "X-Forwarded-User",
+        "--auth-proxy-from",
+        from,
+    ];
+    args.extend(extra);
+    start_run_with(fake, dir, llm, &args).await
+}
+
 /// [`start_run_with`] with more environment variables.
 pub async fn start_run_with_env(
     fake: &FakeApi,
