@@ -2,7 +2,7 @@
 //! the real wire protocol the kube client uses and records every request, so the tests
 //! assert the exact writes the operator makes.
 
-use crate::support::chat::{chat_once, post_json, post_message, wait_idle};
+use crate::support::chat::{chat_with_calls, post_json, post_message, wait_idle};
 use crate::support::fake_api::{
     FakeApi, Seen, base64, condition, incidents_cluster, incidents_policy, phase, proposal_named,
     provider, secret, status_patches, write_kubeconfig_as,
@@ -1147,18 +1147,16 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
     );
     let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
-    push(
+    chat_with_calls(
+        &server,
         &script,
-        tool_calls(&[(
+        &[(
             "p1",
             "propose_action",
             json!({"action": "restart", "rationale": "stuck",
                 "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "ghost"}}),
-        )]),
-    );
-    push_answer(&script, &["It does not exist."]);
-    chat_once(
-        &server,
+        )],
+        "It does not exist.",
         json!({"name": "incident-12", "namespace": "team-a"}),
         "restart ghost",
     )

@@ -2,6 +2,7 @@
 //! and what it says.
 
 use crate::support::net::{eventually, http_client};
+use crate::support::provider::{Script, push, push_answer, tool_calls};
 use crate::support::server::Server;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -192,6 +193,21 @@ pub fn state(events: &[Sse]) -> Value {
 
 /// Opens a session with `session` (its `name`, `namespace`...), sends `content` and waits
 /// until the run is over; the session's id.
+/// A chat in which the model makes the tool `calls` and then answers `answer`: the session
+/// `session` is opened, asked `question`, and waited for; returns its id.
+pub async fn chat_with_calls(
+    server: &Server,
+    script: &Script,
+    calls: &[(&str, &str, Value)],
+    answer: &str,
+    session: Value,
+    question: &str,
+) -> String {
+    push(script, tool_calls(calls));
+    push_answer(script, &[answer]);
+    chat_once(server, session, question).await
+}
+
 pub async fn chat_once(server: &Server, session: Value, content: &str) -> String {
     let id = open_session(server, session).await;
     post_message(server, &id, content).await;

@@ -1,13 +1,13 @@
 //! The real binaries: `kortex serve` / `kortex run` started on a free port (and killed when
 //! dropped), and `kubectl-kortex`.
 
-use crate::support::chat::chat_once;
+use crate::support::chat::chat_with_calls;
 use crate::support::fake_api::{
     FakeApi, deployment, incidents_policy, phase, proposal_named, provider, secret,
     write_kubeconfig,
 };
 use crate::support::net::http_client;
-use crate::support::provider::{mock, push, push_answer, tool_calls};
+use crate::support::provider::mock;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -367,10 +367,11 @@ pub async fn pending_restarts(
         .iter()
         .map(|(id, input)| (id.as_str(), "propose_action", input.clone()))
         .collect();
-    push(&script, tool_calls(&calls));
-    push_answer(&script, &["Proposed."]);
-    chat_once(
+    chat_with_calls(
         &server,
+        &script,
+        &calls,
+        "Proposed.",
         json!({"name": "incident-10", "namespace": "team-a"}),
         "restart them",
     )
