@@ -148,14 +148,19 @@ pub async fn post_message(server: &Server, id: &str, content: &str) -> reqwest::
         .unwrap()
 }
 
-pub async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
-    let r = http_client()
+/// Posts `content` to session `id` asking for the run's events: the response streams them.
+pub async fn stream_message(server: &Server, id: &str, content: &str) -> reqwest::Response {
+    http_client()
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
         .header("accept", "text/event-stream")
         .json(&json!({"content": content}))
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+pub async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
+    let r = stream_message(server, id, content).await;
     assert_eq!(r.status().as_u16(), 202);
     read_sse(r, run_ended).await
 }
