@@ -11,7 +11,7 @@ use crate::support::canned_api::fake_api_server;
 use crate::support::chat::{ask, read_sse, run_ended, session, session_json, state};
 use crate::support::fake_api::{FakeApi, secret, write_kubeconfig};
 use crate::support::manifests::{self, chat_key, docs, gateway_key, manifest_dir};
-use crate::support::net::{eventually, http_client};
+use crate::support::net::{eventually, header, http_client};
 use crate::support::plugins::{mcp_server, upstream};
 use crate::support::provider::{Script, json_reply, mock, openai, push, streamed, tool_calls};
 use crate::support::server::{Server, start_behind_proxy};
@@ -70,12 +70,7 @@ fn provider_requests(script: &Script) -> Vec<(String, String, String)> {
         .map(|s| {
             s.iter()
                 .map(|x| {
-                    let auth = x
-                        .headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
+                    let auth = header(&x.headers, "authorization");
                     (x.path.clone(), auth, x.body.to_string())
                 })
                 .collect()
@@ -322,12 +317,7 @@ spec:
         .map(|s| {
             s.iter()
                 .map(|x| {
-                    let auth = x
-                        .headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
+                    let auth = header(&x.headers, "authorization");
                     (auth, x.body.clone())
                 })
                 .collect()
