@@ -2,7 +2,7 @@
 //! the real wire protocol the kube client uses and records every request, so the tests
 //! assert the exact writes the operator makes.
 
-use crate::support::chat::{chat_with_calls, post_json, post_message, wait_idle};
+use crate::support::chat::{assert_refused, chat_with_calls, post_json, post_message, wait_idle};
 use crate::support::fake_api::{
     FakeApi, Seen, base64, condition, incidents_cluster, incidents_policy, phase, proposal_named,
     provider, secret, status_patches, write_kubeconfig_as,
@@ -680,15 +680,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
     )
     .await
     .unwrap();
-    assert_eq!(r.status().as_u16(), 403);
-    let body: Value = r.json().await.unwrap_or_default();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("may not use ChatPolicy team-a/incidents"),
-        "{body}"
-    );
+    assert_refused(r, 403, "may not use ChatPolicy team-a/incidents").await;
     let r = call(
         reqwest::Method::POST,
         "/chat/v1/sessions",
@@ -794,15 +786,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
     )
     .await
     .unwrap();
-    assert_eq!(r.status().as_u16(), 403, "dave may not use the policy");
-    let body: Value = r.json().await.unwrap_or_default();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("dave may not use ChatPolicy team-a/incidents"),
-        "{body}"
-    );
+    assert_refused(r, 403, "dave may not use ChatPolicy team-a/incidents").await;
     fake.allow("carol");
     push(
         &script,

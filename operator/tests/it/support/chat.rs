@@ -165,6 +165,20 @@ pub async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
     read_sse(r, run_ended).await
 }
 
+/// Asserts that `r` is refused with `status` and an error message that contains `words`;
+/// returns the body.
+pub async fn assert_refused(r: reqwest::Response, status: u16, words: &str) -> Value {
+    assert_eq!(r.status().as_u16(), status, "refused: {words}");
+    let body: Value = r.json().await.unwrap_or_default();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(words)),
+        "{body}"
+    );
+    body
+}
+
 pub fn text(events: &[Sse]) -> String {
     events
         .iter()
