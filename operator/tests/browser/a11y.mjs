@@ -5,17 +5,14 @@
 // each stop visibly focused, and reaches the message box.
 // Run by operator/tests/it/dashboard.rs after the Markdown test has made a session.
 import assert from 'node:assert/strict';
-import { axeViolations, launch } from './lib.mjs';
+import { assertAccessible, axeViolations, eachScheme, tour, withBrowser } from './lib.mjs';
 
 const base = process.env.KORTEX_URL;
 const shots = process.env.SCREENSHOTS;
-const browser = await launch();
 const found = [];
-try {
-  for (const scheme of ['light', 'dark']) {
-    // axe is injected as a script: the page's CSP (script-src 'self') is bypassed for it.
-    const context = await browser.newContext({ viewport: { width: 1280, height: 900 }, colorScheme: scheme, bypassCSP: true });
-    const page = await context.newPage();
+await withBrowser(async (browser) => {
+  // axe is injected as a script: the page's CSP (script-src 'self') is bypassed for it.
+  await eachScheme(browser, { width: 1280, height: 900 }, async (page, scheme) => {
     const scan = async (screen) => {
       found.push(...await axeViolations(page, `${scheme} ${screen}`));
       if (shots) await page.screenshot({ path: `${shots}/${screen}-${scheme}.png`, fullPage: true });
@@ -30,22 +27,15 @@ try {
     await page.getByRole('dialog', { name: 'Keyboard shortcuts' }).waitFor();
     await scan('shortcuts');
     await page.keyboard.press('Escape');
-    await page.goto(`${base}/#/proposals`);
-    await page.locator('main h2, main h1').first().waitFor();
-    await scan('proposals');
-    await page.goto(`${base}/#/status`);
-    await page.locator('table').first().waitFor();
-    await scan('status');
-    await page.goto(`${base}/#/usage?since=30d&by=provider`);
-    await page.locator('table.usage-table').waitFor();
-    await scan('usage');
-    await context.close();
+    await tour(page, [
+      [`${base}/#/proposals`, (p) => p.locator('main h2, main h1').first().waitFor(), 'proposals'],
+      [`${base}/#/status`, (p) => p.locator('table').first().waitFor(), 'status'],
+      [`${base}/#/usage?since=30d&by=provider`, (p) => p.locator('table.usage-table').waitFor(), 'usage'],
+    ], scan);
     console.log(`- ${scheme}: chat, shortcuts, proposals, status and usage scanned`);
-  }
-  assert.deepEqual(found, [], `accessibility violations:\n${found.join('\n')}`);
-} finally {
-  await browser.close();
-}
+  });
+  assertAccessible(found);
+});
 
 /** Tab from the first link of the page to the message box: the order and the focus ring. */
 async function focusOrder(page) {

@@ -2,7 +2,7 @@
 // question that triggers tool calls, watch the chips and the streamed answer, reload in the
 // middle of the stream (no duplicated text), approve the proposal, read the status pages,
 // sign out. Screenshots go to $SCREENSHOTS. Run by operator/tests/it/dashboard.rs.
-import { axeViolations, launch } from './lib.mjs';
+import { assertAccessible, axeViolations, eachScheme, launch, step, watchProblems } from './lib.mjs';
 import { mkdirSync } from 'node:fs';
 import assert from 'node:assert/strict';
 
@@ -13,28 +13,22 @@ const shots = process.env.SCREENSHOTS;
 mkdirSync(shots, { recursive: true });
 
 const browser = await launch();
-const step = (s) => console.log(`- ${s}`);
 try {
   const context = await browser.newContext({ viewport: { width: 1366, height: 860 } });
   const page = await context.newPage();
   const foreign = [];
-  const problems = [];
   page.on('request', (r) => { if (!r.url().startsWith(base)) foreign.push(r.url()); });
-  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-  page.on('console', (m) => { if (m.type() === 'error' && !/status of (401|403|422|429)/.test(m.text())) problems.push(`console: ${m.text()}`); });
+  const problems = watchProblems(page, [], /status of (401|403|422|429)/);
 
   // The sign-in screen, light and dark, through axe-core.
   const found = [];
-  for (const scheme of ['light', 'dark']) {
-    const ctx = await browser.newContext({ viewport: { width: 1366, height: 860 }, colorScheme: scheme, bypassCSP: true });
-    const p = await ctx.newPage();
+  await eachScheme(browser, { width: 1366, height: 860 }, async (p, scheme) => {
     await p.goto(`${base}/`);
     await p.getByLabel('Token or API key').waitFor();
     found.push(...await axeViolations(p, `${scheme} sign-in`));
     await p.screenshot({ path: `${shots}/signin-${scheme}.png`, fullPage: true });
-    await ctx.close();
-  }
-  assert.deepEqual(found, [], `accessibility violations:\n${found.join('\n')}`);
+  });
+  assertAccessible(found);
   step('the sign-in screen has no serious or critical WCAG violation (light and dark)');
 
   // Sign in.

@@ -2,19 +2,14 @@
 // passed/attempts, pass rate with its interval) and the pass-rate chart, with no serious or
 // critical axe-core violation in light and dark. Run by operator/tests/it/evals.rs.
 import assert from 'node:assert/strict';
-import { axeViolations, launch } from './lib.mjs';
+import { assertAccessible, axeViolations, eachScheme, withBrowser, watchProblems } from './lib.mjs';
 
 const base = process.env.KORTEX_URL;
 const shots = process.env.SCREENSHOTS;
-const browser = await launch();
 const found = [];
-try {
-  for (const scheme of ['light', 'dark']) {
-    const context = await browser.newContext({ viewport: { width: 1280, height: 900 }, colorScheme: scheme, bypassCSP: true });
-    const page = await context.newPage();
-    const problems = [];
-    page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-    page.on('console', (m) => { if (m.type() === 'error') problems.push(`console: ${m.text()}`); });
+await withBrowser(async (browser) => {
+  await eachScheme(browser, { width: 1280, height: 900 }, async (page, scheme) => {
+    const problems = watchProblems(page);
     await page.goto(`${base}/#/chat`);
     await page.getByRole('link', { name: 'Evals' }).click();
     const row = page.locator('table.evals-table tr[data-label="scripted"]');
@@ -26,10 +21,7 @@ try {
     found.push(...await axeViolations(page, `${scheme} evals`));
     if (shots) await page.screenshot({ path: `${shots}/evals-${scheme}.png`, fullPage: true });
     assert.deepEqual(problems, [], problems.join('\n'));
-    await context.close();
-  }
-  assert.deepEqual(found, [], `accessibility violations:\n${found.join('\n')}`);
+  });
+  assertAccessible(found);
   console.log('- the Evals page shows the recorded run, its chart, and passes axe-core in light and dark');
-} finally {
-  await browser.close();
-}
+});

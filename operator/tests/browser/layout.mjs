@@ -6,22 +6,19 @@
 // Usage, Evals.
 // Run by operator/tests/it/dashboard.rs.
 import assert from 'node:assert/strict';
-import { launch } from './lib.mjs';
+import { launch, step, tour, watchProblems } from './lib.mjs';
 
 const base = process.env.KORTEX_URL;
 const shots = process.env.SCREENSHOTS;
 const ROUNDS = 4;
 const browser = await launch();
-const step = (s) => console.log(`- ${s}`);
 try {
   const context = await browser.newContext({ viewport: { width: 1366, height: 860 } });
   const page = await context.newPage();
-  const problems = [];
+  const problems = watchProblems(page);
   // Each check's failure, gathered: one run says everything that is wrong.
   const failures = [];
   const check = (ok, what) => { if (!ok) failures.push(what); };
-  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-  page.on('console', (m) => { if (m.type() === 'error') problems.push(`console: ${m.text()}`); });
   const ask = async (text) => {
     await page.getByRole('textbox', { name: 'Message', exact: true }).fill(text);
     await page.getByRole('textbox', { name: 'Message', exact: true }).press('Enter');
@@ -103,25 +100,17 @@ try {
     if (shots) await small.screenshot({ path: `${shots}/phone-${label}.png`, fullPage: true });
     check(w.scroll <= 390 && w.inner <= 390, `${label} at 390 px: the page is ${w.scroll} px wide (layout viewport ${w.inner} px)`);
   };
-  await small.goto(`${base}/#/chat`);
-  await small.getByLabel('New session').waitFor();
-  await wide('landing');
-  await small.goto(sessionUrl);
-  await small.locator('#transcript article.proposal').nth(ROUNDS - 1).waitFor();
-  await small.locator('.msg.md .code').first().waitFor();
-  await wide('conversation');
-  await small.goto(`${base}/#/proposals`);
-  await small.locator('article.proposal .command').first().waitFor();
-  await wide('proposals');
-  await small.goto(`${base}/#/status`);
-  await small.locator('tr[data-policy]').first().waitFor();
-  await wide('status');
-  await small.goto(`${base}/#/usage?since=30d&by=provider`);
-  await small.locator('table.usage-table').waitFor();
-  await wide('usage');
-  await small.goto(`${base}/#/evals`);
-  await small.getByText('No recorded eval yet').waitFor();
-  await wide('evals');
+  await tour(small, [
+    [`${base}/#/chat`, (p) => p.getByLabel('New session').waitFor(), 'landing'],
+    [sessionUrl, async (p) => {
+      await p.locator('#transcript article.proposal').nth(ROUNDS - 1).waitFor();
+      await p.locator('.msg.md .code').first().waitFor();
+    }, 'conversation'],
+    [`${base}/#/proposals`, (p) => p.locator('article.proposal .command').first().waitFor(), 'proposals'],
+    [`${base}/#/status`, (p) => p.locator('tr[data-policy]').first().waitFor(), 'status'],
+    [`${base}/#/usage?since=30d&by=provider`, (p) => p.locator('table.usage-table').waitFor(), 'usage'],
+    [`${base}/#/evals`, (p) => p.getByText('No recorded eval yet').waitFor(), 'evals'],
+  ], wide);
   await phone.close();
   step('the landing page, the conversation, Proposals, Status, Usage and Evals measured at 390 px');
 

@@ -12,6 +12,19 @@ metadata: {name: local}
 spec: {type: ollama, defaultModel: MODEL}
 ";
 
+/// `path`'s body once it contains `needle`, polled every 50 ms for up to 10 s.
+async fn poll_for(server: &Server, path: &str, needle: &str) -> Option<String> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        let (_, body) = server.get(path).await;
+        if body.contains(needle) {
+            return Some(body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 #[tokio::test]
 async fn serves_reloads_on_edit_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
@@ -39,31 +52,21 @@ async fn serves_reloads_on_edit_and_stops_on_sigterm() {
     // Edit the manifest: the API follows (the watcher polls every 250 ms).
     std::fs::write(&file, PROVIDER.replace("MODEL", "qwen3")).unwrap();
     let edited = Instant::now();
-    let mut seen = false;
-    while edited.elapsed() < Duration::from_secs(10) {
-        let (_, body) = server.get("/api/v1/llm/providers").await;
-        if body.contains("\"defaultModel\":\"qwen3\"") {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(seen, "edit not picked up; log:\n{}", server.log());
+    let seen = poll_for(
+        &server,
+        "/api/v1/llm/providers",
+        "\"defaultModel\":\"qwen3\"",
+    )
+    .await;
+    assert!(seen.is_some(), "edit not picked up; log:\n{}", server.log());
     eprintln!("reload visible after {:?}", edited.elapsed());
 
     // A broken edit keeps the last good version and names file and field.
     std::fs::write(&file, "apiVersion: kortex.dev/v1alpha1\nkind: LLMProvider\nmetadata: {name: local}\nspec: {type: ollama, maxTokens: -1}\n")
         .unwrap();
-    let mut problem = String::new();
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(10) {
-        let (_, body) = server.get("/api/v1/manifests").await;
-        if body.contains("maxTokens") {
-            problem = body;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let problem = poll_for(&server, "/api/v1/manifests", "maxTokens")
+        .await
+        .unwrap_or_default();
     assert!(
         problem.contains("provider.yaml:1: document 1 (LLMProvider default/local): spec.maxTokens"),
         "{problem}"

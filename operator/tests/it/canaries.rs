@@ -10,11 +10,11 @@
 use crate::support::canned_api::fake_api_server;
 use crate::support::chat::{ask, read_sse, run_ended, session, session_json, state};
 use crate::support::fake_api::{FakeApi, secret, write_kubeconfig};
-use crate::support::manifests::manifest_dir;
-use crate::support::net::{eventually, http_client};
+use crate::support::manifests::{self, chat_key, docs, gateway_key, manifest_dir};
+use crate::support::net::{eventually, header, http_client};
 use crate::support::plugins::{mcp_server, upstream};
 use crate::support::provider::{Script, json_reply, mock, openai, push, streamed, tool_calls};
-use crate::support::server::{Server, start_run_with};
+use crate::support::server::{Server, start_behind_proxy};
 use serde_json::json;
 
 /// The planted values (`/` and `+` so that URL-encoding and base64 forms differ).
@@ -70,12 +70,7 @@ fn provider_requests(script: &Script) -> Vec<(String, String, String)> {
         .map(|s| {
             s.iter()
                 .map(|x| {
-                    let auth = x
-                        .headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
+                    let auth = header(&x.headers, "authorization");
                     (x.path.clone(), auth, x.body.to_string())
                 })
                 .collect()
@@ -116,29 +111,23 @@ spec:
     });
     let (dir, m) = manifest_dir();
     let kubeconfig = write_kubeconfig(dir.path(), &api);
+    let keys = docs(&[
+        manifests::secret(
+            "keys",
+            &format!(r#"provider: "{PROVIDER_KEY}", tool: "{TOOL_TOKEN}", mcp: "{MCP_TOKEN}""#),
+        ),
+        chat_key("chat-alice", &format!(r#"user: alice, key: "{CHAT_KEY}""#)),
+        gateway_key(
+            "gateway-team",
+            "shop",
+            "incidents",
+            &format!(r#""{GATEWAY_KEY}""#),
+        ),
+    ]);
     std::fs::write(
         m.join("all.yaml"),
         format!(
-            r#"apiVersion: v1
-kind: Secret
-metadata: {{name: keys}}
-stringData: {{provider: "{PROVIDER_KEY}", tool: "{TOOL_TOKEN}", mcp: "{MCP_TOKEN}"}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: chat-alice
-  labels: {{kortex.dev/credentials: chat}}
-stringData: {{user: alice, key: "{CHAT_KEY}"}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: gateway-team
-  labels: {{kortex.dev/credentials: gateway}}
-  annotations: {{kortex.dev/policy: incidents}}
-stringData: {{team: shop, key: "{GATEWAY_KEY}"}}
----
+            r#"{keys}---
 apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
 metadata: {{name: model}}
@@ -328,12 +317,7 @@ spec:
         .map(|s| {
             s.iter()
                 .map(|x| {
-                    let auth = x
-                        .headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_owned();
+                    let auth = header(&x.headers, "authorization");
                     (auth, x.body.clone())
                 })
                 .collect()
@@ -388,29 +372,14 @@ async fn no_planted_secret_appears_anywhere_in_cluster_mode() {
             "type": "Opaque",
             "data": {"user": kortex::redact::base64("alice"), "key": kortex::redact::base64(CHAT_KEY)}}),
     );
-    fake.apply(
-        "chatpolicies",
-        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "all", "namespace": "team-a"},
-            "spec": {"sessions": ["*"], "provider": "gpt"}}),
-    );
-    fake.allow("erin");
-    fake.allow("alice");
     let dir = tempfile::tempdir().unwrap();
-    let server = start_run_with(
+    let server = start_behind_proxy(
         &fake,
         dir.path(),
         &llm,
-        &[
-            "--auth",
-            "kubernetes",
-            "--auth-proxy-header",
-            "X-Forwarded-User",
-            "--auth-proxy-from",
-            "127.0.0.1/32",
-            "--auth-proxy-secret",
-            PROXY_SECRET,
-        ],
+        &["erin", "alice"],
+        "127.0.0.1/32",
+        &["--auth-proxy-secret", PROXY_SECRET],
     )
     .await;
     let client = http_client();

@@ -7,7 +7,7 @@ use crate::support::chat::{open_session, post_message, session_json};
 use crate::support::db::{TestDb, sqlite};
 use crate::support::fake_api::write_kubeconfig;
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
-use crate::support::net::serve;
+use crate::support::net::{header, serve};
 use crate::support::provider::{mock, offered_tools, openai, push, streamed};
 use crate::support::server::Server;
 use crate::support::tools::{tool_context, tool_policy};
@@ -541,12 +541,7 @@ async fn admin_info_reads_only_a_services_admin_endpoint_the_caller_may_see() {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     // The API server: Kortex (no token) and alice may read Services in shop, bob may not.
     let api = axum::Router::new().fallback(move |req: Request<Body>| async move {
-        let token = req
-            .headers()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
+        let token = header(req.headers(), "authorization");
         if token == "Bearer bob-token" {
             return status(403, "services is forbidden: User \"bob\" cannot get resource \"services\" in API group \"\" in the namespace \"shop\"").into_response();
         }

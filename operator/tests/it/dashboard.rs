@@ -4,14 +4,13 @@
 //! unless `KORTEX_REQUIRE_BROWSER=1` (the test script sets it after installing them).
 
 use crate::support::browser::{passed, run_browser, screenshots};
-use crate::support::chat::chat_once;
+use crate::support::chat::chat_with_calls;
 use crate::support::fake_api::incidents_cluster;
 use crate::support::manifests::{
     chat_key, docs, keyed_manifests, manifest_dir, policy, provider, secret,
 };
 use crate::support::provider::{
-    Reply, json_reply, mock, openai, openai_chunk, push, push_answer, streamed, tool_calls,
-    tool_result,
+    Reply, json_reply, mock, openai, openai_chunk, streamed, tool_result,
 };
 use crate::support::server::{Server, start_run};
 use serde_json::{Value, json};
@@ -398,18 +397,16 @@ async fn the_dashboard_shows_a_proposals_dry_run_as_a_diff() {
     let server = start_run(&fake, dir.path(), &llm).await;
     let target =
         json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"});
-    push(
+    chat_with_calls(
+        &server,
         &script,
-        tool_calls(&[(
+        &[(
             "p1",
             "propose_action",
             json!({"action": "scale", "target": target, "params": {"replicas": 5},
                 "rationale": "the queue is backing up"}),
-        )]),
-    );
-    push_answer(&script, &["Proposed."]);
-    chat_once(
-        &server,
+        )],
+        "Proposed.",
         json!({"name": "incident-diff", "namespace": "team-a"}),
         "scale api to 5",
     )

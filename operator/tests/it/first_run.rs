@@ -7,7 +7,7 @@
 //! reachable: the banners go and the question is answered.
 
 use crate::support::browser::{passed, run_browser};
-use crate::support::chat::{Sse, get_json, open_session, read_sse, run_ended, session_json};
+use crate::support::chat::{ask, get_json, open_session, session_json};
 use crate::support::net::{eventually, http_client};
 use crate::support::provider::{mock, ollama, streamed};
 use crate::support::server::{Server, kortex_cli};
@@ -51,18 +51,6 @@ impl Toggle {
             url,
         }
     }
-}
-
-async fn ask(server: &Server, id: &str, question: &str) -> Vec<Sse> {
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": question}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 202);
-    read_sse(r, run_ended).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

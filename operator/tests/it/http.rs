@@ -58,6 +58,14 @@ async fn pending_proposal(
     h.db.store.insert_proposal(&record).await.unwrap();
 }
 
+/// The `error.message` of a JSON error body ("" when there is none).
+fn error_message(body: &str) -> String {
+    json(body)["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 fn json(body: &str) -> Value {
     serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"))
 }
@@ -162,13 +170,7 @@ async fn health_readiness_metrics_and_json_errors() {
     let (status, _, body) = call(&h.app, get("/api/v1/policies?namspace=x")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(json(&body)["error"]["code"], "invalid_request");
-    assert!(
-        json(&body)["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("namspace"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("namspace"), "{body}");
 }
 
 #[tokio::test]
@@ -254,13 +256,7 @@ async fn key_mode_shows_proposals_only_to_their_user_and_possible_deciders() {
     let (status, _, body) =
         call(&h.app, authed("POST", "/chat/v1/proposals/p-alice/approve")).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert!(
-        json(&body)["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("someone else"),
-        "{body}"
-    );
+    assert!(error_message(&body).contains("someone else"), "{body}");
 }
 
 /// `/metrics` reports the state the alerts watch, read at scrape time: provider

@@ -2,7 +2,9 @@
 //! the real binary: each refuses with its own error and counts in
 //! `kortex_limit_rejections_total`, and the server goes on serving everyone else.
 
-use crate::support::chat::{ask, create_session, post_message, session, session_json, state};
+use crate::support::chat::{
+    ask, create_session, post_message, session, session_json, state, stream_message,
+};
 use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
 use crate::support::net::{eventually, http_client};
 use crate::support::plugins::upstream;
@@ -374,13 +376,7 @@ async fn firehose(server: &Server, script: &Script, id: &str) -> u64 {
     let mut reply = streamed(&d, (d.text_stream)(&pieces));
     reply.chunk_delay = Some(Duration::ZERO);
     push(script, reply);
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "tell me everything"}))
-        .send()
-        .await
-        .unwrap();
+    let r = stream_message(server, id, "tell me everything").await;
     let mut body = r.bytes_stream();
     let mut received = 0usize;
     let mut rss = None;

@@ -5,7 +5,7 @@
 //! messages; Kortex's own MCP client against another Kortex.
 
 use crate::support::fake_api::incidents_cluster;
-use crate::support::manifests::{docs, manifest_dir, policy, provider, tool};
+use crate::support::manifests::{chat_key, docs, manifest_dir, policy, provider, secret, tool};
 use crate::support::net::{eventually, http_client, serve};
 use crate::support::plugins::python_with_mcp as python;
 use crate::support::plugins::{McpServer, mcp_server};
@@ -87,26 +87,16 @@ fn client(python: &str, target: &[&str], steps: &Value, mut on_line: impl FnMut(
 }
 
 fn manifests(mcp_url: &str, deny: &str) -> String {
+    let keys = docs(&[
+        chat_key(
+            "chat-alice",
+            &format!(r#"user: alice, key: "{ALICE}", groups: kortex-admins"#),
+        ),
+        chat_key("chat-bob", &format!(r#"user: bob, key: "{BOB}""#)),
+        secret("mcp", &format!(r#"token: "{MCP_TOKEN}""#)),
+    ]);
     format!(
-        r#"apiVersion: v1
-kind: Secret
-metadata:
-  name: chat-alice
-  labels: {{kortex.dev/credentials: chat}}
-stringData: {{user: alice, key: "{ALICE}", groups: kortex-admins}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: chat-bob
-  labels: {{kortex.dev/credentials: chat}}
-stringData: {{user: bob, key: "{BOB}"}}
----
-apiVersion: v1
-kind: Secret
-metadata: {{name: mcp}}
-stringData: {{token: "{MCP_TOKEN}"}}
----
+        r#"{keys}---
 apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
 metadata: {{name: none}}

@@ -2,14 +2,16 @@
 //! the real wire protocol the kube client uses and records every request, so the tests
 //! assert the exact writes the operator makes.
 
-use crate::support::chat::{chat_once, post_json, post_message, wait_idle};
+use crate::support::chat::{assert_refused, chat_with_calls, post_json, post_message, wait_idle};
 use crate::support::fake_api::{
     FakeApi, Seen, base64, condition, incidents_cluster, incidents_policy, phase, proposal_named,
     provider, secret, status_patches, write_kubeconfig_as,
 };
 use crate::support::net::http_client;
 use crate::support::provider::{mock, offered_tools, push, push_answer, tool_calls, tool_result};
-use crate::support::server::{kubectl_kortex, pending_restarts, start_run, start_run_with};
+use crate::support::server::{
+    kubectl_kortex, pending_restarts, start_behind_proxy, start_run, start_run_with,
+};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -678,15 +680,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
     )
     .await
     .unwrap();
-    assert_eq!(r.status().as_u16(), 403);
-    let body: Value = r.json().await.unwrap_or_default();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("may not use ChatPolicy team-a/incidents"),
-        "{body}"
-    );
+    assert_refused(r, 403, "may not use ChatPolicy team-a/incidents").await;
     let r = call(
         reqwest::Method::POST,
         "/chat/v1/sessions",
@@ -792,15 +786,7 @@ async fn the_api_takes_kubernetes_tokens_and_decides_as_the_caller() {
     )
     .await
     .unwrap();
-    assert_eq!(r.status().as_u16(), 403, "dave may not use the policy");
-    let body: Value = r.json().await.unwrap_or_default();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("dave may not use ChatPolicy team-a/incidents"),
-        "{body}"
-    );
+    assert_refused(r, 403, "dave may not use ChatPolicy team-a/incidents").await;
     fake.allow("carol");
     push(
         &script,
@@ -963,24 +949,8 @@ async fn an_authenticating_proxy_is_trusted_only_from_its_network() {
     let client = http_client();
     for (from, expected) in [("10.9.0.0/16", 401), ("127.0.0.1/32", 201)] {
         let fake = FakeApi::start().await;
-        fake.apply("chatpolicies", json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
-            "metadata": {"name": "all", "namespace": "team-a"}, "spec": {"sessions": ["*"], "provider": "gpt"}}));
-        fake.allow("erin");
         let dir = tempfile::tempdir().unwrap();
-        let server = start_run_with(
-            &fake,
-            dir.path(),
-            &llm,
-            &[
-                "--auth",
-                "kubernetes",
-                "--auth-proxy-header",
-                "X-Forwarded-User",
-                "--auth-proxy-from",
-                from,
-            ],
-        )
-        .await;
+        let server = start_behind_proxy(&fake, dir.path(), &llm, &["erin"], from, &[]).await;
         let r = client
             .post(server.url("/chat/v1/sessions"))
             .header("X-Forwarded-User", "erin")
@@ -1161,18 +1131,16 @@ async fn a_proposal_for_a_target_that_cannot_be_read_is_not_made() {
     );
     let dir = tempfile::tempdir().unwrap();
     let server = start_run(&fake, dir.path(), &llm).await;
-    push(
+    chat_with_calls(
+        &server,
         &script,
-        tool_calls(&[(
+        &[(
             "p1",
             "propose_action",
             json!({"action": "restart", "rationale": "stuck",
                 "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "ghost"}}),
-        )]),
-    );
-    push_answer(&script, &["It does not exist."]);
-    chat_once(
-        &server,
+        )],
+        "It does not exist.",
         json!({"name": "incident-12", "namespace": "team-a"}),
         "restart ghost",
     )

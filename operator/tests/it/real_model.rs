@@ -11,7 +11,7 @@
 
 use crate::support::chat::{
     assert_notice, provider_usage, read_sse_within, run_ended, session, session_json, state,
-    until_listed,
+    stream_message, until_listed,
 };
 use crate::support::manifests::{docs, gateway_key, provider};
 use crate::support::net::http_client;
@@ -162,13 +162,7 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     let id = session(&server, "incident-1").await;
     // A small model on two cores writes a few tokens a second when the machine is busy:
     // the run gets two minutes, not the 20 s of the scripted providers' tests.
-    let r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "Has checkout failed before?"}))
-        .send()
-        .await
-        .unwrap();
+    let r = stream_message(&server, &id, "Has checkout failed before?").await;
     assert_eq!(r.status().as_u16(), 202);
     let events = read_sse_within(r, run_ended, Duration::from_secs(120)).await;
     let ran = events
@@ -244,13 +238,12 @@ async fn a_small_open_model_on_llama_cpp_runs_tools_through_kortex() {
     // The server dies mid-answer: the run fails in words a user acts on, and what had
     // arrived is kept.
     let id = session(&server, "story-1").await;
-    let mut r = http_client()
-        .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
-        .header("accept", "text/event-stream")
-        .json(&json!({"content": "Write a long story about a cat named Tom who sails around the world."}))
-        .send()
-        .await
-        .unwrap();
+    let mut r = stream_message(
+        &server,
+        &id,
+        "Write a long story about a cat named Tom who sails around the world.",
+    )
+    .await;
     let mut seen = String::new();
     let mut killed = false;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);

@@ -7,7 +7,7 @@ use crate::support::chat::{
 };
 use crate::support::db::postgres;
 use crate::support::manifests::{docs, policy, provider};
-use crate::support::net::{eventually, http_client};
+use crate::support::net::{eventually, header, http_client};
 use crate::support::provider::{
     Reply, Script, answer, chat_requests, json_reply, mock, openai, provider_called, push,
     push_answer, tool_calls, tool_result,
@@ -80,12 +80,7 @@ async fn the_jsonl_export_is_the_sse_replay() {
         async move {
             let r = http_client().get(url).send().await.unwrap();
             let status = r.status().as_u16();
-            let kind = r
-                .headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned();
+            let kind = header(r.headers(), "content-type");
             (status, kind, r.text().await.unwrap_or_default())
         }
     };

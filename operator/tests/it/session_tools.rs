@@ -101,16 +101,20 @@ async fn proposals_and_plans_are_router_tools_offered_by_policy_and_door() {
         offered: &[],
     };
     let guides: Arc<[kortex::tools::guides::Guide]> = Arc::from(Vec::new());
+    // One MCP call of `name` (no planning), carried out as every door's is.
+    let run = async |id: &str, name: &str, input: Value| {
+        tool_calls::call(
+            &engine,
+            &scope(Planning::Off),
+            &call(id, name, input),
+            guides.clone(),
+            async {},
+        )
+        .await
+    };
 
     // Named over MCP anyway, the plan tool is refused.
-    let refused = tool_calls::call(
-        &engine,
-        &scope(Planning::Off),
-        &call("m1", "submit_plan", json!({"steps": []})),
-        guides.clone(),
-        async {},
-    )
-    .await;
+    let refused = run("m1", "submit_plan", json!({"steps": []})).await;
     assert_eq!(refused.error_kind, Some("denied"), "{refused:?}");
     assert!(
         refused.content.contains("cannot wait for a person"),
@@ -120,16 +124,10 @@ async fn proposals_and_plans_are_router_tools_offered_by_policy_and_door() {
     // A proposal outside the policy's actions is refused with the policy's reason; a good
     // one is stored; each call leaves one audit row, as every router tool's does.
     let target = json!({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "checkout"});
-    let bad = tool_calls::call(
-        &engine,
-        &scope(Planning::Off),
-        &call(
-            "m2",
-            "propose_action",
-            json!({"action": "delete", "target": target, "rationale": "r"}),
-        ),
-        guides.clone(),
-        async {},
+    let bad = run(
+        "m2",
+        "propose_action",
+        json!({"action": "delete", "target": target, "rationale": "r"}),
     )
     .await;
     assert_eq!(bad.error_kind, Some("validation"), "{bad:?}");
@@ -138,16 +136,10 @@ async fn proposals_and_plans_are_router_tools_offered_by_policy_and_door() {
             .starts_with("action delete is not allowed by the policy; allowed: restart"),
         "{bad:?}"
     );
-    let good = tool_calls::call(
-        &engine,
-        &scope(Planning::Off),
-        &call(
-            "m3",
-            "propose_action",
-            json!({"action": "restart", "target": target, "rationale": "stuck since 09:00"}),
-        ),
-        guides,
-        async {},
+    let good = run(
+        "m3",
+        "propose_action",
+        json!({"action": "restart", "target": target, "rationale": "stuck since 09:00"}),
     )
     .await;
     assert!(!good.is_error, "{good:?}");

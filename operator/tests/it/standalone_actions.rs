@@ -3,7 +3,7 @@
 //! makes it, executed once after the approval, refused when the target moved since, left
 //! alone under `execute: false` — and the session, the audit log and the listing say so.
 
-use crate::support::chat::{Sse, chat_once, get_json, read_sse};
+use crate::support::chat::{Sse, assert_refused, chat_once, chat_with_calls, get_json, read_sse};
 use crate::support::fake_api::{FakeApi, deployment, write_kubeconfig};
 use crate::support::manifests::{docs, manifest_dir, policy, provider};
 use crate::support::net::http_client;
@@ -199,31 +199,22 @@ spec:
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 409);
-    let body: Value = r.json().await.unwrap_or_default();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("nothing to undo")),
-        "{body}"
-    );
+    assert_refused(r, 409, "nothing to undo").await;
 
     // A scale executes and records its inverse; `kortex proposals undo` turns it into a new
     // proposal (once), which, approved, scales back.
     // The target's namespace left to the session's, and a pin the model made up: the
     // proposal names the namespace, and Kortex reads the pin from the target itself.
-    push(
+    let session = chat_with_calls(
+        &server,
         &script,
-        tool_calls(&[(
+        &[(
             "p4",
             "propose_action",
             json!({"action": "scale", "rationale": "load", "params": {"replicas": 4, "expectGeneration": 99},
                 "target": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "api"}}),
-        )]),
-    );
-    push_answer(&script, &["Proposed."]);
-    let session = chat_once(
-        &server,
+        )],
+        "Proposed.",
         json!({"name": "shop-1", "namespace": "shop"}),
         "scale api",
     )

@@ -7,7 +7,7 @@
 
 use crate::support::chat::{chat_once, get_json, open_session, session_json, wait_idle};
 use crate::support::manifests::{docs, gateway_key, manifest_dir, policy, provider, secret, tool};
-use crate::support::net::{eventually, http_client, serve};
+use crate::support::net::{eventually, header, http_client, serve};
 use crate::support::plugins::{mcp_server, upstream};
 use crate::support::provider::{Script, mock, push, push_answer, tool_calls};
 use crate::support::server::{Server, start_run_with_env};
@@ -180,11 +180,7 @@ fn manifests(dir: &Path, base: &str, bridge: &str) {
 }
 
 fn traceparent_of(headers: &axum::http::HeaderMap) -> String {
-    headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned()
+    header(headers, "traceparent")
 }
 
 /// A `kortex serve` on the test manifests with `env`, a scripted provider that will ask for

@@ -1,6 +1,7 @@
 //! The HTTP API in-process (axum `oneshot`), over a real manifest folder and SQLite.
 
 use crate::support::db::{TestDb, sqlite};
+use crate::support::manifests::{chat_key, docs};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -17,13 +18,6 @@ kind: Secret
 metadata: {name: llm-keys}
 stringData:
   anthropic: ${TEST_ANTHROPIC_KEY}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: alice-key
-  labels: {kortex.dev/credentials: chat}
-stringData: {user: alice, key: chat-key-alice}
 ---
 apiVersion: kortex.dev/v1alpha1
 kind: LLMProvider
@@ -53,13 +47,6 @@ apiVersion: kortex.dev/v1alpha1
 kind: ChatPolicy
 metadata: {name: default, namespace: team-a}
 spec: {sessions: ['*'], provider: nope, proposals: {allowedActions: [restart], approverGroups: [sre]}}
----
-apiVersion: v1
-kind: Secret
-metadata:
-  name: bob-key
-  labels: {kortex.dev/credentials: chat}
-stringData: {user: bob, key: chat-key-bob}
 ";
 
 pub struct Harness {
@@ -70,7 +57,12 @@ pub struct Harness {
 
 pub async fn harness(auth: AuthMode) -> Harness {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("all.yaml"), MANIFESTS).unwrap();
+    let manifests = docs(&[
+        chat_key("alice-key", "user: alice, key: chat-key-alice"),
+        MANIFESTS.to_owned(),
+        chat_key("bob-key", "user: bob, key: chat-key-bob"),
+    ]);
+    std::fs::write(dir.path().join("all.yaml"), manifests).unwrap();
     let env: kortex::source::EnvLookup =
         Box::new(|name| (name == "TEST_ANTHROPIC_KEY").then(|| "sk-ant-TOPSECRET-123".to_owned()));
     let mut source = ManifestSource::new(vec![dir.path().to_path_buf()], env).unwrap();

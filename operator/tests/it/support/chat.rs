@@ -2,6 +2,7 @@
 //! and what it says.
 
 use crate::support::net::{eventually, http_client};
+use crate::support::provider::{Script, push, push_answer, tool_calls};
 use crate::support::server::Server;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
@@ -147,16 +148,35 @@ pub async fn post_message(server: &Server, id: &str, content: &str) -> reqwest::
         .unwrap()
 }
 
-pub async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
-    let r = http_client()
+/// Posts `content` to session `id` asking for the run's events: the response streams them.
+pub async fn stream_message(server: &Server, id: &str, content: &str) -> reqwest::Response {
+    http_client()
         .post(server.url(&format!("/chat/v1/sessions/{id}/messages")))
         .header("accept", "text/event-stream")
         .json(&json!({"content": content}))
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+pub async fn ask(server: &Server, id: &str, content: &str) -> Vec<Sse> {
+    let r = stream_message(server, id, content).await;
     assert_eq!(r.status().as_u16(), 202);
     read_sse(r, run_ended).await
+}
+
+/// Asserts that `r` is refused with `status` and an error message that contains `words`;
+/// returns the body.
+pub async fn assert_refused(r: reqwest::Response, status: u16, words: &str) -> Value {
+    assert_eq!(r.status().as_u16(), status, "refused: {words}");
+    let body: Value = r.json().await.unwrap_or_default();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(words)),
+        "{body}"
+    );
+    body
 }
 
 pub fn text(events: &[Sse]) -> String {
@@ -192,6 +212,21 @@ pub fn state(events: &[Sse]) -> Value {
 
 /// Opens a session with `session` (its `name`, `namespace`...), sends `content` and waits
 /// until the run is over; the session's id.
+/// A chat in which the model makes the tool `calls` and then answers `answer`: the session
+/// `session` is opened, asked `question`, and waited for; returns its id.
+pub async fn chat_with_calls(
+    server: &Server,
+    script: &Script,
+    calls: &[(&str, &str, Value)],
+    answer: &str,
+    session: Value,
+    question: &str,
+) -> String {
+    push(script, tool_calls(calls));
+    push_answer(script, &[answer]);
+    chat_once(server, session, question).await
+}
+
 pub async fn chat_once(server: &Server, session: Value, content: &str) -> String {
     let id = open_session(server, session).await;
     post_message(server, &id, content).await;

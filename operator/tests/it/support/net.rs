@@ -1,6 +1,15 @@
 //! Plumbing every HTTP test needs: serving an axum app on a free port, a client, and
 //! waiting for a condition.
 
+/// The value of the header `name` as text ("" when it is missing or not text).
+pub fn header(headers: &axum::http::HeaderMap, name: &str) -> String {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Serves `app` on a free port of 127.0.0.1 until the test ends; its `http://` URL.
 pub async fn serve(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -276,6 +276,25 @@ fn sse(event: Option<&str>, data: &Value) -> String {
     }
 }
 
+/// The first events of an Anthropic stream: `message_start` with `message`, then a text
+/// block (index 0) opened with `text`.
+fn anthropic_opening(message: Value, text: &str) -> Vec<String> {
+    vec![
+        sse(
+            Some("message_start"),
+            &json!({"type": "message_start", "message": message}),
+        ),
+        sse(
+            Some("content_block_start"),
+            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        sse(
+            Some("content_block_delta"),
+            &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+        ),
+    ]
+}
+
 /// Splits `s` into pieces of `n` characters (tool arguments across many small deltas).
 pub fn pieces(s: &str, n: usize) -> Vec<String> {
     s.chars()
@@ -316,24 +335,14 @@ pub fn anthropic() -> Dialect {
             out
         },
         tools_stream: |calls| {
-            let mut out = vec![
-                sse(
-                    Some("message_start"),
-                    &json!({"type": "message_start", "message": {"id": "msg_2", "model": "claude-test", "content": [], "usage": {"input_tokens": 40, "output_tokens": 1}}}),
-                ),
-                sse(
-                    Some("content_block_start"),
-                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                ),
-                sse(
-                    Some("content_block_delta"),
-                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Checking."}}),
-                ),
-                sse(
-                    Some("content_block_stop"),
-                    &json!({"type": "content_block_stop", "index": 0}),
-                ),
-            ];
+            let mut out = anthropic_opening(
+                json!({"id": "msg_2", "model": "claude-test", "content": [], "usage": {"input_tokens": 40, "output_tokens": 1}}),
+                "Checking.",
+            );
+            out.push(sse(
+                Some("content_block_stop"),
+                &json!({"type": "content_block_stop", "index": 0}),
+            ));
             for (i, (id, name, args)) in calls.iter().enumerate() {
                 let idx = i + 1;
                 out.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": idx, "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}})));
@@ -350,24 +359,15 @@ pub fn anthropic() -> Dialect {
             out
         },
         error_mid_stream: || {
-            vec![
-                sse(
-                    Some("message_start"),
-                    &json!({"type": "message_start", "message": {"model": "claude-test", "usage": {"input_tokens": 1, "output_tokens": 1}}}),
-                ),
-                sse(
-                    Some("content_block_start"),
-                    &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-                ),
-                sse(
-                    Some("content_block_delta"),
-                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "partial"}}),
-                ),
-                sse(
-                    Some("error"),
-                    &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
-                ),
-            ]
+            let mut out = anthropic_opening(
+                json!({"model": "claude-test", "usage": {"input_tokens": 1, "output_tokens": 1}}),
+                "partial",
+            );
+            out.push(sse(
+                Some("error"),
+                &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+            ));
+            out
         },
         malformed_stream: || {
             vec![

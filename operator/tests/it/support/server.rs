@@ -1,13 +1,13 @@
 //! The real binaries: `kortex serve` / `kortex run` started on a free port (and killed when
 //! dropped), and `kubectl-kortex`.
 
-use crate::support::chat::chat_once;
+use crate::support::chat::chat_with_calls;
 use crate::support::fake_api::{
     FakeApi, deployment, incidents_policy, phase, proposal_named, provider, secret,
     write_kubeconfig,
 };
 use crate::support::net::http_client;
-use crate::support::provider::{mock, push, push_answer, tool_calls};
+use crate::support::provider::mock;
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -201,6 +201,38 @@ pub async fn start_run_with(
     start_run_with_env(fake, dir, llm, extra, &[]).await
 }
 
+/// `kortex run` on `fake` in Kubernetes auth behind an authenticating proxy: the user in
+/// `X-Forwarded-User` is believed from `from` (with `extra` flags besides); `fake` holds the
+/// ChatPolicy `all` (every session in team-a, provider `gpt`) and allows each of `users`.
+pub async fn start_behind_proxy(
+    fake: &FakeApi,
+    dir: &Path,
+    llm: &str,
+    users: &[&str],
+    from: &str,
+    extra: &[&str],
+) -> Server {
+    fake.apply(
+        "chatpolicies",
+        json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+            "metadata": {"name": "all", "namespace": "team-a"},
+            "spec": {"sessions": ["*"], "provider": "gpt"}}),
+    );
+    for user in users {
+        fake.allow(user);
+    }
+    let mut args = vec![
+        "--auth",
+        "kubernetes",
+        "--auth-proxy-header",
+        "X-Forwarded-User",
+        "--auth-proxy-from",
+        from,
+    ];
+    args.extend(extra);
+    start_run_with(fake, dir, llm, &args).await
+}
+
 /// [`start_run_with`] with more environment variables.
 pub async fn start_run_with_env(
     fake: &FakeApi,
@@ -335,10 +367,11 @@ pub async fn pending_restarts(
         .iter()
         .map(|(id, input)| (id.as_str(), "propose_action", input.clone()))
         .collect();
-    push(&script, tool_calls(&calls));
-    push_answer(&script, &["Proposed."]);
-    chat_once(
+    chat_with_calls(
         &server,
+        &script,
+        &calls,
+        "Proposed.",
         json!({"name": "incident-10", "namespace": "team-a"}),
         "restart them",
     )
