@@ -545,20 +545,20 @@ async fn handle_embeddings(
             .collect(),
         ..Default::default()
     };
-    let cost = adapter
-        .models()
-        .iter()
-        .find(|m| m.id == route.model)
-        .and_then(|m| m.cost);
+    let attempt = crate::govern::attempt::Attempt {
+        scope: &caller.scope,
+        provider: &route.provider,
+        model: &route.model,
+        audit: crate::store::NewDecision {
+            namespace: Some(caller.namespace.clone()),
+            user: Some(caller.team.clone()),
+            policy: caller.policy.object.metadata.name.clone(),
+            detail: json!({"source": "gateway", "endpoint": "embeddings"}),
+            ..Default::default()
+        },
+    };
     let reservation = match governor
-        .admit_and_reserve(
-            &caller.scope,
-            &route.provider,
-            &route.model,
-            cost.as_ref(),
-            &estimate,
-            0,
-        )
+        .reserve_for(&attempt, adapter.as_ref(), &estimate, 0, true)
         .await
     {
         Ok(Ok(r)) => r,
@@ -612,30 +612,17 @@ async fn handle_embeddings(
         Err(e) => (llm::Usage::default(), String::new(), e.kind.as_str()),
     };
     let latency_ms = started.elapsed().as_millis() as i64;
+    // The books and the call's audit row, in one transaction.
+    let outcome = crate::govern::Outcome {
+        usage,
+        model: served.clone(),
+        latency_ms,
+        outcome: outcome.into(),
+    };
+    let detail = json!({"inputs": inputs.len(), "inputTokens": usage.input_tokens,
+        "latencyMs": latency_ms, "redactions": redactions});
     let _ = governor
-        .settle(
-            reservation,
-            &crate::govern::Outcome {
-                usage,
-                model: served.clone(),
-                latency_ms,
-                outcome: outcome.into(),
-            },
-        )
-        .await;
-    let _ = state
-        .store
-        .record_decision(&crate::store::NewDecision {
-            kind: "llm_call".into(),
-            namespace: Some(caller.namespace.clone()),
-            user: Some(caller.team.clone()),
-            policy: caller.policy.object.metadata.name.clone(),
-            subject: format!("{}/{}", route.provider, route.model),
-            outcome: outcome.into(),
-            detail: json!({"source": "gateway", "endpoint": "embeddings", "inputs": inputs.len(),
-                "inputTokens": usage.input_tokens, "latencyMs": latency_ms, "redactions": redactions}),
-            ..Default::default()
-        })
+        .settle_attempt(&attempt, reservation, &outcome, detail)
         .await;
     let embeddings = result.map_err(|e| GatewayError::from_llm(&e, redactor))?;
     let data: Vec<Value> = embeddings
