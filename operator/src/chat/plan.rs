@@ -95,20 +95,25 @@ impl crate::tools::Tool for SubmitPlan {
                 .await;
             let id =
                 stored.map_err(|e| ToolError::Internal(format!("cannot keep the plan: {e}")))?;
-            let mode = if required { "required" } else { "preview" };
-            let shown = json!({"runId": ctx.run_id, "planId": id, "mode": mode, "steps": steps});
-            engine
-                .emit(&ctx.session.id, &ctx.run_id, EVENT, shown)
-                .await
-                .map_err(|e| ToolError::Internal(format!("cannot show the plan: {e}")))?;
             if required {
-                // Its result is the person's decision.
+                // Its result is the person's decision. The plan is shown once the run is
+                // parked for it (`chat/run.rs`), so whoever sees it can decide it at once.
                 ctx.hold();
                 return Ok(format!("Plan {id} is waiting for a person's decision."));
             }
+            let preview = shown(&ctx.run_id, &id, "preview", &steps);
+            engine
+                .emit(&ctx.session.id, &ctx.run_id, EVENT, preview)
+                .await
+                .map_err(|e| ToolError::Internal(format!("cannot show the plan: {e}")))?;
             Ok(format!("Plan {id} noted and shown to the user; go ahead."))
         })
     }
+}
+
+/// The event that shows a plan: `{runId, planId, mode, steps}`.
+pub fn shown(run_id: &str, plan_id: &str, mode: &str, steps: &Value) -> Value {
+    json!({"runId": run_id, "planId": plan_id, "mode": mode, "steps": steps})
 }
 
 /// The steps of a `submit_plan` call, checked: each names a tool the session may call, ids

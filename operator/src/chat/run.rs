@@ -99,6 +99,15 @@ pub async fn run(
         if let Err(e) = parked {
             tracing::error!(session = %session.id, error = %e, "cannot record the parked run");
         }
+        // A required plan is shown now that the run waits for it: it can be decided at once.
+        if let End::AwaitingPlan = end
+            && let Ok(Some(plan)) = engine.store.latest_plan(run_id).await
+        {
+            let shown = super::plan::shown(run_id, &plan.id, "required", &plan.steps);
+            let _ = engine
+                .emit(&session.id, run_id, super::plan::EVENT, shown)
+                .await;
+        }
         let _ = engine
             .emit(
                 &session.id,
