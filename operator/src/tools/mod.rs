@@ -359,12 +359,12 @@ impl Router {
             .values()
             .filter(|t| kube_ok || !t.kubernetes)
             .filter_map(|t| match t.tool.offer(policy) {
-                Offer::ByRules => Some(t.spec.clone()),
+                Offer::ByRules => permitted(rules, &t.spec.name).then(|| t.spec.clone()),
                 Offer::Never => None,
+                // Shaped by the policy, which has applied its rules already.
                 Offer::As(spec) => Some(spec),
             })
-            .chain(own.cloned())
-            .filter(|s| self.shaped(policy, &s.name) || permitted(rules, &s.name))
+            .chain(own.filter(|s| permitted(rules, &s.name)).cloned())
             .collect();
         // The guide tools only when there is a guide to read.
         if guides::usable(&offered, &plugins, &session.namespace).is_empty() {
