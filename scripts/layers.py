@@ -26,7 +26,7 @@ LAYERS = [
     ["operator"],
     ["proposals"],
     ["tools"],
-    ["govern", "redact"],
+    ["govern", "redact", "gitops"],
     ["llm"],
     ["live"],
     ["source"],

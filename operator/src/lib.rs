@@ -18,6 +18,7 @@ pub mod chat;
 pub mod cli;
 pub mod crd;
 pub mod egress;
+pub mod gitops;
 pub mod glob;
 pub mod govern;
 pub mod http;

@@ -286,6 +286,7 @@ pub async fn propose(
                 provider: model.0.to_owned(),
                 model: model.1.to_owned(),
             }),
+            delivery: None,
             decision: None,
         };
         match (engine.cluster.get(), executor) {
@@ -530,6 +531,7 @@ pub async fn undo(
             user: requester.to_owned(),
         },
         model: None,
+        delivery: None,
         decision: None,
     };
     let mut preview = None;

@@ -97,6 +97,100 @@ pub struct ChatPolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32), schema_with = "triggers_schema")]
     pub triggers: Vec<Trigger>,
+    /// Git repositories Kortex may write reviewed changes to, for targets Argo CD or Flux
+    /// apply from Git (`docs/gitops.md`). Only repositories declared here are written to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gitops: Option<GitOps>,
+}
+
+/// Where GitOps-owned targets are changed: declared repositories, and how far Kortex follows
+/// a change.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GitOps {
+    /// The repositories an approved proposal may change (by pull/merge request).
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub repositories: Vec<GitRepository>,
+    /// The namespace of Argo CD's `Application` objects (default `argocd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub argo_cd_namespace: Option<String>,
+    /// Whether a `rollback` may be a `git revert` of the commit that introduced the bad
+    /// revision (default `false`: the image line is set back, one line).
+    #[serde(default)]
+    pub revert: bool,
+    /// How long a change is followed (request open, then the sync) before the proposal
+    /// fails, e.g. `24h` (the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow_timeout: Option<Duration>,
+}
+
+/// One repository Kortex may write to.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GitRepository {
+    /// The clone URL as Argo CD or Flux name it (`https://…`, `ssh://…` or `git@host:path`);
+    /// compared without `.git`, a trailing slash, user info or case of the host.
+    #[schemars(length(min = 1, max = 2048))]
+    pub url: String,
+    /// The token (HTTPS) or private key (SSH) Kortex pushes and calls the forge with; the
+    /// Secret needs the label `kortex.dev/secret: "true"` like every Secret Kortex reads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_ref: Option<super::SecretKeyRef>,
+    /// Which API opens the change request (`none`: the branch only).
+    #[serde(default)]
+    pub forge: Forge,
+    /// The forge's API root when it is not the default for the host (GitHub Enterprise,
+    /// a self-hosted GitLab or Gitea on another address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub api_url: Option<String>,
+    /// The branch changes are proposed against (default: the Application's or
+    /// GitRepository's revision when it is a branch, else `main`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub base_branch: Option<String>,
+    /// Only files under this directory may be changed (default: the whole repository).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub path_prefix: Option<String>,
+    /// `known_hosts` lines for an SSH URL (required with one: host keys are never
+    /// accepted blindly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16384))]
+    pub known_hosts: Option<String>,
+    /// Reach a repository or forge on a private address (as `allowPrivateTargets` of a
+    /// KortexTool).
+    #[serde(default)]
+    pub allow_private_targets: bool,
+}
+
+/// A forge's change-request API.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Forge {
+    /// GitHub (pull requests).
+    #[default]
+    Github,
+    /// GitLab (merge requests).
+    Gitlab,
+    /// Gitea or Forgejo (pull requests).
+    Gitea,
+    /// Push the branch only.
+    None,
+}
+
+impl Forge {
+    /// As written in the spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Github => "github",
+            Self::Gitlab => "gitlab",
+            Self::Gitea => "gitea",
+            Self::None => "none",
+        }
+    }
 }
 
 /// The `triggers` list: a map keyed by `name` (the API server refuses two of one name).

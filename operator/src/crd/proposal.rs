@@ -26,6 +26,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.target.name"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Decided By","type":"string","jsonPath":".spec.decision.by"}"#,
+    printcolumn = r#"{"name":"Delivery","type":"string","priority":1,"jsonPath":".spec.delivery"}"#,
+    printcolumn = r#"{"name":"Request","type":"string","priority":1,"jsonPath":".status.git.requestUrl"}"#,
     printcolumn = r#"{"name":"Session","type":"string","priority":1,"jsonPath":".spec.session.name"}"#,
     printcolumn = r#"{"name":"Expires","type":"date","priority":1,"jsonPath":".status.expiresAt"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -33,7 +35,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "self.action == oldSelf.action && self.rationale == oldSelf.rationale && self.session == oldSelf.session && has(self.target) == has(oldSelf.target) && (!has(self.target) || self.target == oldSelf.target) && has(self.params) == has(oldSelf.params) && (!has(self.params) || self.params == oldSelf.params) && has(self.model) == has(oldSelf.model) && (!has(self.model) || self.model == oldSelf.model) && has(self.blastRadius) == has(oldSelf.blastRadius) && (!has(self.blastRadius) || self.blastRadius == oldSelf.blastRadius) && has(self.reversible) == has(oldSelf.reversible) && (!has(self.reversible) || self.reversible == oldSelf.reversible)",
+        "rule": "self.action == oldSelf.action && self.rationale == oldSelf.rationale && self.session == oldSelf.session && has(self.target) == has(oldSelf.target) && (!has(self.target) || self.target == oldSelf.target) && has(self.params) == has(oldSelf.params) && (!has(self.params) || self.params == oldSelf.params) && has(self.model) == has(oldSelf.model) && (!has(self.model) || self.model == oldSelf.model) && has(self.blastRadius) == has(oldSelf.blastRadius) && (!has(self.blastRadius) || self.blastRadius == oldSelf.blastRadius) && has(self.reversible) == has(oldSelf.reversible) && (!has(self.reversible) || self.reversible == oldSelf.reversible) && has(self.delivery) == has(oldSelf.delivery) && (!has(self.delivery) || self.delivery == oldSelf.delivery)",
         "message": "spec is immutable except spec.decision",
         "reason": "FieldValueForbidden"
     },
@@ -69,9 +71,26 @@ pub struct ActionProposalSpec {
     /// The model that proposed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<ProposalModel>,
+    /// How an approved action is carried out: `live` (Kortex changes the object; the
+    /// default) or `git` (the target is applied from Git by Argo CD or Flux: Kortex opens a
+    /// reviewed change in the declared repository, the one in `params.git`, and follows it
+    /// until the cluster runs it; `docs/gitops.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<Delivery>,
     /// The human decision, written once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
+}
+
+/// How an approved proposal is carried out.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Delivery {
+    /// A change to the live object.
+    #[default]
+    Live,
+    /// A reviewed change in the Git repository the GitOps tool applies.
+    Git,
 }
 
 /// The object a proposal acts on.
@@ -251,8 +270,38 @@ pub struct ActionProposalStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "super::free_form_object")]
     pub undo: Option<serde_json::Value>,
+    /// The Git change of a `delivery: git` proposal once it is pushed: its branch, commit
+    /// and change request, followed until the cluster runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git: Option<GitChangeStatus>,
     /// Standard conditions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "super::conditions_schema")]
     pub conditions: Vec<Condition>,
+}
+
+/// Where a Git change stands.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GitChangeStatus {
+    /// The repository written to.
+    pub repository: String,
+    /// The branch Kortex pushed (`kortex/<proposal>`).
+    pub branch: String,
+    /// The commit on it.
+    pub commit: String,
+    /// The pull/merge request's web address (absent with `forge: none`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_url: Option<String>,
+    /// The request's number (GitHub, Gitea) or iid (GitLab).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_number: Option<u64>,
+    /// `open`, `merged`, `closed` (unmerged) or `pushed` (no forge).
+    pub request_state: String,
+    /// The commit that brought the change into the base branch, once merged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_commit: Option<String>,
+    /// The revision the GitOps tool last synced, as it reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced_revision: Option<String>,
 }

@@ -141,6 +141,7 @@ pub fn approval(
             user: p.user.clone(),
         },
         model: None,
+        delivery: None,
         decision: Some(crate::crd::Decision {
             verdict: crate::crd::Verdict::Approve,
             by: by.to_owned(),

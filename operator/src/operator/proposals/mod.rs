@@ -730,6 +730,7 @@ impl ClusterProposals {
             reversible: Some(true),
             session: p.spec.session.clone(),
             model: None,
+            delivery: None,
             decision: None,
         };
         let now = jiff::Timestamp::now();

@@ -1,0 +1,1 @@
+//! See the room's documentation (`gitops`).
