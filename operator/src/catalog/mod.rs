@@ -43,6 +43,7 @@ pub const BUILTIN_TOOLS: &[&str] = &[
     "get_resource",
     "list_resources",
     "get_recent_deploys",
+    "get_gitops_source",
     "get_metrics",
     "compare_to_baseline",
     "get_incident_history",
@@ -265,6 +266,17 @@ pub struct PolicyEntry {
     pub notify: Vec<NotifyResolved>,
     /// Its triggers that are valid (`docs/triggers.md`).
     pub triggers: Vec<TriggerEntry>,
+    /// Its GitOps repositories that can be written to (`docs/gitops.md`).
+    pub gitops: Vec<RepositoryResolved>,
+}
+
+/// A declared GitOps repository with its Secret read.
+#[derive(Clone, Debug)]
+pub struct RepositoryResolved {
+    /// As declared.
+    pub spec: crate::crd::GitRepository,
+    /// Its token or private key (never shown).
+    pub secret: Option<SecretValue>,
 }
 
 /// A valid trigger: its spec, with its matchers, schedule and prompt parsed.
@@ -541,6 +553,9 @@ pub fn compile_with(
         .iter()
         .map(|p| {
             let entry = compile_policy(p, &providers, &secrets, now);
+            for r in &entry.gitops {
+                used_values.extend(r.secret.iter().map(|v| Arc::from(v.expose())));
+            }
             for t in &entry.notify {
                 used_values.extend(t.signing.iter().map(|v| Arc::from(v.expose())));
                 if t.target.webhook.url_secret_ref.is_some() {
@@ -1203,10 +1218,12 @@ fn compile_policy(
     let available = ready.status;
     let (notify, notify_condition) = compile_notify(spec, &ns, secrets);
     let (triggers, triggers_condition) = compile_triggers(spec);
+    let (gitops, gitops_condition) = compile_gitops(spec, &ns, secrets);
     let generation = p.metadata.generation;
     let mut desired = vec![ready];
     desired.extend(notify_condition);
     desired.extend(triggers_condition);
+    desired.extend(gitops_condition);
     let conditions = conditions::merge(
         p.status
             .as_ref()
@@ -1226,7 +1243,69 @@ fn compile_policy(
         available,
         notify,
         triggers,
+        gitops,
     }
+}
+
+/// A policy's GitOps repositories with their Secrets read, and its `GitOps` condition
+/// (none without repositories): `False` naming each repository that cannot be written to
+/// (a Secret not resolved, a URL with credentials in it, an SSH URL without `knownHosts`).
+fn compile_gitops(
+    spec: &crate::crd::ChatPolicySpec,
+    namespace: &str,
+    secrets: &SecretIndex<'_>,
+) -> (Vec<RepositoryResolved>, Option<Desired>) {
+    let repositories = spec
+        .gitops
+        .as_ref()
+        .map(|g| g.repositories.as_slice())
+        .unwrap_or_default();
+    if repositories.is_empty() {
+        return (Vec::new(), None);
+    }
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    let mut reason = reasons::INVALID_SPEC;
+    for r in repositories {
+        let ssh = r.url.starts_with("ssh://") || (!r.url.contains("://") && r.url.contains('@'));
+        let shape = if url::Url::parse(&r.url)
+            .is_ok_and(|u| !u.password().unwrap_or_default().is_empty())
+        {
+            Err("the URL carries a password: put the token in secretRef".to_owned())
+        } else if ssh && r.known_hosts.as_deref().is_none_or(|k| k.trim().is_empty()) {
+            Err("an SSH URL needs knownHosts (host keys are never accepted blindly)".to_owned())
+        } else if !ssh && !r.url.starts_with("https://") && !r.url.starts_with("http://") {
+            Err("the URL must be https://, http://, ssh:// or git@host:path".to_owned())
+        } else {
+            Ok(())
+        };
+        let secret = r
+            .secret_ref
+            .as_ref()
+            .map(|s| secrets.resolve(namespace, s))
+            .transpose()
+            .map_err(|p| {
+                reason = p.reason;
+                p.message
+            });
+        match (shape, secret) {
+            (Ok(()), Ok(secret)) => out.push(RepositoryResolved {
+                spec: r.clone(),
+                secret,
+            }),
+            (Err(e), _) | (_, Err(e)) => problems.push(format!("{}: {e}", r.url)),
+        }
+    }
+    let ready = (
+        reasons::REPOSITORIES_READY,
+        format!(
+            "{} repositor{} ready",
+            out.len(),
+            if out.len() == 1 { "y" } else { "ies" }
+        ),
+    );
+    let condition = ready_unless(types::GIT_OPS, ready, reason, &problems);
+    (out, Some(condition))
 }
 
 /// A policy's notification targets with their Secrets read, and its `Notify` condition

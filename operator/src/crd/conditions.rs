@@ -11,6 +11,8 @@ pub mod types {
     pub const NOTIFY: &str = "Notify";
     /// A ChatPolicy's triggers are valid (`docs/triggers.md`).
     pub const TRIGGERS: &str = "Triggers";
+    /// A ChatPolicy's GitOps repositories have what Kortex needs to write to them.
+    pub const GIT_OPS: &str = "GitOps";
     /// Every referenced Secret key was found.
     pub const SECRET_RESOLVED: &str = "SecretResolved";
     /// The object was accepted (e.g. its tool name is free).
@@ -48,6 +50,13 @@ pub mod reasons {
     pub const SECRET_NOT_RESOLVED: &str = "SecretNotResolved";
     /// Every notification target of a ChatPolicy has its URL and Secrets.
     pub const READY_TO_SEND: &str = "ReadyToSend";
+    /// `GitOps=True`: every declared repository can be written to (its Secret resolved).
+    pub const REPOSITORIES_READY: &str = "RepositoriesReady";
+    /// `Executing=True` on an ActionProposal delivered through Git: the change request is
+    /// open; the proposal waits for its merge and the GitOps tool's sync.
+    pub const AWAITING_MERGE: &str = "AwaitingMerge";
+    /// `Executing=True`: merged; waiting for the GitOps tool to apply it.
+    pub const AWAITING_SYNC: &str = "AwaitingSync";
     /// A notification target keeps failing (its receiver refuses or cannot be reached).
     pub const DELIVERY_FAILING: &str = "DeliveryFailing";
     /// The name is already taken.

@@ -94,22 +94,83 @@ impl ExecError {
     }
 }
 
-/// The Kubernetes resource, verb and subresource an action needs the approver to be
-/// allowed (for the SubjectAccessReview).
-pub fn required_access(
-    action: &Action,
-) -> Result<(&'static str, String, String, Option<String>), ExecError> {
+/// What an approver must be allowed themselves (a SubjectAccessReview), for Kortex to
+/// carry an action out in their name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    /// `patch`, `update`.
+    pub verb: &'static str,
+    /// API group (`apps`, `argoproj.io`, …).
+    pub group: String,
+    /// Plural resource.
+    pub resource: String,
+    /// Subresource (`scale`), if any.
+    pub subresource: Option<String>,
+    /// Namespace of the object.
+    pub namespace: Option<String>,
+    /// Name of the object.
+    pub name: String,
+}
+
+impl std::fmt::Display for Access {
+    /// `update applications.argoproj.io argocd/shop`, as messages name it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}{}.{} {}/{}",
+            self.verb,
+            self.resource,
+            self.subresource
+                .as_deref()
+                .map(|s| format!("/{s}"))
+                .unwrap_or_default(),
+            self.group,
+            self.namespace.as_deref().unwrap_or_default(),
+            self.name
+        )
+    }
+}
+
+/// What the approver of `action` must be allowed: the workload's own verb for a live
+/// change; for a Git change (`params.git.owner`), `update` on the Application or
+/// Kustomization that applies it (they could change what it syncs themselves).
+pub fn required_access(action: &Action) -> Result<Access, ExecError> {
+    if let Some(owner) = action.params.get("git").map(|g| &g["owner"])
+        && owner.is_object()
+    {
+        let (group, resource) = match owner["kind"].as_str() {
+            Some("Application") => ("argoproj.io", "applications"),
+            Some("Kustomization") => ("kustomize.toolkit.fluxcd.io", "kustomizations"),
+            other => {
+                return Err(ExecError::Invalid(format!(
+                    "a Git change names its owner as an Application or Kustomization, not {}",
+                    other.unwrap_or("nothing")
+                )));
+            }
+        };
+        return Ok(Access {
+            verb: "update",
+            group: group.into(),
+            resource: resource.into(),
+            subresource: None,
+            namespace: owner["namespace"].as_str().map(str::to_owned),
+            name: owner["name"].as_str().unwrap_or_default().to_owned(),
+        });
+    }
     let resource = plural(&action.target.kind)?;
-    Ok(match action.verb.as_str() {
-        "scale" => (
-            "patch",
-            "apps".into(),
-            resource.into(),
-            Some("scale".into()),
-        ),
+    let (verb, subresource) = match action.verb.as_str() {
+        "scale" => ("patch", Some("scale".into())),
         // A rollback replaces the object with the old template (a PUT).
-        "rollback" => ("update", "apps".into(), resource.into(), None),
-        _ => ("patch", "apps".into(), resource.into(), None),
+        "rollback" => ("update", None),
+        _ => ("patch", None),
+    };
+    Ok(Access {
+        verb,
+        group: "apps".into(),
+        resource: resource.into(),
+        subresource,
+        namespace: action.target.namespace.clone(),
+        name: action.target.name.clone(),
     })
 }
 
@@ -215,6 +276,55 @@ impl Executor {
     /// An executor acting as `client` (Kortex's service account).
     pub fn new(client: kube::Client) -> Self {
         Self { client }
+    }
+
+    /// The client it acts as.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The target as it is now, as JSON.
+    pub async fn current(&self, action: &Action) -> Result<Value, ExecError> {
+        validate(action)?;
+        let api = self.api(action)?;
+        let current = read(&api, action).await?;
+        Ok(serde_json::to_value(&current).unwrap_or_default())
+    }
+
+    /// The images a rollback would change: `(container, image now, image after)` for each
+    /// container whose image differs between the current template and the revision chosen
+    /// (`params.toRevision`, or the newest one before the current).
+    pub async fn rollback_images(
+        &self,
+        action: &Action,
+    ) -> Result<Vec<(String, String, String)>, ExecError> {
+        validate(action)?;
+        let api = self.api(action)?;
+        let current = read(&api, action).await?;
+        let (_, template) = self.rollback_target(action, &current).await?;
+        let now = serde_json::to_value(&current).unwrap_or_default();
+        let by_name = |t: &Value| -> Vec<(String, String)> {
+            t["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| {
+                    Some((
+                        c["name"].as_str()?.to_owned(),
+                        c["image"].as_str()?.to_owned(),
+                    ))
+                })
+                .collect()
+        };
+        let before = by_name(&now["spec"]["template"]);
+        let after = by_name(&template);
+        Ok(before
+            .into_iter()
+            .filter_map(|(name, from)| {
+                let to = after.iter().find(|(n, _)| *n == name)?.1.clone();
+                (to != from).then_some((name, from, to))
+            })
+            .collect())
     }
 
     fn api(&self, action: &Action) -> Result<Api<DynamicObject>, ExecError> {
@@ -620,19 +730,23 @@ mod tests {
             assert!(e.contains(why), "{a:?}: {e}");
         }
         assert_eq!(
-            required_access(&action("scale", "Deployment", json!({"replicas": 1}))).ok(),
-            Some((
-                "patch",
-                "apps".into(),
-                "deployments".into(),
-                Some("scale".into())
-            ))
+            required_access(&action("scale", "Deployment", json!({"replicas": 1})))
+                .ok()
+                .map(|a| a.to_string()),
+            Some("patch deployments/scale.apps shop/api".into())
         );
         assert_eq!(
             required_access(&action("rollback", "Deployment", json!({})))
                 .ok()
-                .map(|a| a.0),
+                .map(|a| a.verb),
             Some("update")
+        );
+        let git = json!({"replicas": 5, "git": {"owner": {"kind": "Application", "namespace": "argocd", "name": "shop"}}});
+        assert_eq!(
+            required_access(&action("scale", "Deployment", git))
+                .ok()
+                .map(|a| a.to_string()),
+            Some("update applications.argoproj.io argocd/shop".into())
         );
         let kind = required_access(&action("restart", "CronJob", json!({})));
         assert!(

@@ -58,6 +58,7 @@ const BUILTIN: &[Builtin] = &[
             "list_resources",
             "get_events",
             "get_recent_deploys",
+            "get_gitops_source",
             "get_admin_info"
         ]
     ),

@@ -24,6 +24,7 @@ fn policy(extra: Value) -> kortex::catalog::PolicyEntry {
         available: true,
         notify: Vec::new(),
         triggers: Vec::new(),
+        gitops: Vec::new(),
     }
 }
 

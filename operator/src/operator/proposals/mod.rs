@@ -421,21 +421,11 @@ impl ClusterProposals {
         match self.approver_may(&action, decision.as_ref()).await {
             Ok(true) => {}
             Ok(false) => {
-                let (verb, group, resource, sub) = executor::required_access(&action).unwrap_or((
-                    "patch",
-                    String::new(),
-                    String::new(),
-                    None,
-                ));
+                let access = executor::required_access(&action)
+                    .map(|a| a.to_string())
+                    .unwrap_or_else(|e| e.to_string());
                 let message = format!(
-                    "approved by {by}; not executed: {by} may not {verb} {resource}{}{} in {} themselves (SubjectAccessReview), and Kortex does not lend its rights",
-                    sub.map(|s| format!("/{s}")).unwrap_or_default(),
-                    if group.is_empty() {
-                        String::new()
-                    } else {
-                        format!(".{group}")
-                    },
-                    action.target.namespace.as_deref().unwrap_or_default()
+                    "approved by {by}; not executed: {by} may not {access} themselves (SubjectAccessReview), and Kortex does not lend its rights"
                 );
                 return self
                     .finish(host, p, record, ProposalPhase::Failed, &message, None)
@@ -533,7 +523,7 @@ impl ClusterProposals {
         let Some(decision) = decision else {
             return Ok(false);
         };
-        let (verb, group, resource, subresource) = executor::required_access(action)?;
+        let access = executor::required_access(action)?;
         // Every signed-in user is in system:authenticated, whatever the decision lists.
         let mut groups = decision.groups.clone();
         if !groups.iter().any(|g| g == "system:authenticated") {
@@ -544,12 +534,12 @@ impl ClusterProposals {
                 user: Some(decision.by.clone()),
                 groups: Some(groups),
                 resource_attributes: Some(ResourceAttributes {
-                    namespace: action.target.namespace.clone(),
-                    verb: Some(verb.into()),
-                    group: Some(group),
-                    resource: Some(resource),
-                    subresource,
-                    name: Some(action.target.name.clone()),
+                    namespace: access.namespace,
+                    verb: Some(access.verb.into()),
+                    group: Some(access.group),
+                    resource: Some(access.resource),
+                    subresource: access.subresource,
+                    name: Some(access.name),
                     ..Default::default()
                 }),
                 ..Default::default()

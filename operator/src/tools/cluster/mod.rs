@@ -1,10 +1,11 @@
 //! The Kubernetes tools: `get_logs`, `get_events`, `get_resource`, `list_resources`,
-//! `get_recent_deploys`. Read-only GETs through the kube client (in-cluster config or a
+//! `get_recent_deploys`, `get_gitops_source`. Read-only GETs through the kube client (in-cluster config or a
 //! kubeconfig), every object trimmed of noise, and `Secret` data, `stringData` and the
 //! `last-applied-configuration` annotation never returned, whatever the RBAC allows.
 
 mod cursor;
 mod deploys;
+mod gitops;
 mod logs;
 mod objects;
 
@@ -105,7 +106,7 @@ impl Cluster {
         }
     }
 
-    /// The five tools.
+    /// The six tools.
     pub fn tools(self: &Arc<Self>) -> Vec<Arc<dyn Tool>> {
         vec![
             Arc::new(OnCluster(self.clone(), logs::GetLogs)),
@@ -113,6 +114,7 @@ impl Cluster {
             Arc::new(OnCluster(self.clone(), objects::GetResource)),
             Arc::new(OnCluster(self.clone(), objects::ListResources)),
             Arc::new(OnCluster(self.clone(), deploys::GetRecentDeploys)),
+            Arc::new(gitops::GetGitopsSource(self.clone())),
         ]
     }
 

@@ -16,6 +16,7 @@ pub fn tool_policy(tools: serde_json::Value) -> kortex::catalog::PolicyEntry {
         available: true,
         notify: Vec::new(),
         triggers: Vec::new(),
+        gitops: Vec::new(),
     }
 }
 
