@@ -243,14 +243,20 @@ async fn decide(
     while tokio::time::Instant::now() < deadline {
         if let Ok(p) = api.get(name).await {
             let phase = phase_of(&p);
-            if phase != last && phase != "Pending" {
-                let message = p
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.message.clone())
-                    .unwrap_or_default();
-                println!("{name}: {phase}: {message}");
-                last = phase.clone();
+            let message = p
+                .status
+                .as_ref()
+                .and_then(|s| s.message.clone())
+                .unwrap_or_default();
+            let seen = format!("{phase}: {message}");
+            if seen != last && phase != "Pending" {
+                println!("{name}: {seen}");
+                last = seen;
+            }
+            // A Git change is followed for as long as its review takes: once its request
+            // is open, `kubectl kortex list` shows where it stands.
+            if phase == "Executing" && p.status.as_ref().is_some_and(|s| s.git.is_some()) {
+                return Ok(());
             }
             if !matches!(phase.as_str(), "Pending" | "Executing") {
                 return if phase == "Failed" {
@@ -266,6 +272,21 @@ async fn decide(
         "{name}: Kortex has not acted on the decision yet; check with kubectl kortex list -n {namespace}"
     );
     Ok(())
+}
+
+/// `live`, or `git` with the change request (or branch) and its state.
+fn delivery(p: &ActionProposal) -> String {
+    if p.spec.delivery != Some(crate::crd::Delivery::Git) {
+        return "live".into();
+    }
+    match p.status.as_ref().and_then(|s| s.git.as_ref()) {
+        Some(g) => format!(
+            "git {} ({})",
+            g.request_url.as_deref().unwrap_or(&g.branch),
+            g.request_state
+        ),
+        None => "git (not pushed)".into(),
+    }
 }
 
 fn phase_of(p: &ActionProposal) -> String {
@@ -286,6 +307,7 @@ pub fn table(items: &[ActionProposal], now: jiff::Timestamp) -> String {
         "PROPOSED FOR".to_owned(),
         "DECIDED BY".to_owned(),
         "EXPIRES".to_owned(),
+        "DELIVERY".to_owned(),
     ]];
     for p in items {
         let target = p
@@ -320,9 +342,10 @@ pub fn table(items: &[ActionProposal], now: jiff::Timestamp) -> String {
                 .as_ref()
                 .map_or("-".into(), |d| d.by.clone()),
             expires,
+            delivery(p),
         ]);
     }
-    let widths: Vec<usize> = (0..8)
+    let widths: Vec<usize> = (0..9)
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
@@ -386,9 +409,25 @@ mod tests {
             "{t}"
         );
         assert!(
-            lines[1].contains("alice") && lines[1].ends_with("in 2m05s"),
+            lines[1].contains("alice") && lines[1].contains("in 2m05s") && lines[1].ends_with("live"),
             "{t}"
         );
         assert_eq!(table(&[], now), "No proposals found.\n");
+        let git: ActionProposal = serde_json::from_value(json!({
+            "apiVersion": "kortex.dev/v1alpha1", "kind": "ActionProposal",
+            "metadata": {"name": "scale-api-x7k2p", "namespace": "shop"},
+            "spec": {"action": "scale", "rationale": "r", "delivery": "git",
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+                "session": {"id": "s", "name": "incident-1", "user": "alice"}},
+            "status": {"phase": "Executing", "git": {"repository": "https://git.example/fleet",
+                "branch": "kortex/scale-api-x7k2p", "commit": "abc", "requestUrl": "https://git.example/fleet/pull/7",
+                "requestNumber": 7, "requestState": "open"}}
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let t = table(&[git], now);
+        assert!(
+            t.lines().nth(1).is_some_and(|l| l.ends_with("git https://git.example/fleet/pull/7 (open)")),
+            "{t}"
+        );
     }
 }

@@ -372,6 +372,38 @@
   }
 
   // ---- proposals -----------------------------------------------------------------------
+  // A change delivered through Git (docs/gitops.md): who applies the target, the file and
+  // field, the unified diff a person approves (added and removed lines marked, not only
+  // coloured), and once pushed the change request with its state.
+  function gitPreview(preview, git) {
+    const out = [];
+    for (const w of preview.warnings || []) out.push(h('p', { class: 'callout warn', role: 'note' }, `⚠ ${w}`));
+    const owner = preview.owner ? `${preview.owner.kind} ${preview.owner.namespace}/${preview.owner.name}` : (preview.tool || '');
+    const rows = [['Applied by', owner], ['Repository', preview.repository || ((preview.sources || [])[0] || {}).repoURL || '—']];
+    if (preview.path) rows.push(['File', `${preview.path} (${preview.baseBranch} at ${String(preview.baseCommit || '').slice(0, 12)})`]);
+    if (preview.field) rows.push(['Field', preview.field]);
+    if (preview.introducedBy) rows.push(['Introduced by', `${String(preview.introducedBy.commit || '').slice(0, 12)} ${preview.introducedBy.subject || ''}`]);
+    out.push(h('dl', { class: 'git' }, rows.map(([k, v]) => [h('dt', {}, k), h('dd', {}, String(v))])));
+    if (preview.error) out.push(h('p', { class: 'callout warn', role: 'note' }, preview.error));
+    if (preview.diff) {
+      const lines = String(preview.diff).split('\n').map((l) => {
+        const kind = l.startsWith('+++') || l.startsWith('---') || l.startsWith('diff ') ? 'meta'
+          : l.startsWith('+') ? 'add' : l.startsWith('-') ? 'del' : l.startsWith('@@') ? 'hunk' : 'ctx';
+        const label = kind === 'add' ? h('span', { class: 'sr-only' }, 'added: ') : kind === 'del' ? h('span', { class: 'sr-only' }, 'removed: ') : null;
+        return h('span', { class: `line ${kind}` }, label, l);
+      });
+      out.push(h('pre', { class: 'gitdiff', 'aria-label': 'The Git change to approve (unified diff)' }, lines));
+    }
+    if (git) {
+      const where = git.requestUrl
+        ? h('a', { href: git.requestUrl, target: '_blank', rel: 'noopener noreferrer', class: 'request' }, git.requestUrl)
+        : h('code', {}, git.branch);
+      out.push(h('p', { class: 'request-state', 'data-state': git.requestState }, 'Change request: ', where, ` — ${git.requestState}`,
+        git.mergeCommit ? ` (merged as ${String(git.mergeCommit).slice(0, 12)})` : ''));
+    }
+    return out;
+  }
+
   function proposalCard(p, onChange) {
     const card = h('article', { class: 'card proposal', 'data-proposal': p.id, 'aria-label': `Proposal ${p.name}`, tabindex: 0 });
     const fill = (p) => {
@@ -382,14 +414,16 @@
       const target = t ? `${t.kind || ''}/${t.name || ''}` : String(spec.target || '');
       const expires = h('dd', { class: 'expires' }, phase === 'Pending' ? until(status.expiresAt) : (status.expiresAt || ''));
       const rows = [
-        ['Action', spec.action],
+        ['Action', spec.delivery === 'git' ? `${spec.action} (as a Git change)` : spec.action],
         ['Target', t ? `${t.kind} ${t.namespace || p.namespace}/${t.name}` : `${p.namespace}/${target}`],
         ['Why', spec.rationale],
         ['Blast radius', spec.blastRadius || '—'],
         ['Reversible', spec.reversible === true ? 'yes' : spec.reversible === false ? 'no' : '—'],
         ['Proposed by', `${(spec.session || {}).user || ''} in session ${(spec.session || {}).name || ''}`],
       ];
-      if (spec.params && Object.keys(spec.params).length) rows.push(['Parameters', JSON.stringify(spec.params)]);
+      // The pinned Git change is shown as its diff below, not as raw parameters.
+      const params = spec.params ? Object.fromEntries(Object.entries(spec.params).filter(([k]) => k !== 'git')) : {};
+      if (Object.keys(params).length) rows.push(['Parameters', JSON.stringify(params)]);
       if (spec.decision && spec.decision.by) rows.push(['Decided by', `${spec.decision.by}${spec.decision.reason ? `: ${spec.decision.reason}` : ''}`]);
       if (status.message) rows.push(['Result', status.message]);
       const dl = h('dl', {}, rows.map(([k, v]) => [h('dt', {}, k), h('dd', {}, v === undefined || v === null ? '' : String(v))]),
@@ -399,7 +433,9 @@
         dl,
       ];
       const preview = status.preview;
-      if (preview && typeof preview === 'object' && preview.before && preview.after) {
+      if (preview && typeof preview === 'object' && preview.delivery === 'git') {
+        parts.push(...gitPreview(preview, status.git));
+      } else if (preview && typeof preview === 'object' && preview.before && preview.after) {
         // The dry run as a before/after table, the fields that change marked; the
         // warnings (an autoscaler or a GitOps tool owns the target) as callouts.
         for (const w of preview.warnings || []) parts.push(h('p', { class: 'callout warn', role: 'note' }, `⚠ ${w}`));

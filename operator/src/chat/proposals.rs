@@ -255,6 +255,7 @@ pub async fn propose(
         message: None,
         preview: None,
         undo: None,
+        git: None,
         expires_at: now + expire,
         created_at: now,
         updated_at: now,
@@ -300,7 +301,7 @@ pub async fn propose(
                         base.trim_end_matches('-'),
                         &record.namespace,
                         spec,
-                        &policy.object.spec,
+                        policy,
                         expires_at,
                     )
                     .await
@@ -314,8 +315,11 @@ pub async fn propose(
             // database (approved, it is executed there: `execute_approved`).
             (None, Some(executor)) => {
                 let mut spec = spec;
-                crate::proposals::pin(executor, &mut spec).await?;
-                record.preview = Some(crate::proposals::preview(executor, &spec).await);
+                let planned = crate::proposals::pin(executor, Some(policy), &mut spec).await?;
+                record.preview = Some(match planned {
+                    Some(p) => p,
+                    None => crate::proposals::preview(executor, &spec).await,
+                });
                 record.params = spec.params;
             }
             (None, None) => {}
@@ -536,10 +540,13 @@ pub async fn undo(
     };
     let mut preview = None;
     if let Some(executor) = engine.executor.get() {
-        crate::proposals::pin(executor, &mut spec)
+        let planned = crate::proposals::pin(executor, Some(policy), &mut spec)
             .await
             .map_err(UndoError::Refused)?;
-        preview = Some(crate::proposals::preview(executor, &spec).await);
+        preview = Some(match planned {
+            Some(p) => p,
+            None => crate::proposals::preview(executor, &spec).await,
+        });
     }
     let now = crate::store::now_ms();
     let expire =
@@ -565,6 +572,7 @@ pub async fn undo(
         message: None,
         preview,
         undo: None,
+        git: None,
         expires_at: now + expire,
         created_at: now,
         updated_at: now,

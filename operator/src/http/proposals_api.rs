@@ -29,8 +29,9 @@ fn view(p: &ProposalRecord) -> Value {
             "session": {"id": p.session_id, "name": p.session_name, "user": p.user},
             "model": {"provider": p.provider, "model": p.model},
             "decision": p.decision,
+            "delivery": if p.params.as_ref().is_some_and(|v| v.get("git").is_some()) { "git" } else { "live" },
         },
-        "status": {"phase": p.phase, "expiresAt": time(p.expires_at), "message": p.message, "preview": p.preview, "undo": p.undo},
+        "status": {"phase": p.phase, "expiresAt": time(p.expires_at), "message": p.message, "preview": p.preview, "undo": p.undo, "git": p.git},
         "policy": p.policy, "createdAt": time(p.created_at), "updatedAt": time(p.updated_at),
     })
 }

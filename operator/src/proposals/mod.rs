@@ -10,9 +10,10 @@
 //! (docs/architecture.md).
 
 pub mod executor;
+pub mod git;
 mod rules;
 
-pub use rules::{EXECUTING_CONDITION, EXECUTION_GRACE, Transition, next};
+pub use rules::{EXECUTING_CONDITION, EXECUTION_GRACE, FOLLOW_TIMEOUT, Transition, next};
 
 use crate::catalog::PolicyEntry;
 use crate::crd::{ActionProposalSpec, ProposalPhase};
@@ -28,22 +29,46 @@ pub const EXECUTION_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// what is approved is what the preview showed, or nothing ([`executor::moved`]). A
 /// proposal whose target cannot be read now could never be executed: it is not made, and
 /// the model is told why.
-pub async fn pin(executor: &Executor, spec: &mut ActionProposalSpec) -> Result<(), String> {
-    if executor::EXECUTABLE.contains(&spec.action.as_str())
-        && let Some(target) = spec.target.clone()
-    {
-        let action = Action {
-            verb: spec.action.clone(),
-            target,
-            params: spec.params.clone().unwrap_or(json!({})),
-        };
-        let params = executor
-            .pin(&action)
-            .await
-            .map_err(|e| format!("cannot propose to {} {}: {e}", action.verb, action.target))?;
-        spec.params = Some(params);
+///
+/// Under `policy`, a scale or rollback of a target Argo CD or Flux applies from Git
+/// becomes a Git change ([`git::plan`]): `spec.delivery: git`, the change pinned in
+/// `params.git`, and its preview (the diff) returned — or, when no single change can be
+/// made, `params.git.error` and a preview with the evidence.
+pub async fn pin(
+    executor: &Executor,
+    policy: Option<&PolicyEntry>,
+    spec: &mut ActionProposalSpec,
+) -> Result<Option<Value>, String> {
+    if !executor::EXECUTABLE.contains(&spec.action.as_str()) {
+        return Ok(None);
     }
-    Ok(())
+    let Some(target) = spec.target.clone() else {
+        return Ok(None);
+    };
+    let mut action = Action {
+        verb: spec.action.clone(),
+        target,
+        params: spec.params.clone().unwrap_or(json!({})),
+    };
+    let params = executor
+        .pin(&action)
+        .await
+        .map_err(|e| format!("cannot propose to {} {}: {e}", action.verb, action.target))?;
+    action.params = params.clone();
+    spec.params = Some(params);
+    let Some(policy) = policy else {
+        return Ok(None);
+    };
+    let (pinned, preview) = match git::plan(executor, &action, policy).await {
+        git::Plan::Live => return Ok(None),
+        git::Plan::Git(pinned, preview) => (serde_json::to_value(*pinned).unwrap_or_default(), preview),
+        git::Plan::Evidence(preview) => (json!({"error": preview["error"]}), preview),
+    };
+    if let Some(Value::Object(map)) = spec.params.as_mut() {
+        map.insert(git::PARAM.into(), pinned);
+    }
+    spec.delivery = Some(crate::crd::Delivery::Git);
+    Ok(Some(preview))
 }
 
 /// Carries out an approved action within [`EXECUTION_TIMEOUT`]: the phase it ends in
@@ -90,12 +115,13 @@ pub async fn preview(executor: &Executor, spec: &ActionProposalSpec) -> Value {
 }
 
 /// The model's params without the pins only Kortex may set (`expectGeneration`,
-/// `expectReplicas`): a pin is read from the target when the proposal is made, never
+/// `expectReplicas`, `git`): a pin is read from the target when the proposal is made, never
 /// taken from the model.
 pub fn unpinned(mut params: Value) -> Value {
     if let Some(map) = params.as_object_mut() {
         map.remove(executor::EXPECT_GENERATION);
         map.remove(executor::EXPECT_REPLICAS);
+        map.remove(git::PARAM);
     }
     params
 }
@@ -160,6 +186,13 @@ pub fn approval(
         reason.map(|r| format!(": {r}")).unwrap_or_default()
     );
     match next(&object, Some(&policy.object.spec), jiff::Timestamp::now()) {
+        Transition::Execute(_) if p.params.as_ref().is_some_and(|v| v.get(git::PARAM).is_some()) => Approval {
+            phase: ProposalPhase::Approved,
+            message: format!(
+                "{approved}; not executed here: a Git change is pushed and followed by the cluster operator (kortex run); under kortex serve the approved diff is in the proposal's preview, to apply by hand"
+            ),
+            action: None,
+        },
         Transition::Execute(action) if can_execute => Approval {
             phase: ProposalPhase::Executing,
             message: format!("{approved}; executing"),
@@ -177,7 +210,7 @@ pub fn approval(
             message,
             action: None,
         },
-        Transition::Wait => Approval {
+        Transition::Wait | Transition::Follow(_) => Approval {
             phase: ProposalPhase::Approved,
             message: approved,
             action: None,

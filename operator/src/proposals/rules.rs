@@ -15,7 +15,13 @@ pub enum Transition {
     Final(ProposalPhase, String),
     /// Execute it (after the SubjectAccessReview).
     Execute(Action),
+    /// Look again at a Git change that is delivered and not yet running in the cluster
+    /// (`Executing`, reason `AwaitingMerge` or `AwaitingSync`).
+    Follow(Action),
 }
+
+/// How long a Git change is followed when the policy does not say (`gitops.followTimeout`).
+pub const FOLLOW_TIMEOUT: jiff::SignedDuration = jiff::SignedDuration::from_hours(24);
 
 /// Condition type marking when execution started.
 pub const EXECUTING_CONDITION: &str = "Executing";
@@ -36,13 +42,19 @@ pub fn next(
     match status.phase {
         ProposalPhase::Pending => {}
         ProposalPhase::Executing => {
-            // The leader that started it may still be finishing (a lease hand-over takes
-            // seconds): only an execution older than the grace period was interrupted.
-            let since = status
+            let executing = status
                 .conditions
                 .iter()
-                .find(|c| c.type_ == EXECUTING_CONDITION)
-                .map(|c| c.last_transition_time.0);
+                .find(|c| c.type_ == EXECUTING_CONDITION);
+            if let Some(c) = executing.filter(|c| {
+                c.reason == crate::crd::conditions::reasons::AWAITING_MERGE
+                    || c.reason == crate::crd::conditions::reasons::AWAITING_SYNC
+            }) {
+                return following(p, policy, c.last_transition_time.0, now);
+            }
+            // The leader that started it may still be finishing (a lease hand-over takes
+            // seconds): only an execution older than the grace period was interrupted.
+            let since = executing.map(|c| c.last_transition_time.0);
             if since.is_some_and(|t| now < t + EXECUTION_GRACE) {
                 return Transition::Wait;
             }
@@ -155,7 +167,53 @@ pub fn next(
     if let Err(e) = executor::validate(&action) {
         return refused(e.to_string());
     }
+    if p.spec.delivery == Some(crate::crd::Delivery::Git)
+        && let Err(why) = super::git::pinned(&action.params)
+    {
+        return Transition::Final(
+            ProposalPhase::Approved,
+            format!("{approved}; Kortex made no Git change: {why} (the evidence is in status.preview)"),
+        );
+    }
     Transition::Execute(action)
+}
+
+/// A delivered Git change: followed until the policy's `followTimeout` since it was
+/// approved, then failed.
+fn following(
+    p: &ActionProposal,
+    policy: Option<&ChatPolicySpec>,
+    since: jiff::Timestamp,
+    now: jiff::Timestamp,
+) -> Transition {
+    let Some(target) = p.spec.target.clone() else {
+        return Transition::Final(ProposalPhase::Failed, "the proposal has no target".into());
+    };
+    let timeout = policy
+        .and_then(|s| s.gitops.as_ref())
+        .and_then(|g| g.follow_timeout)
+        .and_then(|d| jiff::SignedDuration::try_from(std::time::Duration::from(d)).ok())
+        .unwrap_or(FOLLOW_TIMEOUT);
+    if now >= since + timeout {
+        let request = p
+            .status
+            .as_ref()
+            .and_then(|s| s.git.as_ref())
+            .and_then(|g| g.request_url.clone().or_else(|| Some(g.branch.clone())))
+            .unwrap_or_default();
+        return Transition::Final(
+            ProposalPhase::Failed,
+            format!(
+                "not running in the cluster {} after approval (the policy's gitops.followTimeout): {request} is no longer followed; check it and the GitOps tool by hand",
+                kube::core::Duration::from(timeout.unsigned_abs())
+            ),
+        );
+    }
+    Transition::Follow(Action {
+        verb: p.spec.action.clone(),
+        target,
+        params: p.spec.params.clone().unwrap_or(json!({})),
+    })
 }
 
 #[cfg(test)]

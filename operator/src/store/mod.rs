@@ -146,6 +146,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "triggers",
         include_str!("../../../migrations/0015_triggers.sql"),
     ),
+    (
+        16,
+        "proposal_git",
+        include_str!("../../../migrations/0016_proposal_git.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

@@ -366,6 +366,10 @@ pub struct ProposalRecord {
     pub preview: Option<Value>,
     /// Undo information (JSON).
     pub undo: Option<Value>,
+    /// A Git change's branch, commit, request and state (JSON, `status.git` of the
+    /// object), once delivered.
+    #[serde(default)]
+    pub git: Option<Value>,
     /// Unix ms.
     pub expires_at: i64,
     /// Unix ms.

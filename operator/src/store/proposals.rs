@@ -13,7 +13,7 @@ use sqlx::any::AnyRow;
 macro_rules! proposal_select {
     () => {
         "SELECT id, name, namespace, session_id, session_name, user_name, policy, action, target, params, \
-         rationale, blast_radius, reversible, provider, model, phase, decision, message, preview, undo, expires_at, \
+         rationale, blast_radius, reversible, provider, model, phase, decision, message, preview, undo, git, expires_at, \
          created_at, updated_at, version FROM proposals"
     };
 }
@@ -47,6 +47,7 @@ fn proposal_row(row: &AnyRow) -> Result<ProposalRecord, StoreError> {
         message: row.try_get("message")?,
         preview: opt_json_col(row, "preview")?,
         undo: opt_json_col(row, "undo")?,
+        git: opt_json_col(row, "git")?,
         expires_at: row.try_get("expires_at")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
@@ -122,9 +123,9 @@ impl Store {
         let mut tx = self.begin().await?;
         sqlx::query(
             "INSERT INTO proposals (id, name, namespace, session_id, session_name, user_name, policy, action, target, params, \
-             rationale, blast_radius, reversible, provider, model, phase, decision, message, preview, undo, expires_at, \
+             rationale, blast_radius, reversible, provider, model, phase, decision, message, preview, undo, git, expires_at, \
              created_at, updated_at, version) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, 1)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, 1)",
         )
         .bind(&p.id)
         .bind(&p.name)
@@ -146,6 +147,7 @@ impl Store {
         .bind(&p.message)
         .bind(opt_json_text(&p.preview))
         .bind(opt_json_text(&p.undo))
+        .bind(opt_json_text(&p.git))
         .bind(p.expires_at)
         .bind(p.created_at)
         .bind(p.updated_at)
@@ -278,12 +280,13 @@ impl Store {
         decision: Option<&Value>,
         message: Option<&str>,
         undo: Option<&Value>,
+        git: Option<&Value>,
     ) -> Result<Option<ProposalRecord>, StoreError> {
         let mut tx = self.begin().await?;
         let before = phase_in(&mut tx, id).await?;
         sqlx::query(
             "UPDATE proposals SET phase = $1, decision = COALESCE($2, decision), message = $3, \
-             undo = COALESCE($4, undo), updated_at = $5, version = version + 1 WHERE id = $6",
+             undo = COALESCE($4, undo), git = COALESCE($7, git), updated_at = $5, version = version + 1 WHERE id = $6",
         )
         .bind(phase.as_str())
         .bind(decision.map(json_text))
@@ -291,6 +294,7 @@ impl Store {
         .bind(undo.map(json_text))
         .bind(now_ms())
         .bind(id)
+        .bind(git.map(json_text))
         .execute(&mut *tx)
         .await?;
         if before.is_some_and(|b| b != phase.as_str()) {

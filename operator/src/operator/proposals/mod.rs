@@ -19,10 +19,12 @@ pub use crate::proposals::{
     preview,
 };
 
+mod git;
+
 use super::admission_guard::AdmissionGuard;
 use super::error::Error;
 use crate::crd::{
-    ActionProposal, ActionProposalSpec, ChatPolicySpec, ProposalPhase, ProposalTarget,
+    ActionProposal, ActionProposalSpec, ProposalPhase, ProposalTarget,
 };
 use crate::proposals::executor::{self, Action, Executor};
 use k8s_openapi::api::authorization::v1::{
@@ -83,6 +85,10 @@ pub struct ClusterProposals {
     admission_state: Arc<std::sync::atomic::AtomicI8>,
     /// Executions running at once.
     executions: Arc<tokio::sync::Semaphore>,
+    /// When each delivered Git change was last looked at, by uid.
+    follows: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
+    /// How often a delivered Git change is looked at.
+    follow_every: std::time::Duration,
 }
 
 /// How many approved proposals are executed at once.
@@ -125,6 +131,8 @@ impl ClusterProposals {
             guard: AdmissionGuard::new(client.clone()),
             admission_state: Arc::new(std::sync::atomic::AtomicI8::new(-1)),
             executions: Arc::new(tokio::sync::Semaphore::new(EXECUTIONS)),
+            follows: Arc::default(),
+            follow_every: git::FOLLOW_EVERY,
             client,
             handled: Arc::default(),
             scope: None,
@@ -169,10 +177,11 @@ impl ClusterProposals {
         base_name: &str,
         namespace: &str,
         mut spec: ActionProposalSpec,
-        policy: &ChatPolicySpec,
+        entry: &crate::catalog::PolicyEntry,
         expires_at: jiff::Timestamp,
     ) -> Result<(String, Value, Option<Value>), Error> {
-        pin(&self.executor, &mut spec)
+        let policy = &entry.object.spec;
+        let planned = pin(&self.executor, Some(entry), &mut spec)
             .await
             .map_err(Error::Refused)?;
         let mut object = ActionProposal::new("", spec);
@@ -208,7 +217,10 @@ impl ClusterProposals {
                 "could not create the ActionProposal in {namespace}"
             )))?;
         let name = created.name_any();
-        let preview = preview(&self.executor, &created.spec).await;
+        let preview = match planned {
+            Some(p) => p,
+            None => preview(&self.executor, &created.spec).await,
+        };
         let status = json!({
             "phase": "Pending",
             "expiresAt": expires_at.to_string(),
@@ -259,6 +271,27 @@ impl ClusterProposals {
             .insert(key)
     }
 
+    /// Whether a delivered Git change is due another look ([`git::FOLLOW_EVERY`]); only one
+    /// look at a time per proposal.
+    fn follow_due(&self, p: &ActionProposal) -> bool {
+        let uid = p.metadata.uid.clone().unwrap_or_default();
+        let mut due = self.follows.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        match due.get(&uid) {
+            Some(last) if now.duration_since(*last) < self.follow_every => false,
+            _ => {
+                due.insert(uid, now);
+                true
+            }
+        }
+    }
+
+    /// Looks at delivered Git changes every `every` (default [`git::FOLLOW_EVERY`]).
+    pub fn follow_every(mut self, every: std::time::Duration) -> Self {
+        self.follow_every = every;
+        self
+    }
+
     fn forget(&self, p: &ActionProposal, what: &str) {
         let key = format!("{}/{what}", p.metadata.uid.as_deref().unwrap_or_default());
         self.handled
@@ -284,6 +317,10 @@ impl ClusterProposals {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .retain(|k| k.split_once('/').is_some_and(|(uid, _)| live.contains(uid)));
+            self.follows
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|uid, _| live.contains(uid.as_str()));
         }
         for p in proposals {
             // Final proposals need nothing, unless someone asked for an undo.
@@ -334,6 +371,16 @@ impl ClusterProposals {
             }
             match next(&p, policy, now) {
                 Transition::Wait => {}
+                Transition::Follow(action) => {
+                    if self.follow_due(&p) {
+                        let (this, host, p) = (self.clone(), shared.clone(), p.clone());
+                        let record = record.clone();
+                        tokio::spawn(async move {
+                            this.follow_git(host.as_ref(), &p, record.as_ref(), &action)
+                                .await;
+                        });
+                    }
+                }
                 Transition::Final(phase, message) => {
                     if self.first_time(&p, "decide")
                         && !self
@@ -469,6 +516,10 @@ impl ClusterProposals {
             None,
         )
         .await;
+        if p.spec.delivery == Some(crate::crd::Delivery::Git) {
+            self.deliver_git(host, p, record, &action, &by).await;
+            return true;
+        }
         // Once `Executing` is written the action is never started again; a hung one fails.
         let (phase, message, undo) = carry_out(&self.executor, &action).await;
         // Carried out: the result is written, retried here, never by executing again.
@@ -666,9 +717,21 @@ impl ClusterProposals {
             .decision
             .as_ref()
             .and_then(|d| serde_json::to_value(d).ok());
+        let git = p
+            .status
+            .as_ref()
+            .and_then(|s| s.git.as_ref())
+            .and_then(|g| serde_json::to_value(g).ok());
         if let Err(e) = host
             .store()
-            .mirror_proposal(&record.id, phase, decision.as_ref(), Some(message), undo)
+            .mirror_proposal(
+                &record.id,
+                phase,
+                decision.as_ref(),
+                Some(message),
+                undo,
+                git.as_ref(),
+            )
             .await
         {
             tracing::warn!(proposal = %p.name_any(), error = %e, "cannot mirror the proposal to the database");
@@ -737,7 +800,7 @@ impl ClusterProposals {
                     .collect::<String>(),
                 &namespace,
                 spec.clone(),
-                &policy.object.spec,
+                policy,
                 expires_at,
             )
             .await

@@ -137,6 +137,7 @@ pub fn proposal(session: Option<&str>, user: &str, name: &str, phase: &str) -> P
         message: None,
         preview: None,
         undo: None,
+        git: None,
         expires_at: now + 600_000,
         created_at: now,
         updated_at: now,
