@@ -135,7 +135,7 @@ pub struct GitRepository {
     #[schemars(length(min = 1, max = 2048))]
     pub url: String,
     /// The token (HTTPS) or private key (SSH) Kortex pushes and calls the forge with; the
-    /// Secret needs the label `kortex.dev/secret: "true"` like every Secret Kortex reads.
+    /// Secret needs the label `kortex.dev/use: "true"` like every Secret Kortex reads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<super::SecretKeyRef>,
     /// Which API opens the change request (`none`: the branch only).

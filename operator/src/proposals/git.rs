@@ -556,7 +556,7 @@ pub async fn deliver(
         .diff(&pinned.base_commit, &commit)
         .await
         .map_err(|e| failed("cannot read back the commit", e))?;
-    if made.trim_end() != pinned.diff.trim_end() {
+    if comparable(&made) != comparable(&pinned.diff) {
         return Err(DeliverError::Failed(
             "the commit would differ from the approved diff: nothing was pushed".into(),
         ));
@@ -691,6 +691,17 @@ fn request_body(pinned: &Pinned, a: &Approval<'_>) -> String {
             ))
             .unwrap_or_default()
     )
+}
+
+/// A diff as compared: git's `index <blob>..<blob>` line (which the preview leaves out)
+/// dropped, trailing space ignored.
+fn comparable(diff: &str) -> String {
+    diff.lines()
+        .filter(|l| !l.starts_with("index "))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .trim_end()
+        .to_owned()
 }
 
 fn short(sha: &str) -> &str {
