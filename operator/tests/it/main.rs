@@ -22,6 +22,8 @@ mod faults;
 mod first_run;
 mod fuzz;
 mod gateway;
+mod gitops_forge;
+mod gitops_git;
 mod http;
 mod investigation;
 mod leader;
