@@ -409,7 +409,9 @@ mod tests {
             "{t}"
         );
         assert!(
-            lines[1].contains("alice") && lines[1].contains("in 2m05s") && lines[1].ends_with("live"),
+            lines[1].contains("alice")
+                && lines[1].contains("in 2m05s")
+                && lines[1].ends_with("live"),
             "{t}"
         );
         assert_eq!(table(&[], now), "No proposals found.\n");
@@ -426,7 +428,9 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let t = table(&[git], now);
         assert!(
-            t.lines().nth(1).is_some_and(|l| l.ends_with("git https://git.example/fleet/pull/7 (open)")),
+            t.lines()
+                .nth(1)
+                .is_some_and(|l| l.ends_with("git https://git.example/fleet/pull/7 (open)")),
             "{t}"
         );
     }

@@ -144,7 +144,11 @@ pub async fn plan(executor: &Executor, action: &Action, policy: &PolicyEntry) ->
         let urls: Vec<&str> = owner.sources.iter().map(|s| s.repo_url.as_str()).collect();
         return evidence(format!(
             "{object} applies it from {}, which this policy does not declare in spec.gitops.repositories: Kortex writes only to declared repositories",
-            if urls.is_empty() { "no Git source Kortex could read".to_owned() } else { urls.join(", ") }
+            if urls.is_empty() {
+                "no Git source Kortex could read".to_owned()
+            } else {
+                urls.join(", ")
+            }
         ));
     };
     let change = match change_of(executor, action).await {
@@ -208,11 +212,18 @@ fn layout_of(source: &Source, files: &[File]) -> Layout {
         };
         return Layout::HelmValues { dir, value_files };
     }
-    let prefix = if dir.is_empty() { String::new() } else { format!("{dir}/") };
+    let prefix = if dir.is_empty() {
+        String::new()
+    } else {
+        format!("{dir}/")
+    };
     let kustomize = source.kustomize
         || files.iter().any(|f| {
             f.path.strip_prefix(&prefix).is_some_and(|name| {
-                matches!(name, "kustomization.yaml" | "kustomization.yml" | "Kustomization")
+                matches!(
+                    name,
+                    "kustomization.yaml" | "kustomization.yml" | "Kustomization"
+                )
             })
         });
     if kustomize {
@@ -266,7 +277,10 @@ fn base_branch(repository: &RepositoryResolved, source: &Source) -> String {
 
 /// Refuses a path that leaves the repository or the declared prefix.
 fn check_path(path: &str, prefix: Option<&str>) -> Result<(), String> {
-    if path.split('/').any(|s| s == ".." || s == ".") || path.starts_with('/') || path.contains('\\') {
+    if path.split('/').any(|s| s == ".." || s == ".")
+        || path.starts_with('/')
+        || path.contains('\\')
+    {
         return Err(format!("{path} leaves the repository: refused"));
     }
     if let Some(prefix) = prefix.map(owner::clean).filter(|p| !p.is_empty())
@@ -315,8 +329,8 @@ async fn pin_change(
             .map(|(commit, subject)| json!({"commit": commit, "subject": subject, "image": from})),
         Change::Replicas(_) => None,
     };
-    let revert_wanted = action.verb == "rollback"
-        && policy.object.spec.gitops.as_ref().is_some_and(|g| g.revert);
+    let revert_wanted =
+        action.verb == "rollback" && policy.object.spec.gitops.as_ref().is_some_and(|g| g.revert);
     let revert = introduced_by
         .as_ref()
         .filter(|_| revert_wanted)
@@ -328,7 +342,9 @@ async fn pin_change(
                 .revert(&head, commit, "preview", &sig, &sig)
                 .await
                 .map_err(|e| format!("reverting {commit} does not apply cleanly: {e}"))?;
-            repo.diff(&head, &reverted).await.map_err(|e| e.to_string())?
+            repo.diff(&head, &reverted)
+                .await
+                .map_err(|e| e.to_string())?
         }
         None => yaml::unified_diff(&edit.path, &edit.before, &edit.after),
     };
@@ -359,7 +375,10 @@ async fn read_files(repo: &Repo, commit: &str, source: &Source) -> Result<Vec<Fi
         .filter(|e| e.mode != "120000" && e.mode != "160000")
         .map(|e| e.path.clone())
         .filter(|p| {
-            p.ends_with(".yaml") || p.ends_with(".yml") || p.ends_with("/Kustomization") || p == "Kustomization"
+            p.ends_with(".yaml")
+                || p.ends_with(".yml")
+                || p.ends_with("/Kustomization")
+                || p == "Kustomization"
         })
         .take(MAX_FILES)
         .collect();
@@ -411,7 +430,8 @@ fn git_preview(owner: &Owner, pinned: &Pinned) -> Value {
         ));
     }
     if !owner.automated {
-        warnings.push("the owner does not sync on its own: once merged, someone must sync it".into());
+        warnings
+            .push("the owner does not sync on its own: once merged, someone must sync it".into());
     }
     json!({
         "delivery": "git",
@@ -506,9 +526,13 @@ pub async fn deliver(
     approval: &Approval<'_>,
 ) -> Result<Delivered, DeliverError> {
     let failed = |what: &str, e: GitError| DeliverError::Failed(format!("{what}: {e}"));
-    let repo = Repo::clone(&remote(repository), &pinned.base_branch, &crate::egress::current())
-        .await
-        .map_err(|e| failed(&format!("cannot read {}", pinned.repository), e))?;
+    let repo = Repo::clone(
+        &remote(repository),
+        &pinned.base_branch,
+        &crate::egress::current(),
+    )
+    .await
+    .map_err(|e| failed(&format!("cannot read {}", pinned.repository), e))?;
     let head = repo.head().to_owned();
     if head != pinned.base_commit {
         let kept = repo
@@ -547,9 +571,16 @@ pub async fn deliver(
                 .await
                 .map_err(|e| failed(&format!("cannot read {}", pinned.path), e))?;
             let after = apply_diff_line(&text, pinned)?;
-            repo.commit_file(&pinned.base_commit, &pinned.path, &after, &message, &author, &author)
-                .await
-                .map_err(|e| failed("cannot make the commit", e))?
+            repo.commit_file(
+                &pinned.base_commit,
+                &pinned.path,
+                &after,
+                &message,
+                &author,
+                &author,
+            )
+            .await
+            .map_err(|e| failed("cannot make the commit", e))?
         }
     };
     let made = repo
@@ -569,9 +600,18 @@ pub async fn deliver(
         Some(forge) => {
             let title = format!("kortex: {}", approval.summary);
             let r = forge
-                .open(&branch, &pinned.base_branch, &title, &request_body(pinned, approval))
+                .open(
+                    &branch,
+                    &pinned.base_branch,
+                    &title,
+                    &request_body(pinned, approval),
+                )
                 .await
-                .map_err(|e| DeliverError::Failed(format!("pushed {branch}, but the request could not be opened: {e}")))?;
+                .map_err(|e| {
+                    DeliverError::Failed(format!(
+                        "pushed {branch}, but the request could not be opened: {e}"
+                    ))
+                })?;
             Some((r.number, r.url))
         }
         None => None,
@@ -646,11 +686,17 @@ fn forge_of(repository: &RepositoryResolved) -> Result<Option<ForgeClient>, Deli
 /// `Co-authored-by` needs an address: a user name that is one is used as it is, any other
 /// gets a reserved, undeliverable domain.
 fn co_author(user: &str) -> String {
-    let name: String = user.chars().filter(|c| !matches!(c, '<' | '>' | '\n' | '\r')).collect();
+    let name: String = user
+        .chars()
+        .filter(|c| !matches!(c, '<' | '>' | '\n' | '\r'))
+        .collect();
     if name.contains('@') {
         format!("{name} <{name}>")
     } else {
-        format!("{name} <{}@users.kortex.invalid>", name.replace([' ', ':'], "-"))
+        format!(
+            "{name} <{}@users.kortex.invalid>",
+            name.replace([' ', ':'], "-")
+        )
     }
 }
 
@@ -730,22 +776,36 @@ pub async fn follow(
     status: &crate::crd::GitChangeStatus,
 ) -> Result<Followed, String> {
     let mut status = status.clone();
-    let repository = crate::gitops::declared(&policy.gitops, &pinned.repository).ok_or_else(|| {
-        format!(
-            "{} is no longer declared in the policy's spec.gitops.repositories",
-            pinned.repository
-        )
-    })?;
+    let repository =
+        crate::gitops::declared(&policy.gitops, &pinned.repository).ok_or_else(|| {
+            format!(
+                "{} is no longer declared in the policy's spec.gitops.repositories",
+                pinned.repository
+            )
+        })?;
     if status.request_state == "open" || status.request_state == "pushed" {
         match merged(repository, pinned, &status).await? {
             RequestState::Open => {
-                let what = status.request_url.clone().unwrap_or_else(|| format!("branch {}", status.branch));
-                return Ok(Followed::Waiting(status, crate::crd::conditions::reasons::AWAITING_MERGE, format!("waiting for {what} to be merged")));
+                let what = status
+                    .request_url
+                    .clone()
+                    .unwrap_or_else(|| format!("branch {}", status.branch));
+                return Ok(Followed::Waiting(
+                    status,
+                    crate::crd::conditions::reasons::AWAITING_MERGE,
+                    format!("waiting for {what} to be merged"),
+                ));
             }
             RequestState::Closed => {
                 status.request_state = "closed".into();
-                let what = status.request_url.clone().unwrap_or_else(|| status.branch.clone());
-                return Ok(Followed::Failed(status, format!("{what} was closed without being merged: nothing changed")));
+                let what = status
+                    .request_url
+                    .clone()
+                    .unwrap_or_else(|| status.branch.clone());
+                return Ok(Followed::Failed(
+                    status,
+                    format!("{what} was closed without being merged: nothing changed"),
+                ));
             }
             RequestState::Merged { commit } => {
                 status.request_state = "merged".into();
@@ -756,9 +816,15 @@ pub async fn follow(
     let owner = owner_of(executor, action, policy).await;
     status.synced_revision = owner.synced_revision.clone();
     if let Some(failure) = &owner.sync_failure {
-        return Ok(Followed::Failed(status, format!("merged, but the sync failed: {failure}")));
+        return Ok(Followed::Failed(
+            status,
+            format!("merged, but the sync failed: {failure}"),
+        ));
     }
-    let merge = status.merge_commit.clone().unwrap_or_else(|| status.commit.clone());
+    let merge = status
+        .merge_commit
+        .clone()
+        .unwrap_or_else(|| status.commit.clone());
     let synced = match owner.synced_commit() {
         Some(s) if s == merge || s == status.commit => true,
         Some(s) => contains(repository, pinned, s, &merge).await,
@@ -766,7 +832,11 @@ pub async fn follow(
     };
     let object = executor.current(action).await.map_err(|e| e.to_string())?;
     let shows = shows_change(&object, &pinned.expect);
-    let owner_name = owner.object.as_ref().map(ToString::to_string).unwrap_or_default();
+    let owner_name = owner
+        .object
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
     if synced && shows {
         let message = format!(
             "merged ({}) and synced by {owner_name}; {} now shows {}",
@@ -777,11 +847,24 @@ pub async fn follow(
         return Ok(Followed::Succeeded(status, message));
     }
     let message = if synced {
-        format!("{owner_name} synced {}; waiting for {} to show {}", short(&merge), action.target, describe_expect(&pinned.expect))
+        format!(
+            "{owner_name} synced {}; waiting for {} to show {}",
+            short(&merge),
+            action.target,
+            describe_expect(&pinned.expect)
+        )
     } else {
-        format!("merged ({}); waiting for {owner_name} to sync it (synced now: {})", short(&merge), owner.synced_revision.as_deref().unwrap_or("nothing yet"))
+        format!(
+            "merged ({}); waiting for {owner_name} to sync it (synced now: {})",
+            short(&merge),
+            owner.synced_revision.as_deref().unwrap_or("nothing yet")
+        )
     };
-    Ok(Followed::Waiting(status, crate::crd::conditions::reasons::AWAITING_SYNC, message))
+    Ok(Followed::Waiting(
+        status,
+        crate::crd::conditions::reasons::AWAITING_SYNC,
+        message,
+    ))
 }
 
 /// The request's state: the forge's answer, or (no forge) whether the base branch holds
@@ -791,25 +874,52 @@ async fn merged(
     pinned: &Pinned,
     status: &crate::crd::GitChangeStatus,
 ) -> Result<RequestState, String> {
-    match (forge_of(repository).map_err(|e| e.to_string())?, status.request_number) {
-        (Some(forge), Some(n)) => forge.state(n).await.map_err(|e| format!("cannot read the request's state: {e}")),
+    match (
+        forge_of(repository).map_err(|e| e.to_string())?,
+        status.request_number,
+    ) {
+        (Some(forge), Some(n)) => forge
+            .state(n)
+            .await
+            .map_err(|e| format!("cannot read the request's state: {e}")),
         _ => {
-            let repo = Repo::clone(&remote(repository), &pinned.base_branch, &crate::egress::current())
-                .await
-                .map_err(|e| format!("cannot read {}: {e}", pinned.repository))?;
+            let repo = Repo::clone(
+                &remote(repository),
+                &pinned.base_branch,
+                &crate::egress::current(),
+            )
+            .await
+            .map_err(|e| format!("cannot read {}: {e}", pinned.repository))?;
             let head = repo.head().to_owned();
-            Ok(if repo.is_ancestor(&status.commit, &head).await.unwrap_or(false) {
-                RequestState::Merged { commit: Some(head) }
-            } else {
-                RequestState::Open
-            })
+            Ok(
+                if repo
+                    .is_ancestor(&status.commit, &head)
+                    .await
+                    .unwrap_or(false)
+                {
+                    RequestState::Merged { commit: Some(head) }
+                } else {
+                    RequestState::Open
+                },
+            )
         }
     }
 }
 
 /// Whether `synced` (a commit the owner applied) contains `merge`.
-async fn contains(repository: &RepositoryResolved, pinned: &Pinned, synced: &str, merge: &str) -> bool {
-    let Ok(repo) = Repo::clone(&remote(repository), &pinned.base_branch, &crate::egress::current()).await else {
+async fn contains(
+    repository: &RepositoryResolved,
+    pinned: &Pinned,
+    synced: &str,
+    merge: &str,
+) -> bool {
+    let Ok(repo) = Repo::clone(
+        &remote(repository),
+        &pinned.base_branch,
+        &crate::egress::current(),
+    )
+    .await
+    else {
         return false;
     };
     repo.is_ancestor(merge, synced).await.unwrap_or(false)
@@ -820,7 +930,8 @@ pub fn shows_change(object: &Value, expect: &Value) -> bool {
     if let Some(n) = expect.get("replicas") {
         return object["spec"]["replicas"] == *n;
     }
-    let (Some(container), Some(image)) = (expect["container"].as_str(), expect["image"].as_str()) else {
+    let (Some(container), Some(image)) = (expect["container"].as_str(), expect["image"].as_str())
+    else {
         return false;
     };
     object["spec"]["template"]["spec"]["containers"]
@@ -844,7 +955,10 @@ fn describe_expect(expect: &Value) -> String {
 /// The summary of an action for titles and messages.
 pub fn summary(action: &Action) -> String {
     match action.verb.as_str() {
-        "scale" => format!("scale {} to {} replicas", action.target, action.params["replicas"]),
+        "scale" => format!(
+            "scale {} to {} replicas",
+            action.target, action.params["replicas"]
+        ),
         verb => format!("{verb} {}", action.target),
     }
 }
@@ -878,7 +992,10 @@ mod tests {
         assert_eq!(after, "a: 1\nspec:\n  replicas: 5 # keep\nb: 3\n");
         let twice = "x:\nspec:\n  replicas: 2 # keep\ny:\n  replicas: 2 # keep\n";
         let after = apply_diff_line(twice, &pinned_with(diff)).unwrap();
-        assert_eq!(after, "x:\nspec:\n  replicas: 5 # keep\ny:\n  replicas: 2 # keep\n");
+        assert_eq!(
+            after,
+            "x:\nspec:\n  replicas: 5 # keep\ny:\n  replicas: 2 # keep\n"
+        );
         let moved = "a: 1\nspec:\n  replicas: 3 # keep\nb: 3\n";
         assert!(apply_diff_line(moved, &pinned_with(diff)).is_err());
     }
@@ -895,7 +1012,10 @@ mod tests {
 
     #[test]
     fn co_authors_have_an_address() {
-        assert_eq!(co_author("alice@example.com"), "alice@example.com <alice@example.com>");
+        assert_eq!(
+            co_author("alice@example.com"),
+            "alice@example.com <alice@example.com>"
+        );
         assert_eq!(
             co_author("system:serviceaccount:ops:bot"),
             "system:serviceaccount:ops:bot <system-serviceaccount-ops-bot@users.kortex.invalid>"
@@ -907,7 +1027,13 @@ mod tests {
         let o = json!({"spec": {"replicas": 5, "template": {"spec": {"containers": [{"name": "api", "image": "r/api:1"}]}}}});
         assert!(shows_change(&o, &json!({"replicas": 5})));
         assert!(!shows_change(&o, &json!({"replicas": 4})));
-        assert!(shows_change(&o, &json!({"container": "api", "image": "r/api:1"})));
-        assert!(!shows_change(&o, &json!({"container": "api", "image": "r/api:2"})));
+        assert!(shows_change(
+            &o,
+            &json!({"container": "api", "image": "r/api:1"})
+        ));
+        assert!(!shows_change(
+            &o,
+            &json!({"container": "api", "image": "r/api:2"})
+        ));
     }
 }

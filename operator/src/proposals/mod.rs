@@ -61,7 +61,9 @@ pub async fn pin(
     };
     let (pinned, preview) = match git::plan(executor, &action, policy).await {
         git::Plan::Live => return Ok(None),
-        git::Plan::Git(pinned, preview) => (serde_json::to_value(*pinned).unwrap_or_default(), preview),
+        git::Plan::Git(pinned, preview) => {
+            (serde_json::to_value(*pinned).unwrap_or_default(), preview)
+        }
         git::Plan::Evidence(preview) => (json!({"error": preview["error"]}), preview),
     };
     if let Some(Value::Object(map)) = spec.params.as_mut() {
@@ -186,13 +188,19 @@ pub fn approval(
         reason.map(|r| format!(": {r}")).unwrap_or_default()
     );
     match next(&object, Some(&policy.object.spec), jiff::Timestamp::now()) {
-        Transition::Execute(_) if p.params.as_ref().is_some_and(|v| v.get(git::PARAM).is_some()) => Approval {
-            phase: ProposalPhase::Approved,
-            message: format!(
-                "{approved}; not executed here: a Git change is pushed and followed by the cluster operator (kortex run); under kortex serve the approved diff is in the proposal's preview, to apply by hand"
-            ),
-            action: None,
-        },
+        Transition::Execute(_)
+            if p.params
+                .as_ref()
+                .is_some_and(|v| v.get(git::PARAM).is_some()) =>
+        {
+            Approval {
+                phase: ProposalPhase::Approved,
+                message: format!(
+                    "{approved}; not executed here: a Git change is pushed and followed by the cluster operator (kortex run); under kortex serve the approved diff is in the proposal's preview, to apply by hand"
+                ),
+                action: None,
+            }
+        }
         Transition::Execute(action) if can_execute => Approval {
             phase: ProposalPhase::Executing,
             message: format!("{approved}; executing"),

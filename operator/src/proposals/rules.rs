@@ -172,7 +172,9 @@ pub fn next(
     {
         return Transition::Final(
             ProposalPhase::Approved,
-            format!("{approved}; Kortex made no Git change: {why} (the evidence is in status.preview)"),
+            format!(
+                "{approved}; Kortex made no Git change: {why} (the evidence is in status.preview)"
+            ),
         );
     }
     Transition::Execute(action)

@@ -100,7 +100,15 @@ impl ClusterProposals {
         tracing::info!(proposal = %p.name_any(), branch = %delivered.branch, commit = %delivered.commit, "Git change delivered");
         for attempt in 0..5u32 {
             if self
-                .write_git(host, p, record, &status, reasons::AWAITING_MERGE, &message, true)
+                .write_git(
+                    host,
+                    p,
+                    record,
+                    &status,
+                    reasons::AWAITING_MERGE,
+                    &message,
+                    true,
+                )
                 .await
             {
                 return;
@@ -148,8 +156,16 @@ impl ClusterProposals {
             Ok(Followed::Succeeded(now, message)) => {
                 let undo = undo_of(action, &pinned);
                 let message = format!("{message} ({link})");
-                self.finish_git(host, p, record, &now, ProposalPhase::Succeeded, &message, undo)
-                    .await;
+                self.finish_git(
+                    host,
+                    p,
+                    record,
+                    &now,
+                    ProposalPhase::Succeeded,
+                    &message,
+                    undo,
+                )
+                .await;
             }
             Ok(Followed::Failed(now, message)) => {
                 let message = format!("{message} ({link})");
@@ -157,7 +173,9 @@ impl ClusterProposals {
                     .await;
             }
             // A forge or API server that does not answer now is asked again next time.
-            Err(e) => tracing::warn!(proposal = %p.name_any(), error = %e, "cannot follow the Git change now"),
+            Err(e) => {
+                tracing::warn!(proposal = %p.name_any(), error = %e, "cannot follow the Git change now")
+            }
         }
     }
 
@@ -183,8 +201,13 @@ impl ClusterProposals {
         status["git"] = json!(git);
         let since = status["conditions"]
             .as_array()
-            .and_then(|c| c.iter().find(|c| c["type"] == crate::proposals::EXECUTING_CONDITION))
-            .filter(|c| c["reason"] == reasons::AWAITING_MERGE || c["reason"] == reasons::AWAITING_SYNC)
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c["type"] == crate::proposals::EXECUTING_CONDITION)
+            })
+            .filter(|c| {
+                c["reason"] == reasons::AWAITING_MERGE || c["reason"] == reasons::AWAITING_SYNC
+            })
             .and_then(|c| c["lastTransitionTime"].as_str().map(str::to_owned));
         set_executing(
             &mut status,
@@ -268,7 +291,7 @@ impl ClusterProposals {
 /// the person does in the forge.
 fn undo_of(action: &Action, pinned: &git::Pinned) -> Option<Value> {
     let before: i64 = pinned.old.trim_matches(['"', '\'']).parse().ok()?;
-    (action.verb == "scale").then(|| {
-        json!({"action": "scale", "target": action.target, "params": {"replicas": before}})
-    })
+    (action.verb == "scale").then(
+        || json!({"action": "scale", "target": action.target, "params": {"replicas": before}}),
+    )
 }

@@ -23,9 +23,7 @@ mod git;
 
 use super::admission_guard::AdmissionGuard;
 use super::error::Error;
-use crate::crd::{
-    ActionProposal, ActionProposalSpec, ProposalPhase, ProposalTarget,
-};
+use crate::crd::{ActionProposal, ActionProposalSpec, ProposalPhase, ProposalTarget};
 use crate::proposals::executor::{self, Action, Executor};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,

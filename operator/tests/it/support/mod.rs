@@ -11,6 +11,7 @@ pub mod canned_api;
 pub mod chat;
 pub mod db;
 pub mod fake_api;
+pub mod forge;
 pub mod git_server;
 pub mod manifests;
 pub mod net;
