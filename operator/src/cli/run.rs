@@ -32,6 +32,10 @@ pub struct RunArgs {
     /// How often providers are probed, e.g. `60s`.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub probe_interval: Duration,
+    /// How often a proposal delivered through Git is looked at (its change request at the
+    /// forge, then the GitOps tool's sync), e.g. `10s` (docs/gitops.md).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub gitops_follow_interval: Duration,
     /// Kortex's own namespace: where its credential Secrets and its leader Lease live
     /// (default: `POD_NAMESPACE`, then the service account's or kubeconfig's namespace).
     #[arg(long, env = "POD_NAMESPACE", value_name = "NS")]
@@ -229,7 +233,8 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     let plugins = channel::channel(Arc::new(crate::tools::PluginSet::default()));
     let proposals = ClusterProposals::new(client.clone(), Some(identity.clone()))
         .scoped(args.namespace.clone())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .follow_every(args.gitops_follow_interval);
     let duties = LeaderDuties {
         writer: StatusWriter::new(client.clone(), Some(identity)).with_metrics(metrics.clone()),
         proposals: proposals.clone(),

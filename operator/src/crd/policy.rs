@@ -500,7 +500,8 @@ pub enum NotifyFormat {
 }
 
 impl ChatPolicySpec {
-    /// The Secret keys this policy names (its notification targets').
+    /// The Secret keys this policy names (its notification targets' and GitOps
+    /// repositories').
     pub fn secret_refs(&self) -> Vec<&crate::crd::SecretKeyRef> {
         self.notify
             .iter()
@@ -510,6 +511,12 @@ impl ChatPolicySpec {
                     .iter()
                     .chain(t.signing_secret_ref.iter())
             })
+            .chain(
+                self.gitops
+                    .iter()
+                    .flat_map(|g| g.repositories.iter())
+                    .filter_map(|r| r.secret_ref.as_ref()),
+            )
             .collect()
     }
 }

@@ -526,6 +526,9 @@ pub async fn deliver(
     approval: &Approval<'_>,
 ) -> Result<Delivered, DeliverError> {
     let failed = |what: &str, e: GitError| DeliverError::Failed(format!("{what}: {e}"));
+    // A forge that cannot be reached as declared fails the delivery before anything is
+    // pushed.
+    let forge = forge_of(repository)?;
     let repo = Repo::clone(
         &remote(repository),
         &pinned.base_branch,
@@ -596,7 +599,7 @@ pub async fn deliver(
     repo.push_new_branch(&commit, &branch)
         .await
         .map_err(|e| failed(&format!("cannot push {branch}"), e))?;
-    let request = match forge_of(repository)? {
+    let request = match forge {
         Some(forge) => {
             let title = format!("kortex: {}", approval.summary);
             let r = forge

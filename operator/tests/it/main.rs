@@ -22,6 +22,7 @@ mod faults;
 mod first_run;
 mod fuzz;
 mod gateway;
+mod gitops;
 mod gitops_forge;
 mod gitops_git;
 mod http;

@@ -1,0 +1,398 @@
+//! A GitOps-owned target, end to end from the binary (`kortex run` against the fake API
+//! server): a real Git server (`git http-backend` behind basic auth) holds the manifests,
+//! a scripted GitHub speaks the pulls API; Argo CD's Application and the labelled
+//! Deployment live in the fake cluster. A scale proposal becomes a one-line Git change,
+//! previewed as a diff; approved with `kubectl kortex`, it is pushed and its pull request
+//! opened; the test plays the forge (merged) and Argo CD (synced, replicas changed), and
+//! the proposal ends Succeeded. A closed request fails the proposal; an Application whose
+//! repository is not declared gets the evidence and no write; the token never shows.
+
+use crate::support::chat::{post_json, post_message, wait_idle};
+use crate::support::fake_api::{FakeApi, base64, incidents_policy, phase, write_kubeconfig_as};
+use crate::support::forge::forge_for;
+use crate::support::git_server::{GitServer, git};
+use crate::support::net::http_client;
+use crate::support::provider::{mock, push, push_answer, tool_calls};
+use crate::support::server::{Server, kubectl_kortex, start_run_with};
+use kortex::crd::Forge;
+use serde_json::{Value, json};
+
+/// The token of the Git server and the forge: a canary that must never show.
+const TOKEN: &str = "ghp_gitopsCanary7Q2x9";
+
+const DEPLOYMENT: &str = "# The shop's API (owned by the payments team)\napiVersion: v1\nkind: Service\nmetadata:\n  name: api\n  namespace: shop\nspec:\n  ports: [{port: 80}]\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: api\n  namespace: shop\nspec:\n  replicas: 2 # raised for the sale\n  selector:\n    matchLabels: {app: api}\n  template:\n    metadata:\n      labels: {app: api}\n    spec:\n      containers:\n        - name: api\n          image: shop/api:4\n";
+
+/// The Deployment as Argo CD applied it (tracked by annotation).
+fn deployment(app: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "api", "namespace": "shop", "generation": 3,
+            "annotations": {"deployment.kubernetes.io/revision": "4",
+                "argocd.argoproj.io/tracking-id": format!("{app}:apps/Deployment:shop/api")}},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "api"}},
+            "template": {"metadata": {"labels": {"app": "api"}}, "spec": {"containers": [{"name": "api", "image": "shop/api:4"}]}}}})
+}
+
+fn application(name: &str, repo: &str, revision: &str) -> Value {
+    json!({"apiVersion": "argoproj.io/v1alpha1", "kind": "Application",
+        "metadata": {"name": name, "namespace": "argocd"},
+        "spec": {"project": "default",
+            "source": {"repoURL": repo, "path": "apps/api", "targetRevision": "main"},
+            "destination": {"server": "https://kubernetes.default.svc", "namespace": "shop"},
+            "syncPolicy": {"automated": {"selfHeal": true, "prune": true}}},
+        "status": {"sync": {"status": "Synced", "revision": revision}}})
+}
+
+struct Scene {
+    fake: FakeApi,
+    git: GitServer,
+    forge: std::sync::Arc<crate::support::forge::Script>,
+    script: std::sync::Arc<crate::support::provider::Script>,
+    server: Server,
+    base_commit: String,
+    dir: tempfile::TempDir,
+}
+
+async fn scene() -> Scene {
+    let git = GitServer::start("x-access-token", TOKEN).await;
+    let base_commit = git.create(
+        "acme/fleet",
+        &[
+            ("apps/api/api.yaml", DEPLOYMENT),
+            ("README.md", "The shop's fleet.\n"),
+        ],
+    );
+    let (forge_root, forge) = forge_for(Forge::Github, "/repos/acme/fleet", TOKEN).await;
+    let fake = FakeApi::start().await;
+    let (llm, script) = mock().await;
+    fake.apply("deployments", deployment("shop"));
+    fake.apply(
+        "applications",
+        application("shop", &git.url("acme/fleet"), &base_commit),
+    );
+    let mut policy = incidents_policy(json!({"allowedActions": ["scale", "restart"],
+        "allowedNamespaces": ["shop"], "expireAfter": "10m"}));
+    policy["spec"]["gitops"] = json!({"repositories": [{
+        "url": git.url("acme/fleet"), "forge": "github", "apiUrl": forge_root,
+        "secretRef": {"name": "fleet-git", "key": "token"}, "allowPrivateTargets": true}]});
+    fake.apply("chatpolicies", policy);
+    fake.apply("secrets", json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "fleet-git", "namespace": "team-a", "labels": {"kortex.dev/use": "true"}},
+        "type": "Opaque", "data": {"token": base64(TOKEN)}}));
+    fake.allow("bob");
+    let dir = tempfile::tempdir().unwrap();
+    let server = start_run_with(
+        &fake,
+        dir.path(),
+        &llm,
+        &["--gitops-follow-interval", "300ms"],
+    )
+    .await;
+    Scene {
+        fake,
+        git,
+        forge,
+        script,
+        server,
+        base_commit,
+        dir,
+    }
+}
+
+/// The model proposes scaling api to `replicas` in a new session; the proposal's name.
+async fn propose_scale(s: &Scene, replicas: i64, session: &str) -> String {
+    let before: Vec<String> = s
+        .fake
+        .list("actionproposals")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    push(
+        &s.script,
+        tool_calls(&[(
+            "p1",
+            "propose_action",
+            json!({"action": "scale", "params": {"replicas": replicas},
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+                "rationale": "p99 latency 4x since 10:05, CPU at its limit on both pods"}),
+        )]),
+    );
+    push_answer(&s.script, &["Proposed."]);
+    let client = http_client();
+    let created = post_json(
+        &client,
+        s.server.url("/chat/v1/sessions"),
+        &json!({"name": session, "namespace": "team-a"}),
+    )
+    .await;
+    let id = created["id"].as_str().unwrap_or_default().to_owned();
+    post_message(&s.server, &id, "api is slow, scale it").await;
+    wait_idle(&client, &s.server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    s.fake
+        .list("actionproposals")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+        .find(|n| !before.contains(n))
+        .unwrap_or_else(|| panic!("no new proposal:\n{}", s.server.log()))
+}
+
+fn proposal(s: &Scene, name: &str) -> Value {
+    s.fake
+        .get("actionproposals", "shop", name)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitops_a_scale_becomes_a_reviewed_pull_request_followed_until_the_cluster_runs_it() {
+    let s = scene().await;
+    let name = propose_scale(&s, 5, "incident-gitops").await;
+
+    // Proposed as a Git change: the preview is the one-line diff at the pinned commit.
+    let p = proposal(&s, &name);
+    assert_eq!(p["spec"]["delivery"], "git", "{p}");
+    let preview = &p["status"]["preview"];
+    assert_eq!(preview["delivery"], "git", "{preview}");
+    assert_eq!(preview["path"], "apps/api/api.yaml");
+    assert_eq!(preview["baseCommit"], s.base_commit.as_str());
+    assert_eq!(preview["owner"]["kind"], "Application");
+    let diff = preview["diff"].as_str().unwrap_or_default();
+    let changed: Vec<&str> = diff
+        .lines()
+        .filter(|l| {
+            (l.starts_with('-') || l.starts_with('+'))
+                && !l.starts_with("---")
+                && !l.starts_with("+++")
+        })
+        .collect();
+    assert_eq!(
+        changed,
+        [
+            "-  replicas: 2 # raised for the sale",
+            "+  replicas: 5 # raised for the sale"
+        ],
+        "{diff}"
+    );
+    assert_eq!(p["spec"]["params"]["git"]["diff"], preview["diff"]);
+    // Nothing was written anywhere yet.
+    assert!(s.forge.prs.lock().unwrap().is_empty());
+    assert_eq!(
+        git(&s.git.bare("acme/fleet"), &["branch", "--list", "kortex/*"]),
+        ""
+    );
+
+    // bob approves; the approver's right is `update` on the Application.
+    let bob = write_kubeconfig_as(s.dir.path(), &s.fake.url, "bob-token", "bob");
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--reason", "ship it"]).await;
+    assert!(ok, "{out}");
+    s.fake
+        .until("the request to be opened", |f| {
+            f.get("actionproposals", "shop", &name)
+                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
+        })
+        .await;
+    let reviews: Vec<Value> = s
+        .fake
+        .seen()
+        .into_iter()
+        .filter(|r| r.path.ends_with("/subjectaccessreviews"))
+        .map(|r| r.body["spec"]["resourceAttributes"].clone())
+        .collect();
+    assert!(
+        reviews.contains(
+            &json!({"namespace": "argocd", "verb": "update", "group": "argoproj.io",
+            "resource": "applications", "name": "shop"})
+        ),
+        "{reviews:?}"
+    );
+    let p = proposal(&s, &name);
+    assert_eq!(p["status"]["phase"], "Executing", "{p}");
+    let status = &p["status"]["git"];
+    let branch = format!("kortex/{name}");
+    assert_eq!(status["branch"], branch.as_str());
+    assert_eq!(status["requestNumber"], 1);
+    assert!(
+        status["requestUrl"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("/1"),
+        "{status}"
+    );
+    let condition = p["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == "Executing"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(condition["reason"], "AwaitingMerge", "{condition}");
+
+    // The pushed commit: on the pinned base, one file, exactly the previewed line, the
+    // approver as co-author; the pull request from the branch to main.
+    let bare = s.git.bare("acme/fleet");
+    let commit = git(&bare, &["rev-parse", &branch]);
+    assert_eq!(status["commit"], commit.as_str());
+    assert_eq!(
+        git(&bare, &["rev-parse", &format!("{commit}^")]),
+        s.base_commit
+    );
+    assert_eq!(
+        git(&bare, &["diff", "--name-only", &s.base_commit, &commit]),
+        "apps/api/api.yaml"
+    );
+    let pushed = git(&bare, &["diff", &s.base_commit, &commit]);
+    let ours: Vec<&str> = pushed
+        .lines()
+        .filter(|l| !l.starts_with("index "))
+        .collect();
+    let previewed: Vec<&str> = diff.lines().collect();
+    assert_eq!(ours, previewed, "the pushed diff is the previewed one");
+    let message = git(&bare, &["log", "-1", "--format=%an <%ae>%n%B", &commit]);
+    assert!(message.starts_with("Kortex <"), "{message}");
+    assert!(
+        message.contains("Co-authored-by: bob <bob@users.kortex.invalid>"),
+        "{message}"
+    );
+    assert!(message.contains("p99 latency 4x"), "{message}");
+    let text = git(&bare, &["show", &format!("{commit}:apps/api/api.yaml")]);
+    assert_eq!(
+        text,
+        DEPLOYMENT
+            .replace("replicas: 2 #", "replicas: 5 #")
+            .trim_end()
+    );
+    {
+        let prs = s.forge.prs.lock().unwrap();
+        assert_eq!(prs.len(), 1);
+        assert_eq!(
+            (prs[0].head.as_str(), prs[0].base.as_str()),
+            (branch.as_str(), "main")
+        );
+    }
+
+    // Merged at the forge: waiting for Argo CD.
+    s.forge.set(1, "closed", true, Some(&commit));
+    s.fake
+        .until("the proposal to wait for the sync", |f| {
+            f.get("actionproposals", "shop", &name)
+                .is_some_and(|p| p["status"]["git"]["requestState"] == "merged")
+        })
+        .await;
+    assert_eq!(phase(&s.fake, &name), "Executing");
+    // Argo CD syncs the merge, and the Deployment shows it: Succeeded.
+    s.fake.apply(
+        "applications",
+        application("shop", &s.git.url("acme/fleet"), &commit),
+    );
+    let mut synced = deployment("shop");
+    synced["spec"]["replicas"] = json!(5);
+    s.fake.apply("deployments", synced);
+    s.fake
+        .until("the proposal to succeed", |f| {
+            phase(f, &name) == "Succeeded"
+        })
+        .await;
+    let p = proposal(&s, &name);
+    let message = p["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("synced by Application argocd/shop"),
+        "{message}"
+    );
+    assert!(
+        message.contains("/pull") || message.contains("/1"),
+        "{message}"
+    );
+    assert_eq!(p["status"]["git"]["mergeCommit"], commit.as_str());
+    // A live scale was never sent.
+    assert!(
+        !s.fake.seen().iter().any(|r| r.method == "PATCH"
+            && r.path.ends_with("/deployments/api/scale")
+            && !r.query.contains("dryRun")),
+        "no live write"
+    );
+
+    // The canary never left the Git and forge requests.
+    let log = s.server.log();
+    assert!(!log.contains(TOKEN), "the token is in the log");
+    for r in s.fake.seen() {
+        assert!(
+            !r.body.to_string().contains(TOKEN),
+            "{} {}",
+            r.method,
+            r.path
+        );
+    }
+    assert!(!message.contains(TOKEN));
+    let db = std::fs::read(s.dir.path().join("k.db")).unwrap_or_default();
+    assert!(
+        !String::from_utf8_lossy(&db).contains(TOKEN),
+        "the token is in the database"
+    );
+    let all = git(&bare, &["log", "--all", "--format=%B"]);
+    assert!(!all.contains(TOKEN), "the token is in a commit");
+    for r in s.git.requests() {
+        assert!(!r.uri.contains(TOKEN), "{}", r.uri);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitops_a_closed_request_fails_and_an_undeclared_repository_is_never_written() {
+    let s = scene().await;
+    let name = propose_scale(&s, 4, "incident-closed").await;
+    let bob = write_kubeconfig_as(s.dir.path(), &s.fake.url, "bob-token", "bob");
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &name]).await;
+    assert!(ok, "{out}");
+    s.fake
+        .until("the request to be opened", |f| {
+            f.get("actionproposals", "shop", &name)
+                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
+        })
+        .await;
+    s.forge.set(1, "closed", false, None);
+    s.fake
+        .until("the proposal to fail", |f| phase(f, &name) == "Failed")
+        .await;
+    let message = proposal(&s, &name)["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("closed without being merged"), "{message}");
+
+    // The Application now points at a repository the policy does not declare: the
+    // proposal carries the evidence, and approving it writes nothing.
+    s.fake.apply(
+        "applications",
+        application(
+            "shop",
+            "https://git.example.com/elsewhere/fleet.git",
+            &s.base_commit,
+        ),
+    );
+    let requests_before = s.git.requests().len();
+    let other = propose_scale(&s, 6, "incident-elsewhere").await;
+    let p = proposal(&s, &other);
+    assert_eq!(p["spec"]["delivery"], "git", "{p}");
+    let error = p["status"]["preview"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("does not declare") && error.contains("elsewhere/fleet"),
+        "{error}"
+    );
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &other]).await;
+    assert!(ok, "{out}");
+    s.fake
+        .until("the evidence-only proposal to end", |f| {
+            phase(f, &other) == "Approved"
+        })
+        .await;
+    let message = proposal(&s, &other)["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(message.contains("Kortex made no Git change"), "{message}");
+    assert_eq!(
+        s.git.requests().len(),
+        requests_before,
+        "no Git request for it"
+    );
+    assert_eq!(
+        s.forge.prs.lock().unwrap().len(),
+        1,
+        "no pull request for it"
+    );
+}
