@@ -130,10 +130,10 @@ pub async fn plan(executor: &Executor, action: &Action, policy: &PolicyEntry) ->
     let Some(object) = owner.object.as_ref() else {
         return evidence("its GitOps owner could not be read".into());
     };
-    if let Some(problem) = owner.problems.first() {
-        if owner.sources.is_empty() {
-            return evidence(problem.clone());
-        }
+    if let Some(problem) = owner.problems.first()
+        && owner.sources.is_empty()
+    {
+        return evidence(problem.clone());
     }
     let declared: Vec<(&Source, &RepositoryResolved)> = owner
         .sources
@@ -262,17 +262,18 @@ fn base_branch(repository: &RepositoryResolved, source: &Source) -> String {
         return b.clone();
     }
     match source.revision.as_deref() {
-        Some(r)
-            if !r.is_empty()
-                && r != "HEAD"
-                && !(r.len() >= 7 && r.chars().all(|c| c.is_ascii_hexdigit()))
-                && !r.starts_with('v')
-                && !r.contains('*') =>
-        {
-            r.to_owned()
-        }
+        Some(r) if names_a_branch(r) => r.to_owned(),
         _ => "main".into(),
     }
+}
+
+/// Whether a revision (`targetRevision`, a GitRepository's ref) can be a branch: not
+/// empty, not `HEAD`, not a commit id, not a version tag (`v1.2`) or constraint (`~1.2`).
+fn names_a_branch(r: &str) -> bool {
+    let commit = r.len() >= 7 && r.chars().all(|c| c.is_ascii_hexdigit());
+    let version = r.starts_with('v') && r[1..].starts_with(|c: char| c.is_ascii_digit());
+    let constraint = r.contains(['*', '^', '~', '>', '<', ' ']);
+    !(r.is_empty() || r == "HEAD" || commit || version || constraint)
 }
 
 /// Refuses a path that leaves the repository or the declared prefix.
@@ -1011,6 +1012,16 @@ mod tests {
         assert!(check_path("apps/api.yaml", Some("clusters/prod")).is_err());
         assert!(check_path("clusters/prod/api.yaml", Some("./clusters/prod/")).is_ok());
         assert!(check_path("clusters/production/api.yaml", Some("clusters/prod")).is_err());
+    }
+
+    #[test]
+    fn only_branch_like_revisions_are_bases() {
+        for r in ["main", "release/2.x", "prod"] {
+            assert!(names_a_branch(r), "{r}");
+        }
+        for r in ["", "HEAD", "3f1c2ab", "v1.4.2", "~1.2", "1.x *"] {
+            assert!(!names_a_branch(r), "{r}");
+        }
     }
 
     #[test]

@@ -53,14 +53,18 @@ struct Scene {
 }
 
 async fn scene() -> Scene {
+    scene_with(&[]).await
+}
+
+/// The scene with more files in the repository.
+async fn scene_with(more: &[(&str, &str)]) -> Scene {
     let git = GitServer::start("x-access-token", TOKEN).await;
-    let base_commit = git.create(
-        "acme/fleet",
-        &[
-            ("apps/api/api.yaml", DEPLOYMENT),
-            ("README.md", "The shop's fleet.\n"),
-        ],
-    );
+    let mut files = vec![
+        ("apps/api/api.yaml", DEPLOYMENT),
+        ("README.md", "The shop's fleet.\n"),
+    ];
+    files.extend_from_slice(more);
+    let base_commit = git.create("acme/fleet", &files);
     let (forge_root, forge) = forge_for(Forge::Github, "/repos/acme/fleet", TOKEN).await;
     let fake = FakeApi::start().await;
     let (llm, script) = mock().await;
@@ -100,6 +104,11 @@ async fn scene() -> Scene {
 
 /// The model proposes scaling api to `replicas` in a new session; the proposal's name.
 async fn propose_scale(s: &Scene, replicas: i64, session: &str) -> String {
+    propose_scale_of(s, "api", replicas, session).await
+}
+
+/// The model proposes scaling Deployment `target` (in shop) to `replicas`.
+async fn propose_scale_of(s: &Scene, target: &str, replicas: i64, session: &str) -> String {
     let before: Vec<String> = s
         .fake
         .list("actionproposals")
@@ -112,7 +121,7 @@ async fn propose_scale(s: &Scene, replicas: i64, session: &str) -> String {
             "p1",
             "propose_action",
             json!({"action": "scale", "params": {"replicas": replicas},
-                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": target},
                 "rationale": "p99 latency 4x since 10:05, CPU at its limit on both pods"}),
         )]),
     );
@@ -394,5 +403,114 @@ async fn gitops_a_closed_request_fails_and_an_undeclared_repository_is_never_wri
         s.forge.prs.lock().unwrap().len(),
         1,
         "no pull request for it"
+    );
+}
+
+const OVERLAY: &str = "# Production overlay of the web shop\nresources:\n  - ../../apps/web\n  - cart-release.yaml\nreplicas:\n  - name: web\n    count: 3 # one per zone\n";
+const BASE: &str =
+    "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  replicas: 1\n";
+const RELEASE: &str = "apiVersion: helm.toolkit.fluxcd.io/v2\nkind: HelmRelease\nmetadata:\n  name: cart\n  namespace: shop\nspec:\n  interval: 5m\n  chart:\n    spec:\n      chart: cart\n  values:\n    # the cart service\n    replicaCount: 2 # sized for weekdays\n    image:\n      tag: \"3.1\"\n";
+
+/// A Flux-applied workload: Deployment `name` in shop, labelled by `labels`, with 2 replicas.
+fn flux_deployment(name: &str, labels: Value) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "shop", "generation": 1, "labels": labels,
+            "annotations": {"deployment.kubernetes.io/revision": "1"}},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{"name": name, "image": format!("shop/{name}:1")}]}}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitops_flux_owners_lead_to_the_overlay_and_the_release_values() {
+    let s = scene_with(&[
+        ("overlays/prod/kustomization.yaml", OVERLAY),
+        ("overlays/prod/cart-release.yaml", RELEASE),
+        ("apps/web/deployment.yaml", BASE),
+    ])
+    .await;
+    let ks_labels = json!({"kustomize.toolkit.fluxcd.io/name": "apps",
+        "kustomize.toolkit.fluxcd.io/namespace": "flux-system"});
+    s.fake
+        .apply("deployments", flux_deployment("web", ks_labels.clone()));
+    s.fake.apply(
+        "deployments",
+        flux_deployment(
+            "cart",
+            json!({"helm.toolkit.fluxcd.io/name": "cart",
+            "helm.toolkit.fluxcd.io/namespace": "shop"}),
+        ),
+    );
+    s.fake.apply(
+        "helmreleases",
+        json!({"apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease",
+        "metadata": {"name": "cart", "namespace": "shop", "labels": ks_labels},
+        "spec": {"chart": {"spec": {"chart": "cart"}}}}),
+    );
+    s.fake.apply("kustomizations", json!({"apiVersion": "kustomize.toolkit.fluxcd.io/v1", "kind": "Kustomization",
+        "metadata": {"name": "apps", "namespace": "flux-system"},
+        "spec": {"path": "./overlays/prod", "interval": "10m", "prune": true,
+            "sourceRef": {"kind": "GitRepository", "name": "fleet"}},
+        "status": {"lastAppliedRevision": format!("main@sha1:{}", s.base_commit),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "ReconciliationSucceeded"}]}}));
+    s.fake.apply(
+        "gitrepositories",
+        json!({"apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
+        "metadata": {"name": "fleet", "namespace": "flux-system"},
+        "spec": {"url": s.git.url("acme/fleet"), "ref": {"branch": "main"}, "interval": "1m"}}),
+    );
+
+    let changed = |name: &str| -> (Value, Vec<String>) {
+        let p = proposal(&s, name);
+        let preview = p["status"]["preview"].clone();
+        let lines = preview["diff"]
+            .as_str()
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| {
+                (l.starts_with('-') || l.starts_with('+'))
+                    && !l.starts_with("---")
+                    && !l.starts_with("+++")
+            })
+            .map(str::to_owned)
+            .collect();
+        (preview, lines)
+    };
+    // A Kustomization: the overlay's replicas entry, not the shared base.
+    let web = propose_scale_of(&s, "web", 4, "incident-web").await;
+    let (preview, lines) = changed(&web);
+    assert_eq!(preview["owner"]["kind"], "Kustomization", "{preview}");
+    assert_eq!(
+        preview["path"], "overlays/prod/kustomization.yaml",
+        "{preview}"
+    );
+    assert_eq!(
+        lines,
+        [
+            "-    count: 3 # one per zone",
+            "+    count: 4 # one per zone"
+        ],
+        "{preview}"
+    );
+    // A HelmRelease applied by that Kustomization: its spec.values in the repository.
+    let cart = propose_scale_of(&s, "cart", 5, "incident-cart").await;
+    let (preview, lines) = changed(&cart);
+    assert_eq!(
+        preview["path"], "overlays/prod/cart-release.yaml",
+        "{preview}"
+    );
+    assert_eq!(
+        lines,
+        [
+            "-    replicaCount: 2 # sized for weekdays",
+            "+    replicaCount: 5 # sized for weekdays"
+        ],
+        "{preview}"
+    );
+    // The approver of a Flux change needs `update` on the Kustomization.
+    let p = proposal(&s, &web);
+    assert_eq!(p["spec"]["params"]["git"]["owner"]["kind"], "Kustomization");
+    assert_eq!(
+        p["spec"]["params"]["git"]["owner"]["namespace"],
+        "flux-system"
     );
 }
