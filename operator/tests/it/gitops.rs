@@ -73,7 +73,7 @@ async fn scene_with(more: &[(&str, &str)]) -> Scene {
         "applications",
         application("shop", &git.url("acme/fleet"), &base_commit),
     );
-    let mut policy = incidents_policy(json!({"allowedActions": ["scale", "restart"],
+    let mut policy = incidents_policy(json!({"allowedActions": ["scale", "restart", "rollback"],
         "allowedNamespaces": ["shop"], "expireAfter": "10m"}));
     policy["spec"]["gitops"] = json!({"repositories": [{
         "url": git.url("acme/fleet"), "forge": "github", "apiUrl": forge_root,
@@ -109,22 +109,21 @@ async fn propose_scale(s: &Scene, replicas: i64, session: &str) -> String {
 
 /// The model proposes scaling Deployment `target` (in shop) to `replicas`.
 async fn propose_scale_of(s: &Scene, target: &str, replicas: i64, session: &str) -> String {
+    let args = json!({"action": "scale", "params": {"replicas": replicas},
+        "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": target},
+        "rationale": "p99 latency 4x since 10:05, CPU at its limit on both pods"});
+    propose(s, args, session).await
+}
+
+/// The model calls `propose_action` with `args` in a new session; the proposal's name.
+async fn propose(s: &Scene, args: Value, session: &str) -> String {
     let before: Vec<String> = s
         .fake
         .list("actionproposals")
         .iter()
         .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
         .collect();
-    push(
-        &s.script,
-        tool_calls(&[(
-            "p1",
-            "propose_action",
-            json!({"action": "scale", "params": {"replicas": replicas},
-                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": target},
-                "rationale": "p99 latency 4x since 10:05, CPU at its limit on both pods"}),
-        )]),
-    );
+    push(&s.script, tool_calls(&[("p1", "propose_action", args)]));
     push_answer(&s.script, &["Proposed."]);
     let client = http_client();
     let created = post_json(
@@ -512,5 +511,86 @@ async fn gitops_flux_owners_lead_to_the_overlay_and_the_release_values() {
     assert_eq!(
         p["spec"]["params"]["git"]["owner"]["namespace"],
         "flux-system"
+    );
+}
+
+/// A ReplicaSet of Deployment api (uid `owner`) at `revision` running `image`.
+fn replica_set(owner: &str, revision: i64, image: &str) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": format!("api-{revision}"), "namespace": "shop",
+            "annotations": {"deployment.kubernetes.io/revision": revision.to_string()},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "api", "uid": owner, "controller": true}]},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "api"}},
+            "template": {"metadata": {"labels": {"app": "api", "pod-template-hash": format!("h{revision}")}},
+                "spec": {"containers": [{"name": "api", "image": image}]}}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitops_a_rollback_sets_the_image_line_back_and_names_the_commit_that_brought_it() {
+    let s = scene_with(&[]).await;
+    // Git's history: api 3, then the deploy of api 4 (what the cluster runs now).
+    let three = DEPLOYMENT.replace("shop/api:4", "shop/api:3");
+    s.git.change(
+        "acme/fleet",
+        &[crate::support::git_server::Change::Write(
+            "apps/api/api.yaml",
+            &three,
+        )],
+        "api 3",
+    );
+    let bad = s.git.change(
+        "acme/fleet",
+        &[crate::support::git_server::Change::Write(
+            "apps/api/api.yaml",
+            DEPLOYMENT,
+        )],
+        "deploy api 4 (new checkout flow)",
+    );
+    let uid = s.fake.get("deployments", "shop", "api").unwrap_or_default()["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    s.fake
+        .apply("replicasets", replica_set(&uid, 3, "shop/api:3"));
+    s.fake
+        .apply("replicasets", replica_set(&uid, 4, "shop/api:4"));
+    let name = propose(
+        &s,
+        json!({"action": "rollback",
+            "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+            "rationale": "5xx rose to 12% two minutes after api 4 rolled out"}),
+        "incident-rollback",
+    )
+    .await;
+    let p = proposal(&s, &name);
+    let preview = &p["status"]["preview"];
+    assert_eq!(preview["delivery"], "git", "{p}");
+    let lines: Vec<&str> = preview["diff"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            (l.starts_with('-') || l.starts_with('+'))
+                && !l.starts_with("---")
+                && !l.starts_with("+++")
+        })
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "-          image: shop/api:4",
+            "+          image: shop/api:3"
+        ],
+        "{preview}"
+    );
+    assert_eq!(preview["introducedBy"]["commit"], bad.as_str(), "{preview}");
+    assert_eq!(
+        preview["introducedBy"]["subject"],
+        "deploy api 4 (new checkout flow)"
+    );
+    assert_eq!(p["spec"]["params"]["toRevision"], 3);
+    assert_eq!(
+        p["spec"]["params"]["git"]["expect"],
+        json!({"container": "api", "image": "shop/api:3"})
     );
 }
