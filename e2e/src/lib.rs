@@ -25,35 +25,40 @@ pub async fn client() -> Option<Client> {
 
 /// Applies Kortex's CRDs (server-side apply) and waits until each is Established.
 pub async fn install_crds(client: &Client) -> anyhow::Result<()> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for crd in kortex::crd::all_crds() {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(
-            &name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&crd),
-        )
-        .await?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let current = api.get(&name).await?;
-            let established = current
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                break;
-            }
-            anyhow::ensure!(
-                Instant::now() < deadline,
-                "CRD {name} not Established within 60s"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        install_crd(client, &crd).await?;
     }
     Ok(())
+}
+
+/// Applies one CustomResourceDefinition (server-side) and waits until it is Established.
+pub async fn install_crd(client: &Client, crd: &CustomResourceDefinition) -> anyhow::Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(crd),
+    )
+    .await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let current = api.get(&name).await?;
+        let established = current
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "CRD {name} not Established within 60s"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// A namespace for one test, deleted by [`TempNamespace::delete`].
@@ -251,15 +256,12 @@ pub async fn tool_context(
 /// A ChatPolicy `namespace/name` for every session, allowing every tool, as the router
 /// takes it.
 pub fn any_policy(namespace: &str, name: &str) -> anyhow::Result<kortex::catalog::PolicyEntry> {
-    Ok(kortex::catalog::PolicyEntry {
-        object: serde_json::from_value(serde_json::json!({
+    Ok(kortex::catalog::PolicyEntry::as_is(serde_json::from_value(
+        serde_json::json!({
             "apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"sessions": ["*"], "provider": "x"}}))?,
-        available: true,
-        notify: Vec::new(),
-        triggers: Vec::new(),
-    })
+            "spec": {"sessions": ["*"], "provider": "x"}}),
+    )?))
 }
 
 /// The YAML documents of `path` (relative to the repository root), as JSON; empty ones left

@@ -35,6 +35,33 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+#[path = "operator/gitops.rs"]
+mod gitops;
+
+// What the Git delivery phase borrows from the integration tests: a real Git server and
+// scripted forges on 127.0.0.1 (they serve with `support::net::serve`).
+#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#[path = "../../operator/tests/it/support/git_server.rs"]
+mod git_server;
+#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#[path = "../../operator/tests/it/support/forge.rs"]
+mod forge;
+mod support {
+    pub mod net {
+        /// Serves `app` on 127.0.0.1; its base URL.
+        pub async fn serve(app: axum::Router) -> String {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app).await;
+            });
+            format!("http://{addr}")
+        }
+    }
+}
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -100,11 +127,21 @@ async fn provider(namespace: String) -> anyhow::Result<String> {
                 async move {
                     let has_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
                     let message = if !has_result {
-                        // "roll back" in the user's message asks for a rollback.
-                        let rollback = body["messages"].to_string().contains("roll back");
-                        let action = if rollback { "rollback" } else { "restart" };
-                        let args = json!({"action": action, "rationale": "ticker is stuck",
+                        // "roll back" in the user's message asks for a rollback, "scale" for
+                        // three replicas.
+                        let said = body["messages"].to_string();
+                        let action = if said.contains("roll back") {
+                            "rollback"
+                        } else if said.contains("scale") {
+                            "scale"
+                        } else {
+                            "restart"
+                        };
+                        let mut args = json!({"action": action, "rationale": "ticker is stuck",
                             "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": namespace, "name": "ticker"}});
+                        if action == "scale" {
+                            args["params"] = json!({"replicas": 3});
+                        }
                         json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
                             "function": {"name": "propose_action", "arguments": args.to_string()}}]})
                     } else {
@@ -958,6 +995,7 @@ async fn run(
         ns,
     };
     rollback(&scene).await?;
+    gitops::delivered_through_git(&scene).await?;
 
     // The decision is final (the CRD's rule, before the policy is asked).
     let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "alice"}}});

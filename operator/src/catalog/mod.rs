@@ -388,6 +388,18 @@ fn compile_triggers(spec: &crate::crd::ChatPolicySpec) -> (Vec<TriggerEntry>, Op
 }
 
 impl PolicyEntry {
+    /// A policy taken as it is, available, with nothing of it resolved (no notification
+    /// targets, triggers or repositories): what a tool called outside the catalog sees.
+    pub fn as_is(object: ChatPolicy) -> Self {
+        Self {
+            object,
+            available: true,
+            notify: Vec::new(),
+            triggers: Vec::new(),
+            gitops: Vec::new(),
+        }
+    }
+
     /// `namespace/name`, as budgets, runs, proposals and notifications name the policy.
     pub fn qualified_name(&self) -> String {
         let meta = &self.object.metadata;

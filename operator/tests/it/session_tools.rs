@@ -16,16 +16,12 @@ fn policy(extra: Value) -> kortex::catalog::PolicyEntry {
     for (k, v) in extra.as_object().into_iter().flatten() {
         spec[k] = v.clone();
     }
-    kortex::catalog::PolicyEntry {
-        object: serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1",
+    kortex::catalog::PolicyEntry::as_is(
+        serde_json::from_value(json!({"apiVersion": "kortex.dev/v1alpha1",
             "kind": "ChatPolicy", "metadata": {"name": "p", "namespace": "default"},
             "spec": spec}))
         .unwrap(),
-        available: true,
-        notify: Vec::new(),
-        triggers: Vec::new(),
-        gitops: Vec::new(),
-    }
+    )
 }
 
 /// The names offered, but the guide tools (offered wherever there is a guide to read).

@@ -6,18 +6,14 @@ use kortex::store::Store;
 /// A ChatPolicy for namespace `default` matching every session, with `tools` rules
 /// (`json!({})`: every tool allowed).
 pub fn tool_policy(tools: serde_json::Value) -> kortex::catalog::PolicyEntry {
-    kortex::catalog::PolicyEntry {
-        object: serde_json::from_value(
+    kortex::catalog::PolicyEntry::as_is(
+        serde_json::from_value(
             serde_json::json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
             "metadata": {"name": "p", "namespace": "default"},
             "spec": {"sessions": ["*"], "provider": "x", "tools": tools}}),
         )
         .unwrap(),
-        available: true,
-        notify: Vec::new(),
-        triggers: Vec::new(),
-        gitops: Vec::new(),
-    }
+    )
 }
 
 /// What a tool gets when session `name` of user `u` in namespace `default` calls it.
