@@ -113,7 +113,11 @@ pub struct GitOps {
     #[schemars(length(max = 32))]
     pub repositories: Vec<GitRepository>,
     /// The namespace of Argo CD's `Application` objects (default `argocd`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "argoCDNamespace",
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(min = 1, max = 63))]
     pub argo_cd_namespace: Option<String>,
     /// Whether a `rollback` may be a `git revert` of the commit that introduced the bad
