@@ -41,11 +41,11 @@ mod gitops;
 // What the Git delivery phase borrows from the integration tests: a real Git server and
 // scripted forges on 127.0.0.1 (they serve with `support::net::serve`).
 #[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-#[path = "../../operator/tests/it/support/git_server.rs"]
-mod git_server;
-#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #[path = "../../operator/tests/it/support/forge.rs"]
 mod forge;
+#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#[path = "../../operator/tests/it/support/git_server.rs"]
+mod git_server;
 mod support {
     pub mod net {
         /// Serves `app` on 127.0.0.1; its base URL.

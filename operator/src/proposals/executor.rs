@@ -347,7 +347,7 @@ impl Executor {
         let api = self.api(action)?;
         let current = read(&api, action).await?;
         let after = self.apply(&api, &current, action, true).await?;
-        let mut warnings = gitops_warnings(&current);
+        let mut warnings = gitops_warnings(&current, &action.verb);
         if action.verb == "scale" {
             warnings.extend(self.hpa_warnings(action).await);
         }
@@ -606,8 +606,10 @@ async fn read(api: &Api<DynamicObject>, action: &Action) -> Result<DynamicObject
     })
 }
 
-/// Warnings when Argo CD or Flux manage the object (they may revert a manual change).
-pub fn gitops_warnings(object: &DynamicObject) -> Vec<String> {
+/// Warnings when Argo CD or Flux manage the object: they revert a manual change — except a
+/// restart's `restartedAt` annotation, which Git does not set (docs/gitops.md).
+pub fn gitops_warnings(object: &DynamicObject, verb: &str) -> Vec<String> {
+    let restart = verb == "restart";
     let labels = object.metadata.labels.clone().unwrap_or_default();
     let annotations = object.metadata.annotations.clone().unwrap_or_default();
     let managers: Vec<String> = object
@@ -625,10 +627,18 @@ pub fn gitops_warnings(object: &DynamicObject) -> Vec<String> {
         || annotations.contains_key("argocd.argoproj.io/tracking-id")
         || managers.iter().any(|m| m.starts_with("argocd"))
     {
-        out.push(format!(
-            "managed by Argo CD{}: with self-heal on, it reverts manual changes; change Git instead or pause sync",
-            argo.map(|a| format!(" (application {a})")).unwrap_or_default()
-        ));
+        let app = argo
+            .map(|a| format!(" (application {a})"))
+            .unwrap_or_default();
+        out.push(if restart {
+            format!(
+                "managed by Argo CD{app}: a restart sets only the pod template's {RESTARTED_AT} annotation, which Git does not set, so self-heal keeps it (as Argo CD's own restart action does); if your manifests set that annotation, it is reverted"
+            )
+        } else {
+            format!(
+                "managed by Argo CD{app}: with self-heal on, it reverts manual changes; change Git instead or pause sync"
+            )
+        });
     }
     let flux = labels
         .get("kustomize.toolkit.fluxcd.io/name")
@@ -638,10 +648,16 @@ pub fn gitops_warnings(object: &DynamicObject) -> Vec<String> {
             .iter()
             .any(|m| m == "kustomize-controller" || m == "helm-controller")
     {
-        out.push(format!(
-            "managed by Flux{}: it reverts manual changes at its next reconciliation; change Git instead or suspend it",
-            flux.map(|f| format!(" ({f})")).unwrap_or_default()
-        ));
+        let owner = flux.map(|f| format!(" ({f})")).unwrap_or_default();
+        out.push(if restart {
+            format!(
+                "managed by Flux{owner}: a restart sets only the pod template's {RESTARTED_AT} annotation, a field Flux's server-side apply leaves to its manager (kortex); if your manifests set that annotation, it is reverted"
+            )
+        } else {
+            format!(
+                "managed by Flux{owner}: it reverts manual changes at its next reconciliation; change Git instead or suspend it"
+            )
+        });
     }
     out
 }
@@ -799,7 +815,7 @@ mod tests {
             "metadata": {"name": "api", "labels": {"kustomize.toolkit.fluxcd.io/name": "apps"},
                 "annotations": {"argocd.argoproj.io/tracking-id": "shop:apps/Deployment:shop/api"}}}))
         .unwrap();
-        let w = gitops_warnings(&o);
+        let w = gitops_warnings(&o, "scale");
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(
             w[0].contains("Argo CD") && w[1].contains("Flux (apps)"),
@@ -808,6 +824,13 @@ mod tests {
         let plain: DynamicObject = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "api", "managedFields": [{"manager": "kubectl-client-side-apply"}]}}))
         .unwrap();
-        assert!(gitops_warnings(&plain).is_empty());
+        assert!(gitops_warnings(&plain, "scale").is_empty());
+        let restart = gitops_warnings(&o, "restart");
+        assert!(
+            restart
+                .iter()
+                .all(|w| w.contains("restartedAt") && !w.contains("change Git instead")),
+            "{restart:?}"
+        );
     }
 }

@@ -538,11 +538,12 @@ async fn gitops_a_rollback_sets_the_image_line_back_and_names_the_commit_that_br
         )],
         "api 3",
     );
+    let four = DEPLOYMENT.replace("payments team", "checkout team");
     let bad = s.git.change(
         "acme/fleet",
         &[crate::support::git_server::Change::Write(
             "apps/api/api.yaml",
-            DEPLOYMENT,
+            &four,
         )],
         "deploy api 4 (new checkout flow)",
     );
@@ -592,5 +593,46 @@ async fn gitops_a_rollback_sets_the_image_line_back_and_names_the_commit_that_br
     assert_eq!(
         p["spec"]["params"]["git"]["expect"],
         json!({"container": "api", "image": "shop/api:3"})
+    );
+    assert!(preview["revert"].is_null(), "{preview}");
+
+    // With `gitops.revert`, the change is the revert of that commit: both its lines.
+    let mut policy = s
+        .fake
+        .get("chatpolicies", "team-a", "incidents")
+        .unwrap_or_default();
+    policy["spec"]["gitops"]["revert"] = json!(true);
+    s.fake.apply("chatpolicies", policy);
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let name = propose(
+        &s,
+        json!({"action": "rollback",
+            "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+            "rationale": "5xx rose to 12% two minutes after api 4 rolled out"}),
+        "incident-revert",
+    )
+    .await;
+    let preview = proposal(&s, &name)["status"]["preview"].clone();
+    assert_eq!(preview["revert"], bad.as_str(), "{preview}");
+    let mut lines: Vec<&str> = preview["diff"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            (l.starts_with('-') || l.starts_with('+'))
+                && !l.starts_with("---")
+                && !l.starts_with("+++")
+        })
+        .collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "+          image: shop/api:3",
+            "+# The shop's API (owned by the payments team)",
+            "-          image: shop/api:4",
+            "-# The shop's API (owned by the checkout team)",
+        ],
+        "{preview}"
     );
 }
