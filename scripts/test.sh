@@ -66,6 +66,12 @@ if [ -z "${KORTEX_TEST_ALERTMANAGER:-}" ] && [ ! -x /usr/bin/prometheus-alertman
 fi
 export KORTEX_REQUIRE_ALERTMANAGER=1
 
+# The GitOps tests push to a real Git server: Debian's git and its git-http-backend.
+if ! command -v git >/dev/null || [ ! -x "$(git --exec-path 2>/dev/null)/git-http-backend" ]; then
+  echo "==> installing git (Debian package) for the GitOps tests"
+  apt_install git
+fi
+
 # The MCP plugin tests talk to a real MCP server: the Python SDK's, in a virtualenv.
 venv=target/test-venv
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import mcp.server.mcpserver' 2>/dev/null; then

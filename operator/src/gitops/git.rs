@@ -684,7 +684,9 @@ impl Repo {
         if let Some(error) = out.spawn_error.take() {
             return Err(GitError::Failed {
                 what: what.to_owned(),
-                detail: format!("cannot run git: {error}"),
+                detail: format!(
+                    "cannot run git ({error}): Git delivery needs the `git` command where Kortex runs (docs/gitops.md)"
+                ),
             });
         }
         Ok(out)
