@@ -1259,6 +1259,18 @@ fn compile_policy(
     }
 }
 
+/// `url` without the user info of its authority (`https://TOKEN@host/x` → `https://host/x`).
+fn without_user(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit('@').next().unwrap_or(authority);
+            format!("{scheme}://{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
 /// A policy's GitOps repositories with their Secrets read, and its `GitOps` condition
 /// (none without repositories): `False` naming each repository that cannot be written to
 /// (a Secret not resolved, a URL with credentials in it, an SSH URL without `knownHosts`).
@@ -1280,14 +1292,19 @@ fn compile_gitops(
     let mut reason = reasons::INVALID_SPEC;
     for r in repositories {
         let ssh = r.url.starts_with("ssh://") || (!r.url.contains("://") && r.url.contains('@'));
-        let shape = if url::Url::parse(&r.url)
-            .is_ok_and(|u| !u.password().unwrap_or_default().is_empty())
+        let parsed = url::Url::parse(&r.url).ok().filter(|_| !ssh);
+        let shape = if parsed
+            .as_ref()
+            .is_some_and(|u| !u.username().is_empty() || u.password().is_some())
         {
-            Err("the URL carries a password: put the token in secretRef".to_owned())
+            Err("the URL carries user info (a token?): put the token in secretRef".to_owned())
         } else if ssh && r.known_hosts.as_deref().is_none_or(|k| k.trim().is_empty()) {
             Err("an SSH URL needs knownHosts (host keys are never accepted blindly)".to_owned())
         } else if !ssh && !r.url.starts_with("https://") && !r.url.starts_with("http://") {
             Err("the URL must be https://, http://, ssh:// or git@host:path".to_owned())
+        } else if r.url.starts_with("http://") && r.secret_ref.is_some() && !r.allow_private_targets
+        {
+            Err("a token is sent over https only (http:// is for a Git server on a private network: allowPrivateTargets)".to_owned())
         } else {
             Ok(())
         };
@@ -1305,7 +1322,8 @@ fn compile_gitops(
                 spec: r.clone(),
                 secret,
             }),
-            (Err(e), _) | (_, Err(e)) => problems.push(format!("{}: {e}", r.url)),
+            // Shown without user info: what is refused may be a token.
+            (Err(e), _) | (_, Err(e)) => problems.push(format!("{}: {e}", without_user(&r.url))),
         }
     }
     let ready = (

@@ -616,3 +616,61 @@ fn a_provider_or_tool_the_egress_guard_always_refuses_is_not_ready() {
     assert_eq!((s, r), ("False", "EgressRefused"), "{m}");
     assert!(m.starts_with("spec.http.url refused: [fe80::1]"), "{m}");
 }
+
+/// GitOps repositories: only one Kortex can write to safely is kept; the condition names
+/// each of the others, and a token never travels in a URL or over plain http.
+#[test]
+fn gitops_repositories_are_kept_only_when_they_can_be_written_safely() {
+    let repo = |url: &str, extra: serde_json::Value| {
+        let mut r = serde_json::json!({"url": url, "secretRef": {"name": "git", "key": "token"}});
+        if let (Some(r), Some(extra)) = (r.as_object_mut(), extra.as_object()) {
+            r.extend(extra.clone());
+        }
+        r
+    };
+    let set = ObjectSet {
+        providers: vec![anthropic()],
+        policies: vec![policy(
+            "fleet",
+            serde_json::json!({"sessions": ["*"], "provider": "anthropic", "gitops": {"repositories": [
+                repo("https://github.com/acme/fleet", serde_json::json!({})),
+                repo("https://ghp_leaked@github.com/acme/leaky", serde_json::json!({})),
+                repo("http://git.internal/acme/plain", serde_json::json!({})),
+                repo("http://10.0.0.7/acme/lab", serde_json::json!({"allowPrivateTargets": true})),
+                repo("git@github.com:acme/ssh.git", serde_json::json!({})),
+                repo("https://github.com/acme/nosecret", serde_json::json!({"secretRef": {"name": "absent", "key": "token"}})),
+            ]}}),
+        )],
+        secrets: vec![secret("git", &[("token", "ghp_token_value_1")])],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(1));
+    let p = &cat.policies[&ObjectKey::new("default", "fleet")];
+    let kept: Vec<&str> = p.gitops.iter().map(|r| r.spec.url.as_str()).collect();
+    assert_eq!(
+        kept,
+        ["https://github.com/acme/fleet", "http://10.0.0.7/acme/lab"]
+    );
+    assert_eq!(
+        p.gitops[0].secret.as_ref().map(|s| s.expose()),
+        Some("ghp_token_value_1")
+    );
+    let s = p.object.status.clone().unwrap_or_default();
+    let (st, _, message) = cond(&s.conditions, "GitOps");
+    assert_eq!(st, "False");
+    for expected in [
+        "leaky: the URL carries user info",
+        "plain: a token is sent over https only",
+        "ssh.git: an SSH URL needs knownHosts",
+        "nosecret",
+    ] {
+        assert!(message.contains(expected), "{expected:?} not in {message}");
+    }
+    assert!(!message.contains("ghp_"), "{message}");
+    // The token is redacted like every resolved Secret value.
+    assert!(
+        cat.secret_values
+            .iter()
+            .any(|v| v.expose() == "ghp_token_value_1")
+    );
+}

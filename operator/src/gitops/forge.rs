@@ -86,6 +86,18 @@ pub enum RequestState {
     Closed,
 }
 
+/// A change request as the forge shows it: its state, the commit its branch points at and
+/// the branch it goes into (what Kortex checks against what was approved).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestView {
+    /// Open, merged or closed.
+    pub state: RequestState,
+    /// The head commit of its branch (GitHub and Gitea `head.sha`, GitLab `sha`).
+    pub head: Option<String>,
+    /// The branch it goes into.
+    pub base: Option<String>,
+}
+
 /// Which repository on the forge.
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Project {
@@ -196,38 +208,59 @@ impl ForgeClient {
 
     /// Where change request `request` stands.
     pub async fn state(&self, request: u64) -> Result<RequestState, ForgeError> {
+        Ok(self.view(request).await?.state)
+    }
+
+    /// Change request `request`: its state, head commit and base branch.
+    pub async fn view(&self, request: u64) -> Result<RequestView, ForgeError> {
         let number = request.to_string();
         let url = match self.forge {
             Forge::Gitlab => self.url(&["merge_requests", &number], &[]),
             _ => self.url(&["pulls", &number], &[]),
         };
         let answer = self.call(reqwest::Method::GET, url, None).await?;
-        let sha = |key: &str| answer[key].as_str().map(str::to_owned);
+        let text = |pointer: &str| {
+            answer
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        };
         let state = answer["state"].as_str().unwrap_or_default();
-        match self.forge {
-            Forge::Gitlab => match state {
-                "merged" => Ok(RequestState::Merged {
-                    commit: sha("merge_commit_sha").or_else(|| sha("squash_commit_sha")),
-                }),
-                "closed" => Ok(RequestState::Closed),
-                "opened" | "locked" => Ok(RequestState::Open),
-                other => Err(self.odd(
-                    "GET",
-                    &format!("merge request {request} is in state {other:?}"),
-                )),
-            },
-            _ => match (state, answer["merged"].as_bool().unwrap_or(false)) {
-                (_, true) => Ok(RequestState::Merged {
-                    commit: sha("merge_commit_sha"),
-                }),
-                ("closed", false) => Ok(RequestState::Closed),
-                ("open", false) => Ok(RequestState::Open),
-                (other, _) => Err(self.odd(
-                    "GET",
-                    &format!("pull request {request} is in state {other:?}"),
-                )),
-            },
-        }
+        let (state, head, base) = match self.forge {
+            Forge::Gitlab => {
+                let state = match state {
+                    "merged" => RequestState::Merged {
+                        commit: text("/merge_commit_sha").or_else(|| text("/squash_commit_sha")),
+                    },
+                    "closed" => RequestState::Closed,
+                    "opened" | "locked" => RequestState::Open,
+                    other => {
+                        return Err(self.odd(
+                            "GET",
+                            &format!("merge request {request} is in state {other:?}"),
+                        ));
+                    }
+                };
+                (state, text("/sha"), text("/target_branch"))
+            }
+            _ => {
+                let state = match (state, answer["merged"].as_bool().unwrap_or(false)) {
+                    (_, true) => RequestState::Merged {
+                        commit: text("/merge_commit_sha"),
+                    },
+                    ("closed", false) => RequestState::Closed,
+                    ("open", false) => RequestState::Open,
+                    (other, _) => {
+                        return Err(self.odd(
+                            "GET",
+                            &format!("pull request {request} is in state {other:?}"),
+                        ));
+                    }
+                };
+                (state, text("/head/sha"), text("/base/ref"))
+            }
+        };
+        Ok(RequestView { state, head, base })
     }
 
     /// Whether `status` is how this forge says a request for the branch already exists.
@@ -258,15 +291,14 @@ impl ForgeClient {
             Forge::Gitlab => ("/source_branch", "/target_branch"),
             _ => ("/head/ref", "/base/ref"),
         };
-        let matching = |item: &&Value, with_base: bool| {
+        let matching = |item: &&Value| {
             item.pointer(head_key).and_then(Value::as_str) == Some(head)
-                && (!with_base || item.pointer(base_key).and_then(Value::as_str) == Some(base))
+                && item.pointer(base_key).and_then(Value::as_str) == Some(base)
         };
         let items = listed.as_array().map(Vec::as_slice).unwrap_or_default();
-        let found = items
-            .iter()
-            .find(|i| matching(i, true))
-            .or_else(|| items.iter().find(|i| matching(i, false)));
+        // Only one into the same base: another request from a branch of that name is not
+        // Kortex's (the caller checks its head commit too).
+        let found = items.iter().find(matching);
         match found {
             Some(item) => self.request_of("GET", item),
             None => Err(ForgeError::Unexpected {

@@ -8,7 +8,7 @@
 //! The parsing of the objects is pure ([`argo_app_of`], [`argo_sources`], [`flux_of`],
 //! [`flux_source`]); [`find`] reads them.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Argo CD's tracking annotation: `<app>:<group>/<kind>:<namespace>/<name>`.
@@ -27,7 +27,7 @@ pub const FLUX_HR_NAMESPACE: &str = "helm.toolkit.fluxcd.io/namespace";
 pub const ARGO_NAMESPACE: &str = "argocd";
 
 /// An object named by API version, kind, namespace and name.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectRef {
     /// e.g. `argoproj.io/v1alpha1`.
@@ -81,6 +81,10 @@ pub struct Source {
     /// Helm value files (relative to the repository root), when it renders a chart.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub value_files: Vec<String>,
+    /// Value files in another source's repository (`$ref/…`, as `repoURL:path`): Kortex
+    /// changes one repository at a time, so such a source gets the evidence only.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub values_elsewhere: Vec<String>,
     /// Whether it renders a Helm chart.
     pub helm: bool,
     /// The HelmRelease (Flux) whose `spec.values` hold the chart's values.
@@ -118,6 +122,10 @@ pub struct Owner {
     /// Whether its last sync operation failed, and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sync_failure: Option<String>,
+    /// The revision that failed to sync (Argo CD `operationState.syncResult.revision`,
+    /// Flux `lastAttemptedRevision`), when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failed_revision: Option<String>,
     /// An HPA that owns the replicas (`name`, `min`, `max`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hpa: Option<Value>,
@@ -153,7 +161,12 @@ pub fn commit_of(revision: &str) -> &str {
 /// `object`: from the tracking annotation, else the instance label.
 pub fn argo_app_of(object: &Value) -> Option<(Option<String>, String)> {
     let meta = &object["metadata"];
-    if let Some(id) = meta["annotations"][ARGO_TRACKING].as_str() {
+    // A tracking id copied onto another object (it names the object it was made for) is
+    // not believed.
+    if let Some(id) = meta["annotations"][ARGO_TRACKING]
+        .as_str()
+        .filter(|id| tracks(id, object))
+    {
         let app = id.split(':').next().unwrap_or_default();
         // Apps in any namespace are tracked as `<namespace>_<name>`.
         return match app.split_once('_') {
@@ -168,6 +181,20 @@ pub fn argo_app_of(object: &Value) -> Option<(Option<String>, String)> {
         .as_str()
         .filter(|s| !s.is_empty())
         .map(|s| (None, s.to_owned()))
+}
+
+/// Whether tracking id `<app>:<group>/<kind>:<namespace>/<name>` names `object`.
+fn tracks(id: &str, object: &Value) -> bool {
+    let mut parts = id.splitn(3, ':');
+    let (_, Some(group_kind), Some(ns_name)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let kind = group_kind.rsplit('/').next().unwrap_or_default();
+    let (ns, name) = ns_name.split_once('/').unwrap_or(("", ns_name));
+    let meta = &object["metadata"];
+    object["kind"].as_str().is_none_or(|k| k == kind)
+        && meta["name"] == name
+        && (ns.is_empty() || meta["namespace"].as_str().is_none_or(|n| n == ns))
 }
 
 /// The (kind, namespace, name) of the Flux object that applied `object`: a HelmRelease
@@ -204,21 +231,24 @@ pub fn argo_sources(app: &Value) -> Vec<Source> {
         .filter_map(|s| {
             let path = clean(s["path"].as_str().unwrap_or_default());
             let helm = s.get("helm").is_some_and(|h| h.is_object());
-            let value_files = s["helm"]["valueFiles"]
+            let (mut value_files, mut values_elsewhere) = (Vec::new(), Vec::new());
+            for f in s["helm"]["valueFiles"]
                 .as_array()
-                .map(|files| {
-                    files
-                        .iter()
-                        .filter_map(Value::as_str)
-                        .map(|f| value_file(&path, f, &refs))
-                        .collect()
-                })
-                .unwrap_or_default();
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+            {
+                match value_file(&path, f, &refs) {
+                    (None, file) => value_files.push(file),
+                    (Some(repo), file) => values_elsewhere.push(format!("{repo}:{file}")),
+                }
+            }
             Some(Source {
                 repo_url: s["repoURL"].as_str()?.to_owned(),
                 path,
                 revision: s["targetRevision"].as_str().map(str::to_owned),
                 value_files,
+                values_elsewhere,
                 helm,
                 helm_release: None,
                 kustomize: s.get("kustomize").is_some_and(|k| k.is_object()),
@@ -227,16 +257,17 @@ pub fn argo_sources(app: &Value) -> Vec<Source> {
         .collect()
 }
 
-/// A value file's path from the repository root: `$ref/…` names another source's
-/// repository root, anything else is relative to the source's path.
-fn value_file(path: &str, file: &str, refs: &[(&str, &str)]) -> String {
+/// A value file's path from the repository root, and the repository when it is another
+/// source's (`$ref/…` names that source's root); anything else is relative to the
+/// source's path.
+fn value_file<'a>(path: &str, file: &str, refs: &[(&str, &'a str)]) -> (Option<&'a str>, String) {
     if let Some(rest) = file.strip_prefix('$')
         && let Some((name, rel)) = rest.split_once('/')
-        && refs.iter().any(|(r, _)| *r == name)
+        && let Some((_, repo)) = refs.iter().find(|(r, _)| *r == name)
     {
-        return clean(rel);
+        return (Some(repo), clean(rel));
     }
-    clean(&format!("{path}/{file}"))
+    (None, clean(&format!("{path}/{file}")))
 }
 
 /// A path without `./`, leading or trailing `/` and doubled slashes (`..` is kept: it is
@@ -277,6 +308,14 @@ pub fn argo_owner(app: &Value) -> Owner {
                 .unwrap_or("the last sync failed")
                 .to_owned()
         }),
+        failed_revision: failed
+            .then(|| {
+                operation["syncResult"]["revision"]
+                    .as_str()
+                    .or_else(|| operation["operation"]["sync"]["revision"].as_str())
+                    .map(str::to_owned)
+            })
+            .flatten(),
         ..Owner::default()
     }
 }
@@ -310,6 +349,10 @@ pub fn flux_owner(ks: &Value, repo: Option<&Value>) -> Owner {
         }),
         synced_revision: ks["status"]["lastAppliedRevision"]
             .as_str()
+            .map(str::to_owned),
+        failed_revision: sync_failure
+            .as_ref()
+            .and(ks["status"]["lastAttemptedRevision"].as_str())
             .map(str::to_owned),
         sync_failure,
         ..Owner::default()
@@ -413,6 +456,25 @@ pub async fn find(client: &kube::Client, object: &Value, argo_namespace: &str) -
         }
     }
     owner
+}
+
+/// The Application or Kustomization `object` as an owner now (its sync state; a
+/// Kustomization without its sources): what a delivered change is followed by.
+pub async fn read(client: &kube::Client, object: &ObjectRef) -> Result<Owner, String> {
+    let (group, plural) = object.resource();
+    let version = object.api_version.rsplit_once('/').map_or("v1", |(_, v)| v);
+    let path = format!(
+        "/apis/{group}/{version}/namespaces/{}/{plural}/{}",
+        seg(&object.namespace),
+        seg(&object.name)
+    );
+    let found = get(client, &path)
+        .await
+        .map_err(|e| unreadable(&object.to_string(), &e))?;
+    Ok(match object.kind.as_str() {
+        "Application" => argo_owner(&found),
+        _ => flux_owner(&found, None),
+    })
 }
 
 /// A Flux owner: the Kustomization (through a HelmRelease when `kind` is one) and its
@@ -519,13 +581,22 @@ mod tests {
 
     #[test]
     fn argo_tracking_names_the_application() {
-        let o =
-            json!({"metadata": {"annotations": {ARGO_TRACKING: "shop:apps/Deployment:shop/api"}}});
+        let tracked = |id: &str| {
+            json!({"kind": "Deployment", "metadata": {"name": "api", "namespace": "shop",
+                "annotations": {ARGO_TRACKING: id}}})
+        };
+        let o = tracked("shop:apps/Deployment:shop/api");
         assert_eq!(argo_app_of(&o), Some((None, "shop".into())));
-        let o = json!({"metadata": {"annotations": {ARGO_TRACKING: "team-a_shop:apps/Deployment:shop/api"}}});
+        let o = tracked("team-a_shop:apps/Deployment:shop/api");
         assert_eq!(
             argo_app_of(&o),
             Some((Some("team-a".into()), "shop".into()))
+        );
+        // Copied from another object: not believed.
+        assert_eq!(argo_app_of(&tracked("shop:apps/Deployment:shop/web")), None);
+        assert_eq!(
+            argo_app_of(&tracked("shop:apps/StatefulSet:shop/api")),
+            None
         );
         let o = json!({"metadata": {"labels": {ARGO_INSTANCE: "shop"}}});
         assert_eq!(argo_app_of(&o), Some((None, "shop".into())));
@@ -563,9 +634,10 @@ mod tests {
         assert_eq!(owner.synced_commit(), Some("abc"));
         assert_eq!(owner.sources.len(), 2);
         assert_eq!(owner.sources[0].path, "charts/api");
+        assert_eq!(owner.sources[0].value_files, vec!["charts/api/values.yaml"]);
         assert_eq!(
-            owner.sources[0].value_files,
-            vec!["charts/api/values.yaml", "envs/prod/values.yaml"]
+            owner.sources[0].values_elsewhere,
+            vec!["https://git.example/envs.git:envs/prod/values.yaml"]
         );
         assert!(owner.sources[0].helm);
     }

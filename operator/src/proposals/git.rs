@@ -31,7 +31,7 @@ const MAX_FILE: usize = 1 << 20;
 #[serde(rename_all = "camelCase")]
 pub struct Pinned {
     /// The Application or Kustomization applying the target.
-    pub owner: Option<ObjectRefValue>,
+    pub owner: Option<ObjectRef>,
     /// The declared repository (its URL as declared).
     pub repository: String,
     /// The branch the change is proposed against.
@@ -57,31 +57,6 @@ pub struct Pinned {
     /// What the target shows once the GitOps tool applied it (`{"replicas": 5}` or
     /// `{"container": "api", "image": "…"}`).
     pub expect: Value,
-}
-
-/// An owner reference as stored in params (plain JSON fields).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ObjectRefValue {
-    /// e.g. `argoproj.io/v1alpha1`.
-    pub api_version: String,
-    /// `Application` or `Kustomization`.
-    pub kind: String,
-    /// Its namespace.
-    pub namespace: String,
-    /// Its name.
-    pub name: String,
-}
-
-impl From<&ObjectRef> for ObjectRefValue {
-    fn from(o: &ObjectRef) -> Self {
-        Self {
-            api_version: o.api_version.clone(),
-            kind: o.kind.clone(),
-            namespace: o.namespace.clone(),
-            name: o.name.clone(),
-        }
-    }
 }
 
 /// What a proposal for a target becomes.
@@ -151,6 +126,11 @@ pub async fn plan(executor: &Executor, action: &Action, policy: &PolicyEntry) ->
             }
         ));
     };
+    if let Some(elsewhere) = source.values_elsewhere.first() {
+        return evidence(format!(
+            "its Helm values come from another repository too ({elsewhere}): Kortex changes one repository at a time, and the value there may be the one that counts"
+        ));
+    }
     let change = match change_of(executor, action).await {
         Ok(c) => c,
         Err(why) => return evidence(why),
@@ -294,6 +274,32 @@ fn check_path(path: &str, prefix: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
+/// Refuses a diff that touches anything but regular files inside the repository and the
+/// declared prefix (a revert is a whole commit: it could carry a symlink, a submodule, a
+/// binary or a file elsewhere).
+fn check_diff(diff: &str, prefix: Option<&str>) -> Result<(), String> {
+    for line in diff.lines() {
+        if let Some(paths) = line.strip_prefix("diff --git ") {
+            for p in paths.split(' ') {
+                let path = p
+                    .strip_prefix("a/")
+                    .or_else(|| p.strip_prefix("b/"))
+                    .unwrap_or(p);
+                check_path(path, prefix)?;
+            }
+        } else if line.starts_with("Binary files ")
+            || (line.contains(" mode ") && (line.ends_with("120000") || line.ends_with("160000")))
+            || line.starts_with("rename ")
+            || line.starts_with("copy ")
+        {
+            return Err(format!(
+                "the change touches more than regular files ({line}): Kortex does not make it"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reads the source, finds the field, makes the change and pins it.
 async fn pin_change(
     action: &Action,
@@ -343,14 +349,18 @@ async fn pin_change(
                 .revert(&head, commit, "preview", &sig, &sig)
                 .await
                 .map_err(|e| format!("reverting {commit} does not apply cleanly: {e}"))?;
-            repo.diff(&head, &reverted)
+            let diff = repo
+                .diff(&head, &reverted)
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            check_diff(&diff, repository.spec.path_prefix.as_deref())
+                .map_err(|why| format!("reverting {commit}: {why}"))?;
+            diff
         }
         None => yaml::unified_diff(&edit.path, &edit.before, &edit.after),
     };
     Ok(Pinned {
-        owner: owner.object.as_ref().map(ObjectRefValue::from),
+        owner: owner.object.clone(),
         repository: repository.spec.url.clone(),
         base_branch: base,
         base_commit: head,
@@ -527,6 +537,9 @@ pub async fn deliver(
     approval: &Approval<'_>,
 ) -> Result<Delivered, DeliverError> {
     let failed = |what: &str, e: GitError| DeliverError::Failed(format!("{what}: {e}"));
+    let prefix = repository.spec.path_prefix.as_deref();
+    // The policy as it is now: a prefix narrowed since the proposal applies.
+    check_path(&pinned.path, prefix).map_err(DeliverError::Failed)?;
     // A forge that cannot be reached as declared fails the delivery before anything is
     // pushed.
     let forge = forge_of(repository)?;
@@ -596,6 +609,7 @@ pub async fn deliver(
             "the commit would differ from the approved diff: nothing was pushed".into(),
         ));
     }
+    check_diff(&made, prefix).map_err(DeliverError::Failed)?;
     let branch = format!("kortex/{}", approval.proposal);
     repo.push_new_branch(&commit, &branch)
         .await
@@ -616,6 +630,18 @@ pub async fn deliver(
                         "pushed {branch}, but the request could not be opened: {e}"
                     ))
                 })?;
+            // An open request found for the branch must carry Kortex's commit.
+            let view = forge.view(r.number).await.map_err(|e| {
+                DeliverError::Failed(format!("opened {}, but cannot read it back: {e}", r.url))
+            })?;
+            if view.head.as_deref().is_some_and(|h| h != commit) {
+                return Err(DeliverError::Failed(format!(
+                    "the request {} for {branch} carries commit {}, not Kortex's {}: not followed",
+                    r.url,
+                    view.head.as_deref().map(short).unwrap_or_default(),
+                    short(&commit)
+                )));
+            }
             Some((r.number, r.url))
         }
         None => None,
@@ -692,7 +718,7 @@ fn forge_of(repository: &RepositoryResolved) -> Result<Option<ForgeClient>, Deli
 fn co_author(user: &str) -> String {
     let name: String = user
         .chars()
-        .filter(|c| !matches!(c, '<' | '>' | '\n' | '\r'))
+        .filter(|c| !matches!(c, '<' | '>') && !c.is_control())
         .collect();
     if name.contains('@') {
         format!("{name} <{name}>")
@@ -706,6 +732,8 @@ fn co_author(user: &str) -> String {
 
 fn commit_message(pinned: &Pinned, a: &Approval<'_>) -> String {
     let rationale: String = a.rationale.chars().take(2000).collect();
+    // A name cannot add a line (a trailer) of its own.
+    let approver: String = a.approver.chars().filter(|c| !c.is_control()).collect();
     format!(
         "kortex: {}\n\n{}: {} → {}\n\nEvidence (the model's rationale):\n{rationale}\n\nProposal: ActionProposal {}/{}\nSession: {}\nApproved-by: {}\n\nCo-authored-by: {}\n",
         a.summary,
@@ -715,8 +743,8 @@ fn commit_message(pinned: &Pinned, a: &Approval<'_>) -> String {
         a.namespace,
         a.proposal,
         a.session,
-        a.approver,
-        co_author(a.approver)
+        approver,
+        co_author(&approver)
     )
 }
 
@@ -758,6 +786,9 @@ fn short(sha: &str) -> &str {
     &sha[..sha.len().min(12)]
 }
 
+/// How a request changed after approval is reported (and recognised).
+const CHANGED: &str = "the request was changed after approval";
+
 /// Where a followed change stands now.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Followed {
@@ -788,7 +819,18 @@ pub async fn follow(
             )
         })?;
     if status.request_state == "open" || status.request_state == "pushed" {
-        match merged(repository, pinned, &status).await? {
+        let state = match merged(repository, pinned, &status).await {
+            Ok(state) => state,
+            Err(why) if why.starts_with(CHANGED) => {
+                status.request_state = "changed".into();
+                return Ok(Followed::Failed(
+                    status,
+                    format!("{why}: Kortex does not follow a change nobody approved here"),
+                ));
+            }
+            Err(why) => return Err(why),
+        };
+        match state {
             RequestState::Open => {
                 let what = status
                     .request_url
@@ -817,18 +859,34 @@ pub async fn follow(
             }
         }
     }
-    let owner = owner_of(executor, action, policy).await;
+    // The owner that was approved (`update` on it was reviewed), not whatever the target's
+    // labels say now.
+    let owner = match &pinned.owner {
+        Some(o) => owner::read(executor.client(), o).await?,
+        None => owner_of(executor, action, policy).await,
+    };
     status.synced_revision = owner.synced_revision.clone();
-    if let Some(failure) = &owner.sync_failure {
-        return Ok(Followed::Failed(
-            status,
-            format!("merged, but the sync failed: {failure}"),
-        ));
-    }
     let merge = status
         .merge_commit
         .clone()
         .unwrap_or_else(|| status.commit.clone());
+    // Only a failed sync of a revision holding the change fails it (an older failure, or
+    // one of a source fetch, is not this change's).
+    if let (Some(failure), Some(failed)) = (&owner.sync_failure, owner.failed_revision.as_deref()) {
+        let failed = owner::commit_of(failed);
+        if failed == merge
+            || failed == status.commit
+            || contains(repository, pinned, failed, &merge).await
+        {
+            return Ok(Followed::Failed(
+                status,
+                format!(
+                    "merged, but the sync of {} failed: {failure}",
+                    short(failed)
+                ),
+            ));
+        }
+    }
     let synced = match owner.synced_commit() {
         Some(s) if s == merge || s == status.commit => true,
         Some(s) => contains(repository, pinned, s, &merge).await,
@@ -882,10 +940,29 @@ async fn merged(
         forge_of(repository).map_err(|e| e.to_string())?,
         status.request_number,
     ) {
-        (Some(forge), Some(n)) => forge
-            .state(n)
-            .await
-            .map_err(|e| format!("cannot read the request's state: {e}")),
+        (Some(forge), Some(n)) => {
+            let view = forge
+                .view(n)
+                .await
+                .map_err(|e| format!("cannot read the request's state: {e}"))?;
+            // What is merged must be what was approved: the branch as Kortex pushed it,
+            // into the base it was previewed against.
+            let changed = view.head.as_deref().is_some_and(|h| h != status.commit)
+                || view
+                    .base
+                    .as_deref()
+                    .is_some_and(|b| b != pinned.base_branch);
+            if changed && view.state != RequestState::Closed {
+                return Err(format!(
+                    "{CHANGED}: its branch is at {}, into {} (approved: {} into {})",
+                    view.head.as_deref().map(short).unwrap_or("?"),
+                    view.base.as_deref().unwrap_or("?"),
+                    short(&status.commit),
+                    pinned.base_branch
+                ));
+            }
+            Ok(view.state)
+        }
         _ => {
             let repo = Repo::clone(
                 &remote(repository),

@@ -188,19 +188,18 @@ pub fn approval(
         reason.map(|r| format!(": {r}")).unwrap_or_default()
     );
     match next(&object, Some(&policy.object.spec), jiff::Timestamp::now()) {
-        Transition::Execute(_)
-            if p.params
-                .as_ref()
-                .is_some_and(|v| v.get(git::PARAM).is_some()) =>
-        {
-            Approval {
-                phase: ProposalPhase::Approved,
-                message: format!(
+        Transition::Execute(action) if action.params.get(git::PARAM).is_some() => Approval {
+            phase: ProposalPhase::Approved,
+            message: match git::pinned(&action.params) {
+                Err(why) => format!(
+                    "{approved}; Kortex made no Git change: {why} (the evidence is in the preview)"
+                ),
+                Ok(_) => format!(
                     "{approved}; not executed here: a Git change is pushed and followed by the cluster operator (kortex run); under kortex serve the approved diff is in the proposal's preview, to apply by hand"
                 ),
-                action: None,
-            }
-        }
+            },
+            action: None,
+        },
         Transition::Execute(action) if can_execute => Approval {
             phase: ProposalPhase::Executing,
             message: format!("{approved}; executing"),

@@ -274,7 +274,8 @@ async fn gitops_a_scale_becomes_a_reviewed_pull_request_followed_until_the_clust
         );
     }
 
-    // Merged at the forge: waiting for Argo CD.
+    // Merged at the forge (its branch at Kortex's commit): waiting for Argo CD.
+    s.forge.set_head(1, &commit);
     s.forge.set(1, "closed", true, Some(&commit));
     s.fake
         .until("the proposal to wait for the sync", |f| {
@@ -362,6 +363,34 @@ async fn gitops_a_closed_request_fails_and_an_undeclared_repository_is_never_wri
         .to_owned();
     assert!(message.contains("closed without being merged"), "{message}");
 
+    // Someone pushes to the branch after approval: what would be merged is not what was
+    // approved, and the proposal says so instead of following it.
+    let pushed = propose_scale(&s, 7, "incident-pushed").await;
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &pushed]).await;
+    assert!(ok, "{out}");
+    s.fake
+        .until("the second request to be opened", |f| {
+            f.get("actionproposals", "shop", &pushed)
+                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
+        })
+        .await;
+    let theirs = "0123456789abcdef0123456789abcdef01234567";
+    s.forge.set_head(2, theirs);
+    s.forge.set(2, "closed", true, Some(theirs));
+    s.fake
+        .until("the changed request to fail", |f| {
+            phase(f, &pushed) == "Failed"
+        })
+        .await;
+    let message = proposal(&s, &pushed)["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        message.contains("changed after approval") && message.contains("0123456789ab"),
+        "{message}"
+    );
+
     // The Application now points at a repository the policy does not declare: the
     // proposal carries the evidence, and approving it writes nothing.
     s.fake.apply(
@@ -400,7 +429,7 @@ async fn gitops_a_closed_request_fails_and_an_undeclared_repository_is_never_wri
     );
     assert_eq!(
         s.forge.prs.lock().unwrap().len(),
-        1,
+        2,
         "no pull request for it"
     );
 }

@@ -2,10 +2,13 @@
 //! `update` on the owning Application or Kustomization reviewed), the change is pushed and
 //! its request opened ([`crate::proposals::git::deliver`]); then it is followed every
 //! [`FOLLOW_EVERY`] until the GitOps tool has synced the merge and the target shows it
-//! (`Succeeded`), the request is closed unmerged or the sync fails (`Failed`), or the
-//! policy's `gitops.followTimeout` passes.
+//! (`Succeeded`), the request is closed unmerged, changed after approval or its sync fails
+//! (`Failed`), or the policy's `gitops.followTimeout` passes.
+//!
+//! One look at a time per proposal ([`Look`]); every write after the first is made over
+//! the object as it was read, so a slow look never overwrites a newer phase.
 
-use super::{ClusterProposals, ProposalHost, set_executing};
+use super::{ClusterProposals, Ending, ProposalHost, set_executing};
 use crate::crd::conditions::reasons;
 use crate::crd::{ActionProposal, GitChangeStatus, ProposalPhase};
 use crate::proposals::executor::Action;
@@ -16,6 +19,39 @@ use serde_json::{Value, json};
 
 /// How often a delivered change is looked at (the forge's API and the owner's status).
 pub const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long pushing and opening the request may take: with the retries of its status
+/// write, within the execution grace (after which another leader calls it interrupted).
+const DELIVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(80);
+
+/// When each delivered change was last looked at, and whether a look is running, by uid.
+pub type Follows =
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, bool)>>>;
+
+/// A look at a delivered change, running: the next may begin once it is dropped.
+pub struct Look {
+    pub(super) follows: Follows,
+    pub(super) uid: String,
+}
+
+impl Drop for Look {
+    fn drop(&mut self) {
+        let mut follows = self.follows.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = follows.get_mut(&self.uid) {
+            entry.1 = false;
+        }
+    }
+}
+
+/// A step of a delivered change: `status.git`, the `Executing` reason and the message.
+#[derive(Clone, Copy)]
+struct Step<'a> {
+    git: &'a GitChangeStatus,
+    reason: &'a str,
+    message: &'a str,
+    /// The first step (just delivered): written whatever the object's version (this
+    /// process wrote `Executing` itself), and told to the session.
+    first: bool,
+}
 
 impl ClusterProposals {
     /// Pushes the approved change and opens its request; the proposal stays `Executing`
@@ -49,14 +85,14 @@ impl ClusterProposals {
                 session: &p.spec.session.name,
             };
             let delivered = tokio::time::timeout(
-                crate::proposals::EXECUTION_TIMEOUT,
+                DELIVERY_TIMEOUT,
                 git::deliver(&pinned, repository, &approval),
             )
             .await
             .map_err(|_| {
                 format!(
                     "the Git change did not finish within {} s; check branch kortex/{} before proposing again",
-                    crate::proposals::EXECUTION_TIMEOUT.as_secs(),
+                    DELIVERY_TIMEOUT.as_secs(),
                     p.name_any()
                 )
             })?
@@ -98,19 +134,14 @@ impl ClusterProposals {
             ),
         };
         tracing::info!(proposal = %p.name_any(), branch = %delivered.branch, commit = %delivered.commit, "Git change delivered");
+        let step = Step {
+            git: &status,
+            reason: reasons::AWAITING_MERGE,
+            message: &message,
+            first: true,
+        };
         for attempt in 0..5u32 {
-            if self
-                .write_git(
-                    host,
-                    p,
-                    record,
-                    &status,
-                    reasons::AWAITING_MERGE,
-                    &message,
-                    true,
-                )
-                .await
-            {
+            if self.write_git(host, p, record, step).await {
                 return;
             }
             tokio::time::sleep(std::time::Duration::from_secs(1 << attempt)).await;
@@ -118,7 +149,8 @@ impl ClusterProposals {
         tracing::error!(proposal = %p.name_any(), branch = %delivered.branch, "the delivered Git change could not be recorded in the proposal's status");
     }
 
-    /// Looks once at a delivered change (at most every [`FOLLOW_EVERY`] per proposal).
+    /// Looks once at a delivered change (at most every [`FOLLOW_EVERY`] per proposal, one
+    /// look at a time).
     pub(super) async fn follow_git(
         &self,
         host: &dyn ProposalHost,
@@ -129,76 +161,94 @@ impl ClusterProposals {
         let config = host.config();
         let Some(policy) = super::policy_of(&config, record) else {
             let message = "the ChatPolicy that governed it no longer exists: its Git change is no longer followed";
-            self.finish_retried(host, p, record, ProposalPhase::Failed, message, None)
-                .await;
+            let ending = Ending {
+                phase: ProposalPhase::Failed,
+                message,
+                undo: None,
+                unchanged: true,
+            };
+            self.end(host, p, record, ending).await;
             return;
         };
         let Some(status) = p.status.as_ref().and_then(|s| s.git.clone()) else {
             return;
         };
-        let pinned = match git::pinned(&action.params) {
-            Ok(Some(pinned)) => pinned,
-            Ok(None) | Err(_) => return,
+        let Ok(Some(pinned)) = git::pinned(&action.params) else {
+            return;
         };
         let link = status
             .request_url
             .clone()
             .unwrap_or_else(|| format!("branch {}", status.branch));
-        match git::follow(&self.executor, action, policy, &pinned, &status).await {
+        let (now, phase, message, undo) = match git::follow(
+            &self.executor,
+            action,
+            policy,
+            &pinned,
+            &status,
+        )
+        .await
+        {
             Ok(Followed::Waiting(now, reason, message)) => {
                 let changed = Some(&now) != p.status.as_ref().and_then(|s| s.git.as_ref())
-                    || p.status.as_ref().and_then(|s| s.message.as_deref()) != Some(&message);
+                    || p.status.as_ref().and_then(|s| s.message.as_deref())
+                        != Some(message.as_str());
                 if changed {
-                    self.write_git(host, p, record, &now, reason, &message, false)
-                        .await;
+                    let step = Step {
+                        git: &now,
+                        reason,
+                        message: &message,
+                        first: false,
+                    };
+                    self.write_git(host, p, record, step).await;
                 }
+                return;
             }
             Ok(Followed::Succeeded(now, message)) => {
                 let undo = undo_of(action, &pinned);
-                let message = format!("{message} ({link})");
-                self.finish_git(
-                    host,
-                    p,
-                    record,
-                    &now,
-                    ProposalPhase::Succeeded,
-                    &message,
-                    undo,
-                )
-                .await;
+                (now, ProposalPhase::Succeeded, message, undo)
             }
-            Ok(Followed::Failed(now, message)) => {
-                let message = format!("{message} ({link})");
-                self.finish_git(host, p, record, &now, ProposalPhase::Failed, &message, None)
-                    .await;
-            }
+            Ok(Followed::Failed(now, message)) => (now, ProposalPhase::Failed, message, None),
             // A forge or API server that does not answer now is asked again next time.
             Err(e) => {
-                tracing::warn!(proposal = %p.name_any(), error = %e, "cannot follow the Git change now")
+                tracing::warn!(proposal = %p.name_any(), error = %e, "cannot follow the Git change now");
+                return;
             }
+        };
+        // The end and `status.git` in one write, over the object as read (if it changed
+        // meanwhile, the next look decides again).
+        let message = format!("{message} ({link})");
+        let mut p = p.clone();
+        if let Some(s) = p.status.as_mut() {
+            s.git = Some(now);
         }
+        let ending = Ending {
+            phase,
+            message: &message,
+            undo,
+            unchanged: true,
+        };
+        self.end(host, &p, record, ending).await;
     }
 
     /// Writes `status.git` with the phase still `Executing` and the condition's reason;
-    /// mirrors the message (and, on `first`, tells the session).
-    #[allow(clippy::too_many_arguments)]
+    /// mirrors the message (and, on the first step, tells the session). A later step is
+    /// written only over the object as read: another write since (a leader ending it)
+    /// stands, and the next look starts from it.
     async fn write_git(
         &self,
         host: &dyn ProposalHost,
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
-        git: &GitChangeStatus,
-        reason: &str,
-        message: &str,
-        first: bool,
+        step: Step<'_>,
     ) -> bool {
         let namespace = p.namespace().unwrap_or_default();
         let api: Api<ActionProposal> = Api::namespaced(self.client.clone(), &namespace);
         let mut status =
             serde_json::to_value(p.status.clone().unwrap_or_default()).unwrap_or_default();
         status["phase"] = json!(ProposalPhase::Executing.as_str());
-        status["message"] = json!(message);
-        status["git"] = json!(git);
+        status["message"] = json!(step.message);
+        status["git"] = json!(step.git);
         let since = status["conditions"]
             .as_array()
             .and_then(|c| {
@@ -211,7 +261,7 @@ impl ClusterProposals {
             .and_then(|c| c["lastTransitionTime"].as_str().map(str::to_owned));
         set_executing(
             &mut status,
-            json!({"status": "True", "reason": reason, "message": crate::operator::event_note(message)}),
+            json!({"status": "True", "reason": step.reason, "message": crate::operator::event_note(step.message)}),
         );
         // The follow-up's clock runs from delivery, whatever the reason says since.
         if let Some(since) = since
@@ -222,49 +272,43 @@ impl ClusterProposals {
         {
             c["lastTransitionTime"] = json!(since);
         }
-        if let Err(e) = self.write_status(&api, &p.name_any(), None, &status).await {
-            tracing::warn!(proposal = %p.name_any(), error = %e, "cannot write the Git change's status; will retry");
-            return false;
-        }
-        if first || p.status.as_ref().and_then(|s| s.message.as_deref()) != Some(message) {
-            let mut p = p.clone();
-            if let Some(s) = p.status.as_mut() {
-                s.git = Some(git.clone());
-            } else {
-                p.status = Some(crate::crd::ActionProposalStatus {
-                    git: Some(git.clone()),
-                    ..Default::default()
-                });
+        let version = p
+            .metadata
+            .resource_version
+            .as_deref()
+            .filter(|_| !step.first);
+        match self
+            .write_status(&api, &p.name_any(), version, &status)
+            .await
+        {
+            Ok(()) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 && !step.first => return true,
+            Err(e) => {
+                tracing::warn!(proposal = %p.name_any(), error = %e, "cannot write the Git change's status; will retry");
+                return false;
             }
-            self.mirror(host, &p, record, ProposalPhase::Executing, message, None)
-                .await;
+        }
+        if step.first || p.status.as_ref().and_then(|s| s.message.as_deref()) != Some(step.message)
+        {
+            let mut p = p.clone();
+            let s = p.status.get_or_insert_with(Default::default);
+            s.git = Some(step.git.clone());
+            self.mirror(
+                host,
+                &p,
+                record,
+                ProposalPhase::Executing,
+                step.message,
+                None,
+            )
+            .await;
         }
         true
     }
 
-    /// Ends a followed change: `status.git` and the final phase in one write.
-    #[allow(clippy::too_many_arguments)]
-    async fn finish_git(
-        &self,
-        host: &dyn ProposalHost,
-        p: &ActionProposal,
-        record: Option<&crate::store::ProposalRecord>,
-        git: &GitChangeStatus,
-        phase: ProposalPhase,
-        message: &str,
-        undo: Option<Value>,
-    ) {
-        let mut p = p.clone();
-        if let Some(s) = p.status.as_mut() {
-            s.git = Some(git.clone());
-        }
-        self.finish_retried(host, &p, record, phase, message, undo)
-            .await;
-    }
-
-    /// [`ClusterProposals::finish`], tried again a few times (the outcome is known: it
-    /// must be written, never redone).
-    async fn finish_retried(
+    /// [`ClusterProposals::finish`], tried again a few times (the outcome of an execution
+    /// is known: it must be written, never redone).
+    pub(super) async fn finish_retried(
         &self,
         host: &dyn ProposalHost,
         p: &ActionProposal,
@@ -282,7 +326,7 @@ impl ClusterProposals {
             }
             tokio::time::sleep(std::time::Duration::from_secs(1 << attempt)).await;
         }
-        tracing::error!(proposal = %p.name_any(), phase = phase.as_str(), %message, "the outcome of a Git change could not be recorded in its status");
+        tracing::error!(proposal = %p.name_any(), phase = phase.as_str(), %message, "the result of an executed proposal could not be recorded in its status");
     }
 }
 

@@ -83,8 +83,9 @@ pub struct ClusterProposals {
     admission_state: Arc<std::sync::atomic::AtomicI8>,
     /// Executions running at once.
     executions: Arc<tokio::sync::Semaphore>,
-    /// When each delivered Git change was last looked at, by uid.
-    follows: Arc<std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>>,
+    /// When each delivered Git change was last looked at, and whether a look is running,
+    /// by uid.
+    follows: git::Follows,
     /// How often a delivered Git change is looked at.
     follow_every: std::time::Duration,
 }
@@ -269,17 +270,21 @@ impl ClusterProposals {
             .insert(key)
     }
 
-    /// Whether a delivered Git change is due another look ([`git::FOLLOW_EVERY`]); only one
-    /// look at a time per proposal.
-    fn follow_due(&self, p: &ActionProposal) -> bool {
+    /// A look at a delivered Git change when one is due ([`git::FOLLOW_EVERY`] since the
+    /// last began, and none running for it: the look ends when what is returned drops).
+    fn follow_due(&self, p: &ActionProposal) -> Option<git::Look> {
         let uid = p.metadata.uid.clone().unwrap_or_default();
         let mut due = self.follows.lock().unwrap_or_else(|e| e.into_inner());
         let now = std::time::Instant::now();
         match due.get(&uid) {
-            Some(last) if now.duration_since(*last) < self.follow_every => false,
+            Some((_, true)) => None,
+            Some((last, false)) if now.duration_since(*last) < self.follow_every => None,
             _ => {
-                due.insert(uid, now);
-                true
+                due.insert(uid.clone(), (now, true));
+                Some(git::Look {
+                    follows: self.follows.clone(),
+                    uid,
+                })
             }
         }
     }
@@ -370,22 +375,29 @@ impl ClusterProposals {
             match next(&p, policy, now) {
                 Transition::Wait => {}
                 Transition::Follow(action) => {
-                    if self.follow_due(&p) {
+                    if let Some(look) = self.follow_due(&p) {
                         let (this, host, p) = (self.clone(), shared.clone(), p.clone());
                         let record = record.clone();
                         tokio::spawn(async move {
                             this.follow_git(host.as_ref(), &p, record.as_ref(), &action)
                                 .await;
+                            drop(look);
                         });
                     }
                 }
                 Transition::Final(phase, message) => {
-                    if self.first_time(&p, "decide")
+                    // An execution's end (interrupted, a Git change no longer followed) is
+                    // not its decision, which this process may have acted on already.
+                    let what = match p.status.as_ref().map(|s| s.phase) {
+                        Some(ProposalPhase::Executing) => "end",
+                        _ => "decide",
+                    };
+                    if self.first_time(&p, what)
                         && !self
                             .finish(host, &p, record.as_ref(), phase, &message, None)
                             .await
                     {
-                        self.forget(&p, "decide");
+                        self.forget(&p, what);
                     }
                 }
                 Transition::Execute(action) => {
@@ -521,18 +533,8 @@ impl ClusterProposals {
         // Once `Executing` is written the action is never started again; a hung one fails.
         let (phase, message, undo) = carry_out(&self.executor, &action).await;
         // Carried out: the result is written, retried here, never by executing again.
-        for attempt in 0..5 {
-            if self
-                .finish(host, p, record, phase, &message, undo.clone())
-                .await
-            {
-                break;
-            }
-            if attempt == 4 {
-                tracing::error!(proposal = %name, phase = phase.as_str(), %message, "the result of an executed proposal could not be recorded in its status");
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(1 << attempt)).await;
-        }
+        self.finish_retried(host, p, record, phase, &message, undo)
+            .await;
         true
     }
 
@@ -616,13 +618,31 @@ impl ClusterProposals {
         message: &str,
         undo: Option<Value>,
     ) -> bool {
+        let ending = Ending {
+            phase,
+            message,
+            undo,
+            unchanged: false,
+        };
+        self.end(host, p, record, ending).await
+    }
+
+    /// [`ClusterProposals::finish`] with its [`Ending`] (which may ask that the object be
+    /// as `p` shows it: a 409 then drops the write).
+    async fn end(
+        &self,
+        host: &dyn ProposalHost,
+        p: &ActionProposal,
+        record: Option<&crate::store::ProposalRecord>,
+        ending: Ending<'_>,
+    ) -> bool {
         let span = crate::telemetry::trace::proposal_span(
             &p.namespace().unwrap_or_default(),
             &p.name_any(),
-            phase.as_str(),
+            ending.phase.as_str(),
         );
         let done = self
-            .transition(host, p, record, phase, message, undo)
+            .transition(host, p, record, ending)
             .instrument(span.clone())
             .await;
         if !done {
@@ -636,10 +656,15 @@ impl ClusterProposals {
         host: &dyn ProposalHost,
         p: &ActionProposal,
         record: Option<&crate::store::ProposalRecord>,
-        phase: ProposalPhase,
-        message: &str,
-        undo: Option<Value>,
+        ending: Ending<'_>,
     ) -> bool {
+        let Ending {
+            phase,
+            message,
+            undo,
+            unchanged,
+        } = ending;
+        let version = p.metadata.resource_version.as_deref().filter(|_| unchanged);
         let namespace = p.namespace().unwrap_or_default();
         let name = p.name_any();
         let api: Api<ActionProposal> = Api::namespaced(self.client.clone(), &namespace);
@@ -651,7 +676,7 @@ impl ClusterProposals {
         if let Some(u) = &undo {
             status["undo"] = u.clone();
         }
-        if let Err(e) = self.write_status(&api, &name, None, &status).await {
+        if let Err(e) = self.write_status(&api, &name, version, &status).await {
             tracing::warn!(proposal = %name, error = %e, "cannot write the proposal status; will retry");
             if let Some(m) = &self.metrics {
                 m.reconcile_errors
@@ -848,6 +873,15 @@ impl ClusterProposals {
             }
         }
     }
+}
+
+/// How a proposal ends: its phase, message and undo, and whether only the object as read
+/// may be changed (`unchanged`: the write carries its resourceVersion).
+struct Ending<'a> {
+    phase: ProposalPhase,
+    message: &'a str,
+    undo: Option<Value>,
+    unchanged: bool,
 }
 
 /// Replaces the `Executing` condition of a status (as JSON) with `condition` (its status,

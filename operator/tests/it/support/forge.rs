@@ -23,6 +23,8 @@ pub struct Pr {
     pub state: String,
     pub merged: bool,
     pub merge_commit_sha: Option<String>,
+    /// The head commit of its branch, as the forge would report it (unset: not shown).
+    pub head_sha: Option<String>,
 }
 
 /// A seen request: method, path and query as sent, headers.
@@ -104,12 +106,12 @@ impl Script {
             Forge::Gitlab => json!({
                 "id": 9000 + pr.number, "iid": pr.number, "web_url": web, "state": pr.state,
                 "source_branch": pr.head, "target_branch": pr.base,
-                "merge_commit_sha": pr.merge_commit_sha, "squash_commit_sha": null,
+                "merge_commit_sha": pr.merge_commit_sha, "squash_commit_sha": null, "sha": pr.head_sha,
             }),
             _ => json!({
                 "id": 9000 + pr.number, "number": pr.number, "html_url": web, "state": pr.state,
                 "merged": pr.merged, "merge_commit_sha": pr.merge_commit_sha,
-                "head": {"ref": pr.head, "label": format!("acme:{}", pr.head)},
+                "head": {"ref": pr.head, "label": format!("acme:{}", pr.head), "sha": pr.head_sha},
                 "base": {"ref": pr.base},
             }),
         }
@@ -122,6 +124,14 @@ impl Script {
         pr.state = state.to_owned();
         pr.merged = merged;
         pr.merge_commit_sha = sha.map(str::to_owned);
+    }
+
+    /// Says request `number`'s branch is at `sha` (someone pushed to it, or the forge
+    /// reports what Kortex pushed).
+    pub fn set_head(&self, number: u64, sha: &str) {
+        let mut prs = self.prs.lock().unwrap();
+        let pr = prs.iter_mut().find(|p| p.number == number).unwrap();
+        pr.head_sha = Some(sha.to_owned());
     }
 
     pub fn seen(&self) -> Vec<Seen> {
@@ -220,6 +230,7 @@ fn route(script: &Script, method: &str, uri: &str, body: &Value) -> Response {
                 state: open.to_owned(),
                 merged: false,
                 merge_commit_sha: None,
+                head_sha: None,
             };
             prs.push(pr.clone());
             (StatusCode::CREATED, axum::Json(script.json(&pr))).into_response()
