@@ -665,3 +665,33 @@ async fn gitops_a_rollback_sets_the_image_line_back_and_names_the_commit_that_br
         "{preview}"
     );
 }
+
+/// The dashboard's card of a Git change, in a real browser: owner, file, the one-line diff
+/// and, once pushed, the request's link and state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gitops_the_dashboard_card_shows_the_diff_and_the_request() {
+    let s = scene().await;
+    let name = propose_scale(&s, 5, "incident-card").await;
+    let bob = write_kubeconfig_as(s.dir.path(), &s.fake.url, "bob-token", "bob");
+    let (ok, out) = kubectl_kortex(&bob, &["approve", &name]).await;
+    assert!(ok, "{out}");
+    s.fake
+        .until("the request to be opened", |f| {
+            f.get("actionproposals", "shop", &name)
+                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
+        })
+        .await;
+    let request = proposal(&s, &name)["status"]["git"]["requestUrl"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let url = s.server.url("");
+    let env = [
+        ("KORTEX_URL", url.trim_end_matches('/')),
+        ("KORTEX_REQUEST_URL", request.as_str()),
+    ];
+    let Some(out) = crate::support::browser::run_browser("gitops_card.mjs", &env).await else {
+        return;
+    };
+    crate::support::browser::passed(&out, &s.server);
+}
