@@ -125,6 +125,33 @@ pub async fn delivered_through_git(scene: &Scene<'_>) -> anyhow::Result<()> {
     )
     .await?;
 
+    // get_gitops_source, as Kortex reads the real objects: the Application, its source and
+    // sync state, and that the policy declares the repository.
+    let incidents = kortex::catalog::PolicyEntry::as_is(policies.get("incidents").await?);
+    let (db, mut ctx) = kortex_e2e::tool_context("gitops", "incident-e2e-who", ns, "e2e").await?;
+    ctx.scope = std::sync::Arc::new(kortex::tools::CallerScope {
+        policy: Some(incidents.clone()),
+        ..Default::default()
+    });
+    let call = kortex::llm::ToolCall {
+        id: "g".into(),
+        name: "get_gitops_source".into(),
+        input: json!({"kind": "Deployment", "name": "ticker", "namespace": ns}),
+    };
+    let out = kortex_e2e::kube_tools(admin)
+        .execute(ctx, &call, &incidents, std::future::pending())
+        .await;
+    let _ = std::fs::remove_file(db);
+    anyhow::ensure!(!out.is_error, "get_gitops_source failed: {}", out.content);
+    let found: serde_json::Value = serde_json::from_str(&out.content)?;
+    anyhow::ensure!(
+        found["owner"]["object"]["name"] == "ticker-app"
+            && found["owner"]["selfHeal"] == true
+            && found["owner"]["syncedRevision"] == base.as_str()
+            && found["sources"][0]["path"] == "apps/ticker",
+        "unexpected owner: {found}"
+    );
+
     // The proposal: a Git change, previewed as the one-line diff.
     let proposals: Api<ActionProposal> = Api::namespaced(admin.clone(), ns);
     say(

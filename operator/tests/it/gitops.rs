@@ -75,6 +75,8 @@ async fn scene_with(more: &[(&str, &str)]) -> Scene {
     );
     let mut policy = incidents_policy(json!({"allowedActions": ["scale", "restart", "rollback"],
         "allowedNamespaces": ["shop"], "expireAfter": "10m"}));
+    // On loopback the user has no Kubernetes identity: the tools read as Kortex.
+    policy["spec"]["runToolsAsUser"] = json!(false);
     policy["spec"]["gitops"] = json!({"repositories": [{
         "url": git.url("acme/fleet"), "forge": "github", "apiUrl": forge_root,
         "secretRef": {"name": "fleet-git", "key": "token"}, "allowPrivateTargets": true}]});
@@ -533,6 +535,47 @@ async fn gitops_flux_owners_lead_to_the_overlay_and_the_release_values() {
             "+    replicaCount: 5 # sized for weekdays"
         ],
         "{preview}"
+    );
+    // get_gitops_source tells the model the same: who applies it, from where, and that a
+    // change can be proposed there.
+    push(
+        &s.script,
+        tool_calls(&[(
+            "g1",
+            "get_gitops_source",
+            json!({"kind": "Deployment", "name": "cart", "namespace": "shop"}),
+        )]),
+    );
+    push_answer(&s.script, &["Flux applies it."]);
+    let client = http_client();
+    let created = post_json(
+        &client,
+        s.server.url("/chat/v1/sessions"),
+        &json!({"name": "who-applies-cart", "namespace": "team-a"}),
+    )
+    .await;
+    let id = created["id"].as_str().unwrap_or_default().to_owned();
+    post_message(&s.server, &id, "who deploys cart?").await;
+    wait_idle(&client, &s.server.url(&format!("/chat/v1/sessions/{id}"))).await;
+    let answer = s
+        .script
+        .requests()
+        .iter()
+        .find_map(|r| crate::support::provider::tool_result(&r.body, "g1"))
+        .unwrap_or_else(|| panic!("no tool result:\n{}", s.server.log()));
+    let found: Value = serde_json::from_str(&answer).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert_eq!(found["owner"]["tool"], "flux", "{found}");
+    assert_eq!(found["owner"]["object"]["kind"], "Kustomization", "{found}");
+    assert_eq!(found["owner"]["helmRelease"]["name"], "cart", "{found}");
+    assert_eq!(found["sources"][0]["path"], "overlays/prod", "{found}");
+    assert_eq!(found["sources"][0]["declaredInPolicy"], true, "{found}");
+    assert_eq!(found["sources"][0]["forge"], "github", "{found}");
+    assert!(
+        found["advice"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("reviewed change"),
+        "{found}"
     );
     // The approver of a Flux change needs `update` on the Kustomization.
     let p = proposal(&s, &web);
