@@ -234,7 +234,8 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
     let proposals = ClusterProposals::new(client.clone(), Some(identity.clone()))
         .scoped(args.namespace.clone())
         .with_metrics(metrics.clone())
-        .follow_every(args.gitops_follow_interval);
+        .follow_every(args.gitops_follow_interval)
+        .with_public_url(args.tools.public_url.clone());
     let duties = LeaderDuties {
         writer: StatusWriter::new(client.clone(), Some(identity)).with_metrics(metrics.clone()),
         proposals: proposals.clone(),

@@ -87,6 +87,9 @@ pub struct Source {
     pub values_elsewhere: Vec<String>,
     /// Whether it renders a Helm chart.
     pub helm: bool,
+    /// Helm values the Application sets itself (`helm.values`, `valuesObject`,
+    /// `parameters`): they override every value file.
+    pub inline_values: bool,
     /// The HelmRelease (Flux) whose `spec.values` hold the chart's values.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub helm_release: Option<String>,
@@ -250,6 +253,9 @@ pub fn argo_sources(app: &Value) -> Vec<Source> {
                 value_files,
                 values_elsewhere,
                 helm,
+                inline_values: ["values", "valuesObject", "parameters"]
+                    .iter()
+                    .any(|k| s["helm"].get(*k).is_some_and(|v| !v.is_null())),
                 helm_release: None,
                 kustomize: s.get("kustomize").is_some_and(|k| k.is_object()),
             })
@@ -640,6 +646,10 @@ mod tests {
             vec!["https://git.example/envs.git:envs/prod/values.yaml"]
         );
         assert!(owner.sources[0].helm);
+        assert!(!owner.sources[0].inline_values);
+        let mut inline = app.clone();
+        inline["spec"]["sources"][0]["helm"]["valuesObject"] = json!({"replicaCount": 3});
+        assert!(argo_owner(&inline).sources[0].inline_values);
     }
 
     #[test]

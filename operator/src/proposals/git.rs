@@ -126,6 +126,12 @@ pub async fn plan(executor: &Executor, action: &Action, policy: &PolicyEntry) ->
             }
         ));
     };
+    if source.inline_values {
+        return evidence(format!(
+            "{object} sets Helm values itself (spec.source.helm values, valuesObject or parameters), which override the value files in {}: change them in the Application's own manifest",
+            source.repo_url
+        ));
+    }
     if let Some(elsewhere) = source.values_elsewhere.first() {
         return evidence(format!(
             "its Helm values come from another repository too ({elsewhere}): Kortex changes one repository at a time, and the value there may be the one that counts"

@@ -90,7 +90,12 @@ async fn scene_with(more: &[(&str, &str)]) -> Scene {
         &fake,
         dir.path(),
         &llm,
-        &["--gitops-follow-interval", "300ms"],
+        &[
+            "--gitops-follow-interval",
+            "300ms",
+            "--public-url",
+            "https://kortex.example.com",
+        ],
     )
     .await;
     Scene {
@@ -260,6 +265,10 @@ async fn gitops_a_scale_becomes_a_reviewed_pull_request_followed_until_the_clust
         "{message}"
     );
     assert!(message.contains("p99 latency 4x"), "{message}");
+    assert!(
+        message.contains("Session: incident-gitops (https://kortex.example.com/#/chat/"),
+        "{message}"
+    );
     let text = git(&bare, &["show", &format!("{commit}:apps/api/api.yaml")]);
     assert_eq!(
         text,

@@ -76,13 +76,23 @@ impl ClusterProposals {
                         pinned.repository
                     )
                 })?;
+            let session = &p.spec.session;
+            let session = match &self.public_url {
+                Some(base) => format!(
+                    "{} ({}/#/chat/{})",
+                    session.name,
+                    base.trim_end_matches('/'),
+                    session.id
+                ),
+                None => session.name.clone(),
+            };
             let approval = Approval {
                 proposal: &p.name_any(),
                 namespace: &p.namespace().unwrap_or_default(),
                 approver: by,
                 summary: git::summary(action),
                 rationale: &p.spec.rationale,
-                session: &p.spec.session.name,
+                session: &session,
             };
             let delivered = tokio::time::timeout(
                 DELIVERY_TIMEOUT,

@@ -88,6 +88,8 @@ pub struct ClusterProposals {
     follows: git::Follows,
     /// How often a delivered Git change is looked at.
     follow_every: std::time::Duration,
+    /// The dashboard's address (`--public-url`), for the session link in a Git change.
+    public_url: Option<String>,
 }
 
 /// How many approved proposals are executed at once.
@@ -132,6 +134,7 @@ impl ClusterProposals {
             executions: Arc::new(tokio::sync::Semaphore::new(EXECUTIONS)),
             follows: Arc::default(),
             follow_every: git::FOLLOW_EVERY,
+            public_url: None,
             client,
             handled: Arc::default(),
             scope: None,
@@ -287,6 +290,12 @@ impl ClusterProposals {
                 })
             }
         }
+    }
+
+    /// Links sessions in the dashboard at `url` (`--public-url`) in Git changes' messages.
+    pub fn with_public_url(mut self, url: Option<String>) -> Self {
+        self.public_url = url;
+        self
     }
 
     /// Looks at delivered Git changes every `every` (default [`git::FOLLOW_EVERY`]).
