@@ -26,7 +26,7 @@ LAYERS = [
     ["operator"],
     ["proposals"],
     ["tools"],
-    ["govern", "redact", "gitops"],
+    ["govern", "redact", "gitops", "oidc"],
     ["llm"],
     ["live"],
     ["source"],

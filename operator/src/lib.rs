@@ -27,6 +27,7 @@ pub mod live;
 pub mod llm;
 pub mod metrics;
 pub mod notify;
+pub mod oidc;
 pub mod operator;
 pub mod proposals;
 pub mod redact;
