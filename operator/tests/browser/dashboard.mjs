@@ -88,7 +88,11 @@ try {
   await page.locator('details.chip[data-tool="get_incident_history"] summary').click();
   await page.locator('details.chip[data-tool="get_incident_history"] pre').filter({ hasText: /sessions|proposals/ }).waitFor();
   // A JSON result is shown indented, its keys highlighted.
-  assert.ok(await page.locator('details.chip[data-tool="get_incident_history"] pre span.tok-key').count() > 0, 'JSON keys are highlighted');
+  // (The chip may be drawn again when the run's events catch up after the reload: wait
+  // for its highlighted form rather than count at once.)
+  await page.locator('details.chip[data-tool="get_incident_history"] pre span.tok-key').first()
+    .waitFor({ timeout: 10000 })
+    .catch(() => assert.fail('JSON keys are highlighted'));
   assert.match(await page.locator('details.chip[data-tool="get_incident_history"] pre').innerText(), /^\{\n  "/, 'JSON is indented');
   await page.screenshot({ path: `${shots}/chat.png`, fullPage: true });
 
