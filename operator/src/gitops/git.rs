@@ -265,6 +265,15 @@ impl Repo {
             .map_err(|_| GitError::Refused(format!("{path} is not UTF-8 text")))
     }
 
+    /// A temporary index holding `parent`'s tree: where a commit is put together without a
+    /// work tree (removed when dropped).
+    async fn index_at(&self, parent: &str) -> Result<TempFile, GitError> {
+        let index = self.dir.temp("index");
+        self.checked(index.run("read-tree", strings(&["read-tree", parent])))
+            .await?;
+        Ok(index)
+    }
+
     /// A commit on top of `parent` whose tree is `parent`'s with `path` set to `text` (a
     /// regular file; an executable one stays executable). Refused like [`Repo::read`]; a
     /// change that changes nothing is a conflict.
@@ -285,15 +294,8 @@ impl Repo {
             Some((e, _)) if e.mode == "100755" => "100755",
             _ => "100644",
         };
-        let index = self.dir.temp("index");
-        let with_index = |what, args| {
-            let mut run = Run::local(what, args);
-            run.env
-                .push(("GIT_INDEX_FILE", index.path.clone().into_os_string()));
-            run
-        };
-        self.checked(with_index("read-tree", strings(&["read-tree", parent])))
-            .await?;
+        let index = self.index_at(parent).await?;
+        let with_index = |what, args| index.run(what, args);
         let mut hash = Run::local(
             "hash-object",
             strings(&["hash-object", "-w", "--no-filters", "--stdin"]),
@@ -362,15 +364,8 @@ impl Repo {
         if reverse.stdout.is_empty() {
             return Err(GitError::Conflict(format!("{commit} changes nothing")));
         }
-        let index = self.dir.temp("index");
-        let with_index = |what, args| {
-            let mut run = Run::local(what, args);
-            run.env
-                .push(("GIT_INDEX_FILE", index.path.clone().into_os_string()));
-            run
-        };
-        self.checked(with_index("read-tree", strings(&["read-tree", parent])))
-            .await?;
+        let index = self.index_at(parent).await?;
+        let with_index = |what, args| index.run(what, args);
         let mut apply = with_index("apply", strings(&["apply", "--cached", "-"]));
         apply.stdin = Some(&reverse.stdout);
         let applied = self.exec(apply).await?;
@@ -1231,6 +1226,16 @@ impl PrivateDir {
                 .path
                 .join(format!("{name}-{}", uuid::Uuid::now_v7().simple())),
         }
+    }
+}
+
+impl TempFile {
+    /// A local git command that works on this file as its index.
+    fn run<'a>(&self, what: &'static str, args: Vec<OsString>) -> Run<'a> {
+        let mut run = Run::local(what, args);
+        run.env
+            .push(("GIT_INDEX_FILE", self.path.clone().into_os_string()));
+        run
     }
 }
 

@@ -150,6 +150,31 @@ async fn propose(s: &Scene, args: Value, session: &str) -> String {
         .unwrap_or_else(|| panic!("no new proposal:\n{}", s.server.log()))
 }
 
+/// The removed and added lines of a unified diff (not its `---`/`+++` file lines).
+fn changed_lines(diff: &str) -> Vec<&str> {
+    diff.lines()
+        .filter(|l| {
+            (l.starts_with('-') || l.starts_with('+'))
+                && !l.starts_with("---")
+                && !l.starts_with("+++")
+        })
+        .collect()
+}
+
+/// `kubectl kortex approve ARGS` as `kubeconfig`'s user; returns once the proposal's
+/// change request is open.
+async fn approve_until_open(s: &Scene, kubeconfig: &std::path::Path, args: &[&str]) {
+    let name = args[1];
+    let (ok, out) = kubectl_kortex(kubeconfig, args).await;
+    assert!(ok, "{out}");
+    s.fake
+        .until("the request to be opened", |f| {
+            f.get("actionproposals", "shop", name)
+                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
+        })
+        .await;
+}
+
 fn proposal(s: &Scene, name: &str) -> Value {
     s.fake
         .get("actionproposals", "shop", name)
@@ -170,14 +195,7 @@ async fn gitops_a_scale_becomes_a_reviewed_pull_request_followed_until_the_clust
     assert_eq!(preview["baseCommit"], s.base_commit.as_str());
     assert_eq!(preview["owner"]["kind"], "Application");
     let diff = preview["diff"].as_str().unwrap_or_default();
-    let changed: Vec<&str> = diff
-        .lines()
-        .filter(|l| {
-            (l.starts_with('-') || l.starts_with('+'))
-                && !l.starts_with("---")
-                && !l.starts_with("+++")
-        })
-        .collect();
+    let changed = changed_lines(diff);
     assert_eq!(
         changed,
         [
@@ -196,14 +214,7 @@ async fn gitops_a_scale_becomes_a_reviewed_pull_request_followed_until_the_clust
 
     // bob approves; the approver's right is `update` on the Application.
     let bob = write_kubeconfig_as(s.dir.path(), &s.fake.url, "bob-token", "bob");
-    let (ok, out) = kubectl_kortex(&bob, &["approve", &name, "--reason", "ship it"]).await;
-    assert!(ok, "{out}");
-    s.fake
-        .until("the request to be opened", |f| {
-            f.get("actionproposals", "shop", &name)
-                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
-        })
-        .await;
+    approve_until_open(&s, &bob, &["approve", &name, "--reason", "ship it"]).await;
     let reviews: Vec<Value> = s
         .fake
         .seen()
@@ -356,14 +367,7 @@ async fn gitops_a_closed_request_fails_and_an_undeclared_repository_is_never_wri
     let s = scene().await;
     let name = propose_scale(&s, 4, "incident-closed").await;
     let bob = write_kubeconfig_as(s.dir.path(), &s.fake.url, "bob-token", "bob");
-    let (ok, out) = kubectl_kortex(&bob, &["approve", &name]).await;
-    assert!(ok, "{out}");
-    s.fake
-        .until("the request to be opened", |f| {
-            f.get("actionproposals", "shop", &name)
-                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
-        })
-        .await;
+    approve_until_open(&s, &bob, &["approve", &name]).await;
     s.forge.set(1, "closed", false, None);
     s.fake
         .until("the proposal to fail", |f| phase(f, &name) == "Failed")
@@ -377,14 +381,7 @@ async fn gitops_a_closed_request_fails_and_an_undeclared_repository_is_never_wri
     // Someone pushes to the branch after approval: what would be merged is not what was
     // approved, and the proposal says so instead of following it.
     let pushed = propose_scale(&s, 7, "incident-pushed").await;
-    let (ok, out) = kubectl_kortex(&bob, &["approve", &pushed]).await;
-    assert!(ok, "{out}");
-    s.fake
-        .until("the second request to be opened", |f| {
-            f.get("actionproposals", "shop", &pushed)
-                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
-        })
-        .await;
+    approve_until_open(&s, &bob, &["approve", &pushed]).await;
     let theirs = "0123456789abcdef0123456789abcdef01234567";
     s.forge.set_head(2, theirs);
     s.forge.set(2, "closed", true, Some(theirs));
@@ -501,15 +498,8 @@ async fn gitops_flux_owners_lead_to_the_overlay_and_the_release_values() {
     let changed = |name: &str| -> (Value, Vec<String>) {
         let p = proposal(&s, name);
         let preview = p["status"]["preview"].clone();
-        let lines = preview["diff"]
-            .as_str()
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| {
-                (l.starts_with('-') || l.starts_with('+'))
-                    && !l.starts_with("---")
-                    && !l.starts_with("+++")
-            })
+        let lines = changed_lines(preview["diff"].as_str().unwrap_or_default())
+            .into_iter()
             .map(str::to_owned)
             .collect();
         (preview, lines)
@@ -647,16 +637,7 @@ async fn gitops_a_rollback_sets_the_image_line_back_and_names_the_commit_that_br
     let p = proposal(&s, &name);
     let preview = &p["status"]["preview"];
     assert_eq!(preview["delivery"], "git", "{p}");
-    let lines: Vec<&str> = preview["diff"]
-        .as_str()
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| {
-            (l.starts_with('-') || l.starts_with('+'))
-                && !l.starts_with("---")
-                && !l.starts_with("+++")
-        })
-        .collect();
+    let lines = changed_lines(preview["diff"].as_str().unwrap_or_default());
     assert_eq!(
         lines,
         [
@@ -695,16 +676,7 @@ async fn gitops_a_rollback_sets_the_image_line_back_and_names_the_commit_that_br
     .await;
     let preview = proposal(&s, &name)["status"]["preview"].clone();
     assert_eq!(preview["revert"], bad.as_str(), "{preview}");
-    let mut lines: Vec<&str> = preview["diff"]
-        .as_str()
-        .unwrap_or_default()
-        .lines()
-        .filter(|l| {
-            (l.starts_with('-') || l.starts_with('+'))
-                && !l.starts_with("---")
-                && !l.starts_with("+++")
-        })
-        .collect();
+    let mut lines = changed_lines(preview["diff"].as_str().unwrap_or_default());
     lines.sort_unstable();
     assert_eq!(
         lines,
@@ -725,14 +697,7 @@ async fn gitops_the_dashboard_card_shows_the_diff_and_the_request() {
     let s = scene().await;
     let name = propose_scale(&s, 5, "incident-card").await;
     let bob = write_kubeconfig_as(s.dir.path(), &s.fake.url, "bob-token", "bob");
-    let (ok, out) = kubectl_kortex(&bob, &["approve", &name]).await;
-    assert!(ok, "{out}");
-    s.fake
-        .until("the request to be opened", |f| {
-            f.get("actionproposals", "shop", &name)
-                .is_some_and(|p| p["status"]["git"]["requestState"] == "open")
-        })
-        .await;
+    approve_until_open(&s, &bob, &["approve", &name]).await;
     let request = proposal(&s, &name)["status"]["git"]["requestUrl"]
         .as_str()
         .unwrap_or_default()
