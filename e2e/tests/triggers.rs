@@ -88,7 +88,11 @@ async fn run(client: &kube::Client, ns: &str) -> anyhow::Result<()> {
         .service_account_token(ns, "investigator", 600)
         .await
         .map_err(anyhow::Error::msg)?;
-    let as_sa = auth.client_as(token.expose()).map_err(anyhow::Error::msg)?;
+    let as_sa = auth
+        .client_as(&kortex::operator::auth::KubeCredential::Token(
+            token.clone(),
+        ))
+        .map_err(anyhow::Error::msg)?;
 
     let (path, base) = tool_context("trigger", "alert-e2e", ns, &user).await?;
     let router = kube_tools(client);

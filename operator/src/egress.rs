@@ -368,6 +368,21 @@ pub async fn read_capped(
     Ok((body, false))
 }
 
+/// An error with its sources, each once: what a transport failure says to a person.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 fn is_localhost(name: &str) -> bool {
     name == "localhost" || name.ends_with(".localhost")
 }

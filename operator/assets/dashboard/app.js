@@ -250,6 +250,8 @@
     return parts.length ? h('div', { class: 'when' }, ...parts) : null;
   }
 
+  let reauthenticating = false;
+
   function csrf() {
     const m = document.cookie.match(/(?:^|;\s*)(?:__Host-)?kortex_csrf=([^;]+)/);
     return m ? decodeURIComponent(m[1]) : null;
@@ -275,6 +277,12 @@
       const e = new Error((data && data.error && data.error.message) || `HTTP ${r.status}`);
       e.status = r.status;
       e.code = data && data.error && data.error.code;
+      // Single sign-on whose ID token the provider does not renew on refresh: sign in
+      // again at the provider, silently while its own session lasts (docs/sso.md).
+      if (e.code === 'reauthenticate' && !reauthenticating) {
+        reauthenticating = true;
+        location.assign(`/auth/v1/oidc/login?prompt=none&return=${encodeURIComponent(`/${location.hash}`)}`);
+      }
       throw e;
     }
     return data;
@@ -329,20 +337,23 @@
   }
 
   // ---- sign-in -------------------------------------------------------------------------
-  function signIn(message) {
+  // With single sign-on, "Sign in with <provider>" (docs/sso.md); a token or key may still be
+  // pasted (bots, break-glass). Why the last sign-in failed comes from the server.
+  async function signIn(message) {
     who.replaceChildren();
-    const token = h('textarea', { id: 'token', name: 'token', required: true, autocomplete: 'off', spellcheck: 'false' });
+    let options = { oidc: null, token: true, error: null };
+    try { options = await api('GET', '/auth/v1/sign-in'); } catch (_) { /* the token form still works */ }
+    const why = options.error || message;
     const status = h('div', { 'aria-live': 'polite' });
-    if (message) status.append(errorBox({ message }));
-    const form = h('form', { class: 'panel signin', 'aria-labelledby': 'signin-title' },
-      h('h2', { id: 'signin-title' }, 'Sign in to Kortex'),
+    if (why) status.append(errorBox({ message: why }));
+    const token = h('textarea', { id: 'token', name: 'token', required: true, autocomplete: 'off', spellcheck: 'false' });
+    const form = h('form', { class: options.oidc ? 'token-form' : '' },
       h('p', { class: 'muted' },
         'Paste a Kubernetes token (for example from ', h('code', {}, 'kubectl create token'),
         ' or your OIDC login) or a Kortex API key. It is kept in an HttpOnly cookie of this browser only.'),
       h('label', { for: 'token' }, 'Token or API key'),
       token,
-      status,
-      h('p', {}, h('button', { class: 'primary', type: 'submit' }, 'Sign in')));
+      h('p', {}, h('button', { class: options.oidc ? '' : 'primary', type: 'submit' }, options.oidc ? 'Sign in with the token' : 'Sign in')));
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       status.replaceChildren();
@@ -353,17 +364,32 @@
         status.append(errorBox(e));
       }
     });
-    show(form);
-    token.focus();
+    const panel = h('section', { class: 'panel signin', 'aria-labelledby': 'signin-title' },
+      h('h2', { id: 'signin-title' }, 'Sign in to Kortex'), status);
+    if (options.oidc) {
+      const back = `/${location.hash}`;
+      const sso = h('a', { class: 'button primary', id: 'sso-sign-in', href: `${options.oidc.loginUrl}?return=${encodeURIComponent(back)}` },
+        `Sign in with ${options.oidc.name}`);
+      panel.append(h('p', {}, sso));
+      if (options.token) panel.append(h('details', {}, h('summary', {}, 'Use a token or API key instead'), form));
+      show(panel);
+      sso.focus();
+    } else {
+      panel.append(form);
+      show(panel);
+      token.focus();
+    }
   }
 
   function renderWho() {
     const groups = (me.groups || []).length ? ` (${me.groups.join(', ')})` : '';
     const out = h('button', { type: 'button', id: 'signout' }, 'Sign out');
     out.addEventListener('click', async () => {
-      await api('POST', '/auth/v1/logout').catch(() => null);
+      const done = await api('POST', '/auth/v1/logout').catch(() => null);
       me = null;
-      signIn();
+      // Single sign-on: end the session at the provider too, which sends the browser back.
+      if (done && done.endSessionUrl) { location.assign(done.endSessionUrl); return; }
+      signIn('You are signed out.');
     });
     const parts = [h('span', { id: 'user', title: `signed in as ${me.user}${groups}` }, `${me.user}${groups}`)];
     // Nothing to sign out of on loopback or behind an authenticating proxy.
@@ -1315,7 +1341,15 @@
       h('h2', { class: 'section' }, caption),
       rows.length ? h('table', {}, h('thead', {}, h('tr', {}, heads.map((x) => h('th', { scope: 'col' }, x)))), h('tbody', {}, rows))
         : h('p', { class: 'muted' }, 'None.'));
+    const sso = me.sso;
+    const kube = { token: 'your own ID token, judged by the API server', impersonation: 'Kortex impersonating you (your verified user and groups)' };
+    const signInPanel = h('div', { class: 'panel', id: 'sign-in-mode' },
+      h('h2', { class: 'section' }, 'Sign-in'),
+      h('p', {}, sso ? `Single sign-on with ${sso.provider} (${sso.issuer}).` : `Sign-in: ${me.mode}${me.proxy ? ', behind an authenticating proxy' : ''}.`),
+      h('p', {}, `You are ${me.user}; Kubernetes sees you through `,
+        h('strong', { 'data-kubernetes-mode': me.kubernetesMode || 'none' }, me.kubernetesMode ? kube[me.kubernetesMode] : 'no identity of yours (Kortex reads with its own rights)'), '.'));
     sections.replaceChildren(
+      signInPanel,
       table('Providers', ['Provider', 'Type', 'Available', 'Reachability', 'Models'], providerRows),
       table('Tools', ['Tool', 'Kind', 'Available', 'Sessions', 'Description'], [...builtin, ...plugins]),
       table('Policies', ['Policy', 'Mode', 'Providers now', 'Spend today', 'Last 7 days'], policyRows));
@@ -1480,7 +1514,7 @@
       else if (page === 'evals') await evalsView();
       else await chatView(arg ? decodeURIComponent(arg) : null);
     } catch (e) {
-      if (e.status === 401) signIn('Your sign-in expired; sign in again.');
+      if (e.status === 401) signIn(e.code === 'signed_out' ? e.message : 'Your sign-in expired; sign in again.');
       else show(errorBox(e));
     }
     main.focus({ preventScroll: true });
@@ -1490,7 +1524,7 @@
     try {
       me = await api('GET', '/auth/v1/me');
     } catch (e) {
-      if (e.status === 401) { signIn(); return; }
+      if (e.status === 401) { signIn(e.code === 'signed_out' ? e.message : null); return; }
       show(errorBox(e));
       return;
     }

@@ -154,7 +154,7 @@ pub struct Engine {
     pub executor: std::sync::OnceLock<crate::proposals::executor::Executor>,
     /// The latest Kubernetes token of each session's user (memory only, never stored):
     /// tools run as the user with it (`runToolsAsUser`).
-    tokens: Mutex<HashMap<(String, String), crate::catalog::SecretValue>>,
+    tokens: Mutex<HashMap<(String, String), crate::operator::auth::KubeCredential>>,
     /// Cluster mode: builds clients acting as a session's user.
     pub cluster_auth: std::sync::OnceLock<Arc<crate::operator::auth::ClusterAuth>>,
     /// Budgets and usage accounting of every provider call.
@@ -215,7 +215,12 @@ impl Engine {
     /// Remembers the token `user` last presented posting in `session_id` (memory only).
     /// Kept per user: in a shared session, a run acts with the token of whom it acts for,
     /// never with that of someone else who posted meanwhile.
-    pub fn remember_token(&self, session_id: &str, user: &str, token: crate::catalog::SecretValue) {
+    pub fn remember_token(
+        &self,
+        session_id: &str,
+        user: &str,
+        token: crate::operator::auth::KubeCredential,
+    ) {
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         tokens.insert((session_id.to_owned(), user.to_owned()), token);
     }
@@ -235,7 +240,7 @@ impl Engine {
     /// bearer token, if any) under a policy with `runToolsAsUser` = `as_user`.
     pub fn kube_identity_of(
         &self,
-        token: Option<&crate::catalog::SecretValue>,
+        token: Option<&crate::operator::auth::KubeCredential>,
         as_user: bool,
     ) -> crate::tools::KubeIdentity {
         use crate::tools::KubeIdentity;
@@ -246,7 +251,7 @@ impl Engine {
             return KubeIdentity::Kortex;
         }
         match token {
-            Some(token) => match auth.client_as(token.expose()) {
+            Some(token) => match auth.client_as(token) {
                 Ok(client) => KubeIdentity::User(client),
                 Err(e) => KubeIdentity::Missing(e.to_string()),
             },
@@ -257,7 +262,11 @@ impl Engine {
     }
 
     /// The token `user` last presented in `session_id`, if any.
-    pub fn token_of(&self, session_id: &str, user: &str) -> Option<crate::catalog::SecretValue> {
+    pub fn token_of(
+        &self,
+        session_id: &str,
+        user: &str,
+    ) -> Option<crate::operator::auth::KubeCredential> {
         let tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         tokens
             .get(&(session_id.to_owned(), user.to_owned()))

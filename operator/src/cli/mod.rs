@@ -116,6 +116,9 @@ pub struct ServeArgs {
     /// How long what is stored is kept.
     #[command(flatten)]
     pub retention: crate::store::retention::RetentionArgs,
+    /// Single sign-on with an OpenID provider.
+    #[command(flatten)]
+    pub sso: crate::http::sso::SsoArgs,
 }
 
 /// Settings of the built-in tools.
@@ -280,8 +283,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     store.migrate().await.map_err(|e| e.to_string())?;
     tracing::info!(database = %redact_url(&args.database.database_url), "database ready");
 
-    let auth = if args.listen.ip().is_loopback() {
+    let sso = args.sso.oidc_issuer.is_some();
+    let auth = if args.listen.ip().is_loopback() && !sso {
         AuthMode::Loopback
+    } else if sso {
+        // Signed-in users (and chat keys, for bots), wherever it listens.
+        AuthMode::Keys
     } else {
         let keys = config_rx
             .borrow()
@@ -327,6 +334,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         with_engine: None,
         cluster_auth: None,
         auth_proxy: None,
+        sso: (args.sso, None),
         egress: Arc::new(crate::egress::Egress::standalone(
             crate::egress::Own::default(),
         )),
@@ -365,6 +373,11 @@ struct Server {
     cluster_auth: Option<Arc<crate::operator::auth::ClusterAuth>>,
     /// An authenticating proxy's identity headers.
     auth_proxy: Option<Arc<crate::http::auth::AuthProxy>>,
+    /// Single sign-on settings, with the client secret cluster mode read from a Secret.
+    sso: (
+        crate::http::sso::SsoArgs,
+        Option<crate::catalog::SecretValue>,
+    ),
     /// Where tools and providers may send requests.
     egress: Arc<crate::egress::Egress>,
     /// Cluster mode: whether this replica leads (only the leader prunes).
@@ -398,6 +411,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         with_engine,
         cluster_auth,
         auth_proxy,
+        sso: (sso_args, sso_secret),
         egress,
         leader,
     } = server;
@@ -455,6 +469,17 @@ async fn run_server(server: Server) -> Result<(), String> {
     ));
     let router = router.with_plugins(plugins_rx);
     let engine = crate::chat::Engine::new(store.clone(), config_rx.clone(), router);
+    let sso = sso_args
+        .build(
+            &egress,
+            tools.public_url.as_deref(),
+            sso_secret,
+            cluster_auth.is_some(),
+        )?
+        .map(Arc::new);
+    if let Some(s) = &sso {
+        tracing::info!(issuer = %s.provider.settings.issuer, kubernetes = s.kube.as_str(), "single sign-on with {}", s.provider.settings.issuer);
+    }
     let state = AppState::from(crate::http::AppShared {
         config: config_rx.clone(),
         store: store.clone(),
@@ -471,6 +496,7 @@ async fn run_server(server: Server) -> Result<(), String> {
             .as_deref()
             .filter(|k| !k.is_empty())
             .map(|k| Arc::from(k.as_bytes())),
+        sso,
     });
 
     let listener = tokio::net::TcpListener::bind(listen)

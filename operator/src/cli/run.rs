@@ -86,6 +86,9 @@ pub struct RunArgs {
     /// How long what is stored is kept.
     #[command(flatten)]
     pub retention: crate::store::retention::RetentionArgs,
+    /// Single sign-on with an OpenID provider.
+    #[command(flatten)]
+    pub sso: crate::http::sso::SsoArgs,
 }
 
 /// `--auth`.
@@ -97,6 +100,40 @@ pub enum RunAuth {
     Kubernetes,
     /// No authentication (loopback addresses only).
     None,
+}
+
+/// The OIDC client secret from `NAME/KEY` (default key `client-secret`) of Kortex's
+/// namespace: only from a Secret labelled `kortex.dev/use: "true"`, as every Secret Kortex
+/// reads.
+async fn oidc_client_secret(
+    client: &kube::Client,
+    namespace: &str,
+    reference: &str,
+) -> Result<crate::catalog::SecretValue, String> {
+    let (name, key) = reference
+        .split_once('/')
+        .unwrap_or((reference, "client-secret"));
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let secret = api.get(name).await.map_err(|e| {
+        format!("--oidc-client-secret-ref: cannot read the Secret {namespace}/{name}: {e}")
+    })?;
+    if !crate::catalog::secrets::opted_in(&secret.metadata) {
+        return Err(format!(
+            "--oidc-client-secret-ref: the Secret {namespace}/{name} lacks the label {}: \"true\" that lets Kortex read it",
+            crate::catalog::secrets::USE_LABEL
+        ));
+    }
+    let value = secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_owned())
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            format!("--oidc-client-secret-ref: the Secret {namespace}/{name} has no key {key}")
+        })?;
+    Ok(crate::catalog::SecretValue::new(value))
 }
 
 /// The deadline of every Kubernetes API call except watches.
@@ -167,7 +204,9 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
             ));
         }
         RunAuth::None => AuthMode::Loopback,
-        RunAuth::Auto if args.listen.ip().is_loopback() => AuthMode::Loopback,
+        RunAuth::Auto if args.listen.ip().is_loopback() && args.sso.oidc_issuer.is_none() => {
+            AuthMode::Loopback
+        }
         RunAuth::Auto | RunAuth::Kubernetes => AuthMode::Cluster,
     };
     let auth_proxy = match (&args.auth_proxy_header, args.auth_proxy_from.is_empty()) {
@@ -190,6 +229,10 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
                 }),
         })),
         (None, _) => None,
+    };
+    let sso_secret = match &args.sso.oidc_client_secret_ref {
+        Some(reference) => Some(oidc_client_secret(&client, &own_namespace, reference).await?),
+        None => None,
     };
     let cluster_auth = Arc::new(crate::operator::auth::ClusterAuth::new(
         client.clone(),
@@ -278,6 +321,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         with_engine: Some(with_engine),
         cluster_auth: Some(cluster_auth),
         auth_proxy,
+        sso: (args.sso, sso_secret),
         egress,
         leader: Some(leader_rx),
     })

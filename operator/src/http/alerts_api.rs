@@ -39,7 +39,7 @@ pub async fn alertmanager(
         user: &caller.user,
         groups: &caller.groups,
         open: state.auth == AuthMode::Loopback,
-        kube: caller.token.is_some(),
+        kube: caller.kube.is_some(),
     };
     let receipt = crate::trigger::receive(&state.engine, &state.metrics, &firer, &notification)
         .await

@@ -19,9 +19,9 @@ pub struct Caller {
     pub user: String,
     /// Groups.
     pub groups: Vec<String>,
-    /// In cluster mode, the caller's own Kubernetes bearer token (kept in memory only):
-    /// decisions and tools run as them with it.
-    pub token: Option<crate::catalog::SecretValue>,
+    /// In cluster mode, how Kubernetes requests are made as the caller (their own bearer
+    /// token, or impersonation of a signed-in user): decisions and tools run as them.
+    pub kube: Option<crate::operator::auth::KubeCredential>,
 }
 
 /// How requests are authenticated.
@@ -136,14 +136,14 @@ fn proxied(proxy: &AuthProxy, req: &Request) -> Option<Caller> {
     Some(Caller {
         user: user.to_owned(),
         groups,
-        token: None,
+        kube: None,
     })
 }
 
 /// The local user in loopback mode.
 pub const LOCAL_USER: &str = "local";
 
-fn is_loopback_host(host: &str) -> bool {
+pub(crate) fn is_loopback_host(host: &str) -> bool {
     let name = if let Some(rest) = host.strip_prefix('[') {
         rest.split(']').next().unwrap_or_default()
     } else {
@@ -225,7 +225,7 @@ pub async fn caller_for_token(state: &AppState, presented: &str) -> Result<Calle
         return Ok(Caller {
             user: c.principal.clone(),
             groups: c.groups.clone(),
-            token: None,
+            kube: None,
         });
     }
     match (&state.auth, &state.cluster_auth) {
@@ -233,7 +233,9 @@ pub async fn caller_for_token(state: &AppState, presented: &str) -> Result<Calle
             Ok(Some(user)) => Ok(Caller {
                 user: user.name,
                 groups: user.groups,
-                token: Some(crate::catalog::SecretValue::new(presented)),
+                kube: Some(crate::operator::auth::KubeCredential::Token(
+                    crate::catalog::SecretValue::new(presented),
+                )),
             }),
             Ok(None) => Err(ApiError::unauthorized(
                 "invalid token: neither a chat key nor a Kubernetes token the API server accepts",
@@ -303,9 +305,21 @@ pub async fn authenticate(
         req.extensions_mut().insert(Caller {
             user: delegation.user.clone(),
             groups: Vec::new(),
-            token: None,
+            kube: None,
         });
         req.extensions_mut().insert(delegation);
+        return Ok(next.run(req).await);
+    }
+    // A signed-in session (docs/sso.md): its cookie, or `kortex login`'s bearer token.
+    if let Some(sso) = &state.sso
+        && let Some((id, from_cookie)) = super::sso::presented(req.headers())
+    {
+        if from_cookie {
+            check_csrf(req.method(), req.headers())?;
+        }
+        let id = id.to_owned();
+        let caller = super::sso::caller(&state, sso, &id).await?;
+        req.extensions_mut().insert(caller);
         return Ok(next.run(req).await);
     }
     let caller = match state.auth {
@@ -314,7 +328,7 @@ pub async fn authenticate(
             Caller {
                 user: LOCAL_USER.to_owned(),
                 groups: Vec::new(),
-                token: None,
+                kube: None,
             }
         }
         AuthMode::Keys | AuthMode::Cluster => {

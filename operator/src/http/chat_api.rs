@@ -464,7 +464,7 @@ pub async fn post_message(
     if let Some(policy) = config.catalog.policy_of(&session) {
         may_use(&state, &caller, policy).await?;
     }
-    if let Some(token) = &caller.token {
+    if let Some(token) = &caller.kube {
         state
             .engine
             .remember_token(&session.id, &caller.user, token.clone());

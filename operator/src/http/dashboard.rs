@@ -83,12 +83,26 @@ fn mode(state: &AppState) -> &'static str {
 }
 
 fn me_json(state: &AppState, caller: &Caller) -> serde_json::Value {
+    use crate::operator::auth::KubeCredential;
     json!({
         "user": caller.user,
         "groups": caller.groups,
         "mode": mode(state),
         "proxy": state.auth_proxy.is_some(),
-        "kubernetesIdentity": caller.token.is_some(),
+        "kubernetesIdentity": caller.kube.is_some(),
+        // How the API server learns who the caller is: their own `token`, Kortex's
+        // `impersonation` of a signed-in user, or null (none: Kortex's own rights).
+        "kubernetesMode": caller.kube.as_ref().map(|k| match k {
+            KubeCredential::Token(_) => "token",
+            KubeCredential::Impersonate { .. } => "impersonation",
+        }),
+        // Single sign-on, when configured: the provider and the Kubernetes mode its
+        // sign-ins get.
+        "sso": state.sso.as_ref().map(|s| json!({
+            "provider": s.provider.settings.display_name,
+            "issuer": s.provider.settings.issuer,
+            "kubernetes": s.kube.as_str(),
+        })),
         // Proposals are ActionProposal objects (cluster mode: `kubectl kortex approve`),
         // else rows of this server's database (`kortex proposals approve`).
         "actionProposals": state.engine.cluster.get().is_some(),
@@ -133,7 +147,7 @@ pub async fn login(
         let caller = Caller {
             user: LOCAL_USER.to_owned(),
             groups: Vec::new(),
-            token: None,
+            kube: None,
         };
         return Ok(Json(me_json(&state, &caller)).into_response());
     }
@@ -176,10 +190,17 @@ pub async fn login(
     Ok(response)
 }
 
-/// `POST /auth/v1/logout`: forgets the browser's credential.
-pub async fn logout(headers: HeaderMap) -> Response {
+/// `POST /auth/v1/logout`: forgets the browser's credential; a single sign-on session ends
+/// on every replica, and the answer says where to end it at the provider too
+/// (`endSessionUrl`, when the provider offers RP-initiated logout).
+pub async fn logout(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let end_session = super::sso::sign_out(&state, &headers).await;
     let secure = secure(&headers);
-    let mut response = StatusCode::NO_CONTENT.into_response();
+    let mut response = match end_session {
+        Some(url) => Json(json!({"endSessionUrl": url})).into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    };
+    super::sso::clear_cookies(&headers, &mut response);
     let h = response.headers_mut();
     h.append(
         header::SET_COOKIE,
@@ -189,6 +210,7 @@ pub async fn logout(headers: HeaderMap) -> Response {
         header::SET_COOKIE,
         set_cookie(CSRF_COOKIE, "", false, 0, secure),
     );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 

@@ -434,7 +434,7 @@ impl KortexMcp {
         let (policy, _, _) = select(&config.catalog, &access.selection)
             .map_err(|e| McpError::invalid_request(e, None))?;
         let kube = self.state.engine.kube_identity_of(
-            access.caller.token.as_ref(),
+            access.caller.kube.as_ref(),
             policy.object.spec.run_tools_as_user,
         );
         let tools = tool_calls::offered(&self.state.engine, policy, &access.session, &kube, false);

@@ -24,6 +24,7 @@ pub mod mcp;
 mod proposals_api;
 mod runs_api;
 mod share_api;
+pub mod sso;
 
 use crate::live::LiveConfig;
 use crate::metrics::{HttpLabels, Metrics};
@@ -84,6 +85,8 @@ pub struct AppShared {
     pub limits: Arc<limits::Limits>,
     /// The key of erasure pseudonyms (`--erasure-key`); `None`: a random one per erasure.
     pub erasure_key: Option<Arc<[u8]>>,
+    /// Single sign-on with an OpenID provider (`--oidc-issuer`).
+    pub sso: Option<Arc<sso::Sso>>,
 }
 
 /// All routes.
@@ -207,6 +210,10 @@ pub fn router(state: AppState) -> Router {
         .route("/assets/{file}", get(dashboard::assets))
         .route("/auth/v1/login", axum::routing::post(dashboard::login))
         .route("/auth/v1/logout", axum::routing::post(dashboard::logout))
+        .route("/auth/v1/sign-in", get(sso::options))
+        .route("/auth/v1/oidc/login", get(sso::login))
+        .route(sso::CALLBACK_PATH, get(sso::callback))
+        .route("/auth/v1/oidc/token", axum::routing::post(sso::cli_token))
         // The gateway authenticates its own keys and answers in each vendor's format.
         .route(
             "/v1/chat/completions",

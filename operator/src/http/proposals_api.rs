@@ -324,7 +324,7 @@ async fn decide_in_cluster(
         .ok_or_else(|| ApiError::not_found(format!("proposal {id} not found")))?;
     // The proposal is not named here: without a Kubernetes identity nothing says the caller
     // may read it (the API server judges that, with their token).
-    let (Some(token), Some(cluster)) = (&caller.token, &state.cluster_auth) else {
+    let (Some(who), Some(cluster)) = (&caller.kube, &state.cluster_auth) else {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "kubernetes_identity_required",
@@ -334,9 +334,7 @@ async fn decide_in_cluster(
             ),
         ));
     };
-    let client = cluster
-        .client_as(token.expose())
-        .map_err(ApiError::internal)?;
+    let client = cluster.client_as(who).map_err(ApiError::internal)?;
     let api: kube::Api<crate::crd::ActionProposal> = kube::Api::namespaced(client, &p.namespace);
     let mut decision = json!({"verdict": verdict, "by": caller.user});
     if !caller.groups.is_empty() {

@@ -320,6 +320,14 @@ fn algorithm(alg: &str) -> Result<(Verifier, Family), TokenError> {
     })
 }
 
+/// Encodes base64url without padding (RFC 7515 §2).
+pub fn base64url_encode(bytes: &[u8]) -> String {
+    crate::catalog::secret_redactor::base64_bytes(bytes)
+        .trim_end_matches('=')
+        .replace('+', "-")
+        .replace('/', "_")
+}
+
 /// Decodes base64url without padding (RFC 7515 §2); `None` for anything else.
 pub fn base64url(text: &str) -> Option<Vec<u8>> {
     let text = text.trim_end_matches('=');

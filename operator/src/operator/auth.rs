@@ -20,6 +20,22 @@ const CACHE_NO: Duration = Duration::from_secs(5);
 /// Entries kept at most (oldest dropped first).
 const CACHE_MAX: usize = 10_000;
 
+/// How a caller's Kubernetes requests are made as them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KubeCredential {
+    /// Their own bearer token (a ServiceAccount's, or an OIDC ID token the API server's
+    /// authenticator trusts), kept in memory only.
+    Token(crate::catalog::SecretValue),
+    /// Kortex's ServiceAccount impersonates exactly this user and these groups, which a
+    /// verified sign-in named (`--oidc-kubernetes impersonate`, docs/sso.md).
+    Impersonate {
+        /// The user name.
+        user: String,
+        /// The groups.
+        groups: Vec<String>,
+    },
+}
+
 /// A user as the API server knows them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KubeUser {
@@ -346,13 +362,22 @@ impl ClusterAuth {
         Ok(allowed)
     }
 
-    /// A client that acts as the holder of `token`.
-    pub fn client_as(&self, token: &str) -> Result<kube::Client, super::error::Error> {
+    /// A client that acts as the caller: with their own bearer token, or as Kortex's
+    /// ServiceAccount impersonating exactly the user and groups a verified sign-in named.
+    pub fn client_as(&self, who: &KubeCredential) -> Result<kube::Client, super::error::Error> {
         let mut config = self.config.clone();
-        config.auth_info = kube::config::AuthInfo {
-            token: Some(token.to_owned().into()),
-            ..Default::default()
-        };
+        match who {
+            KubeCredential::Token(token) => {
+                config.auth_info = kube::config::AuthInfo {
+                    token: Some(token.expose().to_owned().into()),
+                    ..Default::default()
+                };
+            }
+            KubeCredential::Impersonate { user, groups } => {
+                config.auth_info.impersonate = Some(user.clone());
+                config.auth_info.impersonate_groups = (!groups.is_empty()).then(|| groups.clone());
+            }
+        }
         super::kube_client(config).map_err(super::error::Error::api(
             "cannot build a client for the caller",
         ))

@@ -204,6 +204,8 @@ impl Store {
             .execute(&self.pool)
             .await?
             .rows_affected();
+        // Their sign-ins end too.
+        erased.deleted_other += self.delete_auth_sessions_of(user).await?;
         // Rolling counters keyed by the name (`requests/ns/policy/user`): short-lived, and
         // nobody is left to draw on them.
         let suffix = format!("%/{}", like_escape(user));

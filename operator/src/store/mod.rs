@@ -43,6 +43,7 @@ macro_rules! from_row {
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 
 mod audit;
+mod auth;
 mod budget;
 pub mod erasure;
 mod evals;
@@ -57,6 +58,7 @@ mod sharing;
 mod triggers;
 mod usage;
 
+pub use auth::AuthSession;
 pub use evals::{EvalRun, SessionUsage, wilson};
 pub use mcp::MCP_ORIGIN;
 pub use notify::{Delivery, NotifyEventRecord};
@@ -150,6 +152,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         16,
         "proposal_git",
         include_str!("../../../migrations/0016_proposal_git.sql"),
+    ),
+    (
+        17,
+        "sign_in",
+        include_str!("../../../migrations/0017_sign_in.sql"),
     ),
 ];
 

@@ -206,19 +206,7 @@ fn transport_error(e: reqwest::Error) -> ToolError {
     }
 }
 
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
-}
+pub use crate::egress::error_chain;
 
 #[cfg(test)]
 mod tests {

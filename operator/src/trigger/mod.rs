@@ -745,8 +745,11 @@ impl Dispatcher {
             }
         };
         if let Some(token) = identity.token {
-            self.engine
-                .remember_token(&session.id, &identity.user, token);
+            self.engine.remember_token(
+                &session.id,
+                &identity.user,
+                crate::operator::auth::KubeCredential::Token(token),
+            );
         }
         let started = self
             .engine

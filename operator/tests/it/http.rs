@@ -317,6 +317,7 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
         auth_proxy: None,
         limits: kortex::http::limits::Limits::new(Default::default()),
         erasure_key: None,
+        sso: None,
     }));
     let (status, _, body) = call(&app, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);

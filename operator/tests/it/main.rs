@@ -43,6 +43,7 @@ mod run_control;
 mod samples;
 mod session_tools;
 mod sharing;
+mod sso;
 mod standalone_actions;
 mod store;
 mod support;

@@ -52,10 +52,54 @@ spec: {sessions: ['*'], provider: nope, proposals: {allowedActions: [restart], a
 pub struct Harness {
     pub app: axum::Router,
     pub db: TestDb,
+    config: tokio::sync::watch::Receiver<Arc<live::LiveConfig>>,
     _dir: tempfile::TempDir,
 }
 
 pub async fn harness(auth: AuthMode) -> Harness {
+    harness_with(auth, None).await
+}
+
+fn app_of(
+    config: &tokio::sync::watch::Receiver<Arc<live::LiveConfig>>,
+    store: &kortex::store::Store,
+    auth: AuthMode,
+    sso: Option<Arc<kortex::http::sso::Sso>>,
+) -> axum::Router {
+    let engine = kortex::chat::Engine::new(
+        store.clone(),
+        config.clone(),
+        kortex::tools::Router::new(std::sync::Arc::new(kortex::metrics::Metrics::new())),
+    );
+    router(AppState::from(kortex::http::AppShared {
+        config: config.clone(),
+        store: store.clone(),
+        probes: Default::default(),
+        governor: engine.governor.clone(),
+        engine,
+        metrics: Arc::new(Metrics::new()),
+        auth,
+        cluster_auth: None,
+        auth_proxy: None,
+        limits: kortex::http::limits::Limits::new(Default::default()),
+        erasure_key: None,
+        sso,
+    }))
+}
+
+impl Harness {
+    /// Another replica on the same database and configuration.
+    pub fn replica(
+        &self,
+        auth: AuthMode,
+        sso: Option<Arc<kortex::http::sso::Sso>>,
+    ) -> axum::Router {
+        app_of(&self.config, &self.db.store, auth, sso)
+    }
+}
+
+/// The API in-process with single sign-on (`sso`).
+pub async fn harness_with(auth: AuthMode, sso: Option<Arc<kortex::http::sso::Sso>>) -> Harness {
     let dir = tempfile::tempdir().unwrap();
     let manifests = docs(&[
         chat_key("alice-key", "user: alice, key: chat-key-alice"),
@@ -70,26 +114,15 @@ pub async fn harness(auth: AuthMode) -> Harness {
     let config = live::load(&mut source, None, &metrics);
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));
     std::mem::forget(_tx); // keep the channel open for the test's lifetime
+    let _ = metrics;
     let db = sqlite().await;
-    let engine = kortex::chat::Engine::new(
-        db.store.clone(),
-        rx.clone(),
-        kortex::tools::Router::new(std::sync::Arc::new(kortex::metrics::Metrics::new())),
-    );
-    let app = router(AppState::from(kortex::http::AppShared {
-        config: rx.clone(),
-        store: db.store.clone(),
-        probes: Default::default(),
-        governor: engine.governor.clone(),
-        engine,
-        metrics,
-        auth,
-        cluster_auth: None,
-        auth_proxy: None,
-        limits: kortex::http::limits::Limits::new(Default::default()),
-        erasure_key: None,
-    }));
-    Harness { app, db, _dir: dir }
+    let app = app_of(&rx, &db.store, auth, sso);
+    Harness {
+        app,
+        db,
+        config: rx,
+        _dir: dir,
+    }
 }
 
 pub async fn call(

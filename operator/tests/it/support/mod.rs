@@ -15,6 +15,7 @@ pub mod forge;
 pub mod git_server;
 pub mod manifests;
 pub mod net;
+pub mod oidc;
 pub mod plugins;
 pub mod prometheus;
 pub mod provider;

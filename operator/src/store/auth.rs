@@ -1,0 +1,165 @@
+//! Sign-ins with the OpenID provider (docs/sso.md): the ones under way (taken once) and the
+//! sessions of signed-in browsers and CLIs, shared by every replica. Nothing here is a
+//! usable secret: rows are found by digests, and tokens are sealed by `oidc::seal`.
+
+use super::{Store, StoreError, now_ms};
+use sqlx::Row;
+
+/// A signed-in browser's or CLI's session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuthSession {
+    /// SHA-256 (hex) of the session id.
+    pub id_hash: String,
+    /// The provider's `sub`.
+    pub subject: String,
+    /// The user name.
+    pub user_name: String,
+    /// The groups.
+    pub groups: Vec<String>,
+    /// The provider's tokens, sealed.
+    pub sealed: String,
+    /// Which session key sealed them.
+    pub key_id: String,
+    /// When the ID token (or, without one, the access token) expires, Unix ms.
+    pub token_expires: i64,
+    /// When the session ends whatever happens, Unix ms.
+    pub expires_at: i64,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Bumped by every refresh.
+    pub version: i64,
+}
+
+fn read(r: &sqlx::any::AnyRow) -> Result<AuthSession, StoreError> {
+    let groups: String = r.try_get("groups")?;
+    Ok(from_row!(r => AuthSession {
+        id_hash, subject, user_name,
+        groups = serde_json::from_str(&groups).map_err(|source| StoreError::Json { column: "groups", source })?,
+        sealed, key_id, token_expires, expires_at, created_at, version,
+    }))
+}
+
+impl Store {
+    /// Records a sign-in under way (or a CLI's one-time code), and forgets expired ones.
+    pub async fn put_sign_in(
+        &self,
+        state_hash: &str,
+        sealed: &str,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM sign_ins WHERE expires_at < $1")
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        sqlx::query("INSERT INTO sign_ins (state_hash, sealed, expires_at) VALUES ($1, $2, $3)")
+            .bind(state_hash)
+            .bind(sealed)
+            .bind(expires_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Takes a sign-in under way: what it sealed, once. `None` when it was taken already
+    /// (a replayed `state`), never existed, or expired.
+    pub async fn take_sign_in(&self, state_hash: &str) -> Result<Option<String>, StoreError> {
+        let row = self
+            .first(
+                sqlx::query("SELECT sealed, expires_at FROM sign_ins WHERE state_hash = $1")
+                    .bind(state_hash),
+                |r| {
+                    Ok((
+                        r.try_get::<String, _>("sealed")?,
+                        r.try_get::<i64, _>("expires_at")?,
+                    ))
+                },
+            )
+            .await?;
+        let Some((sealed, expires_at)) = row else {
+            return Ok(None);
+        };
+        // Two requests with the same state: only the one whose delete removed the row wins.
+        let taken = self
+            .changed(sqlx::query("DELETE FROM sign_ins WHERE state_hash = $1").bind(state_hash))
+            .await?;
+        Ok((taken && expires_at >= now_ms()).then_some(sealed))
+    }
+
+    /// Stores a new session.
+    pub async fn put_auth_session(&self, s: &AuthSession) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM auth_sessions WHERE expires_at < $1")
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await?;
+        sqlx::query(
+            "INSERT INTO auth_sessions (id_hash, subject, user_name, groups, sealed, key_id, \
+             token_expires, expires_at, created_at, version) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(&s.id_hash)
+        .bind(&s.subject)
+        .bind(&s.user_name)
+        .bind(serde_json::json!(s.groups).to_string())
+        .bind(&s.sealed)
+        .bind(&s.key_id)
+        .bind(s.token_expires)
+        .bind(s.expires_at)
+        .bind(s.created_at)
+        .bind(s.version)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The session whose id hashes to `id_hash`, unless it ended.
+    pub async fn auth_session(&self, id_hash: &str) -> Result<Option<AuthSession>, StoreError> {
+        self.first(
+            sqlx::query(
+                "SELECT id_hash, subject, user_name, groups, sealed, key_id, token_expires, \
+                 expires_at, created_at, version FROM auth_sessions \
+                 WHERE id_hash = $1 AND expires_at >= $2",
+            )
+            .bind(id_hash)
+            .bind(now_ms()),
+            read,
+        )
+        .await
+    }
+
+    /// Writes a refresh's outcome, unless another replica refreshed first (`false`: read
+    /// the session again).
+    pub async fn refresh_auth_session(&self, s: &AuthSession) -> Result<bool, StoreError> {
+        self.changed(
+            sqlx::query(
+                "UPDATE auth_sessions SET sealed = $1, key_id = $2, token_expires = $3, \
+                 expires_at = $4, groups = $5, version = version + 1 \
+                 WHERE id_hash = $6 AND version = $7",
+            )
+            .bind(&s.sealed)
+            .bind(&s.key_id)
+            .bind(s.token_expires)
+            .bind(s.expires_at)
+            .bind(serde_json::json!(s.groups).to_string())
+            .bind(&s.id_hash)
+            .bind(s.version),
+        )
+        .await
+    }
+
+    /// Ends a session (sign-out, or a refresh the provider refused).
+    pub async fn delete_auth_session(&self, id_hash: &str) -> Result<bool, StoreError> {
+        self.changed(sqlx::query("DELETE FROM auth_sessions WHERE id_hash = $1").bind(id_hash))
+            .await
+    }
+
+    /// Ends every session of `user` (erasure); how many.
+    pub async fn delete_auth_sessions_of(&self, user: &str) -> Result<u64, StoreError> {
+        Ok(
+            sqlx::query("DELETE FROM auth_sessions WHERE user_name = $1")
+                .bind(user)
+                .execute(&self.pool)
+                .await?
+                .rows_affected(),
+        )
+    }
+}
