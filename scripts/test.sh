@@ -72,6 +72,18 @@ if ! command -v git >/dev/null || [ ! -x "$(git --exec-path 2>/dev/null)/git-htt
   apt_install git
 fi
 
+# The single sign-on browser test signs in at a real OpenID provider: Debian's Glewlwyd
+# (its fixture script installs it without a database question, and never starts its service).
+if [ ! -x /usr/bin/glewlwyd ]; then
+  echo "==> installing Glewlwyd (Debian package) for the single sign-on tests"
+  if [ "$(id -u)" = 0 ]; then
+    operator/tests/fixtures/oidc/glewlwyd.sh install
+  else
+    sudo operator/tests/fixtures/oidc/glewlwyd.sh install
+  fi
+fi
+export KORTEX_REQUIRE_GLEWLWYD=1
+
 # The MCP plugin tests talk to a real MCP server: the Python SDK's, in a virtualenv.
 venv=target/test-venv
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import mcp.server.mcpserver' 2>/dev/null; then

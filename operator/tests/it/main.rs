@@ -44,6 +44,7 @@ mod samples;
 mod session_tools;
 mod sharing;
 mod sso;
+mod sso_browser;
 mod standalone_actions;
 mod store;
 mod support;

@@ -21,5 +21,6 @@ pub mod prometheus;
 pub mod provider;
 pub mod receiver;
 pub mod server;
+pub mod tls_proxy;
 pub mod tools;
 pub mod yaml;
