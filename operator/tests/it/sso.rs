@@ -547,3 +547,241 @@ async fn a_group_not_allowed_and_an_unreachable_issuer_are_named_on_the_sign_in_
     assert_eq!(options["oidc"]["name"], "Scripted");
     assert_eq!(options["error"], Value::Null);
 }
+
+/// A browser's sign-in against `kortex run` over HTTP (no redirects followed): the
+/// provider hands over `id_token(nonce)`; the cookies to send.
+async fn sign_in_over_http(
+    server: &crate::support::server::Server,
+    p: &Provider,
+    id_token: impl Fn(&str) -> String,
+) -> (String, String) {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .get(server.url("/auth/v1/oidc/login"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 303, "{}", server.log());
+    let location = reqwest::Url::parse(&header(r.headers(), "location")).unwrap();
+    let q: HashMap<String, String> = location.query_pairs().into_owned().collect();
+    let cookie = set_cookie(r.headers(), "kortex_sign_in").unwrap();
+    p.issue("cluster-code", &q["code_challenge"], &id_token(&q["nonce"]));
+    let r = client
+        .get(server.url(&format!(
+            "/auth/v1/oidc/callback?code=cluster-code&state={}",
+            q["state"]
+        )))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    let session = set_cookie(r.headers(), "kortex_session")
+        .unwrap_or_else(|| panic!("not signed in: {:?}\n{}", r.headers(), server.log()));
+    let csrf = set_cookie(r.headers(), "kortex_csrf").unwrap();
+    (
+        format!("{session}; {csrf}"),
+        csrf.split_once('=').unwrap().1.to_owned(),
+    )
+}
+
+/// Cluster mode: with `--oidc-kubernetes token` the signed-in user's ID token is their
+/// bearer token — the API server names them (TokenReview), the tools read and the
+/// dashboard's decision is written with it; with `impersonate`, Kortex's own client
+/// impersonates exactly the user and groups the verified ID token named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_cluster_mode_the_signed_in_user_reads_and_decides_as_themselves() {
+    use crate::support::fake_api::{incidents_cluster, phase};
+    use crate::support::provider::{push, push_answer, tool_calls};
+    use crate::support::server::start_run_with;
+    for mode in ["token", "impersonate"] {
+        let p = Provider::start().await;
+        let (fake, llm, script) = incidents_cluster(json!({"allowedActions": ["restart"],
+            "allowedNamespaces": ["shop"], "requireDistinctApprover": false}))
+        .await;
+        let (user, groups) = if mode == "token" {
+            (
+                "oidc:alice@example.com",
+                json!(["system:authenticated", "oidc:oncall", "oidc:platform"]),
+            )
+        } else {
+            ("alice@example.com", json!(["oncall", "platform"]))
+        };
+        fake.allow(user);
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("client-secret");
+        std::fs::write(&secret, CLIENT_SECRET).unwrap();
+        let secret = secret.display().to_string();
+        let server = start_run_with(
+            &fake,
+            dir.path(),
+            &llm,
+            &[
+                "--oidc-issuer",
+                &p.issuer,
+                "--oidc-client-id",
+                CLIENT_ID,
+                "--oidc-client-secret-file",
+                &secret,
+                "--oidc-kubernetes",
+                mode,
+            ],
+        )
+        .await;
+        let id_token = std::sync::Mutex::new(String::new());
+        let (cookies, csrf) = sign_in_over_http(&server, &p, |nonce| {
+            let t = p.sign("k1", &p.claims(nonce, 600));
+            *id_token.lock().unwrap() = t.clone();
+            t
+        })
+        .await;
+        let id_token = id_token.into_inner().unwrap();
+        let client = reqwest::Client::new();
+        let call = |method: reqwest::Method, path: &str, body: Value| {
+            client
+                .request(method, server.url(path))
+                .header("cookie", &cookies)
+                .header("x-csrf-token", &csrf)
+                .json(&body)
+                .send()
+        };
+        let me: Value = call(reqwest::Method::GET, "/auth/v1/me", Value::Null)
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(me["user"], user, "{mode}: {me}");
+        assert_eq!(me["groups"], groups, "{mode}");
+        let shown = if mode == "token" {
+            "token"
+        } else {
+            "impersonation"
+        };
+        assert_eq!(me["kubernetesMode"], shown, "{mode}");
+        assert_eq!(me["sso"]["kubernetes"], shown, "{mode}");
+
+        let r = call(
+            reqwest::Method::POST,
+            "/chat/v1/sessions",
+            json!({"name": "incident-sso", "namespace": "team-a"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            r.status().as_u16(),
+            201,
+            "{mode}: {}",
+            r.text().await.unwrap_or_default()
+        );
+        let created: Value = r.json().await.unwrap_or_default();
+        let id = created["id"].as_str().unwrap_or_default().to_owned();
+        // The model reads the Deployment (runToolsAsUser is the default), then proposes.
+        push(
+            &script,
+            tool_calls(&[(
+                "r1",
+                "get_resource",
+                json!({"kind": "Deployment", "namespace": "shop", "name": "api"}),
+            )]),
+        );
+        push(
+            &script,
+            tool_calls(&[(
+                "p1",
+                "propose_action",
+                json!({"action": "restart",
+                    "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"},
+                    "rationale": "stuck"}),
+            )]),
+        );
+        push_answer(&script, &["Proposed."]);
+        let r = call(
+            reqwest::Method::POST,
+            &format!("/chat/v1/sessions/{id}/messages"),
+            json!({"content": "restart api"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status().as_u16(), 202, "{mode}");
+        let as_user = |s: &crate::support::fake_api::Seen| match mode {
+            "token" => s.token == id_token && s.impersonate.is_none(),
+            _ => {
+                s.token != id_token
+                    && s.impersonate
+                        == Some((
+                            user.to_owned(),
+                            vec!["oncall".to_owned(), "platform".to_owned()],
+                        ))
+            }
+        };
+        fake.until("the read as alice", |f| {
+            f.seen().iter().any(|s| {
+                s.method == "GET"
+                    && s.path == "/apis/apps/v1/namespaces/shop/deployments/api"
+                    && as_user(s)
+            })
+        })
+        .await;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        let proposal = loop {
+            let list: Value = call(reqwest::Method::GET, "/chat/v1/proposals", Value::Null)
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap_or_default();
+            if let Some(p) = list["items"].as_array().and_then(|a| a.first()).cloned() {
+                break p;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{mode}: no proposal\n{}",
+                server.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        let name = proposal["name"].as_str().unwrap_or_default().to_owned();
+        fake.until("its status", |f| phase(f, &name) == "Pending")
+            .await;
+        let r = call(
+            reqwest::Method::POST,
+            &format!(
+                "/chat/v1/proposals/{}/approve",
+                proposal["id"].as_str().unwrap_or_default()
+            ),
+            json!({"reason": "signed in"}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            r.status().as_u16(),
+            200,
+            "{mode}: {}",
+            r.text().await.unwrap_or_default()
+        );
+        let patch = fake
+            .seen()
+            .into_iter()
+            .find(|s| {
+                s.method == "PATCH"
+                    && s.path
+                        == format!(
+                            "/apis/kortex.dev/v1alpha1/namespaces/shop/actionproposals/{name}"
+                        )
+            })
+            .expect("no decision patch");
+        assert!(
+            as_user(&patch),
+            "{mode}: the decision was not written as alice: {patch:?}"
+        );
+        assert_eq!(patch.body["spec"]["decision"]["by"], user);
+        assert!(
+            !server.log().contains(&id_token),
+            "the ID token reached the log"
+        );
+        assert!(server.terminate().success());
+    }
+}

@@ -26,6 +26,8 @@ pub struct Seen {
     pub accept: String,
     /// The bearer token sent.
     pub token: String,
+    /// `Impersonate-User` and every `Impersonate-Group`, when Kortex impersonated.
+    pub impersonate: Option<(String, Vec<String>)>,
     pub body: Value,
 }
 
@@ -46,6 +48,15 @@ struct State {
     /// Every watch event sent, so that a watch resumed from a `resourceVersion` gets what
     /// it missed, as from a real API server's watch cache.
     history: Vec<(String, Value)>,
+}
+
+/// The claims of a JWT-shaped token (not verified).
+fn jwt_claims(token: &str) -> Option<Value> {
+    let mut parts = token.split('.');
+    let (_, Some(claims), Some(_)) = (parts.next(), parts.next(), parts.next()) else {
+        return None;
+    };
+    serde_json::from_slice(&kortex::oidc::jwt::base64url(claims)?).ok()
 }
 
 /// RFC 7386 JSON merge patch.
@@ -338,8 +349,20 @@ impl FakeApi {
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or_default()
             .to_owned();
+        let impersonate = headers
+            .get("impersonate-user")
+            .and_then(|v| v.to_str().ok())
+            .map(|user| {
+                let groups = headers
+                    .get_all("impersonate-group")
+                    .iter()
+                    .filter_map(|v| v.to_str().ok().map(str::to_owned))
+                    .collect();
+                (user.to_owned(), groups)
+            });
         self.lock().seen.push(Seen {
             token,
+            impersonate,
             method: method.to_string(),
             path: path.clone(),
             query: query.clone(),
@@ -479,10 +502,26 @@ impl FakeApi {
             }
             (Method::POST, None, None) if plural == "tokenreviews" => {
                 let token = body["spec"]["token"].as_str().unwrap_or_default();
-                let status = match token.strip_suffix("-token") {
-                    Some(user) => json!({"authenticated": true,
+                let status = match (token.strip_suffix("-token"), jwt_claims(token)) {
+                    (Some(user), _) => json!({"authenticated": true,
                         "user": {"username": user, "groups": ["system:authenticated", "sre"]}}),
-                    None => json!({"authenticated": false, "error": "invalid bearer token"}),
+                    // As a JWT authenticator configured with the `oidc:` prefixes would (the
+                    // fake does not check the signature: the tests check Kortex's side).
+                    (None, Some(claims)) if claims["email"].is_string() => {
+                        let mut groups = vec![json!("system:authenticated")];
+                        groups.extend(
+                            claims["groups"]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .filter_map(Value::as_str)
+                                .map(|g| json!(format!("oidc:{g}"))),
+                        );
+                        json!({"authenticated": true, "user": {
+                            "username": format!("oidc:{}", claims["email"].as_str().unwrap_or_default()),
+                            "groups": groups}})
+                    }
+                    _ => json!({"authenticated": false, "error": "invalid bearer token"}),
                 };
                 let mut review = body.clone();
                 review["status"] = status;
