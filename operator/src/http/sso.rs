@@ -79,6 +79,9 @@ pub struct Sso {
     pub kube: KubeMode,
     /// The callback URL registered at the provider; `None`: from the request's host.
     pub redirect_url: Option<String>,
+    /// `impersonate` mode: the only groups passed on (the chart grants exactly these);
+    /// empty: every group the ID token names, but never a `system:` one.
+    pub impersonate_groups: Vec<String>,
     /// Serialises one replica's refreshes of a session (a rotating refresh token is good
     /// for one refresh).
     refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -97,8 +100,15 @@ impl Sso {
             key,
             kube,
             redirect_url,
+            impersonate_groups: Vec::new(),
             refreshing: Mutex::default(),
         }
+    }
+
+    /// Only these groups are impersonated (`--oidc-impersonate-groups`).
+    pub fn impersonating_only(mut self, groups: Vec<String>) -> Self {
+        self.impersonate_groups = groups;
+        self
     }
 
     fn redirect_uri(&self, headers: &HeaderMap) -> String {
@@ -575,8 +585,16 @@ async fn identify(
         .provider
         .identity(&verified.claims, &userinfo)
         .map_err(|e| e.to_string())?;
-    if sso.kube != KubeMode::Token {
-        return Ok((identity.user, identity.groups));
+    if sso.kube != KubeMode::Token || state.cluster_auth.is_none() {
+        // Kortex names the user itself: never one of the API server's own users or groups
+        // (a provider's `system:masters` group would pass every SubjectAccessReview).
+        if identity.user.starts_with("system:") {
+            return Err(format!(
+                "{} names a user of the Kubernetes API server itself, which a sign-in may not (set --oidc-username-prefix)",
+                identity.user
+            ));
+        }
+        return Ok((identity.user, kube_groups(sso, &identity.groups)));
     }
     let Some(cluster) = &state.cluster_auth else {
         return Ok((identity.user, identity.groups));
@@ -796,6 +814,20 @@ pub async fn caller(state: &AppState, sso: &Sso, id: &str) -> Result<Caller, Api
     }
 }
 
+/// The groups of a user Kortex names itself: those the ID token named, never a `system:`
+/// group (the API server's own, `system:masters` among them), and in `impersonate` mode with
+/// `--oidc-impersonate-groups` only those listed (the ones the chart lets Kortex
+/// impersonate).
+fn kube_groups(sso: &Sso, groups: &[String]) -> Vec<String> {
+    let listed = sso.kube == KubeMode::Impersonate && !sso.impersonate_groups.is_empty();
+    groups
+        .iter()
+        .filter(|g| !g.starts_with("system:"))
+        .filter(|g| !listed || sso.impersonate_groups.contains(g))
+        .cloned()
+        .collect()
+}
+
 fn as_caller(sso: &Sso, row: &AuthSession, kept: &Kept) -> Result<Caller, ApiError> {
     let kube = match sso.kube {
         KubeMode::Off => None,
@@ -959,6 +991,11 @@ pub struct SsoArgs {
     /// (Kortex impersonates the verified user and groups), or `off`.
     #[arg(long, env = "KORTEX_OIDC_KUBERNETES", value_enum, default_value_t = KubeMode::Token)]
     pub oidc_kubernetes: KubeMode,
+    /// `impersonate` mode: the only groups Kortex impersonates (comma-separated; the chart
+    /// grants impersonation of exactly these). Default: every group the ID token names,
+    /// never a `system:` one.
+    #[arg(long, env = "KORTEX_OIDC_IMPERSONATE_GROUPS", value_delimiter = ',')]
+    pub oidc_impersonate_groups: Vec<String>,
     /// A file holding the key (32 bytes or more) sign-ins are sealed with: the same for
     /// every replica (default: a random key of this process; sign-ins end on restart).
     #[arg(long, env = "KORTEX_SESSION_KEY_FILE", value_name = "FILE")]
@@ -1041,6 +1078,9 @@ impl SsoArgs {
         } else {
             KubeMode::Off
         };
-        Ok(Some(Sso::new(provider, key, kube, redirect_url)))
+        Ok(Some(
+            Sso::new(provider, key, kube, redirect_url)
+                .impersonating_only(self.oidc_impersonate_groups.clone()),
+        ))
     }
 }
