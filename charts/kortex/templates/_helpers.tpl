@@ -75,7 +75,20 @@ file on one volume: one writer, so one replica, replaced (not rolled) on upgrade
 {{- if and .Values.auth.proxy.header (not .Values.auth.proxy.from) -}}
 {{- fail "auth.proxy.header needs auth.proxy.from: identity headers are trusted only from the proxy's own networks" -}}
 {{- end -}}
+{{- if and .Values.sso.issuer (not .Values.sso.clientId) -}}
+{{- fail "sso.issuer needs sso.clientId: Kortex's client id at the provider" -}}
+{{- end -}}
+{{- if and .Values.sso.issuer (eq .Values.sso.kubernetes "impersonate") (not .Values.sso.impersonation.groups) -}}
+{{- fail "sso.kubernetes=impersonate needs sso.impersonation.groups: the groups Kortex may impersonate (docs/sso.md#impersonation)" -}}
+{{- end -}}
 {{- if and .Values.podDisruptionBudget.enabled (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable) (kindIs "invalid" .Values.podDisruptionBudget.minAvailable) -}}
 {{- fail "podDisruptionBudget needs maxUnavailable or minAvailable" -}}
 {{- end -}}
+{{- end -}}
+
+{{/*
+The Secret holding the session key: the one named, or the chart's own.
+*/}}
+{{- define "kortex.sessionKeySecret" -}}
+{{- default (printf "%s-session-key" (include "kortex.fullname" .)) .Values.sso.sessionKey.name -}}
 {{- end -}}

@@ -23,6 +23,7 @@ const VALUES_FILES: &[&str] = &[
     "charts/kortex/ci/postgres-values.yaml",
     "charts/kortex/ci/observability-values.yaml",
     "charts/kortex/ci/sqlite-persistent-values.yaml",
+    "charts/kortex/ci/sso-values.yaml",
 ];
 
 /// The `helm` to run, or `None` (with the reason printed) to skip.
@@ -462,7 +463,7 @@ fn chart_lints_and_every_rendered_object_is_valid() {
 }
 
 /// The chart's RBAC is config/rbac's (same rules), covers every call the code makes, and
-/// never grants impersonation, whatever the values.
+/// grants impersonation only in single sign-on's impersonate mode, of the listed groups.
 #[test]
 fn chart_rbac_is_config_rbac_and_covers_every_call() {
     let Some(helm) = helm() else { return };
@@ -515,6 +516,21 @@ fn chart_rbac_is_config_rbac_and_covers_every_call() {
             );
         }
         for role in &roles {
+            // Single sign-on's impersonate mode alone grants impersonation: of users, and
+            // of exactly the groups listed, never a system: one.
+            if key(role) == "ClusterRole/kortex-sso-impersonate" {
+                assert_eq!(name, "charts/kortex/ci/sso-values.yaml");
+                assert_eq!(
+                    role["rules"],
+                    json!([
+                        {"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"]},
+                        {"apiGroups": [""], "resources": ["groups"], "verbs": ["impersonate"],
+                         "resourceNames": ["oidc:oncall", "oidc:platform"]},
+                    ]),
+                    "{name}"
+                );
+                continue;
+            }
             for what in [
                 "users",
                 "groups",
@@ -689,6 +705,18 @@ fn chart_refuses_unsafe_database_settings() {
             vec!["auth.proxy.header=X-Forwarded-User"],
             "auth.proxy.header needs auth.proxy.from",
         ),
+        (
+            vec!["sso.issuer=https://dex.example.com"],
+            "sso.issuer needs sso.clientId",
+        ),
+        (
+            vec![
+                "sso.issuer=https://dex.example.com",
+                "sso.clientId=kortex",
+                "sso.kubernetes=impersonate",
+            ],
+            "sso.kubernetes=impersonate needs sso.impersonation.groups",
+        ),
     ] {
         let args: Vec<&str> = sets.iter().flat_map(|s| ["--set", *s]).collect();
         let err = template_text(&helm, &args)
@@ -764,6 +792,9 @@ fn chart_schema_refuses_bad_values() {
         ("ingress.enabeld=true", "enabeld"),
         ("updateStrategy.type=OnDelete", "updateStrategy/type"),
         ("prometheusRule.budgetThreshold=80", "budgetThreshold"),
+        ("sso.issuer=http://dex.example.com", "sso/issuer"),
+        ("sso.kubernetes=always", "sso/kubernetes"),
+        ("sso.impersonation.groups={system:masters}", "sso/impersonation/groups/0"),
     ] {
         let err = template_text(&helm, &["--set", set])
             .err()
