@@ -12,9 +12,19 @@ pub struct ServerArgs {
     /// Kortex server URL.
     #[arg(long, env = "KORTEX_SERVER", default_value = "http://127.0.0.1:8080")]
     pub server: String,
-    /// Chat API key (not needed on a loopback server without credentials).
+    /// Chat API key (not needed on a loopback server without credentials). Default: the
+    /// token `kortex login` kept for this server.
     #[arg(long, env = "KORTEX_API_KEY", hide_env_values = true)]
     pub key: Option<String>,
+}
+
+impl ServerArgs {
+    /// The bearer credential to send: `--key`, else what `kortex login` kept for the server.
+    pub fn credential(&self) -> Option<String> {
+        self.key
+            .clone()
+            .or_else(|| super::login::stored_token(&self.server))
+    }
 }
 
 /// `kortex chat` options.
@@ -160,7 +170,7 @@ impl Api {
     pub(crate) fn new(args: &ServerArgs) -> Self {
         Self {
             base: args.server.trim_end_matches('/').to_owned(),
-            key: args.key.clone(),
+            key: args.credential(),
             http: reqwest::Client::new(),
         }
     }

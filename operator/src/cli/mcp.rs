@@ -108,7 +108,7 @@ fn explain(error: &str) -> String {
 pub async fn run(args: McpArgs) -> Result<(), String> {
     let token = match (&args.kubeconfig, &args.server.key) {
         (Some(path), _) => Some(kubeconfig_token(path).await?),
-        (None, key) => key.clone(),
+        (None, _) => args.server.credential(),
     };
     let url = url(&args);
     let mut config = StreamableHttpClientTransportConfig::with_uri(url.clone());

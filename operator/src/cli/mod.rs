@@ -4,6 +4,7 @@
 pub mod client;
 pub mod eval;
 pub(crate) mod llm;
+pub mod login;
 pub mod mcp;
 pub mod pruner;
 mod run;
@@ -52,6 +53,12 @@ pub enum Command {
     Providers(ProvidersCommand),
     /// One streamed completion, for checking a provider by hand.
     Ask(llm::AskArgs),
+    /// Sign in to a Kortex server with its single sign-on (the browser signs in at the
+    /// company's provider); `chat`, `proposals`, `usage`, `erase-user` and `mcp` then use
+    /// the token kept in ~/.config/kortex/credentials.json (0600).
+    Login(login::LoginArgs),
+    /// Sign out of a Kortex server and forget its token.
+    Logout(login::LogoutArgs),
     /// Chat with a Kortex server from the terminal.
     Chat(client::ChatArgs),
     /// List, approve or reject proposals on a Kortex server.
@@ -220,6 +227,8 @@ pub fn run(cli: Cli) -> ExitCode {
             }
         }
         Command::Ask(args) => block_on(llm::ask(args)),
+        Command::Login(args) => block_on(login::login(args)),
+        Command::Logout(args) => block_on(login::logout(args)),
         Command::Chat(args) => block_on(client::chat(args)),
         Command::Proposals(command) => block_on(client::proposals(command)),
         Command::Usage(args) => block_on(client::usage(args)),

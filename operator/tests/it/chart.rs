@@ -794,7 +794,10 @@ fn chart_schema_refuses_bad_values() {
         ("prometheusRule.budgetThreshold=80", "budgetThreshold"),
         ("sso.issuer=http://dex.example.com", "sso/issuer"),
         ("sso.kubernetes=always", "sso/kubernetes"),
-        ("sso.impersonation.groups={system:masters}", "sso/impersonation/groups/0"),
+        (
+            "sso.impersonation.groups={system:masters}",
+            "sso/impersonation/groups/0",
+        ),
     ] {
         let err = template_text(&helm, &["--set", set])
             .err()

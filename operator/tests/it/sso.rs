@@ -596,6 +596,7 @@ async fn in_cluster_mode_the_signed_in_user_reads_and_decides_as_themselves() {
     use crate::support::fake_api::{incidents_cluster, phase};
     use crate::support::provider::{push, push_answer, tool_calls};
     use crate::support::server::start_run_with;
+    let _ = rustls::crypto::ring::default_provider().install_default();
     for mode in ["token", "impersonate"] {
         let p = Provider::start().await;
         let (fake, llm, script) = incidents_cluster(json!({"allowedActions": ["restart"],
@@ -790,4 +791,157 @@ async fn in_cluster_mode_the_signed_in_user_reads_and_decides_as_themselves() {
         );
         assert!(server.terminate().success());
     }
+}
+
+/// `kortex login`: the browser signs in through the server, the CLI gets a one-time code on
+/// its loopback port and exchanges it (with its PKCE verifier) for the session's token, kept
+/// 0600; `kortex proposals list` then uses it; `kortex logout` ends the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kortex_login_keeps_a_token_that_the_cli_uses_until_logout() {
+    use crate::support::server::{BIN, Server};
+    use tokio::io::AsyncBufReadExt;
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let p = Provider::start().await;
+    let (dir, m) = crate::support::manifests::manifest_dir();
+    let secret = dir.path().join("client-secret");
+    std::fs::write(&secret, CLIENT_SECRET).unwrap();
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    let server = Server::spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--manifests",
+            &m.display().to_string(),
+            "--database-url",
+            &db,
+            "--oidc-issuer",
+            &p.issuer,
+            "--oidc-client-id",
+            CLIENT_ID,
+            "--oidc-client-secret-file",
+            &secret.display().to_string(),
+        ],
+        &[],
+    );
+    let base = server.url("").trim_end_matches('/').to_owned();
+    let config = dir.path().join("home/credentials.json");
+    let cli = |args: &[&str]| {
+        let mut c = std::process::Command::new(BIN);
+        c.args(args)
+            .env("KORTEX_CONFIG", &config)
+            .env_remove("KORTEX_API_KEY")
+            .env_remove("KORTEX_SERVER");
+        c
+    };
+    // Signed out, the CLI is refused.
+    let out = cli(&["proposals", "list", "--server", &base])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401"),
+        "{out:?}"
+    );
+
+    let mut login =
+        tokio::process::Command::from(cli(&["login", "--server", &base, "--no-browser"]));
+    let mut child = login
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next_line().await.unwrap().expect("the sign-in URL");
+        if let Some(u) = line.trim().strip_prefix(&format!("{base}/")) {
+            break format!("{base}/{u}");
+        }
+    };
+    // The browser's part: the server, the provider, the server, the CLI's loopback port.
+    let browser = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = browser.get(&url).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 303, "{}", server.log());
+    let cookie = set_cookie(r.headers(), "kortex_sign_in").unwrap();
+    let location = reqwest::Url::parse(&header(r.headers(), "location")).unwrap();
+    let q: HashMap<String, String> = location.query_pairs().into_owned().collect();
+    p.issue(
+        "cli-code",
+        &q["code_challenge"],
+        &p.sign("k1", &p.claims(&q["nonce"], 600)),
+    );
+    let r = browser
+        .get(format!(
+            "{base}/auth/v1/oidc/callback?code=cli-code&state={}",
+            q["state"]
+        ))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    let back = header(r.headers(), "location");
+    assert!(
+        back.starts_with("http://127.0.0.1:") && back.contains("/callback?code="),
+        "{back}"
+    );
+    assert!(
+        set_cookie(r.headers(), "kortex_session").is_none(),
+        "the CLI's session is not the browser's"
+    );
+    let page = browser
+        .get(&back)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("Signed in to Kortex"), "{page}");
+    let status = child.wait().await.unwrap();
+    let mut said = String::new();
+    while let Ok(Some(l)) = lines.next_line().await {
+        said.push_str(&l);
+    }
+    assert!(status.success(), "kortex login failed: {said}");
+    assert!(
+        said.contains("as alice@example.com (oncall, platform)"),
+        "{said}"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&config).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "the token file is the user's alone");
+    let kept = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        kept.contains("kortex-session-") && !kept.contains("eyJ"),
+        "{kept}"
+    );
+    // The code was for one exchange.
+    let code = back.split("code=").nth(1).unwrap();
+    let again = reqwest::Client::new()
+        .post(format!("{base}/auth/v1/oidc/token"))
+        .json(&json!({"code": code, "verifier": "x".repeat(43)}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status().as_u16(), 401);
+
+    let out = cli(&["proposals", "list", "--server", &base])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let out = cli(&["logout", "--server", &base]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        !std::fs::read_to_string(&config)
+            .unwrap()
+            .contains("kortex-session-")
+    );
+    let out = cli(&["proposals", "list", "--server", &base])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(server.terminate().success());
 }
