@@ -670,6 +670,11 @@ pub async fn cli_token(
     Ok(r)
 }
 
+/// 401 `reauthenticate`: the dashboard signs in again with `prompt=none`.
+fn reauthenticate(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, "reauthenticate", message)
+}
+
 fn signed_out(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, "signed_out", message)
 }
@@ -720,9 +725,11 @@ pub async fn caller(state: &AppState, sso: &Sso, id: &str) -> Result<Caller, Api
             if row.token_expires > now {
                 return as_caller(sso, &row, &kept);
             }
-            state.store.delete_auth_session(&id_hash).await?;
-            return Err(signed_out(format!(
-                "your sign-in with {name} expired and the provider gave no refresh token to renew it: sign in again"
+            // No refresh token (Google without offline access, Dex without the
+            // offline_access scope): renew at the provider, silently while its own session
+            // lasts (the dashboard follows); the new sign-in replaces this one.
+            return Err(reauthenticate(format!(
+                "your sign-in with {name} expired and the provider gave no refresh token to renew it: sign in again (the dashboard does it silently while your session at the provider lasts)"
             )));
         };
         // One refresh at a time per session on this replica; read the row again once the
@@ -843,9 +850,7 @@ fn as_caller(sso: &Sso, row: &AuthSession, kept: &Kept) -> Result<Caller, ApiErr
                 .as_ref()
                 .filter(|_| kept.id_expires > now_ms())
                 .ok_or_else(|| {
-                    ApiError::new(
-                        StatusCode::UNAUTHORIZED,
-                        "reauthenticate",
+                    reauthenticate(
                         "your ID token expired and the provider gives no new one on refresh: sign in again (the dashboard does it silently while your session at the provider lasts)",
                     )
                 })?;

@@ -945,3 +945,77 @@ async fn kortex_login_keeps_a_token_that_the_cli_uses_until_logout() {
     assert!(!out.status.success());
     assert!(server.terminate().success());
 }
+
+/// Token mode with a provider that renews no ID token (Glewlwyd): once the ID token has
+/// expired the API answers `reauthenticate`, and the silent sign-in the dashboard then
+/// starts names the old ID token (`id_token_hint`, which Glewlwyd requires) and replaces
+/// the old session.
+#[tokio::test]
+async fn an_id_token_the_provider_does_not_renew_leads_to_a_silent_sign_in() {
+    let p = Provider::start().await;
+    let mut sso = sso(&p, KEY_A, &[]);
+    Arc::get_mut(&mut sso).unwrap().kube = KubeMode::Token;
+    let h = harness_with(AuthMode::Keys, Some(sso)).await;
+    let first = std::sync::Mutex::new(String::new());
+    let cookies = signed_in(&h.app, &p, |nonce| {
+        let mut c = p.claims(nonce, 2);
+        c["iat"] = json!(c["iat"].as_i64().unwrap() - 598);
+        c
+    })
+    .await;
+    p.on_refresh(Refresh::Renew(None));
+    let (status, who) = me(&h.app, &cookies).await;
+    assert_eq!(status, StatusCode::OK, "{who}");
+    assert_eq!(who["kubernetesMode"], "token");
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let (status, why) = me(&h.app, &cookies).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(why["error"]["code"], "reauthenticate", "{why}");
+    // The dashboard's silent sign-in.
+    let refs: Vec<&str> = cookies.iter().map(String::as_str).collect();
+    let (status, headers, _) = call(
+        &h.app,
+        request(
+            "GET",
+            "/auth/v1/oidc/login?prompt=none&return=/%23/status",
+            &refs,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let url = reqwest::Url::parse(&header(&headers, "location")).unwrap();
+    let q: HashMap<String, String> = url.query_pairs().into_owned().collect();
+    assert_eq!(q["prompt"], "none");
+    assert!(q["id_token_hint"].starts_with("eyJ"), "{q:?}");
+    *first.lock().unwrap() = q["id_token_hint"].clone();
+    let state_cookie = set_cookie(&headers, "kortex_sign_in").unwrap();
+    p.issue(
+        "silent",
+        &q["code_challenge"],
+        &p.sign("k1", &p.claims(&q["nonce"], 600)),
+    );
+    let path = format!("/auth/v1/oidc/callback?code=silent&state={}", q["state"]);
+    let mut with = refs.clone();
+    with.push(&state_cookie);
+    let (_, headers, _) = call(&h.app, request("GET", &path, &with)).await;
+    assert_eq!(header(&headers, "location"), "/#/status");
+    let renewed = vec![
+        set_cookie(&headers, "kortex_session").unwrap(),
+        set_cookie(&headers, "kortex_csrf").unwrap(),
+    ];
+    assert_eq!(me(&h.app, &renewed).await.0, StatusCode::OK);
+    assert_eq!(
+        me(&h.app, &cookies).await.0,
+        StatusCode::UNAUTHORIZED,
+        "the old session was replaced"
+    );
+    // A silent sign-in the provider cannot answer without a page says the sign-in ended.
+    let s = start(&h.app).await;
+    let path = format!(
+        "/auth/v1/oidc/callback?error=login_required&state={}",
+        s.state
+    );
+    let (_, headers, _) = call(&h.app, request("GET", &path, &[&s.cookie])).await;
+    let error = sign_in_error(&h.app, &headers).await;
+    assert!(error.contains("login_required"), "{error}");
+}
