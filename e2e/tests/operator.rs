@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 
 #[path = "operator/gitops.rs"]
 mod gitops;
+#[path = "operator/sso.rs"]
+mod sso;
 
 // What the Git delivery phase borrows from the integration tests: a real Git server and
 // scripted forges on 127.0.0.1 (they serve with `support::net::serve`).
@@ -46,7 +48,15 @@ mod forge;
 #[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #[path = "../../operator/tests/it/support/git_server.rs"]
 mod git_server;
+// The single sign-on phase's OpenID provider (scripted, behind a TLS front).
+#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#[path = "../../operator/tests/it/support/oidc.rs"]
+mod oidc;
+#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#[path = "../../operator/tests/it/support/tls_proxy.rs"]
+pub mod tls_proxy;
 mod support {
+    pub use super::tls_proxy;
     pub mod net {
         /// Serves `app` on 127.0.0.1; its base URL.
         pub async fn serve(app: axum::Router) -> String {
@@ -126,7 +136,16 @@ async fn provider(namespace: String) -> anyhow::Result<String> {
                 let namespace = namespace.clone();
                 async move {
                     let has_result = body["messages"].as_array().is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
-                    let message = if !has_result {
+                    // "read ticker": the Deployment is read (as whoever chats, under a policy
+                    // with runToolsAsUser), then the model answers.
+                    let reads = body["messages"].to_string().contains("read ticker");
+                    let message = if reads && !has_result {
+                        let args = json!({"kind": "Deployment", "namespace": namespace, "name": "ticker"});
+                        json!({"role": "assistant", "content": null, "tool_calls": [{"id": "call_read", "type": "function",
+                            "function": {"name": "get_resource", "arguments": args.to_string()}}]})
+                    } else if reads {
+                        json!({"role": "assistant", "content": "Read ticker."})
+                    } else if !has_result {
                         // "roll back" in the user's message asks for a rollback, "scale" for
                         // three replicas.
                         let said = body["messages"].to_string();
@@ -210,7 +229,12 @@ impl Drop for Running {
     }
 }
 
-fn start_kortex(kubeconfig: &Path, ns: &str, db: &Path) -> anyhow::Result<Running> {
+fn start_kortex(
+    kubeconfig: &Path,
+    ns: &str,
+    db: &Path,
+    extra: &[String],
+) -> anyhow::Result<Running> {
     let mut child = Command::new(binary("kortex"))
         .args([
             "run",
@@ -227,6 +251,7 @@ fn start_kortex(kubeconfig: &Path, ns: &str, db: &Path) -> anyhow::Result<Runnin
         ])
         .arg("--database-url")
         .arg(format!("sqlite://{}", db.display()))
+        .args(extra)
         .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
@@ -764,7 +789,14 @@ async fn run(
     )
     .await?;
 
-    let kortex = start_kortex(&kubeconfig, ns, &dir.join("kortex.db"))?;
+    // Single sign-on: the API server trusts the provider Kortex signs people in with.
+    let sso = sso::prepare(admin, &dir).await?;
+    let kortex = start_kortex(
+        &kubeconfig,
+        ns,
+        &dir.join("kortex.db"),
+        sso.as_ref().map_or(&[][..], |s| &s.args[..]),
+    )?;
     let http = reqwest::Client::new();
     let base = format!("http://{}", kortex.addr);
     let groups = format!("sre,system:serviceaccounts:{ns}");
@@ -996,6 +1028,9 @@ async fn run(
     };
     rollback(&scene).await?;
     gitops::delivered_through_git(&scene).await?;
+    if let Some(sso) = &sso {
+        sso::signed_in_through_the_provider(&scene, sso).await?;
+    }
 
     // The decision is final (the CRD's rule, before the policy is asked).
     let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "alice"}}});

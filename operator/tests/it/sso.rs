@@ -517,12 +517,13 @@ async fn replayed_and_foreign_states_are_refused() {
 async fn a_group_not_allowed_and_an_unreachable_issuer_are_named_on_the_sign_in_page() {
     let (p, h) = setup(&["admins"]).await;
     let s = start(&h.app).await;
-    p.issue("c", &s.challenge, &p.sign("k1", &p.claims(&s.nonce, 600)));
+    let bob = p.claims_for(&s.nonce, 600, "bob@example.com", &["viewers"]);
+    p.issue("c", &s.challenge, &p.sign("k1", &bob));
     let headers = finish(&h.app, &s, "c").await;
     let error = sign_in_error(&h.app, &headers).await;
     assert!(
-        error.contains("none of the groups allowed to sign in (admins)")
-            && error.contains("oncall"),
+        error.contains("bob@example.com is in none of the groups allowed to sign in (admins)")
+            && error.contains("viewers"),
         "{error}"
     );
     // The issuer cannot be reached: the button leads back to the page, which says so.
@@ -598,7 +599,9 @@ async fn in_cluster_mode_the_signed_in_user_reads_and_decides_as_themselves() {
     use crate::support::server::start_run_with;
     let _ = rustls::crypto::ring::default_provider().install_default();
     for mode in ["token", "impersonate"] {
-        let p = Provider::start().await;
+        // Behind TLS, as providers are: Kortex trusts its certificate through
+        // --oidc-ca-file.
+        let (p, ca) = Provider::start_tls().await;
         let (fake, llm, script) = incidents_cluster(json!({"allowedActions": ["restart"],
             "allowedNamespaces": ["shop"], "requireDistinctApprover": false}))
         .await;
@@ -615,6 +618,9 @@ async fn in_cluster_mode_the_signed_in_user_reads_and_decides_as_themselves() {
         let secret = dir.path().join("client-secret");
         std::fs::write(&secret, CLIENT_SECRET).unwrap();
         let secret = secret.display().to_string();
+        let ca_file = dir.path().join("ca.pem");
+        std::fs::write(&ca_file, &ca).unwrap();
+        let ca_file = ca_file.display().to_string();
         let server = start_run_with(
             &fake,
             dir.path(),
@@ -628,6 +634,8 @@ async fn in_cluster_mode_the_signed_in_user_reads_and_decides_as_themselves() {
                 &secret,
                 "--oidc-kubernetes",
                 mode,
+                "--oidc-ca-file",
+                &ca_file,
             ],
         )
         .await;

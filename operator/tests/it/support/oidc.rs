@@ -56,6 +56,19 @@ impl Provider {
     pub async fn start() -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let issuer = format!("http://{}", listener.local_addr().unwrap());
+        Self::serve(listener, issuer)
+    }
+
+    /// Starts it behind a TLS front (an API server's JWT authenticator takes HTTPS issuers
+    /// only); with the front's certificate (PEM).
+    pub async fn start_tls() -> (Self, String) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let backend = listener.local_addr().unwrap().to_string();
+        let (front, pem) = crate::support::tls_proxy::start(backend).await;
+        (Self::serve(listener, front), pem)
+    }
+
+    fn serve(listener: tokio::net::TcpListener, issuer: String) -> Self {
         let p = Self {
             issuer,
             inner: Arc::new(Mutex::new(Inner {
@@ -75,6 +88,15 @@ impl Provider {
             let _ = axum::serve(listener, app).await;
         });
         p
+    }
+
+    /// Claims of `email` in `groups` for a sign-in with `nonce`, valid for `seconds`.
+    pub fn claims_for(&self, nonce: &str, seconds: i64, email: &str, groups: &[&str]) -> Value {
+        let mut c = self.claims(nonce, seconds);
+        c["sub"] = json!(format!("u-{email}"));
+        c["email"] = json!(email);
+        c["groups"] = json!(groups);
+        c
     }
 
     /// Claims Kortex accepts for a sign-in with `nonce`, valid for `seconds`.
