@@ -315,7 +315,7 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
     );
 
     // alice's chat makes a proposal; bob cannot approve it, alice can.
-    say_as(
+    let sid = say_as(
         &alice,
         http,
         base,
@@ -326,7 +326,7 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
     .await?;
     let proposals: Api<ActionProposal> = Api::namespaced(admin.clone(), ns);
     let mut listed = Value::Null;
-    wait_for("alice's proposal", Duration::from_secs(60), async || {
+    let waited = wait_for("alice's proposal", Duration::from_secs(60), async || {
         listed = alice
             .request(
                 http,
@@ -337,16 +337,30 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
             .await?
             .json()
             .await?;
-        Ok(listed["items"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|p| p["user"] == "oidc:alice@example.com")))
+        Ok(listed["items"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|p| p["spec"]["session"]["name"] == "sso-alice-restart")
+        }))
     })
-    .await?;
+    .await;
+    if let Err(e) = waited {
+        let text = alice
+            .request(
+                http,
+                reqwest::Method::GET,
+                format!("{base}/chat/v1/sessions/{sid}"),
+            )
+            .send()
+            .await?
+            .text()
+            .await?;
+        anyhow::bail!("{e}: listed {listed}; the session: {text}");
+    }
     let mine = listed["items"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|p| p["user"] == "oidc:alice@example.com")
+        .find(|p| p["spec"]["session"]["name"] == "sso-alice-restart")
         .cloned()
         .unwrap_or_default();
     let (id, name) = (
@@ -404,7 +418,7 @@ async fn say_as(
     ns: &str,
     name: &str,
     content: &str,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
     let created: Value = person
         .request(
             http,
@@ -432,5 +446,5 @@ async fn say_as(
         "message refused: {}",
         r.text().await?
     );
-    Ok(())
+    Ok(id)
 }
