@@ -246,9 +246,12 @@ fn start_kortex(
             ns,
             "--kortex-namespace",
             ns,
-            "--identity",
-            "e2e",
         ])
+        .args(if extra.iter().any(|a| a == "--identity") {
+            &[][..]
+        } else {
+            &["--identity", "e2e"][..]
+        })
         .arg("--database-url")
         .arg(format!("sqlite://{}", db.display()))
         .args(extra)
@@ -791,11 +794,11 @@ async fn run(
 
     // Single sign-on: the API server trusts the provider Kortex signs people in with.
     let sso = sso::prepare(admin, &dir).await?;
-    let kortex = start_kortex(
+    let mut kortex = start_kortex(
         &kubeconfig,
         ns,
         &dir.join("kortex.db"),
-        sso.as_ref().map_or(&[][..], |s| &s.args[..]),
+        &sso.as_ref().map(sso::Sso::token_args).unwrap_or_default(),
     )?;
     let http = reqwest::Client::new();
     let base = format!("http://{}", kortex.addr);
@@ -1028,9 +1031,29 @@ async fn run(
     };
     rollback(&scene).await?;
     gitops::delivered_through_git(&scene).await?;
-    if let Some(sso) = &sso {
-        sso::signed_in_through_the_provider(&scene, sso).await?;
-    }
+    // Single sign-on: the token mode with this Kortex, then the impersonate mode with
+    // Kortex restarted in it (the same database and identity: one replica, as SQLite wants).
+    let restarted;
+    let scene = match &sso {
+        Some(sso) => {
+            sso::signed_in_through_the_provider(&scene, sso).await?;
+            drop(kortex);
+            kortex = start_kortex(
+                &kubeconfig,
+                ns,
+                &dir.join("kortex.db"),
+                &sso.impersonate_args(),
+            )?;
+            restarted = format!("http://{}", kortex.addr);
+            let scene = Scene {
+                base: &restarted,
+                ..scene
+            };
+            sso::impersonated(&scene, sso).await?;
+            scene
+        }
+        None => scene,
+    };
 
     // The decision is final (the CRD's rule, before the policy is asked).
     let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "alice"}}});

@@ -5,7 +5,10 @@
 //! Kortex is judged by the API server as them. bob (`oidc:viewers`) reads a Deployment he
 //! may not read and gets the API server's refusal from the tool; alice (`oidc:oncall`) reads
 //! it; bob cannot approve alice's proposal, alice can, and Kortex restarts the Deployment —
-//! over the dashboard's API with the session cookie, no token pasted anywhere.
+//! over the dashboard's API with the session cookie, no token pasted anywhere. Then the
+//! same with Kortex restarted in `--oidc-kubernetes impersonate`, granted
+//! config/rbac/sso_impersonate.yaml: the API server judges the impersonated user (and the
+//! admission policy sees the groups it adds, `system:authenticated`, in the decision).
 //!
 //! Runs when `KORTEX_E2E_AUTHN_CONFIG` names the file the API server reads with
 //! `--authentication-config` (Kubernetes 1.30+ reloads it): the phase writes its
@@ -24,8 +27,37 @@ use std::time::Duration;
 /// What the phase sets up before Kortex starts: the provider, and Kortex's flags for it.
 pub struct Sso {
     provider: Provider,
-    /// Kortex's `--oidc-*` flags.
-    pub args: Vec<String>,
+    /// Kortex's `--oidc-*` flags but the Kubernetes mode.
+    args: Vec<String>,
+}
+
+impl Sso {
+    /// Kortex's flags for the impersonate mode.
+    pub fn impersonate_args(&self) -> Vec<String> {
+        let mut args = self.args.clone();
+        args.extend(
+            [
+                "--oidc-kubernetes",
+                "impersonate",
+                "--oidc-impersonate-groups",
+                "oidc:oncall,oidc:viewers",
+                "--oidc-username-prefix",
+                "oidc:",
+                "--oidc-groups-prefix",
+                "oidc:",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned()),
+        );
+        args
+    }
+
+    /// Kortex's flags for the token mode (the first Kortex of the run).
+    pub fn token_args(&self) -> Vec<String> {
+        let mut args = self.args.clone();
+        args.extend(["--oidc-kubernetes".to_owned(), "token".to_owned()]);
+        args
+    }
 }
 
 /// Starts the provider, has the API server trust it, and gives Kortex's flags; `None` (and
@@ -76,8 +108,6 @@ pub async fn prepare(admin: &kube::Client, dir: &std::path::Path) -> anyhow::Res
         &secret.display().to_string(),
         "--oidc-ca-file",
         &ca_file.display().to_string(),
-        "--oidc-kubernetes",
-        "token",
     ]
     .iter()
     .map(|s| (*s).to_owned())
@@ -222,7 +252,7 @@ impl Person {
 }
 
 pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> anyhow::Result<()> {
-    let (admin, ns, http, base) = (scene.admin, scene.ns, scene.http, scene.base);
+    let (admin, ns, base) = (scene.admin, scene.ns, scene.base);
     // Who may do what, in the API server's names for them: both chat (the shipped user
     // role); on call reads and restarts Deployments and approves (the shipped approver
     // role); viewers nothing else.
@@ -281,6 +311,58 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
     )
     .await?;
 
+    people_act_as_themselves(scene, sso, base, "token", "tok").await
+}
+
+/// Kortex (restarted with [`Sso::impersonate_args`]) in `impersonate` mode: its
+/// ServiceAccount may impersonate users and exactly the groups of
+/// config/rbac/sso_impersonate.yaml; the same people, the same outcomes, the API server
+/// judging the impersonated user.
+pub async fn impersonated(scene: &Scene<'_>, sso: &Sso) -> anyhow::Result<()> {
+    let admin = scene.admin;
+    let (sa_ns, sa_name) = kortex_e2e::kortex_service_account();
+    let mut docs = kortex_e2e::yaml_docs("config/rbac/sso_impersonate.yaml")?;
+    let name = format!("{}-sso-impersonate", scene.ns);
+    let mut role = docs.remove(0);
+    role["metadata"]["name"] = json!(name);
+    role["rules"][1]["resourceNames"] = json!(["oidc:oncall", "oidc:viewers"]);
+    let mut binding = docs.remove(0);
+    binding["metadata"]["name"] = json!(name);
+    binding["roleRef"]["name"] = json!(name);
+    binding["subjects"] = json!([{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]);
+    apply(admin, None, &role).await?;
+    apply(admin, None, &binding).await?;
+    let outcome = people_act_as_themselves(scene, sso, scene.base, "impersonation", "imp").await;
+    super::delete(
+        admin,
+        "rbac.authorization.k8s.io/v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        &name,
+    )
+    .await;
+    super::delete(
+        admin,
+        "rbac.authorization.k8s.io/v1",
+        "ClusterRole",
+        "clusterroles",
+        &name,
+    )
+    .await;
+    outcome
+}
+
+/// bob (`oidc:viewers`) and alice (`oidc:oncall`) sign in at the Kortex at `base` (whose
+/// Kubernetes mode is `mode`); bob's read is refused as bob, alice's is not; bob cannot
+/// approve alice's proposal, alice can, and it is carried out.
+async fn people_act_as_themselves(
+    scene: &Scene<'_>,
+    sso: &Sso,
+    base: &str,
+    mode: &str,
+    tag: &str,
+) -> anyhow::Result<()> {
+    let (admin, ns, http) = (scene.admin, scene.ns, scene.http);
     let (cookies, csrf) = sign_in(sso, base, "bob@example.com", &["viewers"]).await?;
     let bob = Person { cookies, csrf };
     let (cookies, csrf) = sign_in(sso, base, "alice@example.com", &["oncall"]).await?;
@@ -292,13 +374,19 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
         .json()
         .await?;
     anyhow::ensure!(
-        me["user"] == "oidc:alice@example.com" && me["kubernetesMode"] == "token",
-        "the API server names alice, through her ID token: {me}"
+        me["user"] == "oidc:alice@example.com" && me["kubernetesMode"] == mode,
+        "{mode}: alice as the API server knows her: {me}"
     );
 
     // bob's read of ticker is refused by the API server, as bob; alice's is not.
     let read = bob
-        .chat(http, base, ns, "sso-bob-read", "read ticker")
+        .chat(
+            http,
+            base,
+            ns,
+            &format!("sso-{tag}-bob-read"),
+            "read ticker",
+        )
         .await?;
     let text = read.to_string();
     anyhow::ensure!(
@@ -306,7 +394,13 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
         "bob's read was not refused as bob: {text}"
     );
     let read = alice
-        .chat(http, base, ns, "sso-alice-read", "read ticker")
+        .chat(
+            http,
+            base,
+            ns,
+            &format!("sso-{tag}-alice-read"),
+            "read ticker",
+        )
         .await?;
     let text = read.to_string();
     anyhow::ensure!(
@@ -320,7 +414,7 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
         http,
         base,
         ns,
-        "sso-alice-restart",
+        &format!("sso-{tag}-alice-restart"),
         "ticker is stuck",
     )
     .await?;
@@ -338,8 +432,9 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
             .json()
             .await?;
         Ok(listed["items"].as_array().is_some_and(|a| {
-            a.iter()
-                .any(|p| p["spec"]["session"]["name"] == "sso-alice-restart")
+            a.iter().any(|p| {
+                p["spec"]["session"]["name"] == format!("sso-{tag}-alice-restart").as_str()
+            })
         }))
     })
     .await;
@@ -360,7 +455,7 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
         .as_array()
         .into_iter()
         .flatten()
-        .find(|p| p["spec"]["session"]["name"] == "sso-alice-restart")
+        .find(|p| p["spec"]["session"]["name"] == format!("sso-{tag}-alice-restart").as_str())
         .cloned()
         .unwrap_or_default();
     let (id, name) = (
@@ -406,7 +501,7 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
         .ok_or_else(|| anyhow::anyhow!("no decision"))?;
     anyhow::ensure!(decision.by == "oidc:alice@example.com", "{decision:?}");
     eprintln!(
-        "single sign-on: bob refused by the API server as himself, alice read and approved, ticker restarted"
+        "single sign-on ({mode}): bob refused by the API server as himself, alice read and approved, ticker restarted"
     );
     Ok(())
 }

@@ -594,7 +594,26 @@ async fn identify(
                 identity.user
             ));
         }
-        return Ok((identity.user, kube_groups(sso, &identity.groups)));
+        let groups = kube_groups(sso, &identity.groups);
+        if sso.kube == KubeMode::Impersonate
+            && let Some(cluster) = &state.cluster_auth
+        {
+            // The API server adds groups of its own to an impersonated user
+            // (`system:authenticated`); the decisions Kortex writes as them must list every
+            // group the admission policy sees. Asking also proves the grant works.
+            let who = KubeCredential::Impersonate {
+                user: identity.user.clone(),
+                groups,
+            };
+            return match cluster.who_is(&who).await {
+                Ok(seen) => Ok((seen.name, seen.groups)),
+                Err(e) => Err(format!(
+                    "Kortex may not impersonate {} in the cluster ({e}): grant its ServiceAccount impersonation of users and of these groups (config/rbac/sso_impersonate.yaml, the chart's sso.impersonation.groups; docs/sso.md#impersonation)",
+                    identity.user
+                )),
+            };
+        }
+        return Ok((identity.user, groups));
     }
     let Some(cluster) = &state.cluster_auth else {
         return Ok((identity.user, identity.groups));
@@ -838,9 +857,16 @@ fn kube_groups(sso: &Sso, groups: &[String]) -> Vec<String> {
 fn as_caller(sso: &Sso, row: &AuthSession, kept: &Kept) -> Result<Caller, ApiError> {
     let kube = match sso.kube {
         KubeMode::Off => None,
+        // The session holds the groups as the API server sees them; the ones it adds itself
+        // (`system:…`) are not impersonated (they are not Kortex's to ask for).
         KubeMode::Impersonate => Some(KubeCredential::Impersonate {
             user: row.user_name.clone(),
-            groups: row.groups.clone(),
+            groups: row
+                .groups
+                .iter()
+                .filter(|g| !g.starts_with("system:"))
+                .cloned()
+                .collect(),
         }),
         KubeMode::Token => {
             // An expired ID token would be refused by the API server: renew the sign-in at

@@ -194,6 +194,24 @@ impl ClusterAuth {
         Ok(user)
     }
 
+    /// Who the API server takes `who`'s requests to be from (a SelfSubjectReview made as
+    /// them): for an impersonation, the user and groups the admission policy will see in
+    /// `request.userInfo` (`system:authenticated` among them). An error when the API server
+    /// refuses (Kortex may not impersonate them).
+    pub async fn who_is(&self, who: &KubeCredential) -> Result<KubeUser, super::error::Error> {
+        use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+        let client = self.client_as(who)?;
+        let review = Api::<SelfSubjectReview>::all(client)
+            .create(&PostParams::default(), &SelfSubjectReview::default())
+            .await
+            .map_err(super::error::Error::api("SelfSubjectReview"))?;
+        let info = review.status.and_then(|s| s.user_info).unwrap_or_default();
+        Ok(KubeUser {
+            name: info.username.unwrap_or_default(),
+            groups: info.groups.unwrap_or_default(),
+        })
+    }
+
     /// Whether `user` may `use` the ChatPolicy `namespace/name`.
     pub async fn may_use_policy(
         &self,

@@ -611,7 +611,11 @@ async fn in_cluster_mode_the_signed_in_user_reads_and_decides_as_themselves() {
                 json!(["system:authenticated", "oidc:oncall", "oidc:platform"]),
             )
         } else {
-            ("alice@example.com", json!(["oncall", "platform"]))
+            // As the API server sees the impersonated alice.
+            (
+                "alice@example.com",
+                json!(["oncall", "platform", "system:authenticated"]),
+            )
         };
         fake.allow(user);
         let dir = tempfile::tempdir().unwrap();
@@ -793,6 +797,8 @@ async fn in_cluster_mode_the_signed_in_user_reads_and_decides_as_themselves() {
             "{mode}: the decision was not written as alice: {patch:?}"
         );
         assert_eq!(patch.body["spec"]["decision"]["by"], user);
+        // Every group the API server sees, which the admission policy requires.
+        assert_eq!(patch.body["spec"]["decision"]["groups"], groups, "{mode}");
         assert!(
             !server.log().contains(&id_token),
             "the ID token reached the log"

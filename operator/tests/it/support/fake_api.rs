@@ -487,6 +487,30 @@ impl FakeApi {
                     None => status(404, "NotFound", &format!("{plural} \"{name}\" not found")),
                 }
             }
+            (Method::POST, None, None)
+                if plural == "selfsubjectreviews" && headers.contains_key("impersonate-user") =>
+            {
+                // As the API server: the impersonated user, their groups, and
+                // system:authenticated.
+                let user = headers
+                    .get("impersonate-user")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                let mut groups: Vec<String> = headers
+                    .get_all("impersonate-group")
+                    .iter()
+                    .filter_map(|v| v.to_str().ok().map(str::to_owned))
+                    .collect();
+                groups.push("system:authenticated".into());
+                (
+                    StatusCode::CREATED,
+                    axum::Json(json!({"apiVersion": "authentication.k8s.io/v1",
+                    "kind": "SelfSubjectReview", "metadata": {},
+                    "status": {"userInfo": {"username": user, "groups": groups}}})),
+                )
+                    .into_response()
+            }
             (Method::POST, None, None) if plural == "selfsubjectreviews" => {
                 // The bearer token says who it is: `<user>-token`.
                 let user = headers
