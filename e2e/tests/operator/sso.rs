@@ -191,8 +191,8 @@ impl Person {
             .header("x-csrf-token", &self.csrf)
     }
 
-    /// Creates session `name`, says `content`, and waits for the run to end; the session's
-    /// JSON then.
+    /// Creates session `name`, says `content`, and waits for the run (which reads) to end;
+    /// the session's JSON then.
     async fn chat(
         &self,
         http: &reqwest::Client,
@@ -201,33 +201,7 @@ impl Person {
         name: &str,
         content: &str,
     ) -> anyhow::Result<Value> {
-        let created: Value = self
-            .request(
-                http,
-                reqwest::Method::POST,
-                format!("{base}/chat/v1/sessions"),
-            )
-            .json(&json!({"name": name, "namespace": ns}))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let id = created["id"].as_str().unwrap_or_default().to_owned();
-        anyhow::ensure!(!id.is_empty(), "no session: {created}");
-        let r = self
-            .request(
-                http,
-                reqwest::Method::POST,
-                format!("{base}/chat/v1/sessions/{id}/messages"),
-            )
-            .json(&json!({"content": content}))
-            .send()
-            .await?;
-        anyhow::ensure!(
-            r.status().as_u16() == 202,
-            "message refused: {}",
-            r.text().await?
-        );
+        let id = say_as(self, http, base, ns, name, content).await?;
         let mut last = Value::Null;
         wait_for(
             &format!("{name} to finish"),

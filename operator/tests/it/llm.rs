@@ -871,17 +871,7 @@ async fn http_proxy_from_the_environment_is_honoured() {
 /// A one-request-at-a-time HTTPS server with a self-signed certificate; answers every
 /// request with `body`. Returns its base URL and the certificate's PEM.
 async fn https_server(body: &'static str) -> (String, String) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let cert =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .unwrap();
-    let pem = cert.cert.pem();
-    let key = rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
-    let config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.cert.der().clone()], key)
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let (acceptor, pem) = crate::support::tls_proxy::self_signed();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

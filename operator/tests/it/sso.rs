@@ -1033,3 +1033,83 @@ async fn an_id_token_the_provider_does_not_renew_leads_to_a_silent_sign_in() {
     let error = sign_in_error(&h.app, &headers).await;
     assert!(error.contains("login_required"), "{error}");
 }
+
+/// `--oidc-client-secret-ref`: the client secret comes from a Secret of Kortex's namespace
+/// only when it carries `kortex.dev/use: "true"`; without the label Kortex does not start and
+/// says why; with it, the provider's token endpoint gets the secret.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_secret_is_read_only_from_an_opted_in_secret() {
+    use crate::support::fake_api::{base64, incidents_cluster, write_kubeconfig};
+    use crate::support::server::{BIN, start_run_with};
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let p = Provider::start().await;
+    let (fake, llm, _script) = incidents_cluster(json!({})).await;
+    let secret = |labelled: bool| {
+        let mut s = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "kortex-oidc", "namespace": "kortex"},
+            "data": {"client-secret": base64(CLIENT_SECRET)}});
+        if labelled {
+            s["metadata"]["labels"] = json!({"kortex.dev/use": "true"});
+        }
+        s
+    };
+    fake.apply("secrets", secret(false));
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = write_kubeconfig(dir.path(), &fake.url);
+    let db = format!("sqlite://{}", dir.path().join("refused.db").display());
+    let issuer = p.issuer.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(BIN)
+            .args([
+                "run",
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                &db,
+                "--kortex-namespace",
+                "kortex",
+                "--identity",
+                "pod-a",
+                "--oidc-issuer",
+                &issuer,
+                "--oidc-client-id",
+                CLIENT_ID,
+                "--oidc-client-secret-ref",
+                "kortex-oidc",
+            ])
+            .env("KUBECONFIG", kubeconfig)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("the Secret kortex/kortex-oidc lacks the label kortex.dev/use"),
+        "{said}"
+    );
+    assert!(!said.contains(CLIENT_SECRET));
+
+    fake.apply("secrets", secret(true));
+    let server = start_run_with(
+        &fake,
+        dir.path(),
+        &llm,
+        &[
+            "--oidc-issuer",
+            &p.issuer,
+            "--oidc-client-id",
+            CLIENT_ID,
+            "--oidc-client-secret-ref",
+            "kortex-oidc",
+            "--oidc-kubernetes",
+            "off",
+        ],
+    )
+    .await;
+    // The scripted token endpoint refuses any other client secret (invalid_client).
+    sign_in_over_http(&server, &p, |nonce| p.sign("k1", &p.claims(nonce, 600))).await;
+    assert!(!server.log().contains(CLIENT_SECRET));
+    assert!(server.terminate().success());
+}

@@ -53,6 +53,7 @@ pub struct Harness {
     pub app: axum::Router,
     pub db: TestDb,
     config: tokio::sync::watch::Receiver<Arc<live::LiveConfig>>,
+    metrics: Arc<Metrics>,
     _dir: tempfile::TempDir,
 }
 
@@ -62,6 +63,7 @@ pub async fn harness(auth: AuthMode) -> Harness {
 
 fn app_of(
     config: &tokio::sync::watch::Receiver<Arc<live::LiveConfig>>,
+    metrics: &Arc<Metrics>,
     store: &kortex::store::Store,
     auth: AuthMode,
     sso: Option<Arc<kortex::http::sso::Sso>>,
@@ -77,7 +79,7 @@ fn app_of(
         probes: Default::default(),
         governor: engine.governor.clone(),
         engine,
-        metrics: Arc::new(Metrics::new()),
+        metrics: metrics.clone(),
         auth,
         cluster_auth: None,
         auth_proxy: None,
@@ -94,7 +96,7 @@ impl Harness {
         auth: AuthMode,
         sso: Option<Arc<kortex::http::sso::Sso>>,
     ) -> axum::Router {
-        app_of(&self.config, &self.db.store, auth, sso)
+        app_of(&self.config, &self.metrics, &self.db.store, auth, sso)
     }
 }
 
@@ -114,13 +116,13 @@ pub async fn harness_with(auth: AuthMode, sso: Option<Arc<kortex::http::sso::Sso
     let config = live::load(&mut source, None, &metrics);
     let (_tx, rx) = tokio::sync::watch::channel(Arc::new(config));
     std::mem::forget(_tx); // keep the channel open for the test's lifetime
-    let _ = metrics;
     let db = sqlite().await;
-    let app = app_of(&rx, &db.store, auth, sso);
+    let app = app_of(&rx, &metrics, &db.store, auth, sso);
     Harness {
         app,
         db,
         config: rx,
+        metrics,
         _dir: dir,
     }
 }

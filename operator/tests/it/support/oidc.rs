@@ -45,6 +45,18 @@ fn b64(bytes: &[u8]) -> String {
     kortex::oidc::jwt::base64url_encode(bytes)
 }
 
+/// The compact JWS of `claims` signed by `key` under the id `kid`.
+fn jws(key: &EcdsaKeyPair, kid: &str, claims: &Value) -> String {
+    let header = json!({"alg": "ES256", "typ": "JWT", "kid": kid});
+    let input = format!(
+        "{}.{}",
+        b64(header.to_string().as_bytes()),
+        b64(claims.to_string().as_bytes())
+    );
+    let sig = key.sign(&SystemRandom::new(), input.as_bytes()).unwrap();
+    format!("{input}.{}", b64(sig.as_ref()))
+}
+
 fn new_key() -> EcdsaKeyPair {
     let rng = SystemRandom::new();
     let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
@@ -116,27 +128,12 @@ impl Provider {
             inner.keys.push((kid.to_owned(), new_key()));
         }
         let key = &inner.keys.iter().find(|(k, _)| k == kid).unwrap().1;
-        let header = json!({"alg": "ES256", "typ": "JWT", "kid": kid});
-        let input = format!(
-            "{}.{}",
-            b64(header.to_string().as_bytes()),
-            b64(claims.to_string().as_bytes())
-        );
-        let sig = key.sign(&SystemRandom::new(), input.as_bytes()).unwrap();
-        format!("{input}.{}", b64(sig.as_ref()))
+        jws(key, kid, claims)
     }
 
     /// A token signed with a key the provider never publishes.
     pub fn sign_unpublished(&self, kid: &str, claims: &Value) -> String {
-        let key = new_key();
-        let header = json!({"alg": "ES256", "typ": "JWT", "kid": kid});
-        let input = format!(
-            "{}.{}",
-            b64(header.to_string().as_bytes()),
-            b64(claims.to_string().as_bytes())
-        );
-        let sig = key.sign(&SystemRandom::new(), input.as_bytes()).unwrap();
-        format!("{input}.{}", b64(sig.as_ref()))
+        jws(&new_key(), kid, claims)
     }
 
     /// The published public key `kid` (for the "HMAC with the public key" attack).

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-/// Serves TLS on a free port of 127.0.0.1 and pipes each connection to `backend`
-/// (`127.0.0.1:PORT`); its `https://` base and the certificate's PEM.
-pub async fn start(backend: String) -> (String, String) {
+/// A TLS acceptor with a fresh self-signed certificate for 127.0.0.1 and localhost (HTTP/1.1),
+/// and the certificate's PEM (what a client is told to trust).
+pub fn self_signed() -> (tokio_rustls::TlsAcceptor, String) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let cert =
         rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
@@ -17,7 +17,13 @@ pub async fn start(backend: String) -> (String, String) {
         .with_single_cert(vec![cert.cert.der().clone()], key)
         .unwrap();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    (tokio_rustls::TlsAcceptor::from(Arc::new(config)), pem)
+}
+
+/// Serves TLS on a free port of 127.0.0.1 and pipes each connection to `backend`
+/// (`127.0.0.1:PORT`); its `https://` base and the certificate's PEM.
+pub async fn start(backend: String) -> (String, String) {
+    let (acceptor, pem) = self_signed();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {

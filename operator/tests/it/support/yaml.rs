@@ -56,6 +56,7 @@ pub fn check(value: &Value, origin: &str) {
         "ServiceAccount" => round_trip::<core::ServiceAccount>(value),
         "Service" => round_trip::<core::Service>(value),
         "ConfigMap" => round_trip::<core::ConfigMap>(value),
+        "Secret" => round_trip::<core::Secret>(value),
         "PersistentVolumeClaim" => round_trip::<core::PersistentVolumeClaim>(value),
         "Deployment" => round_trip::<apps::Deployment>(value),
         "ClusterRole" => round_trip::<rbac::ClusterRole>(value),
