@@ -26,7 +26,7 @@ LAYERS = [
     ["operator"],
     ["proposals"],
     ["tools"],
-    ["govern", "redact", "gitops", "oidc"],
+    ["govern", "redact", "gitops", "oidc", "slack"],
     ["llm"],
     ["live"],
     ["source"],

@@ -31,6 +31,7 @@ pub mod oidc;
 pub mod operator;
 pub mod proposals;
 pub mod redact;
+pub mod slack;
 pub mod source;
 pub mod store;
 pub mod telemetry;

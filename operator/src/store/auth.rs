@@ -1,6 +1,7 @@
-//! Sign-ins with the OpenID provider (docs/sso.md): the ones under way (taken once) and the
-//! sessions of signed-in browsers and CLIs, shared by every replica. Nothing here is a
-//! usable secret: rows are found by digests, and tokens are sealed by `oidc::seal`.
+//! Who may come in: sign-ins with the OpenID provider (docs/sso.md) — the ones under way
+//! (taken once) and the sessions of signed-in browsers and CLIs, shared by every replica;
+//! nothing here is a usable secret (rows are found by digests, tokens are sealed by
+//! `oidc::seal`) — and the Slack deliveries already taken (a retried one runs once).
 
 use super::{Store, StoreError, now_ms};
 use sqlx::Row;
@@ -161,5 +162,24 @@ impl Store {
                 .await?
                 .rows_affected(),
         )
+    }
+
+    /// Takes Slack's event `event_id` for this replica: `true` the first time any replica
+    /// asks, `false` for a retried delivery already taken. Forgets ids older than a day.
+    pub async fn claim_slack_event(&self, event_id: &str) -> Result<bool, StoreError> {
+        let now = now_ms();
+        sqlx::query("DELETE FROM slack_events WHERE received_at < $1")
+            .bind(now - 24 * 3600 * 1000)
+            .execute(&self.pool)
+            .await?;
+        self.changed(
+            sqlx::query(
+                "INSERT INTO slack_events (event_id, received_at) VALUES ($1, $2) \
+                 ON CONFLICT (event_id) DO NOTHING",
+            )
+            .bind(event_id)
+            .bind(now),
+        )
+        .await
     }
 }

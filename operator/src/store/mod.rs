@@ -158,6 +158,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "sign_in",
         include_str!("../../../migrations/0017_sign_in.sql"),
     ),
+    (
+        18,
+        "slack_events",
+        include_str!("../../../migrations/0018_slack_events.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

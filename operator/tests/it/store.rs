@@ -937,3 +937,29 @@ fn bare_engine(store: &Store) -> std::sync::Arc<kortex::chat::Engine> {
         kortex::tools::Router::new(std::sync::Arc::new(kortex::metrics::Metrics::new())),
     )
 }
+
+/// A Slack event retried (or delivered to two replicas at once) is taken once; sign-ins
+/// under way are taken once too (a replayed `state` finds nothing).
+#[tokio::test]
+async fn slack_events_and_sign_ins_are_taken_once() {
+    for db in all_dbs().await {
+        let s = &db.store;
+        let (a, b) = tokio::join!(s.claim_slack_event("Ev1"), s.claim_slack_event("Ev1"));
+        assert!(
+            a.unwrap() ^ b.unwrap(),
+            "{}: exactly one replica takes it",
+            db.url
+        );
+        assert!(!s.claim_slack_event("Ev1").await.unwrap(), "a retry");
+        assert!(s.claim_slack_event("Ev2").await.unwrap());
+        let later = kortex::store::now_ms() + 60_000;
+        s.put_sign_in("state-hash", "sealed", later).await.unwrap();
+        let (a, b) = tokio::join!(s.take_sign_in("state-hash"), s.take_sign_in("state-hash"));
+        let taken: Vec<_> = [a.unwrap(), b.unwrap()].into_iter().flatten().collect();
+        assert_eq!(taken, vec!["sealed".to_owned()], "{}", db.url);
+        s.put_sign_in("expired", "sealed", kortex::store::now_ms() - 1)
+            .await
+            .unwrap();
+        assert_eq!(s.take_sign_in("expired").await.unwrap(), None);
+    }
+}
