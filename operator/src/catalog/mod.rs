@@ -268,6 +268,19 @@ pub struct PolicyEntry {
     pub triggers: Vec<TriggerEntry>,
     /// Its GitOps repositories that can be written to (`docs/gitops.md`).
     pub gitops: Vec<RepositoryResolved>,
+    /// Its Slack app, with its Secrets read (`docs/slack.md`).
+    pub slack: Option<SlackResolved>,
+}
+
+/// A policy's Slack app with its Secrets read.
+#[derive(Clone, Debug)]
+pub struct SlackResolved {
+    /// As declared.
+    pub spec: crate::crd::Slack,
+    /// The bot token (never shown).
+    pub bot_token: SecretValue,
+    /// The signing secret (never shown).
+    pub signing_secret: SecretValue,
 }
 
 /// A declared GitOps repository with its Secret read.
@@ -397,6 +410,7 @@ impl PolicyEntry {
             notify: Vec::new(),
             triggers: Vec::new(),
             gitops: Vec::new(),
+            slack: None,
         }
     }
 
@@ -1231,11 +1245,13 @@ fn compile_policy(
     let (notify, notify_condition) = compile_notify(spec, &ns, secrets);
     let (triggers, triggers_condition) = compile_triggers(spec);
     let (gitops, gitops_condition) = compile_gitops(spec, &ns, secrets);
+    let (slack, slack_condition) = compile_slack(spec, &ns, secrets);
     let generation = p.metadata.generation;
     let mut desired = vec![ready];
     desired.extend(notify_condition);
     desired.extend(triggers_condition);
     desired.extend(gitops_condition);
+    desired.extend(slack_condition);
     let conditions = conditions::merge(
         p.status
             .as_ref()
@@ -1256,6 +1272,53 @@ fn compile_policy(
         notify,
         triggers,
         gitops,
+        slack,
+    }
+}
+
+/// A policy's Slack app with its Secrets read, and its `Slack` condition (none without
+/// `spec.slack`): `False` naming the Secret that did not resolve.
+fn compile_slack(
+    spec: &crate::crd::ChatPolicySpec,
+    namespace: &str,
+    secrets: &SecretIndex<'_>,
+) -> (Option<SlackResolved>, Option<Desired>) {
+    let Some(slack) = &spec.slack else {
+        return (None, None);
+    };
+    let token = secrets.resolve(namespace, &slack.bot_token_secret_ref);
+    let signing = secrets.resolve(namespace, &slack.signing_secret_ref);
+    match (token, signing) {
+        (Ok(bot_token), Ok(signing_secret)) => {
+            let channels = if slack.channels.is_empty() {
+                "every channel the app is in".to_owned()
+            } else {
+                format!("channels {}", slack.channels.join(", "))
+            };
+            (
+                Some(SlackResolved {
+                    spec: slack.clone(),
+                    bot_token,
+                    signing_secret,
+                }),
+                Some(Desired::ok(
+                    types::SLACK,
+                    reasons::LISTENING,
+                    format!(
+                        "requests of workspace {} are verified and taken ({channels})",
+                        slack.team_id
+                    ),
+                )),
+            )
+        }
+        (Err(p), _) | (_, Err(p)) => (
+            None,
+            Some(Desired::fail(
+                types::SLACK,
+                p.reason,
+                format!("spec.slack: {}", p.message),
+            )),
+        ),
     }
 }
 

@@ -674,3 +674,54 @@ fn gitops_repositories_are_kept_only_when_they_can_be_written_safely() {
             .any(|v| v.expose() == "ghp_token_value_1")
     );
 }
+
+/// `spec.slack`: with both Secrets the app is kept and `Slack=True`; a Secret missing makes
+/// `Slack=False` naming it, and no app is kept (no request can be verified).
+#[test]
+fn a_slack_app_is_kept_only_with_its_token_and_signing_secret() {
+    let slack = |signing: &str| {
+        serde_json::json!({"sessions": ["*"], "provider": "anthropic", "slack": {
+            "teamId": "T0123ABCD", "channels": ["C0INCIDENT"],
+            "botTokenSecretRef": {"name": "slack", "key": "bot-token"},
+            "signingSecretRef": {"name": "slack", "key": signing},
+            "users": [{"slackUser": "U0ALICE", "user": "alice@example.com"}]}})
+    };
+    let set = ObjectSet {
+        providers: vec![anthropic()],
+        policies: vec![
+            policy("oncall", slack("signing-secret")),
+            policy("broken", slack("absent")),
+        ],
+        secrets: vec![secret(
+            "slack",
+            &[
+                ("bot-token", "xoxb-test-1"),
+                ("signing-secret", "8f742231b10e8888"),
+            ],
+        )],
+        ..Default::default()
+    };
+    let cat = compile(&set, ts(1));
+    let ok = &cat.policies[&ObjectKey::new("default", "oncall")];
+    let app = ok.slack.as_ref().unwrap_or_else(|| panic!("no app"));
+    assert_eq!(app.spec.team_id, "T0123ABCD");
+    assert_eq!(app.bot_token.expose(), "xoxb-test-1");
+    assert_eq!(app.signing_secret.expose(), "8f742231b10e8888");
+    let s = ok.object.status.clone().unwrap_or_default();
+    let (st, reason, message) = cond(&s.conditions, "Slack");
+    assert_eq!((st, reason), ("True", "Listening"));
+    assert!(
+        message.contains("T0123ABCD") && message.contains("C0INCIDENT"),
+        "{message}"
+    );
+    let broken = &cat.policies[&ObjectKey::new("default", "broken")];
+    assert!(broken.slack.is_none());
+    let s = broken.object.status.clone().unwrap_or_default();
+    let (st, reason, message) = cond(&s.conditions, "Slack");
+    assert_eq!((st, reason), ("False", "SecretKeyNotFound"));
+    assert!(
+        message.contains("spec.slack") && message.contains("absent"),
+        "{message}"
+    );
+    assert!(!message.contains("xoxb"), "{message}");
+}

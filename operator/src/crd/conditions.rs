@@ -13,6 +13,8 @@ pub mod types {
     pub const TRIGGERS: &str = "Triggers";
     /// A ChatPolicy's GitOps repositories have what Kortex needs to write to them.
     pub const GIT_OPS: &str = "GitOps";
+    /// ChatPolicy: its Slack app's Secrets resolved (requests can be verified).
+    pub const SLACK: &str = "Slack";
     /// Every referenced Secret key was found.
     pub const SECRET_RESOLVED: &str = "SecretResolved";
     /// The object was accepted (e.g. its tool name is free).
@@ -50,6 +52,8 @@ pub mod reasons {
     pub const SECRET_NOT_RESOLVED: &str = "SecretNotResolved";
     /// Every notification target of a ChatPolicy has its URL and Secrets.
     pub const READY_TO_SEND: &str = "ReadyToSend";
+    /// `Slack=True`: requests from the workspace are verified and taken.
+    pub const LISTENING: &str = "Listening";
     /// `GitOps=True`: every declared repository can be written to (its Secret resolved).
     pub const REPOSITORIES_READY: &str = "RepositoriesReady";
     /// `Executing=True` on an ActionProposal delivered through Git: the change request is

@@ -101,6 +101,46 @@ pub struct ChatPolicySpec {
     /// apply from Git (`docs/gitops.md`). Only repositories declared here are written to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gitops: Option<GitOps>,
+    /// Slack as a way in: the workspace's Kortex app, whose requests this policy takes
+    /// (`docs/slack.md`; issue 48, in progress: requests are verified and acknowledged).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slack: Option<Slack>,
+}
+
+/// A workspace's Slack app (`spec.slack`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Slack {
+    /// The workspace (team) id, `T…` (or an Enterprise Grid's `E…`): requests from any
+    /// other workspace are refused.
+    #[schemars(length(min = 2, max = 32), regex(pattern = r"^[TE][A-Z0-9]+$"))]
+    pub team_id: String,
+    /// Channel ids (`C…`, `G…`) the app listens in; empty: every channel it is in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(regex(pattern = r"^[CGD][A-Z0-9]+$")))]
+    pub channels: Vec<String>,
+    /// A Secret key holding the app's bot token (`xoxb-…`).
+    pub bot_token_secret_ref: crate::crd::SecretKeyRef,
+    /// A Secret key holding the app's signing secret: every request from Slack must be
+    /// signed with it.
+    pub signing_secret_ref: crate::crd::SecretKeyRef,
+    /// Slack users mapped to people by hand (a Slack user not listed is known by the
+    /// verified e-mail of their Slack profile).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub users: Vec<SlackUser>,
+}
+
+/// A Slack user and the person (their single sign-on user name) they are.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlackUser {
+    /// The Slack user id, `U…` or `W…`.
+    #[schemars(length(min = 2, max = 32), regex(pattern = r"^[UW][A-Z0-9]+$"))]
+    pub slack_user: String,
+    /// Their user name, as single sign-on names them.
+    #[schemars(length(min = 1, max = 253))]
+    pub user: String,
 }
 
 /// Where GitOps-owned targets are changed: declared repositories, and how far Kortex follows
@@ -504,8 +544,8 @@ pub enum NotifyFormat {
 }
 
 impl ChatPolicySpec {
-    /// The Secret keys this policy names (its notification targets' and GitOps
-    /// repositories').
+    /// The Secret keys this policy names (its notification targets', GitOps repositories'
+    /// and Slack app's).
     pub fn secret_refs(&self) -> Vec<&crate::crd::SecretKeyRef> {
         self.notify
             .iter()
@@ -520,6 +560,11 @@ impl ChatPolicySpec {
                     .iter()
                     .flat_map(|g| g.repositories.iter())
                     .filter_map(|r| r.secret_ref.as_ref()),
+            )
+            .chain(
+                self.slack
+                    .iter()
+                    .flat_map(|s| [&s.bot_token_secret_ref, &s.signing_secret_ref]),
             )
             .collect()
     }
