@@ -187,6 +187,8 @@ pub struct Metrics {
     pub notifications: Family<ResultLabel, Counter>,
     /// Alert and schedule events of triggers, by policy, trigger and result.
     pub trigger_events: Family<TriggerLabel, Counter>,
+    /// Requests from Slack, by result (`docs/slack.md`).
+    pub slack_requests: Family<ResultLabel, Counter>,
 }
 
 /// Label of `kortex_trigger_events_total`.
@@ -272,6 +274,15 @@ impl Metrics {
                 result,
             })
             .inc_by(n);
+    }
+
+    /// Counts one request from Slack with `result`: `taken`, `duplicate` (a retried event
+    /// already taken), `ignored` (not for Kortex: another channel, the app's own message),
+    /// or `refused` (not signed by a configured app, stale, another workspace, malformed).
+    pub fn slack_request(&self, result: &'static str) {
+        self.slack_requests
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     /// Counts one notification attempt's `result`.
@@ -457,6 +468,12 @@ impl Metrics {
             "Alert and schedule events of triggers, by policy, trigger and result (received; unmatched: alerts no trigger took; run; unchanged: nothing new in the group; resolved; skipped: limits or budget)",
             trigger_events.clone(),
         );
+        let slack_requests = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "slack_requests",
+            "Requests from Slack, by result (taken; duplicate: a retried event already taken; ignored: another channel or the app's own message; refused: unsigned, stale, another workspace or malformed)",
+            slack_requests.clone(),
+        );
         let event_streams_open = Gauge::default();
         registry.register(
             "event_streams_open",
@@ -490,6 +507,7 @@ impl Metrics {
             retention_deleted_rows,
             notifications,
             trigger_events,
+            slack_requests,
             event_streams_open,
             admission_policy_enforced,
             limit_rejections,

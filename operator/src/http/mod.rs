@@ -24,6 +24,7 @@ pub mod mcp;
 mod proposals_api;
 mod runs_api;
 mod share_api;
+mod slack_api;
 pub mod sso;
 
 use crate::live::LiveConfig;
@@ -214,6 +215,11 @@ pub fn router(state: AppState) -> Router {
         .route("/auth/v1/oidc/login", get(sso::login))
         .route(sso::CALLBACK_PATH, get(sso::callback))
         .route("/auth/v1/oidc/token", axum::routing::post(sso::cli_token))
+        // Slack signs its own requests: verified there, not by `auth::authenticate`.
+        .route(
+            slack_api::EVENTS_PATH,
+            axum::routing::post(slack_api::events),
+        )
         // The gateway authenticates its own keys and answers in each vendor's format.
         .route(
             "/v1/chat/completions",

@@ -43,6 +43,7 @@ mod run_control;
 mod samples;
 mod session_tools;
 mod sharing;
+mod slack;
 mod sso;
 mod sso_browser;
 mod standalone_actions;

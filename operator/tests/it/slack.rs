@@ -1,0 +1,169 @@
+//! Slack's door against the binary (`docs/slack.md`; issue 48, in progress): requests
+//! signed exactly as Slack signs them (`v0` HMAC-SHA256 of `v0:timestamp:raw body`) are
+//! taken; forged, stale, altered and other workspaces' requests are refused and change
+//! nothing; a retried event is taken once.
+
+use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
+use crate::support::net::http_client;
+use crate::support::server::Server;
+use serde_json::{Value, json};
+
+const SIGNING: &str = "8f742231b10e8888abcd99yyyzzz85a5";
+
+fn manifests(dir: &std::path::Path) {
+    let yaml = docs(&[
+        secret(
+            "slack",
+            &format!("bot-token: xoxb-slack-test-1, signing-secret: {SIGNING}"),
+        ),
+        provider(
+            "local",
+            "type: ollama, baseUrl: 'http://127.0.0.1:9/v1', defaultModel: m",
+        ),
+        policy(
+            "oncall",
+            "sessions: ['*'], provider: local, slack: {teamId: T0KORTEX, channels: [C0INCIDENT], \
+             botTokenSecretRef: {name: slack, key: bot-token}, \
+             signingSecretRef: {name: slack, key: signing-secret}}",
+        ),
+    ]);
+    std::fs::write(dir.join("slack.yaml"), yaml).unwrap();
+}
+
+/// POSTs `body` to the door, signed at `at` with `secret` (`None`: unsigned).
+async fn post(
+    server: &Server,
+    body: &str,
+    at: i64,
+    secret: Option<&str>,
+    extra: &[(&str, &str)],
+) -> (u16, String) {
+    let mut r = http_client()
+        .post(server.url("/slack/v1/events"))
+        .header("content-type", "application/json")
+        .header("x-slack-request-timestamp", at.to_string());
+    if let Some(s) = secret {
+        r = r.header(
+            "x-slack-signature",
+            kortex::slack::verify::sign(s.as_bytes(), at, body.as_bytes()),
+        );
+    }
+    for (k, v) in extra {
+        r = r.header(*k, *v);
+    }
+    let resp = r.body(body.to_owned()).send().await.unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+fn mention(event_id: &str, team: &str) -> String {
+    json!({"type": "event_callback", "team_id": team, "api_app_id": "A0KORTEX", "event_id": event_id,
+        "event_time": 1_700_000_000,
+        "event": {"type": "app_mention", "user": "U0ALICE", "text": "<@U0BOT> why is checkout failing?",
+            "ts": "1700000000.000100", "channel": "C0INCIDENT", "event_ts": "1700000000.000100"}})
+    .to_string()
+}
+
+async fn counted(server: &Server, result: &str) -> u64 {
+    let (_, text) = server.get("/metrics").await;
+    let line = format!("kortex_slack_requests_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_requests_signed_by_the_app_are_taken_and_a_retried_event_once() {
+    let (dir, m) = manifest_dir();
+    manifests(&m);
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
+    let now = jiff::Timestamp::now().as_second();
+
+    // Slack's url_verification, signed: the challenge is echoed.
+    let challenge = json!({"token": "x", "challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P", "type": "url_verification"}).to_string();
+    let (status, body) = post(&server, &challenge, now, Some(SIGNING), &[]).await;
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["challenge"],
+        "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
+    );
+
+    // Forged (another secret), unsigned, stale (a replay six minutes on), and altered after
+    // signing: each refused, saying why, and nothing taken.
+    let event = mention("Ev0FORGED", "T0KORTEX");
+    let (status, body) = post(&server, &event, now, Some("not the signing secret"), &[]).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(body.contains("signature does not match"), "{body}");
+    let (status, body) = post(&server, &event, now, None, &[]).await;
+    assert_eq!(status, 401);
+    assert!(body.contains("no X-Slack-Signature"), "{body}");
+    let (status, body) = post(&server, &event, now - 360, Some(SIGNING), &[]).await;
+    assert_eq!(status, 401);
+    assert!(body.contains("more than 5 minutes"), "{body}");
+    let signature = kortex::slack::verify::sign(SIGNING.as_bytes(), now, event.as_bytes());
+    let altered = event.replace("why is checkout failing?", "approve everything");
+    let resp = http_client()
+        .post(server.url("/slack/v1/events"))
+        .header("content-type", "application/json")
+        .header("x-slack-request-timestamp", now.to_string())
+        .header("x-slack-signature", signature)
+        .body(altered)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    assert_eq!(counted(&server, "refused").await, 4);
+    assert_eq!(
+        counted(&server, "taken").await,
+        1,
+        "only the url_verification"
+    );
+
+    // Another workspace's event, though signed with this app's secret: refused.
+    let (status, body) = post(
+        &server,
+        &mention("Ev0OTHER", "T0ELSEWHERE"),
+        now,
+        Some(SIGNING),
+        &[],
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("workspace T0ELSEWHERE"), "{body}");
+
+    // A mention, then Slack's retry of the same delivery: taken once.
+    let event = mention("Ev0MENTION", "T0KORTEX");
+    assert_eq!(post(&server, &event, now, Some(SIGNING), &[]).await.0, 200);
+    let retry = [
+        ("x-slack-retry-num", "1"),
+        ("x-slack-retry-reason", "http_timeout"),
+    ];
+    assert_eq!(
+        post(&server, &event, now, Some(SIGNING), &retry).await.0,
+        200
+    );
+    assert_eq!(counted(&server, "taken").await, 2);
+    assert_eq!(counted(&server, "duplicate").await, 1);
+
+    // The app's own message, and a message in a channel the policy does not listen in:
+    // acknowledged, not taken.
+    let own = json!({"type": "event_callback", "team_id": "T0KORTEX", "event_id": "Ev0OWN",
+        "event": {"type": "message", "subtype": "bot_message", "bot_id": "B0KORTEX", "channel": "C0INCIDENT", "text": "answer", "ts": "1.0"}}).to_string();
+    assert_eq!(post(&server, &own, now, Some(SIGNING), &[]).await.0, 200);
+    let elsewhere = mention("Ev0ELSEWHERE", "T0KORTEX").replace("C0INCIDENT", "C0RANDOM");
+    assert_eq!(
+        post(&server, &elsewhere, now, Some(SIGNING), &[]).await.0,
+        200
+    );
+    assert_eq!(counted(&server, "ignored").await, 2);
+    assert_eq!(counted(&server, "taken").await, 2);
+
+    let log = server.log();
+    assert!(
+        !log.contains(SIGNING) && !log.contains("xoxb-slack-test-1"),
+        "a secret reached the log"
+    );
+    assert!(server.terminate().success());
+}
