@@ -5,6 +5,7 @@
 //!
 //! Imports only `store`, `catalog` and below (docs/architecture.md).
 
+pub mod api;
 pub mod inbound;
 pub mod verify;
 

@@ -167,3 +167,82 @@ async fn only_requests_signed_by_the_app_are_taken_and_a_retried_event_once() {
     );
     assert!(server.terminate().success());
 }
+
+/// The Web API client against a scripted Slack speaking the documented shapes: the token in
+/// the Authorization header only, JSON for chat and views, a form for `users.info`,
+/// `ok: false` as a typed error, a 429 waited out as its `Retry-After` says.
+#[tokio::test]
+async fn the_web_api_client_speaks_slacks_shapes_and_waits_out_rate_limits() {
+    use crate::support::slack::{Fault, Slack};
+    use kortex::slack::api::{ApiError, Client};
+    let slack = Slack::start().await;
+    let client = Client::new(
+        http_client(),
+        &slack.api,
+        kortex::catalog::SecretValue::new("xoxb-client-test"),
+    );
+    let ts = client
+        .post_message(
+            "C0INCIDENT",
+            Some("1700000000.000001"),
+            "Looking into it…",
+            None,
+        )
+        .await
+        .unwrap();
+    assert!(!ts.is_empty());
+    let posted = &slack.calls("chat.postMessage")[0];
+    assert_eq!(posted.token, "xoxb-client-test");
+    assert!(posted.query.is_empty(), "the token never goes in a URL");
+    assert_eq!(posted.body["thread_ts"], "1700000000.000001");
+    assert_eq!(posted.body["unfurl_links"], false);
+    client
+        .update("C0INCIDENT", &ts, "The answer.", Some(&json!([])))
+        .await
+        .unwrap();
+    assert_eq!(slack.calls("chat.update")[0].body["ts"], ts.as_str());
+
+    slack.person("U0ALICE", "alice@example.com");
+    let alice = client.user("U0ALICE").await.unwrap();
+    assert_eq!(alice.email.as_deref(), Some("alice@example.com"));
+    assert!(!alice.not_a_person);
+    assert_eq!(
+        client.user("U0NOBODY").await,
+        Err(ApiError::Refused {
+            method: "users.info",
+            error: "user_not_found".into()
+        })
+    );
+
+    slack.fail(
+        "chat.postEphemeral",
+        vec![Fault::Error("user_not_in_channel")],
+    );
+    let err = client
+        .post_ephemeral("C0INCIDENT", "U0BOB", None, "You are not mapped")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Slack refused chat.postEphemeral: user_not_in_channel"
+    );
+
+    // One 429 with Retry-After: 1 is waited out; the call then succeeds.
+    slack.fail("chat.update", vec![Fault::RateLimited(1)]);
+    let started = std::time::Instant::now();
+    client
+        .update("C0INCIDENT", &ts, "Later.", None)
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= std::time::Duration::from_millis(900));
+    assert_eq!(slack.calls("chat.update").len(), 3);
+    // A Retry-After too long to wait is returned, not slept through.
+    slack.fail("chat.update", vec![Fault::RateLimited(120)]);
+    assert_eq!(
+        client.update("C0INCIDENT", &ts, "Much later.", None).await,
+        Err(ApiError::RateLimited {
+            method: "chat.update",
+            retry_after: 120
+        })
+    );
+}

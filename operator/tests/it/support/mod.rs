@@ -21,6 +21,7 @@ pub mod prometheus;
 pub mod provider;
 pub mod receiver;
 pub mod server;
+pub mod slack;
 pub mod tls_proxy;
 pub mod tools;
 pub mod yaml;
