@@ -3,44 +3,11 @@
 //! decide with `kubectl kortex`, and a button linking to the dashboard (`--public-url`).
 
 use super::{Channel, Outgoing, Rendered, proposal_link, session_link};
-use serde_json::{Value, json};
+use crate::slack::blocks::{SECTION_MAX, clip, target, text};
+use serde_json::json;
 
 /// Slack incoming webhooks.
 pub struct Slack;
-
-/// A string of `v`, escaped for Slack's mrkdwn (`&`, `<`, `>`): text from models, alerts
-/// or people can neither ping `<!channel>` nor disguise a link.
-fn text(v: &Value, key: &str) -> String {
-    v.get(key)
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// Slack refuses a section's text longer than 3000 characters.
-const SECTION_MAX: usize = 2_900;
-
-/// `s` cut to at most `max` characters, with an ellipsis when cut.
-fn clip(s: &str, max: usize) -> String {
-    match s.char_indices().nth(max) {
-        Some((at, _)) => format!("{}…", &s[..at]),
-        None => s.to_owned(),
-    }
-}
-
-/// A target object (`{kind, namespace, name}`) as `Kind namespace/name`.
-fn target(v: &Value) -> String {
-    let t = &v["target"];
-    match (t["kind"].as_str(), t["name"].as_str()) {
-        (Some(kind), Some(name)) => match t["namespace"].as_str() {
-            Some(ns) => format!("{kind} {ns}/{name}"),
-            None => format!("{kind} {name}"),
-        },
-        _ => "-".into(),
-    }
-}
 
 impl Channel for Slack {
     // Long because a match over the notification event types, each arm the Slack blocks of one type.

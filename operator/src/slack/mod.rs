@@ -6,6 +6,8 @@
 //! Imports only `store`, `catalog` and below (docs/architecture.md).
 
 pub mod api;
+pub mod blocks;
+pub mod identity;
 pub mod inbound;
 pub mod verify;
 

@@ -246,3 +246,43 @@ async fn the_web_api_client_speaks_slacks_shapes_and_waits_out_rate_limits() {
         })
     );
 }
+
+/// A Slack user is the person the policy's table names, else their profile's e-mail; a bot
+/// or a user Slack does not know is nobody, with what to fix.
+#[tokio::test]
+async fn a_slack_user_is_known_by_the_table_or_their_profiles_email() {
+    use crate::support::slack::Slack;
+    use kortex::slack::api::Client;
+    let slack = Slack::start().await;
+    let client = Client::new(
+        http_client(),
+        &slack.api,
+        kortex::catalog::SecretValue::new("xoxb-identity-test"),
+    );
+    let table: Vec<kortex::crd::SlackUser> = serde_json::from_value(json!([
+        {"slackUser": "U0MAPPED", "user": "carol@example.com"}
+    ]))
+    .unwrap();
+    assert_eq!(
+        kortex::slack::identity::person(&table, &client, "U0MAPPED").await,
+        Ok("carol@example.com".to_owned())
+    );
+    assert!(
+        slack.calls("users.info").is_empty(),
+        "the table wins without asking Slack"
+    );
+    slack.person("U0ALICE", "Alice@Example.com");
+    assert_eq!(
+        kortex::slack::identity::person(&table, &client, "U0ALICE").await,
+        Ok("alice@example.com".to_owned())
+    );
+    let why = kortex::slack::identity::person(&table, &client, "U0STRANGER")
+        .await
+        .unwrap_err();
+    assert!(
+        why.contains("user_not_found")
+            && why.contains("spec.slack.users")
+            && why.contains("U0STRANGER"),
+        "{why}"
+    );
+}
