@@ -126,6 +126,9 @@ pub struct ServeArgs {
     /// Single sign-on with an OpenID provider.
     #[command(flatten)]
     pub sso: crate::http::sso::SsoArgs,
+    /// Slack's Web API.
+    #[command(flatten)]
+    pub slack: crate::http::slack_conv::SlackArgs,
 }
 
 /// Settings of the built-in tools.
@@ -344,6 +347,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         cluster_auth: None,
         auth_proxy: None,
         sso: (args.sso, None),
+        slack: args.slack,
         egress: Arc::new(crate::egress::Egress::standalone(
             crate::egress::Own::default(),
         )),
@@ -387,6 +391,8 @@ struct Server {
         crate::http::sso::SsoArgs,
         Option<crate::catalog::SecretValue>,
     ),
+    /// Slack's Web API.
+    slack: crate::http::slack_conv::SlackArgs,
     /// Where tools and providers may send requests.
     egress: Arc<crate::egress::Egress>,
     /// Cluster mode: whether this replica leads (only the leader prunes).
@@ -421,6 +427,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         cluster_auth,
         auth_proxy,
         sso: (sso_args, sso_secret),
+        slack,
         egress,
         leader,
     } = server;
@@ -506,6 +513,7 @@ async fn run_server(server: Server) -> Result<(), String> {
             .filter(|k| !k.is_empty())
             .map(|k| Arc::from(k.as_bytes())),
         sso,
+        slack: Some(Arc::new(slack.door(&egress, tools.public_url.as_deref())?)),
     });
 
     let listener = tokio::net::TcpListener::bind(listen)

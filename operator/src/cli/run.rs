@@ -89,6 +89,9 @@ pub struct RunArgs {
     /// Single sign-on with an OpenID provider.
     #[command(flatten)]
     pub sso: crate::http::sso::SsoArgs,
+    /// Slack's Web API.
+    #[command(flatten)]
+    pub slack: crate::http::slack_conv::SlackArgs,
 }
 
 /// `--auth`.
@@ -322,6 +325,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         cluster_auth: Some(cluster_auth),
         auth_proxy,
         sso: (args.sso, sso_secret),
+        slack: args.slack,
         egress,
         leader: Some(leader_rx),
     })

@@ -25,6 +25,7 @@ mod proposals_api;
 mod runs_api;
 mod share_api;
 mod slack_api;
+pub mod slack_conv;
 pub mod sso;
 
 use crate::live::LiveConfig;
@@ -88,6 +89,8 @@ pub struct AppShared {
     pub erasure_key: Option<Arc<[u8]>>,
     /// Single sign-on with an OpenID provider (`--oidc-issuer`).
     pub sso: Option<Arc<sso::Sso>>,
+    /// Slack's Web API, for answering in threads (`None`: events are taken, not answered).
+    pub slack: Option<Arc<slack_conv::SlackDoor>>,
 }
 
 /// All routes.

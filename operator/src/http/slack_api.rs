@@ -6,8 +6,9 @@
 //! whichever replica gets it first (Slack retries what it did not see acknowledged within
 //! 3 seconds), and acknowledged at once. Nothing unverified is stored or acted on.
 //!
-//! Answering in the thread (sessions, tool calls, the answer) and the proposal buttons are
-//! the next parts of issue 48; until then a taken event is recorded and logged.
+//! A taken mention (or a message of a thread with a session) is answered in its thread
+//! behind the acknowledgement (`slack_conv`). The proposal buttons, `/kortex` and
+//! hand-over are the next parts of issue 48.
 
 use super::AppState;
 use super::error::ApiError;
@@ -35,11 +36,11 @@ fn refused(state: &AppState, status: StatusCode, code: &'static str, message: St
 /// `POST /slack/v1/events`.
 pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let config = state.config.borrow().clone();
-    let apps: Vec<(String, &SlackResolved)> = config
+    let apps: Vec<(&crate::catalog::ObjectKey, &SlackResolved)> = config
         .catalog
         .policies
         .iter()
-        .filter_map(|(key, p)| p.slack.as_ref().map(|s| (key.to_string(), s)))
+        .filter_map(|(key, p)| p.slack.as_ref().map(|s| (key, s)))
         .collect();
     if apps.is_empty() {
         return refused(
@@ -63,7 +64,7 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
             now,
         ) {
             Ok(()) => {
-                signed_by = Some((policy, *app));
+                signed_by = Some((*policy, *app));
                 break;
             }
             Err(e) => refusal = Some(e),
@@ -112,6 +113,19 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
                 Ok(true) => {
                     state.metrics.slack_request("taken");
                     tracing::info!(policy = %policy, event = %e.event_id, "took a Slack event");
+                    // Acknowledged now (Slack waits 3 s); answered in the thread behind it.
+                    if let (Some(door), Some(m)) = (state.slack.clone(), message.cloned()) {
+                        let mention = matches!(e.event, Event::Mention(_));
+                        tokio::spawn(super::slack_conv::converse(
+                            state.clone(),
+                            door,
+                            policy.clone(),
+                            app.clone(),
+                            e.team_id.clone(),
+                            m,
+                            mention,
+                        ));
+                    }
                     StatusCode::OK.into_response()
                 }
                 Ok(false) => {

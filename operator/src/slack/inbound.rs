@@ -85,12 +85,16 @@ impl Message {
                 .is_none_or(|s| s == "thread_broadcast")
     }
 
-    /// The text without the mention of `bot_user` (the app itself), trimmed.
-    pub fn question(&self, bot_user: &str) -> String {
-        self.text
-            .replace(&format!("<@{bot_user}>"), "")
-            .trim()
-            .to_owned()
+    /// The text without the mentions it starts with (the app's `<@U…>`), trimmed.
+    pub fn question(&self) -> String {
+        let mut rest = self.text.trim_start();
+        while let Some(after) = rest.strip_prefix("<@") {
+            match after.find('>') {
+                Some(end) => rest = after[end + 1..].trim_start(),
+                None => break,
+            }
+        }
+        rest.trim().to_owned()
     }
 }
 
@@ -339,7 +343,7 @@ mod tests {
         let Event::Mention(m) = e.event else {
             panic!("not a mention")
         };
-        assert_eq!(m.question("U0LAN0Z89"), "why is checkout failing?");
+        assert_eq!(m.question(), "why is checkout failing?");
         assert_eq!(m.thread(), "1515449500.000001");
         assert!(m.from_a_person());
         // The app's own message comes back with its bot_id: not a person's.

@@ -182,4 +182,45 @@ impl Store {
         )
         .await
     }
+
+    /// The session Slack thread `thread_ts` of `channel` investigates in, if any.
+    pub async fn slack_thread(
+        &self,
+        team_id: &str,
+        channel: &str,
+        thread_ts: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.first(
+            sqlx::query(
+                "SELECT session_id FROM slack_threads WHERE team_id = $1 AND channel = $2 AND thread_ts = $3",
+            )
+            .bind(team_id)
+            .bind(channel)
+            .bind(thread_ts),
+            |r| Ok(r.try_get::<String, _>("session_id")?),
+        )
+        .await
+    }
+
+    /// Binds a thread to `session_id`, unless it is bound already (`false`: read it).
+    pub async fn bind_slack_thread(
+        &self,
+        team_id: &str,
+        channel: &str,
+        thread_ts: &str,
+        session_id: &str,
+    ) -> Result<bool, StoreError> {
+        self.changed(
+            sqlx::query(
+                "INSERT INTO slack_threads (team_id, channel, thread_ts, session_id, created_at) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (team_id, channel, thread_ts) DO NOTHING",
+            )
+            .bind(team_id)
+            .bind(channel)
+            .bind(thread_ts)
+            .bind(session_id)
+            .bind(now_ms()),
+        )
+        .await
+    }
 }

@@ -163,6 +163,11 @@ pub const MIGRATIONS: &[(i64, &str, &str)] = &[
         "slack_events",
         include_str!("../../../migrations/0018_slack_events.sql"),
     ),
+    (
+        19,
+        "slack_threads",
+        include_str!("../../../migrations/0019_slack_threads.sql"),
+    ),
 ];
 
 /// Which database is behind the store.

@@ -318,6 +318,7 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
         limits: kortex::http::limits::Limits::new(Default::default()),
         erasure_key: None,
         sso: None,
+        slack: None,
     }));
     let (status, _, body) = call(&app, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);

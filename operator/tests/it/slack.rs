@@ -286,3 +286,156 @@ async fn a_slack_user_is_known_by_the_table_or_their_profiles_email() {
         "{why}"
     );
 }
+
+/// A thread conversation end to end through the binary: a mention starts alice's session
+/// under the app's policy, the model calls a tool, the answer lands in the thread (a reply
+/// updated with the answer and the tools used); a later message in the same thread continues
+/// the same session; an unknown Slack user is told why nothing happens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mention_is_investigated_in_its_thread_and_the_thread_continues_the_session() {
+    use crate::support::provider::{mock, push, push_answer, tool_calls};
+    use crate::support::slack::Slack;
+    let slack = Slack::start().await;
+    slack.person("U0ALICE", "alice@example.com");
+    let (llm, script) = mock().await;
+    let (dir, m) = manifest_dir();
+    let yaml = docs(&[
+        secret(
+            "slack",
+            &format!("bot-token: xoxb-thread-test, signing-secret: {SIGNING}, llm: sk-thread"),
+        ),
+        provider(
+            "gpt",
+            &format!(
+                "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: slack, key: llm}}, defaultModel: m, timeout: 10s"
+            ),
+        ),
+        policy(
+            "oncall",
+            "sessions: ['incident-*'], provider: gpt, slack: {teamId: T0KORTEX, \
+             botTokenSecretRef: {name: slack, key: bot-token}, \
+             signingSecretRef: {name: slack, key: signing-secret}}",
+        ),
+    ]);
+    std::fs::write(m.join("slack.yaml"), yaml).unwrap();
+    let db = dir.path().join("k.db").display().to_string();
+    let server = Server::spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--manifests",
+            &m.display().to_string(),
+            "--database-url",
+            &format!("sqlite://{db}"),
+            "--slack-api-url",
+            &slack.api,
+            "--public-url",
+            "https://kortex.example.com",
+        ],
+        &[],
+    );
+    push(
+        &script,
+        tool_calls(&[("h1", "get_incident_history", json!({"query": "checkout"}))]),
+    );
+    push_answer(&script, &["The checkout pods ", "run out of memory."]);
+    push_answer(&script, &["Yes: since the 1.4.2 deploy."]);
+    let now = jiff::Timestamp::now().as_second();
+    let mention = json!({"type": "event_callback", "team_id": "T0KORTEX", "event_id": "Ev1THREAD",
+        "event": {"type": "app_mention", "user": "U0ALICE", "text": "<@U0BOT> why is checkout failing?",
+            "ts": "1700000000.000100", "channel": "C0INCIDENT"}}).to_string();
+    assert_eq!(
+        post(&server, &mention, now, Some(SIGNING), &[]).await.0,
+        200
+    );
+    let answered = |needle: &'static str| {
+        let slack = slack.clone();
+        async move {
+            crate::support::net::eventually(needle, || {
+                let slack = slack.clone();
+                async move {
+                    slack
+                        .calls("chat.update")
+                        .into_iter()
+                        .find(|c| c.body["text"].as_str().is_some_and(|t| t.contains(needle)))
+                        .ok_or_else(|| {
+                            format!(
+                                "{:?}",
+                                slack
+                                    .calls("chat.update")
+                                    .iter()
+                                    .map(|c| c.body["text"].clone())
+                                    .collect::<Vec<_>>()
+                            )
+                        })
+                }
+            })
+            .await
+        }
+    };
+    let update = answered("run out of memory.").await;
+    let first = &slack.calls("chat.postMessage")[0];
+    assert_eq!(
+        first.body["thread_ts"], "1700000000.000100",
+        "the reply is in the mention's thread"
+    );
+    assert_eq!(first.body["channel"], "C0INCIDENT");
+    assert_eq!(first.token, "xoxb-thread-test");
+    let blocks = update.body["blocks"].to_string();
+    assert!(blocks.contains("Tools: get_incident_history"), "{blocks}");
+    assert!(
+        blocks.contains("https://kortex.example.com/#/chat/"),
+        "{blocks}"
+    );
+
+    // A follow-up in the thread (no mention): the same session, its history sent along.
+    let follow_up = json!({"type": "event_callback", "team_id": "T0KORTEX", "event_id": "Ev2THREAD",
+        "event": {"type": "message", "user": "U0ALICE", "text": "since when?", "channel_type": "channel",
+            "ts": "1700000050.000200", "thread_ts": "1700000000.000100", "channel": "C0INCIDENT"}}).to_string();
+    assert_eq!(
+        post(&server, &follow_up, now, Some(SIGNING), &[]).await.0,
+        200
+    );
+    answered("since the 1.4.2 deploy").await;
+    let last = script
+        .requests()
+        .last()
+        .cloned()
+        .expect("the follow-up's call");
+    let history = last.body["messages"].to_string();
+    assert!(
+        history.contains("why is checkout failing?") && history.contains("since when?"),
+        "the follow-up continues the thread's session: {history}"
+    );
+    assert_eq!(slack.calls("chat.postMessage").len(), 2);
+
+    // A Slack user Kortex cannot name is told why, and nothing runs.
+    let stranger = mention
+        .replace("Ev1THREAD", "Ev3THREAD")
+        .replace("U0ALICE", "U0STRANGER")
+        .replace("1700000000.000100", "1700000099.000100");
+    let asked = script.requests().len();
+    assert_eq!(
+        post(&server, &stranger, now, Some(SIGNING), &[]).await.0,
+        200
+    );
+    crate::support::net::eventually("the stranger told", || {
+        let slack = slack.clone();
+        async move {
+            slack
+                .calls("chat.postEphemeral")
+                .into_iter()
+                .find(|c| c.body["user"] == "U0STRANGER")
+                .ok_or_else(|| "no ephemeral yet".to_owned())
+        }
+    })
+    .await;
+    assert_eq!(
+        script.requests().len(),
+        asked,
+        "nothing ran for the stranger"
+    );
+    assert!(!server.log().contains("xoxb-thread-test"));
+    assert!(server.terminate().success());
+}

@@ -86,6 +86,7 @@ fn app_of(
         limits: kortex::http::limits::Limits::new(Default::default()),
         erasure_key: None,
         sso,
+        slack: None,
     }))
 }
 

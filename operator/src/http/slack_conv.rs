@@ -1,0 +1,348 @@
+//! Investigating in a Slack thread (`docs/slack.md`): a mention of the app starts a session
+//! for the thread (or continues the thread's session); a later message in that thread
+//! continues it. The person is who the Slack user is to Kortex (`slack::identity`); the
+//! session is theirs, governed by the app's ChatPolicy (its name is made to match the
+//! policy's `sessions`). The answer goes into the thread: a first reply that is updated as
+//! the run streams (at most every [`UPDATE_EVERY`], Slack's `chat.update` limits), then
+//! the whole answer with the tools used and a link to the session in the dashboard.
+
+use super::AppState;
+use crate::catalog::SlackResolved;
+use crate::slack::api::Client;
+use crate::slack::inbound::Message;
+use std::time::Duration;
+
+/// How often the thread's reply is updated while the answer streams.
+pub const UPDATE_EVERY: Duration = Duration::from_secs(2);
+/// Slack refuses a message's text longer than this (and truncates beyond 40 000).
+const TEXT_MAX: usize = 3_900;
+
+/// Where the Web API is, and the client calling it.
+pub struct SlackDoor {
+    /// The Web API base, `https://slack.com/api` (`--slack-api-url`).
+    pub api: String,
+    /// The HTTP client (Kortex's egress rules, Kortex itself refused).
+    pub http: reqwest::Client,
+    /// The dashboard's address (`--public-url`), for links to sessions.
+    pub public_url: Option<String>,
+}
+
+/// `--slack-api-url`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SlackArgs {
+    /// Slack's Web API base URL (a proxy's, or a test's).
+    #[arg(long, env = "KORTEX_SLACK_API_URL", default_value = crate::slack::api::SLACK_API)]
+    pub slack_api_url: String,
+}
+
+impl SlackArgs {
+    /// The door's Web API side.
+    pub fn door(
+        &self,
+        egress: &std::sync::Arc<crate::egress::Egress>,
+        public_url: Option<&str>,
+    ) -> Result<SlackDoor, String> {
+        let builder = reqwest::Client::builder()
+            .user_agent(concat!("kortex/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(30));
+        Ok(SlackDoor {
+            api: self.slack_api_url.clone(),
+            http: egress.client(true, builder, true)?,
+            public_url: public_url.map(str::to_owned),
+        })
+    }
+}
+
+/// A session name the policy's `sessions` globs match: its first glob with `*` as
+/// `slack-<thread>` and `?` as `x`.
+fn session_name(app_policy: &crate::catalog::PolicyEntry, thread: &str) -> String {
+    let glob = app_policy
+        .object
+        .spec
+        .sessions
+        .first()
+        .map_or("*", String::as_str);
+    let id = format!("slack-{}", thread.replace('.', "-"));
+    let mut out = String::new();
+    let mut used = false;
+    for c in glob.chars() {
+        match c {
+            '*' if !used => {
+                out.push_str(&id);
+                used = true;
+            }
+            '*' => {}
+            '?' => out.push('x'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn clip(s: &str) -> String {
+    crate::slack::blocks::clip(s, TEXT_MAX)
+}
+
+/// Answers `m` in its thread (spawned once its event was taken). `mention`: the app was
+/// mentioned (only a mention starts a session).
+// Long because a conversation's steps in order (who, which session, may they, the run,
+// its answer into the thread), each refusal said to the person in Slack.
+pub async fn converse(
+    state: AppState,
+    door: std::sync::Arc<SlackDoor>,
+    policy: crate::catalog::ObjectKey,
+    app: SlackResolved,
+    team_id: String,
+    m: Message,
+    mention: bool,
+) {
+    let client = Client::new(door.http.clone(), &door.api, app.bot_token.clone());
+    let thread = m.thread().to_owned();
+    let store = &state.store;
+    let existing = match store.slack_thread(&team_id, &m.channel, &thread).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the Slack thread's session");
+            return;
+        }
+    };
+    if existing.is_none() && !mention {
+        return;
+    }
+    let Some(slack_user) = m.user.clone() else {
+        return;
+    };
+    let say_to = |text: String| {
+        let client = client.clone();
+        let channel = m.channel.clone();
+        let user = slack_user.clone();
+        let thread = thread.clone();
+        async move {
+            if let Err(e) = client
+                .post_ephemeral(&channel, &user, Some(&thread), &text)
+                .await
+            {
+                tracing::info!(error = %e, "cannot tell a Slack user why nothing happened");
+            }
+        }
+    };
+    let person = match crate::slack::identity::person(&app.spec.users, &client, &slack_user).await {
+        Ok(p) => p,
+        Err(why) => return say_to(why).await,
+    };
+    let config = state.config.borrow().clone();
+    let Some(entry) = config.catalog.policies.get(&policy) else {
+        return;
+    };
+    let question = m.question();
+    // The thread's session, or a new one of the person's.
+    let session = match existing {
+        Some(id) => match store.session_by_id(&id).await {
+            Ok(Some(s)) if s.user == person => s,
+            Ok(Some(s)) => {
+                return say_to(format!(
+                    "This thread's investigation is {}'s: they can hand it over to you in the dashboard.",
+                    s.user
+                ))
+                .await;
+            }
+            _ => return,
+        },
+        None => {
+            let name = session_name(entry, &thread);
+            let governs = config
+                .catalog
+                .match_policy(&policy.namespace, &name)
+                .is_some_and(|p| p.object.metadata.name.as_deref() == Some(policy.name.as_str()));
+            if !governs {
+                return say_to(format!(
+                    "ChatPolicy {policy} does not govern the session {name} its Slack app would start (a more specific policy does): ask your platform team to give Slack sessions their own sessions glob."
+                ))
+                .await;
+            }
+            let new = crate::store::NewSession {
+                name,
+                namespace: policy.namespace.clone(),
+                user: person.clone(),
+                policy: Some(policy.name.clone()),
+                dynamic_tools: serde_json::Value::Array(Vec::new()),
+            };
+            let created = match store.create_session(&new).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot create a Slack thread's session");
+                    return;
+                }
+            };
+            match store
+                .bind_slack_thread(&team_id, &m.channel, &thread, &created.id)
+                .await
+            {
+                Ok(true) => created,
+                // Another replica bound the thread first: its session.
+                Ok(false) => match store.slack_thread(&team_id, &m.channel, &thread).await {
+                    Ok(Some(id)) => match store.session_by_id(&id).await {
+                        Ok(Some(s)) => s,
+                        _ => return,
+                    },
+                    _ => return,
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot bind a Slack thread to its session");
+                    return;
+                }
+            }
+        }
+    };
+    // In a cluster, the person must be allowed to use the policy, as in the dashboard.
+    if let Some(cluster) = &state.cluster_auth {
+        match cluster
+            .may_use_policy(&person, &[], &policy.namespace, &policy.name)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                return say_to(format!("{person} may not use ChatPolicy {policy} (RBAC: use on chatpolicies)")).await;
+            }
+            Err(e) => return say_to(format!("the cluster could not be asked whether you may use ChatPolicy {policy} ({e}); try again")).await,
+        }
+    }
+    let reply = match client
+        .post_message(&m.channel, Some(&thread), "_Looking into it…_", None)
+        .await
+    {
+        Ok(ts) => ts,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot answer in a Slack thread");
+            return;
+        }
+    };
+    let mut live = state.engine.subscribe(&session.id);
+    let run = match state.engine.start_run(&session, &person, &question).await {
+        Ok(run) => run,
+        Err(e) => {
+            let _ = client
+                .update(
+                    &m.channel,
+                    &reply,
+                    &clip(&format!("Kortex could not start: {e}")),
+                    None,
+                )
+                .await;
+            return;
+        }
+    };
+    let mut text = String::new();
+    let mut tools: Vec<String> = Vec::new();
+    let mut failure = None;
+    let mut shown = String::new();
+    let mut last_update = tokio::time::Instant::now();
+    loop {
+        let event = match tokio::time::timeout(UPDATE_EVERY, live.recv()).await {
+            Ok(Ok(e)) => Some(e),
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => None,
+            Ok(Err(_)) => break,
+            Err(_) => None,
+        };
+        if let Some(e) = event.filter(|e| e.run_id.as_deref() == Some(run.as_str())) {
+            use crate::chat::event;
+            match e.event_type.as_str() {
+                event::TEXT_DELTA => text.push_str(e.data["text"].as_str().unwrap_or_default()),
+                event::TOOL_START => {
+                    let name = e.data["name"].as_str().unwrap_or_default().to_owned();
+                    if !tools.contains(&name) {
+                        tools.push(name);
+                    }
+                }
+                event::ERROR => {
+                    failure = e.data["message"].as_str().map(str::to_owned);
+                }
+                event::RUN_LIFECYCLE => {
+                    let s = e.data["state"].as_str().unwrap_or_default();
+                    if matches!(s, "completed" | "failed" | "cancelled") {
+                        if s != "completed" && failure.is_none() {
+                            failure = Some(format!("the run ended {s}"));
+                        }
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if last_update.elapsed() >= UPDATE_EVERY && text != shown && !text.is_empty() {
+            if client
+                .update(&m.channel, &reply, &clip(&text), None)
+                .await
+                .is_ok()
+            {
+                shown = text.clone();
+            }
+            last_update = tokio::time::Instant::now();
+        }
+    }
+    let mut answer = if text.trim().is_empty() {
+        failure.clone().unwrap_or_else(|| "(no answer)".into())
+    } else {
+        text
+    };
+    if let Some(f) = failure.filter(|_| !answer.contains("could not")) {
+        answer = format!("{answer}\n\n:x: {f}");
+    }
+    let mut context = String::new();
+    if !tools.is_empty() {
+        context.push_str(&format!("Tools: {}", tools.join(", ")));
+    }
+    if let Some(base) = &door.public_url {
+        let link = format!("{}/#/chat/{}", base.trim_end_matches('/'), session.id);
+        context.push_str(&format!(" · <{link}|Open the session in Kortex>"));
+    }
+    let mut blocks = vec![
+        serde_json::json!({"type": "section", "text": {"type": "mrkdwn",
+        "text": crate::slack::blocks::clip(&crate::slack::blocks::escape(&answer), crate::slack::blocks::SECTION_MAX)}}),
+    ];
+    if !context.is_empty() {
+        blocks.push(serde_json::json!({"type": "context", "elements": [{"type": "mrkdwn", "text": context}]}));
+    }
+    if let Err(e) = client
+        .update(
+            &m.channel,
+            &reply,
+            &clip(&answer),
+            Some(&serde_json::Value::Array(blocks)),
+        )
+        .await
+    {
+        tracing::warn!(error = %e, "cannot put the answer in a Slack thread");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_slack_session_is_named_to_match_the_policys_first_glob() {
+        let policy = |globs: serde_json::Value| {
+            crate::catalog::PolicyEntry::as_is(
+                serde_json::from_value(
+                    serde_json::json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
+                "metadata": {"name": "p", "namespace": "ns"},
+                "spec": {"sessions": globs, "provider": "x"}}),
+                )
+                .unwrap_or_else(|e| panic!("{e}")),
+            )
+        };
+        assert_eq!(
+            super::session_name(&policy(serde_json::json!(["*"])), "1700.0001"),
+            "slack-1700-0001"
+        );
+        assert_eq!(
+            super::session_name(&policy(serde_json::json!(["incident-*"])), "1.2"),
+            "incident-slack-1-2"
+        );
+        assert_eq!(
+            super::session_name(&policy(serde_json::json!(["team-??-*-*"])), "9.9"),
+            "team-xx-slack-9-9-"
+        );
+        assert!(crate::glob::matches("team-??-*-*", "team-xx-slack-9-9-"));
+    }
+}
