@@ -223,6 +223,10 @@ pub fn router(state: AppState) -> Router {
             slack_api::EVENTS_PATH,
             axum::routing::post(slack_api::events),
         )
+        .route(
+            slack_api::INTERACTIONS_PATH,
+            axum::routing::post(slack_api::interactions),
+        )
         // The gateway authenticates its own keys and answers in each vendor's format.
         .route(
             "/v1/chat/completions",

@@ -15,7 +15,7 @@ use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-fn view(p: &ProposalRecord) -> Value {
+pub(super) fn view(p: &ProposalRecord) -> Value {
     let time = |ms: i64| {
         jiff::Timestamp::from_millisecond(ms)
             .map(|t| t.to_string())
@@ -188,7 +188,7 @@ pub async fn reject(
     decide(state, caller, id, body, "Reject").await
 }
 
-async fn decide(
+pub(super) async fn decide(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,

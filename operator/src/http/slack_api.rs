@@ -27,14 +27,19 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn refused(state: &AppState, status: StatusCode, code: &'static str, message: String) -> Response {
+fn refused(state: &AppState, status: StatusCode, code: &'static str, message: String) -> ApiError {
     state.metrics.slack_request("refused");
     tracing::info!(reason = %message, "refused a request to the Slack door");
-    ApiError::new(status, code, message).into_response()
+    ApiError::new(status, code, message)
 }
 
-/// `POST /slack/v1/events`.
-pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+/// The request verified with a configured app's signing secret, and parsed; or the
+/// refusal to answer with.
+fn verified(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(crate::catalog::ObjectKey, SlackResolved, Inbound), ApiError> {
     let config = state.config.borrow().clone();
     let apps: Vec<(&crate::catalog::ObjectKey, &SlackResolved)> = config
         .catalog
@@ -43,12 +48,12 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
         .filter_map(|(key, p)| p.slack.as_ref().map(|s| (key, s)))
         .collect();
     if apps.is_empty() {
-        return refused(
-            &state,
+        return Err(refused(
+            state,
             StatusCode::NOT_FOUND,
             "slack_not_configured",
             "no ChatPolicy declares a Slack app (spec.slack) whose Secrets resolved".into(),
-        );
+        ));
     }
     // The app whose signing secret signed this body; the refusal the apps give otherwise
     // (a stale timestamp is named as such).
@@ -58,13 +63,13 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
     for (policy, app) in &apps {
         match crate::slack::verify(
             app.signing_secret.expose().as_bytes(),
-            header(&headers, "x-slack-request-timestamp"),
-            header(&headers, "x-slack-signature"),
-            &body,
+            header(headers, "x-slack-request-timestamp"),
+            header(headers, "x-slack-signature"),
+            body,
             now,
         ) {
             Ok(()) => {
-                signed_by = Some((*policy, *app));
+                signed_by = Some(((*policy).clone(), (*app).clone()));
                 break;
             }
             Err(e) => refusal = Some(e),
@@ -72,12 +77,42 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
     }
     let Some((policy, app)) = signed_by else {
         let why = refusal.map(|e| e.to_string()).unwrap_or_default();
-        return refused(&state, StatusCode::UNAUTHORIZED, "slack_unverified", why);
+        return Err(refused(
+            state,
+            StatusCode::UNAUTHORIZED,
+            "slack_unverified",
+            why,
+        ));
     };
-    let content_type = header(&headers, "content-type").unwrap_or_default();
-    let inbound = match crate::slack::parse(content_type, &body) {
-        Ok(i) => i,
-        Err(e) => return refused(&state, StatusCode::BAD_REQUEST, "invalid_request", e),
+    let content_type = header(headers, "content-type").unwrap_or_default();
+    let inbound = crate::slack::parse(content_type, body)
+        .map_err(|e| refused(state, StatusCode::BAD_REQUEST, "invalid_request", e))?;
+    let team = match &inbound {
+        Inbound::Event(e) => Some(&e.team_id),
+        Inbound::Action(a) => Some(&a.team_id),
+        Inbound::Submission(v) => Some(&v.team_id),
+        Inbound::Command(c) => Some(&c.team_id),
+        _ => None,
+    };
+    if let Some(team) = team.filter(|t| **t != app.spec.team_id) {
+        return Err(refused(
+            state,
+            StatusCode::FORBIDDEN,
+            "slack_wrong_workspace",
+            format!(
+                "the request is from workspace {team}, not {} (ChatPolicy {policy})",
+                app.spec.team_id
+            ),
+        ));
+    }
+    Ok((policy, app, inbound))
+}
+
+/// `POST /slack/v1/events`.
+pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let (policy, app, inbound) = match verified(&state, &headers, &body) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
     };
     match inbound {
         Inbound::UrlVerification { challenge } => {
@@ -86,17 +121,6 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
             axum::Json(json!({ "challenge": challenge })).into_response()
         }
         Inbound::Event(e) => {
-            if e.team_id != app.spec.team_id {
-                return refused(
-                    &state,
-                    StatusCode::FORBIDDEN,
-                    "slack_wrong_workspace",
-                    format!(
-                        "the event is from workspace {}, not {} (ChatPolicy {policy})",
-                        e.team_id, app.spec.team_id
-                    ),
-                );
-            }
             let message = match &e.event {
                 Event::Mention(m) | Event::Message(m) => Some(m),
                 Event::Other(_) => None,
@@ -136,6 +160,109 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
                 // Not acknowledged: Slack retries, and the retry is taken once.
                 Err(e) => ApiError::from(e).into_response(),
             }
+        }
+        _ => {
+            state.metrics.slack_request("ignored");
+            StatusCode::OK.into_response()
+        }
+    }
+}
+
+/// The interactivity request URL.
+pub const INTERACTIONS_PATH: &str = "/slack/v1/interactions";
+
+/// `POST /slack/v1/interactions`: a click on a proposal card's Approve (decided as the
+/// person who clicked) or Reject (its reason dialog opens; its submission decides).
+pub async fn interactions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (policy, app, inbound) = match verified(&state, &headers, &body) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let Some(door) = state.slack.clone() else {
+        state.metrics.slack_request("ignored");
+        return StatusCode::OK.into_response();
+    };
+    let client =
+        crate::slack::api::Client::new(door.http.clone(), &door.api, app.bot_token.clone());
+    match inbound {
+        Inbound::Action(a) => {
+            state.metrics.slack_request("taken");
+            let Some((action, id)) = a.actions.first().cloned() else {
+                return StatusCode::OK.into_response();
+            };
+            if action == crate::slack::blocks::REJECT {
+                // The dialog must open within 3 s of the click: now, before the answer.
+                let name = state
+                    .store
+                    .get_proposal(&id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|p| p.name)
+                    .unwrap_or_default();
+                if let Some(trigger) = &a.trigger_id
+                    && let Err(e) = client
+                        .open_view(trigger, &crate::slack::blocks::reject_dialog(&id, &name))
+                        .await
+                {
+                    tracing::info!(error = %e, "cannot open the reject dialog");
+                }
+                return StatusCode::OK.into_response();
+            }
+            if action == crate::slack::blocks::APPROVE {
+                tokio::spawn(super::slack_conv::decide(
+                    state.clone(),
+                    client,
+                    super::slack_conv::Decision {
+                        app,
+                        policy,
+                        click: super::slack_conv::Click {
+                            slack_user: a.user_id,
+                            channel: a.channel_id,
+                            message_ts: a.message_ts,
+                            thread_ts: a.thread_ts,
+                        },
+                        id,
+                        verdict: "Approve",
+                        reason: None,
+                    },
+                ));
+            }
+            StatusCode::OK.into_response()
+        }
+        Inbound::Submission(v) if v.callback_id == crate::slack::blocks::REJECT_DIALOG => {
+            state.metrics.slack_request("taken");
+            let reason = v
+                .values
+                .get(&("reason".to_owned(), "text".to_owned()))
+                .cloned()
+                .filter(|r| !r.trim().is_empty());
+            let Some(reason) = reason else {
+                return axum::Json(json!({"response_action": "errors", "errors": {"reason": "Say why the proposal is rejected."}})).into_response();
+            };
+            tokio::spawn(super::slack_conv::decide(
+                state.clone(),
+                client,
+                super::slack_conv::Decision {
+                    app,
+                    policy,
+                    click: super::slack_conv::Click {
+                        slack_user: v.user_id,
+                        channel: None,
+                        message_ts: None,
+                        thread_ts: None,
+                    },
+                    id: v.private_metadata,
+                    verdict: "Reject",
+                    reason: Some(reason),
+                },
+            ));
+            // An empty 200 closes the dialog.
+            StatusCode::OK.into_response()
         }
         _ => {
             state.metrics.slack_request("ignored");

@@ -218,6 +218,7 @@ pub async fn converse(
             return;
         }
     };
+    let started_ms = crate::store::now_ms();
     let mut live = state.engine.subscribe(&session.id);
     let run = match state.engine.start_run(&session, &person, &question).await {
         Ok(run) => run,
@@ -314,6 +315,179 @@ pub async fn converse(
         .await
     {
         tracing::warn!(error = %e, "cannot put the answer in a Slack thread");
+    }
+    post_cards(
+        &state,
+        &client,
+        &session.id,
+        started_ms,
+        &m.channel,
+        &thread,
+    )
+    .await;
+}
+
+/// Where a click on a proposal card came from.
+pub struct Click {
+    /// Who clicked.
+    pub slack_user: String,
+    /// The card's channel (none for a dialog's submission).
+    pub channel: Option<String>,
+    /// The card's `ts`.
+    pub message_ts: Option<String>,
+    /// The card's thread.
+    pub thread_ts: Option<String>,
+}
+
+/// A decision clicked in Slack.
+pub struct Decision {
+    /// The app the click came through.
+    pub app: SlackResolved,
+    /// Its policy.
+    pub policy: crate::catalog::ObjectKey,
+    /// Where, and who.
+    pub click: Click,
+    /// The proposal.
+    pub id: String,
+    /// `Approve` or `Reject`.
+    pub verdict: &'static str,
+    /// Reject's reason.
+    pub reason: Option<String>,
+}
+
+/// Decides proposal `id` (`Approve` or `Reject`) as the person who clicked: who the Slack
+/// user is to Kortex, with the groups of their latest sign-in; in a cluster the decision is
+/// written by impersonating exactly them, so RBAC and the admission policy judge them as
+/// with kubectl. The card then says who decided and how it went; a refusal is told to the
+/// person alone, and nothing is decided.
+pub async fn decide(state: AppState, client: Client, d: Decision) {
+    let Decision {
+        app,
+        policy,
+        click,
+        id,
+        verdict,
+        reason,
+    } = d;
+    let tell = |text: String| {
+        let client = client.clone();
+        let user = click.slack_user.clone();
+        let channel = click.channel.clone();
+        let thread = click.thread_ts.clone();
+        async move {
+            let sent = match &channel {
+                Some(c) => {
+                    client
+                        .post_ephemeral(c, &user, thread.as_deref(), &text)
+                        .await
+                }
+                // A dialog's submission has no channel: the app's direct message.
+                None => client
+                    .post_message(&user, None, &text, None)
+                    .await
+                    .map(drop),
+            };
+            if let Err(e) = sent {
+                tracing::info!(error = %e, "cannot tell a Slack user how their click went");
+            }
+        }
+    };
+    let person =
+        match crate::slack::identity::person(&app.spec.users, &client, &click.slack_user).await {
+            Ok(p) => p,
+            Err(why) => return tell(format!("Nothing was decided. {why}")).await,
+        };
+    let groups = state.store.groups_of(&person).await.unwrap_or_default();
+    let kube =
+        state
+            .cluster_auth
+            .as_ref()
+            .map(|_| crate::operator::auth::KubeCredential::Impersonate {
+                user: person.clone(),
+                groups: groups
+                    .iter()
+                    .filter(|g| !g.starts_with("system:"))
+                    .cloned()
+                    .collect(),
+            });
+    let caller = super::auth::Caller {
+        user: person.clone(),
+        groups,
+        kube,
+    };
+    let body = serde_json::json!({ "reason": reason }).to_string();
+    let decided = super::proposals_api::decide(
+        axum::extract::State(state.clone()),
+        axum::Extension(caller),
+        axum::extract::Path(id.clone()),
+        axum::body::Bytes::from(body),
+        verdict,
+    )
+    .await;
+    let view = match decided {
+        Ok(axum::Json(view)) => view,
+        Err(e) => {
+            tracing::info!(policy = %policy, proposal = %id, user = %person, reason = %e.message, "a decision from Slack was refused");
+            return tell(format!("Nothing was decided: {}", e.message)).await;
+        }
+    };
+    let name = view["name"].as_str().unwrap_or_default();
+    let phase = view["status"]["phase"].as_str().unwrap_or_default();
+    let message = view["status"]["message"].as_str().unwrap_or_default();
+    let done = format!(
+        "Proposal *{}* {} by {}: {}",
+        crate::slack::blocks::escape(name),
+        if verdict == "Approve" {
+            "approved"
+        } else {
+            "rejected"
+        },
+        crate::slack::blocks::escape(&person),
+        crate::slack::blocks::escape(if message.is_empty() { phase } else { message })
+    );
+    let blocks =
+        serde_json::json!([{"type": "section", "text": {"type": "mrkdwn", "text": clip(&done)}}]);
+    let shown = match (&click.channel, &click.message_ts) {
+        (Some(c), Some(ts)) => {
+            client
+                .update(c, ts, &clip(&done.replace('*', "")), Some(&blocks))
+                .await
+        }
+        _ => client
+            .post_message(&click.slack_user, None, &done, None)
+            .await
+            .map(drop),
+    };
+    if let Err(e) = shown {
+        tracing::info!(error = %e, "cannot show a decision in Slack");
+    }
+}
+
+/// Posts each proposal the run `run` of `session` made, pending, as a card in the thread.
+pub async fn post_cards(
+    state: &AppState,
+    client: &Client,
+    session: &str,
+    since_ms: i64,
+    channel: &str,
+    thread: &str,
+) {
+    let Ok(rows) = state.store.list_proposals(Some("Pending"), 200).await else {
+        return;
+    };
+    for p in rows
+        .iter()
+        .filter(|p| p.session_id.as_deref() == Some(session) && p.created_at >= since_ms)
+    {
+        let view = super::proposals_api::view(p);
+        let blocks = serde_json::Value::Array(crate::slack::blocks::proposal_card(&view));
+        let text = format!("Proposal {} waits for a decision", p.name);
+        if let Err(e) = client
+            .post_message(channel, Some(thread), &text, Some(&blocks))
+            .await
+        {
+            tracing::warn!(error = %e, "cannot post a proposal card in Slack");
+        }
     }
 }
 

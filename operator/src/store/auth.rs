@@ -223,4 +223,23 @@ impl Store {
         )
         .await
     }
+
+    /// The groups of `user`'s latest sign-in that has not ended (empty without one): who they
+    /// are when they act from elsewhere (Slack) as the person single sign-on knows.
+    pub async fn groups_of(&self, user: &str) -> Result<Vec<String>, StoreError> {
+        let row = self
+            .first(
+                sqlx::query(
+                    "SELECT groups FROM auth_sessions WHERE user_name = $1 AND expires_at >= $2 \
+                     ORDER BY created_at DESC LIMIT 1",
+                )
+                .bind(user)
+                .bind(now_ms()),
+                |r| Ok(r.try_get::<String, _>("groups")?),
+            )
+            .await?;
+        Ok(row
+            .and_then(|g| serde_json::from_str(&g).ok())
+            .unwrap_or_default())
+    }
 }

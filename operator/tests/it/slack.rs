@@ -439,3 +439,230 @@ async fn a_mention_is_investigated_in_its_thread_and_the_thread_continues_the_se
     assert!(!server.log().contains("xoxb-thread-test"));
     assert!(server.terminate().success());
 }
+
+/// POSTs a Slack interaction (`payload=` form) signed with the app's secret.
+async fn interact(server: &Server, payload: &Value) -> (u16, String) {
+    let body = format!(
+        "payload={}",
+        url::form_urlencoded::byte_serialize(payload.to_string().as_bytes()).collect::<String>()
+    );
+    let at = jiff::Timestamp::now().as_second();
+    let resp = http_client()
+        .post(server.url("/slack/v1/interactions"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("x-slack-request-timestamp", at.to_string())
+        .header(
+            "x-slack-signature",
+            kortex::slack::verify::sign(SIGNING.as_bytes(), at, body.as_bytes()),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.text().await.unwrap_or_default())
+}
+
+fn click(user: &str, action: &str, proposal: &str, card_ts: &str) -> Value {
+    json!({"type": "block_actions", "team": {"id": "T0KORTEX"}, "user": {"id": user, "team_id": "T0KORTEX"},
+        "container": {"type": "message", "message_ts": card_ts, "channel_id": "C0INCIDENT"},
+        "channel": {"id": "C0INCIDENT"}, "trigger_id": "1.2.3",
+        "message": {"ts": card_ts, "thread_ts": "1700000000.000100"},
+        "response_url": "https://hooks.slack.com/actions/x",
+        "actions": [{"action_id": action, "block_id": "kortex_decide", "value": proposal, "type": "button"}]})
+}
+
+/// A proposal made in a thread is posted as a card; a click decides as the person who
+/// clicked: the proposer is refused (four-eyes), a stranger decides nothing, Reject opens
+/// its reason dialog, and Approve by another person approves — the card says by whom.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
+    use crate::support::provider::{mock, push, push_answer, tool_calls};
+    use crate::support::slack::Slack;
+    let slack = Slack::start().await;
+    slack.person("U0ALICE", "alice@example.com");
+    slack.person("U0BOB", "bob@example.com");
+    let (llm, script) = mock().await;
+    let (dir, m) = manifest_dir();
+    let yaml = docs(&[
+        secret(
+            "slack",
+            &format!("bot-token: xoxb-click-test, signing-secret: {SIGNING}, llm: sk-click"),
+        ),
+        provider(
+            "gpt",
+            &format!(
+                "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: slack, key: llm}}, defaultModel: m, timeout: 10s"
+            ),
+        ),
+        policy(
+            "oncall",
+            "sessions: ['*'], provider: gpt, proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
+             requireDistinctApprover: true}, slack: {teamId: T0KORTEX, \
+             botTokenSecretRef: {name: slack, key: bot-token}, signingSecretRef: {name: slack, key: signing-secret}}",
+        ),
+    ]);
+    std::fs::write(m.join("slack.yaml"), yaml).unwrap();
+    let db = dir.path().join("k.db").display().to_string();
+    let server = Server::spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--manifests",
+            &m.display().to_string(),
+            "--database-url",
+            &format!("sqlite://{db}"),
+            "--slack-api-url",
+            &slack.api,
+        ],
+        &[],
+    );
+    push(
+        &script,
+        tool_calls(&[(
+            "p1",
+            "propose_action",
+            json!({"action": "restart", "rationale": "stuck",
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "checkout"}}),
+        )]),
+    );
+    push_answer(&script, &["I proposed a restart of checkout."]);
+    let now = jiff::Timestamp::now().as_second();
+    let mention = json!({"type": "event_callback", "team_id": "T0KORTEX", "event_id": "Ev1CARD",
+        "event": {"type": "app_mention", "user": "U0ALICE", "text": "<@U0BOT> checkout is stuck",
+            "ts": "1700000000.000100", "channel": "C0INCIDENT"}})
+    .to_string();
+    assert_eq!(
+        post(&server, &mention, now, Some(SIGNING), &[]).await.0,
+        200
+    );
+    let card = crate::support::net::eventually("the proposal card", || {
+        let slack = slack.clone();
+        async move {
+            slack
+                .calls("chat.postMessage")
+                .into_iter()
+                .find(|c| c.body["blocks"].to_string().contains("kortex_approve"))
+                .ok_or_else(|| "no card yet".to_owned())
+        }
+    })
+    .await;
+    assert_eq!(card.body["thread_ts"], "1700000000.000100");
+    let blocks = card.body["blocks"].to_string();
+    assert!(blocks.contains("Deployment shop/checkout"), "{blocks}");
+    let proposal = card.body["blocks"]
+        .as_array()
+        .and_then(|b| b.last())
+        .map(|a| {
+            a["elements"][0]["value"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .unwrap_or_default();
+    let card_ts = "1700000100.000100";
+    let told = |user: &'static str, needle: &'static str| {
+        let slack = slack.clone();
+        async move {
+            crate::support::net::eventually(needle, || {
+                let slack = slack.clone();
+                async move {
+                    slack
+                        .calls("chat.postEphemeral")
+                        .into_iter()
+                        .find(|c| {
+                            c.body["user"] == user
+                                && c.body["text"].as_str().is_some_and(|t| t.contains(needle))
+                        })
+                        .ok_or_else(|| {
+                            format!(
+                                "{:?}",
+                                slack
+                                    .calls("chat.postEphemeral")
+                                    .iter()
+                                    .map(|c| c.body.clone())
+                                    .collect::<Vec<_>>()
+                            )
+                        })
+                }
+            })
+            .await
+        }
+    };
+
+    // The proposer clicks Approve: four-eyes refuses, nothing is decided.
+    assert_eq!(
+        interact(
+            &server,
+            &click("U0ALICE", "kortex_approve", &proposal, card_ts)
+        )
+        .await
+        .0,
+        200
+    );
+    told("U0ALICE", "requires someone else").await;
+    // A Slack user Kortex cannot name decides nothing.
+    assert_eq!(
+        interact(
+            &server,
+            &click("U0STRANGER", "kortex_approve", &proposal, card_ts)
+        )
+        .await
+        .0,
+        200
+    );
+    told("U0STRANGER", "Nothing was decided").await;
+    // Reject opens its reason dialog (with the proposal in it).
+    assert_eq!(
+        interact(
+            &server,
+            &click("U0BOB", "kortex_reject", &proposal, card_ts)
+        )
+        .await
+        .0,
+        200
+    );
+    let dialog = slack.calls("views.open");
+    assert_eq!(dialog.len(), 1);
+    assert_eq!(dialog[0].body["trigger_id"], "1.2.3");
+    assert_eq!(
+        dialog[0].body["view"]["private_metadata"],
+        proposal.as_str()
+    );
+    // A forged click is refused before anything is read.
+    let forged = http_client()
+        .post(server.url("/slack/v1/interactions"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("x-slack-request-timestamp", now.to_string())
+        .header("x-slack-signature", "v0=00")
+        .body("payload=%7B%7D")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 401);
+    // bob approves: decided as bob; the card says so.
+    assert_eq!(
+        interact(
+            &server,
+            &click("U0BOB", "kortex_approve", &proposal, card_ts)
+        )
+        .await
+        .0,
+        200
+    );
+    let updated = crate::support::net::eventually("the card updated", || {
+        let slack = slack.clone();
+        async move {
+            slack
+                .calls("chat.update")
+                .into_iter()
+                .find(|c| c.body["ts"] == card_ts)
+                .ok_or_else(|| "not updated yet".to_owned())
+        }
+    })
+    .await;
+    let text = updated.body["text"].as_str().unwrap_or_default();
+    assert!(text.contains("approved by bob@example.com"), "{text}");
+    assert!(server.terminate().success());
+}
