@@ -227,6 +227,10 @@ pub fn router(state: AppState) -> Router {
             slack_api::INTERACTIONS_PATH,
             axum::routing::post(slack_api::interactions),
         )
+        .route(
+            slack_api::COMMANDS_PATH,
+            axum::routing::post(slack_api::commands),
+        )
         // The gateway authenticates its own keys and answers in each vendor's format.
         .route(
             "/v1/chat/completions",

@@ -270,3 +270,75 @@ pub async fn interactions(
         }
     }
 }
+
+/// The slash command's request URL.
+pub const COMMANDS_PATH: &str = "/slack/v1/commands";
+
+/// `POST /slack/v1/commands`: `/kortex <question>` asks in the channel: Kortex posts the
+/// question there (slash commands cannot be typed in threads) and investigates in that
+/// message's thread, as for a mention.
+pub async fn commands(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let (policy, app, inbound) = match verified(&state, &headers, &body) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let Inbound::Command(c) = inbound else {
+        state.metrics.slack_request("ignored");
+        return StatusCode::OK.into_response();
+    };
+    let ephemeral = |text: &str| {
+        axum::Json(json!({"response_type": "ephemeral", "text": text})).into_response()
+    };
+    if !app.spec.channels.is_empty() && !app.spec.channels.contains(&c.channel_id) {
+        state.metrics.slack_request("ignored");
+        return ephemeral(
+            "Kortex does not listen in this channel (the ChatPolicy's spec.slack.channels).",
+        );
+    }
+    let question = c.text.trim().to_owned();
+    if question.is_empty() || question == "help" {
+        state.metrics.slack_request("ignored");
+        return ephemeral(
+            "Ask Kortex: `/kortex why is checkout failing?` — the answer comes in the thread of your question. You can also mention the app in a channel it is in.",
+        );
+    }
+    if question.starts_with("handover") {
+        state.metrics.slack_request("ignored");
+        return ephemeral(
+            "Hand-over from Slack is not available yet: hand the session over in the dashboard (Share → Hand over).",
+        );
+    }
+    let Some(door) = state.slack.clone() else {
+        state.metrics.slack_request("ignored");
+        return ephemeral("Kortex cannot post in Slack from this server.");
+    };
+    state.metrics.slack_request("taken");
+    tokio::spawn(async move {
+        let client =
+            crate::slack::api::Client::new(door.http.clone(), &door.api, app.bot_token.clone());
+        let asked = format!(
+            "<@{}> asked Kortex: {}",
+            c.user_id,
+            crate::slack::blocks::escape(&question)
+        );
+        let ts = match client.post_message(&c.channel_id, None, &asked, None).await {
+            Ok(ts) => ts,
+            Err(e) => {
+                tracing::info!(error = %e, "cannot post a /kortex question");
+                return;
+            }
+        };
+        let m = crate::slack::inbound::Message {
+            channel: c.channel_id,
+            user: Some(c.user_id),
+            text: question,
+            ts,
+            thread_ts: None,
+            bot_id: None,
+            subtype: None,
+        };
+        super::slack_conv::converse(state, door, policy, app, c.team_id, m, true).await;
+    });
+    // Acknowledged: the question appears in the channel, the answer in its thread.
+    StatusCode::OK.into_response()
+}

@@ -666,3 +666,132 @@ async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
     assert!(text.contains("approved by bob@example.com"), "{text}");
     assert!(server.terminate().success());
 }
+
+/// `/kortex <question>`: the question is posted in the channel and investigated in its
+/// thread; `/kortex` alone explains itself; a forged command is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slash_command_asks_in_the_channel_and_answers_in_the_thread() {
+    use crate::support::provider::{mock, push_answer};
+    use crate::support::slack::Slack;
+    let slack = Slack::start().await;
+    slack.person("U0ALICE", "alice@example.com");
+    let (llm, script) = mock().await;
+    let (dir, m) = manifest_dir();
+    let yaml = docs(&[
+        secret(
+            "slack",
+            &format!("bot-token: xoxb-command-test, signing-secret: {SIGNING}, llm: sk-cmd"),
+        ),
+        provider(
+            "gpt",
+            &format!(
+                "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: slack, key: llm}}, defaultModel: m, timeout: 10s"
+            ),
+        ),
+        policy(
+            "oncall",
+            "sessions: ['*'], provider: gpt, slack: {teamId: T0KORTEX, \
+             botTokenSecretRef: {name: slack, key: bot-token}, signingSecretRef: {name: slack, key: signing-secret}}",
+        ),
+    ]);
+    std::fs::write(m.join("slack.yaml"), yaml).unwrap();
+    let db = dir.path().join("k.db").display().to_string();
+    let server = Server::spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--manifests",
+            &m.display().to_string(),
+            "--database-url",
+            &format!("sqlite://{db}"),
+            "--slack-api-url",
+            &slack.api,
+        ],
+        &[],
+    );
+    push_answer(&script, &["Checkout is fine now."]);
+    let command = |text: &str, secret: &str| {
+        let body = format!(
+            "token=x&team_id=T0KORTEX&channel_id=C0INCIDENT&user_id=U0ALICE&command=%2Fkortex&text={}&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2F1&trigger_id=1.2.3",
+            url::form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>()
+        );
+        let at = jiff::Timestamp::now().as_second();
+        http_client()
+            .post(server.url("/slack/v1/commands"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("x-slack-request-timestamp", at.to_string())
+            .header(
+                "x-slack-signature",
+                kortex::slack::verify::sign(secret.as_bytes(), at, body.as_bytes()),
+            )
+            .body(body)
+            .send()
+    };
+    let help = command("", SIGNING).await.unwrap();
+    assert_eq!(help.status().as_u16(), 200);
+    let help: Value = help.json().await.unwrap();
+    assert_eq!(help["response_type"], "ephemeral");
+    assert!(
+        help["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("/kortex why")
+    );
+    assert_eq!(
+        command("is checkout ok?", "forged")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        401
+    );
+    assert_eq!(
+        command("is checkout ok?", SIGNING)
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    let update = crate::support::net::eventually("the answer in the thread", || {
+        let slack = slack.clone();
+        async move {
+            slack
+                .calls("chat.update")
+                .into_iter()
+                .find(|c| {
+                    c.body["text"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("Checkout is fine now."))
+                })
+                .ok_or_else(|| "not yet".to_owned())
+        }
+    })
+    .await;
+    let posted = slack.calls("chat.postMessage");
+    let asked = &posted[0];
+    assert!(
+        asked.body["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("<@U0ALICE> asked Kortex: is checkout ok?")
+    );
+    assert!(
+        asked.body.get("thread_ts").is_none(),
+        "the question is in the channel"
+    );
+    let reply = &posted[1];
+    assert!(
+        reply.body["thread_ts"].is_string(),
+        "the answer is in the question's thread"
+    );
+    assert_eq!(
+        update.body["ts"],
+        reply.body["thread_ts"]
+            .as_str()
+            .map(|_| update.body["ts"].clone())
+            .unwrap_or_default()
+    );
+    assert!(server.terminate().success());
+}
