@@ -168,6 +168,15 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
     }
 }
 
+/// Decides behind the acknowledgement (Slack waits 3 s for it).
+fn decide_behind(
+    state: &AppState,
+    client: crate::slack::api::Client,
+    d: super::slack_conv::Decision,
+) {
+    tokio::spawn(super::slack_conv::decide(state.clone(), client, d));
+}
+
 /// The interactivity request URL.
 pub const INTERACTIONS_PATH: &str = "/slack/v1/interactions";
 
@@ -214,23 +223,23 @@ pub async fn interactions(
                 return StatusCode::OK.into_response();
             }
             if action == crate::slack::blocks::APPROVE {
-                tokio::spawn(super::slack_conv::decide(
-                    state.clone(),
-                    client,
-                    super::slack_conv::Decision {
-                        app,
-                        policy,
-                        click: super::slack_conv::Click {
-                            slack_user: a.user_id,
-                            channel: a.channel_id,
-                            message_ts: a.message_ts,
-                            thread_ts: a.thread_ts,
-                        },
-                        id,
-                        verdict: "Approve",
-                        reason: None,
-                    },
-                ));
+                let click = super::slack_conv::Click {
+                    slack_user: a.user_id,
+                    channel: a.channel_id,
+                    message_ts: a.message_ts,
+                    thread_ts: a.thread_ts,
+                };
+                let verdict = "Approve";
+                let reason = None;
+                let d = super::slack_conv::Decision {
+                    app,
+                    policy,
+                    click,
+                    id,
+                    verdict,
+                    reason,
+                };
+                decide_behind(&state, client, d);
             }
             StatusCode::OK.into_response()
         }
@@ -244,23 +253,23 @@ pub async fn interactions(
             let Some(reason) = reason else {
                 return axum::Json(json!({"response_action": "errors", "errors": {"reason": "Say why the proposal is rejected."}})).into_response();
             };
-            tokio::spawn(super::slack_conv::decide(
-                state.clone(),
-                client,
-                super::slack_conv::Decision {
-                    app,
-                    policy,
-                    click: super::slack_conv::Click {
-                        slack_user: v.user_id,
-                        channel: None,
-                        message_ts: None,
-                        thread_ts: None,
-                    },
-                    id: v.private_metadata,
-                    verdict: "Reject",
-                    reason: Some(reason),
-                },
-            ));
+            let click = super::slack_conv::Click {
+                slack_user: v.user_id,
+                channel: None,
+                message_ts: None,
+                thread_ts: None,
+            };
+            let id = v.private_metadata;
+            let (verdict, reason) = ("Reject", Some(reason));
+            let d = super::slack_conv::Decision {
+                app,
+                policy,
+                click,
+                id,
+                verdict,
+                reason,
+            };
+            decide_behind(&state, client, d);
             // An empty 200 closes the dialog.
             StatusCode::OK.into_response()
         }

@@ -39,10 +39,7 @@ pub fn random_token() -> String {
 /// SHA-256 of `text`, hex: how session ids and states are found in the database (the
 /// database never holds one that would work).
 pub fn digest(text: &str) -> String {
-    Sha256::digest(text.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::catalog::secrets::hex(&Sha256::digest(text.as_bytes()))
 }
 
 impl SessionKey {
@@ -71,10 +68,7 @@ impl SessionKey {
         let mut h = Sha256::new();
         h.update(b"kortex session key id\0");
         h.update(bytes);
-        let id: String = h.finalize()[..6]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let id = crate::catalog::secrets::hex(&h.finalize()[..6]);
         let key = LessSafeKey::new(
             UnboundKey::new(&AES_256_GCM, &bytes)
                 .unwrap_or_else(|_| unreachable!("32 bytes is an AES-256 key")),

@@ -48,7 +48,8 @@ pub fn verify(
         .trim()
         .strip_prefix("v0=")
         .ok_or(Refusal::Unsigned("X-Slack-Signature is not a v0 signature"))?;
-    let tag = decode_hex(hex).ok_or(Refusal::Unsigned("X-Slack-Signature is not hex"))?;
+    let tag = crate::catalog::secrets::unhex(hex)
+        .ok_or(Refusal::Unsigned("X-Slack-Signature is not hex"))?;
     let key = hmac::Key::new(hmac::HMAC_SHA256, secret);
     let mut message = format!("v0:{}:", timestamp.trim()).into_bytes();
     message.extend_from_slice(body);
@@ -62,18 +63,7 @@ pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
     let mut message = format!("v0:{timestamp}:").into_bytes();
     message.extend_from_slice(body);
     let tag = hmac::sign(&key, &message);
-    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
-    format!("v0={hex}")
-}
-
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
+    format!("v0={}", crate::catalog::secrets::hex(tag.as_ref()))
 }
 
 #[cfg(test)]

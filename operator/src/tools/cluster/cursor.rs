@@ -2,6 +2,7 @@
 //! with a per-process key (HMAC-SHA256). A cursor cannot be edited, replayed against another
 //! query, or made up; after a restart old cursors are refused with a clear message.
 
+use crate::catalog::secrets::{hex, unhex};
 use crate::tools::ToolError;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -87,20 +88,6 @@ fn hmac(key: &[u8; 32], message: &[u8]) -> [u8; 32] {
     outer.update(block.map(|b| b ^ 0x5c));
     outer.update(inner.finalize());
     outer.finalize().into()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]
