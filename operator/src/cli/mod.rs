@@ -496,6 +496,13 @@ async fn run_server(server: Server) -> Result<(), String> {
     if let Some(s) = &sso {
         tracing::info!(issuer = %s.provider.settings.issuer, kubernetes = s.kube.as_str(), "single sign-on with {}", s.provider.settings.issuer);
     }
+    // A Slack profile's e-mail names the person as a sign-in does.
+    let user_prefix = sso
+        .as_ref()
+        .map(|s| s.provider.settings.username_prefix.clone())
+        .unwrap_or_default();
+    let slack_door = Arc::new(slack.door(&egress, tools.public_url.as_deref(), &user_prefix)?);
+    let slack_web = (slack_door.api.clone(), slack_door.http.clone());
     let state = AppState::from(crate::http::AppShared {
         config: config_rx.clone(),
         store: store.clone(),
@@ -513,7 +520,7 @@ async fn run_server(server: Server) -> Result<(), String> {
             .filter(|k| !k.is_empty())
             .map(|k| Arc::from(k.as_bytes())),
         sso,
-        slack: Some(Arc::new(slack.door(&egress, tools.public_url.as_deref())?)),
+        slack: Some(slack_door.clone()),
     });
 
     let listener = tokio::net::TcpListener::bind(listen)
@@ -575,6 +582,7 @@ async fn run_server(server: Server) -> Result<(), String> {
             tools.public_url.clone(),
             probes.clone(),
         )
+        .with_slack(slack_web.0, slack_web.1)
         .run(leader.clone(), stop_rx.clone()),
     );
     // Alerts and schedules start investigations (`docs/triggers.md`): every replica

@@ -102,7 +102,8 @@ pub struct ChatPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gitops: Option<GitOps>,
     /// Slack as a way in: the workspace's Kortex app, whose requests this policy takes
-    /// (`docs/slack.md`; issue 48, in progress: requests are verified and acknowledged).
+    /// (`docs/slack.md`): questions in threads, proposal buttons, `/kortex`, and the
+    /// events it posts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slack: Option<Slack>,
 }
@@ -129,6 +130,25 @@ pub struct Slack {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 1000))]
     pub users: Vec<SlackUser>,
+    /// What the app posts on its own, and where: alert investigations (each in a thread
+    /// of its own, where people then ask), proposals waiting with their buttons, and the
+    /// other events of `notify`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub post: Option<SlackPost>,
+}
+
+/// The events a Slack app posts (`spec.slack.post`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SlackPost {
+    /// The channel id (`C…`, `G…`) they go to; the app must be a member of it.
+    #[schemars(length(min = 2, max = 32), regex(pattern = r"^[CG][A-Z0-9]+$"))]
+    pub channel: String,
+    /// The events posted, named as in `notify` (e.g. `investigation.started`,
+    /// `investigation.finished`, `proposal.pending`). An event of a session that has a
+    /// Slack thread goes into that thread.
+    #[schemars(length(min = 1, max = 16))]
+    pub events: Vec<NotifyEvent>,
 }
 
 /// A Slack user and the person (their single sign-on user name) they are.
@@ -490,6 +510,9 @@ pub enum NotifyEvent {
     /// A session was handed over to someone (`docs/chat.md#hand-over`).
     #[serde(rename = "session.handover")]
     SessionHandover,
+    /// A triggered investigation's run started (`docs/triggers.md`).
+    #[serde(rename = "investigation.started")]
+    InvestigationStarted,
     /// A triggered investigation ended (`docs/triggers.md`).
     #[serde(rename = "investigation.finished")]
     InvestigationFinished,
@@ -513,6 +536,7 @@ impl NotifyEvent {
             Self::RunFailed => "run.failed",
             Self::ProviderUnavailable => "provider.unavailable",
             Self::SessionHandover => "session.handover",
+            Self::InvestigationStarted => "investigation.started",
             Self::InvestigationFinished => "investigation.finished",
             Self::TriggerSkipped => "trigger.skipped",
         }

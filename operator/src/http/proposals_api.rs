@@ -7,6 +7,7 @@ use super::AppState;
 use super::access::ApiQuery;
 use super::auth::Caller;
 use super::error::ApiError;
+use crate::proposals::view;
 use crate::store::{NewDecision, ProposalRecord, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -14,27 +15,6 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
-
-pub(super) fn view(p: &ProposalRecord) -> Value {
-    let time = |ms: i64| {
-        jiff::Timestamp::from_millisecond(ms)
-            .map(|t| t.to_string())
-            .unwrap_or_default()
-    };
-    json!({
-        "id": p.id, "name": p.name, "namespace": p.namespace,
-        "spec": {
-            "action": p.action, "target": p.target, "params": p.params, "rationale": p.rationale,
-            "blastRadius": p.blast_radius, "reversible": p.reversible,
-            "session": {"id": p.session_id, "name": p.session_name, "user": p.user},
-            "model": {"provider": p.provider, "model": p.model},
-            "decision": p.decision,
-            "delivery": if p.params.as_ref().is_some_and(|v| v.get("git").is_some()) { "git" } else { "live" },
-        },
-        "status": {"phase": p.phase, "expiresAt": time(p.expires_at), "message": p.message, "preview": p.preview, "undo": p.undo, "git": p.git},
-        "policy": p.policy, "createdAt": time(p.created_at), "updatedAt": time(p.updated_at),
-    })
-}
 
 /// `?phase=` of the listing.
 #[derive(Debug, Deserialize)]

@@ -169,8 +169,25 @@ pub async fn handover(
     body: Result<Json<HandoverBody>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let body = json_body(body)?;
-    let owner = reachable(&state, &caller, &id, Access::Continue).await?;
-    let to = body.to.trim();
+    let (handover, shares) = hand_over(&state, &caller, &id, &body.to, &body.note).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"handover": handover, "shares": shares})),
+    )
+        .into_response())
+}
+
+/// Hands session `id` over from `caller` to `to` with `note` (from the API or Slack): the
+/// hand-over as the API shows it, and the session's shares after it.
+pub(crate) async fn hand_over(
+    state: &AppState,
+    caller: &Caller,
+    id: &str,
+    to: &str,
+    note: &str,
+) -> Result<(Value, Value), ApiError> {
+    let owner = reachable(state, caller, id, Access::Continue).await?;
+    let to = to.trim();
     if to.is_empty() || to.len() > 256 {
         return Err(ApiError::invalid(
             "to is the user taking over, 1 to 256 characters",
@@ -181,7 +198,7 @@ pub async fn handover(
             "to names someone else: you cannot hand a session over to yourself",
         ));
     }
-    if body.note.trim().is_empty() || body.note.chars().count() > MAX_NOTE {
+    if note.trim().is_empty() || note.chars().count() > MAX_NOTE {
         return Err(ApiError::invalid(format!(
             "note is what the next person should know, 1 to {MAX_NOTE} characters"
         )));
@@ -193,7 +210,7 @@ pub async fn handover(
         Some(p) => crate::redact::Redactor::for_policy(&config.catalog, p),
         None => crate::redact::Redactor::secrets_only(config.catalog.redactor.clone()),
     };
-    let (note, _) = redactor.text(body.note.trim());
+    let (note, _) = redactor.text(note.trim());
     // The summary is written for (and billed to) whoever hands over: the session as their
     // run would see it.
     let mut session = owner.clone();
@@ -230,9 +247,9 @@ pub async fn handover(
         .await
         .map_err(ApiError::from)?;
     audit(
-        &state,
+        state,
         &owner,
-        &caller,
+        caller,
         "handover",
         json!({"to": to, "summary": summary.is_some()}),
     )
@@ -241,15 +258,11 @@ pub async fn handover(
     // Whoever follows the session sees it at once.
     state
         .engine
-        .emit_session(&id, crate::chat::event::HANDOVER, handover.clone())
+        .emit_session(id, crate::chat::event::HANDOVER, handover.clone())
         .await
         .map_err(ApiError::from)?;
-    let shares = state.store.shares(&id).await.map_err(ApiError::from)?;
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"handover": handover, "shares": shares})),
-    )
-        .into_response())
+    let shares = state.store.shares(id).await.map_err(ApiError::from)?;
+    Ok((handover, json!(shares)))
 }
 
 /// A hand-over as the API shows it (`createdAt` in RFC 3339, like messages).

@@ -1,4 +1,4 @@
-//! Slack's door (`docs/slack.md`; issue 48, in progress): `POST /slack/v1/events`, the
+//! Slack's door (`docs/slack.md`): `POST /slack/v1/events`, the
 //! Events API request URL of the Slack app a ChatPolicy's `spec.slack` declares. Every
 //! request is checked before anything reads it: its signature over the raw body with the
 //! signing secret of one of the configured apps (`slack::verify`), then its workspace
@@ -7,8 +7,8 @@
 //! 3 seconds), and acknowledged at once. Nothing unverified is stored or acted on.
 //!
 //! A taken mention (or a message of a thread with a session) is answered in its thread
-//! behind the acknowledgement (`slack_conv`). The proposal buttons, `/kortex` and
-//! hand-over are the next parts of issue 48.
+//! behind the acknowledgement (`slack_conv`), as are the proposal cards' buttons
+//! (`/slack/v1/interactions`) and `/kortex` (`/slack/v1/commands`).
 
 use super::AppState;
 use super::error::ApiError;
@@ -171,10 +171,11 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
 /// Decides behind the acknowledgement (Slack waits 3 s for it).
 fn decide_behind(
     state: &AppState,
+    door: std::sync::Arc<super::slack_conv::SlackDoor>,
     client: crate::slack::api::Client,
     d: super::slack_conv::Decision,
 ) {
-    tokio::spawn(super::slack_conv::decide(state.clone(), client, d));
+    tokio::spawn(super::slack_conv::decide(state.clone(), door, client, d));
 }
 
 /// The interactivity request URL.
@@ -239,7 +240,7 @@ pub async fn interactions(
                     verdict,
                     reason,
                 };
-                decide_behind(&state, client, d);
+                decide_behind(&state, door.clone(), client, d);
             }
             StatusCode::OK.into_response()
         }
@@ -269,7 +270,7 @@ pub async fn interactions(
                 verdict,
                 reason,
             };
-            decide_behind(&state, client, d);
+            decide_behind(&state, door.clone(), client, d);
             // An empty 200 closes the dialog.
             StatusCode::OK.into_response()
         }
@@ -311,17 +312,28 @@ pub async fn commands(State(state): State<AppState>, headers: HeaderMap, body: B
             "Ask Kortex: `/kortex why is checkout failing?` — the answer comes in the thread of your question. You can also mention the app in a channel it is in.",
         );
     }
-    if question.starts_with("handover") {
-        state.metrics.slack_request("ignored");
-        return ephemeral(
-            "Hand-over from Slack is not available yet: hand the session over in the dashboard (Share → Hand over).",
-        );
-    }
     let Some(door) = state.slack.clone() else {
         state.metrics.slack_request("ignored");
         return ephemeral("Kortex cannot post in Slack from this server.");
     };
     state.metrics.slack_request("taken");
+    if let Some(rest) = super::slack_conv::handover_request(&question) {
+        let rest = rest.to_owned();
+        tokio::spawn(async move {
+            let client =
+                crate::slack::api::Client::new(door.http.clone(), &door.api, app.bot_token.clone());
+            if let Err(why) = handover_from_channel(&state, &door, &client, &app, &c, &rest).await {
+                tracing::info!(reason = %why, "a hand-over from Slack was refused");
+                if let Err(e) = client
+                    .post_ephemeral(&c.channel_id, &c.user_id, None, &why)
+                    .await
+                {
+                    tracing::info!(error = %e, "cannot tell a Slack user why nothing was handed over");
+                }
+            }
+        });
+        return ephemeral("Handing your investigation over…");
+    }
     tokio::spawn(async move {
         let client =
             crate::slack::api::Client::new(door.http.clone(), &door.api, app.bot_token.clone());
@@ -350,4 +362,44 @@ pub async fn commands(State(state): State<AppState>, headers: HeaderMap, body: B
     });
     // Acknowledged: the question appears in the channel, the answer in its thread.
     StatusCode::OK.into_response()
+}
+
+/// `/kortex handover @person [note]` in a channel (a slash command is not typed in a
+/// thread): hands over the newest investigation of the channel's threads the person may
+/// continue, and says so in its thread.
+async fn handover_from_channel(
+    state: &AppState,
+    door: &super::slack_conv::SlackDoor,
+    client: &crate::slack::api::Client,
+    app: &SlackResolved,
+    c: &crate::slack::inbound::SlashCommand,
+    rest: &str,
+) -> Result<(), String> {
+    let person =
+        crate::slack::identity::person(&app.spec.users, client, &c.user_id, &door.user_prefix)
+            .await?;
+    let caller = super::slack_conv::caller_of(state, door, &person).await;
+    let threads = state
+        .store
+        .slack_threads_in(&c.team_id, &c.channel_id, 50)
+        .await
+        .map_err(|e| format!("Nothing was handed over: {e}"))?;
+    for (ts, session) in threads {
+        if super::access::reachable(state, &caller, &session, crate::store::Access::Continue)
+            .await
+            .is_ok()
+        {
+            let thread = super::slack_conv::Thread {
+                channel: &c.channel_id,
+                ts: &ts,
+            };
+            return super::slack_conv::hand_over(
+                state, door, client, app, &caller, &session, thread, rest,
+            )
+            .await;
+        }
+    }
+    Err(format!(
+        "Nothing was handed over: none of this channel's Kortex threads is an investigation you ({person}) may continue."
+    ))
 }

@@ -10,6 +10,7 @@ use super::AppState;
 use crate::catalog::SlackResolved;
 use crate::slack::api::Client;
 use crate::slack::inbound::Message;
+use crate::store::Access;
 use std::time::Duration;
 
 /// How often the thread's reply is updated while the answer streams.
@@ -25,14 +26,31 @@ pub struct SlackDoor {
     pub http: reqwest::Client,
     /// The dashboard's address (`--public-url`), for links to sessions.
     pub public_url: Option<String>,
+    /// Put before a Slack profile's e-mail to name the person as single sign-on does
+    /// (`--oidc-username-prefix`).
+    pub user_prefix: String,
+    /// The groups a person acting from Slack is impersonated with in a cluster, of those
+    /// their latest sign-in had (`--slack-impersonate-groups`).
+    pub impersonate_groups: Vec<String>,
 }
 
-/// `--slack-api-url`.
+/// `--slack-api-url`, `--slack-impersonate-groups`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SlackArgs {
     /// Slack's Web API base URL (a proxy's, or a test's).
     #[arg(long, env = "KORTEX_SLACK_API_URL", default_value = crate::slack::api::SLACK_API)]
     pub slack_api_url: String,
+    /// Cluster mode: the groups (as single sign-on names them, with their prefix) a person
+    /// acting from Slack is impersonated with, when their latest sign-in had them — the
+    /// `resourceNames` of the impersonation grant (docs/slack.md#impersonation). Never a
+    /// `system:` group. Empty: the user alone.
+    #[arg(
+        long,
+        env = "KORTEX_SLACK_IMPERSONATE_GROUPS",
+        value_delimiter = ',',
+        num_args = 0..
+    )]
+    pub slack_impersonate_groups: Vec<String>,
 }
 
 impl SlackArgs {
@@ -41,7 +59,17 @@ impl SlackArgs {
         &self,
         egress: &std::sync::Arc<crate::egress::Egress>,
         public_url: Option<&str>,
+        user_prefix: &str,
     ) -> Result<SlackDoor, String> {
+        if let Some(g) = self
+            .slack_impersonate_groups
+            .iter()
+            .find(|g| g.starts_with("system:"))
+        {
+            return Err(format!(
+                "--slack-impersonate-groups names {g}: a system: group is the API server's own, never a person's"
+            ));
+        }
         let builder = reqwest::Client::builder()
             .user_agent(concat!("kortex/", env!("CARGO_PKG_VERSION")))
             .connect_timeout(Duration::from_secs(10))
@@ -50,6 +78,13 @@ impl SlackArgs {
             api: self.slack_api_url.clone(),
             http: egress.client(true, builder, true)?,
             public_url: public_url.map(str::to_owned),
+            user_prefix: user_prefix.to_owned(),
+            impersonate_groups: self
+                .slack_impersonate_groups
+                .iter()
+                .filter(|g| !g.trim().is_empty())
+                .cloned()
+                .collect(),
         })
     }
 }
@@ -82,6 +117,31 @@ fn session_name(app_policy: &crate::catalog::PolicyEntry, thread: &str) -> Strin
 
 fn clip(s: &str) -> String {
     crate::slack::blocks::clip(s, TEXT_MAX)
+}
+
+/// Who `person` is when they act from Slack: the groups of their latest single sign-on
+/// (none without one), and in a cluster the impersonation of exactly them, with those of
+/// their groups the door may impersonate — so RBAC and the admission policy judge them as
+/// with kubectl.
+pub async fn caller_of(state: &AppState, door: &SlackDoor, person: &str) -> super::auth::Caller {
+    let groups = state.store.groups_of(person).await.unwrap_or_default();
+    let kube =
+        state
+            .cluster_auth
+            .as_ref()
+            .map(|_| crate::operator::auth::KubeCredential::Impersonate {
+                user: person.to_owned(),
+                groups: groups
+                    .iter()
+                    .filter(|g| !g.starts_with("system:") && door.impersonate_groups.contains(g))
+                    .cloned()
+                    .collect(),
+            });
+    super::auth::Caller {
+        user: person.to_owned(),
+        groups,
+        kube,
+    }
 }
 
 /// Answers `m` in its thread (spawned once its event was taken). `mention`: the app was
@@ -127,27 +187,42 @@ pub async fn converse(
             }
         }
     };
-    let person = match crate::slack::identity::person(&app.spec.users, &client, &slack_user).await {
+    let person = match crate::slack::identity::person(
+        &app.spec.users,
+        &client,
+        &slack_user,
+        &door.user_prefix,
+    )
+    .await
+    {
         Ok(p) => p,
         Err(why) => return say_to(why).await,
     };
+    let caller = caller_of(&state, &door, &person).await;
     let config = state.config.borrow().clone();
     let Some(entry) = config.catalog.policies.get(&policy) else {
         return;
     };
     let question = m.question();
-    // The thread's session, or a new one of the person's.
+    // The thread's session (theirs, shared or handed over to them, or an investigation of
+    // the policy's alerts), or a new one of the person's.
     let session = match existing {
-        Some(id) => match store.session_by_id(&id).await {
-            Ok(Some(s)) if s.user == person => s,
-            Ok(Some(s)) => {
+        Some(id) => match super::access::reachable(&state, &caller, &id, Access::Continue).await {
+            Ok(s) => s,
+            Err(e) => {
+                let owner = store
+                    .session_by_id(&id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|s| s.user)
+                    .unwrap_or_default();
+                tracing::info!(session = %id, user = %person, reason = %e.message, "a Slack user may not continue a thread's session");
                 return say_to(format!(
-                    "This thread's investigation is {}'s: they can hand it over to you in the dashboard.",
-                    s.user
+                    "You ({person}) may not continue this thread's investigation: it is {owner}'s. They can hand it over to you with `@Kortex handover @you` in this thread (or `/kortex handover`, or in the dashboard)."
                 ))
                 .await;
             }
-            _ => return,
         },
         None => {
             let name = session_name(entry, &thread);
@@ -195,18 +270,29 @@ pub async fn converse(
             }
         }
     };
-    // In a cluster, the person must be allowed to use the policy, as in the dashboard.
-    if let Some(cluster) = &state.cluster_auth {
-        match cluster
-            .may_use_policy(&person, &[], &policy.namespace, &policy.name)
-            .await
+    // The person must be allowed to use the policy, as in the dashboard (checked again on
+    // each run).
+    if let Err(e) = super::access::may_use(&state, &caller, entry).await {
+        return say_to(e.message).await;
+    }
+    if let Some(rest) = handover_request(&question) {
+        let to = Thread {
+            channel: &m.channel,
+            ts: &thread,
+        };
+        if let Err(why) =
+            hand_over(&state, &door, &client, &app, &caller, &session.id, to, rest).await
         {
-            Ok(true) => {}
-            Ok(false) => {
-                return say_to(format!("{person} may not use ChatPolicy {policy} (RBAC: use on chatpolicies)")).await;
-            }
-            Err(e) => return say_to(format!("the cluster could not be asked whether you may use ChatPolicy {policy} ({e}); try again")).await,
+            tracing::info!(user = %person, reason = %why, "a hand-over from Slack was refused");
+            say_to(why).await;
         }
+        return;
+    }
+    // The Kubernetes tools read as the person (a policy's `runToolsAsUser`).
+    if let Some(kube) = &caller.kube {
+        state
+            .engine
+            .remember_token(&session.id, &person, kube.clone());
     }
     let reply = match client
         .post_message(&m.channel, Some(&thread), "_Looking into it…_", None)
@@ -327,6 +413,95 @@ pub async fn converse(
     .await;
 }
 
+/// `handover <@U…> [note]` (the word in any case): what follows the word.
+pub fn handover_request(question: &str) -> Option<&str> {
+    let q = question.trim_start();
+    let word = q.get(..8)?;
+    let rest = &q[8..];
+    (word.eq_ignore_ascii_case("handover")
+        && (rest.is_empty() || rest.starts_with(char::is_whitespace)))
+    .then(|| rest.trim())
+}
+
+/// The Slack user first mentioned in `text` (`<@U…>`, or `<@U…|name>` as an escaping slash
+/// command sends it), and the text after the mention.
+fn mentioned(text: &str) -> Option<(&str, &str)> {
+    let start = text.find("<@")?;
+    let end = start + text[start..].find('>')?;
+    let id = text[start + 2..end].split('|').next()?;
+    let valid = id.len() >= 2
+        && (id.starts_with('U') || id.starts_with('W'))
+        && id
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit());
+    valid.then(|| (id, text[end + 1..].trim()))
+}
+
+/// A Slack thread.
+#[derive(Clone, Copy)]
+pub struct Thread<'a> {
+    /// Its channel.
+    pub channel: &'a str,
+    /// Its first message's `ts`.
+    pub ts: &'a str,
+}
+
+/// Hands `session` over from `caller` to the Slack user `rest` mentions, with the rest of
+/// `rest` as the note, as the dashboard's hand-over does (`docs/chat.md#hand-over`): they
+/// may continue it from then on, here in its thread too. Tells them in the thread; the
+/// error is what to tell the person who asked.
+// Eight: the door, its client and app, who asks, and which session in which thread.
+#[allow(clippy::too_many_arguments)]
+pub async fn hand_over(
+    state: &AppState,
+    door: &SlackDoor,
+    client: &Client,
+    app: &SlackResolved,
+    caller: &super::auth::Caller,
+    session: &str,
+    thread: Thread<'_>,
+    rest: &str,
+) -> Result<(), String> {
+    let Some((to_user, note)) = mentioned(rest) else {
+        return Err(
+            "Say whom to hand the investigation over to: `handover @person what they should know`."
+                .into(),
+        );
+    };
+    let to = crate::slack::identity::person(&app.spec.users, client, to_user, &door.user_prefix)
+        .await
+        .map_err(|why| format!("Nothing was handed over. {why}"))?;
+    let note = if note.is_empty() {
+        format!("Handed over in Slack by {}.", caller.user)
+    } else {
+        note.to_owned()
+    };
+    let (handover, _) = super::share_api::hand_over(state, caller, session, &to, &note)
+        .await
+        .map_err(|e| format!("Nothing was handed over: {}", e.message))?;
+    let mut told = format!(
+        ":handshake: <@{to_user}>, {} handed this investigation over to you: {}",
+        crate::slack::blocks::escape(&caller.user),
+        crate::slack::blocks::escape(handover["note"].as_str().unwrap_or_default()),
+    );
+    if let Some(summary) = handover["summary"].as_str() {
+        told.push_str(&format!(
+            "\n*Summary*\n{}",
+            crate::slack::blocks::escape(summary)
+        ));
+    }
+    told.push_str("\nReply in this thread (mention the app) to continue it.");
+    client
+        .post_message(thread.channel, Some(thread.ts), &clip(&told), None)
+        .await
+        .map(drop)
+        .map_err(|e| {
+            format!(
+                "The session was handed over to {to}, but Slack refused the message saying so: {e}"
+            )
+        })
+}
+
 /// Where a click on a proposal card came from.
 pub struct Click {
     /// Who clicked.
@@ -360,7 +535,7 @@ pub struct Decision {
 /// written by impersonating exactly them, so RBAC and the admission policy judge them as
 /// with kubectl. The card then says who decided and how it went; a refusal is told to the
 /// person alone, and nothing is decided.
-pub async fn decide(state: AppState, client: Client, d: Decision) {
+pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Client, d: Decision) {
     let Decision {
         app,
         policy,
@@ -392,29 +567,18 @@ pub async fn decide(state: AppState, client: Client, d: Decision) {
             }
         }
     };
-    let person =
-        match crate::slack::identity::person(&app.spec.users, &client, &click.slack_user).await {
-            Ok(p) => p,
-            Err(why) => return tell(format!("Nothing was decided. {why}")).await,
-        };
-    let groups = state.store.groups_of(&person).await.unwrap_or_default();
-    let kube =
-        state
-            .cluster_auth
-            .as_ref()
-            .map(|_| crate::operator::auth::KubeCredential::Impersonate {
-                user: person.clone(),
-                groups: groups
-                    .iter()
-                    .filter(|g| !g.starts_with("system:"))
-                    .cloned()
-                    .collect(),
-            });
-    let caller = super::auth::Caller {
-        user: person.clone(),
-        groups,
-        kube,
+    let person = match crate::slack::identity::person(
+        &app.spec.users,
+        &client,
+        &click.slack_user,
+        &door.user_prefix,
+    )
+    .await
+    {
+        Ok(p) => p,
+        Err(why) => return tell(format!("Nothing was decided. {why}")).await,
     };
+    let caller = caller_of(&state, &door, &person).await;
     let body = serde_json::json!({ "reason": reason }).to_string();
     let decided = super::proposals_api::decide(
         axum::extract::State(state.clone()),
@@ -479,7 +643,7 @@ pub async fn post_cards(
         .iter()
         .filter(|p| p.session_id.as_deref() == Some(session) && p.created_at >= since_ms)
     {
-        let view = super::proposals_api::view(p);
+        let view = crate::proposals::view(p);
         let blocks = serde_json::Value::Array(crate::slack::blocks::proposal_card(&view));
         let text = format!("Proposal {} waits for a decision", p.name);
         if let Err(e) = client

@@ -8,6 +8,7 @@
 //! envelope, signed) and `slack.rs` (Slack incoming webhooks).
 
 pub mod slack;
+pub mod slack_app;
 pub mod webhook;
 
 use crate::catalog::NotifyResolved;
@@ -86,6 +87,18 @@ pub struct Notifier {
     /// Whether each provider was usable at the last tick (`provider.unavailable` is a
     /// change of it, never a first sight).
     pub usable: std::sync::Mutex<std::collections::BTreeMap<crate::catalog::ObjectKey, bool>>,
+    /// Slack's Web API and the client calling it, for the events policies' Slack apps
+    /// post themselves (`spec.slack.post`); none: they are not posted.
+    pub slack: Option<(String, reqwest::Client)>,
+}
+
+/// Where a delivery goes.
+#[derive(Clone, Copy)]
+enum To<'a> {
+    /// A `notify` target's webhook.
+    Hook(&'a NotifyResolved),
+    /// The policy's Slack app (`spec.slack.post`).
+    App(&'a crate::catalog::SlackResolved),
 }
 
 /// Consecutive failed attempts after which a target's policy says `Notify=False`.
@@ -111,7 +124,15 @@ impl Notifier {
             last_sent: Default::default(),
             probes,
             usable: Default::default(),
+            slack: None,
         }
+    }
+
+    /// Posts the events of policies' Slack apps through Slack's Web API at `api` with
+    /// `http`.
+    pub fn with_slack(mut self, api: String, http: reqwest::Client) -> Self {
+        self.slack = Some((api, http));
+        self
     }
 
     /// Writes `provider.unavailable` for each policy of a provider that was usable at the
@@ -298,9 +319,8 @@ impl Notifier {
                     .unwrap_or_default(),
                 _ => Vec::new(),
             };
-            let targets: Vec<String> = config
-                .catalog
-                .policy_named(&event.policy)
+            let policy = config.catalog.policy_named(&event.policy);
+            let mut targets: Vec<String> = policy
                 .map(|p| {
                     p.notify
                         .iter()
@@ -315,16 +335,33 @@ impl Notifier {
                         .collect()
                 })
                 .unwrap_or_default();
+            // The policy's Slack app, when it posts this event (`docs/slack.md#posting`).
+            if self.slack.is_some()
+                && policy
+                    .and_then(|p| p.slack.as_ref())
+                    .is_some_and(|app| slack_app::posts(app, &event.event_type))
+            {
+                targets.push(slack_app::TARGET.to_owned());
+            }
             self.store
                 .fan_out(&event.id, &event.policy, &targets)
                 .await?;
         }
         for delivery in self.store.due_deliveries(now_ms(), 50).await? {
-            let target = config
-                .catalog
-                .policy_named(&delivery.event.policy)
-                .and_then(|p| p.notify.iter().find(|t| t.target.name == delivery.target));
-            let Some(target) = target else {
+            let policy = config.catalog.policy_named(&delivery.event.policy);
+            let to = if delivery.target == slack_app::TARGET {
+                policy
+                    .and_then(|p| p.slack.as_ref())
+                    .filter(|app| {
+                        self.slack.is_some() && slack_app::posts(app, &delivery.event.event_type)
+                    })
+                    .map(To::App)
+            } else {
+                policy
+                    .and_then(|p| p.notify.iter().find(|t| t.target.name == delivery.target))
+                    .map(To::Hook)
+            };
+            let Some(to) = to else {
                 self.store
                     .delivery_attempted(
                         &delivery.id,
@@ -335,11 +372,12 @@ impl Notifier {
                 continue;
             };
             let key = (delivery.event.policy.clone(), delivery.target.clone());
-            if let Some(min) = target
-                .target
-                .min_interval
-                .filter(|d| !d.is_negative())
-                .map(Duration::from)
+            if let To::Hook(target) = to
+                && let Some(min) = target
+                    .target
+                    .min_interval
+                    .filter(|d| !d.is_negative())
+                    .map(Duration::from)
                 && let Some(last) = self
                     .last_sent
                     .lock()
@@ -355,7 +393,11 @@ impl Notifier {
             if !self.store.claim_delivery(&delivery, claim_until).await? {
                 continue;
             }
-            match self.send(&delivery, target).await {
+            let sent = match to {
+                To::Hook(target) => self.send(&delivery, target).await,
+                To::App(app) => self.post_to_slack(&delivery, app).await,
+            };
+            match sent {
                 Ok(()) => {
                     self.note(&delivery, None);
                     self.last_sent
@@ -390,6 +432,30 @@ impl Notifier {
             }
         }
         Ok(())
+    }
+
+    /// One attempt through a policy's Slack app (its bot token; the error never holds it).
+    async fn post_to_slack(
+        &self,
+        delivery: &Delivery,
+        app: &crate::catalog::SlackResolved,
+    ) -> Result<(), String> {
+        let Some((api, http)) = &self.slack else {
+            return Err("this server does not post to Slack".into());
+        };
+        let client = crate::slack::api::Client::new(http.clone(), api, app.bot_token.clone());
+        tokio::time::timeout(
+            SEND_TIMEOUT * 3,
+            slack_app::send(
+                &self.store,
+                &client,
+                app,
+                delivery,
+                self.public_url.as_deref(),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| Err("Slack did not answer in time".into()))
     }
 
     /// One attempt; the error never names the URL (a Slack webhook's URL is a credential).

@@ -21,6 +21,29 @@ use crate::store::ProposalRecord;
 use executor::{Action, Executor};
 use serde_json::{Value, json};
 
+/// A proposal as the API shows it (`GET /chat/v1/proposals/{id}`), and as Slack cards are
+/// built from.
+pub fn view(p: &ProposalRecord) -> Value {
+    let time = |ms: i64| {
+        jiff::Timestamp::from_millisecond(ms)
+            .map(|t| t.to_string())
+            .unwrap_or_default()
+    };
+    json!({
+        "id": p.id, "name": p.name, "namespace": p.namespace,
+        "spec": {
+            "action": p.action, "target": p.target, "params": p.params, "rationale": p.rationale,
+            "blastRadius": p.blast_radius, "reversible": p.reversible,
+            "session": {"id": p.session_id, "name": p.session_name, "user": p.user},
+            "model": {"provider": p.provider, "model": p.model},
+            "decision": p.decision,
+            "delivery": if p.params.as_ref().is_some_and(|v| v.get("git").is_some()) { "git" } else { "live" },
+        },
+        "status": {"phase": p.phase, "expiresAt": time(p.expires_at), "message": p.message, "preview": p.preview, "undo": p.undo, "git": p.git},
+        "policy": p.policy, "createdAt": time(p.created_at), "updatedAt": time(p.updated_at),
+    })
+}
+
 /// How long the action itself (its dry run and write) may take; the checks before it and
 /// the status writes after it have their own per-call deadlines.
 pub const EXECUTION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);

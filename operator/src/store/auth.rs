@@ -224,6 +224,56 @@ impl Store {
         .await
     }
 
+    /// The Slack thread (`channel`, `thread_ts`) of `session_id` in workspace `team_id`, if
+    /// it has one (the first bound, should several threads continue it).
+    pub async fn slack_thread_of(
+        &self,
+        team_id: &str,
+        session_id: &str,
+    ) -> Result<Option<(String, String)>, StoreError> {
+        self.first(
+            sqlx::query(
+                "SELECT channel, thread_ts FROM slack_threads WHERE team_id = $1 AND session_id = $2 \
+                 ORDER BY created_at LIMIT 1",
+            )
+            .bind(team_id)
+            .bind(session_id),
+            |r| {
+                Ok((
+                    r.try_get::<String, _>("channel")?,
+                    r.try_get::<String, _>("thread_ts")?,
+                ))
+            },
+        )
+        .await
+    }
+
+    /// The sessions of `channel`'s Slack threads, newest thread first (at most `limit`).
+    pub async fn slack_threads_in(
+        &self,
+        team_id: &str,
+        channel: &str,
+        limit: i64,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT thread_ts, session_id FROM slack_threads WHERE team_id = $1 AND channel = $2 \
+             ORDER BY created_at DESC LIMIT $3",
+        )
+        .bind(team_id)
+        .bind(channel)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get::<String, _>("thread_ts")?,
+                    r.try_get::<String, _>("session_id")?,
+                ))
+            })
+            .collect()
+    }
+
     /// The groups of `user`'s latest sign-in that has not ended (empty without one): who they
     /// are when they act from elsewhere (Slack) as the person single sign-on knows.
     pub async fn groups_of(&self, user: &str) -> Result<Vec<String>, StoreError> {

@@ -236,6 +236,24 @@ impl Store {
         session_id: Option<&str>,
         run_id: Option<&str>,
     ) -> Result<bool, StoreError> {
+        self.settle_trigger_event_announcing(id, replica, state, reason, session_id, run_id, None)
+            .await
+    }
+
+    /// [`Self::settle_trigger_event`], writing with it (in its transaction) the
+    /// notification `announce`: `(policy, investigation.started data)`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn settle_trigger_event_announcing(
+        &self,
+        id: &str,
+        replica: &str,
+        state: &str,
+        reason: Option<&str>,
+        session_id: Option<&str>,
+        run_id: Option<&str>,
+        announce: Option<(&str, &Value)>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query(
             "UPDATE trigger_events SET state = $2, reason = $3, session_id = COALESCE($4, session_id), run_id = $5, \
              done_at = $6, claimed_by = NULL, claimed_until = NULL WHERE id = $1 AND state = 'pending' AND claimed_by = $7",
@@ -247,10 +265,17 @@ impl Store {
         .bind(run_id)
         .bind(now_ms())
         .bind(replica)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
-        Ok(done == 1)
+        if done != 1 {
+            return Ok(false);
+        }
+        if let Some((policy, data)) = announce {
+            super::notify::add_event(&mut tx, "investigation.started", policy, id, data).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
     }
 
     /// Records the session created for event `id` (a later try reuses it).
@@ -474,7 +499,7 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         let proposals = sqlx::query(
-            "SELECT name, namespace, action, target, phase FROM proposals WHERE session_id = $1 \
+            "SELECT id, name, namespace, action, target, phase FROM proposals WHERE session_id = $1 \
              AND created_at >= $2 AND created_at <= $3 ORDER BY created_at, id",
         )
         .bind(session_id)
@@ -486,6 +511,7 @@ impl Store {
         .map(|row| -> Result<Value, StoreError> {
             let target: Option<String> = row.try_get("target")?;
             Ok(serde_json::json!({
+                "id": row.try_get::<String, _>("id")?,
                 "name": row.try_get::<String, _>("name")?,
                 "namespace": row.try_get::<String, _>("namespace")?,
                 "action": row.try_get::<String, _>("action")?,

@@ -580,8 +580,27 @@ impl Dispatcher {
         if event.kind == "alert" {
             self.remember_group(event, session).await?;
         }
-        self.settle(event, "run", None, Some(session), Some(run))
-            .await
+        // Announced with the settlement (`investigation.started`): a Slack app posts it, and
+        // the investigation's thread is where people then ask.
+        let data = started_data(event, session, run);
+        if self
+            .engine
+            .store
+            .settle_trigger_event_announcing(
+                &event.id,
+                &self.engine.replica,
+                "run",
+                None,
+                Some(session),
+                Some(run),
+                Some((&event.policy, &data)),
+            )
+            .await?
+        {
+            self.metrics
+                .trigger_event(&event.policy, &event.trigger, "run", 1);
+        }
+        Ok(Outcome::Done)
     }
 
     /// Records that the group's investigation is in `session`, with the fingerprints it has
@@ -929,6 +948,44 @@ enum Refused {
 struct Identity {
     user: String,
     token: Option<crate::catalog::SecretValue>,
+}
+
+/// Most alerts an `investigation.started` names.
+const STARTED_ALERTS: usize = 10;
+
+/// `investigation.started`'s data: the run, and the firing alerts that started it (their
+/// name, severity, namespace and summary; at most [`STARTED_ALERTS`]).
+fn started_data(event: &TriggerEvent, session: &str, run: &str) -> Value {
+    let n: Option<alert::Notification> = serde_json::from_value(event.payload.clone()).ok();
+    let firing: Vec<&alert::Alert> = n
+        .iter()
+        .flat_map(|n| n.alerts.iter())
+        .filter(|a| a.status == "firing")
+        .collect();
+    let label = |a: &alert::Alert, k: &str| a.labels.get(k).cloned().unwrap_or_default();
+    let alerts: Vec<Value> = firing
+        .iter()
+        .take(STARTED_ALERTS)
+        .map(|a| {
+            json!({
+                "alertname": label(a, "alertname"),
+                "severity": label(a, "severity"),
+                "namespace": label(a, "namespace"),
+                "summary": a.annotations.get("summary").or_else(|| a.annotations.get("description")).cloned().unwrap_or_default(),
+                "startsAt": a.starts_at,
+            })
+        })
+        .collect();
+    json!({
+        "sessionId": session,
+        "runId": run,
+        "policy": event.policy,
+        "trigger": event.trigger,
+        "kind": event.kind,
+        "groupKey": event.group_key,
+        "firing": firing.len(),
+        "alerts": alerts,
+    })
 }
 
 /// The alerts of `n` in `alerts`, as a fenced JSON block under the [`UNTRUSTED`] line.

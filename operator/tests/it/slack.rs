@@ -264,7 +264,7 @@ async fn a_slack_user_is_known_by_the_table_or_their_profiles_email() {
     ]))
     .unwrap();
     assert_eq!(
-        kortex::slack::identity::person(&table, &client, "U0MAPPED").await,
+        kortex::slack::identity::person(&table, &client, "U0MAPPED", "oidc:").await,
         Ok("carol@example.com".to_owned())
     );
     assert!(
@@ -273,10 +273,16 @@ async fn a_slack_user_is_known_by_the_table_or_their_profiles_email() {
     );
     slack.person("U0ALICE", "Alice@Example.com");
     assert_eq!(
-        kortex::slack::identity::person(&table, &client, "U0ALICE").await,
+        kortex::slack::identity::person(&table, &client, "U0ALICE", "").await,
         Ok("alice@example.com".to_owned())
     );
-    let why = kortex::slack::identity::person(&table, &client, "U0STRANGER")
+    // Named as single sign-on names her: its username prefix before the e-mail (the
+    // table's names are taken as they are).
+    assert_eq!(
+        kortex::slack::identity::person(&table, &client, "U0ALICE", "oidc:").await,
+        Ok("oidc:alice@example.com".to_owned())
+    );
+    let why = kortex::slack::identity::person(&table, &client, "U0STRANGER", "")
         .await
         .unwrap_err();
     assert!(
