@@ -64,6 +64,100 @@ fn mention(event_id: &str, team: &str) -> String {
     .to_string()
 }
 
+/// The manifests of a Slack app: its Secret (bot token `token`, the signing secret, an LLM
+/// key), the provider `gpt` at the mock `llm`, and the policy `oncall` (`sessions: ['*']`,
+/// then `policy`'s fields) whose `spec.slack` has `slack`'s fields besides the team and
+/// the Secrets.
+fn app_yaml(llm: &str, token: &str, policy: &str, slack: &str) -> String {
+    docs(&[
+        secret(
+            "slack",
+            &format!("bot-token: {token}, signing-secret: {SIGNING}, llm: sk-slack"),
+        ),
+        provider(
+            "gpt",
+            &format!(
+                "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: slack, key: llm}}, defaultModel: m, timeout: 10s"
+            ),
+        ),
+        crate::support::manifests::policy(
+            "oncall",
+            &format!(
+                "provider: gpt, {policy}slack: {{teamId: T0KORTEX, \
+                 botTokenSecretRef: {{name: slack, key: bot-token}}, \
+                 signingSecretRef: {{name: slack, key: signing-secret}}{slack}}}"
+            ),
+        ),
+    ])
+}
+
+/// `kortex serve` on `yaml` (SQLite in the folder) with Slack's Web API at `slack`, and
+/// `extra` arguments.
+fn serve(
+    slack: &crate::support::slack::Slack,
+    yaml: &str,
+    extra: &[&str],
+) -> (tempfile::TempDir, Server) {
+    let (dir, m) = manifest_dir();
+    std::fs::write(m.join("slack.yaml"), yaml).unwrap();
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    let manifests = m.display().to_string();
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--manifests",
+        &manifests,
+        "--database-url",
+        &db,
+        "--slack-api-url",
+        &slack.api,
+    ];
+    args.extend_from_slice(extra);
+    let server = Server::spawn(&args, &[]);
+    (dir, server)
+}
+
+/// An Events API callback of `user`'s message `text` in `C0INCIDENT` (`mention`: an
+/// `app_mention`), at `ts`, in thread `thread` (none: a message of the channel).
+fn message(
+    id: &str,
+    user: &str,
+    text: &str,
+    ts: &str,
+    thread: Option<&str>,
+    mention: bool,
+) -> String {
+    let mut event = json!({"type": if mention { "app_mention" } else { "message" }, "user": user,
+        "text": text, "ts": ts, "channel": "C0INCIDENT", "channel_type": "channel"});
+    if let Some(t) = thread {
+        event["thread_ts"] = json!(t);
+    }
+    json!({"type": "event_callback", "team_id": "T0KORTEX", "event_id": id, "event": event})
+        .to_string()
+}
+
+/// `user`'s `/kortex text` in `C0INCIDENT`, signed with `secret`.
+async fn command(server: &Server, user: &str, text: &str, secret: &str) -> reqwest::Response {
+    let body = format!(
+        "token=x&team_id=T0KORTEX&channel_id=C0INCIDENT&user_id={user}&command=%2Fkortex&text={}&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2F1&trigger_id=1.2.3",
+        url::form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>()
+    );
+    let at = jiff::Timestamp::now().as_second();
+    http_client()
+        .post(server.url("/slack/v1/commands"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("x-slack-request-timestamp", at.to_string())
+        .header(
+            "x-slack-signature",
+            kortex::slack::verify::sign(secret.as_bytes(), at, body.as_bytes()),
+        )
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn counted(server: &Server, result: &str) -> u64 {
     let (_, text) = server.get("/metrics").await;
     let line = format!("kortex_slack_requests_total{{result=\"{result}\"}} ");
@@ -304,42 +398,11 @@ async fn a_mention_is_investigated_in_its_thread_and_the_thread_continues_the_se
     let slack = Slack::start().await;
     slack.person("U0ALICE", "alice@example.com");
     let (llm, script) = mock().await;
-    let (dir, m) = manifest_dir();
-    let yaml = docs(&[
-        secret(
-            "slack",
-            &format!("bot-token: xoxb-thread-test, signing-secret: {SIGNING}, llm: sk-thread"),
-        ),
-        provider(
-            "gpt",
-            &format!(
-                "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: slack, key: llm}}, defaultModel: m, timeout: 10s"
-            ),
-        ),
-        policy(
-            "oncall",
-            "sessions: ['incident-*'], provider: gpt, slack: {teamId: T0KORTEX, \
-             botTokenSecretRef: {name: slack, key: bot-token}, \
-             signingSecretRef: {name: slack, key: signing-secret}}",
-        ),
-    ]);
-    std::fs::write(m.join("slack.yaml"), yaml).unwrap();
-    let db = dir.path().join("k.db").display().to_string();
-    let server = Server::spawn(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--manifests",
-            &m.display().to_string(),
-            "--database-url",
-            &format!("sqlite://{db}"),
-            "--slack-api-url",
-            &slack.api,
-            "--public-url",
-            "https://kortex.example.com",
-        ],
-        &[],
+    let yaml = app_yaml(&llm, "xoxb-thread-test", "sessions: ['incident-*'], ", "");
+    let (_dir, server) = serve(
+        &slack,
+        &yaml,
+        &["--public-url", "https://kortex.example.com"],
     );
     push(
         &script,
@@ -355,32 +418,9 @@ async fn a_mention_is_investigated_in_its_thread_and_the_thread_continues_the_se
         post(&server, &mention, now, Some(SIGNING), &[]).await.0,
         200
     );
-    let answered = |needle: &'static str| {
-        let slack = slack.clone();
-        async move {
-            crate::support::net::eventually(needle, || {
-                let slack = slack.clone();
-                async move {
-                    slack
-                        .calls("chat.update")
-                        .into_iter()
-                        .find(|c| c.body["text"].as_str().is_some_and(|t| t.contains(needle)))
-                        .ok_or_else(|| {
-                            format!(
-                                "{:?}",
-                                slack
-                                    .calls("chat.update")
-                                    .iter()
-                                    .map(|c| c.body["text"].clone())
-                                    .collect::<Vec<_>>()
-                            )
-                        })
-                }
-            })
-            .await
-        }
-    };
-    let update = answered("run out of memory.").await;
+    let update = slack
+        .wait_for_text("chat.update", "run out of memory.")
+        .await;
     let first = &slack.calls("chat.postMessage")[0];
     assert_eq!(
         first.body["thread_ts"], "1700000000.000100",
@@ -403,7 +443,9 @@ async fn a_mention_is_investigated_in_its_thread_and_the_thread_continues_the_se
         post(&server, &follow_up, now, Some(SIGNING), &[]).await.0,
         200
     );
-    answered("since the 1.4.2 deploy").await;
+    slack
+        .wait_for_text("chat.update", "since the 1.4.2 deploy")
+        .await;
     let last = script
         .requests()
         .last()
@@ -426,17 +468,9 @@ async fn a_mention_is_investigated_in_its_thread_and_the_thread_continues_the_se
         post(&server, &stranger, now, Some(SIGNING), &[]).await.0,
         200
     );
-    crate::support::net::eventually("the stranger told", || {
-        let slack = slack.clone();
-        async move {
-            slack
-                .calls("chat.postEphemeral")
-                .into_iter()
-                .find(|c| c.body["user"] == "U0STRANGER")
-                .ok_or_else(|| "no ephemeral yet".to_owned())
-        }
-    })
-    .await;
+    slack
+        .wait_for("chat.postEphemeral", |c| c.body["user"] == "U0STRANGER")
+        .await;
     assert_eq!(
         script.requests().len(),
         asked,
@@ -489,41 +523,14 @@ async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
     slack.person("U0ALICE", "alice@example.com");
     slack.person("U0BOB", "bob@example.com");
     let (llm, script) = mock().await;
-    let (dir, m) = manifest_dir();
-    let yaml = docs(&[
-        secret(
-            "slack",
-            &format!("bot-token: xoxb-click-test, signing-secret: {SIGNING}, llm: sk-click"),
-        ),
-        provider(
-            "gpt",
-            &format!(
-                "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: slack, key: llm}}, defaultModel: m, timeout: 10s"
-            ),
-        ),
-        policy(
-            "oncall",
-            "sessions: ['*'], provider: gpt, proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
-             requireDistinctApprover: true}, slack: {teamId: T0KORTEX, \
-             botTokenSecretRef: {name: slack, key: bot-token}, signingSecretRef: {name: slack, key: signing-secret}}",
-        ),
-    ]);
-    std::fs::write(m.join("slack.yaml"), yaml).unwrap();
-    let db = dir.path().join("k.db").display().to_string();
-    let server = Server::spawn(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--manifests",
-            &m.display().to_string(),
-            "--database-url",
-            &format!("sqlite://{db}"),
-            "--slack-api-url",
-            &slack.api,
-        ],
-        &[],
+    let yaml = app_yaml(
+        &llm,
+        "xoxb-click-test",
+        "sessions: ['*'], proposals: {allowedActions: [restart], allowedNamespaces: [shop], \
+         requireDistinctApprover: true}, ",
+        "",
     );
+    let (_dir, server) = serve(&slack, &yaml, &[]);
     push(
         &script,
         tool_calls(&[(
@@ -543,17 +550,11 @@ async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
         post(&server, &mention, now, Some(SIGNING), &[]).await.0,
         200
     );
-    let card = crate::support::net::eventually("the proposal card", || {
-        let slack = slack.clone();
-        async move {
-            slack
-                .calls("chat.postMessage")
-                .into_iter()
-                .find(|c| c.body["blocks"].to_string().contains("kortex_approve"))
-                .ok_or_else(|| "no card yet".to_owned())
-        }
-    })
-    .await;
+    let card = slack
+        .wait_for("chat.postMessage", |c| {
+            c.body["blocks"].to_string().contains("kortex_approve")
+        })
+        .await;
     assert_eq!(card.body["thread_ts"], "1700000000.000100");
     let blocks = card.body["blocks"].to_string();
     assert!(blocks.contains("Deployment shop/checkout"), "{blocks}");
@@ -569,32 +570,9 @@ async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
         .unwrap_or_default();
     let card_ts = "1700000100.000100";
     let told = |user: &'static str, needle: &'static str| {
-        let slack = slack.clone();
-        async move {
-            crate::support::net::eventually(needle, || {
-                let slack = slack.clone();
-                async move {
-                    slack
-                        .calls("chat.postEphemeral")
-                        .into_iter()
-                        .find(|c| {
-                            c.body["user"] == user
-                                && c.body["text"].as_str().is_some_and(|t| t.contains(needle))
-                        })
-                        .ok_or_else(|| {
-                            format!(
-                                "{:?}",
-                                slack
-                                    .calls("chat.postEphemeral")
-                                    .iter()
-                                    .map(|c| c.body.clone())
-                                    .collect::<Vec<_>>()
-                            )
-                        })
-                }
-            })
-            .await
-        }
+        slack.wait_for("chat.postEphemeral", move |c| {
+            c.body["user"] == user && c.body["text"].as_str().is_some_and(|t| t.contains(needle))
+        })
     };
 
     // The proposer clicks Approve: four-eyes refuses, nothing is decided.
@@ -657,17 +635,9 @@ async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
         .0,
         200
     );
-    let updated = crate::support::net::eventually("the card updated", || {
-        let slack = slack.clone();
-        async move {
-            slack
-                .calls("chat.update")
-                .into_iter()
-                .find(|c| c.body["ts"] == card_ts)
-                .ok_or_else(|| "not updated yet".to_owned())
-        }
-    })
-    .await;
+    let updated = slack
+        .wait_for("chat.update", |c| c.body["ts"] == card_ts)
+        .await;
     let text = updated.body["text"].as_str().unwrap_or_default();
     assert!(text.contains("approved by bob@example.com"), "{text}");
     assert!(server.terminate().success());
@@ -682,59 +652,12 @@ async fn the_slash_command_asks_in_the_channel_and_answers_in_the_thread() {
     let slack = Slack::start().await;
     slack.person("U0ALICE", "alice@example.com");
     let (llm, script) = mock().await;
-    let (dir, m) = manifest_dir();
-    let yaml = docs(&[
-        secret(
-            "slack",
-            &format!("bot-token: xoxb-command-test, signing-secret: {SIGNING}, llm: sk-cmd"),
-        ),
-        provider(
-            "gpt",
-            &format!(
-                "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: slack, key: llm}}, defaultModel: m, timeout: 10s"
-            ),
-        ),
-        policy(
-            "oncall",
-            "sessions: ['*'], provider: gpt, slack: {teamId: T0KORTEX, \
-             botTokenSecretRef: {name: slack, key: bot-token}, signingSecretRef: {name: slack, key: signing-secret}}",
-        ),
-    ]);
-    std::fs::write(m.join("slack.yaml"), yaml).unwrap();
-    let db = dir.path().join("k.db").display().to_string();
-    let server = Server::spawn(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--manifests",
-            &m.display().to_string(),
-            "--database-url",
-            &format!("sqlite://{db}"),
-            "--slack-api-url",
-            &slack.api,
-        ],
-        &[],
-    );
+    let yaml = app_yaml(&llm, "xoxb-command-test", "sessions: ['*'], ", "");
+    let (_dir, server) = serve(&slack, &yaml, &[]);
     push_answer(&script, &["Checkout is fine now."]);
-    let command = |text: &str, secret: &str| {
-        let body = format!(
-            "token=x&team_id=T0KORTEX&channel_id=C0INCIDENT&user_id=U0ALICE&command=%2Fkortex&text={}&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2F1&trigger_id=1.2.3",
-            url::form_urlencoded::byte_serialize(text.as_bytes()).collect::<String>()
-        );
-        let at = jiff::Timestamp::now().as_second();
-        http_client()
-            .post(server.url("/slack/v1/commands"))
-            .header("content-type", "application/x-www-form-urlencoded")
-            .header("x-slack-request-timestamp", at.to_string())
-            .header(
-                "x-slack-signature",
-                kortex::slack::verify::sign(secret.as_bytes(), at, body.as_bytes()),
-            )
-            .body(body)
-            .send()
-    };
-    let help = command("", SIGNING).await.unwrap();
+    let command =
+        |text: &'static str, secret: &'static str| command(&server, "U0ALICE", text, secret);
+    let help = command("", SIGNING).await;
     assert_eq!(help.status().as_u16(), 200);
     let help: Value = help.json().await.unwrap();
     assert_eq!(help["response_type"], "ephemeral");
@@ -745,36 +668,16 @@ async fn the_slash_command_asks_in_the_channel_and_answers_in_the_thread() {
             .contains("/kortex why")
     );
     assert_eq!(
-        command("is checkout ok?", "forged")
-            .await
-            .unwrap()
-            .status()
-            .as_u16(),
+        command("is checkout ok?", "forged").await.status().as_u16(),
         401
     );
     assert_eq!(
-        command("is checkout ok?", SIGNING)
-            .await
-            .unwrap()
-            .status()
-            .as_u16(),
+        command("is checkout ok?", SIGNING).await.status().as_u16(),
         200
     );
-    let update = crate::support::net::eventually("the answer in the thread", || {
-        let slack = slack.clone();
-        async move {
-            slack
-                .calls("chat.update")
-                .into_iter()
-                .find(|c| {
-                    c.body["text"]
-                        .as_str()
-                        .is_some_and(|t| t.contains("Checkout is fine now."))
-                })
-                .ok_or_else(|| "not yet".to_owned())
-        }
-    })
-    .await;
+    let update = slack
+        .wait_for_text("chat.update", "Checkout is fine now.")
+        .await;
     let posted = slack.calls("chat.postMessage");
     let asked = &posted[0];
     assert!(
@@ -798,6 +701,178 @@ async fn the_slash_command_asks_in_the_channel_and_answers_in_the_thread() {
             .as_str()
             .map(|_| update.body["ts"].clone())
             .unwrap_or_default()
+    );
+    assert!(server.terminate().success());
+}
+
+/// Hand-over from Slack: alice's thread is hers; carol may not continue it; alice hands it
+/// over in the thread (`@Kortex handover @bob note`) and bob is told there and continues
+/// the same session; bob hands it on with `/kortex handover @carol` from the channel, and
+/// carol continues it. The model saw one conversation throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thread_is_handed_over_in_slack_and_the_next_person_continues_it() {
+    use crate::support::provider::{mock, push_answer};
+    use crate::support::slack::Slack;
+    let slack = Slack::start().await;
+    for (user, email) in [
+        ("U0ALICE", "alice@example.com"),
+        ("U0BOB", "bob@example.com"),
+        ("U0CAROL", "carol@example.com"),
+    ] {
+        slack.person(user, email);
+    }
+    let (llm, script) = mock().await;
+    let yaml = app_yaml(&llm, "xoxb-handover-test", "sessions: ['*'], ", "");
+    let (_dir, server) = serve(&slack, &yaml, &[]);
+    push_answer(&script, &["The queue is backed up."]);
+    push_answer(&script, &["Scale the consumers."]);
+    push_answer(&script, &["It drained at 03:10."]);
+    let thread = "1700000000.000100";
+    let now = jiff::Timestamp::now().as_second();
+    let send = |id: &str, user: &str, text: &str, ts: &str, mention: bool| {
+        let body = message(id, user, text, ts, Some(thread), mention);
+        let server = &server;
+        async move { post(server, &body, now, Some(SIGNING), &[]).await.0 }
+    };
+    let first = message(
+        "Ev1HAND",
+        "U0ALICE",
+        "<@U0BOT> why are orders slow?",
+        thread,
+        None,
+        true,
+    );
+    assert_eq!(post(&server, &first, now, Some(SIGNING), &[]).await.0, 200);
+    slack.wait_for_text("chat.update", "backed up").await;
+
+    // carol is not in it: told why, and nothing runs.
+    let asked = script.requests().len();
+    assert_eq!(
+        send(
+            "Ev2HAND",
+            "U0CAROL",
+            "<@U0BOT> any news?",
+            "1700000001.000100",
+            true
+        )
+        .await,
+        200
+    );
+    let refused = slack
+        .wait_for("chat.postEphemeral", |c| c.body["user"] == "U0CAROL")
+        .await;
+    let why = refused.body["text"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("alice@example.com's") && why.contains("handover"),
+        "{why}"
+    );
+    assert_eq!(script.requests().len(), asked);
+
+    // alice hands over in the thread; bob is told there, by mention, with the note.
+    assert_eq!(
+        send(
+            "Ev3HAND",
+            "U0ALICE",
+            "<@U0BOT> handover <@U0BOB> the consumers lag since 02:00",
+            "1700000002.000100",
+            true
+        )
+        .await,
+        200
+    );
+    let told = slack.wait_for_text("chat.postMessage", "<@U0BOB>").await;
+    assert_eq!(told.body["thread_ts"], thread);
+    let text = told.body["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("alice@example.com handed this investigation over to you"),
+        "{text}"
+    );
+    assert!(text.contains("the consumers lag since 02:00"), "{text}");
+    // bob continues the same session (a message in the thread, no mention needed).
+    assert_eq!(
+        send(
+            "Ev4HAND",
+            "U0BOB",
+            "what should we do?",
+            "1700000003.000100",
+            false
+        )
+        .await,
+        200
+    );
+    slack
+        .wait_for_text("chat.update", "Scale the consumers.")
+        .await;
+    let history = script
+        .requests()
+        .last()
+        .map(|r| r.body["messages"].to_string())
+        .unwrap_or_default();
+    assert!(
+        history.contains("why are orders slow?"),
+        "the same session: {history}"
+    );
+
+    // bob hands it on from the channel; a forged command hands nothing over.
+    assert_eq!(
+        command(
+            &server,
+            "U0BOB",
+            "handover <@U0CAROL|carol> over to you",
+            "forged"
+        )
+        .await
+        .status()
+        .as_u16(),
+        401
+    );
+    let ack = command(
+        &server,
+        "U0BOB",
+        "handover <@U0CAROL|carol> over to you",
+        SIGNING,
+    )
+    .await;
+    assert_eq!(ack.status().as_u16(), 200);
+    let told = slack.wait_for_text("chat.postMessage", "<@U0CAROL>").await;
+    assert_eq!(
+        told.body["thread_ts"], thread,
+        "said in the investigation's thread"
+    );
+    assert!(
+        told.body["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("bob@example.com handed")
+    );
+    assert_eq!(
+        send(
+            "Ev5HAND",
+            "U0CAROL",
+            "<@U0BOT> when did it drain?",
+            "1700000004.000100",
+            true
+        )
+        .await,
+        200
+    );
+    slack.wait_for_text("chat.update", "drained at 03:10").await;
+    // A hand-over to someone Kortex cannot name hands nothing over.
+    let ack = command(&server, "U0CAROL", "handover <@U0NOBODY> yours", SIGNING).await;
+    assert_eq!(ack.status().as_u16(), 200);
+    let refused = slack
+        .wait_for("chat.postEphemeral", |c| {
+            c.body["user"] == "U0CAROL"
+                && c.body["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("Nothing was handed over"))
+        })
+        .await;
+    assert!(
+        refused.body["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("U0NOBODY")
     );
     assert!(server.terminate().success());
 }

@@ -82,6 +82,33 @@ impl Slack {
             .insert(method.to_owned(), faults);
     }
 
+    /// The first call of `method` that `matches`, waiting for it (up to 30 s; the failure
+    /// shows the calls of `method` seen).
+    pub async fn wait_for(&self, method: &str, matches: impl Fn(&Call) -> bool) -> Call {
+        crate::support::net::eventually(method, || {
+            let found = self.calls(method).into_iter().find(|c| matches(c));
+            let seen = || {
+                format!(
+                    "{:?}",
+                    self.calls(method)
+                        .iter()
+                        .map(|c| c.body.clone())
+                        .collect::<Vec<_>>()
+                )
+            };
+            std::future::ready(found.ok_or_else(seen))
+        })
+        .await
+    }
+
+    /// The first call of `method` whose `text` contains `needle`, waiting for it.
+    pub async fn wait_for_text(&self, method: &str, needle: &str) -> Call {
+        self.wait_for(method, |c| {
+            c.body["text"].as_str().is_some_and(|t| t.contains(needle))
+        })
+        .await
+    }
+
     pub fn calls(&self, method: &str) -> Vec<Call> {
         self.inner
             .lock()
