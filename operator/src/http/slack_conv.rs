@@ -658,6 +658,26 @@ pub async fn post_cards(
 #[cfg(test)]
 mod tests {
     #[test]
+    fn a_hand_over_names_its_person_by_mention() {
+        use super::{handover_request, mentioned};
+        assert_eq!(handover_request("handover <@U1> note"), Some("<@U1> note"));
+        assert_eq!(handover_request("  HandOver"), Some(""));
+        assert_eq!(handover_request("handovers please"), None);
+        assert_eq!(handover_request("why handover?"), None);
+        assert_eq!(
+            mentioned("<@U0BOB> the DB lags"),
+            Some(("U0BOB", "the DB lags"))
+        );
+        // An escaping slash command sends the name along.
+        assert_eq!(mentioned("<@W0CAROL|carol>"), Some(("W0CAROL", "")));
+        // Not a user: a channel, a user group, a broken mention.
+        assert_eq!(mentioned("<#C0INCIDENT> x"), None);
+        assert_eq!(mentioned("<!subteam^S01> x"), None);
+        assert_eq!(mentioned("<@u0lower> x"), None);
+        assert_eq!(mentioned("@bob x"), None);
+    }
+
+    #[test]
     fn a_slack_session_is_named_to_match_the_policys_first_glob() {
         let policy = |globs: serde_json::Value| {
             crate::catalog::PolicyEntry::as_is(

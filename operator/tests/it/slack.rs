@@ -876,3 +876,145 @@ async fn a_thread_is_handed_over_in_slack_and_the_next_person_continues_it() {
     );
     assert!(server.terminate().success());
 }
+
+/// The page in Slack: an alert starts an investigation, which the app posts in its
+/// channel (`spec.slack.post`); the verdict and the proposal's card land in that message's
+/// thread; bob asks there and continues the investigation itself; his click approves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alert_is_investigated_in_its_own_thread_where_people_ask_and_approve() {
+    use crate::support::manifests::chat_key_secret;
+    use crate::support::provider::{mock, push, push_answer, tool_calls};
+    use crate::support::slack::Slack;
+    let slack = Slack::start().await;
+    slack.person("U0BOB", "bob@example.com");
+    let (llm, script) = mock().await;
+    let keys = format!(
+        "{}{}",
+        chat_key_secret("alertmanager", "am-key-0123456789", "alerting"),
+        chat_key_secret("oncall-bot", "bot-key-0123456789", "")
+    );
+    let yaml = format!(
+        "{keys}{}",
+        app_yaml(
+            &llm,
+            "xoxb-alert-test",
+            "sessions: ['*'], proposals: {allowedActions: [restart], allowedNamespaces: [shop]}, \
+             triggers: [{name: crashloops, alerts: {matchers: {severity: critical}}, \
+             prompt: 'Alert {{ labels.alertname }} fires in {{ labels.namespace }}.', \
+             runAs: {user: oncall-bot}, callers: {groups: [alerting]}}], ",
+            ", post: {channel: C0ALERTS, events: [investigation.started, investigation.finished]}",
+        )
+    );
+    let (_dir, server) = serve(
+        &slack,
+        &yaml,
+        &["--public-url", "https://kortex.example.com"],
+    );
+    push(
+        &script,
+        tool_calls(&[(
+            "p1",
+            "propose_action",
+            json!({"action": "restart", "rationale": "the pods are out of memory",
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "checkout"}}),
+        )]),
+    );
+    push_answer(
+        &script,
+        &["Root cause: checkout runs out of memory.\n\nI proposed a restart."],
+    );
+    push_answer(&script, &["Yes: the limit is 256Mi."]);
+    let alert = json!({
+        "version": "4", "groupKey": "{}:{alertname=\"KubePodCrashLooping\"}", "truncatedAlerts": 0,
+        "status": "firing", "receiver": "kortex", "groupLabels": {"alertname": "KubePodCrashLooping"},
+        "commonLabels": {}, "commonAnnotations": {}, "externalURL": "http://127.0.0.1:9093",
+        "alerts": [{"status": "firing",
+            "labels": {"alertname": "KubePodCrashLooping", "severity": "critical", "namespace": "shop", "pod": "checkout-1"},
+            "annotations": {"summary": "checkout-1 restarts"},
+            "startsAt": "2026-11-27T02:00:00Z", "endsAt": "0001-01-01T00:00:00Z",
+            "generatorURL": "http://prometheus/graph", "fingerprint": "fp-checkout-1"}]
+    });
+    let fired = http_client()
+        .post(server.url("/api/v1/alerts/alertmanager"))
+        .bearer_auth("am-key-0123456789")
+        .json(&alert)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fired.status().as_u16(), 200);
+
+    // The alert's message, in the app's channel.
+    let page = slack
+        .wait_for_text("chat.postMessage", "KubePodCrashLooping")
+        .await;
+    assert_eq!(page.body["channel"], "C0ALERTS");
+    assert!(page.body.get("thread_ts").is_none(), "a message of its own");
+    assert_eq!(page.token, "xoxb-alert-test");
+    let blocks = page.body["blocks"].to_string();
+    assert!(
+        blocks.contains("checkout-1 restarts") && blocks.contains("shop"),
+        "{blocks}"
+    );
+    let thread = page.ts.clone().unwrap_or_default();
+    // The verdict, then the proposal's card, in its thread.
+    let verdict = slack
+        .wait_for("chat.postMessage", |c| {
+            c.body["blocks"]
+                .to_string()
+                .contains("Root cause: checkout runs out of memory.")
+        })
+        .await;
+    assert_eq!(verdict.body["thread_ts"], thread.as_str());
+    assert_eq!(verdict.body["channel"], "C0ALERTS");
+    let card = slack
+        .wait_for("chat.postMessage", |c| {
+            c.body["blocks"].to_string().contains("kortex_approve")
+        })
+        .await;
+    assert_eq!(card.body["thread_ts"], thread.as_str());
+
+    // bob asks in the alert's thread: the investigation itself continues, as his run.
+    let now = jiff::Timestamp::now().as_second();
+    let ask = json!({"type": "event_callback", "team_id": "T0KORTEX", "event_id": "Ev1ALERT",
+        "event": {"type": "app_mention", "user": "U0BOB", "text": "<@U0BOT> is it the memory limit?",
+            "ts": "1800000000.000100", "thread_ts": thread, "channel": "C0ALERTS"}})
+    .to_string();
+    assert_eq!(post(&server, &ask, now, Some(SIGNING), &[]).await.0, 200);
+    slack
+        .wait_for_text("chat.update", "the limit is 256Mi")
+        .await;
+    let history = script
+        .requests()
+        .last()
+        .map(|r| r.body["messages"].to_string())
+        .unwrap_or_default();
+    assert!(
+        history.contains("checkout-1 restarts")
+            && history.contains("Root cause: checkout runs out of memory."),
+        "the investigation's own conversation: {history}"
+    );
+    // bob approves from the card: decided as him.
+    let proposal = card.body["blocks"]
+        .as_array()
+        .and_then(|b| b.last())
+        .and_then(|a| a["elements"][0]["value"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let mut clicked = click(
+        "U0BOB",
+        "kortex_approve",
+        &proposal,
+        card.ts.as_deref().unwrap_or_default(),
+    );
+    clicked["channel"]["id"] = json!("C0ALERTS");
+    clicked["container"]["channel_id"] = json!("C0ALERTS");
+    assert_eq!(interact(&server, &clicked).await.0, 200);
+    let updated = slack
+        .wait_for("chat.update", |c| {
+            c.body["ts"] == card.ts.as_deref().unwrap_or_default()
+        })
+        .await;
+    let text = updated.body["text"].as_str().unwrap_or_default();
+    assert!(text.contains("approved by bob@example.com"), "{text}");
+    assert!(server.terminate().success());
+}

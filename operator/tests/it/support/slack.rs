@@ -21,6 +21,8 @@ pub struct Call {
     pub body: Value,
     /// The request's query string (tokens never belong there).
     pub query: String,
+    /// The `ts` Slack answered with (a message posted).
+    pub ts: Option<String>,
 }
 
 /// What the next call of a method answers instead of success.
@@ -153,6 +155,7 @@ async fn call(
         token: token.clone(),
         body: parsed.clone(),
         query: uri.query().unwrap_or_default().to_owned(),
+        ts: None,
     });
     if token.is_empty() {
         return axum::Json(json!({"ok": false, "error": "not_authed"})).into_response();
@@ -180,6 +183,11 @@ async fn call(
     }
     inner.next_ts += 1;
     let ts = format!("{}.000100", inner.next_ts);
+    if method == "chat.postMessage"
+        && let Some(call) = inner.calls.last_mut()
+    {
+        call.ts = Some(ts.clone());
+    }
     match method.as_str() {
         "chat.postMessage" => axum::Json(json!({"ok": true, "channel": parsed["channel"], "ts": ts,
             "message": {"type": "message", "subtype": "bot_message", "bot_id": "B0KORTEX", "text": parsed["text"], "ts": ts}}))
