@@ -24,6 +24,7 @@ const VALUES_FILES: &[&str] = &[
     "charts/kortex/ci/observability-values.yaml",
     "charts/kortex/ci/sqlite-persistent-values.yaml",
     "charts/kortex/ci/sso-values.yaml",
+    "charts/kortex/ci/slack-values.yaml",
 ];
 
 /// The `helm` to run, or `None` (with the reason printed) to skip.
@@ -463,7 +464,8 @@ fn chart_lints_and_every_rendered_object_is_valid() {
 }
 
 /// The chart's RBAC is config/rbac's (same rules), covers every call the code makes, and
-/// grants impersonation only in single sign-on's impersonate mode, of the listed groups.
+/// grants impersonation only in single sign-on's impersonate mode, of the listed groups, and
+/// for Slack when asked, of the listed users and groups.
 #[test]
 fn chart_rbac_is_config_rbac_and_covers_every_call() {
     let Some(helm) = helm() else { return };
@@ -525,6 +527,24 @@ fn chart_rbac_is_config_rbac_and_covers_every_call() {
                     docs(&root().join("config/rbac/sso_impersonate.yaml"))[0]["rules"].clone();
                 rules[1]["resourceNames"] = json!(["oidc:oncall", "oidc:platform"]);
                 assert_eq!(role["rules"], rules, "{name}");
+                continue;
+            }
+            // Slack's grant alone besides: exactly the users and groups listed.
+            if key(role) == "ClusterRole/kortex-slack-impersonate" {
+                assert_eq!(name, "charts/kortex/ci/slack-values.yaml");
+                let rules =
+                    docs(&root().join("config/rbac/slack_impersonate.yaml"))[0]["rules"].clone();
+                assert_eq!(role["rules"], rules, "{name}");
+                assert_eq!(
+                    container(&objects)["args"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|a| a == &&json!("--slack-impersonate-groups=oncall"))
+                        .count(),
+                    1,
+                    "{name}: Kortex is told the groups it may impersonate"
+                );
                 continue;
             }
             for what in [
