@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 
 #[path = "operator/gitops.rs"]
 mod gitops;
+#[path = "operator/slack.rs"]
+mod slack;
 #[path = "operator/sso.rs"]
 mod sso;
 
@@ -52,6 +54,10 @@ mod git_server;
 #[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #[path = "../../operator/tests/it/support/oidc.rs"]
 mod oidc;
+// The Slack phase's scripted Web API.
+#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#[path = "../../operator/tests/it/support/slack.rs"]
+mod slack_api;
 #[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #[path = "../../operator/tests/it/support/tls_proxy.rs"]
 pub mod tls_proxy;
@@ -68,6 +74,25 @@ mod support {
                 let _ = axum::serve(listener, app).await;
             });
             format!("http://{addr}")
+        }
+
+        /// Waits for `probe` to give a value (up to 30 s); panics with its last error.
+        pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
+        where
+            F: FnMut() -> Fut,
+            Fut: std::future::Future<Output = Result<T, String>>,
+        {
+            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                match probe().await {
+                    Ok(v) => return v,
+                    Err(last) => assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "timed out waiting for {what}; last seen: {last}"
+                    ),
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
         }
     }
 }
@@ -794,11 +819,17 @@ async fn run(
 
     // Single sign-on: the API server trusts the provider Kortex signs people in with.
     let sso = sso::prepare(admin, &dir).await?;
+    // Slack: Kortex posts to a scripted Web API.
+    let slack = slack::Slack::start().await;
     let mut kortex = start_kortex(
         &kubeconfig,
         ns,
         &dir.join("kortex.db"),
-        &sso.as_ref().map(sso::Sso::token_args).unwrap_or_default(),
+        &[
+            sso.as_ref().map(sso::Sso::token_args).unwrap_or_default(),
+            slack.args(),
+        ]
+        .concat(),
     )?;
     let http = reqwest::Client::new();
     let base = format!("http://{}", kortex.addr);
@@ -1042,7 +1073,7 @@ async fn run(
                 &kubeconfig,
                 ns,
                 &dir.join("kortex.db"),
-                &sso.impersonate_args(),
+                &[sso.impersonate_args(), slack.args()].concat(),
             )?;
             restarted = format!("http://{}", kortex.addr);
             let scene = Scene {
@@ -1054,6 +1085,8 @@ async fn run(
         }
         None => scene,
     };
+    // Slack: clicks decide as the person who clicked, judged by the API server.
+    slack::clicks_decide_as_the_person(&scene, &slack).await?;
 
     // The decision is final (the CRD's rule, before the policy is asked).
     let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "alice"}}});

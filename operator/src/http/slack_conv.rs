@@ -124,19 +124,16 @@ fn clip(s: &str) -> String {
 /// their groups the door may impersonate — so RBAC and the admission policy judge them as
 /// with kubectl.
 pub async fn caller_of(state: &AppState, door: &SlackDoor, person: &str) -> super::auth::Caller {
-    let groups = state.store.groups_of(person).await.unwrap_or_default();
-    let kube =
-        state
-            .cluster_auth
-            .as_ref()
-            .map(|_| crate::operator::auth::KubeCredential::Impersonate {
-                user: person.to_owned(),
-                groups: groups
-                    .iter()
-                    .filter(|g| !g.starts_with("system:") && door.impersonate_groups.contains(g))
-                    .cloned()
-                    .collect(),
-            });
+    let mut groups = state.store.groups_of(person).await.unwrap_or_default();
+    let kube = state.cluster_auth.as_ref().map(|_| {
+        // In a cluster they are who the API server sees: the groups impersonated, no others
+        // (the decision names them, and the admission policy checks they are the request's).
+        groups.retain(|g| !g.starts_with("system:") && door.impersonate_groups.contains(g));
+        crate::operator::auth::KubeCredential::Impersonate {
+            user: person.to_owned(),
+            groups: groups.clone(),
+        }
+    });
     super::auth::Caller {
         user: person.to_owned(),
         groups,
