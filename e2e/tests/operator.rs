@@ -1086,7 +1086,9 @@ async fn run(
         None => scene,
     };
     // Slack: clicks decide as the person who clicked, judged by the API server.
-    slack::clicks_decide_as_the_person(&scene, &slack).await?;
+    // (With single sign-on Kortex now runs with --oidc-username-prefix oidc:.)
+    let prefix = if sso.is_some() { "oidc:" } else { "" };
+    slack::clicks_decide_as_the_person(&scene, &slack, prefix).await?;
 
     // The decision is final (the CRD's rule, before the policy is asked).
     let changed = json!({"spec": {"decision": {"verdict": "Reject", "by": "alice"}}});

@@ -4,7 +4,7 @@
 //! clicked by three people, each decided **as that person** by impersonation (Kortex's
 //! ServiceAccount granted config/rbac/slack_impersonate.yaml, scoped to them):
 //! - kim may use the policy but has no `patch` on ActionProposals: the API server refuses;
-//! - pat proposed it: the admission policy refuses (four-eyes);
+//! - pat may approve, but proposed it: the admission policy refuses (four-eyes);
 //! - sam (the approver role, and restarts) approves, and Kortex restarts ticker.
 //!
 //! Needs Kortex started with [`Slack::args`].
@@ -113,33 +113,45 @@ async fn told(slack: &ScriptedSlack, user: &str, needle: &str) -> anyhow::Result
     )
     .await;
     if let Err(e) = waited {
-        let seen: Vec<Value> = slack
-            .calls("chat.postEphemeral")
-            .into_iter()
-            .map(|c| c.body)
+        let seen: Vec<(String, Value)> = ["users.info", "chat.postEphemeral", "chat.postMessage"]
+            .iter()
+            .flat_map(|m| slack.calls(m))
+            .map(|c| (c.method, c.body))
             .collect();
-        anyhow::bail!("{e}; told: {seen:?}");
+        anyhow::bail!("{e}; Slack saw: {seen:?}");
     }
     Ok(text)
 }
 
-pub async fn clicks_decide_as_the_person(scene: &Scene<'_>, slack: &Slack) -> anyhow::Result<()> {
-    let (admin, ns, http, base) = (scene.admin, scene.ns, scene.http, scene.base);
+/// The phase, with Kortex naming people `prefix` + their Slack e-mail (single sign-on's
+/// `--oidc-username-prefix`).
+pub async fn clicks_decide_as_the_person(
+    scene: &Scene<'_>,
+    slack: &Slack,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    let (admin, ns) = (scene.admin, scene.ns);
     let api = &slack.api;
     for (user, email) in [PAT, SAM, KIM] {
         api.person(user, email);
     }
-    // Who may do what: all three use the policy; sam approves and restarts; kim and pat
-    // have no patch on ActionProposals of their own.
-    let user = |u: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u});
+    let [pat, sam, kim] = [PAT, SAM, KIM].map(|(_, email)| format!("{prefix}{email}"));
+    // Who may do what: all three use the policy; pat and sam approve (patch
+    // ActionProposals), sam restarts; kim has no patch on ActionProposals.
+    let user =
+        |u: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u});
     for (binding, role, subjects) in [
         (
             "slack-user",
             "kortex-user",
-            json!([user(PAT.1), user(SAM.1), user(KIM.1)]),
+            json!([user(&pat), user(&sam), user(&kim)]),
         ),
-        ("slack-approver", "kortex-approver", json!([user(SAM.1)])),
-        ("slack-restart", "restart-deployments", json!([user(SAM.1)])),
+        (
+            "slack-approver",
+            "kortex-approver",
+            json!([user(&pat), user(&sam)]),
+        ),
+        ("slack-restart", "restart-deployments", json!([user(&sam)])),
     ] {
         apply(
             admin,
@@ -151,43 +163,6 @@ pub async fn clicks_decide_as_the_person(scene: &Scene<'_>, slack: &Slack) -> an
         )
         .await?;
     }
-    // The impersonation grant, as config/rbac/slack_impersonate.yaml ships it, scoped to
-    // the three (no groups: the policy names no approver groups).
-    let (sa_ns, sa_name) = kortex_e2e::kortex_service_account();
-    let mut docs = kortex_e2e::yaml_docs("config/rbac/slack_impersonate.yaml")?;
-    let grant = format!("{ns}-slack-impersonate");
-    let mut role = docs.remove(0);
-    role["metadata"]["name"] = json!(grant);
-    role["rules"] = json!([{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"],
-        "resourceNames": [PAT.1, SAM.1, KIM.1]}]);
-    let mut binding = docs.remove(0);
-    binding["metadata"]["name"] = json!(grant);
-    binding["roleRef"]["name"] = json!(grant);
-    binding["subjects"] = json!([{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]);
-    apply(admin, None, &role).await?;
-    apply(admin, None, &binding).await?;
-    let outcome = decided_in_slack(scene, api, ns, http, base).await;
-    for (api_version, kind, plural) in [
-        (
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRoleBinding",
-            "clusterrolebindings",
-        ),
-        ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles"),
-    ] {
-        super::delete(admin, api_version, kind, plural, &grant).await;
-    }
-    outcome
-}
-
-async fn decided_in_slack(
-    scene: &Scene<'_>,
-    api: &ScriptedSlack,
-    ns: &str,
-    http: &reqwest::Client,
-    base: &str,
-) -> anyhow::Result<()> {
-    let admin = scene.admin;
     apply(
         admin,
         Some(ns),
@@ -223,6 +198,70 @@ async fn decided_in_slack(
         },
     )
     .await?;
+    // Without the impersonation grant nobody acts from Slack in the cluster: told why.
+    let ask = json!({"type": "event_callback", "team_id": TEAM, "event_id": "Ev0E2E0",
+        "event": {"type": "app_mention", "user": PAT.0, "text": "<@U0BOT> ticker is stuck",
+            "ts": "1799999999.000100", "channel": CHANNEL}});
+    wait_for(
+        "the Slack door to take pat's first mention",
+        Duration::from_secs(30),
+        async || {
+            let status = signed(
+                scene.http,
+                scene.base,
+                "/slack/v1/events",
+                "application/json",
+                ask.to_string(),
+            )
+            .await?;
+            Ok(status == 200)
+        },
+    )
+    .await?;
+    let why = told(api, PAT.0, "may not act as").await?;
+    anyhow::ensure!(
+        why.contains(&pat) && why.contains("slack_impersonate.yaml"),
+        "{why}"
+    );
+    // The impersonation grant, as config/rbac/slack_impersonate.yaml ships it, scoped to
+    // the three (no groups: the policy names no approver groups).
+    let (sa_ns, sa_name) = kortex_e2e::kortex_service_account();
+    let mut docs = kortex_e2e::yaml_docs("config/rbac/slack_impersonate.yaml")?;
+    let grant = format!("{ns}-slack-impersonate");
+    let mut role = docs.remove(0);
+    role["metadata"]["name"] = json!(grant);
+    role["rules"] = json!([{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"],
+        "resourceNames": [pat, sam, kim]}]);
+    let mut binding = docs.remove(0);
+    binding["metadata"]["name"] = json!(grant);
+    binding["roleRef"]["name"] = json!(grant);
+    binding["subjects"] = json!([{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]);
+    apply(admin, None, &role).await?;
+    apply(admin, None, &binding).await?;
+    let outcome = decided_in_slack(scene, api, [&pat, &sam, &kim]).await;
+    for (api_version, kind, plural) in [
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+        ),
+        (
+            "rbac.authorization.k8s.io/v1",
+            "ClusterRole",
+            "clusterroles",
+        ),
+    ] {
+        super::delete(admin, api_version, kind, plural, &grant).await;
+    }
+    outcome
+}
+
+async fn decided_in_slack(
+    scene: &Scene<'_>,
+    api: &ScriptedSlack,
+    [_pat, sam, kim]: [&str; 3],
+) -> anyhow::Result<()> {
+    let (admin, ns, http, base) = (scene.admin, scene.ns, scene.http, scene.base);
     // pat asks in a thread; the model proposes restarting ticker; its card lands there.
     let thread = "1800000000.000100";
     let mention = json!({"type": "event_callback", "team_id": TEAM, "event_id": "Ev0E2E1",
@@ -291,14 +330,15 @@ async fn decided_in_slack(
     approve(http, base, KIM.0, &id, &card_ts).await?;
     let why = told(api, KIM.0, "Nothing was decided").await?;
     anyhow::ensure!(
-        why.contains(KIM.1) && why.contains("forbidden"),
+        why.contains(kim) && why.contains("forbidden"),
         "kim was not refused by the API server as kim: {why}"
     );
     // pat proposed it: the admission policy refuses (four-eyes).
     approve(http, base, PAT.0, &id, &card_ts).await?;
     let why = told(api, PAT.0, "Nothing was decided").await?;
     anyhow::ensure!(
-        why.contains("ValidatingAdmissionPolicy") || why.contains("denied request"),
+        why.contains("ValidatingAdmissionPolicy")
+            && why.contains("the policy requires someone other than the proposer to decide"),
         "pat was not refused by the admission policy: {why}"
     );
     anyhow::ensure!(
@@ -314,15 +354,19 @@ async fn decided_in_slack(
         .spec
         .decision
         .ok_or_else(|| anyhow::anyhow!("no decision"))?;
-    anyhow::ensure!(decision.by == SAM.1, "{decision:?}");
-    wait_for("the card to say who approved", Duration::from_secs(30), async || {
-        Ok(api.calls("chat.update").into_iter().any(|c| {
-            c.body["ts"] == card_ts.as_str()
-                && c.body["text"]
-                    .as_str()
-                    .is_some_and(|t| t.contains(&format!("approved by {}", SAM.1)))
-        }))
-    })
+    anyhow::ensure!(decision.by == sam, "{decision:?}");
+    wait_for(
+        "the card to say who approved",
+        Duration::from_secs(30),
+        async || {
+            Ok(api.calls("chat.update").into_iter().any(|c| {
+                c.body["ts"] == card_ts.as_str()
+                    && c.body["text"]
+                        .as_str()
+                        .is_some_and(|t| t.contains(&format!("approved by {sam}")))
+            }))
+        },
+    )
     .await?;
     eprintln!(
         "slack: kim refused by the API server, pat by the admission policy, sam approved and ticker restarted"

@@ -378,7 +378,9 @@ async fn handover_from_channel(
     let person =
         crate::slack::identity::person(&app.spec.users, client, &c.user_id, &door.user_prefix)
             .await?;
-    let caller = super::slack_conv::caller_of(state, door, &person).await;
+    let caller = super::slack_conv::caller_of(state, door, &person)
+        .await
+        .map_err(|why| format!("Nothing was handed over. {why}"))?;
     let threads = state
         .store
         .slack_threads_in(&c.team_id, &c.channel_id, 50)

@@ -120,25 +120,36 @@ fn clip(s: &str) -> String {
 }
 
 /// Who `person` is when they act from Slack: the groups of their latest single sign-on
-/// (none without one), and in a cluster the impersonation of exactly them, with those of
-/// their groups the door may impersonate — so RBAC and the admission policy judge them as
-/// with kubectl.
-pub async fn caller_of(state: &AppState, door: &SlackDoor, person: &str) -> super::auth::Caller {
+/// (none without one). In a cluster, the impersonation of exactly them with those of their
+/// groups the door may impersonate, and the groups as the API server then sees them (it
+/// adds `system:authenticated`): decisions written as them must list every group the
+/// admission policy sees, and asking proves the grant works. The error says what to fix.
+pub async fn caller_of(
+    state: &AppState,
+    door: &SlackDoor,
+    person: &str,
+) -> Result<super::auth::Caller, String> {
     let mut groups = state.store.groups_of(person).await.unwrap_or_default();
-    let kube = state.cluster_auth.as_ref().map(|_| {
-        // In a cluster they are who the API server sees: the groups impersonated, no others
-        // (the decision names them, and the admission policy checks they are the request's).
+    let mut kube = None;
+    if let Some(cluster) = &state.cluster_auth {
         groups.retain(|g| !g.starts_with("system:") && door.impersonate_groups.contains(g));
-        crate::operator::auth::KubeCredential::Impersonate {
+        let who = crate::operator::auth::KubeCredential::Impersonate {
             user: person.to_owned(),
-            groups: groups.clone(),
-        }
-    });
-    super::auth::Caller {
+            groups,
+        };
+        let seen = cluster.who_is(&who).await.map_err(|e| {
+            format!(
+                "Kortex may not act as {person} in the cluster ({e}): your platform team grants its ServiceAccount the impersonation of the people who act from Slack (config/rbac/slack_impersonate.yaml, the chart's slack.impersonation; docs/slack.md#impersonation)"
+            )
+        })?;
+        groups = seen.groups;
+        kube = Some(who);
+    }
+    Ok(super::auth::Caller {
         user: person.to_owned(),
         groups,
         kube,
-    }
+    })
 }
 
 /// Answers `m` in its thread (spawned once its event was taken). `mention`: the app was
@@ -195,7 +206,10 @@ pub async fn converse(
         Ok(p) => p,
         Err(why) => return say_to(why).await,
     };
-    let caller = caller_of(&state, &door, &person).await;
+    let caller = match caller_of(&state, &door, &person).await {
+        Ok(c) => c,
+        Err(why) => return say_to(why).await,
+    };
     let config = state.config.borrow().clone();
     let Some(entry) = config.catalog.policies.get(&policy) else {
         return;
@@ -575,7 +589,10 @@ pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Cl
         Ok(p) => p,
         Err(why) => return tell(format!("Nothing was decided. {why}")).await,
     };
-    let caller = caller_of(&state, &door, &person).await;
+    let caller = match caller_of(&state, &door, &person).await {
+        Ok(c) => c,
+        Err(why) => return tell(format!("Nothing was decided. {why}")).await,
+    };
     let body = serde_json::json!({ "reason": reason }).to_string();
     let decided = super::proposals_api::decide(
         axum::extract::State(state.clone()),
