@@ -129,6 +129,11 @@ pub async fn caller_of(
     door: &SlackDoor,
     person: &str,
 ) -> Result<super::auth::Caller, String> {
+    if person.starts_with("system:") {
+        return Err(format!(
+            "{person} names a user of the Kubernetes API server itself, whom nobody acts as from Slack: map the Slack user to a person in spec.slack.users"
+        ));
+    }
     let mut groups = state.store.groups_of(person).await.unwrap_or_default();
     let mut kube = None;
     if let Some(cluster) = &state.cluster_auth {

@@ -1,7 +1,9 @@
-//! Slack as a way in (issue 48, in progress; `docs/slack.md` to come): a Slack app over
-//! HTTPS. So far, what every request from Slack goes through before anything else: its
-//! signature ([`verify`]) and its parsing ([`inbound`]); retried events are claimed once in
-//! the store (`Store::claim_slack_event`).
+//! Slack as a way in (`docs/slack.md`): a Slack app over HTTPS. What every request from
+//! Slack goes through before anything else — its signature ([`verify`]) and its parsing
+//! ([`inbound`]) — and what Kortex says back: the Web API client ([`api`]), the messages
+//! and cards ([`blocks`]), and who a Slack user is ([`identity`]). The doors that use them
+//! are `http::slack_api` and `http::slack_conv`; what an app posts on its own,
+//! `notify::slack_app`.
 //!
 //! Imports only `store`, `catalog` and below (docs/architecture.md).
 

@@ -1,7 +1,8 @@
-//! Slack's door against the binary (`docs/slack.md`; issue 48, in progress): requests
-//! signed exactly as Slack signs them (`v0` HMAC-SHA256 of `v0:timestamp:raw body`) are
-//! taken; forged, stale, altered and other workspaces' requests are refused and change
-//! nothing; a retried event is taken once.
+//! Slack's door against the binary (`docs/slack.md`), with a scripted Slack Web API:
+//! requests signed exactly as Slack signs them (`v0` HMAC-SHA256 of `v0:timestamp:raw
+//! body`) are taken; forged, stale, altered and other workspaces' requests are refused and
+//! change nothing; a retried event is taken once; threads, cards, hand-overs and alert
+//! threads end to end. Decisions judged by a real API server: `e2e/tests/operator/slack.rs`.
 
 use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::net::http_client;
