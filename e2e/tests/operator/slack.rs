@@ -356,14 +356,14 @@ async fn decided_in_slack(
         .ok_or_else(|| anyhow::anyhow!("no decision"))?;
     anyhow::ensure!(decision.by == sam, "{decision:?}");
     wait_for(
-        "the card to say who approved",
-        Duration::from_secs(30),
+        "the card to say who approved, and that it was carried out",
+        Duration::from_secs(60),
         async || {
             Ok(api.calls("chat.update").into_iter().any(|c| {
                 c.body["ts"] == card_ts.as_str()
-                    && c.body["text"]
-                        .as_str()
-                        .is_some_and(|t| t.contains(&format!("approved by {sam}")))
+                    && c.body["text"].as_str().is_some_and(|t| {
+                        t.contains(&format!("approved by {sam}")) && t.contains("carried out")
+                    })
             }))
         },
     )

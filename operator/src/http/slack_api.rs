@@ -216,7 +216,18 @@ pub async fn interactions(
                     .unwrap_or_default();
                 if let Some(trigger) = &a.trigger_id
                     && let Err(e) = client
-                        .open_view(trigger, &crate::slack::blocks::reject_dialog(&id, &name))
+                        .open_view(
+                            trigger,
+                            &crate::slack::blocks::reject_dialog(
+                                &id,
+                                &name,
+                                &crate::slack::blocks::CardAt {
+                                    channel: a.channel_id.clone(),
+                                    ts: a.message_ts.clone(),
+                                    thread: a.thread_ts.clone(),
+                                },
+                            ),
+                        )
                         .await
                 {
                     tracing::info!(error = %e, "cannot open the reject dialog");
@@ -254,13 +265,13 @@ pub async fn interactions(
             let Some(reason) = reason else {
                 return axum::Json(json!({"response_action": "errors", "errors": {"reason": "Say why the proposal is rejected."}})).into_response();
             };
+            let (id, card) = crate::slack::blocks::dialog_metadata(&v.private_metadata);
             let click = super::slack_conv::Click {
                 slack_user: v.user_id,
-                channel: None,
-                message_ts: None,
-                thread_ts: None,
+                channel: card.channel,
+                message_ts: card.ts,
+                thread_ts: card.thread,
             };
-            let id = v.private_metadata;
             let (verdict, reason) = ("Reject", Some(reason));
             let d = super::slack_conv::Decision {
                 app,

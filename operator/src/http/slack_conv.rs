@@ -644,6 +644,68 @@ pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Cl
     if let Err(e) = shown {
         tracing::info!(error = %e, "cannot show a decision in Slack");
     }
+    // Carried out behind the decision (in a cluster, by the leader once it sees it): the
+    // card then says how it ended.
+    if let (Some(channel), Some(ts)) = (&click.channel, &click.message_ts)
+        && !is_final(phase)
+    {
+        let head = format!(
+            "Proposal *{}* {} by {}",
+            crate::slack::blocks::escape(name),
+            if verdict == "Approve" {
+                "approved"
+            } else {
+                "rejected"
+            },
+            crate::slack::blocks::escape(&person),
+        );
+        follow_outcome(&state, &client, &id, channel, ts, &head).await;
+    }
+}
+
+/// How long a card waits to show how an approved proposal ended.
+const OUTCOME_WAIT: Duration = Duration::from_secs(300);
+
+fn is_final(phase: &str) -> bool {
+    matches!(phase, "Succeeded" | "Failed" | "Rejected" | "Expired")
+}
+
+/// Updates the card `ts` in `channel` with how proposal `id` ended, once it has (at most
+/// [`OUTCOME_WAIT`]).
+async fn follow_outcome(
+    state: &AppState,
+    client: &Client,
+    id: &str,
+    channel: &str,
+    ts: &str,
+    head: &str,
+) {
+    let deadline = tokio::time::Instant::now() + OUTCOME_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let Ok(Some(p)) = state.store.get_proposal(id).await else {
+            continue;
+        };
+        let outcome = match p.phase {
+            crate::crd::ProposalPhase::Succeeded => ":white_check_mark: carried out".to_owned(),
+            crate::crd::ProposalPhase::Failed => format!(
+                ":x: failed: {}",
+                crate::slack::blocks::escape(p.message.as_deref().unwrap_or("see the proposal"))
+            ),
+            crate::crd::ProposalPhase::Rejected => "rejected".to_owned(),
+            crate::crd::ProposalPhase::Expired => "expired undecided".to_owned(),
+            _ => continue,
+        };
+        let text = format!("{head}: {outcome}");
+        let blocks = serde_json::json!([{"type": "section", "text": {"type": "mrkdwn", "text": clip(&text)}}]);
+        if let Err(e) = client
+            .update(channel, ts, &clip(&text.replace('*', "")), Some(&blocks))
+            .await
+        {
+            tracing::info!(error = %e, "cannot show how a proposal ended in Slack");
+        }
+        return;
+    }
 }
 
 /// Posts each proposal the run `run` of `session` made, pending, as a card in the thread.

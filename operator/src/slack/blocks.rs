@@ -63,6 +63,24 @@ pub fn proposal_card(p: &Value) -> Vec<Value> {
                 "text": format!("*{label}*\n{}", clip(&value, SECTION_MAX))}}));
         }
     }
+    let preview = &p["status"]["preview"];
+    let code = |v: &Value| -> String {
+        let text = match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        escape(&text).replace("```", "'''")
+    };
+    if let Some(diff) = preview["diff"].as_str().filter(|d| !d.trim().is_empty()) {
+        // A change through Git: the diff of the pull/merge request to be.
+        let title = format!("*Change* in `{}`", code(&preview["path"]));
+        blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
+            "text": clip(&format!("{title}\n```{}```", code(&json!(diff))), SECTION_MAX)}}));
+    } else if !preview["before"].is_null() || !preview["after"].is_null() {
+        blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
+            "text": clip(&format!("*Preview* (server-side dry run)\n```before: {}\nafter:  {}```",
+                code(&preview["before"]), code(&preview["after"])), SECTION_MAX)}}));
+    }
     let warnings: Vec<String> = p["status"]["preview"]["warnings"]
         .as_array()
         .into_iter()
@@ -89,8 +107,9 @@ pub fn proposal_card(p: &Value) -> Vec<Value> {
 }
 
 /// Reject's dialog: the reason (required), for proposal `id` named `name`.
-pub fn reject_dialog(id: &str, name: &str) -> Value {
-    json!({"type": "modal", "callback_id": REJECT_DIALOG, "private_metadata": id,
+pub fn reject_dialog(id: &str, name: &str, card: &CardAt) -> Value {
+    let meta = json!({"id": id, "channel": card.channel, "ts": card.ts, "thread": card.thread});
+    json!({"type": "modal", "callback_id": REJECT_DIALOG, "private_metadata": meta.to_string(),
     "title": {"type": "plain_text", "text": "Reject the proposal"},
     "submit": {"type": "plain_text", "text": "Reject"},
     "close": {"type": "plain_text", "text": "Cancel"},
@@ -99,6 +118,33 @@ pub fn reject_dialog(id: &str, name: &str) -> Value {
         {"type": "input", "block_id": "reason", "label": {"type": "plain_text", "text": "Reason"},
          "element": {"type": "plain_text_input", "action_id": "text", "multiline": true, "max_length": 1000}},
     ]})
+}
+
+/// Where a proposal's card is (so that Reject's dialog, once submitted, updates it).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CardAt {
+    /// Its channel.
+    pub channel: Option<String>,
+    /// Its `ts`.
+    pub ts: Option<String>,
+    /// Its thread.
+    pub thread: Option<String>,
+}
+
+/// The proposal and its card of a Reject dialog's `private_metadata` (Slack returns it as
+/// Kortex set it, in the signed submission).
+pub fn dialog_metadata(meta: &str) -> (String, CardAt) {
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        id: String,
+        #[serde(flatten)]
+        card: CardAt,
+    }
+    match serde_json::from_str::<Meta>(meta) {
+        Ok(m) => (m.id, m.card),
+        // A dialog opened before its card was remembered: the proposal alone.
+        Err(_) => (meta.to_owned(), CardAt::default()),
+    }
 }
 
 /// `s` escaped for mrkdwn.
@@ -118,10 +164,15 @@ mod tests {
             "spec": {"action": "restart", "rationale": "stuck <!channel> & co",
                 "blastRadius": "api pods restart one at a time",
                 "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "api"}},
-            "status": {"preview": {"warnings": ["managed by Argo CD: <https://evil|click>"]}}});
+            "status": {"preview": {"warnings": ["managed by Argo CD: <https://evil|click>"],
+                "before": {"replicas": 2}, "after": {"replicas": 3}}}});
         let blocks = proposal_card(&p);
         let text = serde_json::to_string(&blocks).unwrap_or_default();
         assert!(text.contains("Deployment shop/api"), "{text}");
+        assert!(
+            text.contains(r#"before: {\"replicas\":2}\nafter:  {\"replicas\":3}"#),
+            "the dry run's before and after: {text}"
+        );
         assert!(text.contains("stuck &lt;!channel&gt; &amp; co"), "{text}");
         assert!(
             !text.contains("<!channel>") && !text.contains("<https://evil"),
@@ -133,8 +184,18 @@ mod tests {
         assert_eq!(buttons[0]["value"], "01prop");
         assert!(buttons[0]["confirm"].is_object(), "Approve asks first");
         assert_eq!(buttons[1]["action_id"], REJECT);
-        let dialog = reject_dialog("01prop", "restart-api-x1");
-        assert_eq!(dialog["private_metadata"], "01prop");
+        let card = CardAt {
+            channel: Some("C1".into()),
+            ts: Some("1.2".into()),
+            thread: None,
+        };
+        let dialog = reject_dialog("01prop", "restart-api-x1", &card);
+        let meta = dialog["private_metadata"].as_str().unwrap_or_default();
+        assert_eq!(dialog_metadata(meta), ("01prop".to_owned(), card));
+        assert_eq!(
+            dialog_metadata("01old"),
+            ("01old".to_owned(), CardAt::default())
+        );
         assert_eq!(dialog["callback_id"], REJECT_DIALOG);
         assert_eq!(dialog["blocks"][1]["block_id"], "reason");
         // Slack's limits: a modal's title at most 24 characters.
