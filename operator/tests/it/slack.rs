@@ -611,10 +611,26 @@ async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
     let dialog = slack.calls("views.open");
     assert_eq!(dialog.len(), 1);
     assert_eq!(dialog[0].body["trigger_id"], "1.2.3");
+    let meta = dialog[0].body["view"]["private_metadata"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let (id, card) = kortex::slack::blocks::dialog_metadata(&meta);
+    assert_eq!(id, proposal);
     assert_eq!(
-        dialog[0].body["view"]["private_metadata"],
-        proposal.as_str()
+        card.ts.as_deref(),
+        Some(card_ts),
+        "the dialog knows its card"
     );
+    // Submitted without a reason: Slack is told to show the field's error; nothing decided.
+    let submit = json!({"type": "view_submission", "team": {"id": "T0KORTEX"}, "user": {"id": "U0BOB"},
+        "view": {"callback_id": kortex::slack::blocks::REJECT_DIALOG, "private_metadata": meta,
+            "state": {"values": {"reason": {"text": {"type": "plain_text_input", "value": " "}}}}}});
+    let (status, body) = interact(&server, &submit).await;
+    assert_eq!(status, 200);
+    let body: Value = serde_json::from_str(&body).unwrap_or_default();
+    assert_eq!(body["response_action"], "errors", "{body}");
+    assert!(body["errors"]["reason"].is_string(), "{body}");
     // A forged click is refused before anything is read.
     let forged = http_client()
         .post(server.url("/slack/v1/interactions"))
