@@ -617,8 +617,8 @@ pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Cl
     let name = view["name"].as_str().unwrap_or_default();
     let phase = view["status"]["phase"].as_str().unwrap_or_default();
     let message = view["status"]["message"].as_str().unwrap_or_default();
-    let done = format!(
-        "Proposal *{}* {} by {}: {}",
+    let head = format!(
+        "Proposal *{}* {} by {}",
         crate::slack::blocks::escape(name),
         if verdict == "Approve" {
             "approved"
@@ -626,6 +626,9 @@ pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Cl
             "rejected"
         },
         crate::slack::blocks::escape(&person),
+    );
+    let done = format!(
+        "{head}: {}",
         crate::slack::blocks::escape(if message.is_empty() { phase } else { message })
     );
     let blocks =
@@ -649,16 +652,6 @@ pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Cl
     if let (Some(channel), Some(ts)) = (&click.channel, &click.message_ts)
         && !is_final(phase)
     {
-        let head = format!(
-            "Proposal *{}* {} by {}",
-            crate::slack::blocks::escape(name),
-            if verdict == "Approve" {
-                "approved"
-            } else {
-                "rejected"
-            },
-            crate::slack::blocks::escape(&person),
-        );
         follow_outcome(&state, &client, &id, channel, ts, &head).await;
     }
 }
