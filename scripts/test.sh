@@ -96,6 +96,12 @@ if ! "$venv/bin/python" -c 'import openai, anthropic' 2>/dev/null; then
   echo "==> installing the OpenAI and Anthropic Python SDKs into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-sdk.txt
 fi
+# The A2A tests call Kortex with the official A2A SDK, in the same virtualenv.
+if ! "$venv/bin/python" -c 'import a2a.client' 2>/dev/null; then
+  echo "==> installing the A2A SDK into $venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-a2a.txt
+fi
+export KORTEX_REQUIRE_A2A=1
 # The Helm chart tests render charts/kortex with Helm 4 (PyPI helm-python-sdk; scripts/helm.py
 # gives it helm's command line) and validate what it renders with kubernetes-validate.
 if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate, yaml' 2>/dev/null; then

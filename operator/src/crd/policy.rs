@@ -106,6 +106,30 @@ pub struct ChatPolicySpec {
     /// events it posts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slack: Option<Slack>,
+    /// Other agents' way in over the Agent2Agent protocol (`docs/a2a.md`): an Agent Card
+    /// and an A2A v1.0 endpoint for this policy, whose callers are authenticated and
+    /// checked as any API caller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub a2a: Option<A2a>,
+}
+
+/// This policy as an A2A agent (`spec.a2a`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct A2a {
+    /// Serve the policy's Agent Card and A2A endpoint (default `false`: not reachable by
+    /// agents).
+    #[serde(default)]
+    pub expose: bool,
+    /// The agent's name on its card (default `Kortex <namespace>/<name>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 100))]
+    pub name: Option<String>,
+    /// What the agent is for, on its card (default: an incident investigator of the
+    /// policy's clusters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2000))]
+    pub description: Option<String>,
 }
 
 /// A workspace's Slack app (`spec.slack`).

@@ -44,6 +44,32 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for Api
 }
 
 /// Unix milliseconds as RFC 3339 (empty when out of range).
+/// A session name the policy's `sessions` globs match, for a session a door starts (Slack's
+/// threads, agents' tasks): the first glob with its first `*` as `id` (the others empty)
+/// and `?` as `x`.
+pub(crate) fn session_name_for(policy: &crate::catalog::PolicyEntry, id: &str) -> String {
+    let glob = policy
+        .object
+        .spec
+        .sessions
+        .first()
+        .map_or("*", String::as_str);
+    let mut out = String::new();
+    let mut used = false;
+    for c in glob.chars() {
+        match c {
+            '*' if !used => {
+                out.push_str(id);
+                used = true;
+            }
+            '*' => {}
+            '?' => out.push('x'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 pub(crate) fn ms_to_rfc3339(ms: i64) -> String {
     jiff::Timestamp::from_millisecond(ms)
         .map(|t| t.to_string())

@@ -5,6 +5,7 @@
 //! these and never import one another), `limits` bounds requests, `error` is the one error
 //! answer. The top floor but `cli`: imports any room below.
 
+mod a2a;
 mod access;
 mod alerts_api;
 mod audit_api;
@@ -179,6 +180,10 @@ pub fn router(state: AppState) -> Router {
         .route("/auth/v1/me", get(dashboard::me))
         .route("/chat/v1/proposals", get(proposals_api::list))
         .route(
+            "/a2a/v1/{namespace}/{policy}",
+            axum::routing::post(a2a::rpc),
+        )
+        .route(
             "/chat/v1/proposals/{id}/approve",
             axum::routing::post(proposals_api::approve),
         )
@@ -218,6 +223,12 @@ pub fn router(state: AppState) -> Router {
         .route("/auth/v1/oidc/login", get(sso::login))
         .route(sso::CALLBACK_PATH, get(sso::callback))
         .route("/auth/v1/oidc/token", axum::routing::post(sso::cli_token))
+        // Agent Cards are public: they say how to authenticate (`docs/a2a.md`).
+        .route(a2a::CARD_PATH, get(a2a::origin_card))
+        .route(
+            "/a2a/v1/{namespace}/{policy}/.well-known/agent-card.json",
+            get(a2a::policy_card),
+        )
         // Slack signs its own requests: verified there, not by `auth::authenticate`.
         .route(
             slack_api::EVENTS_PATH,

@@ -89,30 +89,9 @@ impl SlackArgs {
     }
 }
 
-/// A session name the policy's `sessions` globs match: its first glob with `*` as
-/// `slack-<thread>` and `?` as `x`.
+/// The session a thread starts: named `slack-<thread>` within the policy's first glob.
 fn session_name(app_policy: &crate::catalog::PolicyEntry, thread: &str) -> String {
-    let glob = app_policy
-        .object
-        .spec
-        .sessions
-        .first()
-        .map_or("*", String::as_str);
-    let id = format!("slack-{}", thread.replace('.', "-"));
-    let mut out = String::new();
-    let mut used = false;
-    for c in glob.chars() {
-        match c {
-            '*' if !used => {
-                out.push_str(&id);
-                used = true;
-            }
-            '*' => {}
-            '?' => out.push('x'),
-            c => out.push(c),
-        }
-    }
-    out
+    super::access::session_name_for(app_policy, &format!("slack-{}", thread.replace('.', "-")))
 }
 
 fn clip(s: &str) -> String {

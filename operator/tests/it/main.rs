@@ -5,6 +5,7 @@
 // allows it only inside those).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod a2a;
 mod admission;
 mod binary;
 mod budget;

@@ -1,0 +1,313 @@
+//! Kortex as an A2A v1.0 agent (`docs/a2a.md`), called by the official A2A SDK (PyPI
+//! `a2a-sdk`, tests/fixtures/a2a_client.py) against the binary: the card fetched and
+//! parsed; a task streamed to completion with its answer, evidence and proposal artifacts;
+//! a plan gate surfacing as input-required and resumed by the caller's next message; a
+//! dropped stream followed again with SubscribeToTask; cancel and not-found errors as the
+//! SDK types them; another caller's task not theirs; a caller without a key refused.
+
+use crate::support::manifests::{chat_key_secret, docs, policy, provider, secret};
+use crate::support::provider::{answer, mock, push, push_answer, tool_calls};
+use crate::support::server::Server;
+use serde_json::{Value, json};
+
+const ALICE: &str = "a2a-alice-key-0123456789";
+const BOB: &str = "a2a-bob-key-0123456789";
+
+/// The Python with the A2A SDK, or `None` (skipped, unless `KORTEX_REQUIRE_A2A` is set, as
+/// scripts/test.sh does).
+fn python() -> Option<String> {
+    let python = std::env::var("KORTEX_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import a2a.client"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var("KORTEX_REQUIRE_A2A").is_err(),
+            "{python} has no a2a-sdk (pip install -r operator/tests/fixtures/requirements-a2a.txt)"
+        );
+        eprintln!("skipped: {python} has no a2a-sdk");
+        return None;
+    }
+    Some(python)
+}
+
+/// Runs the SDK client with `args`; its JSON answer.
+async fn sdk(python: &str, args: &[&str]) -> Value {
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/a2a_client.py");
+    let out = tokio::process::Command::new(python)
+        .arg(script)
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "a2a_client.py {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// The events of a stream of the given kind (`task`, `statusUpdate`, `artifactUpdate`).
+fn of_kind<'a>(events: &'a Value, kind: &str) -> Vec<&'a Value> {
+    events
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.get(kind))
+        .collect()
+}
+
+fn last_state(events: &Value) -> String {
+    of_kind(events, "statusUpdate")
+        .last()
+        .and_then(|s| s["status"]["state"].as_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The final artifact `id` of a stream (the last update of it).
+fn artifact<'a>(events: &'a Value, id: &str) -> Option<&'a Value> {
+    of_kind(events, "artifactUpdate")
+        .into_iter()
+        .rfind(|u| u["artifact"]["artifactId"] == id)
+        .map(|u| &u["artifact"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_agent_investigates_through_the_a2a_sdk() {
+    let Some(py) = python() else { return };
+    let (llm, script) = mock().await;
+    let (dir, m) = crate::support::manifests::manifest_dir();
+    let yaml = format!(
+        "{}{}{}",
+        chat_key_secret("alice", ALICE, "sre"),
+        chat_key_secret("bob", BOB, "sre"),
+        docs(&[
+            secret("llm", "key: sk-a2a"),
+            provider(
+                "gpt",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: llm, key: key}}, defaultModel: m, timeout: 10s"
+                ),
+            ),
+            policy(
+                "oncall",
+                "sessions: ['*'], provider: gpt, proposals: {allowedActions: [restart], allowedNamespaces: [shop]}, \
+                 a2a: {expose: true, name: Checkout investigator}",
+            ),
+            policy(
+                "planned",
+                "sessions: ['plan-*'], provider: gpt, runControl: {planning: required}, a2a: {expose: true}",
+            ),
+        ])
+    );
+    std::fs::write(m.join("all.yaml"), yaml).unwrap();
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    // Off loopback: every call needs a key.
+    let (server, base) = Server::start_keyed(&m, &db, &[]);
+    let agent = format!("{base}/a2a/v1/default/oncall");
+    let planned = format!("{base}/a2a/v1/default/planned");
+
+    // The card, as the SDK fetches and parses it.
+    let card = sdk(&py, &["card", &agent]).await;
+    assert_eq!(card["name"], "Checkout investigator");
+    assert_eq!(card["capabilities"]["streaming"], true);
+    let interface = &card["supportedInterfaces"][0];
+    assert_eq!(interface["protocolBinding"], "JSONRPC");
+    assert_eq!(interface["protocolVersion"], "1.0");
+    assert_eq!(interface["url"], agent.as_str());
+    assert!(card["securitySchemes"]["bearer"].is_object(), "{card}");
+    // Two agents here: the origin's card says where each is.
+    let origin = crate::support::net::http_client()
+        .get(format!("{base}/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(origin.status().as_u16(), 404);
+    let body = origin.text().await.unwrap_or_default();
+    assert!(
+        body.contains("/a2a/v1/default/planned/.well-known/agent-card.json"),
+        "{body}"
+    );
+
+    // A task streamed to completion: a tool call, a proposal, the answer.
+    push(
+        &script,
+        tool_calls(&[("h1", "get_incident_history", json!({"query": "checkout"}))]),
+    );
+    push(
+        &script,
+        tool_calls(&[(
+            "p1",
+            "propose_action",
+            json!({"action": "restart", "rationale": "stuck on a bad config",
+                "target": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop", "name": "checkout"}}),
+        )]),
+    );
+    push_answer(
+        &script,
+        &[
+            "Root cause: ",
+            "a bad config key.",
+            " I proposed a restart.",
+        ],
+    );
+    let streamed = sdk(&py, &["stream", &agent, ALICE, "why is checkout failing?"]).await;
+    let events = &streamed["events"];
+    let first = &events[0]["task"];
+    assert!(
+        first.is_object(),
+        "the stream starts with the task: {events}"
+    );
+    let (task, context) = (
+        first["id"].as_str().unwrap_or_default().to_owned(),
+        first["contextId"].as_str().unwrap_or_default().to_owned(),
+    );
+    assert_eq!(last_state(events), "TASK_STATE_COMPLETED", "{events}");
+    let answer_text = artifact(events, "answer").map(|a| a["parts"][0]["text"].clone());
+    assert_eq!(
+        answer_text,
+        Some(json!("Root cause: a bad config key. I proposed a restart.")),
+        "{events}"
+    );
+    let evidence = of_kind(events, "artifactUpdate")
+        .into_iter()
+        .filter(|u| u["artifact"]["artifactId"] == "evidence")
+        .flat_map(|u| {
+            u["artifact"]["parts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|p| p["data"]["tool"].clone())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        evidence,
+        vec![json!("get_incident_history"), json!("propose_action")]
+    );
+    let proposal =
+        &artifact(events, "proposals").expect("a proposals artifact")["parts"][0]["data"];
+    assert_eq!(proposal["action"], "restart");
+    assert!(
+        proposal["decide"]["kubectl"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("kubectl kortex approve restart-checkout")),
+        "{proposal}"
+    );
+
+    // GetTask: the same task, its history and artifacts.
+    let got = sdk(&py, &["get", &agent, ALICE, &task]).await;
+    assert_eq!(got["status"]["state"], "TASK_STATE_COMPLETED");
+    assert_eq!(got["contextId"], context.as_str());
+    assert_eq!(
+        got["history"][0]["parts"][0]["text"],
+        "why is checkout failing?"
+    );
+    let ids: Vec<&str> = got["artifacts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["artifactId"].as_str())
+        .collect();
+    assert_eq!(ids, ["answer", "evidence", "proposals"]);
+    // Not bob's: not found for him. An ended task is not cancelable; no task is not found.
+    assert_eq!(
+        sdk(&py, &["get", &agent, BOB, &task]).await["error"],
+        "TaskNotFoundError"
+    );
+    assert_eq!(
+        sdk(&py, &["cancel", &agent, ALICE, &task]).await["error"],
+        "TaskNotCancelableError"
+    );
+    assert_eq!(
+        sdk(&py, &["get", &agent, ALICE, "nope"]).await["error"],
+        "TaskNotFoundError"
+    );
+    // A caller without a valid key is refused by the HTTP layer.
+    let refused = sdk(&py, &["stream", &agent, "wrong-key-0000000000", "hello"]).await;
+    assert!(refused["error"].is_string(), "{refused}");
+    assert!(
+        refused["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("401"),
+        "{refused}"
+    );
+
+    // The plan gate: input-required, resumed by the caller's next message on the task.
+    let plan = json!({"steps": [{"id": "1", "tool": "get_incident_history", "purpose": "how it went before"}]});
+    push(&script, tool_calls(&[("s1", "submit_plan", plan)]));
+    let waiting = sdk(&py, &["stream", &planned, ALICE, "check the queue"]).await;
+    assert_eq!(
+        last_state(&waiting["events"]),
+        "TASK_STATE_INPUT_REQUIRED",
+        "{waiting}"
+    );
+    let status = of_kind(&waiting["events"], "statusUpdate")
+        .last()
+        .map(|s| s["status"].clone())
+        .unwrap_or_default();
+    assert!(
+        status["message"]["parts"][0]["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("get_incident_history"),
+        "{status}"
+    );
+    let gate = waiting["events"][0]["task"].clone();
+    push(
+        &script,
+        tool_calls(&[("h2", "get_incident_history", json!({"query": "queue"}))]),
+    );
+    push_answer(&script, &["The queue drained at 03:10."]);
+    let resumed = sdk(
+        &py,
+        &[
+            "stream",
+            &planned,
+            ALICE,
+            "approve",
+            gate["id"].as_str().unwrap_or_default(),
+            gate["contextId"].as_str().unwrap_or_default(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        resumed["events"][0]["task"]["id"], gate["id"],
+        "the same task goes on"
+    );
+    assert_eq!(
+        last_state(&resumed["events"]),
+        "TASK_STATE_COMPLETED",
+        "{resumed}"
+    );
+
+    // A dropped stream is followed again: the task first, then on to the end.
+    let mut slow = answer(&[
+        "one ", "two ", "three ", "four ", "five ", "six ", "seven ", "eight.",
+    ]);
+    slow.chunk_delay = Some(std::time::Duration::from_millis(250));
+    push(&script, slow);
+    let again = sdk(
+        &py,
+        &["drop-and-resubscribe", &agent, ALICE, "count slowly"],
+    )
+    .await;
+    let events = &again["events"];
+    assert_eq!(
+        events[0]["task"]["id"], again["first"]["task"]["id"],
+        "{again}"
+    );
+    assert_eq!(last_state(events), "TASK_STATE_COMPLETED", "{again}");
+    assert_eq!(
+        artifact(events, "answer").map(|a| a["parts"][0]["text"].clone()),
+        Some(json!("one two three four five six seven eight."))
+    );
+    assert!(!server.log().contains(ALICE), "keys never logged");
+    assert!(server.terminate().success());
+}
