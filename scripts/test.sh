@@ -97,7 +97,7 @@ if ! "$venv/bin/python" -c 'import openai, anthropic' 2>/dev/null; then
   "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-sdk.txt
 fi
 # The A2A tests call Kortex with the official A2A SDK, in the same virtualenv.
-if ! "$venv/bin/python" -c 'import a2a.client' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import a2a.client, jwt' 2>/dev/null; then
   echo "==> installing the A2A SDK into $venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r operator/tests/fixtures/requirements-a2a.txt
 fi

@@ -129,6 +129,9 @@ pub struct ServeArgs {
     /// Slack's Web API.
     #[command(flatten)]
     pub slack: crate::http::slack_conv::SlackArgs,
+    /// The A2A agents' cards.
+    #[command(flatten)]
+    pub a2a: crate::http::a2a::A2aArgs,
 }
 
 /// Settings of the built-in tools.
@@ -348,6 +351,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         auth_proxy: None,
         sso: (args.sso, None),
         slack: args.slack,
+        a2a: args.a2a,
         egress: Arc::new(crate::egress::Egress::standalone(
             crate::egress::Own::default(),
         )),
@@ -393,6 +397,8 @@ struct Server {
     ),
     /// Slack's Web API.
     slack: crate::http::slack_conv::SlackArgs,
+    /// The A2A agents' cards.
+    a2a: crate::http::a2a::A2aArgs,
     /// Where tools and providers may send requests.
     egress: Arc<crate::egress::Egress>,
     /// Cluster mode: whether this replica leads (only the leader prunes).
@@ -428,6 +434,7 @@ async fn run_server(server: Server) -> Result<(), String> {
         auth_proxy,
         sso: (sso_args, sso_secret),
         slack,
+        a2a,
         egress,
         leader,
     } = server;
@@ -521,6 +528,7 @@ async fn run_server(server: Server) -> Result<(), String> {
             .map(|k| Arc::from(k.as_bytes())),
         sso,
         slack: Some(slack_door.clone()),
+        a2a: a2a.door(tools.public_url.as_deref())?,
     });
 
     let listener = tokio::net::TcpListener::bind(listen)

@@ -92,6 +92,9 @@ pub struct RunArgs {
     /// Slack's Web API.
     #[command(flatten)]
     pub slack: crate::http::slack_conv::SlackArgs,
+    /// The A2A agents' cards.
+    #[command(flatten)]
+    pub a2a: crate::http::a2a::A2aArgs,
 }
 
 /// `--auth`.
@@ -326,6 +329,7 @@ pub async fn run(args: RunArgs) -> Result<(), String> {
         auth_proxy,
         sso: (args.sso, sso_secret),
         slack: args.slack,
+        a2a: args.a2a,
         egress,
         leader: Some(leader_rx),
     })

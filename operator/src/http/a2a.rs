@@ -13,8 +13,10 @@
 //!   the proposals (as data, with how a person decides them: an A2A caller decides only as
 //!   any approver would, through the proposals API or kubectl).
 //!
-//! Push notifications are not offered yet (`capabilities.pushNotifications: false`, the
-//! methods answer -32003), nor an extended card.
+//! A card is signed (a detached JWS, ES256, over its RFC 8785 canonical form as A2A §8.4
+//! says) when `--a2a-signing-key-file` names a key. Push notifications are not offered yet
+//! (`capabilities.pushNotifications: false`, the methods answer -32003), nor an extended
+//! card.
 
 use super::AppState;
 use super::access::{may_use, ms_to_rfc3339, reachable};
@@ -40,6 +42,143 @@ pub const PROTOCOL_VERSION: &str = "1.0";
 const BLOCKING_WAIT: Duration = Duration::from_secs(600);
 /// How much of a tool result an evidence part carries.
 const EVIDENCE_CHARS: usize = 2_000;
+
+/// `--a2a-signing-key-file`, `--a2a-signing-key-id`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct A2aArgs {
+    /// A PEM file with a P-256 private key (PKCS#8, `openssl genpkey -algorithm EC -pkeyopt
+    /// ec_paramgen_curve:P-256`): Agent Cards are then signed with it (ES256).
+    #[arg(long, env = "KORTEX_A2A_SIGNING_KEY_FILE")]
+    pub a2a_signing_key_file: Option<std::path::PathBuf>,
+    /// The key id (`kid`) the signatures name, for verifiers to find the public key.
+    #[arg(long, env = "KORTEX_A2A_SIGNING_KEY_ID", default_value = "kortex-a2a")]
+    pub a2a_signing_key_id: String,
+}
+
+impl A2aArgs {
+    /// The door: its public address and signer.
+    pub fn door(&self, public_url: Option<&str>) -> Result<Door, String> {
+        let signer = match &self.a2a_signing_key_file {
+            Some(path) => {
+                let pem = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--a2a-signing-key-file {}: {e}", path.display()))?;
+                Some(
+                    CardSigner::from_pem(&pem, &self.a2a_signing_key_id)
+                        .map_err(|e| format!("--a2a-signing-key-file {}: {e}", path.display()))?,
+                )
+            }
+            None => None,
+        };
+        Ok(Door {
+            public_url: public_url.map(|u| u.trim_end_matches('/').to_owned()),
+            signer,
+        })
+    }
+}
+
+/// What the A2A door knows besides the API's state.
+#[derive(Default)]
+pub struct Door {
+    /// The public address (`--public-url`); else the request's `Host`.
+    pub public_url: Option<String>,
+    /// Signs the cards, when a key is configured.
+    pub signer: Option<CardSigner>,
+}
+
+/// Signs Agent Cards: ES256 over the card's canonical form (A2A v1.0 §8.4).
+pub struct CardSigner {
+    key: ring::signature::EcdsaKeyPair,
+    kid: String,
+}
+
+impl CardSigner {
+    /// From a PEM PKCS#8 P-256 private key.
+    pub fn from_pem(pem: &str, kid: &str) -> Result<Self, String> {
+        let body: String = pem
+            .lines()
+            .filter(|l| !l.starts_with("-----"))
+            .map(str::trim)
+            .collect();
+        let der = crate::oidc::jwt::base64url(&body.replace('+', "-").replace('/', "_"))
+            .ok_or("not a PEM file")?;
+        let key = ring::signature::EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            &der,
+            &ring::rand::SystemRandom::new(),
+        )
+        .map_err(|e| format!("not a PKCS#8 P-256 private key ({e})"))?;
+        Ok(Self {
+            key,
+            kid: kid.to_owned(),
+        })
+    }
+
+    /// `card` with its `signatures`.
+    fn sign(&self, card: &Value) -> Value {
+        let header = json!({"alg": "ES256", "typ": "JOSE", "kid": self.kid});
+        let protected = crate::oidc::jwt::base64url_encode(header.to_string().as_bytes());
+        let payload = crate::oidc::jwt::base64url_encode(canonical_card(card).as_bytes());
+        let input = format!("{protected}.{payload}");
+        let mut out = card.clone();
+        match self
+            .key
+            .sign(&ring::rand::SystemRandom::new(), input.as_bytes())
+        {
+            Ok(sig) => {
+                out["signatures"] = json!([{"protected": protected,
+                    "signature": crate::oidc::jwt::base64url_encode(sig.as_ref())}]);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot sign an Agent Card"),
+        }
+        out
+    }
+}
+
+/// The card as A2A signs it: without `signatures`, empty strings, arrays and objects
+/// removed (recursively), in RFC 8785 canonical form.
+pub fn canonical_card(card: &Value) -> String {
+    let mut card = card.clone();
+    if let Some(o) = card.as_object_mut() {
+        o.remove("signatures");
+    }
+    jcs(&clean_empty(card).unwrap_or_else(|| json!({})))
+}
+
+fn clean_empty(v: Value) -> Option<Value> {
+    match v {
+        Value::Object(o) => {
+            let kept: serde_json::Map<String, Value> = o
+                .into_iter()
+                .filter_map(|(k, v)| clean_empty(v).map(|v| (k, v)))
+                .collect();
+            (!kept.is_empty()).then_some(Value::Object(kept))
+        }
+        Value::Array(a) => {
+            let kept: Vec<Value> = a.into_iter().filter_map(clean_empty).collect();
+            (!kept.is_empty()).then_some(Value::Array(kept))
+        }
+        Value::String(s) if s.is_empty() => None,
+        other => Some(other),
+    }
+}
+
+/// RFC 8785 (JCS): members sorted by their names' UTF-16 code units, no whitespace,
+/// strings escaped as ECMAScript does (as serde_json does), integers as they are.
+fn jcs(v: &Value) -> String {
+    match v {
+        Value::Object(o) => {
+            let mut members: Vec<(&String, &Value)> = o.iter().collect();
+            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            let inner: Vec<String> = members
+                .into_iter()
+                .map(|(k, v)| format!("{}:{}", Value::String(k.clone()), jcs(v)))
+                .collect();
+            format!("{{{}}}", inner.join(","))
+        }
+        Value::Array(a) => format!("[{}]", a.iter().map(jcs).collect::<Vec<_>>().join(",")),
+        other => other.to_string(),
+    }
+}
 
 /// A JSON-RPC error of A2A's (or JSON-RPC's own).
 #[derive(Debug)]
@@ -113,8 +252,8 @@ fn exposed(state: &AppState, namespace: &str, name: &str) -> Option<PolicyEntry>
 
 /// This server's address as the caller reached it (`--public-url` when set).
 fn origin(state: &AppState, headers: &HeaderMap) -> String {
-    if let Some(url) = state.slack.as_ref().and_then(|d| d.public_url.as_deref()) {
-        return url.trim_end_matches('/').to_owned();
+    if let Some(url) = &state.a2a.public_url {
+        return url.clone();
     }
     let host = headers
         .get(header::HOST)
@@ -169,10 +308,10 @@ pub async fn policy_card(
     headers: HeaderMap,
 ) -> Response {
     match exposed(&state, &namespace, &name) {
-        Some(p) => card_response(&card(
-            &p,
-            &endpoint(&origin(&state, &headers), &namespace, &name),
-        )),
+        Some(p) => card_response(
+            &state,
+            &card(&p, &endpoint(&origin(&state, &headers), &namespace, &name)),
+        ),
         None => super::error::ApiError::not_found(format!(
             "no ChatPolicy {namespace}/{name} is exposed to agents (spec.a2a.expose)"
         ))
@@ -192,7 +331,7 @@ pub async fn origin_card(State(state): State<AppState>, headers: HeaderMap) -> R
         .collect();
     let origin = origin(&state, &headers);
     match all.as_slice() {
-        [(k, p)] => card_response(&card(p, &endpoint(&origin, &k.namespace, &k.name))),
+        [(k, p)] => card_response(&state, &card(p, &endpoint(&origin, &k.namespace, &k.name))),
         [] => super::error::ApiError::not_found(
             "no ChatPolicy is exposed to agents (spec.a2a.expose)",
         )
@@ -208,8 +347,12 @@ pub async fn origin_card(State(state): State<AppState>, headers: HeaderMap) -> R
     }
 }
 
-fn card_response(card: &Value) -> Response {
-    ([(header::CACHE_CONTROL, "max-age=300")], Json(card.clone())).into_response()
+fn card_response(state: &AppState, card: &Value) -> Response {
+    let card = match &state.a2a.signer {
+        Some(signer) => signer.sign(card),
+        None => card.clone(),
+    };
+    ([(header::CACHE_CONTROL, "max-age=300")], Json(card)).into_response()
 }
 
 /// The A2A task state of a run's.
@@ -990,4 +1133,21 @@ async fn pump(
     send(json!({"statusUpdate": {"taskId": task_id, "contextId": context, "status": status}}))
         .await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn a_card_is_canonicalized_as_rfc_8785_and_the_sdk_say() {
+        // Empty values go (as the A2A SDK's verifier drops them), members are sorted, no
+        // whitespace, non-ASCII left as it is.
+        let card = json!({"name": "K\u{e9}", "skills": [], "b": {"list": []}, "a": 1,
+            "c": [{"z": "", "y": true}], "signatures": [{"protected": "x"}], "d": "line\nnext"});
+        assert_eq!(
+            super::canonical_card(&card),
+            "{\"a\":1,\"c\":[{\"y\":true}],\"d\":\"line\\nnext\",\"name\":\"K\u{e9}\"}"
+        );
+    }
 }

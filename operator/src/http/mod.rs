@@ -5,7 +5,7 @@
 //! these and never import one another), `limits` bounds requests, `error` is the one error
 //! answer. The top floor but `cli`: imports any room below.
 
-mod a2a;
+pub mod a2a;
 mod access;
 mod alerts_api;
 mod audit_api;
@@ -92,6 +92,8 @@ pub struct AppShared {
     pub sso: Option<Arc<sso::Sso>>,
     /// Slack's Web API, for answering in threads (`None`: events are taken, not answered).
     pub slack: Option<Arc<slack_conv::SlackDoor>>,
+    /// The A2A agents' public address and card signer.
+    pub a2a: a2a::Door,
 }
 
 /// All routes.

@@ -78,6 +78,30 @@ fn artifact<'a>(events: &'a Value, id: &str) -> Option<&'a Value> {
         .map(|u| &u["artifact"])
 }
 
+/// A new P-256 key: its PKCS#8 PEM, and its public JWK (JSON).
+fn signing_key() -> (String, String) {
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+    let pair =
+        EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng).unwrap();
+    let b64 = kortex::redact::base64_bytes(pkcs8.as_ref());
+    let lines: Vec<&str> = b64
+        .as_bytes()
+        .chunks(64)
+        .filter_map(|c| std::str::from_utf8(c).ok())
+        .collect();
+    let pem = format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        lines.join("\n")
+    );
+    let point = pair.public_key().as_ref();
+    let jwk = json!({"kty": "EC", "crv": "P-256", "kid": "test-key",
+        "x": kortex::oidc::jwt::base64url_encode(&point[1..33]),
+        "y": kortex::oidc::jwt::base64url_encode(&point[33..65])});
+    (pem, jwk.to_string())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_agent_investigates_through_the_a2a_sdk() {
     let Some(py) = python() else { return };
@@ -108,13 +132,30 @@ async fn another_agent_investigates_through_the_a2a_sdk() {
     );
     std::fs::write(m.join("all.yaml"), yaml).unwrap();
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    // Cards signed with a P-256 key; its public half as a JWK, for the SDK's verifier.
+    let (pem, jwk) = signing_key();
+    let key_file = dir.path().join("a2a-key.pem");
+    std::fs::write(&key_file, pem).unwrap();
+    let key_file = key_file.display().to_string();
     // Off loopback: every call needs a key.
-    let (server, base) = Server::start_keyed(&m, &db, &[]);
+    let (server, base) = Server::start_keyed(
+        &m,
+        &db,
+        &[
+            ("KORTEX_A2A_SIGNING_KEY_FILE", key_file.as_str()),
+            ("KORTEX_A2A_SIGNING_KEY_ID", "test-key"),
+        ],
+    );
     let agent = format!("{base}/a2a/v1/default/oncall");
     let planned = format!("{base}/a2a/v1/default/planned");
 
-    // The card, as the SDK fetches and parses it.
-    let card = sdk(&py, &["card", &agent]).await;
+    // The card, as the SDK fetches, parses and verifies it (its JWS signature, ES256).
+    let card = sdk(&py, &["card", &agent, &jwk]).await;
+    assert!(card["error"].is_null(), "{card}");
+    // Another key's signature does not verify.
+    let (_, other) = signing_key();
+    let refused = sdk(&py, &["card", &agent, &other]).await;
+    assert_eq!(refused["error"], "InvalidSignaturesError", "{refused}");
     assert_eq!(card["name"], "Checkout investigator");
     assert_eq!(card["capabilities"]["streaming"], true);
     let interface = &card["supportedInterfaces"][0];

@@ -319,6 +319,7 @@ spec: {sessions: ['*'], provider: ollama, budget: {dailyUsdLimit: 25}}
         erasure_key: None,
         sso: None,
         slack: None,
+        a2a: Default::default(),
     }));
     let (status, _, body) = call(&app, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);

@@ -87,6 +87,7 @@ fn app_of(
         erasure_key: None,
         sso,
         slack: None,
+        a2a: Default::default(),
     }))
 }
 
