@@ -14,9 +14,10 @@
 //!   any approver would, through the proposals API or kubectl).
 //!
 //! A card is signed (a detached JWS, ES256, over its RFC 8785 canonical form as A2A §8.4
-//! says) when `--a2a-signing-key-file` names a key. Push notifications are not offered yet
-//! (`capabilities.pushNotifications: false`, the methods answer -32003), nor an extended
-//! card.
+//! says) when `--a2a-signing-key-file` names a key. Push notifications POST a task's
+//! stream events to the caller's URL, through the egress guard, from the replica that
+//! serves the task (configs are kept in memory: their tokens are the caller's secrets). No
+//! extended card.
 
 use super::AppState;
 use super::access::{may_use, ms_to_rfc3339, reachable};
@@ -72,6 +73,7 @@ impl A2aArgs {
         Ok(Door {
             public_url: public_url.map(|u| u.trim_end_matches('/').to_owned()),
             signer,
+            push: PushBoard::default(),
         })
     }
 }
@@ -83,6 +85,8 @@ pub struct Door {
     pub public_url: Option<String>,
     /// Signs the cards, when a key is configured.
     pub signer: Option<CardSigner>,
+    /// Tasks' push notification configs.
+    pub push: PushBoard,
 }
 
 /// Signs Agent Cards: ES256 over the card's canonical form (A2A v1.0 §8.4).
@@ -177,6 +181,185 @@ fn jcs(v: &Value) -> String {
         }
         Value::Array(a) => format!("[{}]", a.iter().map(jcs).collect::<Vec<_>>().join(",")),
         other => other.to_string(),
+    }
+}
+
+/// A push notification config of a task (kept in this replica's memory: its token and
+/// credentials are the caller's secrets, never stored or shown).
+struct PushConfig {
+    id: String,
+    url: String,
+    token: Option<crate::catalog::SecretValue>,
+    /// `(scheme, credentials)` for `Authorization`.
+    auth: Option<(String, crate::catalog::SecretValue)>,
+}
+
+impl PushConfig {
+    /// As the API shows it: without the token or the credentials.
+    fn json(&self, task: &str) -> Value {
+        let mut v = json!({"id": self.id, "taskId": task, "url": self.url});
+        if let Some((scheme, _)) = &self.auth {
+            v["authentication"] = json!({"scheme": scheme});
+        }
+        v
+    }
+}
+
+/// The push notification configs of the tasks this replica follows, and which tasks have
+/// a sender running.
+#[derive(Default)]
+pub struct PushBoard {
+    configs: std::sync::Mutex<std::collections::HashMap<String, Vec<PushConfig>>>,
+    sending: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl PushBoard {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut std::collections::HashMap<String, Vec<PushConfig>>) -> T,
+    ) -> T {
+        f(&mut self.configs.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A `TaskPushNotificationConfig` from a request; checked: an `http(s)` URL the egress
+/// guard lets Kortex reach.
+fn push_config(v: &Value) -> Result<PushConfig, RpcError> {
+    let url = v["url"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| RpcError::invalid_params("a push notification config has a url"))?;
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| RpcError::invalid_params(format!("push url {url:?}: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(RpcError::invalid_params("a push url is http or https"));
+    }
+    crate::egress::current()
+        .check_url(&parsed, false)
+        .map_err(|why| {
+            RpcError::invalid_params(format!(
+                "Kortex may not send to {}: {why}",
+                parsed.host_str().unwrap_or_default()
+            ))
+        })?;
+    let secret = |s: &str| crate::catalog::SecretValue::new(s);
+    let auth = match (
+        v["authentication"]["scheme"]
+            .as_str()
+            .filter(|s| !s.is_empty()),
+        v["authentication"]["credentials"]
+            .as_str()
+            .filter(|s| !s.is_empty()),
+    ) {
+        (Some(scheme), Some(creds)) => Some((scheme.to_owned(), secret(creds))),
+        (Some(_), None) => {
+            return Err(RpcError::invalid_params(
+                "authentication names a scheme without credentials",
+            ));
+        }
+        _ => None,
+    };
+    Ok(PushConfig {
+        id: v["id"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map_or_else(crate::store::new_id, str::to_owned),
+        url: url.to_owned(),
+        token: v["token"].as_str().filter(|s| !s.is_empty()).map(secret),
+        auth,
+    })
+}
+
+/// Sends task `run`'s events (the stream's, as `StreamResponse`s) to its push configs,
+/// until it stops; one sender per task on this replica.
+fn ensure_sender(state: &AppState, session: &SessionRecord, run: &str) {
+    let board = &state.a2a.push;
+    let has = board.with(|c| c.get(run).is_some_and(|v| !v.is_empty()));
+    let new = has
+        && board
+            .sending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run.to_owned());
+    if !new {
+        return;
+    }
+    let (state, session, run) = (state.clone(), session.clone(), run.to_owned());
+    tokio::spawn(async move {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(64);
+        let pumping = {
+            let (state, session, run) = (state.clone(), session.clone(), run.clone());
+            tokio::spawn(async move {
+                if let Err(e) = pump(&state, &session, &run, &Value::Null, &tx).await {
+                    tracing::info!(task = %run, error = %e.message, "a task's push notifications stopped");
+                }
+            })
+        };
+        let client = crate::egress::current().plugin_client(false);
+        while let Some(item) = rx.recv().await {
+            let Some(event) = item.get("result") else {
+                continue;
+            };
+            let targets: Vec<(String, Option<String>, Option<String>)> = state.a2a.push.with(|c| {
+                c.get(&run)
+                    .into_iter()
+                    .flatten()
+                    .map(|p| {
+                        (
+                            p.url.clone(),
+                            p.token.as_ref().map(|t| t.expose().to_owned()),
+                            p.auth.as_ref().map(|(s, c)| format!("{s} {}", c.expose())),
+                        )
+                    })
+                    .collect()
+            });
+            for (url, token, auth) in targets {
+                let Ok(client) = &client else { break };
+                deliver(client, &run, &url, token.as_deref(), auth.as_deref(), event).await;
+            }
+        }
+        let _ = pumping.await;
+        state
+            .a2a
+            .push
+            .sending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&run);
+    });
+}
+
+/// One push notification: POSTed as JSON, tried three times (1 s, then 2 s apart).
+async fn deliver(
+    client: &reqwest::Client,
+    task: &str,
+    url: &str,
+    token: Option<&str>,
+    auth: Option<&str>,
+    event: &Value,
+) {
+    for attempt in 0..3u32 {
+        let mut request = client
+            .post(url)
+            .timeout(Duration::from_secs(10))
+            .header(header::CONTENT_TYPE, "application/a2a+json")
+            .body(event.to_string());
+        if let Some(t) = token {
+            request = request.header("x-a2a-notification-token", t);
+        }
+        if let Some(a) = auth {
+            request = request.header(header::AUTHORIZATION, a);
+        }
+        match request.send().await {
+            Ok(r) if r.status().is_success() => return,
+            Ok(r) => {
+                tracing::info!(task, status = %r.status(), attempt, "a push notification was refused")
+            }
+            Err(e) => {
+                tracing::info!(task, error = %e.without_url(), attempt, "a push notification could not be sent")
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1 << attempt)).await;
     }
 }
 
@@ -287,7 +470,7 @@ fn card(policy: &PolicyEntry, url: &str) -> Value {
         "supportedInterfaces": [{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION}],
         "provider": {"organization": "Kortex", "url": "https://kortex.dev"},
         "documentationUrl": "https://kortex.dev/docs/a2a",
-        "capabilities": {"streaming": true, "pushNotifications": false, "extendedAgentCard": false},
+        "capabilities": {"streaming": true, "pushNotifications": true, "extendedAgentCard": false},
         "securitySchemes": {"bearer": {"httpAuthSecurityScheme": {"scheme": "Bearer",
             "description": "A Kortex chat key, or in cluster mode a Kubernetes bearer token: the caller's own identity, whose rights apply"}}},
         "securityRequirements": [{"schemes": {"bearer": {"list": []}}}],
@@ -657,14 +840,19 @@ pub async fn rpc(
         "GetTask" => agent.get(&params).await.map(|t| rpc_result(&id, t)),
         "CancelTask" => agent.cancel(&params).await.map(|t| rpc_result(&id, t)),
         "SubscribeToTask" => agent.subscribe(&params, &id).await,
-        "CreateTaskPushNotificationConfig"
-        | "GetTaskPushNotificationConfig"
-        | "ListTaskPushNotificationConfigs"
-        | "DeleteTaskPushNotificationConfig" => Err(RpcError::new(
-            -32003,
-            "PUSH_NOTIFICATION_NOT_SUPPORTED",
-            "this agent does not send push notifications (capabilities.pushNotifications: false)",
-        )),
+        "CreateTaskPushNotificationConfig" => {
+            agent.push_create(&params).await.map(|c| rpc_result(&id, c))
+        }
+        "GetTaskPushNotificationConfig" => {
+            agent.push_get(&params).await.map(|c| rpc_result(&id, c))
+        }
+        "ListTaskPushNotificationConfigs" => {
+            agent.push_list(&params).await.map(|c| rpc_result(&id, c))
+        }
+        "DeleteTaskPushNotificationConfig" => agent
+            .push_delete(&params)
+            .await
+            .map(|()| rpc_result(&id, Value::Null)),
         "GetExtendedAgentCard" => Err(RpcError::unsupported(
             "this agent has no extended card (capabilities.extendedAgentCard: false)",
         )),
@@ -845,6 +1033,17 @@ impl Agent<'_> {
                 (session, run)
             }
         };
+        let push = &params["configuration"]["taskPushNotificationConfig"];
+        if push.is_object() {
+            let config = push_config(push)?;
+            self.state.a2a.push.with(|c| {
+                let list = c.entry(run_id.clone()).or_default();
+                list.retain(|p| p.id != config.id);
+                list.push(config);
+            });
+        }
+        // A task with push configs (new, or resumed after input) is sent as it goes.
+        ensure_sender(self.state, &session, &run_id);
         let returns_at_once = params["configuration"]["returnImmediately"]
             .as_bool()
             .unwrap_or(false);
@@ -975,6 +1174,74 @@ impl Agent<'_> {
                 run.id
             ))),
         }
+    }
+
+    /// `CreateTaskPushNotificationConfig`: the task's events are POSTed to `url` from now
+    /// on (with `X-A2A-Notification-Token` and `Authorization` as configured).
+    async fn push_create(&self, params: &Value) -> Result<Value, RpcError> {
+        let task = params["taskId"]
+            .as_str()
+            .ok_or_else(|| RpcError::invalid_params("taskId names the task"))?;
+        let (session, _) = self.task(task, Access::Continue).await?;
+        let config = push_config(params)?;
+        let shown = config.json(task);
+        self.state.a2a.push.with(|c| {
+            let list = c.entry(task.to_owned()).or_default();
+            list.retain(|p| p.id != config.id);
+            list.push(config);
+        });
+        ensure_sender(self.state, &session, task);
+        Ok(shown)
+    }
+
+    async fn push_get(&self, params: &Value) -> Result<Value, RpcError> {
+        let (task, id) = (
+            params["taskId"].as_str().unwrap_or_default(),
+            params["id"].as_str().unwrap_or_default(),
+        );
+        self.task(task, Access::Read).await?;
+        self.state
+            .a2a
+            .push
+            .with(|c| {
+                c.get(task)
+                    .and_then(|l| l.iter().find(|p| p.id == id))
+                    .map(|p| p.json(task))
+            })
+            .ok_or_else(|| {
+                RpcError::new(
+                    -32001,
+                    "TASK_NOT_FOUND",
+                    format!("task {task} has no push notification config {id}"),
+                )
+            })
+    }
+
+    async fn push_list(&self, params: &Value) -> Result<Value, RpcError> {
+        let task = params["taskId"].as_str().unwrap_or_default();
+        self.task(task, Access::Read).await?;
+        let configs: Vec<Value> = self.state.a2a.push.with(|c| {
+            c.get(task)
+                .into_iter()
+                .flatten()
+                .map(|p| p.json(task))
+                .collect()
+        });
+        Ok(json!({"configs": configs}))
+    }
+
+    async fn push_delete(&self, params: &Value) -> Result<(), RpcError> {
+        let (task, id) = (
+            params["taskId"].as_str().unwrap_or_default(),
+            params["id"].as_str().unwrap_or_default(),
+        );
+        self.task(task, Access::Continue).await?;
+        self.state.a2a.push.with(|c| {
+            if let Some(l) = c.get_mut(task) {
+                l.retain(|p| p.id != id);
+            }
+        });
+        Ok(())
     }
 
     /// `SubscribeToTask {id}`: the task, then its events until it stops.

@@ -349,6 +349,45 @@ async fn another_agent_investigates_through_the_a2a_sdk() {
         artifact(events, "answer").map(|a| a["parts"][0]["text"].clone()),
         Some(json!("one two three four five six seven eight."))
     );
+
+    // Push notifications: the task answers at once, its events reach the receiver with
+    // the token and credentials set; listing the configs shows neither.
+    let hook = crate::support::receiver::receiver(0).await;
+    push_answer(&script, &["Pushed: all good."]);
+    let pushed = sdk(
+        &py,
+        &["push", &agent, ALICE, "is checkout ok now?", &hook.url],
+    )
+    .await;
+    let task = pushed["events"][0]["task"].clone();
+    assert!(task["id"].is_string(), "{pushed}");
+    let listed = pushed["configs"]["configs"][0].clone();
+    assert_eq!(listed["url"], hook.url.as_str(), "{pushed}");
+    assert!(
+        listed.get("token").is_none() && listed["authentication"].get("credentials").is_none(),
+        "{listed}"
+    );
+    let done = crate::support::net::eventually("the completed task pushed", || {
+        let got = hook.got();
+        async move {
+            got.into_iter()
+                .find(|(_, b)| b["statusUpdate"]["status"]["state"] == "TASK_STATE_COMPLETED")
+                .ok_or_else(|| "not yet".to_owned())
+        }
+    })
+    .await;
+    assert_eq!(done.1["statusUpdate"]["taskId"], task["id"]);
+    assert_eq!(done.0["x-a2a-notification-token"], "push-token-42");
+    assert_eq!(done.0["authorization"], "Bearer receiver-secret");
+    let pushed_answer = hook.got().into_iter().rev().find_map(|(_, b)| {
+        (b["artifactUpdate"]["artifact"]["artifactId"] == "answer")
+            .then(|| b["artifactUpdate"]["artifact"]["parts"][0]["text"].clone())
+    });
+    assert_eq!(pushed_answer, Some(json!("Pushed: all good.")));
+    assert!(
+        !server.log().contains("receiver-secret"),
+        "push credentials never logged"
+    );
     assert!(!server.log().contains(ALICE), "keys never logged");
     assert!(server.terminate().success());
 }
