@@ -290,11 +290,25 @@ pub fn run_credential(
 /// its networks only), loopback checks, or a bearer token — in the `Authorization` header,
 /// or, for a signed-in browser, in the HttpOnly [`AUTH_COOKIE`], in which case requests
 /// that change anything must echo the [`CSRF_COOKIE`] in [`CSRF_HEADER`].
-pub async fn authenticate(
-    State(state): State<AppState>,
+pub async fn authenticate(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_owned();
+    match authenticated(&state, req, next).await {
+        Ok(response) => response,
+        // A 401 says where OAuth clients find how to get a token (when Kortex takes them).
+        Err(e) => super::oauth::with_challenge(
+            &state,
+            &path,
+            axum::response::IntoResponse::into_response(e),
+        ),
+    }
+}
+
+async fn authenticated(
+    state: &AppState,
     mut req: Request,
     next: Next,
 ) -> Result<Response, ApiError> {
+    let state = state.clone();
     // An authenticating proxy's identity headers, from the proxy's own address only.
     if let Some(caller) = state.auth_proxy.as_deref().and_then(|p| proxied(p, &req)) {
         req.extensions_mut().insert(caller);
@@ -308,6 +322,12 @@ pub async fn authenticate(
             kube: None,
         });
         req.extensions_mut().insert(delegation);
+        return Ok(next.run(req).await);
+    }
+    // An OAuth access token of the single sign-on issuer, for Kortex (docs/mcp.md#oauth).
+    let path = req.uri().path().to_owned();
+    if let Some(caller) = super::oauth::caller(&state, req.headers(), &path).await {
+        req.extensions_mut().insert(caller?);
         return Ok(next.run(req).await);
     }
     // A signed-in session (docs/sso.md): its cookie, or `kortex login`'s bearer token.

@@ -213,11 +213,14 @@ pub async fn guard_origin(State(state): State<AppState>, req: Request, next: Nex
         return e.into_response();
     }
     let mut response = next.run(req).await;
+    // Where an OAuth client finds how to get a token, when Kortex takes them
+    // (`docs/mcp.md#oauth`); else the realm.
     if response.status() == StatusCode::UNAUTHORIZED {
-        response.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            HeaderValue::from_static(r#"Bearer realm="kortex""#),
-        );
+        let challenge = super::oauth::challenge(&state, PATH)
+            .unwrap_or_else(|| HeaderValue::from_static(r#"Bearer realm="kortex""#));
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, challenge);
     }
     response
 }

@@ -13,6 +13,7 @@ mod dashboard;
 mod erasure_api;
 mod evals_api;
 pub mod gateway;
+mod oauth;
 mod usage_api;
 
 pub use crate::store::usage_total;
@@ -225,6 +226,12 @@ pub fn router(state: AppState) -> Router {
         .route("/auth/v1/oidc/login", get(sso::login))
         .route(sso::CALLBACK_PATH, get(sso::callback))
         .route("/auth/v1/oidc/token", axum::routing::post(sso::cli_token))
+        // How OAuth clients get a token for Kortex (`docs/mcp.md#oauth`).
+        .route(oauth::METADATA_PATH, get(oauth::server_metadata))
+        .route(
+            "/.well-known/oauth-protected-resource/{*path}",
+            get(oauth::endpoint_metadata),
+        )
         // Agent Cards are public: they say how to authenticate (`docs/a2a.md`).
         .route(a2a::CARD_PATH, get(a2a::origin_card))
         .route(

@@ -82,6 +82,12 @@ pub struct Sso {
     /// `impersonate` mode: the only groups passed on (the chart grants exactly these);
     /// empty: every group the ID token names, but never a `system:` one.
     pub impersonate_groups: Vec<String>,
+    /// Kortex as an OAuth resource server (`docs/mcp.md#oauth`): its public URL (the
+    /// `resource` access tokens must be for), when `--public-url` is set.
+    pub resource: Option<String>,
+    /// Scopes an access token must carry (`--oauth-scopes`), advertised in the resource's
+    /// metadata.
+    pub oauth_scopes: Vec<String>,
     /// Serialises one replica's refreshes of a session (a rotating refresh token is good
     /// for one refresh).
     refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -101,6 +107,8 @@ impl Sso {
             kube,
             redirect_url,
             impersonate_groups: Vec::new(),
+            resource: None,
+            oauth_scopes: Vec::new(),
             refreshing: Mutex::default(),
         }
     }
@@ -844,7 +852,7 @@ pub async fn caller(state: &AppState, sso: &Sso, id: &str) -> Result<Caller, Api
 /// group (the API server's own, `system:masters` among them), and in `impersonate` mode with
 /// `--oidc-impersonate-groups` only those listed (the ones the chart lets Kortex
 /// impersonate).
-fn kube_groups(sso: &Sso, groups: &[String]) -> Vec<String> {
+pub(super) fn kube_groups(sso: &Sso, groups: &[String]) -> Vec<String> {
     let listed = sso.kube == KubeMode::Impersonate && !sso.impersonate_groups.is_empty();
     groups
         .iter()
@@ -1031,6 +1039,11 @@ pub struct SsoArgs {
     /// every replica (default: a random key of this process; sign-ins end on restart).
     #[arg(long, env = "KORTEX_SESSION_KEY_FILE", value_name = "FILE")]
     pub session_key_file: Option<std::path::PathBuf>,
+    /// Scopes an OAuth access token presented to `/mcp` or an A2A agent must carry
+    /// (comma-separated; advertised in the protected resource metadata). Never `openid`
+    /// (MCP clients send no nonce, which some providers then refuse).
+    #[arg(long, env = "KORTEX_OAUTH_SCOPES", value_delimiter = ',')]
+    pub oauth_scopes: Vec<String>,
 }
 
 impl SsoArgs {
@@ -1046,6 +1059,11 @@ impl SsoArgs {
         let Some(issuer) = self.oidc_issuer.clone().filter(|s| !s.is_empty()) else {
             return Ok(None);
         };
+        if self.oauth_scopes.iter().any(|s| s == "openid") {
+            return Err(
+                "--oauth-scopes must not name openid: MCP clients ask for the scopes without a nonce, which providers refuse with openid (name a scope of your own, e.g. kortex:mcp)".into(),
+            );
+        }
         let client_id = self
             .oidc_client_id
             .clone()
@@ -1109,9 +1127,11 @@ impl SsoArgs {
         } else {
             KubeMode::Off
         };
-        Ok(Some(
-            Sso::new(provider, key, kube, redirect_url)
-                .impersonating_only(self.oidc_impersonate_groups.clone()),
-        ))
+        Ok(Some(Sso {
+            resource: public_url.map(|u| u.trim_end_matches('/').to_owned()),
+            oauth_scopes: self.oauth_scopes.clone(),
+            ..Sso::new(provider, key, kube, redirect_url)
+                .impersonating_only(self.oidc_impersonate_groups.clone())
+        }))
     }
 }

@@ -153,8 +153,9 @@ pub enum TokenError {
     Nonce,
 }
 
-/// Verifies `token` with `keys` against `expect`; its claims when every check passes.
-pub fn verify(token: &str, keys: &KeySet, expect: &Expect<'_>) -> Result<Verified, TokenError> {
+/// The claims of `token` once its signature verifies with one of `keys` (an accepted
+/// algorithm, the key its `kid` names).
+fn signed_claims(token: &str, keys: &KeySet) -> Result<Value, TokenError> {
     let mut parts = token.split('.');
     let (Some(h), Some(c), Some(s), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -205,13 +206,74 @@ pub fn verify(token: &str, keys: &KeySet, expect: &Expect<'_>) -> Result<Verifie
     if !verified {
         return Err(TokenError::Signature);
     }
-    let claims = json(c, "the claims")?;
+    json(c, "the claims")
+}
+
+/// Verifies `token` with `keys` against `expect`; its claims when every check passes.
+pub fn verify(token: &str, keys: &KeySet, expect: &Expect<'_>) -> Result<Verified, TokenError> {
+    let claims = signed_claims(token, keys)?;
     check_claims(&claims, expect)?;
     Ok(Verified {
         subject: claims["sub"].as_str().unwrap_or_default().to_owned(),
         expires: claims["exp"].as_i64().unwrap_or_default(),
         claims,
     })
+}
+
+/// Verifies an OAuth access token presented to Kortex as a resource server (RFC 9068, the
+/// MCP authorization spec): signed by one of `keys`, issued by `issuer`, for one of
+/// `resources` (its `aud`: a token for anyone else is refused, never passed on), not
+/// expired, with a subject. Unlike an ID token, its `azp` is the client that obtained it.
+pub fn verify_access(
+    token: &str,
+    keys: &KeySet,
+    issuer: &str,
+    resources: &[&str],
+    now: i64,
+) -> Result<Verified, TokenError> {
+    let claims = signed_claims(token, keys)?;
+    let found = claims["iss"].as_str().unwrap_or_default();
+    if found != issuer {
+        return Err(TokenError::Issuer {
+            expected: issuer.to_owned(),
+            found: found.to_owned(),
+        });
+    }
+    let audiences: Vec<&str> = match &claims["aud"] {
+        Value::String(a) => vec![a.as_str()],
+        Value::Array(a) => a.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    if !audiences.iter().any(|a| resources.contains(a)) {
+        return Err(TokenError::Audience(audiences.join(", ")));
+    }
+    check_times(&claims, now)?;
+    Ok(Verified {
+        subject: claims["sub"].as_str().unwrap_or_default().to_owned(),
+        expires: claims["exp"].as_i64().unwrap_or_default(),
+        claims,
+    })
+}
+
+/// `sub`, `exp`, `iat` and `nbf`, with [`SKEW`].
+fn check_times(claims: &Value, now: i64) -> Result<(), TokenError> {
+    if claims["sub"].as_str().is_none_or(str::is_empty) {
+        return Err(TokenError::Malformed("the claims have no sub".into()));
+    }
+    let exp = claims["exp"]
+        .as_i64()
+        .ok_or_else(|| TokenError::Malformed("the claims have no exp".into()))?;
+    if now > exp + SKEW {
+        return Err(TokenError::Expired(now - exp));
+    }
+    for key in ["iat", "nbf"] {
+        if let Some(t) = claims[key].as_i64()
+            && t > now + SKEW
+        {
+            return Err(TokenError::NotYet(t - now));
+        }
+    }
+    Ok(())
 }
 
 /// The claims' checks, after the signature (OIDC Core §3.1.3.7 steps 2–11).
@@ -243,22 +305,7 @@ fn check_claims(claims: &Value, expect: &Expect<'_>) -> Result<(), TokenError> {
             audiences.join(", ")
         )));
     }
-    if claims["sub"].as_str().is_none_or(str::is_empty) {
-        return Err(TokenError::Malformed("the claims have no sub".into()));
-    }
-    let exp = claims["exp"]
-        .as_i64()
-        .ok_or_else(|| TokenError::Malformed("the claims have no exp".into()))?;
-    if expect.now > exp + SKEW {
-        return Err(TokenError::Expired(expect.now - exp));
-    }
-    for key in ["iat", "nbf"] {
-        if let Some(t) = claims[key].as_i64()
-            && t > expect.now + SKEW
-        {
-            return Err(TokenError::NotYet(t - expect.now));
-        }
-    }
+    check_times(claims, expect.now)?;
     if claims["iat"].as_i64().is_none() {
         return Err(TokenError::Malformed("the claims have no iat".into()));
     }

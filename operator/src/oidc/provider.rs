@@ -302,13 +302,34 @@ impl Provider {
             nonce,
             now,
         };
+        self.with_keys(|set| jwt::verify(token, set, &expect)).await
+    }
+
+    /// Verifies an OAuth access token for one of `resources` (Kortex as a resource server:
+    /// `jwt::verify_access`), with the provider's keys.
+    pub async fn verify_access(
+        &self,
+        token: &str,
+        resources: &[&str],
+    ) -> Result<Verified, SsoError> {
+        let now = jiff::Timestamp::now().as_second();
+        self.with_keys(|set| jwt::verify_access(token, set, &self.settings.issuer, resources, now))
+            .await
+    }
+
+    /// `check` with the key set, fetched when stale; a key not in it is fetched again once
+    /// (a rotation), at most every [`REFETCH_EVERY`], and not again for [`MISS_TTL`].
+    async fn with_keys(
+        &self,
+        check: impl Fn(&jwt::KeySet) -> Result<Verified, TokenError>,
+    ) -> Result<Verified, SsoError> {
         let mut cache = self.keys.lock().await;
         let stale = cache.fetched.is_none_or(|at| at.elapsed() >= CACHE);
         if cache.set.is_none() || stale {
             self.fetch_keys(&mut cache).await?;
         }
         let set = cache.set.clone().unwrap_or_default();
-        match jwt::verify(token, &set, &expect) {
+        match check(&set) {
             Err(TokenError::UnknownKey(kid)) => {
                 let missed = cache
                     .misses
@@ -320,7 +341,7 @@ impl Provider {
                 }
                 self.fetch_keys(&mut cache).await?;
                 let set = cache.set.clone().unwrap_or_default();
-                let result = jwt::verify(token, &set, &expect);
+                let result = check(&set);
                 if let Err(TokenError::UnknownKey(_)) = &result {
                     cache.misses.retain(|_, at| at.elapsed() < MISS_TTL);
                     cache.misses.insert(kid, Instant::now());

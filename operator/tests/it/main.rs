@@ -34,6 +34,7 @@ mod llm;
 mod local_models;
 mod mcp_door;
 mod notify;
+mod oauth;
 mod operator;
 mod plugins;
 mod policy;
