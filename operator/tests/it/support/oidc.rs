@@ -175,6 +175,7 @@ async fn discovery(State(p): State<Provider>) -> axum::Json<Value> {
         "jwks_uri": format!("{}/keys", p.issuer),
         "end_session_endpoint": format!("{}/logout", p.issuer),
         "response_types_supported": ["code"],
+        "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
         "subject_types_supported": ["public"],
         "id_token_signing_alg_values_supported": ["ES256"],
     }))
@@ -246,6 +247,24 @@ async fn token(State(p): State<Provider>, headers: HeaderMap, body: String) -> R
                 axum::Json(body).into_response()
             }
         },
+        // An access token for the resource the client names (RFC 8707): what an MCP
+        // client that holds client credentials gets (the MCP authorization spec).
+        "client_credentials" => {
+            drop(inner);
+            let Some(resource) = form.get("resource").filter(|r| !r.is_empty()) else {
+                return oauth_error("invalid_target");
+            };
+            let now = jiff::Timestamp::now().as_second();
+            let claims = json!({"iss": p.issuer, "aud": resource, "sub": format!("client-{CLIENT_ID}"),
+                "azp": CLIENT_ID, "client_id": CLIENT_ID, "email": "robot@clients.example.com",
+                "groups": ["robots"], "scope": form.get("scope").cloned().unwrap_or_default(),
+                "iat": now, "exp": now + 600});
+            axum::Json(
+                json!({"access_token": p.sign("k1", &claims), "token_type": "Bearer",
+                "expires_in": 600, "scope": form.get("scope").cloned().unwrap_or_default()}),
+            )
+            .into_response()
+        }
         _ => oauth_error("unsupported_grant_type"),
     }
 }
