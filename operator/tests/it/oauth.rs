@@ -11,14 +11,6 @@ use crate::support::oidc::{CLIENT_ID, Provider};
 use crate::support::server::Server;
 use serde_json::{Value, json};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kortex_takes_access_tokens_for_itself_and_refuses_the_rest() {
     let p = Provider::start().await;
@@ -37,7 +29,7 @@ async fn kortex_takes_access_tokens_for_itself_and_refuses_the_rest() {
         ]),
     )
     .unwrap();
-    let port = free_port();
+    let port = crate::support::net::free_port();
     let public = format!("http://127.0.0.1:{port}");
     let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let listen = format!("127.0.0.1:{port}");

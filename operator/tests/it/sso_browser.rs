@@ -58,14 +58,6 @@ fn glewlwyd() -> Option<&'static str> {
     None
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Glewlwyd {
     script: &'static str,
     dir: std::path::PathBuf,
@@ -114,7 +106,7 @@ async fn a_person_signs_in_with_the_company_provider_chats_approves_and_signs_ou
     .unwrap();
     // The provider's address first (Kortex fetches discovery only when someone signs in),
     // then Kortex (its callback URL is registered at the provider), then the provider.
-    let glewlwyd_port = free_port();
+    let glewlwyd_port = crate::support::net::free_port();
     let (front, ca) = crate::support::tls_proxy::start(format!("127.0.0.1:{glewlwyd_port}")).await;
     let issuer = format!("{front}/api/oidc");
     std::fs::write(dir.path().join("ca.pem"), &ca).unwrap();

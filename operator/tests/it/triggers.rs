@@ -142,13 +142,6 @@ fn alertmanager_binary() -> Option<String> {
     None
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
 async fn start_alertmanager(binary: &str, kortex: &str, key: &str) -> Alertmanager {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("alertmanager.yml");
@@ -161,7 +154,7 @@ async fn start_alertmanager(binary: &str, kortex: &str, key: &str) -> Alertmanag
         ),
     )
     .unwrap();
-    let port = free_port();
+    let port = crate::support::net::free_port();
     let child = std::process::Command::new(binary)
         .arg(format!("--config.file={}", config.display()))
         .arg(format!(
