@@ -1002,6 +1002,21 @@ fn compile_tools(
             {
                 spec_problems.push(format!("{path}.auth.header is required for type apiKey"));
             }
+            if let Some(a) = auth
+                && a.auth_type == crate::crd::AuthType::OauthClientCredentials
+            {
+                if path == "spec.http" {
+                    spec_problems.push(
+                        "spec.http.auth.type oauthClientCredentials is for MCP tools (spec.mcp)"
+                            .to_owned(),
+                    );
+                }
+                if a.client_id.is_none() {
+                    spec_problems.push(format!(
+                        "{path}.auth.clientId is required for type oauthClientCredentials"
+                    ));
+                }
+            }
         }
 
         let accepted = if !reserved.is_empty() {

@@ -147,18 +147,36 @@ pub struct McpToolSpec {
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": "self.type != 'apiKey' || has(self.header)",
     "message": "auth.header is required for type apiKey"
+}, {
+    "rule": "self.type != 'oauthClientCredentials' || has(self.clientId)",
+    "message": "auth.clientId is required for type oauthClientCredentials"
 }]))]
 pub struct AuthSpec {
     /// `bearer`: `Authorization: Bearer <secret>`; `apiKey`: the secret in `header`;
-    /// `basic`: the secret holds `user:password`.
+    /// `basic`: the secret holds `user:password`; `oauthClientCredentials` (MCP tools): a
+    /// token from the server's authorization server, with `clientId` and the secret.
     #[serde(rename = "type")]
     pub auth_type: AuthType,
-    /// Where the secret is.
+    /// Where the secret is (the client secret, for `oauthClientCredentials`).
     pub secret_ref: SecretKeyRef,
     /// Header name for `apiKey`, e.g. `X-API-Key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub header: Option<String>,
+    /// `oauthClientCredentials`: the OAuth client id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256))]
+    pub client_id: Option<String>,
+    /// `oauthClientCredentials`: the scopes asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32), inner(length(min = 1, max = 256)))]
+    pub scopes: Vec<String>,
+    /// `oauthClientCredentials`: the authorization server the credentials are of (its
+    /// issuer URL); default the first the MCP server's metadata names. When set, a server
+    /// that names others is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://[^\s]+$"))]
+    pub issuer: Option<String>,
 }
 
 /// Authentication scheme of a plugin tool.
@@ -171,6 +189,8 @@ pub enum AuthType {
     ApiKey,
     /// HTTP basic authentication from `user:password`.
     Basic,
+    /// OAuth client credentials (MCP tools only; `docs/tools.md#oauth`).
+    OauthClientCredentials,
 }
 
 /// Observed state of a `KortexTool`.

@@ -105,6 +105,8 @@ struct Target {
     timeout: Duration,
     max_bytes: usize,
     client: reqwest::Client,
+    /// OAuth client credentials: a token on every request (`tools::mcp_oauth`).
+    oauth: Option<Arc<super::mcp_oauth::ClientCredentials>>,
 }
 
 impl McpServer {
@@ -133,6 +135,29 @@ impl McpServer {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
+        let oauth = match mcp
+            .auth
+            .as_ref()
+            .filter(|a| a.auth_type == crate::crd::AuthType::OauthClientCredentials)
+        {
+            Some(a) => {
+                let secret = entry.secrets.get(&a.secret_ref).cloned().ok_or_else(|| {
+                    format!(
+                        "Secret {}/{} is not resolved",
+                        a.secret_ref.name, a.secret_ref.key
+                    )
+                })?;
+                Some(Arc::new(super::mcp_oauth::ClientCredentials::new(
+                    host.client(spec.allow_private_targets),
+                    &mcp.url,
+                    a.client_id.as_deref().unwrap_or_default(),
+                    secret,
+                    a.scopes.clone(),
+                    a.issuer.clone(),
+                )))
+            }
+            None => None,
+        };
         let generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
         let target = Target {
             key,
@@ -144,6 +169,7 @@ impl McpServer {
             timeout: entry.timeout(),
             max_bytes: entry.max_result_bytes() as usize,
             client: host.client(spec.allow_private_targets),
+            oauth,
         };
         Ok(Self {
             generation,
@@ -289,6 +315,7 @@ async fn connect(
     let client = Capped {
         inner: target.client.clone(),
         refused: refused.clone(),
+        oauth: target.oauth.clone(),
     };
     let transport = StreamableHttpClientTransport::with_client(client, config);
     let service = tokio::time::timeout(HANDSHAKE_TIMEOUT, Handler { changed }.serve(transport))
@@ -368,6 +395,8 @@ fn expose(
 struct Capped {
     inner: reqwest::Client,
     refused: Arc<AtomicU64>,
+    /// OAuth client credentials: their token replaces any other on each request.
+    oauth: Option<Arc<super::mcp_oauth::ClientCredentials>>,
 }
 
 mod capped {
@@ -391,6 +420,28 @@ mod capped {
             self.refused.fetch_add(1, Ordering::Relaxed);
         }
 
+        /// The bearer token of a request: the OAuth token when the server takes those.
+        async fn auth(&self, given: Option<String>) -> Result<Option<String>> {
+            match &self.oauth {
+                Some(o) => o
+                    .token()
+                    .await
+                    .map(|t| Some(t.expose().to_owned()))
+                    .map_err(|e| {
+                        StreamableHttpError::Io(std::io::Error::other(format!("OAuth: {e}")))
+                    }),
+                None => Ok(given),
+            }
+        }
+
+        /// A refused token is not sent again: the next request asks for a new one.
+        async fn refused_token<T>(&self, result: Result<T>) -> Result<T> {
+            if let (Some(o), Err(StreamableHttpError::AuthRequired(_))) = (&self.oauth, &result) {
+                o.forget().await;
+            }
+            result
+        }
+
         fn too_large(error: &SseError) -> bool {
             matches!(error, SseError::Body(e) if e.to_string().starts_with("SSE event exceeded the maximum size"))
         }
@@ -407,9 +458,12 @@ mod capped {
             auth_header: Option<String>,
             custom_headers: HashMap<HeaderName, HeaderValue>,
         ) -> Result<StreamableHttpPostResponse> {
-            self.inner
+            let auth_header = self.auth(auth_header).await?;
+            let sent = self
+                .inner
                 .post_message(uri, message, session_id, auth_header, custom_headers)
-                .await
+                .await;
+            self.refused_token(sent).await
         }
 
         async fn post_message_with_response_limits(
@@ -421,6 +475,7 @@ mod capped {
             custom_headers: HashMap<HeaderName, HeaderValue>,
             limits: StreamableHttpResponseLimits,
         ) -> Result<StreamableHttpPostResponse> {
+            let auth_header = self.auth(auth_header).await?;
             let response = self
                 .inner
                 .post_message_with_response_limits(
@@ -432,6 +487,7 @@ mod capped {
                     limits,
                 )
                 .await;
+            let response = self.refused_token(response).await;
             match response {
                 Err(e @ StreamableHttpError::ResponseBodyTooLarge { .. }) => {
                     self.note();
@@ -459,6 +515,7 @@ mod capped {
             auth_header: Option<String>,
             custom_headers: HashMap<HeaderName, HeaderValue>,
         ) -> Result<()> {
+            let auth_header = self.auth(auth_header).await?;
             self.inner
                 .delete_session(uri, session_id, auth_header, custom_headers)
                 .await
@@ -472,6 +529,7 @@ mod capped {
             auth_header: Option<String>,
             custom_headers: HashMap<HeaderName, HeaderValue>,
         ) -> Result<BoxedSseResponse> {
+            let auth_header = self.auth(auth_header).await?;
             self.inner
                 .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
                 .await
@@ -486,6 +544,7 @@ mod capped {
             custom_headers: HashMap<HeaderName, HeaderValue>,
             max_sse_event_size: usize,
         ) -> Result<BoxedSseResponse> {
+            let auth_header = self.auth(auth_header).await?;
             self.inner
                 .get_stream_with_max_sse_event_size(
                     uri,

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod guides;
 mod history;
 pub mod mcp;
+pub mod mcp_oauth;
 pub mod plugin_host;
 pub mod plugin_http;
 pub mod plugins;

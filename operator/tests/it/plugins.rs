@@ -565,3 +565,91 @@ async fn mcp_answers_are_read_within_a_bound_and_a_huge_one_fails_alone() {
         "{out:?}"
     );
 }
+
+/// An MCP server that takes only OAuth (the Python SDK's resource server: its metadata, a
+/// 401 with `resource_metadata`, JWT access tokens of its issuer for itself): a KortexTool
+/// with client credentials discovers its authorization server, gets a token for the
+/// server (the resource indicator) and calls its tools; wrong credentials are reported on
+/// the tool, not fatal, and the secret never shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oauth_only_mcp_server_is_reached_with_client_credentials() {
+    use crate::support::oidc::{CLIENT_ID, CLIENT_SECRET, Provider};
+    let p = Provider::start().await;
+    let Some(server) = crate::support::plugins::mcp_server_with(&[
+        "--oauth-issuer",
+        &p.issuer,
+        "--oauth-scope",
+        "mcp:tools",
+    ]) else {
+        return;
+    };
+    let url = &server.url;
+    let issuer = &p.issuer;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = docs(&[
+        secret(
+            "mcp-oauth",
+            &format!("secret: {CLIENT_SECRET}, wrong: nope"),
+        ),
+        tool(
+            "grafana",
+            &format!(
+                "mcp: {{url: '{url}', auth: {{type: oauthClientCredentials, clientId: {CLIENT_ID}, \
+                 secretRef: {{name: mcp-oauth, key: secret}}, scopes: [mcp:tools], issuer: '{issuer}'}}, \
+                 include: [echo]}}"
+            ),
+        ),
+        tool(
+            "refused",
+            &format!(
+                "mcp: {{url: '{url}', auth: {{type: oauthClientCredentials, clientId: {CLIENT_ID}, \
+                 secretRef: {{name: mcp-oauth, key: wrong}}, scopes: [mcp:tools]}}}}"
+            ),
+        ),
+    ]);
+    let mut plugins = Plugins::start(config(dir.path(), &yaml));
+    plugins
+        .wait("discovery through OAuth", |s| {
+            s.get("default", "grafana__echo").is_some()
+        })
+        .await;
+    let db = sqlite().await;
+    let ctx = tool_context(&db.store, "incident-8").await;
+    let out = call(
+        &plugins.router,
+        &ctx,
+        "grafana__echo",
+        json!({"text": "with a token"}),
+    )
+    .await;
+    assert_eq!(
+        (out.is_error, out.content.as_str()),
+        (false, "with a token")
+    );
+    assert!(
+        p.token_calls().iter().any(|g| g == "client_credentials"),
+        "a token came from the authorization server"
+    );
+    // Wrong client credentials: the authorization server refuses, and the tool says so.
+    plugins
+        .wait("the refused credentials reported", |s| {
+            s.discovery
+                .get(&kortex::catalog::ObjectKey::new("default", "refused"))
+                .is_some_and(|d| {
+                    d.error
+                        .as_deref()
+                        .is_some_and(|e| e.contains("invalid_client"))
+                })
+        })
+        .await;
+    let set = plugins.router.plugins();
+    let error = set
+        .discovery
+        .get(&kortex::catalog::ObjectKey::new("default", "refused"))
+        .and_then(|d| d.error.clone())
+        .unwrap_or_default();
+    assert!(
+        !error.contains(CLIENT_SECRET) && !error.contains("nope"),
+        "{error}"
+    );
+}

@@ -115,11 +115,16 @@ pub fn mcp_server(token: &str) -> Option<McpServer> {
 
 /// [`mcp_server`] on a given port (0: any free one).
 pub fn mcp_server_on(token: &str, port: u16) -> Option<McpServer> {
+    mcp_server_with(&["--port", &port.to_string(), "--token", token])
+}
+
+/// The server started with `args` (`--oauth-issuer URL`: an OAuth resource server).
+pub fn mcp_server_with(args: &[&str]) -> Option<McpServer> {
     let python = python_with_mcp()?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_server.py");
     let mut child = std::process::Command::new(&python)
         .arg(script)
-        .args(["--port", &port.to_string(), "--token", token])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
