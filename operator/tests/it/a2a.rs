@@ -391,3 +391,60 @@ async fn another_agent_investigates_through_the_a2a_sdk() {
     assert!(!server.log().contains(ALICE), "keys never logged");
     assert!(server.terminate().success());
 }
+
+/// In cluster mode an agent's caller is judged as any API caller: a Kubernetes token the
+/// API server reviews, and RBAC `use` on the policy (a SubjectAccessReview). dave, whose
+/// token is valid but who may not use the policy, is refused (403) and nothing runs;
+/// alice, who may, gets her task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_cluster_a_caller_without_use_on_the_policy_is_refused() {
+    use crate::support::fake_api::incidents_cluster;
+    let (fake, llm, script) = incidents_cluster(json!({})).await;
+    let mut policy = fake
+        .get("chatpolicies", "team-a", "incidents")
+        .expect("the incidents policy");
+    policy["spec"]["a2a"] = json!({"expose": true});
+    fake.apply("chatpolicies", policy);
+    fake.allow("alice");
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        crate::support::server::start_run_with(&fake, dir.path(), &llm, &["--auth", "kubernetes"])
+            .await;
+    let agent = server.url("/a2a/v1/team-a/incidents");
+    let http = crate::support::net::http_client();
+    crate::support::net::eventually("the agent's card", || {
+        let url = format!("{agent}/.well-known/agent-card.json");
+        let http = http.clone();
+        async move {
+            let r = http.get(url).send().await.map_err(|e| e.to_string())?;
+            (r.status().as_u16() == 200)
+                .then_some(())
+                .ok_or_else(|| r.status().to_string())
+        }
+    })
+    .await;
+    let send = |token: &'static str| {
+        http.post(&agent)
+            .bearer_auth(token)
+            .json(&json!({"jsonrpc": "2.0", "id": "1", "method": "SendMessage", "params": {
+                "message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "why is api slow?"}]},
+                "configuration": {"returnImmediately": true}}}))
+            .send()
+    };
+    let r = send("dave-token").await.unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let body: Value = r.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("dave may not use ChatPolicy team-a/incidents"),
+        "{body}"
+    );
+    assert_eq!(script.requests().len(), 0, "nothing ran for dave");
+    push_answer(&script, &["It is the database."]);
+    let r = send("alice-token").await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: Value = r.json().await.unwrap();
+    assert!(body["result"]["task"]["id"].is_string(), "{body}");
+}
