@@ -811,6 +811,7 @@ async fn run(
         &json!({"apiVersion": "kortex.dev/v1alpha1", "kind": "ChatPolicy",
         "metadata": {"name": "incidents", "namespace": ns},
         "spec": {"sessions": ["*"], "provider": "local", "runToolsAsUser": false,
+            "a2a": {"expose": true},
             "proposals": {"allowedActions": ["restart", "rollback"], "allowedNamespaces": [ns], "execute": true,
                 "requireDistinctApprover": true,
                 "approverGroups": ["sre", format!("system:serviceaccounts:{ns}")]}}}),
@@ -894,6 +895,30 @@ async fn run(
             .as_ref()
             .is_err_and(|e| e.to_string().contains("403")),
         "a caller without `use` on the policy got {refused:?}"
+    );
+    // Over A2A likewise: the reporter's task reads ticker and completes with the evidence;
+    // the stranger (no `use`) is refused by the SubjectAccessReview.
+    let agent = format!("{base}/a2a/v1/{ns}/incidents");
+    let send = |token: &str| {
+        http.post(&agent)
+            .bearer_auth(token)
+            .header("a2a-version", "1.0")
+            .json(&json!({"jsonrpc": "2.0", "id": "a2a-1", "method": "SendMessage", "params": {
+                "message": {"messageId": "m-1", "role": "ROLE_USER", "parts": [{"text": "read ticker"}]}}}))
+            .send()
+    };
+    let answered: Value = send(&reporter).await?.json().await?;
+    let task = &answered["result"]["task"];
+    anyhow::ensure!(
+        task["status"]["state"] == "TASK_STATE_COMPLETED"
+            && task["artifacts"].to_string().contains("get_resource"),
+        "A2A task of the reporter: {answered}"
+    );
+    let refused = send(&stranger).await?;
+    anyhow::ensure!(
+        refused.status().as_u16() == 403,
+        "an A2A caller without `use` got {}",
+        refused.status()
     );
     // Erasing a user is for Kortex's admins: RBAC `delete` on the non-resource URL
     // /kortex/erase, asked with a SubjectAccessReview; nothing is erased otherwise.
