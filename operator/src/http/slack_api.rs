@@ -168,16 +168,6 @@ pub async fn events(State(state): State<AppState>, headers: HeaderMap, body: Byt
     }
 }
 
-/// Decides behind the acknowledgement (Slack waits 3 s for it).
-fn decide_behind(
-    state: &AppState,
-    door: std::sync::Arc<super::slack_conv::SlackDoor>,
-    client: crate::slack::api::Client,
-    d: super::slack_conv::Decision,
-) {
-    tokio::spawn(super::slack_conv::decide(state.clone(), door, client, d));
-}
-
 /// The interactivity request URL.
 pub const INTERACTIONS_PATH: &str = "/slack/v1/interactions";
 
@@ -198,6 +188,23 @@ pub async fn interactions(
     };
     let client =
         crate::slack::api::Client::new(door.http.clone(), &door.api, app.bot_token.clone());
+    // Decided behind the acknowledgement (Slack waits 3 s for it).
+    let decide_behind = |click, id, verdict, reason| {
+        let d = super::slack_conv::Decision {
+            app: app.clone(),
+            policy: policy.clone(),
+            click,
+            id,
+            verdict,
+            reason,
+        };
+        tokio::spawn(super::slack_conv::decide(
+            state.clone(),
+            door.clone(),
+            client.clone(),
+            d,
+        ));
+    };
     match inbound {
         Inbound::Action(a) => {
             state.metrics.slack_request("taken");
@@ -237,21 +244,13 @@ pub async fn interactions(
             if action == crate::slack::blocks::APPROVE {
                 let click = super::slack_conv::Click {
                     slack_user: a.user_id,
-                    channel: a.channel_id,
-                    message_ts: a.message_ts,
-                    thread_ts: a.thread_ts,
+                    card: crate::slack::blocks::CardAt {
+                        channel: a.channel_id,
+                        ts: a.message_ts,
+                        thread: a.thread_ts,
+                    },
                 };
-                let verdict = "Approve";
-                let reason = None;
-                let d = super::slack_conv::Decision {
-                    app,
-                    policy,
-                    click,
-                    id,
-                    verdict,
-                    reason,
-                };
-                decide_behind(&state, door.clone(), client, d);
+                decide_behind(click, id, "Approve", None);
             }
             StatusCode::OK.into_response()
         }
@@ -268,20 +267,9 @@ pub async fn interactions(
             let (id, card) = crate::slack::blocks::dialog_metadata(&v.private_metadata);
             let click = super::slack_conv::Click {
                 slack_user: v.user_id,
-                channel: card.channel,
-                message_ts: card.ts,
-                thread_ts: card.thread,
+                card,
             };
-            let (verdict, reason) = ("Reject", Some(reason));
-            let d = super::slack_conv::Decision {
-                app,
-                policy,
-                click,
-                id,
-                verdict,
-                reason,
-            };
-            decide_behind(&state, door.clone(), client, d);
+            decide_behind(click, id, "Reject", Some(reason));
             // An empty 200 closes the dialog.
             StatusCode::OK.into_response()
         }

@@ -501,12 +501,8 @@ pub async fn hand_over(
 pub struct Click {
     /// Who clicked.
     pub slack_user: String,
-    /// The card's channel (none for a dialog's submission).
-    pub channel: Option<String>,
-    /// The card's `ts`.
-    pub message_ts: Option<String>,
-    /// The card's thread.
-    pub thread_ts: Option<String>,
+    /// The card (none of it for a dialog opened before cards were remembered).
+    pub card: crate::slack::blocks::CardAt,
 }
 
 /// A decision clicked in Slack.
@@ -542,8 +538,8 @@ pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Cl
     let tell = |text: String| {
         let client = client.clone();
         let user = click.slack_user.clone();
-        let channel = click.channel.clone();
-        let thread = click.thread_ts.clone();
+        let channel = click.card.channel.clone();
+        let thread = click.card.thread.clone();
         async move {
             let sent = match &channel {
                 Some(c) => {
@@ -612,7 +608,7 @@ pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Cl
     );
     let blocks =
         serde_json::json!([{"type": "section", "text": {"type": "mrkdwn", "text": clip(&done)}}]);
-    let shown = match (&click.channel, &click.message_ts) {
+    let shown = match (&click.card.channel, &click.card.ts) {
         (Some(c), Some(ts)) => {
             client
                 .update(c, ts, &clip(&done.replace('*', "")), Some(&blocks))
@@ -628,7 +624,7 @@ pub async fn decide(state: AppState, door: std::sync::Arc<SlackDoor>, client: Cl
     }
     // Carried out behind the decision (in a cluster, by the leader once it sees it): the
     // card then says how it ended.
-    if let (Some(channel), Some(ts)) = (&click.channel, &click.message_ts)
+    if let (Some(channel), Some(ts)) = (&click.card.channel, &click.card.ts)
         && !is_final(phase)
     {
         follow_outcome(&state, &client, &id, channel, ts, &head).await;

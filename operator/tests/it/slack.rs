@@ -576,38 +576,20 @@ async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
         })
     };
 
+    let press = |user: &'static str, action: &'static str| {
+        let payload = click(user, action, &proposal, card_ts);
+        let server = &server;
+        async move { assert_eq!(interact(server, &payload).await.0, 200, "{user} {action}") }
+    };
+
     // The proposer clicks Approve: four-eyes refuses, nothing is decided.
-    assert_eq!(
-        interact(
-            &server,
-            &click("U0ALICE", "kortex_approve", &proposal, card_ts)
-        )
-        .await
-        .0,
-        200
-    );
+    press("U0ALICE", "kortex_approve").await;
     told("U0ALICE", "requires someone else").await;
     // A Slack user Kortex cannot name decides nothing.
-    assert_eq!(
-        interact(
-            &server,
-            &click("U0STRANGER", "kortex_approve", &proposal, card_ts)
-        )
-        .await
-        .0,
-        200
-    );
+    press("U0STRANGER", "kortex_approve").await;
     told("U0STRANGER", "Nothing was decided").await;
     // Reject opens its reason dialog (with the proposal in it).
-    assert_eq!(
-        interact(
-            &server,
-            &click("U0BOB", "kortex_reject", &proposal, card_ts)
-        )
-        .await
-        .0,
-        200
-    );
+    press("U0BOB", "kortex_reject").await;
     let dialog = slack.calls("views.open");
     assert_eq!(dialog.len(), 1);
     assert_eq!(dialog[0].body["trigger_id"], "1.2.3");
@@ -643,15 +625,7 @@ async fn a_click_decides_as_the_person_who_clicked_under_the_policys_rules() {
         .unwrap();
     assert_eq!(forged.status().as_u16(), 401);
     // bob approves: decided as bob; the card says so.
-    assert_eq!(
-        interact(
-            &server,
-            &click("U0BOB", "kortex_approve", &proposal, card_ts)
-        )
-        .await
-        .0,
-        200
-    );
+    press("U0BOB", "kortex_approve").await;
     let updated = slack
         .wait_for("chat.update", |c| c.body["ts"] == card_ts)
         .await;
