@@ -61,40 +61,12 @@ mod slack_api;
 #[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #[path = "../../operator/tests/it/support/tls_proxy.rs"]
 pub mod tls_proxy;
+// The integration tests' own helpers (serve, eventually, …), as they are.
+#[allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#[path = "../../operator/tests/it/support/net.rs"]
+pub mod net;
 mod support {
-    pub use super::tls_proxy;
-    pub mod net {
-        /// Serves `app` on 127.0.0.1; its base URL.
-        pub async fn serve(app: axum::Router) -> String {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-            tokio::spawn(async move {
-                let _ = axum::serve(listener, app).await;
-            });
-            format!("http://{addr}")
-        }
-
-        /// Waits for `probe` to give a value (up to 30 s); panics with its last error.
-        pub async fn eventually<T, F, Fut>(what: &str, mut probe: F) -> T
-        where
-            F: FnMut() -> Fut,
-            Fut: std::future::Future<Output = Result<T, String>>,
-        {
-            let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-            loop {
-                match probe().await {
-                    Ok(v) => return v,
-                    Err(last) => assert!(
-                        tokio::time::Instant::now() < deadline,
-                        "timed out waiting for {what}; last seen: {last}"
-                    ),
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
-    }
+    pub use super::{net, tls_proxy};
 }
 
 fn repo() -> PathBuf {
@@ -144,6 +116,57 @@ async fn delete(client: &kube::Client, api_version: &str, kind: &str, plural: &s
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
     let _ = api.delete(name, &DeleteParams::default()).await;
+}
+
+/// RoleBindings in `ns`, each `(name, role, subjects)`.
+async fn bind_roles(
+    admin: &kube::Client,
+    ns: &str,
+    bindings: Vec<(&str, &str, Value)>,
+) -> anyhow::Result<()> {
+    for (binding, role, subjects) in bindings {
+        apply(
+            admin,
+            Some(ns),
+            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": binding, "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": subjects}),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Grants Kortex's ServiceAccount the ClusterRole of `file` (config/rbac: the role and
+/// its binding) as `name`, with `rules` in place of the file's example ones.
+async fn grant_kortex(
+    admin: &kube::Client,
+    file: &str,
+    name: &str,
+    rules: Value,
+) -> anyhow::Result<()> {
+    let (sa_ns, sa_name) = kortex_e2e::kortex_service_account();
+    let mut docs = kortex_e2e::yaml_docs(file)?;
+    let mut role = docs.remove(0);
+    role["metadata"]["name"] = json!(name);
+    role["rules"] = rules;
+    let mut binding = docs.remove(0);
+    binding["metadata"]["name"] = json!(name);
+    binding["roleRef"]["name"] = json!(name);
+    binding["subjects"] = json!([{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]);
+    apply(admin, None, &role).await?;
+    apply(admin, None, &binding).await
+}
+
+/// Removes a [`grant_kortex`] grant.
+async fn revoke_kortex(admin: &kube::Client, name: &str) {
+    for (kind, plural) in [
+        ("ClusterRoleBinding", "clusterrolebindings"),
+        ("ClusterRole", "clusterroles"),
+    ] {
+        delete(admin, "rbac.authorization.k8s.io/v1", kind, plural, name).await;
+    }
 }
 
 /// An OpenAI-compatible provider on 127.0.0.1: a run's first answer proposes restarting

@@ -140,35 +140,30 @@ pub async fn clicks_decide_as_the_person(
     // ActionProposals), sam restarts; kim has no patch on ActionProposals.
     let user =
         |u: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": u});
-    for (binding, role, subjects) in [
-        (
-            "slack-user",
-            "kortex-user",
-            json!([user(&pat), user(&sam), user(&kim)]),
-        ),
-        (
-            "slack-approver",
-            "kortex-approver",
-            json!([user(&pat), user(&sam)]),
-        ),
-        ("slack-restart", "restart-deployments", json!([user(&sam)])),
-    ] {
-        apply(
-            admin,
-            Some(ns),
-            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": binding, "namespace": ns},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": subjects}),
-        )
-        .await?;
-    }
+    super::bind_roles(
+        admin,
+        ns,
+        vec![
+            (
+                "slack-user",
+                "kortex-user",
+                json!([user(&pat), user(&sam), user(&kim)]),
+            ),
+            (
+                "slack-approver",
+                "kortex-approver",
+                json!([user(&pat), user(&sam)]),
+            ),
+            ("slack-restart", "restart-deployments", json!([user(&sam)])),
+        ],
+    )
+    .await?;
     apply(
         admin,
         Some(ns),
         &json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "slack-app", "namespace": ns, "labels": {"kortex.dev/use": "true"}},
-        "stringData": {"bot-token": "xoxb-e2e", "signing-secret": SIGNING}}),
+        "data": {"bot-token": kortex::redact::base64("xoxb-e2e"), "signing-secret": kortex::redact::base64(SIGNING)}}),
     )
     .await?;
     apply(
@@ -225,34 +220,17 @@ pub async fn clicks_decide_as_the_person(
     );
     // The impersonation grant, as config/rbac/slack_impersonate.yaml ships it, scoped to
     // the three (no groups: the policy names no approver groups).
-    let (sa_ns, sa_name) = kortex_e2e::kortex_service_account();
-    let mut docs = kortex_e2e::yaml_docs("config/rbac/slack_impersonate.yaml")?;
     let grant = format!("{ns}-slack-impersonate");
-    let mut role = docs.remove(0);
-    role["metadata"]["name"] = json!(grant);
-    role["rules"] = json!([{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"],
-        "resourceNames": [pat, sam, kim]}]);
-    let mut binding = docs.remove(0);
-    binding["metadata"]["name"] = json!(grant);
-    binding["roleRef"]["name"] = json!(grant);
-    binding["subjects"] = json!([{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]);
-    apply(admin, None, &role).await?;
-    apply(admin, None, &binding).await?;
+    super::grant_kortex(
+        admin,
+        "config/rbac/slack_impersonate.yaml",
+        &grant,
+        json!([{"apiGroups": [""], "resources": ["users"], "verbs": ["impersonate"],
+            "resourceNames": [pat, sam, kim]}]),
+    )
+    .await?;
     let outcome = decided_in_slack(scene, api, [&pat, &sam, &kim]).await;
-    for (api_version, kind, plural) in [
-        (
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRoleBinding",
-            "clusterrolebindings",
-        ),
-        (
-            "rbac.authorization.k8s.io/v1",
-            "ClusterRole",
-            "clusterroles",
-        ),
-    ] {
-        super::delete(admin, api_version, kind, plural, &grant).await;
-    }
+    super::revoke_kortex(admin, &grant).await;
     outcome
 }
 

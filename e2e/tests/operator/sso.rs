@@ -232,33 +232,28 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
     // role); viewers nothing else.
     let group =
         |g: &str| json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g});
-    for (binding, role, subjects) in [
-        (
-            "sso-user",
-            "kortex-user",
-            json!([group("oidc:oncall"), group("oidc:viewers")]),
-        ),
-        (
-            "sso-approver",
-            "kortex-approver",
-            json!([group("oidc:oncall")]),
-        ),
-        (
-            "sso-restart",
-            "restart-deployments",
-            json!([group("oidc:oncall")]),
-        ),
-    ] {
-        apply(
-            admin,
-            Some(ns),
-            &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": binding, "namespace": ns},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": subjects}),
-        )
-        .await?;
-    }
+    super::bind_roles(
+        admin,
+        ns,
+        vec![
+            (
+                "sso-user",
+                "kortex-user",
+                json!([group("oidc:oncall"), group("oidc:viewers")]),
+            ),
+            (
+                "sso-approver",
+                "kortex-approver",
+                json!([group("oidc:oncall")]),
+            ),
+            (
+                "sso-restart",
+                "restart-deployments",
+                json!([group("oidc:oncall")]),
+            ),
+        ],
+    )
+    .await?;
     // Sessions named sso-* read the cluster as whoever chats (runToolsAsUser).
     apply(
         admin,
@@ -294,35 +289,13 @@ pub async fn signed_in_through_the_provider(scene: &Scene<'_>, sso: &Sso) -> any
 /// judging the impersonated user.
 pub async fn impersonated(scene: &Scene<'_>, sso: &Sso) -> anyhow::Result<()> {
     let admin = scene.admin;
-    let (sa_ns, sa_name) = kortex_e2e::kortex_service_account();
-    let mut docs = kortex_e2e::yaml_docs("config/rbac/sso_impersonate.yaml")?;
     let name = format!("{}-sso-impersonate", scene.ns);
-    let mut role = docs.remove(0);
-    role["metadata"]["name"] = json!(name);
-    role["rules"][1]["resourceNames"] = json!(["oidc:oncall", "oidc:viewers"]);
-    let mut binding = docs.remove(0);
-    binding["metadata"]["name"] = json!(name);
-    binding["roleRef"]["name"] = json!(name);
-    binding["subjects"] = json!([{"kind": "ServiceAccount", "name": sa_name, "namespace": sa_ns}]);
-    apply(admin, None, &role).await?;
-    apply(admin, None, &binding).await?;
+    // config/rbac/sso_impersonate.yaml with this run's groups.
+    let mut rules = kortex_e2e::yaml_docs("config/rbac/sso_impersonate.yaml")?[0]["rules"].clone();
+    rules[1]["resourceNames"] = json!(["oidc:oncall", "oidc:viewers"]);
+    super::grant_kortex(admin, "config/rbac/sso_impersonate.yaml", &name, rules).await?;
     let outcome = people_act_as_themselves(scene, sso, scene.base, "impersonation", "imp").await;
-    super::delete(
-        admin,
-        "rbac.authorization.k8s.io/v1",
-        "ClusterRoleBinding",
-        "clusterrolebindings",
-        &name,
-    )
-    .await;
-    super::delete(
-        admin,
-        "rbac.authorization.k8s.io/v1",
-        "ClusterRole",
-        "clusterroles",
-        &name,
-    )
-    .await;
+    super::revoke_kortex(admin, &name).await;
     outcome
 }
 
