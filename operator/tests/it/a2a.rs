@@ -441,7 +441,11 @@ async fn in_a_cluster_a_caller_without_use_on_the_policy_is_refused() {
             .contains("dave may not use ChatPolicy team-a/incidents"),
         "{body}"
     );
-    assert_eq!(script.requests().len(), 0, "nothing ran for dave");
+    assert_eq!(
+        crate::support::provider::chat_calls(&script),
+        0,
+        "nothing ran for dave"
+    );
     push_answer(&script, &["It is the database."]);
     let r = send("alice-token").await.unwrap();
     assert_eq!(r.status().as_u16(), 200);

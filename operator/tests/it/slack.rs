@@ -464,7 +464,7 @@ async fn a_mention_is_investigated_in_its_thread_and_the_thread_continues_the_se
         .replace("Ev1THREAD", "Ev3THREAD")
         .replace("U0ALICE", "U0STRANGER")
         .replace("1700000000.000100", "1700000099.000100");
-    let asked = script.requests().len();
+    let asked = crate::support::provider::chat_calls(&script);
     assert_eq!(
         post(&server, &stranger, now, Some(SIGNING), &[]).await.0,
         200
@@ -473,7 +473,7 @@ async fn a_mention_is_investigated_in_its_thread_and_the_thread_continues_the_se
         .wait_for("chat.postEphemeral", |c| c.body["user"] == "U0STRANGER")
         .await;
     assert_eq!(
-        script.requests().len(),
+        crate::support::provider::chat_calls(&script),
         asked,
         "nothing ran for the stranger"
     );
@@ -737,7 +737,7 @@ async fn a_thread_is_handed_over_in_slack_and_the_next_person_continues_it() {
     slack.wait_for_text("chat.update", "backed up").await;
 
     // carol is not in it: told why, and nothing runs.
-    let asked = script.requests().len();
+    let asked = crate::support::provider::chat_calls(&script);
     assert_eq!(
         send(
             "Ev2HAND",
@@ -757,7 +757,7 @@ async fn a_thread_is_handed_over_in_slack_and_the_next_person_continues_it() {
         why.contains("alice@example.com's") && why.contains("handover"),
         "{why}"
     );
-    assert_eq!(script.requests().len(), asked);
+    assert_eq!(crate::support::provider::chat_calls(&script), asked);
 
     // alice hands over in the thread; bob is told there, by mention, with the note.
     assert_eq!(
