@@ -1003,18 +1003,19 @@ fn compile_tools(
                 spec_problems.push(format!("{path}.auth.header is required for type apiKey"));
             }
             if let Some(a) = auth
-                && a.auth_type == crate::crd::AuthType::OauthClientCredentials
+                && a.auth_type.is_oauth()
             {
+                let kind = serde_json::to_value(a.auth_type)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
                 if path == "spec.http" {
-                    spec_problems.push(
-                        "spec.http.auth.type oauthClientCredentials is for MCP tools (spec.mcp)"
-                            .to_owned(),
-                    );
+                    spec_problems.push(format!(
+                        "spec.http.auth.type {kind} is for MCP tools (spec.mcp)"
+                    ));
                 }
                 if a.client_id.is_none() {
-                    spec_problems.push(format!(
-                        "{path}.auth.clientId is required for type oauthClientCredentials"
-                    ));
+                    spec_problems.push(format!("{path}.auth.clientId is required for type {kind}"));
                 }
             }
         }

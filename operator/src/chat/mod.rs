@@ -155,6 +155,9 @@ pub struct Engine {
     /// The latest Kubernetes token of each session's user (memory only, never stored):
     /// tools run as the user with it (`runToolsAsUser`).
     tokens: Mutex<HashMap<(String, String), crate::operator::auth::KubeCredential>>,
+    /// The latest OAuth token of each session's user (memory only, never stored): what
+    /// `oauthTokenExchange` tools exchange to call on their behalf.
+    subjects: Mutex<HashMap<(String, String), crate::tools::mcp_oauth::SubjectToken>>,
     /// Cluster mode: builds clients acting as a session's user.
     pub cluster_auth: std::sync::OnceLock<Arc<crate::operator::auth::ClusterAuth>>,
     /// Budgets and usage accounting of every provider call.
@@ -205,6 +208,7 @@ impl Engine {
             cluster: std::sync::OnceLock::new(),
             executor: std::sync::OnceLock::new(),
             tokens: Mutex::new(HashMap::new()),
+            subjects: Mutex::new(HashMap::new()),
             cluster_auth: std::sync::OnceLock::new(),
             delegations: Arc::default(),
             local_mcp: std::sync::OnceLock::new(),
@@ -223,6 +227,34 @@ impl Engine {
     ) {
         let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
         tokens.insert((session_id.to_owned(), user.to_owned()), token);
+    }
+
+    /// Remembers the OAuth token `user` last presented posting in `session_id` (memory
+    /// only); `None` (they came in otherwise) forgets the one before.
+    pub fn remember_subject(
+        &self,
+        session_id: &str,
+        user: &str,
+        subject: Option<crate::tools::mcp_oauth::SubjectToken>,
+    ) {
+        let mut subjects = self.subjects.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (session_id.to_owned(), user.to_owned());
+        match subject {
+            Some(s) => subjects.insert(key, s),
+            None => subjects.remove(&key),
+        };
+    }
+
+    /// The OAuth token `user` last presented in `session_id`, if any.
+    pub fn subject_of(
+        &self,
+        session_id: &str,
+        user: &str,
+    ) -> Option<crate::tools::mcp_oauth::SubjectToken> {
+        let subjects = self.subjects.lock().unwrap_or_else(|e| e.into_inner());
+        subjects
+            .get(&(session_id.to_owned(), user.to_owned()))
+            .cloned()
     }
 
     /// Who the Kubernetes tools act as in a run of `session_id` acting for `user` under a

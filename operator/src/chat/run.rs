@@ -330,6 +330,8 @@ struct Answer {
 struct Prepared<'a> {
     policy: &'a crate::catalog::PolicyEntry,
     kube: crate::tools::KubeIdentity,
+    /// The OAuth token of whom the run acts for, for tools that call on their behalf.
+    on_behalf: Option<crate::tools::mcp_oauth::SubjectToken>,
     routing: Routing,
     redactor: crate::redact::Redactor,
     planning: crate::crd::Planning,
@@ -427,6 +429,7 @@ fn prepare<'a>(
     Ok(Prepared {
         policy,
         kube,
+        on_behalf: engine.subject_of(&session.id, &session.user),
         routing,
         redactor: crate::redact::Redactor::for_policy(catalog, policy),
         planning: super::plan::planning(policy),
@@ -503,6 +506,7 @@ async fn steps(
         let delegable = Delegable {
             policy,
             kube: &run.kube,
+            on_behalf: run.on_behalf.as_ref(),
             guides: guides.clone(),
             planning,
             max_turns: spec.max_tool_depth.saturating_sub(step - 1).max(1),
@@ -551,6 +555,7 @@ async fn steps(
                 policy,
                 redactor: &run.redactor,
                 kube: &run.kube,
+                on_behalf: run.on_behalf.as_ref(),
                 via: "chat",
                 model: (calls.provider.as_str(), calls.model.as_str()),
                 planning,
@@ -975,6 +980,7 @@ async fn answer_step(
             policy: delegable.policy,
             redactor,
             kube: delegable.kube,
+            on_behalf: delegable.on_behalf,
             via: "chat",
             model: (route.provider.as_str(), model.as_str()),
             // A provider with its own loop is refused under a plan gate (above).
@@ -1478,6 +1484,7 @@ async fn send_text(
 struct Delegable<'a> {
     policy: &'a crate::catalog::PolicyEntry,
     kube: &'a crate::tools::KubeIdentity,
+    on_behalf: Option<&'a crate::tools::mcp_oauth::SubjectToken>,
     guides: std::sync::Arc<[crate::tools::guides::Guide]>,
     planning: crate::crd::Planning,
     /// Turns left of the policy's `maxToolDepth`.

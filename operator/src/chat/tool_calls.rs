@@ -27,6 +27,9 @@ pub struct CallScope<'a> {
     pub redactor: &'a crate::redact::Redactor,
     /// Who the Kubernetes tools act as.
     pub kube: &'a KubeIdentity,
+    /// The OAuth token of whom the call is for, which an `oauthTokenExchange` MCP tool
+    /// exchanges to call on their behalf.
+    pub on_behalf: Option<&'a crate::tools::mcp_oauth::SubjectToken>,
     /// `chat` or `mcp`, for the audit row.
     pub via: &'static str,
     /// Who asked, as a proposal records it: (provider, model) of a chat run, or
@@ -108,6 +111,7 @@ async fn carry_out(
     ctx.call_id = call.id.clone();
     ctx.redactor = caller.redactor.clone();
     ctx.kube = caller.kube.clone();
+    ctx.on_behalf = caller.on_behalf.cloned();
     ctx.guides = guides;
     ctx.scope = Arc::new(CallerScope {
         policy: Some(caller.policy.clone()),

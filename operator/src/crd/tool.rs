@@ -148,30 +148,32 @@ pub struct McpToolSpec {
     "rule": "self.type != 'apiKey' || has(self.header)",
     "message": "auth.header is required for type apiKey"
 }, {
-    "rule": "self.type != 'oauthClientCredentials' || has(self.clientId)",
-    "message": "auth.clientId is required for type oauthClientCredentials"
+    "rule": "!(self.type in ['oauthClientCredentials', 'oauthTokenExchange']) || has(self.clientId)",
+    "message": "auth.clientId is required for the OAuth types"
 }]))]
 pub struct AuthSpec {
     /// `bearer`: `Authorization: Bearer <secret>`; `apiKey`: the secret in `header`;
     /// `basic`: the secret holds `user:password`; `oauthClientCredentials` (MCP tools): a
-    /// token from the server's authorization server, with `clientId` and the secret.
+    /// token from the server's authorization server, with `clientId` and the secret;
+    /// `oauthTokenExchange` (MCP tools): each call on behalf of the chat user, with their
+    /// token exchanged at that server (RFC 8693), the tools listed with client credentials.
     #[serde(rename = "type")]
     pub auth_type: AuthType,
-    /// Where the secret is (the client secret, for `oauthClientCredentials`).
+    /// Where the secret is (the client secret, for the OAuth types).
     pub secret_ref: SecretKeyRef,
     /// Header name for `apiKey`, e.g. `X-API-Key`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub header: Option<String>,
-    /// `oauthClientCredentials`: the OAuth client id.
+    /// The OAuth types: the OAuth client id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub client_id: Option<String>,
-    /// `oauthClientCredentials`: the scopes asked for.
+    /// The OAuth types: the scopes asked for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32), inner(length(min = 1, max = 256)))]
     pub scopes: Vec<String>,
-    /// `oauthClientCredentials`: the authorization server the credentials are of (its
+    /// The OAuth types: the authorization server the credentials are of (its
     /// issuer URL); default the first the MCP server's metadata names. When set, a server
     /// that names others is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -191,6 +193,20 @@ pub enum AuthType {
     Basic,
     /// OAuth client credentials (MCP tools only; `docs/tools.md#oauth`).
     OauthClientCredentials,
+    /// On behalf of the chat user: the user's token exchanged (RFC 8693) for one for the
+    /// MCP server; the tools are listed with client credentials (MCP tools only;
+    /// `docs/tools.md#oauth`).
+    OauthTokenExchange,
+}
+
+impl AuthType {
+    /// Whether the token comes from an OAuth authorization server (MCP tools only).
+    pub fn is_oauth(self) -> bool {
+        matches!(
+            self,
+            Self::OauthClientCredentials | Self::OauthTokenExchange
+        )
+    }
 }
 
 /// Observed state of a `KortexTool`.

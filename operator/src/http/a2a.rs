@@ -1015,6 +1015,11 @@ impl Agent<'_> {
                         .engine
                         .remember_token(&session.id, &self.caller.user, kube.clone());
                 }
+                self.state.engine.remember_subject(
+                    &session.id,
+                    &self.caller.user,
+                    self.caller.subject.clone(),
+                );
                 let run = match self
                     .state
                     .engine

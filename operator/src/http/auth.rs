@@ -22,6 +22,9 @@ pub struct Caller {
     /// In cluster mode, how Kubernetes requests are made as the caller (their own bearer
     /// token, or impersonation of a signed-in user): decisions and tools run as them.
     pub kube: Option<crate::operator::auth::KubeCredential>,
+    /// Their own OAuth token (an access token they presented, or their single sign-on
+    /// session's), which `oauthTokenExchange` tools exchange to call on their behalf.
+    pub subject: Option<crate::tools::mcp_oauth::SubjectToken>,
 }
 
 /// How requests are authenticated.
@@ -137,6 +140,7 @@ fn proxied(proxy: &AuthProxy, req: &Request) -> Option<Caller> {
         user: user.to_owned(),
         groups,
         kube: None,
+        subject: None,
     })
 }
 
@@ -226,6 +230,7 @@ pub async fn caller_for_token(state: &AppState, presented: &str) -> Result<Calle
             user: c.principal.clone(),
             groups: c.groups.clone(),
             kube: None,
+            subject: None,
         });
     }
     match (&state.auth, &state.cluster_auth) {
@@ -236,6 +241,7 @@ pub async fn caller_for_token(state: &AppState, presented: &str) -> Result<Calle
                 kube: Some(crate::operator::auth::KubeCredential::Token(
                     crate::catalog::SecretValue::new(presented),
                 )),
+                subject: None,
             }),
             Ok(None) => Err(ApiError::unauthorized(
                 "invalid token: neither a chat key nor a Kubernetes token the API server accepts",
@@ -320,6 +326,7 @@ async fn authenticated(
             user: delegation.user.clone(),
             groups: Vec::new(),
             kube: None,
+            subject: None,
         });
         req.extensions_mut().insert(delegation);
         return Ok(next.run(req).await);
@@ -349,6 +356,7 @@ async fn authenticated(
                 user: LOCAL_USER.to_owned(),
                 groups: Vec::new(),
                 kube: None,
+                subject: None,
             }
         }
         AuthMode::Keys | AuthMode::Cluster => {

@@ -469,6 +469,9 @@ pub async fn post_message(
             .engine
             .remember_token(&session.id, &caller.user, token.clone());
     }
+    state
+        .engine
+        .remember_subject(&session.id, &caller.user, caller.subject.clone());
     let wants_stream = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())

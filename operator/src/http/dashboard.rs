@@ -148,6 +148,7 @@ pub async fn login(
             user: LOCAL_USER.to_owned(),
             groups: Vec::new(),
             kube: None,
+            subject: None,
         };
         return Ok(Json(me_json(&state, &caller)).into_response());
     }

@@ -610,6 +610,7 @@ impl ServerHandler for KortexMcp {
             policy: &usable.policy,
             redactor: &usable.redactor,
             kube: &usable.kube,
+            on_behalf: access.caller.subject.as_ref(),
             via: "mcp",
             model: ("mcp", &client),
             // An MCP client's calls are not planned.

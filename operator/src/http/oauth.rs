@@ -204,6 +204,10 @@ async fn verified(sso: &Sso, resource: &str, token: &str, path: &str) -> Result<
         user: identity.user,
         groups: identity.groups,
         kube,
+        subject: Some(crate::tools::mcp_oauth::SubjectToken {
+            token: crate::catalog::SecretValue::new(token),
+            kind: crate::tools::mcp_oauth::SubjectKind::AccessToken,
+        }),
     })
 }
 

@@ -133,6 +133,7 @@ pub async fn caller_of(
         user: person.to_owned(),
         groups,
         kube,
+        subject: None,
     })
 }
 

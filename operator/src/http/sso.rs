@@ -893,10 +893,22 @@ fn as_caller(sso: &Sso, row: &AuthSession, kept: &Kept) -> Result<Caller, ApiErr
             )))
         }
     };
+    // What `oauthTokenExchange` tools exchange: the access token, else a live ID token.
+    use crate::tools::mcp_oauth::{SubjectKind, SubjectToken};
+    let subject = match (&kept.access_token, &kept.id_token) {
+        (Some(t), _) => Some((t, SubjectKind::AccessToken)),
+        (None, Some(t)) if kept.id_expires > now_ms() => Some((t, SubjectKind::IdToken)),
+        _ => None,
+    }
+    .map(|(t, kind)| SubjectToken {
+        token: crate::catalog::SecretValue::new(t.as_str()),
+        kind,
+    });
     Ok(Caller {
         user: row.user_name.clone(),
         groups: row.groups.clone(),
         kube,
+        subject,
     })
 }
 

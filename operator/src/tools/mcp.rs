@@ -107,6 +107,9 @@ struct Target {
     client: reqwest::Client,
     /// OAuth client credentials: a token on every request (`tools::mcp_oauth`).
     oauth: Option<Arc<super::mcp_oauth::ClientCredentials>>,
+    /// `oauthTokenExchange`: calls go on behalf of the chat user, each on a connection
+    /// of its own with the user's exchanged token (the shared one only lists the tools).
+    on_behalf: bool,
 }
 
 impl McpServer {
@@ -135,11 +138,7 @@ impl McpServer {
             value.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, value);
         }
-        let oauth = match mcp
-            .auth
-            .as_ref()
-            .filter(|a| a.auth_type == crate::crd::AuthType::OauthClientCredentials)
-        {
+        let oauth = match mcp.auth.as_ref().filter(|a| a.auth_type.is_oauth()) {
             Some(a) => {
                 let secret = entry.secrets.get(&a.secret_ref).cloned().ok_or_else(|| {
                     format!(
@@ -170,6 +169,10 @@ impl McpServer {
             max_bytes: entry.max_result_bytes() as usize,
             client: host.client(spec.allow_private_targets),
             oauth,
+            on_behalf: mcp
+                .auth
+                .as_ref()
+                .is_some_and(|a| a.auth_type == crate::crd::AuthType::OauthTokenExchange),
         };
         Ok(Self {
             generation,
@@ -307,6 +310,22 @@ async fn connect(
     changed: mpsc::UnboundedSender<()>,
     refused: &Arc<AtomicU64>,
 ) -> Result<RunningService<RoleClient, Handler>, String> {
+    connect_as(
+        target,
+        changed,
+        refused,
+        target.oauth.clone().map(Bearer::Credentials),
+    )
+    .await
+}
+
+/// A connection whose requests carry `bearer`'s token.
+async fn connect_as(
+    target: &Target,
+    changed: mpsc::UnboundedSender<()>,
+    refused: &Arc<AtomicU64>,
+    bearer: Option<Bearer>,
+) -> Result<RunningService<RoleClient, Handler>, String> {
     let limit = read_limit(target.max_bytes);
     let config = StreamableHttpClientTransportConfig::with_uri(target.url.clone())
         .custom_headers(target.headers.clone())
@@ -315,7 +334,7 @@ async fn connect(
     let client = Capped {
         inner: target.client.clone(),
         refused: refused.clone(),
-        oauth: target.oauth.clone(),
+        oauth: bearer,
     };
     let transport = StreamableHttpClientTransport::with_client(client, config);
     let service = tokio::time::timeout(HANDSHAKE_TIMEOUT, Handler { changed }.serve(transport))
@@ -384,6 +403,7 @@ fn expose(
             max_bytes: target.max_bytes,
             check: check.clone(),
             refused: refused.clone(),
+            on_behalf: target.on_behalf.then(|| Arc::new(target.clone())),
         }));
     }
     (out, skipped)
@@ -395,12 +415,21 @@ fn expose(
 struct Capped {
     inner: reqwest::Client,
     refused: Arc<AtomicU64>,
-    /// OAuth client credentials: their token replaces any other on each request.
-    oauth: Option<Arc<super::mcp_oauth::ClientCredentials>>,
+    /// The OAuth token that replaces any other on each request.
+    oauth: Option<Bearer>,
+}
+
+/// Where a connection's OAuth token comes from.
+#[derive(Clone)]
+enum Bearer {
+    /// The client's own credentials (renewed as they expire).
+    Credentials(Arc<super::mcp_oauth::ClientCredentials>),
+    /// A chat user's exchanged token, for the one call it is made for.
+    Exchanged(crate::catalog::SecretValue),
 }
 
 mod capped {
-    use super::Capped;
+    use super::{Bearer, Capped};
     use futures_util::StreamExt;
     use reqwest::header::{HeaderName, HeaderValue};
     use rmcp::model::ClientJsonRpcMessage;
@@ -423,20 +452,23 @@ mod capped {
         /// The bearer token of a request: the OAuth token when the server takes those.
         async fn auth(&self, given: Option<String>) -> Result<Option<String>> {
             match &self.oauth {
-                Some(o) => o
+                Some(Bearer::Credentials(o)) => o
                     .token()
                     .await
                     .map(|t| Some(t.expose().to_owned()))
                     .map_err(|e| {
                         StreamableHttpError::Io(std::io::Error::other(format!("OAuth: {e}")))
                     }),
+                Some(Bearer::Exchanged(t)) => Ok(Some(t.expose().to_owned())),
                 None => Ok(given),
             }
         }
 
         /// A refused token is not sent again: the next request asks for a new one.
         async fn refused_token<T>(&self, result: Result<T>) -> Result<T> {
-            if let (Some(o), Err(StreamableHttpError::AuthRequired(_))) = (&self.oauth, &result) {
+            if let (Some(Bearer::Credentials(o)), Err(StreamableHttpError::AuthRequired(_))) =
+                (&self.oauth, &result)
+            {
                 o.forget().await;
             }
             result
@@ -569,6 +601,8 @@ struct McpTool {
     check: Arc<Notify>,
     /// Answers the transport refused for their size (see [`Capped`]).
     refused: Arc<AtomicU64>,
+    /// `oauthTokenExchange`: each call connects anew with the chat user's exchanged token.
+    on_behalf: Option<Arc<Target>>,
 }
 
 impl Tool for McpTool {
@@ -580,7 +614,7 @@ impl Tool for McpTool {
         (self.timeout, crate::catalog::TOOL_TIMEOUT_CEILING)
     }
 
-    fn call(&self, _ctx: ToolContext, input: Value) -> ToolFuture {
+    fn call(&self, ctx: ToolContext, input: Value) -> ToolFuture {
         let peer = self.peer.clone();
         let check = self.check.clone();
         let mut params = CallToolRequestParams::new(self.remote.clone())
@@ -601,9 +635,16 @@ impl Tool for McpTool {
         let max_bytes = self.max_bytes;
         let refused = self.refused.clone();
         let remote = self.remote.clone();
+        let on_behalf = self.on_behalf.clone();
         Box::pin(async move {
             let before = refused.load(Ordering::Relaxed);
-            match peer.call_tool(params).await {
+            let result = match on_behalf {
+                Some(target) => {
+                    call_on_behalf(&target, ctx.on_behalf.as_ref(), &refused, params).await?
+                }
+                None => peer.call_tool(params).await,
+            };
+            match result {
                 Ok(result) => {
                     let failed = result.is_error.unwrap_or(false);
                     let text = render(&result, max_bytes);
@@ -645,6 +686,40 @@ impl Tool for McpTool {
             }
         })
     }
+}
+
+/// A call on its own connection, with `subject`'s token exchanged for one for the server.
+async fn call_on_behalf(
+    target: &Target,
+    subject: Option<&super::mcp_oauth::SubjectToken>,
+    refused: &Arc<AtomicU64>,
+    params: CallToolRequestParams,
+) -> Result<std::result::Result<CallToolResult, ServiceError>, ToolError> {
+    let subject = subject.ok_or_else(|| {
+        ToolError::Denied(format!(
+            "{} calls its MCP server on behalf of the chat user (auth.type oauthTokenExchange), and this user signed in without an OAuth token Kortex could exchange (an API key, a Kubernetes token, Slack, a trigger, or loopback): sign in with single sign-on, or call Kortex with an OAuth access token",
+            target.key
+        ))
+    })?;
+    let credentials = target
+        .oauth
+        .as_ref()
+        .ok_or_else(|| ToolError::Internal("no OAuth client for the exchange".into()))?;
+    let token = credentials
+        .exchange(subject)
+        .await
+        .map_err(|e| ToolError::Upstream(format!("OAuth: {e}")))?;
+    let (changed, _ignored) = mpsc::unbounded_channel();
+    let mut service = connect_as(target, changed, refused, Some(Bearer::Exchanged(token)))
+        .await
+        .map_err(|e| {
+            ToolError::Upstream(format!(
+                "the MCP server refused the chat user's connection: {e}"
+            ))
+        })?;
+    let result = service.peer().call_tool(params).await;
+    let _ = service.close_with_timeout(Duration::from_secs(2)).await;
+    Ok(result)
 }
 
 /// The result for the model: text blocks as they are, other blocks described, structured

@@ -6,6 +6,12 @@
 //! resource indicator (RFC 8707), kept until shortly before it expires, and sent as
 //! `Authorization: Bearer` on every request. Every request goes through the tool's egress
 //! guard; the secret and the tokens are never logged.
+//!
+//! `oauthTokenExchange` calls on behalf of the chat user: the same client exchanges the
+//! user's own token (the access token they presented to Kortex, or their single sign-on
+//! session's) at the same token endpoint for one for the server (RFC 8693, with the
+//! resource indicator), kept per user until shortly before it expires. The tools are
+//! listed with the client's own credentials.
 
 use crate::catalog::SecretValue;
 use serde_json::Value;
@@ -33,6 +39,44 @@ pub struct ClientCredentials {
 struct Cached {
     endpoint: Option<String>,
     token: Option<(SecretValue, Instant)>,
+    /// Exchanged tokens, by the digest of the subject token they were exchanged for.
+    exchanged: std::collections::HashMap<String, (SecretValue, Instant)>,
+}
+
+/// At most this many exchanged tokens are kept per server (the oldest expiring go first).
+const MAX_EXCHANGED: usize = 256;
+
+/// The chat user's own OAuth token: what `oauthTokenExchange` exchanges (RFC 8693).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SubjectToken {
+    /// The token.
+    pub token: SecretValue,
+    /// What it is.
+    pub kind: SubjectKind,
+}
+
+/// The kind of a subject token, as RFC 8693 names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubjectKind {
+    /// An OAuth access token (`urn:ietf:params:oauth:token-type:access_token`).
+    AccessToken,
+    /// An OpenID Connect ID token (`urn:ietf:params:oauth:token-type:id_token`).
+    IdToken,
+}
+
+impl SubjectKind {
+    fn urn(self) -> &'static str {
+        match self {
+            Self::AccessToken => "urn:ietf:params:oauth:token-type:access_token",
+            Self::IdToken => "urn:ietf:params:oauth:token-type:id_token",
+        }
+    }
+}
+
+impl std::fmt::Debug for SubjectToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SubjectToken({:?})", self.kind)
+    }
 }
 
 impl std::fmt::Debug for ClientCredentials {
@@ -75,19 +119,83 @@ impl ClientCredentials {
         {
             return Ok(t.clone());
         }
-        let endpoint = match &cached.endpoint {
-            Some(e) => e.clone(),
-            None => {
-                let e = self.discover().await?;
-                cached.endpoint = Some(e.clone());
-                e
-            }
-        };
+        let endpoint = self.endpoint(&mut cached).await?;
+        let (token, until) = self
+            .request(
+                &endpoint,
+                vec![("grant_type", "client_credentials")],
+                "the client credentials",
+            )
+            .await?;
+        cached.token = Some((token.clone(), until));
+        Ok(token)
+    }
+
+    /// A token for the server on behalf of `subject`'s holder: the one kept for them, or
+    /// theirs exchanged at the authorization server (RFC 8693).
+    pub async fn exchange(&self, subject: &SubjectToken) -> Result<SecretValue, String> {
+        let key = crate::oidc::seal::digest(subject.token.expose());
+        let mut cached = self.state.lock().await;
+        let now = Instant::now();
+        if let Some((t, until)) = cached.exchanged.get(&key)
+            && now < *until
+        {
+            return Ok(t.clone());
+        }
+        let endpoint = self.endpoint(&mut cached).await?;
+        let (token, until) = self
+            .request(
+                &endpoint,
+                vec![
+                    (
+                        "grant_type",
+                        "urn:ietf:params:oauth:grant-type:token-exchange",
+                    ),
+                    ("subject_token", subject.token.expose()),
+                    ("subject_token_type", subject.kind.urn()),
+                    (
+                        "requested_token_type",
+                        "urn:ietf:params:oauth:token-type:access_token",
+                    ),
+                ],
+                "to exchange the chat user's token",
+            )
+            .await?;
+        cached.exchanged.retain(|_, (_, u)| now < *u);
+        if cached.exchanged.len() >= MAX_EXCHANGED
+            && let Some(first) = cached
+                .exchanged
+                .iter()
+                .min_by_key(|(_, (_, u))| *u)
+                .map(|(k, _)| k.clone())
+        {
+            cached.exchanged.remove(&first);
+        }
+        cached.exchanged.insert(key, (token.clone(), until));
+        Ok(token)
+    }
+
+    /// The token endpoint, discovered once.
+    async fn endpoint(&self, cached: &mut Cached) -> Result<String, String> {
+        if let Some(e) = &cached.endpoint {
+            return Ok(e.clone());
+        }
+        let e = self.discover().await?;
+        cached.endpoint = Some(e.clone());
+        Ok(e)
+    }
+
+    /// A token request with `form`, the resource and the scopes, authenticated as the
+    /// client: the token and until when to keep it, or why not (`what` names what a
+    /// refusal refused).
+    async fn request(
+        &self,
+        endpoint: &str,
+        mut form: Vec<(&str, &str)>,
+        what: &str,
+    ) -> Result<(SecretValue, Instant), String> {
         let scope = self.scopes.join(" ");
-        let mut form = vec![
-            ("grant_type", "client_credentials"),
-            ("resource", self.resource.as_str()),
-        ];
+        form.push(("resource", self.resource.as_str()));
         if !scope.is_empty() {
             form.push(("scope", scope.as_str()));
         }
@@ -96,7 +204,7 @@ impl ClientCredentials {
             .finish();
         let response = self
             .http
-            .post(&endpoint)
+            .post(endpoint)
             .basic_auth(&self.client_id, Some(self.secret.expose()))
             .header(
                 reqwest::header::CONTENT_TYPE,
@@ -115,7 +223,7 @@ impl ClientCredentials {
         let body: Value = response.json().await.unwrap_or_default();
         if !status.is_success() {
             return Err(format!(
-                "the authorization server refused the client credentials ({status}): {} {}",
+                "the authorization server refused {what} ({status}): {} {}",
                 body["error"].as_str().unwrap_or_default(),
                 body["error_description"].as_str().unwrap_or_default()
             ));
@@ -128,9 +236,7 @@ impl ClientCredentials {
             .as_u64()
             .map_or(DEFAULT_LIFETIME, Duration::from_secs);
         let until = Instant::now() + lifetime.saturating_sub(EARLY).max(Duration::from_secs(1));
-        let token = SecretValue::new(token);
-        cached.token = Some((token.clone(), until));
-        Ok(token)
+        Ok((SecretValue::new(token), until))
     }
 
     /// Forgets the token (the server refused it): the next request asks for a new one.

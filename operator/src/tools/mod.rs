@@ -62,6 +62,9 @@ pub struct ToolContext {
     /// What the session runs under and who asked: what a tool that records something for
     /// the session (`propose_action`, `submit_plan`) checks and writes down.
     pub scope: Arc<CallerScope>,
+    /// The chat user's own OAuth token, which an `oauthTokenExchange` MCP tool exchanges
+    /// to call on their behalf (`None`: they signed in otherwise).
+    pub on_behalf: Option<mcp_oauth::SubjectToken>,
     /// Set by a tool whose result is a person's decision (see [`ToolContext::hold`]).
     held: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -97,6 +100,7 @@ impl ToolContext {
             guides: Arc::from(Vec::new()),
             via,
             scope: Arc::default(),
+            on_behalf: None,
             held: Arc::default(),
         }
     }

@@ -84,7 +84,7 @@ pub fn request_headers(
                 basic = Some((user.to_owned(), password.to_owned()));
             }
             // A token per request, from the MCP connection (`tools::mcp_oauth`).
-            AuthType::OauthClientCredentials => {}
+            AuthType::OauthClientCredentials | AuthType::OauthTokenExchange => {}
         }
     }
     Ok((map, basic))

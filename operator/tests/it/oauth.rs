@@ -255,3 +255,201 @@ fn unsigned(claims: &Value) -> String {
         b(claims)
     )
 }
+
+/// One JSON-RPC request to an MCP endpoint with `token`: the answer (JSON, or the last SSE
+/// event) and the session id the server gave.
+async fn mcp_rpc(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+    session: Option<&str>,
+    body: Value,
+) -> (Value, Option<String>) {
+    let mut r = http
+        .post(url)
+        .bearer_auth(token)
+        .header("accept", "application/json, text/event-stream")
+        .json(&body);
+    if let Some(s) = session {
+        r = r.header("mcp-session-id", s);
+    }
+    let r = r.send().await.unwrap();
+    let sid = r
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let text = r.text().await.unwrap_or_default();
+    let json = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .rev()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .find_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .unwrap_or(Value::Null)
+    });
+    (json, sid)
+}
+
+/// `auth.type: oauthTokenExchange` (`docs/tools.md#oauth`): Kortex lists the remote MCP
+/// server's tools with its client credentials, and calls them on behalf of the chat user —
+/// the access token carol presented to Kortex exchanged (RFC 8693) at the authorization
+/// server for one for that server, which then sees carol, not Kortex. So over Kortex's own
+/// `/mcp`, and in a run an A2A task starts; a caller with a chat key has no token to
+/// exchange and is told so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange() {
+    use crate::support::manifests::{chat_key_secret, secret, tool};
+    use crate::support::provider::{chat_requests, mock, push, push_answer, tool_result};
+    let p = Provider::start().await;
+    let Some(remote) = crate::support::plugins::mcp_server_with(&[
+        "--oauth-issuer",
+        &p.issuer,
+        "--oauth-scope",
+        "mcp:tools",
+    ]) else {
+        return;
+    };
+    let (llm, script) = mock().await;
+    let (dir, m) = manifest_dir();
+    let yaml = format!(
+        "{}{}",
+        chat_key_secret("dave", "dave-chat-key", "sre"),
+        docs(&[
+            secret("llm", "key: sk-obo"),
+            provider(
+                "gpt",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: llm, key: key}}, defaultModel: m, timeout: 10s"
+                ),
+            ),
+            policy("ops", "sessions: ['*'], provider: gpt, a2a: {expose: true}"),
+            secret(
+                "mcp-oauth",
+                &format!("secret: {}", crate::support::oidc::CLIENT_SECRET),
+            ),
+            tool(
+                "remote",
+                &format!(
+                    "mcp: {{url: '{}', auth: {{type: oauthTokenExchange, clientId: {CLIENT_ID}, \
+                     secretRef: {{name: mcp-oauth, key: secret}}, scopes: [mcp:tools]}}, include: [whoami]}}",
+                    remote.url
+                ),
+            ),
+        ])
+    );
+    std::fs::write(m.join("all.yaml"), yaml).unwrap();
+    let port = crate::support::net::free_port();
+    let public = format!("http://127.0.0.1:{port}");
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    let listen = format!("127.0.0.1:{port}");
+    let manifests = m.display().to_string();
+    let server = Server::spawn(
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--manifests",
+            &manifests,
+            "--database-url",
+            &db,
+            "--oidc-issuer",
+            &p.issuer,
+            "--oidc-client-id",
+            CLIENT_ID,
+            "--public-url",
+            &public,
+        ],
+        &[],
+    );
+    let http = http_client();
+    let now = jiff::Timestamp::now().as_second();
+    let carol = |aud: &str| {
+        p.sign(
+            "k1",
+            &json!({"iss": p.issuer, "aud": aud, "sub": "u-carol", "azp": "claude-code",
+                "email": "carol@example.com", "groups": ["oncall"], "iat": now, "exp": now + 300}),
+        )
+    };
+    let mcp = format!("{public}/mcp?policy=default/ops");
+    let token = carol(&format!("{public}/mcp"));
+    let initialize = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "obo-test", "version": "1"}}});
+    // The tools are listed with Kortex's client credentials, before anyone asks.
+    let session = crate::support::net::eventually("the remote tool listed", || {
+        let (http, mcp, token, initialize) =
+            (http.clone(), mcp.clone(), token.clone(), initialize.clone());
+        async move {
+            let (_, sid) = mcp_rpc(&http, &mcp, &token, None, initialize).await;
+            let sid = sid.ok_or("no session")?;
+            let (listed, _) = mcp_rpc(
+                &http,
+                &mcp,
+                &token,
+                Some(&sid),
+                json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+            )
+            .await;
+            listed
+                .to_string()
+                .contains("remote__whoami")
+                .then_some(sid)
+                .ok_or_else(|| listed.to_string())
+        }
+    })
+    .await;
+    assert!(p.token_calls().contains(&"client_credentials".to_owned()));
+    assert!(p.exchanges().is_empty(), "listing exchanges nothing");
+    let whoami = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "remote__whoami", "arguments": {}}});
+    let (called, _) = mcp_rpc(&http, &mcp, &token, Some(&session), whoami.clone()).await;
+    assert_eq!(
+        called["result"]["content"][0]["text"], "u-carol (client kortex)",
+        "{called}"
+    );
+    assert_eq!(
+        p.exchanges(),
+        ["urn:ietf:params:oauth:token-type:access_token"]
+    );
+
+    // In a run: an A2A task with carol's token for Kortex; the model calls the tool.
+    push(
+        &script,
+        crate::support::provider::tool_calls(&[("w1", "remote__whoami", json!({}))]),
+    );
+    push_answer(&script, &["Checked as you."]);
+    let task: Value = http
+        .post(format!("{public}/a2a/v1/default/ops"))
+        .bearer_auth(carol(&public))
+        .json(&json!({"jsonrpc": "2.0", "id": "1", "method": "SendMessage", "params": {
+            "message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "who am I to grafana?"}]}}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        task["result"]["task"]["status"]["state"], "TASK_STATE_COMPLETED",
+        "{task}"
+    );
+    let seen = chat_requests(&script)
+        .iter()
+        .find_map(|b| tool_result(b, "w1"))
+        .unwrap_or_default();
+    assert!(seen.contains("u-carol (client kortex)"), "{seen}");
+    assert_eq!(p.exchanges().len(), 2, "carol's A2A token exchanged too");
+
+    // dave signs in with a chat key: there is no token of his to exchange.
+    let (_, sid) = mcp_rpc(&http, &mcp, "dave-chat-key", None, initialize).await;
+    let (refused, _) = mcp_rpc(&http, &mcp, "dave-chat-key", sid.as_deref(), whoami).await;
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert!(
+        refused.to_string().contains("on behalf of the chat user"),
+        "{refused}"
+    );
+    assert_eq!(p.exchanges().len(), 2);
+    let log = server.log();
+    assert!(!log.contains(&token) && !log.contains(crate::support::oidc::CLIENT_SECRET));
+    assert!(server.terminate().success());
+}

@@ -92,6 +92,7 @@ async fn proposals_and_plans_are_router_tools_offered_by_policy_and_door() {
         policy: &planned,
         redactor: &redactor,
         kube: &kube,
+        on_behalf: None,
         via: "mcp",
         model: ("mcp", "client"),
         planning,

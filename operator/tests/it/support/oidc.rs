@@ -32,6 +32,10 @@ struct Inner {
     refresh: Refresh,
     jwks_fetches: usize,
     token_calls: Vec<String>,
+    /// Every token `sign` made: what a token exchange takes as a subject token.
+    issued: std::collections::HashSet<String>,
+    /// The `subject_token_type` of each token exchange, in order.
+    exchanged: Vec<String>,
 }
 
 /// The provider.
@@ -89,6 +93,8 @@ impl Provider {
                 refresh: Refresh::Renew(None),
                 jwks_fetches: 0,
                 token_calls: Vec::new(),
+                issued: Default::default(),
+                exchanged: Vec::new(),
             })),
         };
         let app = axum::Router::new()
@@ -128,7 +134,9 @@ impl Provider {
             inner.keys.push((kid.to_owned(), new_key()));
         }
         let key = &inner.keys.iter().find(|(k, _)| k == kid).unwrap().1;
-        jws(key, kid, claims)
+        let token = jws(key, kid, claims);
+        inner.issued.insert(token.clone());
+        token
     }
 
     /// A token signed with a key the provider never publishes.
@@ -161,6 +169,11 @@ impl Provider {
         self.inner.lock().unwrap().jwks_fetches
     }
 
+    /// The `subject_token_type` of each token exchange, in order.
+    pub fn exchanges(&self) -> Vec<String> {
+        self.inner.lock().unwrap().exchanged.clone()
+    }
+
     /// The grant types the token endpoint was called with, in order.
     pub fn token_calls(&self) -> Vec<String> {
         self.inner.lock().unwrap().token_calls.clone()
@@ -175,7 +188,8 @@ async fn discovery(State(p): State<Provider>) -> axum::Json<Value> {
         "jwks_uri": format!("{}/keys", p.issuer),
         "end_session_endpoint": format!("{}/logout", p.issuer),
         "response_types_supported": ["code"],
-        "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
+        "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials",
+            "urn:ietf:params:oauth:grant-type:token-exchange"],
         "subject_types_supported": ["public"],
         "id_token_signing_alg_values_supported": ["ES256"],
     }))
@@ -262,6 +276,41 @@ async fn token(State(p): State<Provider>, headers: HeaderMap, body: String) -> R
             axum::Json(
                 json!({"access_token": p.sign("k1", &claims), "token_type": "Bearer",
                 "expires_in": 600, "scope": form.get("scope").cloned().unwrap_or_default()}),
+            )
+            .into_response()
+        }
+        // On behalf of a user (RFC 8693): a token this provider signed, still good, becomes
+        // one for the resource named, for the same subject, with the client as the actor.
+        "urn:ietf:params:oauth:grant-type:token-exchange" => {
+            let subject = form.get("subject_token").cloned().unwrap_or_default();
+            if !inner.issued.contains(&subject) {
+                return oauth_error("invalid_grant");
+            }
+            inner
+                .exchanged
+                .push(form.get("subject_token_type").cloned().unwrap_or_default());
+            drop(inner);
+            let Some(resource) = form.get("resource").filter(|r| !r.is_empty()) else {
+                return oauth_error("invalid_target");
+            };
+            let claims: Value = subject
+                .split('.')
+                .nth(1)
+                .and_then(kortex::oidc::jwt::base64url)
+                .and_then(|b| serde_json::from_slice(&b).ok())
+                .unwrap_or_default();
+            let now = jiff::Timestamp::now().as_second();
+            if claims["exp"].as_i64().unwrap_or(0) <= now {
+                return oauth_error("invalid_grant");
+            }
+            let exchanged = json!({"iss": p.issuer, "aud": resource, "sub": claims["sub"],
+                "email": claims["email"], "groups": claims["groups"], "client_id": CLIENT_ID,
+                "act": {"sub": CLIENT_ID}, "scope": form.get("scope").cloned().unwrap_or_default(),
+                "iat": now, "exp": now + 600});
+            axum::Json(
+                json!({"access_token": p.sign("k1", &exchanged), "token_type": "Bearer",
+                "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                "expires_in": 600}),
             )
             .into_response()
         }
