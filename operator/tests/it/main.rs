@@ -32,6 +32,7 @@ mod leader;
 mod limits;
 mod llm;
 mod local_models;
+mod mcp_conformance;
 mod mcp_door;
 mod notify;
 mod oauth;
