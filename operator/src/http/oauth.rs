@@ -172,8 +172,21 @@ async fn verified(sso: &Sso, resource: &str, token: &str, path: &str) -> Result<
     // Who: the token's claims, else the provider's userinfo (an access token may carry
     // only a subject).
     let settings = &sso.provider.settings;
-    let needs_userinfo = verified.claims[&settings.username_claim].is_null()
-        || verified.claims[&settings.groups_claim].is_null();
+    // A client's own token (client credentials: its subject is the client, as Glewlwyd and
+    // Okta issue them) names no person, and userinfo knows none: the caller is the client,
+    // `client:<id>`, under the same allowed groups and domains.
+    let own_client = ["client_id", "azp"]
+        .iter()
+        .filter_map(|c| verified.claims[*c].as_str())
+        .find(|c| verified.claims["sub"].as_str() == Some(*c))
+        .filter(|_| verified.claims[&settings.username_claim].is_null())
+        .map(str::to_owned);
+    let mut claims = verified.claims.clone();
+    if let Some(client) = &own_client {
+        claims[&settings.username_claim] = Value::from(format!("client:{client}"));
+    }
+    let needs_userinfo = own_client.is_none()
+        && (claims[&settings.username_claim].is_null() || claims[&settings.groups_claim].is_null());
     let userinfo = if needs_userinfo {
         sso.provider
             .userinfo(&verified.subject, token)
@@ -184,7 +197,7 @@ async fn verified(sso: &Sso, resource: &str, token: &str, path: &str) -> Result<
     };
     let identity = sso
         .provider
-        .identity(&verified.claims, &userinfo)
+        .identity(&claims, &userinfo)
         .map_err(|e| refused(e.to_string()))?;
     if identity.user.starts_with("system:") {
         return Err(refused(format!(

@@ -453,3 +453,168 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
     assert!(!log.contains(&token) && !log.contains(crate::support::oidc::CLIENT_SECRET));
     assert!(server.terminate().success());
 }
+
+/// The MCP Python SDK's OAuth client through `mcp_client.py`: lists the tools of `url`
+/// with a token it gets itself, with client credentials; whether it did, and its output.
+fn sdk_lists_tools(python: &str, url: &str, client: (&str, &str), issuer: &str) -> (bool, String) {
+    use std::io::Write;
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_client.py");
+    let mut child = std::process::Command::new(python)
+        .arg(script)
+        .args([
+            "--url",
+            url,
+            "--oauth-client-id",
+            client.0,
+            "--oauth-client-secret",
+            client.1,
+            "--oauth-issuer",
+            issuer,
+            "--oauth-scope",
+            "kortex:mcp",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(json!([{"op": "list_tools"}]).to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The real provider of the single sign-on tests (Debian's Glewlwyd) as the authorization
+/// server of an MCP client: the official MCP Python SDK's OAuth client finds Glewlwyd from
+/// Kortex's 401, gets a token with client credentials and Kortex's `/mcp` as the resource
+/// indicator (Glewlwyd makes it the `aud` of an RS256 `at+jwt`), and lists the tools.
+/// Glewlwyd's client tokens name the client as their subject and no person, and its
+/// userinfo answers 404 for them: the caller is `client:mcp-agent`. A Glewlwyd token asked
+/// for without the resource (its `aud` is then the scope list) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn glewlwyd_is_the_authorization_server_of_an_mcp_client() {
+    let Some(script) = crate::support::oidc::glewlwyd_script() else {
+        return;
+    };
+    let Some(python) = crate::support::plugins::python_with_mcp() else {
+        return;
+    };
+    let (dir, m) = manifest_dir();
+    std::fs::write(
+        m.join("all.yaml"),
+        docs(&[
+            provider(
+                "local",
+                "type: ollama, baseUrl: 'http://127.0.0.1:9/v1', defaultModel: m",
+            ),
+            policy("ops", "sessions: ['*'], provider: local"),
+        ]),
+    )
+    .unwrap();
+    // Kortex's address first: Glewlwyd allows exactly its /mcp as a resource.
+    let port = crate::support::net::free_port();
+    let public = format!("http://127.0.0.1:{port}");
+    let provider_dir = dir.path().join("glewlwyd");
+    let glewlwyd_port = crate::support::net::free_port();
+    let issuer = format!("http://127.0.0.1:{glewlwyd_port}/api/oidc");
+    let _glewlwyd = crate::support::oidc::Glewlwyd::start(
+        script,
+        &provider_dir,
+        glewlwyd_port,
+        &format!("{public}/auth/v1/oidc/callback"),
+        &[("OIDC_RESOURCE", &format!("{public}/mcp"))],
+    );
+    std::fs::write(dir.path().join("client-secret"), "kortex-secret\n").unwrap();
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    let listen = format!("127.0.0.1:{port}");
+    let manifests = m.display().to_string();
+    let secret_file = dir.path().join("client-secret").display().to_string();
+    let server = Server::spawn(
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--manifests",
+            &manifests,
+            "--database-url",
+            &db,
+            "--oidc-issuer",
+            &issuer,
+            "--oidc-client-id",
+            "kortex",
+            "--oidc-client-secret-file",
+            &secret_file,
+            "--oidc-username-claim",
+            "preferred_username",
+            "--public-url",
+            &public,
+            "--oauth-scopes",
+            "kortex:mcp",
+        ],
+        &[],
+    );
+    let mcp = format!("{public}/mcp?policy=default/ops");
+    let (ok, out) = tokio::task::spawn_blocking({
+        let (python, mcp, issuer) = (python.clone(), mcp.clone(), issuer.clone());
+        move || sdk_lists_tools(&python, &mcp, ("mcp-agent", "mcp-agent-secret"), &issuer)
+    })
+    .await
+    .unwrap();
+    assert!(
+        ok && out.contains("get_incident_history"),
+        "{out}\n{}",
+        server.log()
+    );
+
+    // A Glewlwyd token without the resource indicator is not for Kortex.
+    let http = http_client();
+    let token: Value = http
+        .post(format!("{issuer}/token"))
+        .basic_auth("mcp-agent", Some("mcp-agent-secret"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("grant_type=client_credentials&scope=kortex%3Amcp")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let r = http
+        .post(&mcp)
+        .bearer_auth(token["access_token"].as_str().unwrap_or_default())
+        .header("accept", "application/json, text/event-stream")
+        .json(
+            &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "oauth-test", "version": "1"}}}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let why = r.text().await.unwrap_or_default();
+    assert!(why.contains("is for"), "{why}");
+    // And wrong client credentials get no token at all.
+    let (ok, out) = tokio::task::spawn_blocking({
+        let (python, mcp, issuer) = (python.clone(), mcp.clone(), issuer.clone());
+        move || sdk_lists_tools(&python, &mcp, ("mcp-agent", "not-the-secret"), &issuer)
+    })
+    .await
+    .unwrap();
+    assert!(!ok, "{out}");
+    let log = server.log();
+    assert!(!log.contains("mcp-agent-secret") && !log.contains("kortex-secret"));
+    assert!(server.terminate().success());
+}

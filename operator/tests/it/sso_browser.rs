@@ -12,7 +12,6 @@ use crate::support::manifests::{docs, manifest_dir, policy, provider, secret};
 use crate::support::provider::{Reply, mock, openai, streamed};
 use crate::support::server::Server;
 use serde_json::{Value, json};
-use std::path::Path;
 
 const ANSWER: &str = "The checkout pods run out of memory; I proposed a restart.";
 
@@ -42,40 +41,9 @@ fn responder(body: &Value) -> Option<Reply> {
     ))
 }
 
-fn glewlwyd() -> Option<&'static str> {
-    let required = std::env::var("KORTEX_REQUIRE_GLEWLWYD").is_ok_and(|v| v == "1");
-    if Path::new("/usr/bin/glewlwyd").exists() {
-        return Some(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/oidc/glewlwyd.sh"
-        ));
-    }
-    assert!(
-        !required,
-        "KORTEX_REQUIRE_GLEWLWYD=1 but /usr/bin/glewlwyd is missing"
-    );
-    eprintln!("skipping: Glewlwyd is not installed (scripts/test.sh installs it)");
-    None
-}
-
-struct Glewlwyd {
-    script: &'static str,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Glewlwyd {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("bash")
-            .arg(self.script)
-            .arg("stop")
-            .arg(&self.dir)
-            .output();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_signs_in_with_the_company_provider_chats_approves_and_signs_out() {
-    let Some(script) = glewlwyd() else {
+    let Some(script) = crate::support::oidc::glewlwyd_script() else {
         return;
     };
     let (base, mock_script) = mock().await;
@@ -149,26 +117,12 @@ async fn a_person_signs_in_with_the_company_provider_chats_approves_and_signs_ou
     );
     let kortex = server.url("").trim_end_matches('/').to_owned();
     let provider_dir = dir.path().join("glewlwyd");
-    let started = std::process::Command::new("bash")
-        .arg(script)
-        .arg("start")
-        .arg(&provider_dir)
-        .arg(glewlwyd_port.to_string())
-        .arg(format!("{kortex}/auth/v1/oidc/callback"))
-        .env("OIDC_ISSUER", &issuer)
-        .env("OIDC_TOKEN_SECONDS", "20")
-        .output()
-        .unwrap();
-    let _guard = Glewlwyd {
+    let _guard = crate::support::oidc::Glewlwyd::start(
         script,
-        dir: provider_dir.clone(),
-    };
-    assert!(
-        started.status.success(),
-        "glewlwyd did not start:\n{}\n{}\n{}",
-        String::from_utf8_lossy(&started.stdout),
-        String::from_utf8_lossy(&started.stderr),
-        std::fs::read_to_string(provider_dir.join("glewlwyd.log")).unwrap_or_default()
+        &provider_dir,
+        glewlwyd_port,
+        &format!("{kortex}/auth/v1/oidc/callback"),
+        &[("OIDC_ISSUER", &issuer), ("OIDC_TOKEN_SECONDS", "20")],
     );
     let env = [
         ("KORTEX_URL", kortex.as_str()),

@@ -317,3 +317,72 @@ async fn token(State(p): State<Provider>, headers: HeaderMap, body: String) -> R
         _ => oauth_error("unsupported_grant_type"),
     }
 }
+
+/// `tests/fixtures/oidc/glewlwyd.sh` when Debian's Glewlwyd is installed; `None` (the test
+/// is skipped) otherwise, unless `KORTEX_REQUIRE_GLEWLWYD=1` (the test script sets it).
+pub fn glewlwyd_script() -> Option<&'static str> {
+    let required = std::env::var("KORTEX_REQUIRE_GLEWLWYD").is_ok_and(|v| v == "1");
+    if std::path::Path::new("/usr/bin/glewlwyd").exists() {
+        return Some(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/oidc/glewlwyd.sh"
+        ));
+    }
+    assert!(
+        !required,
+        "KORTEX_REQUIRE_GLEWLWYD=1 but /usr/bin/glewlwyd is missing"
+    );
+    eprintln!("skipping: Glewlwyd is not installed (scripts/test.sh installs it)");
+    None
+}
+
+/// A running Glewlwyd of the fixture (stopped when dropped).
+pub struct Glewlwyd {
+    script: &'static str,
+    dir: std::path::PathBuf,
+}
+
+impl Glewlwyd {
+    /// Starts it on `port` with its state in `dir`, Kortex's client registered with
+    /// `redirect_uri`, and `env` for the fixture (`OIDC_ISSUER`, `OIDC_RESOURCE`, …);
+    /// panics with its log if it does not start.
+    pub fn start(
+        script: &'static str,
+        dir: &std::path::Path,
+        port: u16,
+        redirect_uri: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let started = std::process::Command::new("bash")
+            .arg(script)
+            .arg("start")
+            .arg(dir)
+            .arg(port.to_string())
+            .arg(redirect_uri)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let running = Self {
+            script,
+            dir: dir.to_owned(),
+        };
+        assert!(
+            started.status.success(),
+            "glewlwyd did not start:\n{}\n{}\n{}",
+            String::from_utf8_lossy(&started.stdout),
+            String::from_utf8_lossy(&started.stderr),
+            std::fs::read_to_string(dir.join("glewlwyd.log")).unwrap_or_default()
+        );
+        running
+    }
+}
+
+impl Drop for Glewlwyd {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(self.script)
+            .arg("stop")
+            .arg(&self.dir)
+            .output();
+    }
+}
