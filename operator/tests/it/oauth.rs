@@ -614,6 +614,43 @@ async fn glewlwyd_is_the_authorization_server_of_an_mcp_client() {
     .await
     .unwrap();
     assert!(!ok, "{out}");
+
+    // Claude Code, configured as docs/mcp.md says (a pre-registered client, a fixed
+    // callback port), finds that Kortex takes OAuth: its sign-in is then a person's, in the
+    // browser.
+    if let Ok(claude) = std::env::var("KORTEX_TEST_CLAUDE") {
+        let home = tempfile::tempdir().unwrap();
+        let run = |args: &[&str]| {
+            let out = std::process::Command::new(&claude)
+                .args(args)
+                .env("HOME", home.path())
+                .env_remove("ANTHROPIC_API_KEY")
+                .output()
+                .unwrap();
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        let added = run(&[
+            "mcp",
+            "add",
+            "--scope",
+            "user",
+            "--transport",
+            "http",
+            "kortex",
+            &mcp,
+            "--client-id",
+            "kortex-claude-code",
+            "--callback-port",
+            "33418",
+        ]);
+        assert!(added.contains("Added HTTP MCP server kortex"), "{added}");
+        let listed = run(&["mcp", "list"]);
+        assert!(listed.contains("Needs authentication"), "{listed}");
+    }
     let log = server.log();
     assert!(!log.contains("mcp-agent-secret") && !log.contains("kortex-secret"));
     assert!(server.terminate().success());
