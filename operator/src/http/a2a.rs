@@ -654,9 +654,18 @@ async fn status_json(
             );
         }
         RunState::RequiresAction => {
+            let (pending, _) = super::chat_api::pending_calls(messages);
+            let calls: Vec<Value> = pending
+                .iter()
+                .map(|c| json!({"toolCallId": c.id, "name": c.name, "input": c.input}))
+                .collect();
+            let names: Vec<&str> = pending.iter().map(|c| c.name.as_str()).collect();
             status["message"] = say(
-                "The run waits for client-executed tool results, which an A2A caller cannot give: answer it through the chat API (POST /chat/v1/sessions/{id}/tool-results) or cancel the task.".into(),
-                None,
+                format!(
+                    "The investigation waits for the results of your own tools ({}): reply on this task with a data part {{\"toolResults\": [{{\"toolCallId\", \"content\", \"isError\"?}}]}} answering each call, or cancel the task.",
+                    names.join(", ")
+                ),
+                Some(json!({"toolCalls": calls})),
             );
         }
         RunState::Failed => {
@@ -1171,9 +1180,23 @@ impl Agent<'_> {
                 .map(drop)
                 .map_err(|e| RpcError::invalid_params(e.to_string()))
             }
-            RunState::RequiresAction => Err(RpcError::unsupported(
-                "the task waits for client-executed tool results, which A2A cannot carry: give them through the chat API or cancel the task",
-            )),
+            RunState::RequiresAction => {
+                let results = data
+                    .iter()
+                    .find_map(|d| d.get("toolResults"))
+                    .ok_or_else(|| {
+                        RpcError::invalid_params(
+                            "the task waits for the results of your own tools: reply with a data part {\"toolResults\": [{\"toolCallId\", \"content\", \"isError\"?}]}",
+                        )
+                    })?;
+                let results: Vec<super::chat_api::ToolResult> =
+                    serde_json::from_value(results.clone())
+                        .map_err(|e| RpcError::invalid_params(format!("toolResults: {e}")))?;
+                super::chat_api::give_tool_results(self.state, session, &results)
+                    .await
+                    .map(drop)
+                    .map_err(|e| RpcError::invalid_params(e.message))
+            }
             _ => Err(RpcError::unsupported(format!(
                 "task {} is working: follow it with SubscribeToTask",
                 run.id

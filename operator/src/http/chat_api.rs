@@ -718,7 +718,7 @@ fn follow(
 
 /// The dynamic tool calls of the last assistant message that have no result yet, and the
 /// run they belong to.
-fn pending_calls(
+pub(super) fn pending_calls(
     messages: &[crate::store::MessageRecord],
 ) -> (Vec<crate::llm::ToolCall>, Option<String>) {
     let Some(last) = messages.iter().rposition(|m| m.role == "assistant") else {
@@ -751,10 +751,13 @@ pub struct ToolResults {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ToolResult {
-    tool_call_id: String,
-    content: Value,
+    /// The call it answers.
+    pub tool_call_id: String,
+    /// What the tool gave (text, or any JSON).
+    pub content: Value,
+    /// Whether the tool failed.
     #[serde(default)]
-    is_error: bool,
+    pub is_error: bool,
 }
 
 fn not_waiting(id: &str) -> ApiError {
@@ -767,8 +770,6 @@ fn not_waiting(id: &str) -> ApiError {
 
 /// `POST /chat/v1/sessions/{id}/tool-results`: 202 and the run resumes; 409 unless the
 /// session is `requires_action` (the first POST wins); 400 when ids are missing or extra.
-// Long because the checks of a tool-results POST (state, ids missing or extra, sizes) and the resume,
-// each with its own HTTP error.
 pub async fn tool_results(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
@@ -777,6 +778,21 @@ pub async fn tool_results(
 ) -> Result<Response, ApiError> {
     let body = json_body(body)?;
     let session = reachable(&state, &caller, &id, crate::store::Access::Continue).await?;
+    let run_id = give_tool_results(&state, &session, &body.results).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response())
+}
+
+/// Gives `results` to the run of `session` that waits for them, and resumes it: its id.
+/// 409 unless the session is `requires_action` (the first to give wins); 400 when ids are
+/// missing or extra. The chat API's and an A2A task's way to answer client-executed tools.
+// Long because of the checks (state, ids missing or extra, sizes) and the resume, each with
+// its own HTTP error.
+pub(super) async fn give_tool_results(
+    state: &AppState,
+    session: &crate::store::SessionRecord,
+    results: &[ToolResult],
+) -> Result<String, ApiError> {
+    let id = session.id.clone();
     if session.status != crate::store::SessionState::RequiresAction {
         return Err(not_waiting(&id));
     }
@@ -788,12 +804,9 @@ pub async fn tool_results(
     let (pending, run_id) = pending_calls(&messages);
     let expected: std::collections::BTreeSet<&str> =
         pending.iter().map(|c| c.id.as_str()).collect();
-    let given: std::collections::BTreeSet<&str> = body
-        .results
-        .iter()
-        .map(|r| r.tool_call_id.as_str())
-        .collect();
-    if given.len() != body.results.len() {
+    let given: std::collections::BTreeSet<&str> =
+        results.iter().map(|r| r.tool_call_id.as_str()).collect();
+    if given.len() != results.len() {
         return Err(ApiError::invalid("a toolCallId appears twice"));
     }
     if expected != given {
@@ -842,12 +855,12 @@ pub async fn tool_results(
     let redactor = {
         let config = state.config.borrow();
         let catalog = &config.catalog;
-        match catalog.policy_of(&session) {
+        match catalog.policy_of(session) {
             Some(policy) => crate::redact::Redactor::for_policy(catalog, policy),
             None => crate::redact::Redactor::secrets_only(catalog.redactor.clone()),
         }
     };
-    for r in &body.results {
+    for r in results {
         let content = match &r.content {
             Value::String(s) => s.clone(),
             other => other.to_string(),
@@ -896,8 +909,8 @@ pub async fn tool_results(
             .await
             .map_err(ApiError::from)?;
     }
-    state.engine.resume_run(&session, &run_id).await?;
-    Ok((StatusCode::ACCEPTED, Json(json!({"runId": run_id}))).into_response())
+    state.engine.resume_run(session, &run_id).await?;
+    Ok(run_id)
 }
 
 /// `POST /chat/v1/sessions/{id}/cancel`: stops a running run, or ends one waiting for

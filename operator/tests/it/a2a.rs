@@ -452,3 +452,146 @@ async fn in_a_cluster_a_caller_without_use_on_the_policy_is_refused() {
     let body: Value = r.json().await.unwrap();
     assert!(body["result"]["task"]["id"].is_string(), "{body}");
 }
+
+/// Client-executed tools over A2A: a session the chat API started with a tool of the
+/// caller's own (`dynamicTools`) is continued as an A2A task (its `contextId`); when the
+/// model calls that tool the task is `input-required` with the calls as a data part, and
+/// the caller's next message on the task, a data part `toolResults`, resumes the run to
+/// its answer. Results that answer no pending call are refused, and the task still waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_waiting_for_the_callers_own_tools_resumes_with_their_results() {
+    let (llm, script) = mock().await;
+    let (dir, m) = crate::support::manifests::manifest_dir();
+    std::fs::write(
+        m.join("all.yaml"),
+        docs(&[
+            secret("llm", "key: sk-a2a"),
+            provider(
+                "gpt",
+                &format!(
+                    "type: openai-compatible, baseUrl: '{llm}/v1', apiKeySecretRef: {{name: llm, key: key}}, defaultModel: m, timeout: 10s"
+                ),
+            ),
+            policy("oncall", "sessions: ['*'], provider: gpt, a2a: {expose: true}"),
+        ]),
+    )
+    .unwrap();
+    let db = format!("sqlite://{}", dir.path().join("k.db").display());
+    let manifests = m.display().to_string();
+    let server = Server::spawn(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--manifests",
+            &manifests,
+            "--database-url",
+            &db,
+        ],
+        &[],
+    );
+    let http = crate::support::net::http_client();
+    let session: Value = http
+        .post(server.url("/chat/v1/sessions"))
+        .json(
+            &json!({"name": "incident-ui", "dynamicTools": [{"name": "open_dashboard",
+            "description": "Open a dashboard in the user's browser and read its panels",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}}}}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let context = session["id"].as_str().unwrap_or_default().to_owned();
+    let agent = server.url("/a2a/v1/default/oncall");
+    let rpc = |method: &str, params: Value| {
+        let body = json!({"jsonrpc": "2.0", "id": "1", "method": method, "params": params});
+        let (http, agent) = (http.clone(), agent.clone());
+        async move {
+            http.post(agent)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    push(
+        &script,
+        tool_calls(&[("d1", "open_dashboard", json!({"name": "checkout"}))]),
+    );
+    let sent = rpc(
+        "SendMessage",
+        json!({"message": {"messageId": "m1", "role": "ROLE_USER", "contextId": context,
+            "parts": [{"text": "what does the checkout dashboard say?"}]}}),
+    )
+    .await;
+    let task = &sent["result"]["task"];
+    assert_eq!(
+        task["status"]["state"], "TASK_STATE_INPUT_REQUIRED",
+        "{sent}"
+    );
+    assert_eq!(task["contextId"], context.as_str());
+    let calls = task["status"]["message"]["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|p| p["data"].get("toolCalls"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(calls[0]["toolCallId"], "d1", "{sent}");
+    assert_eq!(calls[0]["name"], "open_dashboard");
+    assert_eq!(calls[0]["input"]["name"], "checkout");
+    let task_id = task["id"].as_str().unwrap_or_default().to_owned();
+
+    // An answer to no pending call: refused, the task still waits.
+    let wrong = rpc(
+        "SendMessage",
+        json!({"message": {"messageId": "m2", "role": "ROLE_USER", "taskId": task_id, "contextId": context,
+            "parts": [{"data": {"toolResults": [{"toolCallId": "nope", "content": "x"}]}}]}}),
+    )
+    .await;
+    assert!(
+        wrong["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("missing: [\"d1\"]"),
+        "{wrong}"
+    );
+    push_answer(
+        &script,
+        &["Checkout's error rate is 12%: the payment call fails."],
+    );
+    let done = rpc(
+        "SendMessage",
+        json!({"message": {"messageId": "m3", "role": "ROLE_USER", "taskId": task_id, "contextId": context,
+            "parts": [{"data": {"toolResults": [{"toolCallId": "d1", "content": "error rate 12%, payment 502s"}]}}]}}),
+    )
+    .await;
+    assert!(done["error"].is_null(), "{done}");
+    let finished = crate::support::net::eventually("the task completes", || {
+        let rpc = &rpc;
+        let task_id = task_id.clone();
+        async move {
+            let got = rpc("GetTask", json!({"id": task_id})).await;
+            (got["result"]["status"]["state"] == "TASK_STATE_COMPLETED")
+                .then_some(got.clone())
+                .ok_or_else(|| got.to_string())
+        }
+    })
+    .await;
+    assert!(
+        finished.to_string().contains("payment call fails"),
+        "{finished}"
+    );
+    let seen = crate::support::provider::chat_requests(&script)
+        .iter()
+        .find_map(|b| crate::support::provider::tool_result(b, "d1"))
+        .unwrap_or_default();
+    assert_eq!(seen, "error rate 12%, payment 502s");
+    assert!(server.terminate().success());
+}
