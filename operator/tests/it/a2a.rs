@@ -476,20 +476,7 @@ async fn a_task_waiting_for_the_callers_own_tools_resumes_with_their_results() {
         ]),
     )
     .unwrap();
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
-    let manifests = m.display().to_string();
-    let server = Server::spawn(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--manifests",
-            &manifests,
-            "--database-url",
-            &db,
-        ],
-        &[],
-    );
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let http = crate::support::net::http_client();
     let session: Value = http
         .post(server.url("/chat/v1/sessions"))

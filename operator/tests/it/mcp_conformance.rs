@@ -64,20 +64,7 @@ async fn kortex_mcp_passes_the_server_scenarios_it_serves() {
         ]),
     )
     .unwrap();
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
-    let manifests = m.display().to_string();
-    let server = Server::spawn(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--manifests",
-            &manifests,
-            "--database-url",
-            &db,
-        ],
-        &[],
-    );
+    let server = Server::start(&m, &dir.path().join("k.db"), &[]);
     let baseline =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/expected-failures.yaml");
     let (passed, out) = run(

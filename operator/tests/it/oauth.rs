@@ -31,18 +31,12 @@ async fn kortex_takes_access_tokens_for_itself_and_refuses_the_rest() {
     .unwrap();
     let port = crate::support::net::free_port();
     let public = format!("http://127.0.0.1:{port}");
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let listen = format!("127.0.0.1:{port}");
-    let manifests = m.display().to_string();
-    let server = Server::spawn(
+    let server = Server::start_at(
+        &m,
+        &dir.path().join("k.db"),
+        &listen,
         &[
-            "serve",
-            "--listen",
-            &listen,
-            "--manifests",
-            &manifests,
-            "--database-url",
-            &db,
             "--oidc-issuer",
             &p.issuer,
             "--oidc-client-id",
@@ -52,7 +46,6 @@ async fn kortex_takes_access_tokens_for_itself_and_refuses_the_rest() {
             "--oauth-scopes",
             "kortex:mcp",
         ],
-        &[],
     );
     let http = http_client();
     let mcp = format!("{public}/mcp?policy=default/ops");
@@ -340,18 +333,12 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
     std::fs::write(m.join("all.yaml"), yaml).unwrap();
     let port = crate::support::net::free_port();
     let public = format!("http://127.0.0.1:{port}");
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let listen = format!("127.0.0.1:{port}");
-    let manifests = m.display().to_string();
-    let server = Server::spawn(
+    let server = Server::start_at(
+        &m,
+        &dir.path().join("k.db"),
+        &listen,
         &[
-            "serve",
-            "--listen",
-            &listen,
-            "--manifests",
-            &manifests,
-            "--database-url",
-            &db,
             "--oidc-issuer",
             &p.issuer,
             "--oidc-client-id",
@@ -359,7 +346,6 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
             "--public-url",
             &public,
         ],
-        &[],
     );
     let http = http_client();
     let now = jiff::Timestamp::now().as_second();
@@ -537,19 +523,13 @@ async fn glewlwyd_is_the_authorization_server_of_an_mcp_client() {
         &[("OIDC_RESOURCE", &format!("{public}/mcp"))],
     );
     std::fs::write(dir.path().join("client-secret"), "kortex-secret\n").unwrap();
-    let db = format!("sqlite://{}", dir.path().join("k.db").display());
     let listen = format!("127.0.0.1:{port}");
-    let manifests = m.display().to_string();
     let secret_file = dir.path().join("client-secret").display().to_string();
-    let server = Server::spawn(
+    let server = Server::start_at(
+        &m,
+        &dir.path().join("k.db"),
+        &listen,
         &[
-            "serve",
-            "--listen",
-            &listen,
-            "--manifests",
-            &manifests,
-            "--database-url",
-            &db,
             "--oidc-issuer",
             &issuer,
             "--oidc-client-id",
@@ -563,7 +543,6 @@ async fn glewlwyd_is_the_authorization_server_of_an_mcp_client() {
             "--oauth-scopes",
             "kortex:mcp",
         ],
-        &[],
     );
     let mcp = format!("{public}/mcp?policy=default/ops");
     let (ok, out) = tokio::task::spawn_blocking({

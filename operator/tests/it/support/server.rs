@@ -43,8 +43,30 @@ impl Server {
         Self::launch(manifests, database_url, env, &[])
     }
 
+    /// `kortex serve` on `manifests` with the database `db`, listening on `listen` (a fixed
+    /// address, for a `--public-url` known in advance), with `args`.
+    pub fn start_at(manifests: &Path, db: &Path, listen: &str, args: &[&str]) -> Self {
+        Self::launch_at(
+            manifests,
+            &format!("sqlite://{}", db.display()),
+            listen,
+            &[],
+            args,
+        )
+    }
+
     fn launch(manifests: &Path, database_url: &str, env: &[(&str, &str)], args: &[&str]) -> Self {
-        let mut full = vec!["serve", "--listen", "127.0.0.1:0", "--manifests"];
+        Self::launch_at(manifests, database_url, "127.0.0.1:0", env, args)
+    }
+
+    fn launch_at(
+        manifests: &Path,
+        database_url: &str,
+        listen: &str,
+        env: &[(&str, &str)],
+        args: &[&str],
+    ) -> Self {
+        let mut full = vec!["serve", "--listen", listen, "--manifests"];
         let manifests = manifests.display().to_string();
         full.push(&manifests);
         full.extend(["--database-url", database_url]);
