@@ -198,41 +198,20 @@ async fn kortex_takes_access_tokens_for_itself_and_refuses_the_rest() {
     // The official MCP Python SDK's OAuth client: the 401's metadata, the issuer's token
     // endpoint (client credentials, with the resource indicator), then the calls.
     if let Some(python) = crate::support::plugins::python_with_mcp() {
-        let script =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/mcp_client.py");
-        let mut child = std::process::Command::new(python)
-            .arg(script)
-            .args([
-                "--url",
-                &mcp,
-                "--oauth-client-id",
-                CLIENT_ID,
-                "--oauth-client-secret",
-                crate::support::oidc::CLIENT_SECRET,
-                "--oauth-issuer",
-                &p.issuer,
-                "--oauth-scope",
-                "kortex:mcp",
-            ])
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(json!([{"op": "list_tools"}]).to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let (stdout, stderr) = (
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-        );
-        assert!(out.status.success(), "{stdout}\n{stderr}");
-        assert!(stdout.contains("get_incident_history"), "{stdout}");
+        let (ok, out) = tokio::task::spawn_blocking({
+            let (mcp, issuer) = (mcp.clone(), p.issuer.clone());
+            move || {
+                sdk_lists_tools(
+                    &python,
+                    &mcp,
+                    (CLIENT_ID, crate::support::oidc::CLIENT_SECRET),
+                    &issuer,
+                )
+            }
+        })
+        .await
+        .unwrap();
+        assert!(ok && out.contains("get_incident_history"), "{out}");
         assert!(p.token_calls().contains(&"client_credentials".to_owned()));
     }
     assert!(!server.log().contains(&good), "tokens never logged");
