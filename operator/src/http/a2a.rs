@@ -26,12 +26,13 @@ use crate::catalog::PolicyEntry;
 use crate::chat::{ChatError, event};
 use crate::store::{Access, RunState, SessionRecord};
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -290,16 +291,15 @@ fn ensure_sender(state: &AppState, session: &SessionRecord, run: &str) {
         let pumping = {
             let (state, session, run) = (state.clone(), session.clone(), run.clone());
             tokio::spawn(async move {
-                if let Err(e) = pump(&state, &session, &run, &Value::Null, &tx).await {
+                if let Err(e) = pump(&state, &session, &run, &Binding::Rest, &tx).await {
                     tracing::info!(task = %run, error = %e.message, "a task's push notifications stopped");
                 }
             })
         };
         let client = crate::egress::current().plugin_client(false);
-        while let Some(item) = rx.recv().await {
-            let Some(event) = item.get("result") else {
-                continue;
-            };
+        // Each item is a bare StreamResponse, as pushed.
+        while let Some(event) = rx.recv().await {
+            let event = &event;
             let targets: Vec<(String, Option<String>, Option<String>)> = state.a2a.push.with(|c| {
                 c.get(&run)
                     .into_iter()
@@ -418,6 +418,76 @@ fn rpc_error(id: &Value, e: &RpcError) -> Response {
     (e.status, Json(rpc_error_body(id, e))).into_response()
 }
 
+/// How a request came in, which decides how its answers are written: a JSON-RPC request
+/// (its id) or the HTTP+JSON (REST) binding.
+#[derive(Clone)]
+enum Binding {
+    Rpc(Value),
+    Rest,
+}
+
+impl Binding {
+    /// A result: the JSON-RPC response, or the object itself.
+    fn ok(&self, result: Value) -> Response {
+        match self {
+            Self::Rpc(id) => rpc_result(id, result),
+            Self::Rest => Json(result).into_response(),
+        }
+    }
+
+    /// An error: the JSON-RPC error (HTTP 200, or 403), or a `google.rpc.Status` with the
+    /// HTTP status the specification maps its reason to.
+    fn err(&self, e: &RpcError) -> Response {
+        match self {
+            Self::Rpc(id) => rpc_error(id, e),
+            Self::Rest => (rest_status(e), Json(self.error_body(e))).into_response(),
+        }
+    }
+
+    /// One item of a stream.
+    fn frame(&self, result: Value) -> Value {
+        match self {
+            Self::Rpc(id) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            Self::Rest => result,
+        }
+    }
+
+    /// An error's body, also as a stream's `error` event.
+    fn error_body(&self, e: &RpcError) -> Value {
+        match self {
+            Self::Rpc(id) => rpc_error_body(id, e),
+            Self::Rest => {
+                let status = rest_status(e);
+                json!({"error": {"code": status.as_u16(), "status": rest_status_name(status),
+                    "message": e.message, "details": [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                        "reason": e.reason, "domain": "a2a-protocol.org"}]}})
+            }
+        }
+    }
+}
+
+/// The HTTP status of an error in the HTTP+JSON binding (the specification's mapping).
+fn rest_status(e: &RpcError) -> StatusCode {
+    if e.status != StatusCode::OK {
+        return e.status;
+    }
+    match e.reason {
+        "TASK_NOT_FOUND" | "METHOD_NOT_FOUND" => StatusCode::NOT_FOUND,
+        "INTERNAL_ERROR" | "INVALID_AGENT_RESPONSE" => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::BAD_REQUEST,
+    }
+}
+
+fn rest_status_name(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        500 => "INTERNAL",
+        _ => "INVALID_ARGUMENT",
+    }
+}
+
 /// The exposed policy `namespace/name`, if it is.
 fn exposed(state: &AppState, namespace: &str, name: &str) -> Option<PolicyEntry> {
     let config = state.config.borrow().clone();
@@ -467,7 +537,10 @@ fn card(policy: &PolicyEntry, url: &str) -> Value {
         "name": a2a.name.unwrap_or_else(|| format!("Kortex {ns}/{name}")),
         "description": a2a.description.unwrap_or_else(|| "Investigates Kubernetes incidents with read-only tools (logs, events, resources, rollout history, metrics, past incidents) under the caller's own rights, and proposes fixes that a person approves.".into()),
         "version": env!("CARGO_PKG_VERSION"),
-        "supportedInterfaces": [{"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION}],
+        "supportedInterfaces": [
+            {"url": url, "protocolBinding": "JSONRPC", "protocolVersion": PROTOCOL_VERSION},
+            {"url": url, "protocolBinding": "HTTP+JSON", "protocolVersion": PROTOCOL_VERSION},
+        ],
         "provider": {"organization": "Kortex", "url": "https://kortex.dev"},
         "documentationUrl": "https://kortex.dev/docs/a2a",
         "capabilities": {"streaming": true, "pushNotifications": true, "extendedAgentCard": false},
@@ -843,12 +916,13 @@ pub async fn rpc(
         caller: &caller,
         policy: &policy,
     };
+    let binding = Binding::Rpc(id.clone());
     let served = match method.as_str() {
-        "SendMessage" => agent.send(&params, &id, false).await,
-        "SendStreamingMessage" => agent.send(&params, &id, true).await,
+        "SendMessage" => agent.send(&params, &binding, false).await,
+        "SendStreamingMessage" => agent.send(&params, &binding, true).await,
         "GetTask" => agent.get(&params).await.map(|t| rpc_result(&id, t)),
         "CancelTask" => agent.cancel(&params).await.map(|t| rpc_result(&id, t)),
-        "SubscribeToTask" => agent.subscribe(&params, &id).await,
+        "SubscribeToTask" => agent.subscribe(&params, &binding).await,
         "CreateTaskPushNotificationConfig" => {
             agent.push_create(&params).await.map(|c| rpc_result(&id, c))
         }
@@ -874,6 +948,111 @@ pub async fn rpc(
         )),
     };
     served.unwrap_or_else(|e| rpc_error(&id, &e))
+}
+
+/// The HTTP+JSON (REST) binding under the agent's URL: `POST message:send`,
+/// `POST message:stream`, `GET tasks/{id}`, `POST tasks/{id}:cancel`,
+/// `POST tasks/{id}:subscribe`, and `tasks/{id}/pushNotificationConfigs[/{configId}]`
+/// (`POST`, `GET`, `DELETE`): the JSON-RPC methods' bodies and results, unwrapped; errors
+/// as a `google.rpc.Status` with the reason in an `ErrorInfo` and the specification's
+/// HTTP status.
+pub async fn rest(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path((namespace, name, rest)): Path<(String, String, String)>,
+    method: axum::http::Method,
+    Query(query): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Response {
+    let binding = Binding::Rest;
+    let Some(policy) = exposed(&state, &namespace, &name) else {
+        return binding.err(&RpcError::new(
+            -32601,
+            "METHOD_NOT_FOUND",
+            format!("no ChatPolicy {namespace}/{name} is exposed to agents (spec.a2a.expose)"),
+        ));
+    };
+    let mut params: Value = if body.is_empty() {
+        json!({})
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => v,
+            Err(e) => {
+                return binding.err(&RpcError::new(
+                    -32700,
+                    "INVALID_REQUEST",
+                    format!("the body is not JSON: {e}"),
+                ));
+            }
+        }
+    };
+    let agent = Agent {
+        state: &state,
+        caller: &caller,
+        policy: &policy,
+    };
+    let path = rest;
+    let segments: Vec<&str> = path.split('/').collect();
+    let task_and_verb = |s: &str| -> (String, Option<String>) {
+        match s.split_once(':') {
+            Some((t, v)) => (t.to_owned(), Some(v.to_owned())),
+            None => (s.to_owned(), None),
+        }
+    };
+    use axum::http::Method as M;
+    let served = match (method, segments.as_slice()) {
+        (M::POST, ["message:send"]) => agent.send(&params, &binding, false).await,
+        (M::POST, ["message:stream"]) => agent.send(&params, &binding, true).await,
+        (m, ["tasks", task, rest @ ..]) => {
+            let (task, verb) = task_and_verb(task);
+            params["id"] = Value::from(task.clone());
+            match (m, verb.as_deref(), rest) {
+                (M::GET, None, []) => {
+                    if let Some(n) = query
+                        .get("historyLength")
+                        .and_then(|n| n.parse::<u64>().ok())
+                    {
+                        params["historyLength"] = Value::from(n);
+                    }
+                    agent.get(&params).await.map(|t| binding.ok(t))
+                }
+                (M::POST, Some("cancel"), []) => agent.cancel(&params).await.map(|t| binding.ok(t)),
+                (M::POST, Some("subscribe"), []) => agent.subscribe(&params, &binding).await,
+                (m, None, ["pushNotificationConfigs", config @ ..]) => {
+                    params["taskId"] = Value::from(task);
+                    match (m, config) {
+                        (M::POST, []) => agent.push_create(&params).await.map(|c| binding.ok(c)),
+                        (M::GET, []) => agent.push_list(&params).await.map(|c| binding.ok(c)),
+                        (M::GET, [id]) => {
+                            params["id"] = Value::from(*id);
+                            agent.push_get(&params).await.map(|c| binding.ok(c))
+                        }
+                        (M::DELETE, [id]) => {
+                            params["id"] = Value::from(*id);
+                            agent
+                                .push_delete(&params)
+                                .await
+                                .map(|()| binding.ok(json!({})))
+                        }
+                        _ => Err(not_a_route(&path)),
+                    }
+                }
+                _ => Err(not_a_route(&path)),
+            }
+        }
+        _ => Err(not_a_route(&path)),
+    };
+    served.unwrap_or_else(|e| binding.err(&e))
+}
+
+fn not_a_route(path: &str) -> RpcError {
+    RpcError::new(
+        -32601,
+        "METHOD_NOT_FOUND",
+        format!(
+            "{path} is not an A2A v1.0 HTTP+JSON route (message:send, message:stream, tasks/ID, tasks/ID:cancel, tasks/ID:subscribe, tasks/ID/pushNotificationConfigs)"
+        ),
+    )
 }
 
 /// One request's agent: the policy, and who calls.
@@ -978,7 +1157,7 @@ impl Agent<'_> {
     async fn send(
         &self,
         params: &Value,
-        rpc_id: &Value,
+        binding: &Binding,
         stream: bool,
     ) -> Result<Response, RpcError> {
         let message = &params["message"];
@@ -1065,7 +1244,7 @@ impl Agent<'_> {
             .as_u64()
             .map(|n| n as usize);
         if stream {
-            return Ok(self.follow(session, run_id, rpc_id.clone()));
+            return Ok(self.follow(session, run_id, binding.clone()));
         }
         if !returns_at_once {
             let deadline = tokio::time::Instant::now() + BLOCKING_WAIT;
@@ -1083,7 +1262,7 @@ impl Agent<'_> {
             .await?
             .ok_or_else(|| RpcError::task_not_found(&run_id))?;
         let task = task_json(self.state, &session, &run, history).await?;
-        Ok(rpc_result(rpc_id, json!({"task": task})))
+        Ok(binding.ok(json!({"task": task})))
     }
 
     /// The session a new task runs in: the context named (one of the caller's under this
@@ -1273,7 +1452,7 @@ impl Agent<'_> {
     }
 
     /// `SubscribeToTask {id}`: the task, then its events until it stops.
-    async fn subscribe(&self, params: &Value, rpc_id: &Value) -> Result<Response, RpcError> {
+    async fn subscribe(&self, params: &Value, binding: &Binding) -> Result<Response, RpcError> {
         let id = params["id"]
             .as_str()
             .ok_or_else(|| RpcError::invalid_params("id names the task"))?;
@@ -1284,18 +1463,18 @@ impl Agent<'_> {
                 task_state(run.status)
             )));
         }
-        Ok(self.follow(session, run.id, rpc_id.clone()))
+        Ok(self.follow(session, run.id, binding.clone()))
     }
 
     /// The SSE stream of task `run`: the task first, then its progress (the answer as it
     /// is written, each tool call as evidence), then its final artifacts and state; closed
     /// when it ends or waits for the caller.
-    fn follow(&self, session: SessionRecord, run: String, rpc_id: Value) -> Response {
+    fn follow(&self, session: SessionRecord, run: String, binding: Binding) -> Response {
         let (tx, rx) = tokio::sync::mpsc::channel::<Value>(64);
         let state = self.state.clone();
         tokio::spawn(async move {
-            if let Err(e) = pump(&state, &session, &run, &rpc_id, &tx).await {
-                let _ = tx.send(json!({"error": rpc_error_body(&rpc_id, &e)})).await;
+            if let Err(e) = pump(&state, &session, &run, &binding, &tx).await {
+                let _ = tx.send(json!({"error": binding.error_body(&e)})).await;
             }
         });
         let stream = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -1312,17 +1491,17 @@ impl Agent<'_> {
     }
 }
 
-/// Sends task `run`'s stream into `tx`, each item a JSON-RPC response of `rpc_id`.
+/// Sends task `run`'s stream into `tx`, each item a response of `binding`.
 async fn pump(
     state: &AppState,
     session: &SessionRecord,
     run: &str,
-    rpc_id: &Value,
+    binding: &Binding,
     tx: &tokio::sync::mpsc::Sender<Value>,
 ) -> Result<(), RpcError> {
     let send = |result: Value| {
         let tx = tx.clone();
-        let body = json!({"jsonrpc": "2.0", "id": rpc_id, "result": result});
+        let body = binding.frame(result);
         async move { tx.send(body).await.is_ok() }
     };
     let mut live = state.engine.subscribe(&session.id);

@@ -186,6 +186,11 @@ pub fn router(state: AppState) -> Router {
             "/a2a/v1/{namespace}/{policy}",
             axum::routing::post(a2a::rpc),
         )
+        // The HTTP+JSON binding of the same agent (`docs/a2a.md`).
+        .route(
+            "/a2a/v1/{namespace}/{policy}/{*rest}",
+            get(a2a::rest).post(a2a::rest).delete(a2a::rest),
+        )
         .route(
             "/chat/v1/proposals/{id}/approve",
             axum::routing::post(proposals_api::approve),

@@ -35,11 +35,17 @@ fn python() -> Option<String> {
 
 /// Runs the SDK client with `args`; its JSON answer.
 async fn sdk(python: &str, args: &[&str]) -> Value {
+    sdk_over(python, "JSONRPC", args).await
+}
+
+/// Runs the SDK client with `args` over the protocol `binding` (`JSONRPC`, `HTTP+JSON`).
+async fn sdk_over(python: &str, binding: &str, args: &[&str]) -> Value {
     let script =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/a2a_client.py");
     let out = tokio::process::Command::new(python)
         .arg(script)
         .args(args)
+        .env("A2A_BINDING", binding)
         .output()
         .await
         .unwrap();
@@ -160,6 +166,10 @@ async fn another_agent_investigates_through_the_a2a_sdk() {
     assert_eq!(card["capabilities"]["streaming"], true);
     let interface = &card["supportedInterfaces"][0];
     assert_eq!(interface["protocolBinding"], "JSONRPC");
+    assert_eq!(
+        card["supportedInterfaces"][1]["protocolBinding"],
+        "HTTP+JSON"
+    );
     assert_eq!(interface["protocolVersion"], "1.0");
     assert_eq!(interface["url"], agent.as_str());
     assert!(card["securitySchemes"]["bearer"].is_object(), "{card}");
@@ -269,6 +279,49 @@ async fn another_agent_investigates_through_the_a2a_sdk() {
         sdk(&py, &["get", &agent, ALICE, "nope"]).await["error"],
         "TaskNotFoundError"
     );
+    // The same over the HTTP+JSON (REST) binding: a task streamed to completion, read
+    // back, and the same refusals with the SDK's own errors.
+    push_answer(&script, &["Over REST: ", "the config again."]);
+    let rest = sdk_over(&py, "HTTP+JSON", &["stream", &agent, ALICE, "and now?"]).await;
+    let rest_events = &rest["events"];
+    assert_eq!(last_state(rest_events), "TASK_STATE_COMPLETED", "{rest}");
+    assert_eq!(
+        artifact(rest_events, "answer").map(|a| a["parts"][0]["text"].clone()),
+        Some(json!("Over REST: the config again."))
+    );
+    let rest_task = rest_events[0]["task"]["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let got = sdk_over(&py, "HTTP+JSON", &["get", &agent, ALICE, &rest_task]).await;
+    assert_eq!(got["status"]["state"], "TASK_STATE_COMPLETED", "{got}");
+    assert_eq!(got["history"][0]["parts"][0]["text"], "and now?");
+    for (who, task, call, error) in [
+        (BOB, rest_task.as_str(), "get", "TaskNotFoundError"),
+        (ALICE, "nope", "get", "TaskNotFoundError"),
+        (
+            ALICE,
+            rest_task.as_str(),
+            "cancel",
+            "TaskNotCancelableError",
+        ),
+    ] {
+        let r = sdk_over(&py, "HTTP+JSON", &[call, &agent, who, task]).await;
+        assert_eq!(r["error"], error, "{call} {task}: {r}");
+    }
+
+    // The binding's own shapes, on the wire: a google.rpc.Status with the reason.
+    let r = crate::support::net::http_client()
+        .get(format!("{agent}/tasks/nope"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    let status: Value = r.json().await.unwrap_or_default();
+    assert_eq!(status["error"]["status"], "NOT_FOUND", "{status}");
+    assert_eq!(status["error"]["details"][0]["reason"], "TASK_NOT_FOUND");
+
     // A caller without a valid key is refused by the HTTP layer.
     let refused = sdk(&py, &["stream", &agent, "wrong-key-0000000000", "hello"]).await;
     assert!(refused["error"].is_string(), "{refused}");
