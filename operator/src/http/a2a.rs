@@ -564,10 +564,13 @@ pub async fn policy_card(
     headers: HeaderMap,
 ) -> Response {
     match exposed(&state, &namespace, &name) {
-        Some(p) => card_response(
-            &state,
-            &card(&p, &endpoint(&origin(&state, &headers), &namespace, &name)),
-        ),
+        Some(p) => {
+            card_response(
+                &state,
+                &card(&p, &endpoint(&origin(&state, &headers), &namespace, &name)),
+            )
+            .await
+        }
         None => super::error::ApiError::not_found(format!(
             "no ChatPolicy {namespace}/{name} is exposed to agents (spec.a2a.expose)"
         ))
@@ -587,7 +590,9 @@ pub async fn origin_card(State(state): State<AppState>, headers: HeaderMap) -> R
         .collect();
     let origin = origin(&state, &headers);
     match all.as_slice() {
-        [(k, p)] => card_response(&state, &card(p, &endpoint(&origin, &k.namespace, &k.name))),
+        [(k, p)] => {
+            card_response(&state, &card(p, &endpoint(&origin, &k.namespace, &k.name))).await
+        }
         [] => super::error::ApiError::not_found(
             "no ChatPolicy is exposed to agents (spec.a2a.expose)",
         )
@@ -603,10 +608,24 @@ pub async fn origin_card(State(state): State<AppState>, headers: HeaderMap) -> R
     }
 }
 
-fn card_response(state: &AppState, card: &Value) -> Response {
+/// The card as served: with Kortex's OAuth scheme when it takes access tokens, signed
+/// when it has a key.
+async fn card_response(state: &AppState, card: &Value) -> Response {
+    let mut card = card.clone();
+    if let Some(scheme) = super::oauth::card_scheme(state).await {
+        card["securitySchemes"]["oauth"] = scheme;
+        if let Some(requirements) = card["securityRequirements"].as_array_mut() {
+            let scopes = state
+                .sso
+                .as_deref()
+                .map(|s| s.oauth_scopes.clone())
+                .unwrap_or_default();
+            requirements.push(json!({"schemes": {"oauth": {"list": scopes}}}));
+        }
+    }
     let card = match &state.a2a.signer {
-        Some(signer) => signer.sign(card),
-        None => card.clone(),
+        Some(signer) => signer.sign(&card),
+        None => card,
     };
     ([(header::CACHE_CONTROL, "max-age=300")], Json(card)).into_response()
 }

@@ -32,6 +32,24 @@ fn resource(state: &AppState) -> Option<(&Sso, &str)> {
     Some((sso, sso.resource.as_deref()?))
 }
 
+/// The OAuth 2.0 security scheme of an Agent Card when Kortex takes access tokens: the
+/// single sign-on issuer's client credentials flow (its token endpoint, from its metadata)
+/// and `--oauth-scopes`; `None` when Kortex takes none, or the issuer cannot be read now.
+pub async fn card_scheme(state: &AppState) -> Option<Value> {
+    let (sso, _) = resource(state)?;
+    let meta = sso.provider.metadata().await.ok()?;
+    let scopes: serde_json::Map<String, Value> = sso
+        .oauth_scopes
+        .iter()
+        .map(|s| (s.clone(), Value::from("use Kortex's agents as yourself")))
+        .collect();
+    Some(json!({"oauth2SecurityScheme": {
+        "description": "An OAuth access token for Kortex from the company's identity provider (RFC 8707 resource: this agent's URL or Kortex's): the caller's own identity, whose rights apply",
+        "flows": {"clientCredentials": {"tokenUrl": meta.token_endpoint, "scopes": scopes}},
+        "oauth2MetadataUrl": format!("{}/.well-known/openid-configuration", sso.provider.settings.issuer.trim_end_matches('/')),
+    }}))
+}
+
 fn metadata(sso: &Sso, resource: &str) -> Value {
     let mut v = json!({
         "resource": resource,

@@ -118,6 +118,26 @@ async fn kortex_takes_access_tokens_for_itself_and_refuses_the_rest() {
     assert!(r.text().await.unwrap_or_default().contains("serverInfo"));
     // The same for the server as a whole, on an A2A agent: an authenticated JSON-RPC answer.
     let agent = format!("{public}/a2a/v1/default/ops");
+    // Its card offers OAuth beside bearer keys: the issuer's client credentials flow.
+    let card: Value = http
+        .get(format!("{agent}/.well-known/agent-card.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let oauth = &card["securitySchemes"]["oauth"]["oauth2SecurityScheme"];
+    assert_eq!(
+        oauth["flows"]["clientCredentials"]["tokenUrl"],
+        format!("{}/token", p.issuer),
+        "{card}"
+    );
+    assert!(oauth["flows"]["clientCredentials"]["scopes"]["kortex:mcp"].is_string());
+    assert_eq!(
+        card["securityRequirements"][1]["schemes"]["oauth"]["list"],
+        json!(["kortex:mcp"])
+    );
     let whole = p.sign("k1", &claims(&public, now + 300, "kortex:mcp"));
     let r: Value = http
         .post(&agent)
