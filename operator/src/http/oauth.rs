@@ -238,6 +238,7 @@ async fn verified(sso: &Sso, resource: &str, token: &str, path: &str) -> Result<
         subject: Some(crate::tools::mcp_oauth::SubjectToken {
             token: crate::catalog::SecretValue::new(token),
             kind: crate::tools::mcp_oauth::SubjectKind::AccessToken,
+            issuer: settings.issuer.clone(),
         }),
     })
 }

@@ -903,6 +903,7 @@ fn as_caller(sso: &Sso, row: &AuthSession, kept: &Kept) -> Result<Caller, ApiErr
     .map(|(t, kind)| SubjectToken {
         token: crate::catalog::SecretValue::new(t.as_str()),
         kind,
+        issuer: sso.provider.settings.issuer.clone(),
     });
     Ok(Caller {
         user: row.user_name.clone(),

@@ -11,7 +11,9 @@
 //! user's own token (the access token they presented to Kortex, or their single sign-on
 //! session's) at the same token endpoint for one for the server (RFC 8693, with the
 //! resource indicator), kept per user until shortly before it expires. The tools are
-//! listed with the client's own credentials.
+//! listed with the client's own credentials. A user's token goes only to the authorization
+//! server that issued it: an MCP server whose metadata names another gets no call on
+//! anyone's behalf (it could replay the token against Kortex).
 
 use crate::catalog::SecretValue;
 use serde_json::Value;
@@ -37,7 +39,8 @@ pub struct ClientCredentials {
 
 #[derive(Default)]
 struct Cached {
-    endpoint: Option<String>,
+    /// The authorization server's issuer and token endpoint, once discovered.
+    endpoint: Option<(String, String)>,
     token: Option<(SecretValue, Instant)>,
     /// Exchanged tokens, by the digest of the subject token they were exchanged for.
     exchanged: std::collections::HashMap<String, (SecretValue, Instant)>,
@@ -53,6 +56,9 @@ pub struct SubjectToken {
     pub token: SecretValue,
     /// What it is.
     pub kind: SubjectKind,
+    /// Who issued it (the single sign-on issuer): the only authorization server it is
+    /// sent to.
+    pub issuer: String,
 }
 
 /// The kind of a subject token, as RFC 8693 names it.
@@ -119,7 +125,7 @@ impl ClientCredentials {
         {
             return Ok(t.clone());
         }
-        let endpoint = self.endpoint(&mut cached).await?;
+        let (_, endpoint) = self.endpoint(&mut cached).await?;
         let (token, until) = self
             .request(
                 &endpoint,
@@ -142,7 +148,13 @@ impl ClientCredentials {
         {
             return Ok(t.clone());
         }
-        let endpoint = self.endpoint(&mut cached).await?;
+        let (issuer, endpoint) = self.endpoint(&mut cached).await?;
+        if issuer.trim_end_matches('/') != subject.issuer.trim_end_matches('/') {
+            return Err(format!(
+                "the MCP server's authorization server is {issuer}, not {}, which issued the chat user's token: Kortex sends a user's token to its own issuer only (set auth.issuer to it, or use oauthClientCredentials)",
+                subject.issuer
+            ));
+        }
         let (token, until) = self
             .request(
                 &endpoint,
@@ -175,8 +187,8 @@ impl ClientCredentials {
         Ok(token)
     }
 
-    /// The token endpoint, discovered once.
-    async fn endpoint(&self, cached: &mut Cached) -> Result<String, String> {
+    /// The authorization server's issuer and token endpoint, discovered once.
+    async fn endpoint(&self, cached: &mut Cached) -> Result<(String, String), String> {
         if let Some(e) = &cached.endpoint {
             return Ok(e.clone());
         }
@@ -244,8 +256,9 @@ impl ClientCredentials {
         self.state.lock().await.token = None;
     }
 
-    /// The token endpoint: the server's metadata, then its authorization server's.
-    async fn discover(&self) -> Result<String, String> {
+    /// The issuer and token endpoint: the server's metadata, then its authorization
+    /// server's.
+    async fn discover(&self) -> Result<(String, String), String> {
         let url = reqwest::Url::parse(&self.resource).map_err(|e| e.to_string())?;
         let origin = url.origin().ascii_serialization();
         let path = url.path().trim_end_matches('/');
@@ -295,7 +308,7 @@ impl ClientCredentials {
                 }
                 return meta["token_endpoint"]
                     .as_str()
-                    .map(str::to_owned)
+                    .map(|e| (issuer.clone(), e.to_owned()))
                     .ok_or_else(|| format!("{issuer} publishes no token_endpoint"));
             }
         }

@@ -301,6 +301,16 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
     ]) else {
         return;
     };
+    // Another MCP server, whose metadata names another authorization server.
+    let other_issuer = Provider::start().await;
+    let Some(other) = crate::support::plugins::mcp_server_with(&[
+        "--oauth-issuer",
+        &other_issuer.issuer,
+        "--oauth-scope",
+        "mcp:tools",
+    ]) else {
+        return;
+    };
     let (llm, script) = mock().await;
     let (dir, m) = manifest_dir();
     let yaml = format!(
@@ -325,6 +335,14 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
                     "mcp: {{url: '{}', auth: {{type: oauthTokenExchange, clientId: {CLIENT_ID}, \
                      secretRef: {{name: mcp-oauth, key: secret}}, scopes: [mcp:tools]}}, include: [whoami]}}",
                     remote.url
+                ),
+            ),
+            tool(
+                "other",
+                &format!(
+                    "mcp: {{url: '{}', auth: {{type: oauthTokenExchange, clientId: {CLIENT_ID}, \
+                     secretRef: {{name: mcp-oauth, key: secret}}, scopes: [mcp:tools]}}, include: [whoami]}}",
+                    other.url
                 ),
             ),
         ])
@@ -361,7 +379,7 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "obo-test", "version": "1"}}});
     // The tools are listed with Kortex's client credentials, before anyone asks.
-    let session = crate::support::net::eventually("the remote tool listed", || {
+    let session = crate::support::net::eventually("both remote tools listed", || {
         let (http, mcp, token, initialize) =
             (http.clone(), mcp.clone(), token.clone(), initialize.clone());
         async move {
@@ -375,9 +393,8 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
                 json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
             )
             .await;
-            listed
-                .to_string()
-                .contains("remote__whoami")
+            let text = listed.to_string();
+            (text.contains("remote__whoami") && text.contains("other__whoami"))
                 .then_some(sid)
                 .ok_or_else(|| listed.to_string())
         }
@@ -424,6 +441,27 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
         .unwrap_or_default();
     assert!(seen.contains("u-carol (client kortex)"), "{seen}");
     assert_eq!(p.exchanges().len(), 2, "carol's A2A token exchanged too");
+
+    // A server whose authorization server did not issue carol's token never gets it (it
+    // could replay it against Kortex): listed with client credentials there, refused on
+    // carol's behalf.
+    let other_call = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "other__whoami", "arguments": {}}});
+    let (refused, _) = mcp_rpc(&http, &mcp, &token, Some(&session), other_call).await;
+    assert_eq!(refused["result"]["isError"], true, "{refused}");
+    assert!(
+        refused.to_string().contains("to its own issuer only"),
+        "{refused}"
+    );
+    assert!(other_issuer.exchanges().is_empty());
+    assert!(
+        other_issuer
+            .token_calls()
+            .iter()
+            .all(|g| g == "client_credentials"),
+        "{:?}",
+        other_issuer.token_calls()
+    );
 
     // dave signs in with a chat key: there is no token of his to exchange.
     let (_, sid) = mcp_rpc(&http, &mcp, "dave-chat-key", None, initialize).await;
