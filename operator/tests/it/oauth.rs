@@ -29,23 +29,12 @@ async fn kortex_takes_access_tokens_for_itself_and_refuses_the_rest() {
         ]),
     )
     .unwrap();
-    let port = crate::support::net::free_port();
-    let public = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let server = Server::start_at(
+    let (server, public) = resource_server(
         &m,
-        &dir.path().join("k.db"),
-        &listen,
-        &[
-            "--oidc-issuer",
-            &p.issuer,
-            "--oidc-client-id",
-            CLIENT_ID,
-            "--public-url",
-            &public,
-            "--oauth-scopes",
-            "kortex:mcp",
-        ],
+        dir.path(),
+        crate::support::net::free_port(),
+        &p.issuer,
+        &["--oauth-scopes", "kortex:mcp"],
     );
     let http = http_client();
     let mcp = format!("{public}/mcp?policy=default/ops");
@@ -348,21 +337,12 @@ async fn a_remote_mcp_server_is_called_on_behalf_of_the_user_by_token_exchange()
         ])
     );
     std::fs::write(m.join("all.yaml"), yaml).unwrap();
-    let port = crate::support::net::free_port();
-    let public = format!("http://127.0.0.1:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let server = Server::start_at(
+    let (server, public) = resource_server(
         &m,
-        &dir.path().join("k.db"),
-        &listen,
-        &[
-            "--oidc-issuer",
-            &p.issuer,
-            "--oidc-client-id",
-            CLIENT_ID,
-            "--public-url",
-            &public,
-        ],
+        dir.path(),
+        crate::support::net::free_port(),
+        &p.issuer,
+        &[],
     );
     let http = http_client();
     let now = jiff::Timestamp::now().as_second();
@@ -560,23 +540,17 @@ async fn glewlwyd_is_the_authorization_server_of_an_mcp_client() {
         &[("OIDC_RESOURCE", &format!("{public}/mcp"))],
     );
     std::fs::write(dir.path().join("client-secret"), "kortex-secret\n").unwrap();
-    let listen = format!("127.0.0.1:{port}");
     let secret_file = dir.path().join("client-secret").display().to_string();
-    let server = Server::start_at(
+    let (server, _) = resource_server(
         &m,
-        &dir.path().join("k.db"),
-        &listen,
+        dir.path(),
+        port,
+        &issuer,
         &[
-            "--oidc-issuer",
-            &issuer,
-            "--oidc-client-id",
-            "kortex",
             "--oidc-client-secret-file",
             &secret_file,
             "--oidc-username-claim",
             "preferred_username",
-            "--public-url",
-            &public,
             "--oauth-scopes",
             "kortex:mcp",
         ],
@@ -670,4 +644,29 @@ async fn glewlwyd_is_the_authorization_server_of_an_mcp_client() {
     let log = server.log();
     assert!(!log.contains("mcp-agent-secret") && !log.contains("kortex-secret"));
     assert!(server.terminate().success());
+}
+
+/// `kortex serve` on the manifests `m` (database in `dir`) as an OAuth resource server:
+/// single sign-on with `issuer` and its client `kortex`, listening on `port`, which is its
+/// `--public-url`; with `extra` flags. The server and that URL.
+fn resource_server(
+    m: &std::path::Path,
+    dir: &std::path::Path,
+    port: u16,
+    issuer: &str,
+    extra: &[&str],
+) -> (Server, String) {
+    let public = format!("http://127.0.0.1:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec![
+        "--oidc-issuer",
+        issuer,
+        "--oidc-client-id",
+        CLIENT_ID,
+        "--public-url",
+        &public,
+    ];
+    args.extend(extra);
+    let server = Server::start_at(m, &dir.join("k.db"), &listen, &args);
+    (server, public)
 }
